@@ -12,6 +12,7 @@ namespace zs::comm {
 namespace {
 
 constexpr size_t kBitsPerWord = 32;
+constexpr size_t kScaleBlock = OneBitAllreduce::kScaleBlock;
 
 // Elements of chunk j that lie inside the buffer (the rest is padding).
 size_t real_in_chunk(size_t numel, size_t chunk, size_t j) {
@@ -40,8 +41,8 @@ OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel)
     : group_(&group), numel_(numel), size_(group.size()), rank_(group.rank()) {
   const size_t n_ranks = static_cast<size_t>(size_);
   const size_t per_rank = (numel + n_ranks - 1) / n_ranks;
-  chunk_ = (per_rank + kBitsPerWord - 1) / kBitsPerWord * kBitsPerWord;
-  block_words_ = chunk_ / kBitsPerWord + 1;
+  chunk_ = (per_rank + kScaleBlock - 1) / kScaleBlock * kScaleBlock;
+  block_words_ = chunk_ / kBitsPerWord + chunk_ / kScaleBlock;
   worker_error_.assign(numel_, 0.0f);
   server_error_.assign(chunk_, 0.0f);
   send_.assign(n_ranks * block_words_, 0u);
@@ -78,31 +79,33 @@ void OneBitAllreduce::allreduce(std::span<float> data) {
   }
   if (numel_ == 0) return;  // same numel on every rank, so every rank skips
   const size_t n_ranks = static_cast<size_t>(size_);
-  const size_t sign_words = block_words_ - 1;
+  const size_t sign_words = chunk_ / kBitsPerWord;  // then one scale word per kScaleBlock elements
 
-  // 1. Worker: compress x = data + worker_error chunk by chunk; keep what the compression dropped.
-  //    x is formed twice (for the scale, then for the bits) rather than stored: same rounding both
-  //    times, and no n-element scratch buffer.
+  // 1. Worker: compress x = data + worker_error scale block by scale block; keep what the compression
+  //    dropped. x is formed twice (for the scale, then for the bits) rather than stored: same rounding
+  //    both times, and no n-element scratch buffer.
   for (size_t j = 0; j < n_ranks; ++j) {
     const size_t m = real_in_chunk(numel_, chunk_, j);
     uint32_t* block = send_.data() + j * block_words_;
-    std::fill(block, block + block_words_, 0u);  // padding bits and an empty chunk's scale: 0
-    if (m == 0) continue;  // a chunk wholly past the end (small n): nothing to compress
+    std::fill(block, block + block_words_, 0u);  // padding bits and empty scale blocks: 0
     float* d = data.data() + j * chunk_;
     float* e = worker_error_.data() + j * chunk_;
-    double squares = 0;
-    for (size_t k = 0; k < m; ++k) {
-      const double x = d[k] + e[k];
-      squares += x * x;
+    for (size_t b0 = 0; b0 < m; b0 += kScaleBlock) {
+      const size_t b1 = std::min(m, b0 + kScaleBlock);
+      double squares = 0;
+      for (size_t k = b0; k < b1; ++k) {
+        const double x = d[k] + e[k];
+        squares += x * x;
+      }
+      const float s = rms_scale(squares, b1 - b0);
+      for (size_t k = b0; k < b1; ++k) {
+        const float x = d[k] + e[k];
+        const bool pos = positive(x);
+        block[k / kBitsPerWord] |= static_cast<uint32_t>(pos) << (k % kBitsPerWord);
+        e[k] = x - (pos ? s : -s);
+      }
+      block[sign_words + b0 / kScaleBlock] = std::bit_cast<uint32_t>(s);
     }
-    const float s = rms_scale(squares, m);
-    for (size_t k = 0; k < m; ++k) {
-      const float x = d[k] + e[k];
-      const bool pos = positive(x);
-      block[k / kBitsPerWord] |= static_cast<uint32_t>(pos) << (k % kBitsPerWord);
-      e[k] = x - (pos ? s : -s);
-    }
-    block[sign_words] = std::bit_cast<uint32_t>(s);
   }
 
   // 2. Every rank's block j goes to server j.
@@ -118,32 +121,36 @@ void OneBitAllreduce::allreduce(std::span<float> data) {
     float acc = 0.0f;
     for (size_t r = 0; r < n_ranks; ++r) {
       const uint32_t* block = recv_.data() + r * block_words_;
-      const float s = std::bit_cast<float>(block[sign_words]);
+      const float s = std::bit_cast<float>(block[sign_words + k / kScaleBlock]);
       acc += bit_at(block, k) ? s : -s;
     }
     se[k] += acc * inv_n;  // y
   }
-  double squares = 0;
-  for (size_t k = 0; k < m_me; ++k) squares += static_cast<double>(se[k]) * se[k];
-  const float t = rms_scale(squares, m_me);
   uint32_t* mine = gathered_.data() + me * block_words_;
   std::fill(mine, mine + block_words_, 0u);
-  for (size_t k = 0; k < m_me; ++k) {
-    const bool pos = positive(se[k]);
-    mine[k / kBitsPerWord] |= static_cast<uint32_t>(pos) << (k % kBitsPerWord);
-    se[k] -= pos ? t : -t;
+  for (size_t b0 = 0; b0 < m_me; b0 += kScaleBlock) {
+    const size_t b1 = std::min(m_me, b0 + kScaleBlock);
+    double squares = 0;
+    for (size_t k = b0; k < b1; ++k) squares += static_cast<double>(se[k]) * se[k];
+    const float t = rms_scale(squares, b1 - b0);
+    for (size_t k = b0; k < b1; ++k) {
+      const bool pos = positive(se[k]);
+      mine[k / kBitsPerWord] |= static_cast<uint32_t>(pos) << (k % kBitsPerWord);
+      se[k] -= pos ? t : -t;
+    }
+    mine[sign_words + b0 / kScaleBlock] = std::bit_cast<uint32_t>(t);
   }
-  mine[sign_words] = std::bit_cast<uint32_t>(t);
 
   // 4. Every server's compressed chunk to every rank (my block is already in place).
   group_->allgather(words_view(gathered_, me * block_words_, block_words_), words_view(gathered_, 0, gathered_.size()));
   for (size_t j = 0; j < n_ranks; ++j) {
     const size_t m = real_in_chunk(numel_, chunk_, j);
-    if (m == 0) continue;
     const uint32_t* block = gathered_.data() + j * block_words_;
-    const float tj = std::bit_cast<float>(block[sign_words]);
     float* d = data.data() + j * chunk_;
-    for (size_t k = 0; k < m; ++k) d[k] = bit_at(block, k) ? tj : -tj;
+    for (size_t k = 0; k < m; ++k) {
+      const float tj = std::bit_cast<float>(block[sign_words + k / kScaleBlock]);
+      d[k] = bit_at(block, k) ? tj : -tj;
+    }
   }
 }
 

@@ -7,32 +7,37 @@
 //
 // Note [One-bit allreduce]
 // The n elements are cut into N server chunks of `chunk_size()` elements each (ceil(n/N) rounded up
-// to a multiple of 32 so signs pack into int32 words; the tail past n is padding that is never
-// compressed, sent as zero bits and never written). Rank j is the server of chunk j. One call:
-//   1. worker, per chunk j:  x = data + worker_error;  s = ||x||_2 / sqrt(m)  (m = real elements of
-//      the chunk);  c = s * sign(x)  (sign(0) = +1);  worker_error = x - c.
-//   2. all-to-all: block j of each rank = chunk j's sign bits + its scale s (one int32 word, the
-//      float's bits), so rank j receives every rank's signs and scale for its chunk.
-//   3. server, on its chunk:  y = (1/N) sum_r c_r + server_error;  t = ||y||_2 / sqrt(m);
-//      z = t * sign(y);  server_error = y - z.
-//   4. allgather of every server's block (z's sign bits + t); every rank writes z into `data`.
+// to a multiple of kScaleBlock = 256; the tail past n is padding that is never compressed, sent as
+// zero bits and never written). Rank j is the server of chunk j. A chunk is compressed in scale
+// blocks of 256 elements, each with its own scale. One call:
+//   1. worker, per scale block of chunk j:  x = data + worker_error;  s = ||x||_2 / sqrt(m)  (m = real
+//      elements of the block);  c = s * sign(x)  (sign(0) = +1);  worker_error = x - c.
+//   2. all-to-all: block j of each rank = chunk j's sign bits + its scales (one int32 word each, the
+//      float's bits), so rank j receives every rank's signs and scales for its chunk.
+//   3. server, per scale block of its chunk:  y = (1/N) sum_r c_r + server_error;  t = ||y||_2 /
+//      sqrt(m);  z = t * sign(y);  server_error = y - z.
+//   4. allgather of every server's block (z's sign bits + scales); every rank writes z into `data`.
+// Why scale blocks: one scale for a whole chunk of a flat model buffer (LayerNorm gains next to
+// embedding rows, gradients orders of magnitude apart) gives every element of the chunk the same
+// magnitude; training with it diverged on the test GPT where per-block scales track the layers.
+// DeepSpeed compresses each parameter tensor separately, one scale per tensor and rank; a block of
+// 256 is finer still and independent of how the model cuts its tensors.
 // Scale: DeepSpeed's ||x||_2 / sqrt(m), which keeps the norm (||c|| = ||x||); the error of one
 // compression is then ||x - c||^2 = 2 ||x||^2 (1 - ||x||_1 / (sqrt(m) ||x||_2)) <= 2 ||x||^2, and
 // 0.64 ||x|| for Gaussian x. The least-squares scale ||x||_1 / m gives a slightly smaller one-call
 // error (0.60 ||x||) but, measured with a constant input (the slowly changing momentum one-bit Adam
 // feeds), its residual keeps growing (~sqrt(calls)) and the running mean converges several times
 // slower (n = 1000: 12x below the one-call error after 200 calls, against ~46x with the L2 scale,
-// whose residual levels off at ~4 ||x||). DeepSpeed sends one worker scale for the whole buffer;
-// here each chunk's block carries its own scale, which costs the same word per block and follows
-// the data more closely.
+// whose residual levels off at ~4 ||x||).
 // Error feedback: summed over calls k = 1..K (errors start at zero), the outputs telescope to
 //   sum_k out_k = sum_k exact_k - (1/N) sum_r worker_error_r(K) - server_error(K)
 // exactly (up to fp32 rounding): what one call drops is carried into the next, so the running mean of
 // the outputs converges to the running mean of the exact averages, at rate O(1/K) once the residuals
 // level off.
-// Wire: per call each rank sends (N-1) (chunk_size()/8 + 4) bytes in the all-to-all and again in the
-// allgather; they are counted in World::counters() as those two collectives (comm/config.h).
-// Against an fp32 ring allreduce of 2 (N-1)/N * 4n bytes the saving is ~32x for n >> 32 N.
+// Wire: per call each rank sends (N-1) (chunk_size()/8 + chunk_size()/64) bytes (1 bit per element
+// plus a 4-byte scale per 256) in the all-to-all and again in the allgather; they are counted in
+// World::counters() as those two collectives (comm/config.h). Against an fp32 ring allreduce of
+// 2 (N-1)/N * 4n bytes the saving is ~28x for n >> 256 N (32 / 1.125), against bf16 ~14x.
 // A group of one compresses all the same (no bytes move): one-bit Adam's numerics do not depend on
 // the world size being 1 or more.
 //
@@ -52,8 +57,11 @@ namespace zs::comm {
 
 class OneBitAllreduce {
  public:
+  static constexpr size_t kScaleBlock = 256;  // elements sharing one scale
+
   // Error-feedback buffers for `numel` elements on `group` (not collective; allocates
-  // numel + chunk_size() floats of state and 3 N (chunk_size()/32 + 1) words of wire buffers).
+  // numel + chunk_size() floats of state and 3 N (chunk_size()/32 + chunk_size()/256) words of wire
+  // buffers).
   OneBitAllreduce(const Group& group, size_t numel);
   OneBitAllreduce(OneBitAllreduce&&) noexcept = default;
   OneBitAllreduce(const OneBitAllreduce&) = delete;
@@ -70,7 +78,7 @@ class OneBitAllreduce {
   void reset_errors();
 
   size_t numel() const { return numel_; }
-  size_t chunk_size() const { return chunk_; }           // elements per server chunk, multiple of 32
+  size_t chunk_size() const { return chunk_; }           // elements per server chunk, multiple of kScaleBlock
   size_t padded_numel() const { return chunk_ * static_cast<size_t>(size_); }
   // This rank's server chunk of the buffer: elements [offset, offset + size), clipped to numel().
   memory::ShardRange server_range() const;

@@ -115,6 +115,7 @@ int Group::rank() const { return state_->rank; }
 int Group::size() const { return state_->size; }
 const std::string& Group::name() const { return state_->name; }
 const CommConfig& Group::config() const { return state_->config; }
+CommCounters Group::counters() const { return state_->runtime->counters(); }
 bool Group::is_mpi() const { return !state_->local(); }
 MPI_Comm Group::native_handle() const { return state_->comm; }
 

@@ -60,6 +60,8 @@ class Group {
   const CommConfig& config() const;
   bool is_mpi() const;             // false for a local group of one (a world started without mpirun)
   MPI_Comm native_handle() const;  // MPI_COMM_NULL when !is_mpi(); do not free
+  // This rank's byte counters of the whole World (every group), as World::counters() gives them.
+  CommCounters counters() const;
 
   // Collective (a blocking MPI_Comm_split, not timed): ranks with the same color form a group, ordered
   // by key then parent rank. `color` >= 0 on every rank. The new group inherits config().

@@ -22,8 +22,10 @@
 #include "memory/dtype.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "optim/cadam.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "optim/onebit_adam.h"
 
 namespace zs::engine {
 
@@ -36,8 +38,29 @@ struct BatchConfig {
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // canonical spelling: "Adam", "AdamW"
+  // Canonical spelling: "Adam", "AdamW" (optim::Adam), "OneBitAdam", "ZeroOneAdam" (optim/onebit_adam.h,
+  // compressed communication), "CAdam" (optim/cadam.h). Only the matching member below is used.
+  std::string type = "AdamW";
   optim::AdamConfig adam;
+  optim::OneBitAdamConfig one_bit;
+  optim::ZeroOneAdamConfig zero_one;
+  optim::CAdamConfig cadam;
+
+  // The configured (base) learning rate of whichever type is chosen: the scheduler's base.
+  double lr() const;
+  // OneBitAdam and ZeroOneAdam: the optimizer averages its own (compressed) momentum or gradients, so
+  // the engine hands it each rank's local gradients on the steps it asks for.
+  bool compressed() const { return type == "OneBitAdam" || type == "ZeroOneAdam"; }
+};
+
+// zeroshard's memory-reuse modes (section `memory`; MindSpeed's names).
+struct MemoryModes {
+  // Gradients reach the optimizer in fp32 through a small reused buffer, chunk by chunk, instead of a
+  // persistent fp32 copy of this rank's stepped gradients (bf16/fp16 only; fp32 gradients are fp32).
+  bool release_fp32_grad = true;
+  // bf16 only: the fp32 master weight is stored as the bf16 parameter (its upper half, rounded) plus a
+  // 16-bit residual, so no separate fp32 master buffer exists (Note [reuse_fp32_param] in engine_step.cpp).
+  bool reuse_fp32_param = false;
 };
 
 struct ZeroConfig {
@@ -73,6 +96,7 @@ struct EngineConfig {
   OptimizerConfig optimizer;
   optim::LrScheduleConfig scheduler;    // type kConstant when there is no `scheduler` section
   ZeroConfig zero;
+  MemoryModes memory;
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;    // log forward/backward/step times every steps_per_print
 

@@ -66,6 +66,9 @@ struct StepReport {
   double forward_s = 0.0;     // wall time of this step's forward passes
   double backward_s = 0.0;    // backward passes, including the overlapped reductions' tail
   double optimizer_s = 0.0;   // waiting for reductions + clipping + optimizer
+  bool compressed = false;    // one-bit Adam / 0/1 Adam: this step consumed local gradients and
+                              // communicated compressed values instead of averaging gradients
+  uint64_t comm_bytes_sent = 0;  // bytes this rank sent since the previous step ended (all collectives)
 };
 
 // Bytes of the flat model states of this rank, by category (the summary's model_states_bytes).
@@ -109,6 +112,10 @@ class Engine {
   // Collective at ZeRO stage >= 1.
   std::string param_digest() const;
   ModelStateBytes model_state_bytes() const;
+  // Optimizer-state bytes per parameter element this rank keeps, fp32 master excluded (Adam 8, CAdam
+  // 1.125; one-bit optimizers count their whole momentum and error buffers): optimizer bytes over
+  // the stepped elements.
+  double optimizer_state_bytes_per_param() const;
 
   // Memory accounting of this rank.
   struct MemoryReport {

@@ -12,6 +12,7 @@
 #include "memory/shard.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "optim/cadam.h"
 
 namespace zs::engine {
 namespace {
@@ -89,14 +90,6 @@ GptActivationBytes gpt_activation_model(const GptActivationShape& a, Precision p
     }
   }
   return r;
-}
-
-StateBytes state_bytes(uint64_t psi, uint64_t shard, int stage, uint64_t b, uint64_t master_and_states) {
-  StateBytes s;
-  s.params = (stage == 3 ? shard : psi) * b;
-  s.grads = (stage >= 2 ? shard : psi) * b;
-  s.optimizer = (stage >= 1 ? shard : psi) * master_and_states;
-  return s;
 }
 
 uint64_t bytes_per_element(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
@@ -213,7 +206,6 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
   in.model.param_elements = n_params;
   in.model.flat_elements = round_up(n_params, kAlign);
   in.optimizer = "AdamW";
-  in.optimizer_state_bytes = optim::Adam(optim::AdamConfig{}).state_bytes_per_param();
   return in;
 }
 
@@ -242,16 +234,55 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
   in.ranks = ranks;
   in.precision = cfg.precision;
   in.optimizer = cfg.optimizer.type;
-  in.optimizer_state_bytes = optim::Adam(cfg.optimizer.adam).state_bytes_per_param();
+  in.compressed = cfg.optimizer.compressed();
+  in.zero_one = cfg.optimizer.type == "ZeroOneAdam";
+  in.optimizer_states.clear();
+  if (cfg.optimizer.type == "CAdam") {
+    auto specs = optim::CAdam(cfg.optimizer.cadam).state_specs();
+    in.optimizer_states.assign(specs.begin(), specs.end());
+  } else if (!in.compressed) {
+    auto specs = optim::Adam(cfg.optimizer.adam).state_specs();
+    in.optimizer_states.assign(specs.begin(), specs.end());
+  }
+  in.memory = cfg.memory;
   in.config_stage = cfg.zero.stage;
   return in;
 }
 
 StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank) {
+  // The engine's allocation rules (Note [model-state placement] in engine/engine_impl.h).
   const uint64_t psi = in.model.flat_elements;
   const uint64_t shard = memory::shard_of(psi, in.ranks, rank, kAlign).size;
-  return state_bytes(psi, shard, stage, bytes_per_element(in.precision),
-                     master_bytes(in.precision) + in.optimizer_state_bytes);
+  const uint64_t b = bytes_per_element(in.precision);
+  const uint64_t stepped = stage >= 1 ? shard : psi;
+  const bool mixed = in.precision != Precision::kFp32;
+  const bool reuse = in.memory.reuse_fp32_param && in.precision == Precision::kBf16;
+  const int grad_stage = in.compressed ? std::min(stage, 1) : stage;
+  const uint64_t grads_held = grad_stage >= 2 ? shard : psi;
+  StateBytes s;
+  s.params = (stage == 3 ? shard : psi) * b;
+  s.grads = grads_held * b;
+  if (mixed && !in.memory.release_fp32_grad) s.grads += (in.compressed ? grads_held : stepped) * 4;
+  s.optimizer = (reuse ? 2 : mixed ? 4 : 0) * stepped;
+  if (in.compressed) {
+    const uint64_t chunk = round_up((psi + static_cast<uint64_t>(in.ranks) - 1) / static_cast<uint64_t>(in.ranks), 256);
+    s.optimizer += 4 * psi + 4 * stepped + 4 * (psi + chunk);  // momentum, variance, worker + server error
+    if (in.zero_one && stage == 0) s.optimizer += 4 * psi;     // 0/1 Adam's accumulator for local steps
+  } else {
+    for (const optim::StateSpec& spec : in.optimizer_states) s.optimizer += spec.bytes_for(stepped);
+  }
+  return s;
+}
+
+// Optimizer-state bytes per stepped element, master excluded (reports; exact only for elementwise
+// optimizers, whose states scale with the stepped elements).
+double state_bytes_per_element(const EstimateInput& in) {
+  if (in.compressed) return in.zero_one ? 16.0 : 12.0;
+  double k = 0;
+  for (const optim::StateSpec& spec : in.optimizer_states) {
+    k += static_cast<double>(spec.value_bytes) / static_cast<double>(spec.elements_per_value);
+  }
+  return k;
 }
 
 const ShardGroup& StageEstimate::group_of(int rank) const {
@@ -286,8 +317,9 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
   if (stage < 0 || stage > 3) throw ConfigError(fmt::format("--stage: ZeRO stage {} does not exist; use 0, 1, 2, 3 or all", stage));
   check_input(in);
   const uint64_t b = bytes_per_element(in.precision);
-  const uint64_t m = master_bytes(in.precision);
-  const uint64_t k = in.optimizer_state_bytes;
+  const bool reuse = in.memory.reuse_fp32_param && in.precision == Precision::kBf16;
+  const uint64_t m = reuse ? 2 : master_bytes(in.precision);
+  const double k = state_bytes_per_element(in);
   const uint64_t psi = in.model.flat_elements;
   const std::string dtype = precision_name(in.precision);
   StageEstimate st;
@@ -302,7 +334,7 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     ShardGroup g;
     g.first_rank = g.last_rank = r;
     g.shard_elements = shard;
-    g.device = state_bytes(psi, shard, stage, b, m + k);
+    g.device = model_state_bytes(in, stage, r);
     st.shards.push_back(g);
   }
 
@@ -311,13 +343,25 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
                        sharded ? "this rank's shard" : "full replica");
   };
   st.params_formula = full_or_shard(stage == 3, "parameters");
-  st.grads_formula = full_or_shard(stage >= 2, "gradients");
-  const std::string states = fmt::format("{} {} states", k, in.optimizer);
-  const std::string mult = m ? fmt::format("({} fp32 master + {}) = {}", m, states, m + k)
+  const int grad_stage = in.compressed ? std::min(stage, 1) : stage;
+  st.grads_formula = full_or_shard(grad_stage >= 2, "gradients");
+  if (in.precision != Precision::kFp32 && !in.memory.release_fp32_grad) {
+    st.grads_formula += fmt::format(" + 4 x {} (persistent fp32 gradients: release_fp32_grad off)",
+                                    in.compressed ? (grad_stage >= 2 ? "S_r" : "Ψ") : (stage >= 1 ? "S_r" : "Ψ"));
+  }
+  const std::string states = fmt::format("{:g} {} states", k, in.optimizer);
+  const std::string master = reuse ? "2 fp32-master residual (reuse_fp32_param)" : fmt::format("{} fp32 master", m);
+  const std::string mult = m ? fmt::format("({} + {}) = {:g}", master, states, static_cast<double>(m) + k)
                              : fmt::format("({}; the fp32 parameters are the master weights)", states);
   st.optimizer_formula = fmt::format("{} x {}", mult, stage >= 1 ? "S_r" : "Ψ");
-  const uint64_t replicated = (stage < 3 ? b : 0) + (stage < 2 ? b : 0) + (stage < 1 ? m + k : 0);
-  st.paper_formula = paper_form(replicated, 2 * b + m + k - replicated);
+  if (in.compressed) {
+    st.optimizer_formula = fmt::format("{} x {} + 4 x Ψ momentum + 4 x (Ψ + Ψ/R) error feedback{}: {}", m, stage >= 1 ? "S_r" : "Ψ",
+                                       in.zero_one && stage == 0 ? " + 4 x Ψ accumulator" : "",
+                                       "one-bit optimizers keep whole momentum (docs/memory.md)");
+  }
+  const auto kk = static_cast<uint64_t>(k);
+  const uint64_t replicated = (stage < 3 ? b : 0) + (grad_stage < 2 ? b : 0) + (stage < 1 ? m + kk : 0);
+  st.paper_formula = paper_form(replicated, 2 * b + m + kk - replicated);
 
   const ModelFacts& f = in.model;
   if (stage >= 2) {
@@ -375,7 +419,7 @@ MemoryEstimate estimate_memory(const EstimateInput& in, const std::vector<int>& 
   MemoryEstimate est;
   est.input = in;
   est.bytes_per_element = bytes_per_element(in.precision);
-  est.master_bytes_per_element = master_bytes(in.precision);
+  est.master_bytes_per_element = in.memory.reuse_fp32_param && in.precision == Precision::kBf16 ? 2 : master_bytes(in.precision);
   for (int s : stages) est.stages.push_back(estimate_stage(in, s));
   return est;
 }
@@ -465,7 +509,7 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
   j["optimizer"] = in.optimizer;
   j["multipliers"] = json::object{{"bytes_per_element", est.bytes_per_element},
                                   {"master_bytes_per_element", est.master_bytes_per_element},
-                                  {"optimizer_state_bytes_per_element", in.optimizer_state_bytes}};
+                                  {"optimizer_state_bytes_per_element", state_bytes_per_element(in)}};
   j["offload"] = json::object{{"optimizer", offload_target_name(in.offload_optimizer)},
                               {"param", offload_target_name(in.offload_param)}};
   if (in.config_stage >= 0) j["config_stage"] = in.config_stage;

@@ -34,6 +34,7 @@
 
 #include "engine/config.h"
 #include "nn/model.h"
+#include "optim/optimizer.h"
 
 namespace zs::engine {
 
@@ -90,7 +91,14 @@ struct EstimateInput {
   int ranks = 1;
   Precision precision = Precision::kBf16;
   std::string optimizer = "AdamW";
-  uint64_t optimizer_state_bytes = 8;  // k: per element (optim::Optimizer::state_bytes_per_param)
+  // The optimizer's states per stepped element (Adam: two fp32; CAdam: int8 + one fp32 per 32).
+  std::vector<optim::StateSpec> optimizer_states = {{"exp_avg"}, {"exp_avg_sq"}};
+  // OneBitAdam / ZeroOneAdam (Note [compressed optimizers] in engine/compressed_step.cpp): whole
+  // gradients, a whole momentum, the variance per stepped element, the error-feedback buffers, and
+  // for ZeroOneAdam at stage 0 a whole accumulator. optimizer_states is then unused.
+  bool compressed = false;
+  bool zero_one = false;
+  MemoryModes memory;                  // release_fp32_grad / reuse_fp32_param
   ZeroLimits zero;
   int config_stage = -1;               // the config's zero_optimization.stage; -1 without a config
   OffloadTarget offload_optimizer = OffloadTarget::kNone;

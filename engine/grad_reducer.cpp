@@ -68,8 +68,9 @@ memory::Tensor GradReducer::bucket_tensor(Bucket& b) const {
   return memory::Tensor(grads_, dtype_, {static_cast<int64_t>(layout_.total())}).range(b.plan.range);
 }
 
-void GradReducer::begin_backward(bool boundary) {
-  reducing_ = boundary && group_.size() > 1;
+void GradReducer::begin_backward(bool boundary, bool reduce) {
+  ZS_ASSERT(reduce || !partitioned(), "stage {} gradients are always reduced", options_.stage);
+  reducing_ = boundary && reduce && group_.size() > 1;
   if (!active()) return;
   for (auto& b : buckets_) {
     b.pending = b.plan.end_slot - b.plan.first_slot;

@@ -45,8 +45,10 @@ class GradReducer {
               memory::DeviceAllocator& device, memory::DType dtype, void* grads, const std::vector<nn::Module*>& modules);
   ~GradReducer();
 
-  // Starts a backward pass. `boundary`: the last micro-batch of the accumulation window.
-  void begin_backward(bool boundary);
+  // Starts a backward pass. `boundary`: the last micro-batch of the accumulation window. `reduce`
+  // false (stages 0-1 only): the boundary does not reduce; each rank keeps its local gradients (for
+  // the optimizers that communicate compressed values themselves).
+  void begin_backward(bool boundary, bool reduce = true);
   // Stage 2+: gives module m's parameters grad views into their buckets' staging buffers.
   void module_starting(nn::Module& m);
   // Module m's backward is done: its parameters' gradients are final for this backward.

@@ -13,7 +13,7 @@
 namespace zs::engine {
 namespace {
 
-constexpr size_t kFields = 14;
+constexpr size_t kFields = 18;
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
 std::vector<std::array<uint64_t, kFields>> gather_u64(const comm::Group& group, const std::array<uint64_t, kFields>& mine) {
@@ -42,6 +42,11 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   step_seconds_.push_back(step_seconds);
   tokens_.push_back(tokens);
   if (report.skipped) ++skipped_;
+  // Bytes per step by kind: a compressing step (one-bit Adam / 0/1 Adam after their warm-up) against
+  // one that averaged gradients.
+  auto& kind = report.compressed ? compressed_steps_ : exact_steps_;
+  kind.steps += 1;
+  kind.bytes += report.comm_bytes_sent;
 }
 
 double SummaryRecorder::tokens_per_second() const {
@@ -59,7 +64,8 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                         mem.nvme_bytes,            rss_peak_bytes(),           counters.bytes_sent,
                                         counters.bytes_received,   mem.activation_peak_bytes,
                                         mem.grad_staging_peak_bytes, mem.gathered_param_peak_bytes,
-                                        mem.gathered_param_bound_bytes};
+                                        mem.gathered_param_bound_bytes, exact_steps_.steps, exact_steps_.bytes,
+                                        compressed_steps_.steps, compressed_steps_.bytes};
   auto all = gather_u64(group, mine);
   // Every rank computes the digest (it reads only local memory at stage 0); rank 0's goes in.
   std::string digest = engine_.param_digest();
@@ -88,6 +94,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   st["max"] = times.empty() ? 0.0 : times.back();
   s["step_time_s"] = std::move(st);
   s["param_digest"] = digest;
+  s["optimizer"] = boost::json::object{{"type", cfg.optimizer.type}, {"state_bytes_per_param", engine_.optimizer_state_bytes_per_param()}};
 
   boost::json::array mem_ranks, comm_ranks;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -105,7 +112,15 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
     m["gathered_param_peak_bytes"] = v[12];
     m["gathered_param_bound_bytes"] = v[13];
     mem_ranks.push_back(std::move(m));
-    comm_ranks.push_back(boost::json::object{{"rank", static_cast<int64_t>(r)}, {"bytes_sent", v[8]}, {"bytes_received", v[9]}});
+    auto mean = [](uint64_t steps, uint64_t bytes) { return steps ? static_cast<double>(bytes) / static_cast<double>(steps) : 0.0; };
+    comm_ranks.push_back(boost::json::object{{"rank", static_cast<int64_t>(r)},
+                                             {"bytes_sent", v[8]},
+                                             {"bytes_received", v[9]},
+                                             {"bytes_sent_per_step",
+                                              {{"exact_steps", v[14]},
+                                               {"exact_mean", mean(v[14], v[15])},
+                                               {"compressed_steps", v[16]},
+                                               {"compressed_mean", mean(v[16], v[17])}}}});
   }
   s["memory"] = boost::json::object{{"per_rank", std::move(mem_ranks)}};
   s["comm"] = boost::json::object{{"per_rank", std::move(comm_ranks)}};

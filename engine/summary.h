@@ -38,6 +38,11 @@ class SummaryRecorder {
   std::vector<double> step_seconds_;
   std::vector<int64_t> tokens_;
   int64_t skipped_ = 0;
+  struct StepBytes {
+    uint64_t steps = 0;
+    uint64_t bytes = 0;
+  };
+  StepBytes exact_steps_, compressed_steps_;  // this rank's bytes sent, by kind of step
 };
 
 // Peak resident set size of this process in bytes (getrusage).

@@ -8,7 +8,7 @@
 namespace zs::optim {
 namespace {
 
-constexpr StateSpec kAdamStates[] = {{"exp_avg", 0.0f}, {"exp_avg_sq", 0.0f}};
+constexpr StateSpec kAdamStates[] = {{.name = "exp_avg"}, {.name = "exp_avg_sq"}};
 
 }  // namespace
 
@@ -61,8 +61,8 @@ void Adam::step(const ParamChunk& chunk, const StepContext& ctx) const {
             chunk.grad.size(), chunk.states.size());
   fused_adam({.master = chunk.master.data(),
               .grad = chunk.grad.data(),
-              .exp_avg = chunk.states[0],
-              .exp_avg_sq = chunk.states[1],
+              .exp_avg = static_cast<float*>(chunk.states[0]),
+              .exp_avg_sq = static_cast<float*>(chunk.states[1]),
               .n = n,
               .low_precision = chunk.low_precision,
               .low_precision_dtype = chunk.low_precision_dtype},
@@ -84,8 +84,8 @@ void Adam::step_reference(const ParamChunk& chunk, const StepContext& ctx) const
   const float wd = chunk.apply_weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
   const float decoupled_decay = config_.adam_w_mode ? static_cast<float>(ctx.lr) * wd : 0.0f;
   const float l2 = config_.adam_w_mode ? 0.0f : wd;
-  float* m = chunk.states[0];
-  float* v = chunk.states[1];
+  float* m = static_cast<float*>(chunk.states[0]);
+  float* v = static_cast<float*>(chunk.states[1]);
   float* p = chunk.master.data();
   const float* g = chunk.grad.data();
   for (size_t i = 0; i < n; ++i) {

@@ -1,10 +1,14 @@
-// optim: optimizers over flat fp32 partitions, learning-rate schedules, loss scaling, clipping math.
+// optim: optimizers (Adam/AdamW, CAdam) over flat fp32 partitions, learning-rate schedules, loss
+// scaling, clipping math.
 // Knows nothing of MPI or sharding; the engine passes chunks and agreed global values.
 #pragma once
 
 #include "optim/adam.h"
+#include "optim/cadam.h"
 #include "optim/clip.h"
 #include "optim/fused_adam.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "optim/onebit_adam.h"
 #include "optim/optimizer.h"
+#include "optim/zero_one_adam.h"

@@ -95,7 +95,7 @@ TEST(Config, UnimplementedDeepSpeedFeaturesAreRefusedByName) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {}})"), "activation_checkpointing");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
                   "zero_optimization.offload_optimizer");
-  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam"}})"), "not implemented");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitLamb"}})"), "not implemented");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "Rmsprop"}})"), "unknown optimizer");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle"}})"), "scheduler.type");
 }
@@ -128,6 +128,68 @@ TEST(Config, ModelAndRangeChecks) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"betas": [0.9, 1.0]}}})"),
                   "optimizer.params.betas[1]");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "log": {"level": "loud"}})"), "log.level");
+}
+
+}  // namespace
+}  // namespace zs::engine
+
+namespace zs::engine {
+namespace {
+
+TEST(Config, EveryOptimizerTypeAndItsParams) {
+  auto parse1 = [](const std::string& text) { return parse_config(parse_json_text(text), 1); };
+  EngineConfig one_bit = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "onebitadam", "params": {"lr": 4e-4,
+      "freeze_step": 23000, "cuda_aware": false, "comm_backend_name": "nccl"}}})");
+  EXPECT_EQ(one_bit.optimizer.type, "OneBitAdam");
+  EXPECT_TRUE(one_bit.optimizer.compressed());
+  EXPECT_EQ(one_bit.optimizer.one_bit.freeze_step, 23000);
+  EXPECT_DOUBLE_EQ(one_bit.scheduler.base_lr, 4e-4);
+  EngineConfig zero_one = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {
+      "var_freeze_step": 1000, "var_update_scaler": 8, "local_step_scaler": 100, "local_step_clipper": 4}}})");
+  EXPECT_EQ(zero_one.optimizer.type, "ZeroOneAdam");
+  EXPECT_EQ(zero_one.optimizer.zero_one.local_step_clipper, 4);
+  EngineConfig cadam = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"lr": 1e-4,
+      "betas": [0.95, 0.98], "weight_decay": 0.5}}})");
+  EXPECT_EQ(cadam.optimizer.type, "CAdam");
+  EXPECT_FALSE(cadam.optimizer.compressed());
+  EXPECT_DOUBLE_EQ(cadam.optimizer.cadam.betas[0], 0.95);
+  EXPECT_DOUBLE_EQ(cadam.scheduler.base_lr, 1e-4);
+
+  auto error_of1 = [&](const std::string& text) -> std::string {
+    try {
+      parse1(text);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 0}}})")
+                .find("optimizer.params.freeze_step"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"cuda_aware": true}}})")
+                .find("optimizer.params.cuda_aware"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {"max_grad_norm": 1}}})")
+                .find("gradient_clipping"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"eps": 1e-8}}})")
+                .find("optimizer.params.eps"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"freeze_step": 3}}})")
+                .find("optimizer.params.freeze_step"), std::string::npos);
+}
+
+TEST(Config, MemoryModes) {
+  auto parse1 = [](const std::string& text) { return parse_config(parse_json_text(text), 1); };
+  EngineConfig d = parse1(R"({"train_batch_size": 4})");
+  EXPECT_TRUE(d.memory.release_fp32_grad);
+  EXPECT_FALSE(d.memory.reuse_fp32_param);
+  EngineConfig m = parse1(R"({"train_batch_size": 4, "bf16": {"enabled": true},
+      "memory": {"release_fp32_grad": false, "reuse_fp32_param": true}})");
+  EXPECT_FALSE(m.memory.release_fp32_grad);
+  EXPECT_TRUE(m.memory.reuse_fp32_param);
+  try {
+    parse1(R"({"train_batch_size": 4, "memory": {"reuse_fp32_param": true}})");
+    ADD_FAILURE() << "reuse_fp32_param in fp32 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.reuse_fp32_param"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

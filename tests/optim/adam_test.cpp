@@ -48,7 +48,7 @@ TEST_P(AdamVsReference, TracksDoublePrecisionReferenceOverSteps) {
   std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), g(n);
   for (auto& x : p) x = dist(gen);
   std::vector<double> pr(p.begin(), p.end()), mr(n, 0.0), vr(n, 0.0);
-  float* states[] = {m.data(), v.data()};
+  void* states[] = {m.data(), v.data()};
   for (int64_t step = 1; step <= 5; ++step) {
     for (auto& x : g) x = dist(gen);
     std::vector<double> gd(g.begin(), g.end());
@@ -71,7 +71,7 @@ TEST(Adam, WritesLowPrecisionCopyOfUpdatedWeights) {
   Adam adam(AdamConfig{});
   std::vector<float> p = {1.0f, -2.0f, 3.5f}, g = {0.1f, 0.2f, -0.3f}, m(3), v(3);
   std::vector<uint16_t> bf16(3);
-  float* states[] = {m.data(), v.data()};
+  void* states[] = {m.data(), v.data()};
   adam.step({.master = p, .grad = g, .states = states, .low_precision = bf16.data(), .low_precision_dtype = memory::DType::kBF16},
             {.step = 1, .lr = 0.01});
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(bf16[i], memory::f32_to_bf16(p[i]));
@@ -81,9 +81,26 @@ TEST(Adam, NamesItsStates) {
   Adam adam(AdamConfig{});
   ASSERT_EQ(adam.state_specs().size(), 2u);
   EXPECT_EQ(adam.state_specs()[0].name, "exp_avg");
-  EXPECT_EQ(adam.state_bytes_per_param(), 8u);
+  EXPECT_EQ(adam.state_specs()[0].value_bytes, 4u);
+  EXPECT_EQ(adam.state_specs()[0].elements_per_value, 1u);
+  EXPECT_EQ(adam.alignment_elements(), 1u);
+  EXPECT_EQ(adam.state_bytes(1000), 8000u);
+  EXPECT_EQ(adam.state_bytes(0), 0u);
+  EXPECT_DOUBLE_EQ(adam.state_bytes_per_param(), 8.0);
   EXPECT_EQ(adam.name(), "AdamW");
   EXPECT_EQ(Adam(AdamConfig{.adam_w_mode = false}).name(), "Adam");
+}
+
+TEST(StateSpec, BytesForRoundsBlocksUp) {
+  constexpr StateSpec fp32{.name = "m"};
+  constexpr StateSpec int8{.name = "q", .value_bytes = 1};
+  constexpr StateSpec scale{.name = "s", .value_bytes = 4, .elements_per_value = 32};
+  static_assert(fp32.bytes_for(10) == 40 && int8.bytes_for(10) == 10);
+  EXPECT_EQ(scale.bytes_for(0), 0u);
+  EXPECT_EQ(scale.bytes_for(1), 4u);
+  EXPECT_EQ(scale.bytes_for(32), 4u);
+  EXPECT_EQ(scale.bytes_for(33), 8u);
+  EXPECT_EQ(scale.bytes_for(100003), 3126u * 4u);
 }
 
 TEST(Adam, ValidateNamesThePath) {

@@ -53,8 +53,8 @@ struct Buffers {
       p[3] = 3e-6f;
     }
   }
-  ParamChunk chunk(float* const* states, std::optional<DType> low_dtype) {
-    ParamChunk c{.master = p, .grad = g, .states = std::span<float* const>(states, 2)};
+  ParamChunk chunk(void* const* states, std::optional<DType> low_dtype) {
+    ParamChunk c{.master = p, .grad = g, .states = std::span<void* const>(states, 2)};
     if (low_dtype) {
       c.low_precision = low.data();
       c.low_precision_dtype = *low_dtype;
@@ -77,8 +77,8 @@ void run_case(IsaLevel isa, size_t n, const Mode& mode, std::optional<DType> low
   const Adam fused(cfg, isa);
   const Adam reference(cfg, IsaLevel::kScalar);
   Buffers a(n, static_cast<uint32_t>(n * 31 + 7)), b = a;
-  float* sa[] = {a.m.data(), a.v.data()};
-  float* sb[] = {b.m.data(), b.v.data()};
+  void* sa[] = {a.m.data(), a.v.data()};
+  void* sb[] = {b.m.data(), b.v.data()};
   for (int64_t step = 1; step <= 3; ++step) {
     const StepContext ctx{.step = step, .lr = 3e-3 / static_cast<double>(step), .grad_scale = mode.grad_scale};
     if (threads > 1) {
@@ -134,8 +134,8 @@ TEST_P(FusedAdamVsReference, MisalignedStartsBitForBit) {
   for (size_t off = 1; off < 16; ++off) {
     Buffers a(300, 11), b = a;
     const size_t n = 300 - off - (off % 3);
-    float* sa[] = {a.m.data() + off, a.v.data() + off};
-    float* sb[] = {b.m.data() + off, b.v.data() + off};
+    void* sa[] = {a.m.data() + off, a.v.data() + off};
+    void* sb[] = {b.m.data() + off, b.v.data() + off};
     ParamChunk ca{.master = std::span(a.p).subspan(off, n), .grad = std::span<const float>(a.g).subspan(off, n),
                   .states = sa, .low_precision = a.low.data() + off};
     ParamChunk cb{.master = std::span(b.p).subspan(off, n), .grad = std::span<const float>(b.g).subspan(off, n),
@@ -166,8 +166,8 @@ TEST(FusedAdam, MultiThreadedEqualsSingleThreadedBitForBit) {
   // Also a chunk that does not start on a cache line: step_parallel cuts at master's lines.
   const Adam adam(AdamConfig{.weight_decay = 0.1}, isa);
   Buffers a(200011, 5), b = a;
-  float* sa[] = {a.m.data() + 3, a.v.data() + 3};
-  float* sb[] = {b.m.data() + 3, b.v.data() + 3};
+  void* sa[] = {a.m.data() + 3, a.v.data() + 3};
+  void* sb[] = {b.m.data() + 3, b.v.data() + 3};
   const size_t n = 200000;
   ParamChunk ca{.master = std::span(a.p).subspan(3, n), .grad = std::span<const float>(a.g).subspan(3, n),
                 .states = sa, .low_precision = a.low.data() + 3, .low_precision_dtype = DType::kF16};
@@ -191,8 +191,8 @@ TEST(FusedAdam, ReferenceAndDefaultKernelAgreeOnSpecialValues) {
   a.g[6] = std::numeric_limits<float>::quiet_NaN();
   a.p[7] = 1e38f;
   Buffers b = a;
-  float* sa[] = {a.m.data(), a.v.data()};
-  float* sb[] = {b.m.data(), b.v.data()};
+  void* sa[] = {a.m.data(), a.v.data()};
+  void* sb[] = {b.m.data(), b.v.data()};
   fused.step(a.chunk(sa, DType::kBF16), {.step = 1});
   reference.step_reference(b.chunk(sb, DType::kBF16), {.step = 1});
   for (size_t i = 0; i < 37; ++i) {

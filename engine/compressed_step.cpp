@@ -1,0 +1,217 @@
+// One-bit Adam and 0/1 Adam in the engine: which gradients they get, the buffers they keep, and the
+// order of their kernels (optim/onebit_adam.h) and compressed allreduces (comm/compressed_allreduce.h).
+#include <cstring>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "engine/engine_impl.h"
+#include "optim/zero_one_adam.h"
+
+namespace zs::engine {
+
+// Note [compressed optimizers]
+// DeepSpeed's OneBitAdam and ZeroOneAdam refuse ZeRO; here they run at every stage. What makes that
+// possible is to shard what the algorithms keep identical on every rank and to keep whole what each
+// rank computes from its own gradients:
+//   - fp32 master weights and the variance: the stepped range (a shard at stages 1-3), like Adam's.
+//   - the momentum: whole on every rank. Before the freeze every rank updates only its stepped range
+//     from averaged gradients (as Adam does); at the first compressed step the parts are gathered once,
+//     because from then on each rank compresses its whole local momentum (worker side) and the
+//     compressed allreduce returns the whole averaged momentum to every rank.
+//   - gradients: whole at every stage (the reducer works as at stage 0/1): the compressed phase
+//     consumes each rank's whole local gradient, so stage 2's gradient sharding does not apply.
+//   - error feedback: whole worker residual, one server chunk (comm::OneBitAllreduce).
+// One-bit Adam: steps 1..freeze_step are Adam without bias correction on averaged gradients; after
+// that m = b1 m + (1-b1) g_local, m = compressed_allreduce(m), p -= lr (m / (sqrt(v) + eps) + wd p).
+// 0/1 Adam (optim::ZeroOneSchedule): variance steps average gradients exactly; the steps between
+// compress the local gradient; after var_freeze_step the variance is frozen and, at stage 0, ranks take
+// local steps and synchronise the accumulated update every local_step_interval steps, as DeepSpeed
+// does. At stages 1-3 the weights are sharded and cannot drift apart per rank, so every frozen step
+// synchronises: with one local step per sync, 0/1 Adam's sync compresses lr (m_local + wd p (sqrt(v)
+// + eps)); we compress the momentum (the lr and (sqrt(v) + eps) factors are the same on every rank)
+// and apply the weight decay on the shard after, which is one-bit Adam's frozen step.
+// Communication per compressed step: 2 (N-1)/N bits per element plus one scale per chunk and rank,
+// against 2 (N-1)/N x 16 or 32 bits for averaging bf16 or fp32 gradients.
+
+void Engine::Impl::init_compressed() {
+  using memory::Category;
+  using memory::Lifetime;
+  const size_t total = layout_.total();
+  const size_t stepped = step_range().size;
+  CompressedState& c = compressed_.emplace();
+  auto zeroed = [&](size_t elements) {
+    memory::DeviceBlock b = device_->allocate(elements * sizeof(float), Category::kOptimizer, Lifetime::kPersistent);
+    if (b.size() > 0) std::memset(b.data(), 0, b.size());
+    return b;
+  };
+  c.exp_avg = zeroed(total);
+  c.exp_avg_sq = zeroed(stepped);
+  if (cfg_.optimizer.type == "ZeroOneAdam") {
+    c.schedule.emplace(cfg_.optimizer.zero_one);
+    if (stage_ == 0) c.accumulator = zeroed(total);
+  }
+  c.reduce.emplace(group_, total);
+  c.momentum_whole = stage_ == 0 || group_.size() == 1;
+}
+
+uint64_t Engine::Impl::compressed_state_bytes() const {
+  if (!compressed_) return 0;
+  const CompressedState& c = *compressed_;
+  // The error-feedback buffers live in comm's own memory, not in the arena; they are optimizer state
+  // all the same (a whole worker residual and one server chunk).
+  const uint64_t errors = (c.reduce->numel() + c.reduce->chunk_size()) * sizeof(float);
+  return c.exp_avg.size() + c.exp_avg_sq.size() + c.accumulator.size() + errors;
+}
+
+bool Engine::Impl::exact_gradients(int64_t step) const {
+  const CompressedState& c = *compressed_;
+  if (c.schedule) {
+    return c.schedule->plan(step, schedule_.lr_at(step - 1)).kind == optim::ZeroOneSchedule::Kind::kVarUpdate;
+  }
+  return !optim::one_bit_frozen(cfg_.optimizer.one_bit, step);
+}
+
+namespace {
+
+enum class Phase { kAdam, kCompressedGradient, kCompressedMomentum, kLocalStep };
+
+// Note [momentum mask]
+// One bit per element cannot say zero: after a compressed average, an element whose gradient has been
+// exactly zero all along (an embedding row of a token the data never contains) gets +-scale, and with
+// its variance at 0 the update m / (sqrt(v) + eps) is scale / 1e-8: such rows blow up within a step.
+// DeepSpeed leaves this to the user (a per-parameter exp_avg_mask). Here the mask is automatic: an
+// element whose variance is exactly 0 has never had a non-zero gradient, and its compressed value is
+// replaced by 0 before the update (the weight decay still applies). The owner of the element applies
+// it, on the values it updates with.
+void mask_unvisited(float* x, const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = v[i] == 0.0f ? 0.0f : x[i];
+}
+
+}  // namespace
+
+void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
+  CompressedState& c = *compressed_;
+  const memory::ShardRange stepped = step_range();
+  const memory::ShardRange all = whole();
+  float* m_all = static_cast<float*>(c.exp_avg.data());
+  auto m_at = [&](size_t i) { return m_all + i; };
+  auto v_at = [&](size_t i) { return f32_at(c.exp_avg_sq, stepped, i); };
+  auto u_at = [&](size_t i) { return static_cast<float*>(c.accumulator.data()) + i; };
+
+  auto constants = [&](const optim::CompressedStep& st) {
+    return c.schedule ? optim::compressed_constants(cfg_.optimizer.zero_one, st)
+                      : optim::compressed_constants(cfg_.optimizer.one_bit, st);
+  };
+  optim::ZeroOneSchedule::Plan plan{};
+  Phase phase = Phase::kAdam;
+  if (c.schedule) {
+    plan = c.schedule->plan(ctx.step, ctx.lr);
+    switch (plan.kind) {
+      case optim::ZeroOneSchedule::Kind::kVarUpdate: phase = Phase::kAdam; break;
+      case optim::ZeroOneSchedule::Kind::kCompressedGradient: phase = Phase::kCompressedGradient; break;
+      case optim::ZeroOneSchedule::Kind::kLocal: phase = stage_ == 0 ? Phase::kLocalStep : Phase::kCompressedMomentum; break;
+    }
+    if (plan.reset_errors) c.reduce->reset_errors();
+  } else if (optim::one_bit_frozen(cfg_.optimizer.one_bit, ctx.step)) {
+    phase = Phase::kCompressedMomentum;
+  }
+  const optim::CompressedConstants k = constants({.lr = ctx.lr, .grad_scale = ctx.grad_scale, .lrs = plan.lrs_at_sync});
+  auto chunk_at = [&](size_t at, size_t n, bool decay, float* master, void* low, const float* grad) {
+    optim::CompressedChunk ch{};
+    ch.master = master;
+    ch.exp_avg = m_at(at);
+    ch.exp_avg_sq = stepped.contains(at) ? v_at(at) : nullptr;
+    ch.accumulator = c.accumulator.empty() ? nullptr : u_at(at);
+    ch.grad = grad;
+    ch.n = n;
+    ch.low_precision = low;
+    ch.low_precision_dtype = dtype_;
+    ch.apply_weight_decay = decay;
+    return ch;
+  };
+
+  switch (phase) {
+    case Phase::kAdam:
+      for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
+        const float* g = grad_f32(at, n, t).data();
+        with_master(at, n, t, [&](float* master, void* low) { optim::adam_update(chunk_at(at, n, decay, master, low, g), k); });
+      });
+      break;
+    case Phase::kCompressedGradient: {
+      // The local gradients, scaled, in fp32 for the compressed allreduce (a transient buffer).
+      memory::DeviceBlock g32 = device_->allocate(all.size * sizeof(float), memory::Category::kCommBuffers,
+                                                  memory::Lifetime::kTransient);
+      float* g = static_cast<float*>(g32.data());
+      std::memset(g, 0, g32.size());  // the padding between parameters stays zero
+      for_each_piece(all, [&](size_t at, size_t n, bool, int t) {
+        std::span<const float> src = grad_f32(at, n, t);
+        for (size_t i = 0; i < n; ++i) g[at + i] = src[i] * ctx.grad_scale;
+      });
+      c.reduce->allreduce({g, all.size});
+      const optim::CompressedConstants unscaled = constants({.lr = ctx.lr, .grad_scale = 1.0f});
+      for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
+        mask_unvisited(g + at, v_at(at), n);
+        with_master(at, n, t, [&](float* master, void* low) {
+          optim::CompressedChunk ch = chunk_at(at, n, decay, master, low, g + at);
+          optim::momentum_update(ch, unscaled);
+          optim::frozen_update(ch, unscaled);
+        });
+      });
+      break;
+    }
+    case Phase::kCompressedMomentum: {
+      if (!c.momentum_whole) {
+        gather_momentum();
+        c.momentum_whole = true;
+      }
+      for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+        optim::momentum_update(chunk_at(at, n, decay, nullptr, nullptr, grad_f32(at, n, t).data()), k);
+      });
+      c.reduce->allreduce({m_all, all.size});
+      for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
+        mask_unvisited(m_at(at), v_at(at), n);
+        with_master(at, n, t, [&](float* master, void* low) { optim::frozen_update(chunk_at(at, n, decay, master, low, nullptr), k); });
+      });
+      break;
+    }
+    case Phase::kLocalStep: {
+      // Stage 0: every rank steps its own copy of the whole model.
+      for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+        const float* g = grad_f32(at, n, t).data();
+        with_master(at, n, t, [&](float* master, void* low) { optim::local_step(chunk_at(at, n, decay, master, low, g), k); });
+      });
+      if (plan.sync) {
+        for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+          with_master(at, n, t, [&](float* master, void*) { optim::sync_prepare(chunk_at(at, n, decay, master, nullptr, nullptr), k); });
+        });
+        c.reduce->allreduce({u_at(0), all.size});
+        for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+          mask_unvisited(u_at(at), v_at(at), n);
+          with_master(at, n, t, [&](float* master, void* low) {
+            optim::sync_finish(chunk_at(at, n, decay, master, low, nullptr), k);
+          });
+        });
+      }
+      break;
+    }
+  }
+  if (c.schedule) c.schedule->advance(ctx.step, ctx.lr);
+}
+
+void Engine::Impl::gather_momentum() {
+  // Stages 1-3 at the first compressed step: every rank holds the momentum of its stepped range; the
+  // compressed steps need all of it (Note [compressed optimizers]). Once per run, in buckets.
+  const size_t total = layout_.total();
+  const size_t bucket = std::max<size_t>(FlatLayout::kAlignElements, static_cast<size_t>(cfg_.zero.allgather_bucket_size));
+  memory::Tensor all(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(total)});
+  std::vector<comm::Work> works;
+  for (size_t off = 0; off < total; off += bucket) {
+    memory::ShardRange piece{off, std::min(bucket, total - off)};
+    memory::ShardRange owned = partition_.owned(piece);
+    works.push_back(group_.allgatherv_async(all.range(owned), all.range(piece), partition_.counts(piece)));
+  }
+  for (auto& w : works) w.wait();
+  ZS_LOG_DEBUG("{}: momentum gathered for the compressed phase", cfg_.optimizer.type);
+}
+
+}  // namespace zs::engine

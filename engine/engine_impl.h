@@ -1,0 +1,176 @@
+// Engine::Impl: the engine's state, shared by engine.cpp (placement, forward, backward, reports),
+// engine_step.cpp (the optimizer step of elementwise optimizers and the memory-reuse modes) and
+// compressed_step.cpp (one-bit Adam and 0/1 Adam). Internal: not installed.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/compressed_allreduce.h"
+#include "engine/engine.h"
+#include "engine/engine_context.h"
+#include "engine/flat_layout.h"
+#include "engine/grad_reducer.h"
+#include "engine/param_gatherer.h"
+#include "engine/partition.h"
+#include "memory/allocator.h"
+#include "memory/backend.h"
+#include "memory/tracker.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "optim/onebit_adam.h"
+#include "optim/zero_one_adam.h"
+#include "optim/optimizer.h"
+
+namespace zs::engine {
+
+// Elements one optimizer piece covers: a thread converts the gradient (and, with reuse_fp32_param,
+// decodes the master weights) of one piece into its own scratch, so the scratch stays in cache.
+inline constexpr size_t kPieceElements = size_t{1} << 16;
+
+// One-bit Adam / 0/1 Adam state (compressed_step.cpp). The momentum is whole on every rank: the
+// compressed allreduce needs each rank's whole local momentum (Note [compressed optimizers]).
+struct CompressedState {
+  memory::DeviceBlock exp_avg;      // fp32, every element of the model
+  memory::DeviceBlock exp_avg_sq;   // fp32, the stepped range
+  memory::DeviceBlock accumulator;  // fp32, every element: 0/1 Adam's u at stage 0 (local steps); else empty
+  std::optional<comm::OneBitAllreduce> reduce;
+  std::optional<optim::ZeroOneSchedule> schedule;
+  bool momentum_whole = false;      // the momentum outside the stepped range is valid (gathered at freeze)
+  bool errors_reset = false;        // 0/1 Adam: error buffers were zeroed when the variance froze
+};
+
+// Note [model-state placement]: which flat buffers are whole and which are this rank's shard.
+//   stage   params        grads         fp32 master (bf16/fp16 only)   optimizer states
+//   0       whole         whole         whole                          whole
+//   1       whole         whole         shard                          shard
+//   2       whole         shard         shard                          shard
+//   3       shard         shard         shard                          shard
+// In fp32 the parameters are the master weights (no separate copy): the optimizer updates the
+// parameter buffer at this rank's shard directly. All buffers use one FlatLayout, so an element index
+// means the same thing in each; a shard buffer starts at partition.mine.offset.
+// Compressed optimizers keep whole gradients at every stage (grad_stage_ <= 1), because their
+// compressed phase consumes each rank's whole local gradient.
+// Memory modes (MemoryModes, engine/config.h): release_fp32_grad off adds a persistent fp32 copy of
+// the gradients the optimizer reads (grad32_); reuse_fp32_param replaces the bf16 master buffer by a
+// 16-bit residual beside the bf16 parameters (Note [reuse_fp32_param] in engine_step.cpp).
+class Engine::Impl final : public ModuleHooks {
+ public:
+  Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group);
+  ~Impl() override;
+
+  const EngineConfig& cfg_;
+  const comm::Group& group_;
+  const int stage_;
+  const int grad_stage_;  // the stage whose gradient layout the reducer uses
+  const memory::DType dtype_;
+  const size_t elem_;
+  const bool reuse_;            // reuse_fp32_param
+  const bool keep_fp32_grads_;  // !release_fp32_grad in bf16/fp16
+  memory::MemoryTracker tracker_;
+  std::unique_ptr<memory::Backend> backend_;
+  std::unique_ptr<memory::DeviceAllocator> device_;
+  FlatLayout layout_;
+  Partition partition_;
+  std::unique_ptr<optim::Optimizer> optimizer_;  // the elementwise update (Adam/AdamW/CAdam)
+  optim::LrSchedule schedule_;
+  optim::LossScaler scaler_;
+
+  memory::DeviceBlock params_;
+  memory::DeviceBlock grads_;
+  memory::DeviceBlock master_;    // fp32 master of the stepped range (bf16/fp16 without reuse_)
+  memory::DeviceBlock residual_;  // reuse_: low 16 bits of the encoded master, the stepped range
+  memory::DeviceBlock grad32_;    // keep_fp32_grads_: fp32 gradients of grad32_range()
+  std::vector<memory::DeviceBlock> states_;
+  std::optional<CompressedState> compressed_;
+  std::optional<GradReducer> reducer_;
+  std::optional<ParamGatherer> gatherer_;
+  std::unordered_map<std::string, size_t> slot_by_name_;
+  EngineContext ctx_;
+
+  int64_t micro_step_ = 0;   // micro-batches since the last optimizer step
+  int64_t steps_taken_ = 0;  // updates applied: the schedule's and the optimizer's step count
+  double loss_sum_ = 0.0;
+  double forward_s_ = 0.0, backward_s_ = 0.0;
+  uint64_t bytes_sent_at_step_start_ = 0;
+  std::vector<float> scratch_;                  // initialisation and gathering, one thread
+  std::vector<std::vector<float>> grad_scratch_;    // per thread, kPieceElements
+  std::vector<std::vector<float>> master_scratch_;  // per thread, kPieceElements (reuse_)
+
+  bool mixed() const { return dtype_ != memory::DType::kF32; }
+  // The elements this rank's optimizer updates: everything at stage 0, its shard otherwise.
+  memory::ShardRange step_range() const {
+    return stage_ == 0 ? memory::ShardRange{0, layout_.total()} : partition_.mine;
+  }
+  memory::ShardRange whole() const { return {0, layout_.total()}; }
+  // The gradient elements this rank holds.
+  memory::ShardRange grad_range() const { return grad_stage_ >= 2 ? partition_.mine : whole(); }
+  // The gradients the optimizer reads in fp32 (grad32_ covers these when kept).
+  memory::ShardRange grad32_range() const { return compressed_ ? grad_range() : step_range(); }
+  size_t params_base() const { return stage_ == 3 ? partition_.mine.offset : 0; }
+  // Flat element `i` of each buffer (i must lie in what the buffer holds).
+  char* param_at(size_t i) const { return static_cast<char*>(params_.data()) + (i - params_base()) * elem_; }
+  char* grad_at(size_t i) const { return static_cast<char*>(grads_.data()) + (i - grad_range().offset) * elem_; }
+  // fp32 master of element i of the stepped range; not with reuse_ (use with_master).
+  float* master_at(size_t i) const;
+  void* state_at(size_t k, size_t i) const;
+  float* f32_at(const memory::DeviceBlock& b, memory::ShardRange held, size_t i) const {
+    return static_cast<float*>(b.data()) + (i - held.offset);
+  }
+
+  // Gradients [i, i+n) in fp32 (n <= kPieceElements): grad32_ itself, the buffer itself in fp32, or
+  // converted into thread `t`'s scratch.
+  std::span<const float> grad_f32(size_t i, size_t n, int t);
+  // Calls fn(master, low_precision) for the stepped elements [i, i+n) (n <= kPieceElements): the
+  // master pointer is the fp32 master (or the parameters in fp32) and low_precision the bf16/fp16
+  // parameters to write (nullptr in fp32); with reuse_, the master is decoded into thread t's scratch
+  // first and encoded back after, and low_precision is nullptr (the encoding writes the parameters).
+  template <typename F>
+  void with_master(size_t i, size_t n, int t, F&& fn);
+  // fn(at, n, apply_weight_decay, thread) over `range`, slot by slot, pieces of at most
+  // kPieceElements starting at multiples of 32 from the slot part's start, spread over the rank's
+  // threads. fn must only touch elements [at, at + n) of the buffers.
+  template <typename F>
+  void for_each_piece(memory::ShardRange range, F&& fn);
+
+  void place_parameters();
+  void initialise();
+  void init_f32(float* dst, memory::ShardRange range) const;
+  void allgather_params();
+  std::vector<float> gather_fp32(const ParamSlot& slot);
+  // The fp32 master of [range) (within the stepped range) into dst.
+  void read_master(memory::ShardRange range, float* dst);
+
+  // engine_step.cpp
+  void fill_grad32();
+  void step_elementwise(const optim::StepContext& ctx);
+  // compressed_step.cpp
+  void init_compressed();
+  bool exact_gradients(int64_t step) const;  // false: the step consumes local gradients
+  void step_compressed(const optim::StepContext& ctx);
+  void gather_momentum();
+  uint64_t compressed_state_bytes() const;
+
+  void before_forward(nn::Module& m) override {
+    if (gatherer_) gatherer_->fetch(m);
+  }
+  void after_forward(nn::Module& m) override {
+    if (gatherer_) gatherer_->release(m);
+  }
+  void before_backward(nn::Module& m) override {
+    if (gatherer_) gatherer_->fetch(m);
+    reducer_->module_starting(m);
+  }
+  void after_backward(nn::Module& m) override {
+    reducer_->module_done(m);
+    if (gatherer_) gatherer_->release(m);
+  }
+};
+
+}  // namespace zs::engine
+
+#include "engine/engine_impl_inl.h"

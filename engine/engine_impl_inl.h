@@ -1,0 +1,48 @@
+// Template members of Engine::Impl (engine/engine_impl.h). Internal.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "core/parallel.h"
+#include "engine/runtime.h"
+
+namespace zs::engine {
+
+// reuse_fp32_param's encoding (Note [reuse_fp32_param] in engine_step.cpp): the master's bits u are
+// stored as w = u + 0x8000, upper half in the bf16 parameter, lower half in the residual.
+void encode_master(const float* master, uint16_t* param_bf16, uint16_t* residual, size_t n);
+void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* master, size_t n);
+
+template <typename F>
+void Engine::Impl::with_master(size_t i, size_t n, int t, F&& fn) {
+  if (!reuse_) {
+    fn(master_at(i), mixed() ? static_cast<void*>(param_at(i)) : nullptr);
+    return;
+  }
+  float* m = master_scratch_[static_cast<size_t>(t)].data();
+  auto* hi = reinterpret_cast<uint16_t*>(param_at(i));
+  auto* lo = static_cast<uint16_t*>(residual_.data()) + (i - step_range().offset);
+  decode_master(hi, lo, m, n);
+  fn(m, static_cast<void*>(nullptr));
+  encode_master(m, hi, lo, n);
+}
+
+template <typename F>
+void Engine::Impl::for_each_piece(memory::ShardRange range, F&& fn) {
+  const int threads = static_cast<int>(grad_scratch_.size());
+  for (const ParamSlot& slot : layout_.slots()) {
+    const memory::ShardRange part = slot.range().intersect(range);
+    if (part.empty()) continue;
+    const bool decay = !slot.param->has_tag(nn::kTagNoWeightDecay);
+    const auto pieces = static_cast<int64_t>((part.size + kPieceElements - 1) / kPieceElements);
+    parallel_for_threads(threads, pieces, 1, [&](int64_t b, int64_t e, int t) {
+      for (int64_t p = b; p < e; ++p) {
+        const size_t off = static_cast<size_t>(p) * kPieceElements;
+        fn(part.offset + off, std::min(kPieceElements, part.size - off), decay, t);
+      }
+    });
+  }
+}
+
+}  // namespace zs::engine

@@ -1,0 +1,152 @@
+// Engine::step: finishing the reductions, the gradient norm, clipping, fp16 overflow handling, and
+// the update of elementwise optimizers (Adam, AdamW, CAdam) with the memory-reuse modes. One-bit Adam
+// and 0/1 Adam are in compressed_step.cpp.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "core/errors.h"
+#include "engine/engine_impl.h"
+#include "optim/clip.h"
+
+namespace zs::engine {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// Note [reuse_fp32_param]
+// MindSpeed's --reuse-fp32-param, re-derived. The fp32 master weight's bits u are stored as
+// w = u + 0x8000 (32-bit unsigned arithmetic): the upper 16 bits of w are the bf16 parameter the model
+// computes with, the lower 16 bits a residual kept in a separate 2-byte buffer. Decoding subtracts
+// 0x8000 again, so the master is recovered exactly and every optimizer update is the update of the
+// same fp32 value as without the mode. Adding 0x8000 before truncating rounds the magnitude to
+// nearest with ties away from zero; round-to-nearest-even cannot be used, because an even bf16
+// value has 2^16 + 1 fp32 values rounding to it (both half-way points) and an odd one 2^16 - 1, so
+// 16 bits could not tell them apart. The bf16 parameter therefore differs from the mode-off
+// parameter (RNE) exactly when the master's low 16 bits are 0x8000 and its bf16 upper half is even
+// (about one element in 2^17 per step); everything else is bit for bit the same. Saving: the bf16
+// master buffer (4 bytes per stepped element) becomes a 2-byte residual.
+void encode_master(const float* master, uint16_t* param_bf16, uint16_t* residual, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, master + i, sizeof(u));
+    const uint32_t w = u + 0x8000u;
+    param_bf16[i] = static_cast<uint16_t>(w >> 16);
+    residual[i] = static_cast<uint16_t>(w & 0xFFFFu);
+  }
+}
+
+void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* master, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t u = ((static_cast<uint32_t>(param_bf16[i]) << 16) | residual[i]) - 0x8000u;
+    std::memcpy(master + i, &u, sizeof(u));
+  }
+}
+
+void Engine::Impl::fill_grad32() {
+  // release_fp32_grad off: one conversion pass into the persistent fp32 copy, before the norm.
+  const memory::ShardRange range = grad32_range();
+  const int threads = static_cast<int>(grad_scratch_.size());
+  const auto pieces = static_cast<int64_t>((range.size + kPieceElements - 1) / kPieceElements);
+  parallel_for_threads(threads, pieces, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t p = b; p < e; ++p) {
+      const size_t at = range.offset + static_cast<size_t>(p) * kPieceElements;
+      const size_t n = std::min(kPieceElements, range.end() - at);
+      memory::convert(grad_at(at), dtype_, f32_at(grad32_, range, at), memory::DType::kF32, n);
+    }
+  });
+}
+
+void Engine::Impl::step_elementwise(const optim::StepContext& ctx) {
+  const size_t n_states = states_.size();
+  for_each_piece(step_range(), [&](size_t at, size_t n, bool decay, int t) {
+    void* states[8];
+    ZS_ASSERT(n_states <= 8, "{} optimizer states", n_states);
+    for (size_t k = 0; k < n_states; ++k) states[k] = state_at(k, at);
+    std::span<const float> grad = grad_f32(at, n, t);
+    with_master(at, n, t, [&](float* master, void* low) {
+      optim::ParamChunk chunk{.master = {master, n}, .grad = grad, .states = {states, n_states}};
+      chunk.apply_weight_decay = decay;
+      chunk.low_precision = low;
+      chunk.low_precision_dtype = dtype_;
+      optimizer_->step(chunk, ctx);
+    });
+  });
+}
+
+bool Engine::step() {
+  Impl& s = *impl_;
+  if (s.micro_step_ < config_.batch.gradient_accumulation_steps) return false;
+  double t0 = now_s();
+  s.reducer_->wait_all();
+  const double accumulation = static_cast<double>(config_.batch.gradient_accumulation_steps);
+  const int64_t t = s.steps_taken_ + 1;
+  const bool local = s.compressed_ && !s.exact_gradients(t);
+  if (s.keep_fp32_grads_) s.fill_grad32();
+
+  // One pass over this rank's gradients gives its part of the squared norm; a non-finite sum is an
+  // fp16 overflow (an Inf/NaN part makes the agreed total non-finite on every rank). Local gradients
+  // (a compressing step) are whole on every rank: their norm is the root mean square over the ranks
+  // of each rank's local norm.
+  const memory::ShardRange range = local ? s.grad_range() : s.step_range();
+  double sum_sq = 0.0;
+  for (size_t off = 0; off < range.size; off += kPieceElements) {
+    size_t n = std::min(kPieceElements, range.size - off);
+    sum_sq += optim::sum_of_squares(s.grad_f32(range.offset + off, n, 0));
+  }
+  // One small allreduce agrees on both the loss total (every micro-batch has the same number of
+  // samples, so the global mean is the total over all of them) and, where the norm is not local
+  // already, the squared norm. Stage 0 holds every reduced gradient: its local sum is the total.
+  const bool agree_norm = s.stage_ > 0 || local;
+  float agreed[2] = {static_cast<float>(s.loss_sum_), agree_norm ? static_cast<float>(sum_sq) : 0.0f};
+  if (group_.size() > 1) group_.allreduce(memory::Tensor::of(std::span<float>(agreed, 2)));
+  const float loss_total = agreed[0];
+  // The agreed norm went through fp32; so does the local one, so every stage and world size of one
+  // rank clips with the same bits.
+  sum_sq = agree_norm ? agreed[1] : static_cast<float>(sum_sq);
+  if (local) sum_sq /= group_.size();
+  const double loss_scale = s.scaler_.scale();
+  const double unscale = 1.0 / loss_scale;  // the reductions averaged over ranks already
+  const bool overflow = !std::isfinite(sum_sq);
+  const double grad_norm = overflow ? sum_sq : std::sqrt(sum_sq) * unscale;
+  const bool skipped = s.scaler_.update(overflow);
+
+  StepReport report;
+  report.loss = loss_total / (accumulation * group_.size());
+  report.grad_norm = grad_norm;
+  report.loss_scale = loss_scale;
+  report.skipped = skipped;
+  report.lr = s.schedule_.lr_at(s.steps_taken_);
+  report.compressed = local;
+  if (!skipped) {
+    const double coef = optim::clip_coefficient(grad_norm, config_.gradient_clipping);
+    optim::StepContext step_ctx{.step = t, .lr = report.lr, .grad_scale = static_cast<float>(unscale * coef)};
+    if (s.compressed_) {
+      s.step_compressed(step_ctx);
+    } else {
+      s.step_elementwise(step_ctx);
+    }
+    ++s.steps_taken_;
+    if (s.stage_ == 1 || s.stage_ == 2) s.allgather_params();
+    if (s.gatherer_) s.gatherer_->invalidate();
+  }
+  if (s.grads_.size() > 0) std::memset(s.grads_.data(), 0, s.grads_.size());
+  report.forward_s = s.forward_s_;
+  report.backward_s = s.backward_s_;
+  report.optimizer_s = now_s() - t0;
+  const uint64_t sent = group_.counters().bytes_sent;
+  report.comm_bytes_sent = sent - s.bytes_sent_at_step_start_;
+  s.bytes_sent_at_step_start_ = sent;
+  report.step = ++global_step_;
+  s.micro_step_ = 0;
+  s.loss_sum_ = 0.0;
+  s.forward_s_ = s.backward_s_ = 0.0;
+  last_ = report;
+  return true;
+}
+
+}  // namespace zs::engine

@@ -1,0 +1,102 @@
+// CAdam: zeroshard's compressed-state optimizer (optimizer type "CAdam").
+//
+// A Lion update (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms") whose only state,
+// the momentum, is stored block-quantised to int8 (as in Huawei's CADAM and the 8-bit optimizers of
+// Dettmers et al.): 1.125 bytes of optimizer state per parameter against Adam's 8.
+//
+//   optim::CAdam opt({.lr = 3e-5, .betas = {0.965, 0.99}, .weight_decay = 0.1});
+//   std::vector<int8_t> q(n);                                  // exp_avg_q: zeroed
+//   std::vector<float> scale((n + 31) / 32);                   // exp_avg_scale: zeroed
+//   void* states[] = {q.data(), scale.data()};
+//   opt.step({.master = p, .grad = g, .states = states}, {.step = 1, .lr = 3e-5});
+//
+// Update per element, in fp32 (StepContext::step is not used: Lion has no bias correction):
+//   m   = float(q) * scale                                 (de-quantise; scale of the element's block)
+//   g   = grad * grad_scale
+//   c   = beta1 * m + (1 - beta1) * g                      (interpolation)
+//   p   = p - lr * (sign(c) + weight_decay * p)            (decoupled decay; 0 when !apply_weight_decay)
+//   m'  = beta2 * m + (1 - beta2) * g                      (momentum update)
+//   low = bf16/fp16 copy of p when asked (round to nearest even, as Adam's kernels)
+// sign(c) is +1 for c > 0, -1 for c < 0, c itself otherwise (so sign(+-0) = +-0 and a NaN stays NaN).
+// Then each block of kBlock = 32 elements is re-quantised with a NEW scale that follows the data:
+//   scale' = max|m'| over the block / 127          (fp32 divide; a block of zeros gets scale 0)
+//   q'     = round_to_nearest_even(clamp(m' / scale', -127, 127))   (fp32 divide; q' = 0 if scale' = 0)
+// The scale is recomputed every step, so q never overflows (the clamp only guards rounding past 127)
+// and gradients of any finite size are held (1e30 included). A block whose m' holds an inf or NaN
+// (a non-finite gradient; the engine skips such steps) gets scale NaN and q 0, so its momentum stays
+// non-finite instead of silently becoming finite.
+//
+// Note [CAdam quantisation error]: per element |float(q') * scale' - m'| <= scale' / 2, up to fp32
+// rounding of the divide and of the product (relative 2^-16 of scale'); i.e. half a quantisation step,
+// at most max|m'| / 254 over the block. This holds while scale' is a normal fp32 number (max|m'| >=
+// 127 * FLT_MIN, about 1.5e-36); below that, where scale' is subnormal or 0, the error is at most
+// 127 * 2^-150 (about 9e-44) instead.
+//
+// Note [CAdam sticky momentum]: rounding to nearest drops any momentum change smaller than half a
+// step, (1 - beta2) * |g - m| < scale / 2. At beta2 = 0.99 an element's momentum therefore moves only
+// once its gradient differs from it by more than 50 steps (about 40% of the block's largest |m|), so
+// small momenta beside a large one stay stuck. Measured on a mixed-curvature quadratic (tests/optim/
+// cadam_test.cpp, 200 steps): at betas (0.965, 0.99) CAdam's loss is about 2x fp32-momentum Lion's
+// (it still converges); at beta2 = 0.9 the two agree within 1%. Stochastic rounding would remove the
+// bias; to stay deterministic across chunkings, threads and ISAs its dither would be hashed from the
+// element's own values (step, p and g bits). Not done: the format here is round-to-nearest-even.
+//
+// Learning-rate rule (Lion's): because sign() gives every element an update of size lr, use an lr 3-10x
+// smaller than AdamW's for the same model, and a weight_decay 3-10x larger (the decay a step applies
+// is lr * weight_decay, which then stays about the same). The Lion paper's default betas are
+// (0.9, 0.99); see Note [CAdam sticky momentum] on beta2 with an int8 momentum.
+//
+// Chunks: step() needs chunk starts at multiples of kBlock elements from the start of the state
+// buffers (alignment_elements(); blocks are never split), state pointers at the chunk's first block;
+// a chunk's length may be anything, its last block then being short (the scale still exists, the
+// buffers being sized with StateSpec::bytes_for). step() runs the fused one-pass kernel of the widest
+// ISA the CPU has, or of the ISA given to the constructor; step_reference() is the plain scalar loop
+// the kernels agree with bit for bit. Thread-safety: as Optimizer (disjoint chunks).
+#pragma once
+
+#include <array>
+#include <string>
+
+#include "memory/cpu_features.h"
+#include "optim/optimizer.h"
+
+namespace zs::optim {
+
+struct CAdamConfig {
+  double lr = 1e-4;
+  std::array<double, 2> betas = {0.965, 0.99};  // {interpolation beta1, momentum beta2}
+  double weight_decay = 0.0;
+};
+
+// Throws ConfigError naming `json_path` (e.g. "optimizer.params" -> "optimizer.params.betas[0]") for
+// out-of-range values.
+void validate(const CAdamConfig& config, const std::string& json_path);
+
+class CAdam final : public Optimizer {
+ public:
+  // Elements per quantisation block (one fp32 scale each).
+  static constexpr size_t kBlock = 32;
+
+  // Uses the widest kernel the CPU supports (memory::best_isa()).
+  explicit CAdam(const CAdamConfig& config);
+  // Forces the kernel of `isa` (tests, benchmarks); throws ConfigError when this CPU cannot run it.
+  CAdam(const CAdamConfig& config, memory::IsaLevel isa);
+
+  std::string_view name() const override { return "CAdam"; }
+  // {"exp_avg_q": int8 per element}, {"exp_avg_scale": fp32 per block of 32}; both start zeroed.
+  std::span<const StateSpec> state_specs() const override;
+  size_t alignment_elements() const override { return kBlock; }
+  // The fused kernel: one pass, re-quantisation and low-precision copy included.
+  void step(const ParamChunk& chunk, const StepContext& ctx) const override;
+  // The scalar reference loops (then a separate conversion pass): the test oracle.
+  void step_reference(const ParamChunk& chunk, const StepContext& ctx) const;
+
+  const CAdamConfig& config() const { return config_; }
+  memory::IsaLevel isa() const { return isa_; }
+
+ private:
+  CAdamConfig config_;
+  memory::IsaLevel isa_;
+};
+
+}  // namespace zs::optim

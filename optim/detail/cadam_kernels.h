@@ -1,0 +1,60 @@
+// Per-ISA fused CAdam kernels behind CAdam::step (internal).
+//
+// Each kernel updates a.n elements (any length; the last block may be short and each kernel handles
+// it) starting at a block boundary, and agrees bit for bit with CAdam::step_reference: same fp32
+// operations in the same order (optim/cadam.h), the int8 rounding to nearest even. The avx2/avx512
+// kernels live in files compiled with their ISA flags: call them only when memory::isa_supported()
+// says so.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "memory/cpu_features.h"
+#include "memory/dtype.h"
+
+namespace zs::optim::detail {
+
+constexpr size_t kCAdamBlock = 32;
+
+// The per-step scalars, folded once per chunk exactly as step_reference folds them.
+struct CAdamConstants {
+  float beta1 = 0.965f;
+  float beta2 = 0.99f;
+  float one_minus_beta1 = 0.035f;  // 1.0f - beta1, in fp32
+  float one_minus_beta2 = 0.01f;   // 1.0f - beta2, in fp32
+  float lr = 1e-4f;
+  float weight_decay = 0.0f;       // 0 when the chunk takes no decay
+  float grad_scale = 1.0f;
+};
+
+// Raw views of one range of n elements starting at a block boundary: master and grad hold n floats,
+// exp_avg_q n int8, exp_avg_scale ceil(n / 32) floats, low_precision nullptr or n bf16/fp16 values.
+// No alignment needed; no array may overlap another.
+struct CAdamArrays {
+  float* master = nullptr;
+  const float* grad = nullptr;
+  int8_t* exp_avg_q = nullptr;
+  float* exp_avg_scale = nullptr;
+  size_t n = 0;
+  void* low_precision = nullptr;
+  memory::DType low_precision_dtype = memory::DType::kBF16;
+};
+
+// The re-quantisation rule every kernel applies to a block after its update: returns the new scale
+// from the block's max |m'| and whether all its m' were finite (see optim/cadam.h).
+inline float cadam_block_scale(float absmax, bool finite) {
+  if (!finite) [[unlikely]] {
+    return __builtin_nanf("");
+  }
+  return absmax / 127.0f;
+}
+
+void fused_cadam_scalar(const CAdamArrays& a, const CAdamConstants& k);
+void fused_cadam_avx2(const CAdamArrays& a, const CAdamConstants& k);
+void fused_cadam_avx512(const CAdamArrays& a, const CAdamConstants& k);
+
+// Runs the kernel of `isa` (must be supported here; checked with ZS_ASSERT).
+void fused_cadam(const CAdamArrays& a, const CAdamConstants& k, memory::IsaLevel isa);
+
+}  // namespace zs::optim::detail
