@@ -95,7 +95,7 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
   const memory::ShardRange all = whole();
   float* m_all = static_cast<float*>(c.exp_avg.data());
   auto m_at = [&](size_t i) { return m_all + i; };
-  auto v_at = [&](size_t i) { return f32_at(c.exp_avg_sq, stepped, i); };
+  auto v_at = [&](size_t i) { return f32_at(c.exp_avg_sq.data(), stepped, i); };
   auto u_at = [&](size_t i) { return static_cast<float*>(c.accumulator.data()) + i; };
 
   auto constants = [&](const optim::CompressedStep& st) {

@@ -196,9 +196,49 @@ void read_zero(ObjectReader& r, ZeroConfig& z) {
   r.read("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, IntRange::non_negative());
   r.alias("stage3_max_live_parameters", "max_live_parameters");
   r.read("stage3_max_live_parameters", z.stage3_max_live_parameters, IntRange::positive());
-  for (std::string_view key : {"offload_optimizer", "offload_param", "cpu_offload", "cpu_offload_params",
-                               "cpu_offload_use_pin_memory", "sub_group_size"}) {
-    r.unsupported(key, "zeroshard does not implement offload yet");
+  auto read_device = [](ObjectReader& o, OffloadDevice& d) {
+    o.read_enum("device", d, {{"none", OffloadDevice::kNone}, {"cpu", OffloadDevice::kCpu}, {"nvme", OffloadDevice::kNvme}});
+  };
+  auto require_path = [](ObjectReader& o, OffloadDevice d, const std::string& path) {
+    if (d == OffloadDevice::kNvme && path.empty()) {
+      throw ConfigError(fmt::format("{}: device nvme needs a directory for the swap files; set nvme_path (e.g. a mount "
+                                    "point of a local NVMe drive)",
+                                    o.path_of("nvme_path")));
+    }
+  };
+  r.read_object("offload_optimizer", [&](ObjectReader& o) {
+    auto& c = z.offload_optimizer;
+    read_device(o, c.device);
+    o.read("nvme_path", c.nvme_path);
+    o.read("pin_memory", c.pin_memory);
+    o.read("buffer_count", c.buffer_count, IntRange{1, 64});
+    o.read("fast_init", c.fast_init);
+    o.unsupported("ratio", "zeroshard offloads all or none of the optimizer states");
+    require_path(o, c.device, c.nvme_path);
+  });
+  r.read_object("offload_param", [&](ObjectReader& o) {
+    auto& c = z.offload_param;
+    read_device(o, c.device);
+    o.read("nvme_path", c.nvme_path);
+    o.read("pin_memory", c.pin_memory);
+    o.read("buffer_count", c.buffer_count, IntRange{1, 64});
+    o.read("buffer_size", c.buffer_size, IntRange::positive());
+    o.read("max_in_cpu", c.max_in_cpu, IntRange::non_negative());
+    require_path(o, c.device, c.nvme_path);
+  });
+  r.read("sub_group_size", z.sub_group_size, IntRange::positive());
+  for (std::string_view key : {"cpu_offload", "cpu_offload_params", "cpu_offload_use_pin_memory"}) {
+    r.unsupported(key, "use offload_optimizer / offload_param (DeepSpeed's current keys)");
+  }
+  if (z.offload_optimizer.device != OffloadDevice::kNone && z.stage == 0) {
+    throw ConfigError(fmt::format("{}: optimizer offload needs ZeRO stage 1, 2 or 3 (the stepped partition is what moves); "
+                                  "set zero_optimization.stage",
+                                  r.path_of("offload_optimizer")));
+  }
+  if (z.offload_param.device != OffloadDevice::kNone && z.stage != 3) {
+    throw ConfigError(fmt::format("{}: parameter offload needs ZeRO stage 3 (only partitioned parameters can move); set "
+                                  "zero_optimization.stage to 3",
+                                  r.path_of("offload_param")));
   }
   for (std::string_view key :
        {"stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
@@ -224,6 +264,15 @@ void read_model(ObjectReader& r, nn::GptConfig& m) {
 }
 
 }  // namespace
+
+std::string offload_device_name(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone: return "none";
+    case OffloadDevice::kCpu: return "cpu";
+    case OffloadDevice::kNvme: return "nvme";
+  }
+  return "?";
+}
 
 double OptimizerConfig::lr() const {
   if (type == "OneBitAdam") return one_bit.lr;
@@ -320,6 +369,19 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   root.read_object("zero_optimization", [&](ObjectReader& r) { read_zero(r, cfg.zero); });
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });
+  root.read_object("aio", [&](ObjectReader& r) {
+    auto& a = cfg.aio;
+    int64_t block = static_cast<int64_t>(a.block_size);
+    r.read("block_size", block, IntRange{4096, int64_t{1} << 30});
+    a.block_size = static_cast<size_t>(block);
+    r.read("queue_depth", a.queue_depth, IntRange{1, 1024});
+    r.alias("intra_op_parallelism", "thread_count");  // DeepSpeed renamed it; old configs say thread_count
+    r.read("intra_op_parallelism", a.thread_count, IntRange{1, 64});
+    r.read("single_submit", a.single_submit);
+    r.read("overlap_events", a.overlap_events);
+    r.unsupported("use_gds", "GPUDirect Storage needs a GPU");
+    offload::validate(a, r.path());
+  });
   root.read_object("device", [&](ObjectReader& r) { r.read("memory_mb", cfg.device.memory_mb, IntRange{1, int64_t{1} << 30}); });
   root.read_object("model", [&](ObjectReader& r) {
     nn::GptConfig m;
@@ -339,7 +401,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
 
   // DeepSpeed sections and keys zeroshard does not implement yet: refused, never ignored.
   for (std::string_view key :
-       {"amp", "activation_checkpointing", "aio", "sparse_attention", "flops_profiler", "autotuning", "elasticity",
+       {"amp", "activation_checkpointing", "sparse_attention", "flops_profiler", "autotuning", "elasticity",
         "pipeline", "compression_training", "data_efficiency", "curriculum_learning", "tensorboard", "wandb",
         "csv_monitor", "comms_logger", "dump_state", "checkpoint", "communication_data_type", "prescale_gradients",
         "gradient_predivide_factor", "sparse_gradients", "memory_breakdown", "zero_allow_untested_optimizer",
@@ -349,6 +411,18 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     root.unsupported(key, "zeroshard does not implement this DeepSpeed feature yet");
   }
   root.finish();
+  if (cfg.zero.offload_optimizer.device != OffloadDevice::kNone) {
+    if (cfg.optimizer.compressed()) {
+      throw ConfigError(fmt::format("zero_optimization.offload_optimizer: {} keeps whole-model momentum and error buffers "
+                                    "beside the sharded states, and zeroshard does not offload those yet; use Adam, AdamW "
+                                    "or CAdam with offload, or remove offload_optimizer",
+                                    cfg.optimizer.type));
+    }
+    if (cfg.memory.reuse_fp32_param) {
+      throw ConfigError("memory.reuse_fp32_param: the master weight then lives inside the bf16 parameters on the device, "
+                        "so it cannot be offloaded; set it to false or remove zero_optimization.offload_optimizer");
+    }
+  }
   // After finish(): a misspelled batch key is reported as unknown, with its did-you-mean.
   cfg.batch = resolve_batch(train, micro, accum, dp);
   return cfg;

@@ -21,6 +21,7 @@
 #include "core/log.h"
 #include "memory/dtype.h"
 #include "nn/gpt.h"
+#include "offload/aio.h"
 #include "optim/adam.h"
 #include "optim/cadam.h"
 #include "optim/loss_scaler.h"
@@ -63,6 +64,32 @@ struct MemoryModes {
   bool reuse_fp32_param = false;
 };
 
+enum class OffloadDevice { kNone, kCpu, kNvme };
+std::string offload_device_name(OffloadDevice d);
+
+// zero_optimization.offload_optimizer (stages 1-3): the fp32 master weights and optimizer states of
+// this rank's stepped range live on the host (cpu) or in a swap file under nvme_path (nvme), and the
+// optimizer steps them sub-group by sub-group (sub_group_size); the gradient shard of stages 2-3 lives
+// on the host too. docs/offload.md.
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  bool pin_memory = false;  // mlock the host buffers
+  int64_t buffer_count = 4; // nvme: host buffers of one sub-group each (read ahead, compute, write back)
+  bool fast_init = false;   // accepted; zeroshard initialises states in place, sub-group by sub-group
+};
+
+// zero_optimization.offload_param (stage 3): this rank's parameter shard lives on the host (cpu) or in
+// a swap file (nvme) and is read ahead of use by the ZeRO-3 prefetch.
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path;
+  bool pin_memory = false;
+  int64_t buffer_count = 5;          // nvme: staging buffers for reads in flight...
+  int64_t buffer_size = 100'000'000; // ...of this many elements each (bounds the prefetch window)
+  int64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory (zeroshard keeps none cached)
+};
+
 struct ZeroConfig {
   int stage = 0;
   bool overlap_comm = true;            // start bucket reductions during backward
@@ -73,6 +100,9 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;        // elements gathered ahead of use
   int64_t stage3_param_persistence_threshold = 100'000;    // modules with fewer own elements stay gathered
   int64_t stage3_max_live_parameters = 1'000'000'000;      // elements gathered at once (prefetch stops there)
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+  int64_t sub_group_size = 1'000'000'000;  // elements the offloaded optimizer steps at a time
 };
 
 struct DeviceConfig {
@@ -97,6 +127,7 @@ struct EngineConfig {
   optim::LrScheduleConfig scheduler;    // type kConstant when there is no `scheduler` section
   ZeroConfig zero;
   MemoryModes memory;
+  offload::AioConfig aio;  // DeepSpeed's `aio` section (NVMe offload)
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;    // log forward/backward/step times every steps_per_print
 

@@ -19,8 +19,6 @@
 namespace zs::engine {
 namespace {
 
-// Elements the norm pass and initialisation handle at a time: 256 KiB of fp32 scratch.
-constexpr size_t kChunkElements = size_t{1} << 16;
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -45,6 +43,10 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       elem_(memory::dtype_size(dtype_)),
       reuse_(cfg.memory.reuse_fp32_param && dtype_ == memory::DType::kBF16),
       keep_fp32_grads_(!cfg.memory.release_fp32_grad && dtype_ != memory::DType::kF32),
+      offload_optimizer_(cfg.zero.offload_optimizer.device),
+      offload_param_(cfg.zero.offload_param.device),
+      separate_master_(dtype_ != memory::DType::kF32 || cfg.zero.offload_optimizer.device != OffloadDevice::kNone ||
+                       cfg.zero.offload_param.device == OffloadDevice::kNvme),
       backend_(memory::make_backend("cpu", static_cast<size_t>(cfg.device.memory_mb) << 20)),
       device_(std::make_unique<memory::DeviceAllocator>(*backend_, static_cast<size_t>(cfg.device.memory_mb) << 20, &tracker_)),
       layout_((nn::assign_names(model), model.all_params())),
@@ -62,30 +64,40 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   const int threads = std::max(1, compute_threads());
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (reuse_) master_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
-  params_ = device_->allocate((stage_ == 3 ? mine : total) * elem_, Category::kParams, Lifetime::kPersistent);
-  grads_ = device_->allocate(grad_range().size * elem_, Category::kGrads, Lifetime::kPersistent);
-  if (keep_fp32_grads_) grad32_ = device_->allocate(grad32_range().size * sizeof(float), Category::kGrads, Lifetime::kPersistent);
+  // Note [model-state placement] (engine_impl.h); offloaded buffers go to the host tier, or to swap
+  // files (init_nvme).
+  const bool opt_host = offload_optimizer_ == OffloadDevice::kCpu;
+  const bool grads_host = offload_optimizer_ != OffloadDevice::kNone && grad_stage_ >= 2;
+  if (!params_on_nvme()) {
+    params_ = place((stage_ == 3 ? mine : total) * elem_, Category::kParams, offload_param_ == OffloadDevice::kCpu);
+  }
+  grads_ = place(grad_range().size * elem_, Category::kGrads, grads_host);
+  if (keep_fp32_grads_) grad32_ = place(grad32_range().size * sizeof(float), Category::kGrads, grads_host);
   if (reuse_) {
     residual_ = device_->allocate(stepped * sizeof(uint16_t), Category::kOptimizer, Lifetime::kPersistent);
-  } else if (mixed()) {
-    master_ = device_->allocate(stepped * sizeof(float), Category::kOptimizer, Lifetime::kPersistent);
+  } else if (separate_master_ && !optimizer_on_nvme()) {
+    master_ = place(stepped * sizeof(float), Category::kOptimizer, opt_host);
   }
-  if (optimizer_) {
+  if (optimizer_ && !optimizer_on_nvme()) {
     for (const auto& spec : optimizer_->state_specs()) {
-      states_.push_back(device_->allocate(spec.bytes_for(stepped), Category::kOptimizer, Lifetime::kPersistent));
+      states_.push_back(place(spec.bytes_for(stepped), Category::kOptimizer, opt_host));
       if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1) {
         std::fill_n(static_cast<float*>(states_.back().data()), stepped, spec.initial_value);
       } else if (states_.back().size() > 0) {
         std::memset(states_.back().data(), 0, states_.back().size());
       }
     }
-  } else {
+  } else if (!optimizer_) {
     init_compressed();
   }
   if (grads_.size() > 0) std::memset(grads_.data(), 0, grads_.size());
   std::vector<nn::Module*> modules = model.named_modules();
   place_parameters();
-  initialise();
+  if (optimizer_on_nvme() || params_on_nvme()) {
+    init_nvme();  // initialises what lives on NVMe, and the rest through initialise()
+  } else {
+    initialise();
+  }
 
   GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
                           .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size)};
@@ -93,16 +105,39 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   if (stage_ == 3) {
     ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
                               .persistence_threshold = static_cast<size_t>(cfg.zero.stage3_param_persistence_threshold),
-                              .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters)};
+                              .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters),
+                              .nvme = nullptr,
+                              .nvme_region = {},
+                              .tracker = nullptr};
+    if (params_on_nvme()) {
+      // The reads in flight are bounded by DeepSpeed's buffer_count x buffer_size.
+      const auto& op = cfg.zero.offload_param;
+      go.prefetch_elements = std::min(go.prefetch_elements, static_cast<size_t>(op.buffer_count * op.buffer_size));
+      go.nvme = nvme_->param_swap.get();
+      go.nvme_region = nvme_->params;
+      go.tracker = &tracker_;
+    }
     gatherer_.emplace(go, layout_, partition_, group_, *device_, dtype_, params_.data(), modules);
   }
 }
 
 Engine::Impl::~Impl() = default;
 
+StateBuffer Engine::Impl::place(size_t bytes, memory::Category category, bool host) {
+  StateBuffer b;
+  if (host) {
+    const bool pin = category == memory::Category::kParams ? cfg_.zero.offload_param.pin_memory
+                                                           : cfg_.zero.offload_optimizer.pin_memory;
+    b.host = offload::AlignedBuffer(bytes, &tracker_, category, pin);
+  } else {
+    b.device = device_->allocate(bytes, category, memory::Lifetime::kPersistent);
+  }
+  return b;
+}
+
 float* Engine::Impl::master_at(size_t i) const {
-  ZS_DEBUG_ASSERT(!reuse_, "master_at with reuse_fp32_param");
-  if (!mixed()) return reinterpret_cast<float*>(param_at(i));
+  ZS_DEBUG_ASSERT(!reuse_ && !optimizer_on_nvme(), "master_at with reuse_fp32_param or NVMe offload");
+  if (!separate_master_) return reinterpret_cast<float*>(param_at(i));
   return static_cast<float*>(master_.data()) + (i - step_range().offset);
 }
 
@@ -139,16 +174,15 @@ void Engine::Impl::init_f32(float* dst, memory::ShardRange range) const {
 void Engine::Impl::initialise() {
   const memory::ShardRange stepped = step_range();
   const size_t total = layout_.total();
+  // A separate fp32 master in memory (bf16/fp16, or offloaded to the host); NVMe ones are written by
+  // init_nvme, which calls this for the rest.
+  if (separate_master_ && !reuse_ && !optimizer_on_nvme()) init_f32(master_at(stepped.offset), stepped);
+  if (params_on_nvme()) return;
   if (!mixed()) {
-    // The parameters are the master weights.
-    init_f32(master_at(stepped.offset), stepped);
-    if (stage_ == 3) return;  // the shard is all this rank holds
-    // Stages 1-2 hold every parameter: the parts before and after this rank's shard.
-    init_f32(reinterpret_cast<float*>(param_at(0)), {0, stepped.offset});
-    init_f32(reinterpret_cast<float*>(param_at(stepped.end())), {stepped.end(), total - stepped.end()});
+    const memory::ShardRange held = stage_ == 3 ? partition_.mine : memory::ShardRange{0, total};
+    init_f32(reinterpret_cast<float*>(param_at(held.offset)), held);
     return;
   }
-  if (!reuse_) init_f32(master_at(stepped.offset), stepped);
   // bf16/fp16 parameters this rank holds, converted chunk by chunk: never the whole model in fp32.
   // With reuse_fp32_param every held parameter is encoded the way its owner's optimizer encodes it,
   // and the stepped range keeps its residuals.
@@ -171,7 +205,7 @@ void Engine::Impl::initialise() {
 }
 
 std::span<const float> Engine::Impl::grad_f32(size_t i, size_t n, int t) {
-  if (keep_fp32_grads_) return {f32_at(grad32_, grad32_range(), i), n};
+  if (keep_fp32_grads_) return {f32_at(grad32_.data(), grad32_range(), i), n};
   if (!mixed()) return {reinterpret_cast<const float*>(grad_at(i)), n};
   float* out = grad_scratch_[static_cast<size_t>(t)].data();
   memory::convert(grad_at(i), dtype_, out, memory::DType::kF32, n);
@@ -180,6 +214,10 @@ std::span<const float> Engine::Impl::grad_f32(size_t i, size_t n, int t) {
 
 void Engine::Impl::read_master(memory::ShardRange range, float* dst) {
   if (range.empty()) return;
+  if (optimizer_on_nvme()) {
+    read_nvme_master(range, dst);
+    return;
+  }
   if (!reuse_) {
     std::memcpy(dst, master_at(range.offset), range.size * sizeof(float));
     return;

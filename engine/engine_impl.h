@@ -20,6 +20,8 @@
 #include "memory/allocator.h"
 #include "memory/backend.h"
 #include "memory/tracker.h"
+#include "offload/swap_space.h"
+#include "offload/swapper.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/onebit_adam.h"
@@ -31,6 +33,35 @@ namespace zs::engine {
 // Elements one optimizer piece covers: a thread converts the gradient (and, with reuse_fp32_param,
 // decodes the master weights) of one piece into its own scratch, so the scratch stays in cache.
 inline constexpr size_t kPieceElements = size_t{1} << 16;
+// Elements initialisation and gathering convert at a time: 256 KiB of fp32 scratch.
+inline constexpr size_t kChunkElements = size_t{1} << 16;
+
+// A flat model-state buffer: in the device arena, or on the host when offloaded.
+struct StateBuffer {
+  memory::DeviceBlock device;
+  offload::AlignedBuffer host;
+  void* data() const { return device.empty() ? static_cast<void*>(host.data()) : device.data(); }
+  size_t size() const { return device.empty() ? host.size() : device.size(); }
+  bool empty() const { return device.empty() && host.empty(); }
+};
+
+// Sub-group boundaries of offloaded states, in elements from the stepped range's start: every swap
+// transfer then starts on a 4096-byte boundary (fp32 master: 1024 elements; bf16: 2048; CAdam's int8
+// values: 4096; its fp32 scale per 32 elements: 32768).
+inline constexpr size_t kSubGroupAlign = 32768;
+
+// NVMe offload (offload_optimizer and/or offload_param device nvme): the swap files and the
+// sub-groups the optimizer step streams (Note [offload] in engine_offload.cpp).
+struct NvmeOffload {
+  std::unique_ptr<offload::SwapSpace> optimizer_swap;  // master + optimizer states
+  offload::SwapRegion master;
+  std::vector<offload::SwapRegion> states;
+  std::unique_ptr<offload::SwapSpace> param_swap;      // the stage-3 parameter shard
+  offload::SwapRegion params;
+  size_t sub_group = 0;                                // elements per sub-group
+  std::unique_ptr<offload::PipelinedSwapper> swapper;  // the step's sub-groups
+  size_t host_budget_bytes = 0;                        // the step swapper's buffers
+};
 
 // One-bit Adam / 0/1 Adam state (compressed_step.cpp). The momentum is whole on every rank: the
 // compressed allreduce needs each rank's whole local momentum (Note [compressed optimizers]).
@@ -71,6 +102,9 @@ class Engine::Impl final : public ModuleHooks {
   const size_t elem_;
   const bool reuse_;            // reuse_fp32_param
   const bool keep_fp32_grads_;  // !release_fp32_grad in bf16/fp16
+  const OffloadDevice offload_optimizer_;
+  const OffloadDevice offload_param_;
+  const bool separate_master_;  // the fp32 master is its own buffer (bf16/fp16, or anything offloaded)
   memory::MemoryTracker tracker_;
   std::unique_ptr<memory::Backend> backend_;
   std::unique_ptr<memory::DeviceAllocator> device_;
@@ -80,12 +114,13 @@ class Engine::Impl final : public ModuleHooks {
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;
 
-  memory::DeviceBlock params_;
-  memory::DeviceBlock grads_;
-  memory::DeviceBlock master_;    // fp32 master of the stepped range (bf16/fp16 without reuse_)
+  StateBuffer params_;            // empty with offload_param nvme
+  StateBuffer grads_;
+  StateBuffer master_;            // fp32 master of the stepped range (separate_master_, not on NVMe)
   memory::DeviceBlock residual_;  // reuse_: low 16 bits of the encoded master, the stepped range
-  memory::DeviceBlock grad32_;    // keep_fp32_grads_: fp32 gradients of grad32_range()
-  std::vector<memory::DeviceBlock> states_;
+  StateBuffer grad32_;            // keep_fp32_grads_: fp32 gradients of grad32_range()
+  std::vector<StateBuffer> states_;  // empty with offload_optimizer nvme
+  std::optional<NvmeOffload> nvme_;
   std::optional<CompressedState> compressed_;
   std::optional<GradReducer> reducer_;
   std::optional<ParamGatherer> gatherer_;
@@ -118,9 +153,13 @@ class Engine::Impl final : public ModuleHooks {
   // fp32 master of element i of the stepped range; not with reuse_ (use with_master).
   float* master_at(size_t i) const;
   void* state_at(size_t k, size_t i) const;
-  float* f32_at(const memory::DeviceBlock& b, memory::ShardRange held, size_t i) const {
-    return static_cast<float*>(b.data()) + (i - held.offset);
+  static float* f32_at(void* base, memory::ShardRange held, size_t i) {
+    return static_cast<float*>(base) + (i - held.offset);
   }
+  bool optimizer_on_nvme() const { return offload_optimizer_ == OffloadDevice::kNvme; }
+  bool params_on_nvme() const { return offload_param_ == OffloadDevice::kNvme; }
+  // Allocates `bytes` on the device arena, or on the host when `host` (an offloaded buffer).
+  StateBuffer place(size_t bytes, memory::Category category, bool host);
 
   // Gradients [i, i+n) in fp32 (n <= kPieceElements): grad32_ itself, the buffer itself in fp32, or
   // converted into thread `t`'s scratch.
@@ -145,6 +184,13 @@ class Engine::Impl final : public ModuleHooks {
   // The fp32 master of [range) (within the stepped range) into dst.
   void read_master(memory::ShardRange range, float* dst);
 
+  // engine_offload.cpp
+  void init_nvme();
+  // Runs fn(at, n, decay, thread, master, states, low) for the stepped elements, streaming sub-groups
+  // through the swapper when states or parameters are on NVMe.
+  void step_offloaded(const optim::StepContext& ctx);
+  uint64_t nvme_bytes() const;
+  void read_nvme_master(memory::ShardRange range, float* dst);
   // engine_step.cpp
   void fill_grad32();
   void step_elementwise(const optim::StepContext& ctx);

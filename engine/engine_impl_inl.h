@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "core/parallel.h"
 #include "engine/runtime.h"
@@ -17,7 +18,14 @@ void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* 
 template <typename F>
 void Engine::Impl::with_master(size_t i, size_t n, int t, F&& fn) {
   if (!reuse_) {
-    fn(master_at(i), mixed() ? static_cast<void*>(param_at(i)) : nullptr);
+    float* master = master_at(i);
+    if (!mixed() && separate_master_) {
+      // fp32 with the master offloaded: the parameters are a plain copy of it.
+      fn(master, static_cast<void*>(nullptr));
+      std::memcpy(param_at(i), master, n * sizeof(float));
+      return;
+    }
+    fn(master, mixed() ? static_cast<void*>(param_at(i)) : nullptr);
     return;
   }
   float* m = master_scratch_[static_cast<size_t>(t)].data();

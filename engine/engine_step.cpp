@@ -56,7 +56,7 @@ void Engine::Impl::fill_grad32() {
     for (int64_t p = b; p < e; ++p) {
       const size_t at = range.offset + static_cast<size_t>(p) * kPieceElements;
       const size_t n = std::min(kPieceElements, range.end() - at);
-      memory::convert(grad_at(at), dtype_, f32_at(grad32_, range, at), memory::DType::kF32, n);
+      memory::convert(grad_at(at), dtype_, f32_at(grad32_.data(), range, at), memory::DType::kF32, n);
     }
   });
 }
@@ -127,6 +127,8 @@ bool Engine::step() {
     optim::StepContext step_ctx{.step = t, .lr = report.lr, .grad_scale = static_cast<float>(unscale * coef)};
     if (s.compressed_) {
       s.step_compressed(step_ctx);
+    } else if (s.nvme_) {
+      s.step_offloaded(step_ctx);
     } else {
       s.step_elementwise(step_ctx);
     }

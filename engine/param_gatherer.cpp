@@ -46,6 +46,7 @@ ParamGatherer::~ParamGatherer() {
   for (auto& e : entries_) {
     try {
       e.work.wait();
+      if (!e.staging.empty()) options_.nvme->wait(e.read);  // a read must not land in freed memory
     } catch (...) {
     }
   }
@@ -72,6 +73,22 @@ void ParamGatherer::start_gather(Entry& e) {
   live_elements_ += e.range.size;
   live_peak_elements_ = std::max(live_peak_elements_, live_elements_);
   const memory::ShardRange owned = partition_.owned(e.range);
+  e.state = State::kInFlight;
+  if (options_.nvme != nullptr) {
+    // The read is started now (prefetch); the collective waits for it in finish_gather.
+    const size_t begin = (owned.offset - partition_.mine.offset) * elem;
+    const size_t window = begin / offload::kIoAlignment * offload::kIoAlignment;
+    const size_t bytes = offload::io_align_up(begin + owned.size * elem) - window;
+    e.staging_skip = begin - window;
+    if (owned.size > 0) {
+      e.staging = offload::AlignedBuffer(bytes, options_.tracker);
+      staging_bytes_ += bytes;
+      staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);
+      e.read = options_.nvme->read_async(options_.nvme_region, window, e.staging.prefix(bytes));
+      nvme_bytes_read_ += bytes;
+    }
+    return;
+  }
   const auto* src = static_cast<const char*>(shard_) + (owned.offset - partition_.mine.offset) * elem;
   memory::Tensor out = e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)});
   if (group_.size() == 1) {
@@ -80,14 +97,28 @@ void ParamGatherer::start_gather(Entry& e) {
     memory::Tensor in(const_cast<char*>(src), dtype_, {static_cast<int64_t>(owned.size)});
     e.work = group_.allgatherv_async(in, out, partition_.counts(e.range));
   }
-  e.state = State::kInFlight;
 }
 
 void ParamGatherer::finish_gather(Entry& e) {
+  const size_t elem = memory::dtype_size(dtype_);
+  if (options_.nvme != nullptr) {
+    const memory::ShardRange owned = partition_.owned(e.range);
+    char* src = e.staging.empty() ? nullptr : reinterpret_cast<char*>(e.staging.data()) + e.staging_skip;
+    if (!e.staging.empty()) options_.nvme->wait(e.read);
+    memory::Tensor out = e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)});
+    if (group_.size() == 1) {
+      std::memcpy(out.raw(), src, e.range.size * elem);
+    } else {
+      memory::Tensor in(src, dtype_, {static_cast<int64_t>(owned.size)});
+      group_.allgatherv(in, out, partition_.counts(e.range));
+    }
+    staging_bytes_ -= e.staging.size();
+    e.staging.reset();
+    e.read = {};
+  }
   e.work.wait();
   e.state = State::kAvailable;
   auto slots = layout_.slots();
-  const size_t elem = memory::dtype_size(dtype_);
   for (size_t s = e.first_slot; s < e.end_slot; ++s) {
     auto* p = static_cast<char*>(e.buffer.data()) + (slots[s].offset - e.range.offset) * elem;
     slots[s].param->set_data(memory::Tensor(p, dtype_, slots[s].param->shape()));
@@ -96,6 +127,13 @@ void ParamGatherer::finish_gather(Entry& e) {
 
 void ParamGatherer::drop(Entry& e) {
   e.work.wait();
+  if (!e.staging.empty()) {
+    // A prefetch read still in flight (the step invalidated it): the buffer must outlive the read.
+    options_.nvme->wait(e.read);
+    staging_bytes_ -= e.staging.size();
+    e.staging.reset();
+    e.read = {};
+  }
   auto slots = layout_.slots();
   for (size_t s = e.first_slot; s < e.end_slot; ++s) slots[s].param->set_data(memory::Tensor());
   if (!e.buffer.empty()) live_elements_ -= e.range.size;

@@ -30,6 +30,7 @@
 #include "engine/partition.h"
 #include "memory/allocator.h"
 #include "nn/module.h"
+#include "offload/swap_space.h"
 
 namespace zs::engine {
 
@@ -39,6 +40,11 @@ class ParamGatherer {
     size_t prefetch_elements = 50'000'000;
     size_t persistence_threshold = 100'000;
     size_t max_live_elements = 1'000'000'000;
+    // offload_param nvme: the shard lives in this swap region instead of `param_shard` (nullptr then).
+    // A gather first reads the owned part (4096-aligned window) into a host staging buffer.
+    offload::SwapSpace* nvme = nullptr;
+    offload::SwapRegion nvme_region;
+    memory::MemoryTracker* tracker = nullptr;  // counts the staging buffers (host, offload_buffers)
   };
   enum class Pass { kForward, kBackward };
 
@@ -59,6 +65,9 @@ class ParamGatherer {
   size_t live_bytes() const { return live_elements_ * memory::dtype_size(dtype_); }
   size_t live_peak_bytes() const { return live_peak_elements_ * memory::dtype_size(dtype_); }
   size_t persistent_bytes() const;
+  // offload_param nvme: bytes read from the swap file so far, and the peak of staging bytes alive.
+  uint64_t nvme_bytes_read() const { return nvme_bytes_read_; }
+  size_t staging_peak_bytes() const { return staging_peak_bytes_; }
   // The documented bound on live_peak_bytes() for this model (see the file comment).
   size_t live_bound_bytes() const;
 
@@ -74,6 +83,9 @@ class ParamGatherer {
     bool prefetched = false;
     memory::DeviceBlock buffer;
     comm::Work work;
+    offload::AlignedBuffer staging;  // nvme: the owned part read from the swap file
+    offload::Ticket read;
+    size_t staging_skip = 0;         // bytes before the owned part in `staging` (window alignment)
   };
   void start_gather(Entry& e);
   void finish_gather(Entry& e);
@@ -97,6 +109,9 @@ class ParamGatherer {
   size_t live_peak_elements_ = 0;
   size_t prefetched_elements_ = 0;
   size_t max_chain_elements_ = 0;
+  uint64_t nvme_bytes_read_ = 0;
+  size_t staging_bytes_ = 0;
+  size_t staging_peak_bytes_ = 0;
 };
 
 }  // namespace zs::engine

@@ -1,6 +1,7 @@
 #include "optim/cadam.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -26,6 +27,7 @@ detail::CAdamConstants cadam_constants(const CAdamConfig& c, const StepContext& 
   k.lr = static_cast<float>(ctx.lr);
   k.weight_decay = apply_weight_decay ? static_cast<float>(c.weight_decay) : 0.0f;
   k.grad_scale = ctx.grad_scale;
+  k.step_key = detail::cadam_step_key(ctx.step);
   return k;
 }
 
@@ -95,16 +97,20 @@ void CAdam::step_reference(const ParamChunk& chunk, const StepContext& ctx) cons
   const float* grad = chunk.grad.data();
   auto* q = static_cast<int8_t*>(chunk.states[0]);
   auto* scale = static_cast<float*>(chunk.states[1]);
+  const uint32_t key = detail::cadam_step_key(ctx.step);
   for (size_t b = 0; b * kBlock < n; ++b) {
     const size_t begin = b * kBlock, end = std::min(n, begin + kBlock);
     float m_new[kBlock];
+    float dither[kBlock];
     for (size_t i = begin; i < end; ++i) {
+      const auto lane = static_cast<uint32_t>(i - begin);
+      dither[lane] = detail::cadam_dither(std::bit_cast<uint32_t>(p[i]), key, lane);  // from the OLD weight
       const float m = static_cast<float>(q[i]) * scale[b];
       const float g = grad[i] * ctx.grad_scale;
       const float c = beta1 * m + (1.0f - beta1) * g;
       const float sign = c > 0.0f ? 1.0f : (c < 0.0f ? -1.0f : c);
       p[i] = p[i] - lr * (sign + wd * p[i]);
-      m_new[i - begin] = beta2 * m + (1.0f - beta2) * g;
+      m_new[lane] = beta2 * m + (1.0f - beta2) * g;
     }
     float absmax = 0.0f;
     bool finite = true;
@@ -117,7 +123,10 @@ void CAdam::step_reference(const ParamChunk& chunk, const StepContext& ctx) cons
     scale[b] = s;
     for (size_t i = begin; i < end; ++i) {
       if (s > 0.0f) {
-        const float r = std::nearbyint(std::clamp(m_new[i - begin] / s, -127.0f, 127.0f));
+        // Stochastic rounding: up with probability x - floor(x) (Note [CAdam stochastic rounding]).
+        const float x = std::clamp(m_new[i - begin] / s, -127.0f, 127.0f);
+        const float down = std::floor(x);
+        const float r = dither[i - begin] < x - down ? down + 1.0f : down;
         q[i] = static_cast<int8_t>(r);
       } else {
         q[i] = 0;  // a block of zeros (scale 0) or a non-finite block (scale NaN)

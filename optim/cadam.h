@@ -10,7 +10,7 @@
 //   void* states[] = {q.data(), scale.data()};
 //   opt.step({.master = p, .grad = g, .states = states}, {.step = 1, .lr = 3e-5});
 //
-// Update per element, in fp32 (StepContext::step is not used: Lion has no bias correction):
+// Update per element, in fp32 (Lion has no bias correction; StepContext::step only seeds the dither):
 //   m   = float(q) * scale                                 (de-quantise; scale of the element's block)
 //   g   = grad * grad_scale
 //   c   = beta1 * m + (1 - beta1) * g                      (interpolation)
@@ -20,38 +20,55 @@
 // sign(c) is +1 for c > 0, -1 for c < 0, c itself otherwise (so sign(+-0) = +-0 and a NaN stays NaN).
 // Then each block of kBlock = 32 elements is re-quantised with a NEW scale that follows the data:
 //   scale' = max|m'| over the block / 127          (fp32 divide; a block of zeros gets scale 0)
-//   q'     = round_to_nearest_even(clamp(m' / scale', -127, 127))   (fp32 divide; q' = 0 if scale' = 0)
-// The scale is recomputed every step, so q never overflows (the clamp only guards rounding past 127)
-// and gradients of any finite size are held (1e30 included). A block whose m' holds an inf or NaN
-// (a non-finite gradient; the engine skips such steps) gets scale NaN and q 0, so its momentum stays
-// non-finite instead of silently becoming finite.
+//   x      = clamp(m' / scale', -127, 127)          (fp32 divide)
+//   q'     = floor(x) + (u < x - floor(x) ? 1 : 0)  (stochastic rounding; q' = 0 if scale' = 0)
+// with u the element's dither in [0, 1) (Note [CAdam stochastic rounding]). The scale is recomputed
+// every step, so q never overflows (the clamp only guards rounding past 127) and gradients of any
+// finite size are held (1e30 included). A block whose m' holds an inf or NaN (a non-finite gradient;
+// the engine skips such steps) gets scale NaN and q 0, so its momentum stays non-finite instead of
+// silently becoming finite.
 //
-// Note [CAdam quantisation error]: per element |float(q') * scale' - m'| <= scale' / 2, up to fp32
-// rounding of the divide and of the product (relative 2^-16 of scale'); i.e. half a quantisation step,
-// at most max|m'| / 254 over the block. This holds while scale' is a normal fp32 number (max|m'| >=
-// 127 * FLT_MIN, about 1.5e-36); below that, where scale' is subnormal or 0, the error is at most
-// 127 * 2^-150 (about 9e-44) instead.
+// Note [CAdam quantisation error]: per element |float(q') * scale' - m'| < scale', up to fp32 rounding
+// of the divide and of the product (relative 2^-16 of scale'); i.e. less than one quantisation step,
+// at most max|m'| / 127 over the block, and E[float(q') * scale'] = m' over the dither (up to the
+// fp32 rounding of x - floor(x) and u's 24 bits). The bound holds while scale' is a normal fp32 number
+// (max|m'| >= 127 * FLT_MIN, about 1.5e-36); below that the rounding of the subnormal (or zero) scale
+// adds up to 127 * 2^-150 (about 9e-44).
 //
-// Note [CAdam sticky momentum]: rounding to nearest drops any momentum change smaller than half a
-// step, (1 - beta2) * |g - m| < scale / 2. At beta2 = 0.99 an element's momentum therefore moves only
-// once its gradient differs from it by more than 50 steps (about 40% of the block's largest |m|), so
-// small momenta beside a large one stay stuck. Measured on a mixed-curvature quadratic (tests/optim/
-// cadam_test.cpp, 200 steps): at betas (0.965, 0.99) CAdam's loss is about 2x fp32-momentum Lion's
-// (it still converges); at beta2 = 0.9 the two agree within 1%. Stochastic rounding would remove the
-// bias; to stay deterministic across chunkings, threads and ISAs its dither would be hashed from the
-// element's own values (step, p and g bits). Not done: the format here is round-to-nearest-even.
-//
+// Note [CAdam stochastic rounding]: rounding to nearest (this optimizer's first format) drops every
+// momentum change smaller than half a step, (1 - beta2) * |g - m| < scale / 2: at beta2 = 0.99 an
+// element's momentum moved only once its gradient differed from it by more than 50 steps (about 40%
+// of the block's largest |m|), so small momenta beside a large one stuck ("sticky momentum"), and on
+// the example GPT CAdam ended 6% above AdamW's loss. Rounding up with probability x - floor(x) makes
+// the stored momentum unbiased: a change of a tenth of a step moves q one step every ten steps on
+// average, so the EMA accumulates (tests/optim/cadam_test.cpp measures both). The price is noise of
+// at most one step per element per step, which the sign() of the update mostly ignores.
+// The dither must be deterministic and identical across chunkings, threads and ISAs, so it is not
+// drawn from a generator advanced per element (the element's index within a chunk depends on the
+// chunking, and ParamChunk carries no global index). It is a 32-bit hash (MurmurHash3's finaliser) of
+// the bits of the element's master weight BEFORE the step, xor-ed with a key hashed from
+// StepContext::step, plus the element's lane (0-31) within its block times an odd constant (blocks
+// never split, so the lane is chunk-independent and weights that start equal, e.g. norm gains of 1,
+// still get different dithers); u = (hash >> 8) * 2^-24. Why not the gradient's bits: the gradient
+// of a multi-rank run differs from the single-process one in its last bits (a different summation
+// order), and a dither hashed from it would change about a third of all roundings, where the master
+// weight stays bit-identical until an update's sign actually differs. detail/cadam_kernels.h holds
+// the hash; every kernel computes it lane by lane with 32-bit wrap-around arithmetic.
+
 // Learning-rate rule (Lion's): because sign() gives every element an update of size lr, use an lr 3-10x
 // smaller than AdamW's for the same model, and a weight_decay 3-10x larger (the decay a step applies
 // is lr * weight_decay, which then stays about the same). The Lion paper's default betas are
-// (0.9, 0.99); see Note [CAdam sticky momentum] on beta2 with an int8 momentum.
+// (0.9, 0.99); CAdam keeps beta1 0.965 by default. optimizer_compare applies the rule as lr / 5 and
+// weight_decay x 5 on the example GPT (benchmarks/optimizer_compare.cpp, --cadam-lr-div, --cadam-wd-mul).
 //
 // Chunks: step() needs chunk starts at multiples of kBlock elements from the start of the state
 // buffers (alignment_elements(); blocks are never split), state pointers at the chunk's first block;
 // a chunk's length may be anything, its last block then being short (the scale still exists, the
 // buffers being sized with StateSpec::bytes_for). step() runs the fused one-pass kernel of the widest
 // ISA the CPU has, or of the ISA given to the constructor; step_reference() is the plain scalar loop
-// the kernels agree with bit for bit. Thread-safety: as Optimizer (disjoint chunks).
+// the kernels agree with bit for bit. Thread-safety: as Optimizer (disjoint chunks). Determinism: the
+// result is a pure function of the chunk's values, the config and the StepContext (no hidden RNG
+// state), identical for every chunking, thread count and ISA.
 #pragma once
 
 #include <array>

@@ -1,11 +1,13 @@
 // AVX2 + F16C fused CAdam kernel; compiled with -mavx2 -mfma -mf16c (zs_isa_sources) plus
 // -ffp-contract=off, and only called after memory::isa_supported(kAvx2). One block of 32 elements is
 // four vectors; a short last block goes through the scalar kernel, which agrees with this one (and
-// with CAdam::step_reference) bit for bit. Operation order: optim/cadam.h; the quantiser rounds to
-// nearest even with an explicit rounding mode; bf16 rounding: memory/simd_bf16.h.
+// with CAdam::step_reference) bit for bit. Operation order: optim/cadam.h; the quantiser rounds
+// stochastically with cadam_dither()'s integer hash computed lane by lane (vpmulld wraps like uint32
+// multiplication) and an explicit floor; bf16 rounding: memory/simd_bf16.h.
 #include <immintrin.h>
 
 #include <cfloat>
+#include <cstdint>
 
 #include "memory/simd_bf16.h"
 #include "optim/detail/cadam_kernels.h"
@@ -18,19 +20,41 @@ using memory::simd::bf16_round;
 enum class Low { kNone, kBF16, kF16 };
 
 struct Consts {
-  __m256 beta1, beta2, omb1, omb2, lr, wd, grad_scale, one, minus_one, zero, q_max, q_min, flt_max, abs_mask;
+  __m256 beta1, beta2, omb1, omb2, lr, wd, grad_scale, one, minus_one, zero, q_max, q_min, flt_max, abs_mask,
+      dither_unit;
+  __m256i step_key, mix1, mix2, lane_salt[4];
   explicit Consts(const CAdamConstants& k)
       : beta1(_mm256_set1_ps(k.beta1)), beta2(_mm256_set1_ps(k.beta2)), omb1(_mm256_set1_ps(k.one_minus_beta1)),
         omb2(_mm256_set1_ps(k.one_minus_beta2)), lr(_mm256_set1_ps(k.lr)), wd(_mm256_set1_ps(k.weight_decay)),
         grad_scale(_mm256_set1_ps(k.grad_scale)), one(_mm256_set1_ps(1.0f)), minus_one(_mm256_set1_ps(-1.0f)),
         zero(_mm256_setzero_ps()), q_max(_mm256_set1_ps(127.0f)), q_min(_mm256_set1_ps(-127.0f)),
-        flt_max(_mm256_set1_ps(FLT_MAX)), abs_mask(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))) {}
+        flt_max(_mm256_set1_ps(FLT_MAX)), abs_mask(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))),
+        dither_unit(_mm256_set1_ps(kCAdamDitherUnit)), step_key(_mm256_set1_epi32(static_cast<int>(k.step_key))),
+        mix1(_mm256_set1_epi32(static_cast<int>(0x85EBCA6Bu))), mix2(_mm256_set1_epi32(static_cast<int>(0xC2B2AE35u))) {
+    for (int j = 0; j < 4; ++j) {
+      alignas(32) uint32_t salt[8];
+      for (int l = 0; l < 8; ++l) salt[l] = static_cast<uint32_t>(8 * j + l) * kCAdamLaneSalt;
+      lane_salt[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(salt));
+    }
+  }
 };
 
-// 8 elements of the update; returns m'.
+// cadam_dither() on 8 lanes: old master bits, lanes 8j .. 8j+7 of the block.
+inline __m256 dither8(const Consts& c, __m256 p_old, int j) {
+  __m256i h = _mm256_add_epi32(_mm256_xor_si256(_mm256_castps_si256(p_old), c.step_key), c.lane_salt[j]);
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, c.mix1);
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, c.mix2);
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), c.dither_unit);
+}
+
+// 8 elements (lanes 8j .. 8j+7 of the block) of the update; returns m' and sets `dither`.
 template <Low kLow>
-inline __m256 update8(const Consts& c, float* p, const float* g, uint16_t* low, __m256 m) {
+inline __m256 update8(const Consts& c, float* p, const float* g, uint16_t* low, __m256 m, int j, __m256& dither) {
   const __m256 pv = _mm256_loadu_ps(p);
+  dither = dither8(c, pv, j);
   const __m256 grad = _mm256_mul_ps(_mm256_loadu_ps(g), c.grad_scale);
   const __m256 cv = _mm256_add_ps(_mm256_mul_ps(c.beta1, m), _mm256_mul_ps(c.omb1, grad));
   __m256 sign = _mm256_blendv_ps(cv, c.one, _mm256_cmp_ps(cv, c.zero, _CMP_GT_OQ));
@@ -47,20 +71,22 @@ inline __m256 update8(const Consts& c, float* p, const float* g, uint16_t* low, 
   return _mm256_add_ps(_mm256_mul_ps(c.beta2, m), _mm256_mul_ps(c.omb2, grad));
 }
 
-inline __m256i quantise8(const Consts& c, __m256 m_new, __m256 s) {
+inline __m256i quantise8(const Consts& c, __m256 m_new, __m256 s, __m256 dither) {
   const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(m_new, s), c.q_min), c.q_max);
-  return _mm256_cvttps_epi32(_mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256 down = _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __m256 up = _mm256_cmp_ps(dither, _mm256_sub_ps(x, down), _CMP_LT_OQ);  // all ones: round up
+  return _mm256_sub_epi32(_mm256_cvttps_epi32(down), _mm256_castps_si256(up));
 }
 
 // One whole block of 32 elements.
 template <Low kLow>
 inline void update_block(const Consts& c, float* p, const float* g, int8_t* q, float* scale, uint16_t* low) {
   const __m256 s_old = _mm256_set1_ps(*scale);
-  __m256 mn[4];
+  __m256 mn[4], dither[4];
   for (int j = 0; j < 4; ++j) {
     const __m128i q8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * j));
     const __m256 m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)), s_old);
-    mn[j] = update8<kLow>(c, p + 8 * j, g + 8 * j, kLow == Low::kNone ? nullptr : low + 8 * j, m);
+    mn[j] = update8<kLow>(c, p + 8 * j, g + 8 * j, kLow == Low::kNone ? nullptr : low + 8 * j, m, j, dither[j]);
   }
   __m256 amax = c.zero;
   int finite = 0xFF;
@@ -77,8 +103,8 @@ inline void update_block(const Consts& c, float* p, const float* g, int8_t* q, f
   *scale = s;
   if (s > 0.0f) [[likely]] {
     const __m256 sv = _mm256_set1_ps(s);
-    const __m256i w01 = _mm256_packs_epi32(quantise8(c, mn[0], sv), quantise8(c, mn[1], sv));
-    const __m256i w23 = _mm256_packs_epi32(quantise8(c, mn[2], sv), quantise8(c, mn[3], sv));
+    const __m256i w01 = _mm256_packs_epi32(quantise8(c, mn[0], sv, dither[0]), quantise8(c, mn[1], sv, dither[1]));
+    const __m256i w23 = _mm256_packs_epi32(quantise8(c, mn[2], sv, dither[2]), quantise8(c, mn[3], sv, dither[3]));
     // packs works per 128-bit lane: dwords come out as q0lo q1lo q2lo q3lo | q0hi q1hi q2hi q3hi.
     const __m256i b = _mm256_packs_epi16(w01, w23);
     const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

@@ -2,8 +2,9 @@
 // -ffp-contract=off, and only called after memory::isa_supported(kAvx512). One block of 32 elements is
 // two vectors; the short last block uses masked loads and stores, so every element goes through the
 // same vector code. Operation order is that of CAdam::step_reference (optim/cadam.h), so results agree
-// with it bit for bit: the quantiser divides (vdivps, correctly rounded like the scalar divide) and
-// rounds to nearest even with an explicit rounding mode; bf16 rounding is memory's
+// with it bit for bit: the quantiser divides (vdivps, correctly rounded like the scalar divide),
+// floors with an explicit rounding mode and rounds up where cadam_dither()'s integer hash, computed
+// lane by lane (vpmulld wraps like uint32 multiplication), says so; bf16 rounding is memory's
 // (memory/simd_bf16.h), fp16 uses vcvtps2ph, which memory's tests pin to memory::f32_to_f16.
 // GCC 12's AVX-512 intrinsics trip -Wmaybe-uninitialized in the header (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -26,20 +27,43 @@ enum class Low { kNone, kBF16, kF16 };
 constexpr size_t kAhead = 512;  // floats
 
 struct Consts {
-  __m512 beta1, beta2, omb1, omb2, lr, wd, grad_scale, zero, q_max, q_min, flt_max;
-  __m512i one_bits, sign_bit;
+  __m512 beta1, beta2, omb1, omb2, lr, wd, grad_scale, zero, q_max, q_min, flt_max, dither_unit;
+  __m512i one_bits, sign_bit, step_key, mix1, mix2, one_i, lane_salt[2];
   explicit Consts(const CAdamConstants& k)
       : beta1(_mm512_set1_ps(k.beta1)), beta2(_mm512_set1_ps(k.beta2)), omb1(_mm512_set1_ps(k.one_minus_beta1)),
         omb2(_mm512_set1_ps(k.one_minus_beta2)), lr(_mm512_set1_ps(k.lr)), wd(_mm512_set1_ps(k.weight_decay)),
         grad_scale(_mm512_set1_ps(k.grad_scale)), zero(_mm512_setzero_ps()), q_max(_mm512_set1_ps(127.0f)),
         q_min(_mm512_set1_ps(-127.0f)), flt_max(_mm512_set1_ps(FLT_MAX)),
-        one_bits(_mm512_set1_epi32(0x3F800000)), sign_bit(_mm512_set1_epi32(INT32_MIN)) {}
+        dither_unit(_mm512_set1_ps(kCAdamDitherUnit)), one_bits(_mm512_set1_epi32(0x3F800000)),
+        sign_bit(_mm512_set1_epi32(INT32_MIN)), step_key(_mm512_set1_epi32(static_cast<int>(k.step_key))),
+        mix1(_mm512_set1_epi32(static_cast<int>(0x85EBCA6Bu))), mix2(_mm512_set1_epi32(static_cast<int>(0xC2B2AE35u))),
+        one_i(_mm512_set1_epi32(1)) {
+    for (int j = 0; j < 2; ++j) {
+      alignas(64) uint32_t salt[16];
+      for (int l = 0; l < 16; ++l) salt[l] = static_cast<uint32_t>(16 * j + l) * kCAdamLaneSalt;
+      lane_salt[j] = _mm512_load_si512(salt);
+    }
+  }
 };
 
-// 16 elements of the update; returns m' (lanes outside `mask` are don't-care).
+// cadam_dither() on 16 lanes: old master bits, lanes 16j .. 16j+15 of the block.
+inline __m512 dither16(const Consts& c, __m512 p_old, int j) {
+  __m512i h = _mm512_add_epi32(_mm512_xor_si512(_mm512_castps_si512(p_old), c.step_key), c.lane_salt[j]);
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, c.mix1);
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, c.mix2);
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), c.dither_unit);
+}
+
+// 16 elements (lanes 16j .. 16j+15 of the block) of the update; returns m' and sets `dither` (lanes
+// outside `mask` are don't-care in both).
 template <Low kLow>
-inline __m512 update16(const Consts& c, float* p, const float* g, uint16_t* low, __m512 m, __mmask16 mask) {
+inline __m512 update16(const Consts& c, float* p, const float* g, uint16_t* low, __m512 m, __mmask16 mask, int j,
+                       __m512& dither) {
   const __m512 pv = _mm512_maskz_loadu_ps(mask, p);
+  dither = dither16(c, pv, j);
   const __m512 grad = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, g), c.grad_scale);
   const __m512 cv = _mm512_add_ps(_mm512_mul_ps(c.beta1, m), _mm512_mul_ps(c.omb1, grad));
   // sign(c): where c is neither zero nor NaN, (c & sign bit) | 1.0f in one ternary-logic op
@@ -57,9 +81,12 @@ inline __m512 update16(const Consts& c, float* p, const float* g, uint16_t* low,
   return _mm512_add_ps(_mm512_mul_ps(c.beta2, m), _mm512_mul_ps(c.omb2, grad));
 }
 
-inline __m128i quantise16(const Consts& c, __m512 m_new, __m512 s) {
+inline __m128i quantise16(const Consts& c, __m512 m_new, __m512 s, __m512 dither) {
   const __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(m_new, s), c.q_min), c.q_max);
-  return _mm512_cvtepi32_epi8(_mm512_cvt_roundps_epi32(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m512 down = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  const __mmask16 up = _mm512_cmp_ps_mask(dither, _mm512_sub_ps(x, down), _CMP_LT_OQ);
+  const __m512i qi = _mm512_cvttps_epi32(down);
+  return _mm512_cvtepi32_epi8(_mm512_mask_add_epi32(qi, up, qi, c.one_i));
 }
 
 // One block of up to 32 elements (`mask` bit i: element i present).
@@ -70,8 +97,9 @@ inline void update_block(const Consts& c, float* p, const float* g, int8_t* q, f
   const __m512 s_old = _mm512_set1_ps(*scale);
   const __m512 mo0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m0, q))), s_old);
   const __m512 mo1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m1, q + 16))), s_old);
-  const __m512 mn0 = update16<kLow>(c, p, g, low, mo0, m0);
-  const __m512 mn1 = update16<kLow>(c, p + 16, g + 16, kLow == Low::kNone ? nullptr : low + 16, mo1, m1);
+  __m512 d0, d1;
+  const __m512 mn0 = update16<kLow>(c, p, g, low, mo0, m0, 0, d0);
+  const __m512 mn1 = update16<kLow>(c, p + 16, g + 16, kLow == Low::kNone ? nullptr : low + 16, mo1, m1, 1, d1);
   // max(|m'_i|, |m'_(i+16)|) per lane in one vrangeps (imm 0x0B: larger magnitude, sign cleared).
   // vrangeps passes an inf through but not a NaN (it returns the other operand), so NaNs are found
   // by an unordered compare of the two halves. Absent lanes become 0, which neither raises the max
@@ -84,8 +112,8 @@ inline void update_block(const Consts& c, float* p, const float* g, int8_t* q, f
   *scale = s;
   if (s > 0.0f) [[likely]] {
     const __m512 sv = _mm512_set1_ps(s);
-    _mm_mask_storeu_epi8(q, m0, quantise16(c, mn0, sv));
-    _mm_mask_storeu_epi8(q + 16, m1, quantise16(c, mn1, sv));
+    _mm_mask_storeu_epi8(q, m0, quantise16(c, mn0, sv, d0));
+    _mm_mask_storeu_epi8(q + 16, m1, quantise16(c, mn1, sv, d1));
   } else {
     _mm_mask_storeu_epi8(q, m0, _mm_setzero_si128());
     _mm_mask_storeu_epi8(q + 16, m1, _mm_setzero_si128());

@@ -2,6 +2,7 @@
 // multiply-add where the reference rounds twice) and -fno-math-errno (optim/CMakeLists.txt), so the
 // result equals CAdam::step_reference bit for bit.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -11,13 +12,12 @@
 namespace zs::optim::detail {
 namespace {
 
-// Round to nearest even for |x| <= 2^22: adding 1.5 * 2^23 leaves no fraction bits, so the add
-// rounds (in the default round-to-nearest-even mode, which every kernel and the reference's
-// nearbyint also use); subtracting it back is exact. Unlike nearbyintf, no libm call on baseline
-// x86-64 (roundss needs SSE4.1), so the loop stays vectorisable.
-inline float round_even(float x) {
-  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
-  return (x + kMagic) - kMagic;
+// floor(x) for |x| <= 127 without libm (floorf needs SSE4.1's roundss to be inlined on baseline
+// x86-64): truncate through int32 (cvttss2si, exact here), then step down where that rounded up.
+// Only q is stored, so its -0 vs +0 difference from std::floor does not matter.
+inline float floor_small(float x) {
+  const auto t = static_cast<float>(static_cast<int32_t>(x));
+  return x < t ? t - 1.0f : t;
 }
 
 // Updates one block of len <= 32 elements; returns nothing, writes p, q and the block's scale.
@@ -25,7 +25,9 @@ inline void update_block(const CAdamConstants& k, float* __restrict p, const flo
                          float* __restrict scale, size_t len) {
   const float s_old = *scale;
   float m_new[kCAdamBlock];
+  float dither[kCAdamBlock];
   for (size_t i = 0; i < len; ++i) {
+    dither[i] = cadam_dither(std::bit_cast<uint32_t>(p[i]), k.step_key, static_cast<uint32_t>(i));
     const float m = static_cast<float>(q[i]) * s_old;
     const float grad = g[i] * k.grad_scale;
     const float c = k.beta1 * m + k.one_minus_beta1 * grad;
@@ -44,7 +46,9 @@ inline void update_block(const CAdamConstants& k, float* __restrict p, const flo
   *scale = s;
   if (s > 0.0f) [[likely]] {
     for (size_t i = 0; i < len; ++i) {
-      q[i] = static_cast<int8_t>(round_even(std::clamp(m_new[i] / s, -127.0f, 127.0f)));
+      const float x = std::clamp(m_new[i] / s, -127.0f, 127.0f);
+      const float down = floor_small(x);
+      q[i] = static_cast<int8_t>(static_cast<int32_t>(down) + (dither[i] < x - down ? 1 : 0));
     }
   } else {
     std::fill_n(q, len, int8_t{0});

@@ -2,7 +2,8 @@
 //
 // Each kernel updates a.n elements (any length; the last block may be short and each kernel handles
 // it) starting at a block boundary, and agrees bit for bit with CAdam::step_reference: same fp32
-// operations in the same order (optim/cadam.h), the int8 rounding to nearest even. The avx2/avx512
+// operations in the same order (optim/cadam.h), the same stochastic rounding to int8 with the dither
+// of cadam_dither() (Note [CAdam stochastic rounding] in optim/cadam.h). The avx2/avx512
 // kernels live in files compiled with their ISA flags: call them only when memory::isa_supported()
 // says so.
 #pragma once
@@ -26,6 +27,7 @@ struct CAdamConstants {
   float lr = 1e-4f;
   float weight_decay = 0.0f;       // 0 when the chunk takes no decay
   float grad_scale = 1.0f;
+  uint32_t step_key = 0;           // cadam_step_key(StepContext::step)
 };
 
 // Raw views of one range of n elements starting at a block boundary: master and grad hold n floats,
@@ -48,6 +50,34 @@ inline float cadam_block_scale(float absmax, bool finite) {
     return __builtin_nanf("");
   }
   return absmax / 127.0f;
+}
+
+// Note [CAdam stochastic rounding] (optim/cadam.h): the dither of one element is a pure function of
+// the step, the bits of the element's master weight BEFORE the step, and its lane (0-31) in its block,
+// so it is the same whatever chunk, thread or ISA updates the element. Vector kernels compute the same
+// integer operations lane by lane (32-bit wrap-around arithmetic).
+inline uint32_t cadam_fmix32(uint32_t h) {  // MurmurHash3's finaliser: a bijection with full avalanche
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+constexpr uint32_t kCAdamLaneSalt = 0x9E3779B9u;  // lane l adds l * this (odd: distinct for all 32 lanes)
+constexpr float kCAdamDitherUnit = 0x1p-24f;      // the dither is a 24-bit integer times this
+
+inline uint32_t cadam_step_key(int64_t step) {
+  const auto s = static_cast<uint64_t>(step);
+  return cadam_fmix32((static_cast<uint32_t>(s) * kCAdamLaneSalt) ^
+                      cadam_fmix32(static_cast<uint32_t>(s >> 32) + 0x7F4A7C15u));
+}
+
+// The dither in [0, 1 - 2^-24], a multiple of 2^-24 (exact in fp32): m' / scale' rounds up past
+// floor(x) when dither < x - floor(x).
+inline float cadam_dither(uint32_t old_master_bits, uint32_t step_key, uint32_t lane) {
+  const uint32_t h = cadam_fmix32((old_master_bits ^ step_key) + lane * kCAdamLaneSalt);
+  return static_cast<float>(static_cast<int32_t>(h >> 8)) * kCAdamDitherUnit;
 }
 
 void fused_cadam_scalar(const CAdamArrays& a, const CAdamConstants& k);

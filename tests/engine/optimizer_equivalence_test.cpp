@@ -2,6 +2,9 @@
 // communication saving, and the memory-reuse modes against the modes off.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <filesystem>
 #include <map>
 
 #include "tests/engine/train_harness.h"
@@ -172,6 +175,69 @@ TEST(MemoryModes, ReusingTheFp32ParamKeepsTheMasterExactly) {
     // 4-byte master replaced by a 2-byte residual: optimizer bytes go from 12 to 10 per stepped element.
     EXPECT_EQ(b.memory.model_states.optimizer * 12, a.memory.model_states.optimizer * 10) << "stage " << stage;
   }
+}
+
+}  // namespace
+}  // namespace zs::engine
+
+namespace zs::engine {
+namespace {
+
+using namespace test_harness;
+
+// A swap directory per test process, removed after (the engine removes its own files first).
+struct SwapDir {
+  std::string path;
+  SwapDir() {
+    char tmpl[] = "/tmp/zs-offload-test-XXXXXX";
+    ZS_ASSERT(mkdtemp(tmpl) != nullptr, "mkdtemp");
+    path = tmpl;
+  }
+  ~SwapDir() { std::filesystem::remove_all(path); }
+};
+
+// Offload none / cpu / nvme give the same bits (Note [offload] in engine/engine_offload.cpp): the
+// arithmetic is the same, only where the states live changes.
+TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
+  const comm::Group& world = test::world().group();
+  // Every rank names its own directory the same way: one per rank, so no file is shared.
+  SwapDir dir;
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      EngineConfig base = make_config(1, world.size(), precision, stage);
+      base.zero.sub_group_size = 40'000;  // several sub-groups even on this tiny model
+      const RunResult ref = train(world, base);
+      for (OffloadDevice device : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+        EngineConfig cfg = base;
+        cfg.zero.offload_optimizer = {.device = device, .nvme_path = dir.path};
+        if (stage == 3) cfg.zero.offload_param = {.device = device, .nvme_path = dir.path};
+        const std::string what = fmt::format("{} stage {} offload {}", precision_name(precision), stage, offload_device_name(device));
+        RunResult got = train(world, cfg);
+        EXPECT_EQ(got.final_digest, ref.final_digest) << what;
+        for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_EQ(got.losses[i], ref.losses[i]) << what << " step " << i + 1;
+        // The states moved off the device: the arena peak drops, the host (and NVMe) tiers hold them.
+        EXPECT_LT(got.memory.device_peak_bytes, ref.memory.device_peak_bytes) << what;
+        EXPECT_GT(got.memory.host_peak_bytes, 0u) << what;
+        if (device == OffloadDevice::kNvme) {
+          EXPECT_GT(got.memory.nvme_bytes, 0u) << what;
+        } else {
+          EXPECT_EQ(got.memory.nvme_bytes, 0u) << what;
+        }
+      }
+    }
+  }
+  // Every swap file was removed when its engine went.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path));
+}
+
+TEST(Offload, CAdamStatesStreamThroughNvmeToo) {
+  const comm::Group& world = test::world().group();
+  SwapDir dir;
+  EngineConfig base = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "CAdam");
+  base.zero.sub_group_size = 40'000;
+  EngineConfig cfg = base;
+  cfg.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir.path};
+  EXPECT_EQ(train(world, cfg).final_digest, train(world, base).final_digest);
 }
 
 }  // namespace
