@@ -6,6 +6,7 @@
 //   mpirun -np N build/release/benchmarks/memory_footprint [--json out.json] [--stages 0,1,2,3]
 //          [--n-layer 4] [--d-model 768] [--n-head 12] [--seq-len 128] [--micro-batch 2] [--vocab 256]
 //          [--steps 2] [--precision bf16|fp32] [--memory-mb 1536] [--bucket 2000000]
+//          [--release-fp32-grad 1|0] [--reuse-fp32-param 0|1]
 //   benchmarks/memory_footprint.sh BUILD_DIR     runs np 1..4, merges the JSONs, draws the chart
 //
 // Default model: GPT n_layer 4, d_model 768 (GPT-2 small's width), n_head 12, seq_len 128, byte
@@ -24,6 +25,10 @@
 //                optimizer (m + k)·Ψ (stages 1-3: (m + k)·Ψ/N); bf16 b 2, m 4, k 8
 //   deviation  = (measured total - paper total) / paper total, in percent (target: |dev| <= 2%).
 // The JSON's ratio is rank 0's model states at each stage over stage 0's, same run.
+// Memory modes (engine/config.h MemoryModes): --release-fp32-grad 0 keeps a persistent fp32 gradient
+// copy of the stepped elements (+4·Ψ, stages 1-3 +4·Ψ/N, in grads); --reuse-fp32-param 1 stores the
+// bf16 master as the parameter plus a 2-byte residual (m = 2 instead of 4). The paper column follows
+// the mode, so the deviation still checks the engine against the formula.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -88,20 +93,24 @@ struct PaperBytes {
 };
 
 // The ZeRO paper's per-rank figures (Ψ the real parameter count, no padding).
-PaperBytes paper_bytes(int stage, double psi, int ranks, double b, double m, double k) {
+PaperBytes paper_bytes(int stage, double psi, int ranks, double b, double m, double k, double fp32_grad) {
   const double n = ranks;
   return {.params = b * (stage == 3 ? psi / n : psi),
-          .grads = b * (stage >= 2 ? psi / n : psi),
+          .grads = b * (stage >= 2 ? psi / n : psi) + fp32_grad * (stage >= 1 ? psi / n : psi),
           .optimizer = (m + k) * (stage >= 1 ? psi / n : psi)};
 }
 
-std::string paper_formula(int stage, engine::Precision p) {
-  const bool f32 = p == engine::Precision::kFp32;
+// The per-rank formula with b bytes per parameter, m master bytes, k = 8 state bytes and an optional
+// persistent fp32 gradient copy g (bytes per stepped element).
+std::string paper_formula(int stage, engine::Precision p, double m, double g) {
+  const int b = p == engine::Precision::kFp32 ? 4 : 2;
+  const int total = static_cast<int>(2 * b + m + 8 + g);
+  const int sharded_opt = static_cast<int>(m + 8 + g);
   switch (stage) {
-    case 0: return "16Ψ";
-    case 1: return f32 ? "8Ψ + 8Ψ/N" : "4Ψ + 12Ψ/N";
-    case 2: return f32 ? "4Ψ + 12Ψ/N" : "2Ψ + 14Ψ/N";
-    default: return "16Ψ/N";
+    case 0: return fmt::format("{}Ψ", total);
+    case 1: return fmt::format("{}Ψ + {}Ψ/N", 2 * b, sharded_opt);
+    case 2: return fmt::format("{}Ψ + {}Ψ/N", b, b + sharded_opt);
+    default: return fmt::format("{}Ψ/N", total);
   }
 }
 
@@ -139,7 +148,14 @@ int main(int argc, char** argv) {
     base.zero.allgather_bucket_size = bucket;
     base.zero.stage3_prefetch_bucket_size = bucket;
     const double b = base.precision == engine::Precision::kFp32 ? 4 : 2;
-    const double m = base.precision == engine::Precision::kFp32 ? 0 : 4;
+    base.memory.release_fp32_grad = bench::int_arg(argc, argv, "--release-fp32-grad", 1, 0) != 0;
+    base.memory.reuse_fp32_param = bench::int_arg(argc, argv, "--reuse-fp32-param", 0, 0) != 0;
+    if (base.memory.reuse_fp32_param && base.precision != engine::Precision::kBf16) {
+      throw ConfigError("--reuse-fp32-param 1 needs --precision bf16");
+    }
+    const bool mixed = base.precision != engine::Precision::kFp32;
+    const double m = !mixed ? 0 : base.memory.reuse_fp32_param ? 2 : 4;
+    const double fp32_grad = mixed && !base.memory.release_fp32_grad ? 4 : 0;
     const double k = 8;  // Adam/AdamW: two fp32 moments
 
     engine::DatasetSource source(nn::Dataset::builtin(gcfg.seq_len), 7);
@@ -173,7 +189,7 @@ int main(int argc, char** argv) {
       const engine::EstimateInput est_in = engine::estimate_input_for_config(cfg, ranks);
       flat = est_in.model.flat_elements;
       const engine::StageEstimate est = engine::estimate_stage(est_in, stage);
-      const PaperBytes paper = paper_bytes(stage, static_cast<double>(psi_real), ranks, b, m, k);
+      const PaperBytes paper = paper_bytes(stage, static_cast<double>(psi_real), ranks, b, m, k, fp32_grad);
 
       boost::json::array per_rank;
       double stage_worst = 0;
@@ -211,7 +227,7 @@ int main(int argc, char** argv) {
       report.results.push_back(boost::json::object{
           {"stage", stage},
           {"world_size", ranks},
-          {"paper_formula", paper_formula(stage, base.precision)},
+          {"paper_formula", paper_formula(stage, base.precision, m, fp32_grad)},
           {"paper_bytes", {{"params", paper.params}, {"grads", paper.grads}, {"optimizer", paper.optimizer}, {"total", paper.total()}}},
           {"activation_peak_estimate_bytes", est.activations_peak.bytes},
           {"max_abs_deviation_pct", std::abs(stage_worst)},
@@ -241,7 +257,7 @@ int main(int argc, char** argv) {
                       o.at("estimator_exact").as_bool() ? "yes" : "NO", mib(v[kDevicePeak]), mib(v[kReservedPeak]),
                       mib(v[kActivationPeak]));
         }
-        std::printf("      paper %s; losses", paper_formula(stage, base.precision).c_str());
+        std::printf("      paper %s; losses", paper_formula(stage, base.precision, m, fp32_grad).c_str());
         for (double l : losses) std::printf(" %.5f", l);
         std::printf("\n");
       }
@@ -251,6 +267,8 @@ int main(int argc, char** argv) {
                      {"n_head", gcfg.n_head},     {"seq_len", gcfg.seq_len},
                      {"vocab_size", gcfg.vocab_size}, {"micro_batch", micro},
                      {"ranks", ranks},            {"precision", precision},
+                     {"release_fp32_grad", base.memory.release_fp32_grad},
+                     {"reuse_fp32_param", base.memory.reuse_fp32_param},
                      {"optimizer", "AdamW"},      {"params", psi_real},
                      {"flat_elements", flat},     {"steps", steps},
                      {"bucket_elements", bucket}, {"memory_mb", base.device.memory_mb},

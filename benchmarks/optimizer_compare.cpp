@@ -6,6 +6,7 @@
 //   mpirun -np 2 build/release/benchmarks/optimizer_compare [--json out.json]
 //          [--config examples/configs/gpt_small.json] [--steps 150] [--tail 10]
 //          [--precision fp32|bf16] [--stage 0] [--types AdamW,OneBitAdam,ZeroOneAdam,CAdam]
+//          [--cadam-lr-div 3] [--cadam-wd-mul 3]
 //
 // Method. The config (by default the example GPT: 4 layers, d_model 256, WarmupCosineLR over 150
 // steps) is trained once per optimizer type, each from the same initial model on the same batches
@@ -13,12 +14,14 @@
 // the schedule: OneBitAdam freezes the variance at the end of the lr warm-up (freeze_step =
 // warmup_num_steps, DeepSpeed's advice); ZeroOneAdam updates the variance at doubling intervals
 // (var_update_scaler 4) until twice the warm-up and then takes local steps with the sync interval
-// growing to 4 (local_step_scaler 16, local_step_clipper 4). CAdam: lr / 5 and weight_decay x 5 of
-// the AdamW settings (Lion's rule). Bytes per step: what this rank sent between the end of one step
-// and the end of the next (every collective: gradients, the loss/norm agreement, parameter gathers),
-// averaged over the steps after warm-up (the compressing steps for the one-bit optimizers). Loss: the
-// mean of the last --tail steps' losses (each the mean over the global batch), so one noisy batch
-// does not decide it.
+// growing to 4 (local_step_scaler 16, local_step_clipper 4). CAdam: lr / --cadam-lr-div and
+// weight_decay x --cadam-wd-mul of the AdamW settings, both within Lion's rule of 3-10 (optim/cadam.h);
+// the defaults, 3 and 3, were the best of the settings tried on the example GPT at np 2 (tail loss vs
+// AdamW's: lr/5 wd x5 1.062, lr/4 wd x4 1.034, lr/3 wd x5 1.016, lr/3 wd x3 1.015). Bytes per step:
+// what this rank sent between the end of one step and the end of the next (every collective:
+// gradients, the loss/norm agreement, parameter gathers), averaged over the steps after warm-up (the
+// compressing steps for the one-bit optimizers). Loss: the mean of the last --tail steps' losses (each
+// the mean over the global batch), so one noisy batch does not decide it.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -54,7 +57,32 @@ struct Outcome {
   std::vector<double> losses;
 };
 
-engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type) {
+// CAdam's settings from AdamW's: Lion's rule (optim/cadam.h).
+struct CAdamRule {
+  double lr_div = 3;
+  double wd_mul = 3;
+};
+
+// A factor of Lion's rule after `name`, or `fallback`; ConfigError outside [3, 10].
+double rule_factor_arg(int argc, char** argv, const std::string& name, double fallback) {
+  const std::string text = bench::arg_value(argc, argv, name, "");
+  if (text.empty()) return fallback;
+  double v = 0;
+  size_t used = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != text.size() || !(v >= 3 && v <= 10)) {
+    throw ConfigError(fmt::format("{}: '{}' is not a factor of Lion's rule; give a number from 3 to 10 (CAdam takes "
+                                  "an lr 3-10x smaller and a weight_decay 3-10x larger than AdamW's)",
+                                  name, text));
+  }
+  return v;
+}
+
+engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, const CAdamRule& rule) {
   const optim::AdamConfig& adam = c.optimizer.adam;
   const int64_t warmup = std::max<int64_t>(1, c.scheduler.warmup_num_steps);
   c.optimizer.type = type;
@@ -66,8 +94,8 @@ engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type) {
                             .var_freeze_step = 2 * warmup, .var_update_scaler = 4, .local_step_scaler = 16,
                             .local_step_clipper = 4};
   } else if (type == "CAdam") {
-    c.optimizer.cadam.lr = adam.lr / 5;
-    c.optimizer.cadam.weight_decay = adam.weight_decay * 5;
+    c.optimizer.cadam.lr = adam.lr / rule.lr_div;
+    c.optimizer.cadam.weight_decay = adam.weight_decay * rule.wd_mul;
   } else if (type != "Adam" && type != "AdamW") {
     throw ConfigError(fmt::format("--types: unknown optimizer '{}'; use Adam, AdamW, OneBitAdam, ZeroOneAdam, CAdam", type));
   }
@@ -141,21 +169,27 @@ int main(int argc, char** argv) {
     const std::vector<std::string> types =
         split_commas(bench::arg_value(argc, argv, "--types", base.optimizer.type + ",OneBitAdam,ZeroOneAdam,CAdam"));
 
+    const CAdamRule rule{.lr_div = rule_factor_arg(argc, argv, "--cadam-lr-div", CAdamRule{}.lr_div),
+                         .wd_mul = rule_factor_arg(argc, argv, "--cadam-wd-mul", CAdamRule{}.wd_mul)};
+
     if (root) {
-      std::printf("optimizer_compare: %s, %lld steps, %s, ZeRO stage %d, %d rank(s), train batch %lld\n\n", config_path.c_str(),
-                  (long long)steps, precision.c_str(), base.zero.stage, group.size(), (long long)base.batch.train_batch_size);
+      std::printf("optimizer_compare: %s, %lld steps, %s, ZeRO stage %d, %d rank(s), train batch %lld; CAdam lr / %g, "
+                  "weight_decay x %g\n\n",
+                  config_path.c_str(), (long long)steps, precision.c_str(), base.zero.stage, group.size(),
+                  (long long)base.batch.train_batch_size, rule.lr_div, rule.wd_mul);
       std::printf("%-12s %10s %10s %9s %14s %9s %11s %8s\n", "optimizer", "tail loss", "vs Adam", "final", "bytes/step",
                   "vs Adam", "state B/par", "time s");
     }
     std::vector<Outcome> outcomes;
-    for (const std::string& type : types) outcomes.push_back(run(group, for_type(base, type), steps, tail));
+    for (const std::string& type : types) outcomes.push_back(run(group, for_type(base, type, rule), steps, tail));
 
     const Outcome& adam = outcomes.front();
     bench::Report report;
     report.benchmark = "optimizer_compare";
     report.config = {{"config", config_path}, {"steps", steps},        {"tail", tail},
                      {"ranks", group.size()}, {"precision", precision}, {"zero_stage", base.zero.stage},
-                     {"params", nn::gpt_param_count(*base.model)}};
+                     {"params", nn::gpt_param_count(*base.model)}, {"cadam_lr_div", rule.lr_div},
+                     {"cadam_wd_mul", rule.wd_mul}};
     boost::json::object ratios;
     for (const Outcome& o : outcomes) {
       const double loss_ratio = o.tail_loss / adam.tail_loss;

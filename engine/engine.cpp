@@ -350,6 +350,19 @@ ModelStateBytes Engine::model_state_bytes() const {
   return b;
 }
 
+Engine::OffloadReport Engine::offload_report() const {
+  OffloadReport r;
+  const Impl& s = *impl_;
+  if (!s.nvme_) return r;
+  const offload::SwapperStats& st = s.nvme_->swapper->stats();
+  r.host_budget_bytes = s.nvme_->host_budget_bytes;
+  r.bytes_read = st.bytes_read + (s.gatherer_ ? s.gatherer_->nvme_bytes_read() : 0);
+  r.bytes_written = st.bytes_written;
+  r.compute_s = st.compute_seconds;
+  r.io_wait_s = st.io_wait_seconds;
+  return r;
+}
+
 double Engine::optimizer_state_bytes_per_param() const {
   const Impl& s = *impl_;
   uint64_t bytes = s.compressed_state_bytes();
@@ -361,6 +374,22 @@ double Engine::optimizer_state_bytes_per_param() const {
 Engine::MemoryReport Engine::memory_report() const {
   MemoryReport r;
   r.model_states = model_state_bytes();
+  const Impl& s = *impl_;
+  auto by_tier = [&r](const StateBuffer& b, uint64_t ModelStateBytes::*category) {
+    r.device_states.*category += b.device.size();
+    r.host_states.*category += b.host.capacity();
+  };
+  by_tier(s.params_, &ModelStateBytes::params);
+  by_tier(s.grads_, &ModelStateBytes::grads);
+  by_tier(s.grad32_, &ModelStateBytes::grads);
+  by_tier(s.master_, &ModelStateBytes::optimizer);
+  for (const auto& state : s.states_) by_tier(state, &ModelStateBytes::optimizer);
+  r.device_states.optimizer += s.residual_.size() + s.compressed_state_bytes();
+  if (s.nvme_) {
+    r.nvme_states.params = s.nvme_->params.reserved_bytes();
+    r.nvme_states.optimizer = s.nvme_->master.reserved_bytes();
+    for (const auto& region : s.nvme_->states) r.nvme_states.optimizer += region.reserved_bytes();
+  }
   memory::ArenaStats st = impl_->device_->stats();
   r.device_peak_bytes = st.peak_allocated_bytes;
   r.device_reserved_peak_bytes = st.peak_reserved_bytes;

@@ -120,6 +120,9 @@ class Engine {
   // Memory accounting of this rank.
   struct MemoryReport {
     ModelStateBytes model_states;
+    // The same buffers by tier: device blocks at their requested size; host buffers and swap-file
+    // regions at what they map or reserve (each rounded up to 4096 bytes), as engine/estimate.h counts.
+    ModelStateBytes device_states, host_states, nvme_states;
     uint64_t device_peak_bytes = 0;           // peak of allocated bytes in the device arena
     uint64_t device_reserved_peak_bytes = 0;  // peak of reserved bytes (allocated + pool holes)
     uint64_t device_capacity_bytes = 0;
@@ -131,6 +134,16 @@ class Engine {
     uint64_t gathered_param_bound_bytes = 0;  // stage 3: the documented bound on the above
   };
   MemoryReport memory_report() const;
+
+  // What offload did on this rank (zeros without NVMe offload).
+  struct OffloadReport {
+    uint64_t host_budget_bytes = 0;  // the step swapper's host buffers, computed up front
+    uint64_t bytes_read = 0;         // optimizer sub-groups and stage-3 parameter reads from NVMe
+    uint64_t bytes_written = 0;
+    double compute_s = 0;            // optimizer compute inside the swapper
+    double io_wait_s = 0;            // the optimizer waiting for the disk
+  };
+  OffloadReport offload_report() const;
 
  private:
   class Impl;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/errors.h"
+#include "engine/detail/estimate_util.h"
 #include "engine/flat_layout.h"
 #include "memory/shard.h"
 #include "nn/gpt.h"
@@ -15,10 +16,7 @@
 #include "optim/cadam.h"
 
 namespace zs::engine {
-namespace {
-
-constexpr uint64_t kAlign = FlatLayout::kAlignElements;
-uint64_t round_up(uint64_t n, uint64_t align) { return (n + align - 1) / align * align; }
+namespace detail {
 
 std::string group_digits(uint64_t v) {
   const std::string digits = std::to_string(v);
@@ -29,6 +27,33 @@ std::string group_digits(uint64_t v) {
   }
   return s;
 }
+
+double state_bytes_per_element(const EstimateInput& in) {
+  if (in.compressed) return in.zero_one ? 16.0 : 12.0;
+  double k = 0;
+  for (const optim::StateSpec& spec : in.optimizer_states) {
+    k += static_cast<double>(spec.value_bytes) / static_cast<double>(spec.elements_per_value);
+  }
+  return k;
+}
+
+uint64_t master_bytes_at(const EstimateInput& in, int stage) {
+  if (in.memory.reuse_fp32_param && in.precision == Precision::kBf16) return 2;
+  // engine.cpp's separate_master_: bf16/fp16, or optimizer offload, or parameters on NVMe.
+  const StageOffload off = stage_offload(in, stage);
+  const bool separate = in.precision != Precision::kFp32 || off.optimizer != OffloadTarget::kNone ||
+                        off.param == OffloadTarget::kNvme;
+  return separate ? 4 : 0;
+}
+
+}  // namespace detail
+namespace {
+
+using detail::bytes_per_element;
+using detail::group_digits;
+using detail::kAlign;
+using detail::round_up;
+using detail::state_bytes_per_element;
 
 // "16Ψ", "4Ψ + 12Ψ/R", "16Ψ/R": the ZeRO paper's form of a stage's model states.
 std::string paper_form(uint64_t replicated, uint64_t sharded) {
@@ -92,17 +117,9 @@ GptActivationBytes gpt_activation_model(const GptActivationShape& a, Precision p
   return r;
 }
 
-uint64_t bytes_per_element(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
-uint64_t master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
-
 void check_input(const EstimateInput& in) {
   if (in.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", in.ranks));
   if (in.model.flat_elements == 0) throw ConfigError("--params: the model has no parameters; give a count >= 1");
-  if (in.offload_optimizer != OffloadTarget::kNone || in.offload_param != OffloadTarget::kNone) {
-    throw ConfigError(fmt::format("--offload: offload to {} is not implemented in this zeroshard build yet; use --offload none",
-                                  offload_target_name(in.offload_optimizer != OffloadTarget::kNone ? in.offload_optimizer
-                                                                                                      : in.offload_param)));
-  }
 }
 
 }  // namespace
@@ -116,6 +133,15 @@ std::string offload_target_name(OffloadTarget t) {
   return "?";
 }
 
+OffloadTarget offload_target_of(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone: return OffloadTarget::kNone;
+    case OffloadDevice::kCpu: return OffloadTarget::kCpu;
+    case OffloadDevice::kNvme: return OffloadTarget::kNvme;
+  }
+  return OffloadTarget::kNone;
+}
+
 ZeroLimits zero_limits_of(const ZeroConfig& zero) {
   ZeroLimits l;
   l.reduce_bucket_size = zero.reduce_bucket_size;
@@ -123,7 +149,18 @@ ZeroLimits zero_limits_of(const ZeroConfig& zero) {
   l.stage3_prefetch_bucket_size = zero.stage3_prefetch_bucket_size;
   l.stage3_param_persistence_threshold = zero.stage3_param_persistence_threshold;
   l.stage3_max_live_parameters = zero.stage3_max_live_parameters;
+  l.sub_group_size = zero.sub_group_size;
+  l.offload_optimizer_buffer_count = zero.offload_optimizer.buffer_count;
+  l.offload_param_buffer_count = zero.offload_param.buffer_count;
+  l.offload_param_buffer_size = zero.offload_param.buffer_size;
   return l;
+}
+
+StageOffload stage_offload(const EstimateInput& in, int stage) {
+  StageOffload o;
+  if (stage >= 1) o.optimizer = in.offload_optimizer;
+  if (stage == 3) o.param = in.offload_param;
+  return o;
 }
 
 // Note [staging bound]
@@ -167,6 +204,7 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
     if (!own.empty()) {
       const size_t first = slot_of.at(own.front()), last = slot_of.at(own.back());
       const uint64_t range = slots[last].offset + slots[last].numel - slots[first].offset;
+      f.module_elements.push_back(range);
       if (static_cast<int64_t>(range) < limits.stage3_param_persistence_threshold) {
         f.persistent_elements += range;
         ++f.persistent_modules;
@@ -188,6 +226,7 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
   };
   walk(model, 0);
 
+  std::sort(f.module_elements.begin(), f.module_elements.end());
   std::vector<uint64_t> sizes;
   for (const BucketPlan& bp : buckets) sizes.push_back(bp.range.size);
   std::sort(sizes.rbegin(), sizes.rend());
@@ -246,43 +285,13 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
   }
   in.memory = cfg.memory;
   in.config_stage = cfg.zero.stage;
+  in.offload_optimizer = offload_target_of(cfg.zero.offload_optimizer.device);
+  in.offload_param = offload_target_of(cfg.zero.offload_param.device);
   return in;
 }
 
 StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank) {
-  // The engine's allocation rules (Note [model-state placement] in engine/engine_impl.h).
-  const uint64_t psi = in.model.flat_elements;
-  const uint64_t shard = memory::shard_of(psi, in.ranks, rank, kAlign).size;
-  const uint64_t b = bytes_per_element(in.precision);
-  const uint64_t stepped = stage >= 1 ? shard : psi;
-  const bool mixed = in.precision != Precision::kFp32;
-  const bool reuse = in.memory.reuse_fp32_param && in.precision == Precision::kBf16;
-  const int grad_stage = in.compressed ? std::min(stage, 1) : stage;
-  const uint64_t grads_held = grad_stage >= 2 ? shard : psi;
-  StateBytes s;
-  s.params = (stage == 3 ? shard : psi) * b;
-  s.grads = grads_held * b;
-  if (mixed && !in.memory.release_fp32_grad) s.grads += (in.compressed ? grads_held : stepped) * 4;
-  s.optimizer = (reuse ? 2 : mixed ? 4 : 0) * stepped;
-  if (in.compressed) {
-    const uint64_t chunk = round_up((psi + static_cast<uint64_t>(in.ranks) - 1) / static_cast<uint64_t>(in.ranks), 256);
-    s.optimizer += 4 * psi + 4 * stepped + 4 * (psi + chunk);  // momentum, variance, worker + server error
-    if (in.zero_one && stage == 0) s.optimizer += 4 * psi;     // 0/1 Adam's accumulator for local steps
-  } else {
-    for (const optim::StateSpec& spec : in.optimizer_states) s.optimizer += spec.bytes_for(stepped);
-  }
-  return s;
-}
-
-// Optimizer-state bytes per stepped element, master excluded (reports; exact only for elementwise
-// optimizers, whose states scale with the stepped elements).
-double state_bytes_per_element(const EstimateInput& in) {
-  if (in.compressed) return in.zero_one ? 16.0 : 12.0;
-  double k = 0;
-  for (const optim::StateSpec& spec : in.optimizer_states) {
-    k += static_cast<double>(spec.value_bytes) / static_cast<double>(spec.elements_per_value);
-  }
-  return k;
+  return tiered_state_bytes(in, stage, rank).total();
 }
 
 const ShardGroup& StageEstimate::group_of(int rank) const {
@@ -316,14 +325,17 @@ ActivationEstimate gpt_activation_bytes(const GptActivationShape& shape, Precisi
 StageEstimate estimate_stage(const EstimateInput& in, int stage) {
   if (stage < 0 || stage > 3) throw ConfigError(fmt::format("--stage: ZeRO stage {} does not exist; use 0, 1, 2, 3 or all", stage));
   check_input(in);
+  detail::check_offload(in, stage);
   const uint64_t b = bytes_per_element(in.precision);
   const bool reuse = in.memory.reuse_fp32_param && in.precision == Precision::kBf16;
-  const uint64_t m = reuse ? 2 : master_bytes(in.precision);
+  const uint64_t m = detail::master_bytes_at(in, stage);
   const double k = state_bytes_per_element(in);
   const uint64_t psi = in.model.flat_elements;
   const std::string dtype = precision_name(in.precision);
   StageEstimate st;
   st.stage = stage;
+  st.offload = stage_offload(in, stage);
+  st.master_bytes_per_element = m;
 
   for (int r = 0; r < in.ranks; ++r) {
     const uint64_t shard = memory::shard_of(psi, in.ranks, r, kAlign).size;
@@ -334,7 +346,11 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     ShardGroup g;
     g.first_rank = g.last_rank = r;
     g.shard_elements = shard;
-    g.device = model_state_bytes(in, stage, r);
+    const TieredStateBytes t = tiered_state_bytes(in, stage, r);
+    g.device = t.device;
+    g.host = t.host;
+    g.nvme = t.nvme;
+    g.offload_buffers = offload_buffer_bytes(in, stage, r);
     st.shards.push_back(g);
   }
 
@@ -350,7 +366,9 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
                                     in.compressed ? (grad_stage >= 2 ? "S_r" : "Ψ") : (stage >= 1 ? "S_r" : "Ψ"));
   }
   const std::string states = fmt::format("{:g} {} states", k, in.optimizer);
-  const std::string master = reuse ? "2 fp32-master residual (reuse_fp32_param)" : fmt::format("{} fp32 master", m);
+  const std::string master = reuse                              ? "2 fp32-master residual (reuse_fp32_param)"
+                             : in.precision == Precision::kFp32 ? fmt::format("{} fp32 master (a separate copy: offloaded)", m)
+                                                                : fmt::format("{} fp32 master", m);
   const std::string mult = m ? fmt::format("({} + {}) = {:g}", master, states, static_cast<double>(m) + k)
                              : fmt::format("({}; the fp32 parameters are the master weights)", states);
   st.optimizer_formula = fmt::format("{} x {}", mult, stage >= 1 ? "S_r" : "Ψ");
@@ -359,6 +377,10 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
                                        in.zero_one && stage == 0 ? " + 4 x Ψ accumulator" : "",
                                        "one-bit optimizers keep whole momentum (docs/memory.md)");
   }
+  st.params_formula += detail::params_tier_note(in, stage);
+  st.grads_formula += detail::grads_tier_note(in, stage);
+  st.optimizer_formula += detail::optimizer_tier_note(in, stage);
+  st.offload_buffers_formula = detail::offload_buffers_symbols(in, stage);
   const auto kk = static_cast<uint64_t>(k);
   const uint64_t replicated = (stage < 3 ? b : 0) + (grad_stage < 2 ? b : 0) + (stage < 1 ? m + kk : 0);
   st.paper_formula = paper_form(replicated, 2 * b + m + kk - replicated);
@@ -405,6 +427,7 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
                       group_digits(live));
       st.persistent_params.formula = "unknown with --params (needs the module shapes; give --config)";
     }
+    st.nvme_param_staging = detail::nvme_param_staging_bound(in, stage);
   }
   if (f.activations) {
     ActivationEstimate a = gpt_activation_bytes(*f.activations, in.precision);
@@ -419,134 +442,9 @@ MemoryEstimate estimate_memory(const EstimateInput& in, const std::vector<int>& 
   MemoryEstimate est;
   est.input = in;
   est.bytes_per_element = bytes_per_element(in.precision);
-  est.master_bytes_per_element = in.memory.reuse_fp32_param && in.precision == Precision::kBf16 ? 2 : master_bytes(in.precision);
+  est.master_bytes_per_element = detail::master_bytes_at(in, 0);  // without offload; per stage in StageEstimate
   for (int s : stages) est.stages.push_back(estimate_stage(in, s));
   return est;
-}
-
-std::string format_bytes(uint64_t bytes) {
-  const double v = static_cast<double>(bytes);
-  if (bytes >= (uint64_t{1} << 40)) return fmt::format("{:.2f} TiB", v / static_cast<double>(uint64_t{1} << 40));
-  if (bytes >= (uint64_t{1} << 30)) return fmt::format("{:.2f} GiB", v / static_cast<double>(uint64_t{1} << 30));
-  if (bytes >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", v / static_cast<double>(uint64_t{1} << 20));
-  if (bytes >= (uint64_t{1} << 10)) return fmt::format("{:.1f} KiB", v / 1024.0);
-  return fmt::format("{} B", bytes);
-}
-
-std::string format_estimate(const MemoryEstimate& est) {
-  const EstimateInput& in = est.input;
-  std::string out;
-  out += fmt::format("model: {}\n", in.model.description);
-  out += fmt::format("flat elements Ψ = {} ({} layout, each parameter padded to {} elements); {} rank(s); {}; {}; offload {}\n\n",
-                     group_digits(in.model.flat_elements), in.model.exact_layout ? "exact" : "estimated", kAlign, in.ranks,
-                     precision_name(in.precision), in.optimizer, offload_target_name(in.offload_optimizer));
-  out += "model states per rank (device arena):\n";
-  out += fmt::format("{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12}\n", "stage", "ranks", "shard S_r", "params", "grads",
-                     "optimizer", "total");
-  for (const StageEstimate& st : est.stages) {
-    for (const ShardGroup& g : st.shards) {
-      std::string ranks = g.first_rank == g.last_rank ? std::to_string(g.first_rank)
-                                                      : fmt::format("{}-{}", g.first_rank, g.last_rank);
-      std::string stage = std::to_string(st.stage) + (st.stage == in.config_stage ? "*" : "");
-      out += fmt::format("{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12}\n", stage, ranks, group_digits(g.shard_elements),
-                         format_bytes(g.device.params), format_bytes(g.device.grads), format_bytes(g.device.optimizer),
-                         format_bytes(g.total()));
-    }
-  }
-  for (const StageEstimate& st : est.stages) {
-    if (st.stage == in.config_stage) out += fmt::format("(* the config's stage {})\n", in.config_stage);
-  }
-
-  out += "\ntransient buffers per rank (upper bounds, beside the model states):\n";
-  for (const StageEstimate& st : est.stages) {
-    auto line = [&](const char* name, const TransientBound& t) {
-      if (t.applies) out += fmt::format("  stage {} {:<18} {:>12}  = {}\n", st.stage, name, format_bytes(t.bytes), t.formula);
-      else if (!t.formula.empty()) out += fmt::format("  stage {} {:<18} {:>12}  {}\n", st.stage, name, "?", t.formula);
-    };
-    line("gradient buckets", st.grad_buckets);
-    line("gathered params", st.gathered_params);
-    line("persistent params", st.persistent_params);
-  }
-  if (!est.stages.empty() && est.stages.front().activations_saved.applies) {
-    const StageEstimate& st = est.stages.front();
-    out += fmt::format("  activations, one micro-batch (every stage): saved {} = {}\n", format_bytes(st.activations_saved.bytes),
-                       st.activations_saved.formula);
-    out += fmt::format("  activations peak {} = {}\n", format_bytes(st.activations_peak.bytes), st.activations_peak.formula);
-  } else {
-    out += "  activations: not estimated without the model's shape (give --config with a model section)\n";
-  }
-
-  out += fmt::format("\nmultipliers (bytes per element; Ψ = {} flat elements, S_r = rank r's shard of Ψ over {} rank(s) in "
-                     "multiples of {} elements):\n",
-                     group_digits(in.model.flat_elements), in.ranks, kAlign);
-  for (const StageEstimate& st : est.stages) {
-    out += fmt::format("  stage {}: {} per rank (the ZeRO paper's form, up to the shard rounding)\n", st.stage,
-                       st.paper_formula);
-    out += fmt::format("    params    = {}\n    grads     = {}\n    optimizer = {}\n", st.params_formula, st.grads_formula,
-                       st.optimizer_formula);
-  }
-  return out;
-}
-
-boost::json::object estimate_to_json(const MemoryEstimate& est) {
-  const EstimateInput& in = est.input;
-  namespace json = boost::json;
-  auto bytes_obj = [](const StateBytes& s) {
-    return json::object{{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
-  };
-  auto bound = [](const TransientBound& t) -> json::value {
-    if (!t.applies) return t.formula.empty() ? json::value(nullptr) : json::value(json::object{{"bytes", nullptr}, {"formula", t.formula}});
-    return json::object{{"bytes", t.bytes}, {"formula", t.formula}};
-  };
-  json::object j;
-  j["model"] = in.model.description;
-  j["exact_layout"] = in.model.exact_layout;
-  j["params_total"] = in.model.param_elements;
-  j["flat_elements"] = in.model.flat_elements;
-  j["align_elements"] = kAlign;
-  j["ranks"] = in.ranks;
-  j["precision"] = precision_name(in.precision);
-  j["optimizer"] = in.optimizer;
-  j["multipliers"] = json::object{{"bytes_per_element", est.bytes_per_element},
-                                  {"master_bytes_per_element", est.master_bytes_per_element},
-                                  {"optimizer_state_bytes_per_element", state_bytes_per_element(in)}};
-  j["offload"] = json::object{{"optimizer", offload_target_name(in.offload_optimizer)},
-                              {"param", offload_target_name(in.offload_param)}};
-  if (in.config_stage >= 0) j["config_stage"] = in.config_stage;
-  j["zero"] = json::object{{"reduce_bucket_size", in.zero.reduce_bucket_size},
-                           {"allgather_bucket_size", in.zero.allgather_bucket_size},
-                           {"stage3_prefetch_bucket_size", in.zero.stage3_prefetch_bucket_size},
-                           {"stage3_param_persistence_threshold", in.zero.stage3_param_persistence_threshold},
-                           {"stage3_max_live_parameters", in.zero.stage3_max_live_parameters}};
-  json::array stages;
-  for (const StageEstimate& st : est.stages) {
-    json::array shards;
-    for (const ShardGroup& g : st.shards) {
-      shards.push_back(json::object{{"first_rank", g.first_rank},
-                                    {"last_rank", g.last_rank},
-                                    {"shard_elements", g.shard_elements},
-                                    {"model_states_bytes", bytes_obj(g.device)},
-                                    {"tiers", json::object{{"device", g.device.total()},
-                                                           {"host", g.host.total()},
-                                                           {"nvme", g.nvme.total()}}},
-                                    {"total", g.total()}});
-    }
-    stages.push_back(json::object{
-        {"stage", st.stage},
-        {"per_shard_size", std::move(shards)},
-        {"max_rank_model_states_bytes", st.max_model_state_bytes()},
-        {"formulas", json::object{{"params", st.params_formula},
-                                  {"grads", st.grads_formula},
-                                  {"optimizer", st.optimizer_formula},
-                                  {"paper", st.paper_formula}}},
-        {"transient", json::object{{"grad_buckets", bound(st.grad_buckets)},
-                                   {"gathered_params", bound(st.gathered_params)},
-                                   {"persistent_params", bound(st.persistent_params)},
-                                   {"activations_saved", bound(st.activations_saved)},
-                                   {"activations_peak", bound(st.activations_peak)}}}});
-  }
-  j["stages"] = std::move(stages);
-  return j;
 }
 
 }  // namespace zs::engine

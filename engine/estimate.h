@@ -1,11 +1,13 @@
 // Memory estimator: bytes per rank of the model states (parameters, gradients, optimizer states) at
-// each ZeRO stage, plus upper bounds of the transient buffers, with the formula behind every number.
-// It reproduces the engine's own allocation rules (docs/memory.md), so for a known model the model-state
-// bytes equal what `zeroshard train --summary` reports as memory.per_rank[r].model_states_bytes.
+// each ZeRO stage and on each tier (device, host, NVMe), plus the NVMe offload's host buffers and upper
+// bounds of the transient buffers, with the formula behind every number. It reproduces the engine's own
+// allocation rules (docs/memory.md), so for a known model the figures equal what the engine allocates
+// (Engine::memory_report(): model_states, device/host/nvme_states, host_peak_bytes, nvme_bytes).
 //
 //   // From a parameter count alone (Ψ = N rounded up to kAlignElements):
 //   EstimateInput in = estimate_input_for_params(1'500'000'000, /*ranks=*/8, Precision::kBf16);
-//   // Or from a validated config with a `model` section (exact layout, activations too):
+//   in.offload_optimizer = in.offload_param = OffloadTarget::kNvme;   // ZeRO-Infinity (optional)
+//   // Or from a validated config with a `model` section (exact layout, activations, offload keys):
 //   EstimateInput in = estimate_input_for_config(cfg, /*ranks=*/8);
 //   MemoryEstimate est = estimate_memory(in, {0, 1, 2, 3});
 //   std::puts(format_estimate(est).c_str());          // human table + multipliers
@@ -17,12 +19,13 @@
 //   params     stage 0,1,2: b Ψ      stage 3: b S_r
 //   grads      stage 0,1:   b Ψ      stage 2,3: b S_r
 //   optimizer  stage 0:  (m + k) Ψ   stage 1,2,3: (m + k) S_r
+// Offload (Note [offload] in engine/engine_offload.cpp; Note [estimated offload] in estimate.cpp):
+// offload_optimizer (stages 1-3) moves the fp32 master (then separate even in fp32: m = 4) and the
+// optimizer states to the host (cpu) or a swap file (nvme), and the gradient shard of stages 2-3 (with
+// its persistent fp32 copy) to the host; offload_param (stage 3) moves the parameter shard. Host
+// buffers and swap-file regions are counted as allocated: each rounded up to 4096 bytes.
 // Everything here is a pure function of its arguments (thread-safe); only estimate_input_for_config
 // builds a model, which declares parameters but allocates none.
-//
-// Offload (extension point): EstimateInput carries offload targets and every figure is split by tier
-// (device, host, nvme). This build places every model state on the device; any other target is a
-// ConfigError, until the offload engine lands and fills the host/nvme columns.
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -40,17 +43,22 @@ namespace zs::engine {
 
 enum class OffloadTarget { kNone, kCpu, kNvme };
 std::string offload_target_name(OffloadTarget t);
+OffloadTarget offload_target_of(OffloadDevice d);
 
-// DeepSpeed's ZeRO limits that size the transient buffers, in elements (ZeroConfig's defaults).
+// DeepSpeed's ZeRO limits that size the transient buffers and the offload sub-groups, in elements
+// unless said otherwise (ZeroConfig's defaults).
 struct ZeroLimits {
   int64_t reduce_bucket_size = 500'000'000;
   int64_t allgather_bucket_size = 500'000'000;
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  int64_t sub_group_size = 1'000'000'000;            // elements the NVMe step streams at a time
+  int64_t offload_optimizer_buffer_count = 4;        // sub-group host buffers (optimizer states on NVMe)
+  int64_t offload_param_buffer_count = 5;            // ... when only the parameters are on NVMe
+  int64_t offload_param_buffer_size = 100'000'000;   // x buffer_count: the stage-3 NVMe read window
 };
-// The limits a ZeroConfig holds (the stage-3 keys keep their defaults where this build's ZeroConfig
-// does not have them yet).
+// The limits a ZeroConfig holds.
 ZeroLimits zero_limits_of(const ZeroConfig& zero);
 
 // Activation shape of the built-in GPT for one micro-batch.
@@ -75,6 +83,7 @@ struct ModelFacts {
   uint64_t nonpersistent_elements = 0;   // all non-persistent ranges together
   uint64_t persistent_elements = 0;      // all persistent ranges together
   uint64_t persistent_modules = 0;       // how many modules stay gathered
+  std::vector<uint64_t> module_elements;  // every module's own range (persistent too), ascending
   // Stage 2/3 gradient staging (engine/grad_reducer.h, Note [staging bound] in estimate.cpp).
   uint64_t bucket_count = 0;             // buckets of plan_buckets(reduce_bucket_size)
   uint64_t staging_buckets = 0;          // K: buckets that can hold staging buffers at once
@@ -101,9 +110,21 @@ struct EstimateInput {
   MemoryModes memory;                  // release_fp32_grad / reuse_fp32_param
   ZeroLimits zero;
   int config_stage = -1;               // the config's zero_optimization.stage; -1 without a config
+  // Where the model states go, at the stages that allow it (stage_offload): the optimizer's at
+  // stages 1-3, the parameters' at stage 3. Compressed optimizers and reuse_fp32_param cannot be
+  // combined with optimizer offload (ConfigError, as parse_config says).
   OffloadTarget offload_optimizer = OffloadTarget::kNone;
   OffloadTarget offload_param = OffloadTarget::kNone;
 };
+
+// The offload targets that apply at `stage` (the engine refuses the others in the config).
+struct StageOffload {
+  OffloadTarget optimizer = OffloadTarget::kNone;  // stages 1-3
+  OffloadTarget param = OffloadTarget::kNone;      // stage 3
+  bool any() const { return optimizer != OffloadTarget::kNone || param != OffloadTarget::kNone; }
+  bool nvme() const { return optimizer == OffloadTarget::kNvme || param == OffloadTarget::kNvme; }
+};
+StageOffload stage_offload(const EstimateInput& in, int stage);
 
 // Ψ = n_params rounded up to FlatLayout::kAlignElements. Throws ConfigError for n_params < 1 or
 // ranks < 1. The optimizer is Adam (k = 8).
@@ -120,7 +141,26 @@ struct StateBytes {
   uint64_t grads = 0;
   uint64_t optimizer = 0;
   uint64_t total() const { return params + grads + optimizer; }
+  StateBytes operator+(const StateBytes& o) const { return {params + o.params, grads + o.grads, optimizer + o.optimizer}; }
   bool operator==(const StateBytes&) const = default;
+};
+
+// Model states by tier: device blocks at their requested size; host buffers (page-mapped) and swap-file
+// regions at what they take, each buffer or region rounded up to 4096 bytes.
+struct TieredStateBytes {
+  StateBytes device;
+  StateBytes host;
+  StateBytes nvme;
+  StateBytes total() const { return device + host + nvme; }
+};
+
+// A figure with how it was computed: a transient buffer's bound, or the NVMe offload's host buffers
+// (exact). Absent (bytes 0, applies false) when the stage has no such buffer; applies false with a
+// formula when it cannot be computed from what is known.
+struct TransientBound {
+  bool applies = false;
+  uint64_t bytes = 0;
+  std::string formula;
 };
 
 // Consecutive ranks whose shards have the same size (so the same bytes).
@@ -129,21 +169,17 @@ struct ShardGroup {
   int last_rank = 0;
   uint64_t shard_elements = 0;  // S_r
   StateBytes device;
-  StateBytes host;              // offload tiers: zero in this build
-  StateBytes nvme;
+  StateBytes host;              // offload: host-resident model states (4096-rounded buffers)
+  StateBytes nvme;              // offload: swap-file regions (4096-rounded)
+  TransientBound offload_buffers;  // NVMe offload: the step swapper's host buffers (exact, persistent)
   uint64_t total() const { return device.total() + host.total() + nvme.total(); }
-};
-
-// A transient buffer bound: bytes and how they were computed. Absent (bytes 0, applies false) when
-// the stage has no such buffer.
-struct TransientBound {
-  bool applies = false;
-  uint64_t bytes = 0;
-  std::string formula;
+  uint64_t host_total() const { return host.total() + offload_buffers.bytes; }  // host tier, all persistent
 };
 
 struct StageEstimate {
   int stage = 0;
+  StageOffload offload;            // what is offloaded at this stage
+  uint64_t master_bytes_per_element = 0;  // m at this stage (4 in fp32 too once anything is offloaded)
   std::vector<ShardGroup> shards;  // covers ranks 0..R-1 in order
   // The formula of each category, in the input's numbers ("(4 master + 8 Adam) x S_r"), and the
   // ZeRO paper's form ("4Ψ + 12Ψ/R").
@@ -153,6 +189,8 @@ struct StageEstimate {
   TransientBound persistent_params; // stage 3: small parameters kept whole on every rank
   TransientBound activations_saved; // one micro-batch's tensors saved for backward (known GPT only)
   TransientBound activations_peak;  // saved + the working set at the busiest point (estimate)
+  TransientBound nvme_param_staging;  // stage 3, parameters on NVMe: host buffers the gathers read into
+  std::string offload_buffers_formula;  // the formula of ShardGroup::offload_buffers, in symbols
 
   const ShardGroup& group_of(int rank) const;
   uint64_t max_model_state_bytes() const;  // the largest rank's model states, all tiers
@@ -165,10 +203,16 @@ struct MemoryEstimate {
   std::vector<StageEstimate> stages;
 };
 
-// Model states of rank `rank` at `stage`, by the rules above (device tier only in this build).
+// Model states of rank `rank` at `stage` on each tier, by the rules above.
+TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank);
+// The same summed over the tiers, by category (without offload: the device's).
 StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank);
+// NVMe offload at `stage`: bytes of the step swapper's host buffers on rank `rank` (exact; applies
+// false without NVMe), with the formula in this rank's numbers.
+TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank);
 StageEstimate estimate_stage(const EstimateInput& in, int stage);
-// Throws ConfigError for a stage outside 0..3, ranks < 1, Ψ == 0 or an offload target other than none.
+// Throws ConfigError for a stage outside 0..3, ranks < 1, Ψ == 0, or optimizer offload at a stage >= 1
+// with a compressed optimizer or reuse_fp32_param.
 MemoryEstimate estimate_memory(const EstimateInput& in, const std::vector<int>& stages);
 
 // The GPT's activation bytes for one micro-batch (fp32): tensors saved for backward, and the peak.

@@ -94,6 +94,14 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   st["max"] = times.empty() ? 0.0 : times.back();
   s["step_time_s"] = std::move(st);
   s["param_digest"] = digest;
+  const Engine::OffloadReport off = engine_.offload_report();
+  s["offload"] = boost::json::object{{"optimizer", offload_device_name(cfg.zero.offload_optimizer.device)},
+                                     {"param", offload_device_name(cfg.zero.offload_param.device)},
+                                     {"rank0_host_buffer_budget_bytes", off.host_budget_bytes},
+                                     {"rank0_nvme_bytes_read", off.bytes_read},
+                                     {"rank0_nvme_bytes_written", off.bytes_written},
+                                     {"rank0_optimizer_compute_s", off.compute_s},
+                                     {"rank0_optimizer_io_wait_s", off.io_wait_s}};
   s["optimizer"] = boost::json::object{{"type", cfg.optimizer.type}, {"state_bytes_per_param", engine_.optimizer_state_bytes_per_param()}};
 
   boost::json::array mem_ranks, comm_ranks;

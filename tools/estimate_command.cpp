@@ -1,11 +1,14 @@
-// `zeroshard estimate`: bytes per rank of the model states at each ZeRO stage, with every multiplier
-// (engine/estimate.h holds the rules; docs/memory.md explains them). Runs in one process, no MPI.
+// `zeroshard estimate`: bytes per rank of the model states at each ZeRO stage and on each tier (device,
+// host, NVMe), with every multiplier (engine/estimate.h holds the rules; docs/memory.md explains them).
+// Runs in one process, no MPI.
 //
 //   zeroshard estimate --params 1.5B --ranks 8 --stage all --dtype bf16
-//   zeroshard estimate --config run.json --ranks 4 --json
+//   zeroshard estimate --params 13B --ranks 1 --stage 3 --offload nvme     # ZeRO-Infinity
+//   zeroshard estimate --config run.json --ranks 4 --json                  # the config's offload keys
 #include <boost/json/serialize.hpp>
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -26,8 +29,10 @@ namespace po = boost::program_options;
 
 constexpr const char* kEstimateUsage =
     "usage: zeroshard estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all]\n"
-    "                          [--dtype fp32|bf16|fp16] [--offload none] [--json]\n"
-    "  N: an integer, 1.5e9, or with a suffix K, M, B (or G), T: 125M, 1.3B\n";
+    "                          [--dtype fp32|bf16|fp16] [--offload none|cpu|nvme] [--json]\n"
+    "  N: an integer, 1.5e9, or with a suffix K, M, B (or G), T: 125M, 1.3B\n"
+    "  --offload X: the optimizer states (stages 1-3) and the parameters (stage 3) on X; with --config it\n"
+    "               replaces the config's offload_optimizer and offload_param (default: the config's, else none)\n";
 
 // "125000000", "1.5e9", "125M", "1.3B", "7b", "2T" -> a positive whole number of parameters.
 uint64_t parse_param_count(const std::string& text) {
@@ -96,7 +101,14 @@ int run(const po::variables_map& vm) {
   const std::vector<int> stages = parse_stages(vm["stage"].as<std::string>());
   std::optional<uint64_t> n_params;
   if (have_params) n_params = parse_param_count(vm["params"].as<std::string>());
-  const engine::OffloadTarget offload = parse_offload(vm["offload"].as<std::string>());
+  std::optional<engine::OffloadTarget> offload;
+  if (vm.count("offload")) offload = parse_offload(vm["offload"].as<std::string>());
+  if (offload && *offload != engine::OffloadTarget::kNone &&
+      std::all_of(stages.begin(), stages.end(), [](int s) { return s == 0; })) {
+    throw ConfigError(fmt::format("--offload {}: offload needs ZeRO stage 1, 2 or 3 (the optimizer's stepped partition and "
+                                  "the stage-3 parameter shard are what move); use --stage 1, 2, 3 or all",
+                                  engine::offload_target_name(*offload)));
+  }
 
   engine::EstimateInput in;
   if (have_config) {
@@ -108,8 +120,10 @@ int run(const po::variables_map& vm) {
     const std::string dtype = vm.count("dtype") ? vm["dtype"].as<std::string>() : "bf16";
     in = engine::estimate_input_for_params(*n_params, ranks, parse_dtype(dtype));
   }
-  in.offload_optimizer = offload;
-  in.offload_param = offload;
+  if (offload) {  // both kinds: ZeRO-Offload at stages 1-2, ZeRO-Infinity (parameters too) at stage 3
+    in.offload_optimizer = *offload;
+    in.offload_param = *offload;
+  }
   engine::MemoryEstimate est = engine::estimate_memory(in, stages);
   if (vm.count("json")) {
     std::printf("%s\n", boost::json::serialize(engine::estimate_to_json(est)).c_str());
@@ -129,7 +143,8 @@ int estimate_command(const std::vector<std::string>& args) {
       "ranks", po::value<int>()->default_value(1), "data-parallel ranks R")(
       "stage", po::value<std::string>()->default_value("all"), "ZeRO stage 0, 1, 2, 3 or all")(
       "dtype", po::value<std::string>(), "compute dtype fp32, bf16 or fp16 (default: the config's, else bf16)")(
-      "offload", po::value<std::string>()->default_value("none"), "offload target (this build: none)")(
+      "offload", po::value<std::string>(),
+      "offload none, cpu or nvme: optimizer states (stages 1-3) and parameters (stage 3); default: the config's, else none")(
       "json", "print the estimate as one JSON object on stdout");
   po::variables_map vm;
   try {

@@ -18,8 +18,8 @@ constexpr const char* kUsage =
     "\n"
     "commands:\n"
     "  train --config FILE [--steps N] [--summary FILE.json]   train the config's model\n"
-    "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--json]\n"
-    "                                                          memory per rank at each ZeRO stage\n"
+    "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
+    "                                                          memory per rank at each ZeRO stage and tier\n"
     "\n"
     "Run `zeroshard <command> --help` for a command's options. Multi-rank runs: mpirun -np R zeroshard train ...\n";
 

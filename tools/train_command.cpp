@@ -202,10 +202,14 @@ int train_command(const std::vector<std::string>& args) {
       recorder.record(r, dt, tokens_per_step);
       if (r.step == 1 || r.step % cfg.steps_per_print == 0 || r.step == cfg.train_steps) {
         auto mem = engine->memory_report();
-        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | device {} (peak {}){}",
+        const std::string offloaded =
+            mem.host_peak_bytes + mem.nvme_bytes == 0
+                ? std::string()
+                : fmt::format(" | host peak {} | nvme {}", mib(mem.host_peak_bytes), mib(mem.nvme_bytes));
+        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{}",
                     r.step, cfg.train_steps, r.loss, r.lr, static_cast<double>(tokens_per_step) / dt, dt,
                     mib(mem.model_states.params + mem.model_states.grads + mem.model_states.optimizer),
-                    mib(mem.device_peak_bytes), r.skipped ? " | overflow: step skipped" : "");
+                    mib(mem.device_peak_bytes), offloaded, r.skipped ? " | overflow: step skipped" : "");
         if (cfg.wall_clock_breakdown) {
           ZS_LOG_INFO("  time: forward {:.3f} s | backward {:.3f} s | optimizer {:.3f} s | grad norm {:.4f}{}", r.forward_s,
                       r.backward_s, r.optimizer_s, r.grad_norm,

@@ -4,7 +4,15 @@
 // gathered-parameter peaks with the estimator's upper bounds. Run at 1, 2 and 3 ranks;
 // d_model 30 makes the flat layout split unevenly. A ZeRO stage this build's config parser refuses is
 // skipped, so the test covers each stage as soon as the engine offers it.
+// Offload (ZeRO-Offload / ZeRO-Infinity): for cpu and nvme at stages 1-3 (swap files in a fresh
+// directory per rank), the model states on each tier (Engine::MemoryReport::device/host/nvme_states),
+// the swap files' size (nvme_bytes) and the host peak (host_peak_bytes: host states + the NVMe step's
+// buffers, exactly; + the stage-3 NVMe staging, within its bound) equal the estimate.
 #include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <filesystem>
 
 #include "core/json.h"
 #include "engine/config.h"
@@ -79,6 +87,113 @@ INSTANTIATE_TEST_SUITE_P(Stages, EstimateAgreement,
                          [](const auto& info) {
                            return fmt::format("stage{}_{}", std::get<0>(info.param), precision_name(std::get<1>(info.param)));
                          });
+
+// A fresh directory for this rank's swap files, removed with its contents at the end.
+class RankTempDir {
+ public:
+  RankTempDir() {
+    std::string tmpl = std::filesystem::current_path().string() + "/zs-estimate-offload-XXXXXX";
+    ZS_ASSERT(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp under the working directory failed");
+    path_ = tmpl;
+  }
+  ~RankTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  RankTempDir(const RankTempDir&) = delete;
+  RankTempDir& operator=(const RankTempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// d_model 60: Ψ about 104,000, so the NVMe step has several sub-groups (of 32768 elements) at 1-3
+// ranks, the last one shorter at 3.
+nn::GptConfig offload_gpt() { return {.n_layer = 2, .d_model = 60, .n_head = 3, .seq_len = 16, .vocab_size = 256}; }
+
+struct OffloadCase {
+  std::string name;
+  int stage;
+  Precision precision;
+  OffloadDevice optimizer;
+  OffloadDevice param;
+  bool keep_fp32_grads = false;  // memory.release_fp32_grad false
+  int64_t buffer_count = 4;      // offload_optimizer.buffer_count
+};
+
+void PrintTo(const OffloadCase& c, std::ostream* os) { *os << c.name; }
+
+class EstimateOffloadAgreement : public ::testing::TestWithParam<OffloadCase> {};
+
+TEST_P(EstimateOffloadAgreement, TiersEqualTheEngineAllocation) {
+  const OffloadCase& c = GetParam();
+  if (!stage_available(c.stage)) GTEST_SKIP() << "ZeRO stage " << c.stage << " is not available in this build";
+  const comm::Group& world = test::world().group();
+  RankTempDir dir;  // outlives the engine, whose swap files live in it
+  EngineConfig cfg = make_config(world.size(), c.precision, c.stage);
+  cfg.model = offload_gpt();
+  cfg.memory.release_fp32_grad = !c.keep_fp32_grads;
+  cfg.zero.offload_optimizer = {.device = c.optimizer, .nvme_path = dir.path(), .buffer_count = c.buffer_count};
+  cfg.zero.offload_param = {.device = c.param, .nvme_path = dir.path()};
+  nn::GptModel model(*cfg.model);
+  Engine engine(model, cfg, world);
+  DatasetSource source(nn::Dataset::builtin(offload_gpt().seq_len), 7);
+  engine.train_batch(source);
+  Engine::MemoryReport got = engine.memory_report();
+
+  const EstimateInput in = estimate_input_for_config(cfg, world.size());
+  const MemoryEstimate est = estimate_memory(in, {c.stage});
+  const ShardGroup& want = est.stages[0].group_of(world.rank());
+  const std::string what = fmt::format("{} rank {} of {}", c.name, world.rank(), world.size());
+  auto expect_tier = [&](const ModelStateBytes& g, const StateBytes& w, const char* tier) {
+    EXPECT_EQ(g.params, w.params) << what << ": " << tier << " params";
+    EXPECT_EQ(g.grads, w.grads) << what << ": " << tier << " grads";
+    EXPECT_EQ(g.optimizer, w.optimizer) << what << ": " << tier << " optimizer";
+  };
+  expect_tier(got.device_states, want.device, "device");
+  expect_tier(got.host_states, want.host, "host");
+  expect_tier(got.nvme_states, want.nvme, "nvme");
+  EXPECT_EQ(got.nvme_bytes, want.nvme.total()) << what;
+  const bool nvme = c.optimizer == OffloadDevice::kNvme || c.param == OffloadDevice::kNvme;
+  EXPECT_EQ(want.offload_buffers.applies, nvme) << what;
+  EXPECT_GT(want.host.total() + want.nvme.total(), 0u) << what;  // something did move
+  // The host tier holds only offload buffers: the host model states and the NVMe step's swapper all
+  // the time; the stage-3 NVMe gathers add their staging buffers for a moment.
+  const StageEstimate& st = est.stages[0];
+  if (st.nvme_param_staging.applies) {
+    EXPECT_GE(got.host_peak_bytes, want.host_total()) << what;
+    EXPECT_LE(got.host_peak_bytes, want.host_total() + st.nvme_param_staging.bytes) << what;
+  } else {
+    EXPECT_EQ(got.host_peak_bytes, want.host_total()) << what;
+  }
+  // The device arena holds the device states and the transient buffers; the in-memory bounds hold.
+  EXPECT_LE(got.grad_staging_peak_bytes, st.grad_buckets.bytes) << what;
+  EXPECT_LE(got.gathered_param_peak_bytes, st.gathered_params.bytes + st.persistent_params.bytes) << what;
+}
+
+std::vector<OffloadCase> offload_cases() {
+  std::vector<OffloadCase> cases;
+  for (OffloadDevice d : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+      for (int stage = 1; stage <= 3; ++stage) {
+        // --offload X: both kinds where the stage allows them.
+        cases.push_back({fmt::format("stage{}_{}_{}", stage, precision_name(p), offload_device_name(d)), stage, p, d,
+                         stage == 3 ? d : OffloadDevice::kNone});
+      }
+    }
+  }
+  // Config-only combinations, the persistent fp32 gradients and a smaller buffer count.
+  cases.push_back({"stage1_bf16_cpu_fp32grads", 1, Precision::kBf16, OffloadDevice::kCpu, OffloadDevice::kNone, true});
+  cases.push_back({"stage2_bf16_nvme_fp32grads_3buffers", 2, Precision::kBf16, OffloadDevice::kNvme, OffloadDevice::kNone, true, 3});
+  cases.push_back({"stage3_fp32_params_nvme_only", 3, Precision::kFp32, OffloadDevice::kNone, OffloadDevice::kNvme});
+  cases.push_back({"stage3_bf16_params_cpu_only", 3, Precision::kBf16, OffloadDevice::kNone, OffloadDevice::kCpu});
+  cases.push_back({"stage3_bf16_optimizer_cpu_params_nvme", 3, Precision::kBf16, OffloadDevice::kCpu, OffloadDevice::kNvme});
+  cases.push_back({"stage3_bf16_optimizer_nvme_params_cpu", 3, Precision::kBf16, OffloadDevice::kNvme, OffloadDevice::kCpu});
+  return cases;
+}
+INSTANTIATE_TEST_SUITE_P(Offload, EstimateOffloadAgreement, ::testing::ValuesIn(offload_cases()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace zs::engine

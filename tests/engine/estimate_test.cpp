@@ -156,9 +156,6 @@ TEST(Estimate, RejectsBadInput) {
   EstimateInput in = estimate_input_for_params(1000, 1, Precision::kBf16);
   EXPECT_THROW(estimate_stage(in, 4), ConfigError);
   EXPECT_THROW(estimate_stage(in, -1), ConfigError);
-  in.offload_optimizer = OffloadTarget::kCpu;
-  EXPECT_THROW(estimate_memory(in, {0}), ConfigError);
-  in.offload_optimizer = OffloadTarget::kNone;
   in.ranks = 0;
   EXPECT_THROW(estimate_memory(in, {0}), ConfigError);
 }
@@ -296,6 +293,239 @@ TEST(Estimate, JsonAndTableCarryTheNumbers) {
   EXPECT_NE(table.find("16Ψ/R"), std::string::npos);
   EXPECT_NE(table.find("(4 fp32 master + 8 AdamW states) = 12 x S_r"), std::string::npos);
   EXPECT_NE(table.find("5.0 KiB"), std::string::npos);  // stage 3, ranks 2: 16 x 320 bytes
+}
+
+// ---- offload (Note [estimated offload] in engine/estimate_offload.cpp) ----------------------------------
+
+constexpr uint64_t kPage = 4096;
+uint64_t page(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+
+EstimateInput offloaded(uint64_t psi, int ranks, Precision p, OffloadTarget t) {
+  EstimateInput in = estimate_input_for_params(psi, ranks, p);
+  in.offload_optimizer = in.offload_param = t;
+  return in;
+}
+
+TEST(EstimateOffload, TargetsApplyOnlyAtTheStagesThatAllowThem) {
+  EstimateInput in = offloaded(6400, 2, Precision::kBf16, OffloadTarget::kNvme);
+  EXPECT_FALSE(stage_offload(in, 0).any());
+  EXPECT_EQ(stage_offload(in, 1).optimizer, OffloadTarget::kNvme);
+  EXPECT_EQ(stage_offload(in, 2).param, OffloadTarget::kNone);
+  EXPECT_EQ(stage_offload(in, 3).param, OffloadTarget::kNvme);
+  // Stage 0 is the in-memory estimate, whatever the targets.
+  EXPECT_EQ(tiered_state_bytes(in, 0, 1).device, model_state_bytes(estimate_input_for_params(6400, 2, Precision::kBf16), 0, 1));
+  EXPECT_EQ(tiered_state_bytes(in, 0, 1).host.total() + tiered_state_bytes(in, 0, 1).nvme.total(), 0u);
+  EXPECT_FALSE(offload_buffer_bytes(in, 0, 0).applies);
+}
+
+TEST(EstimateOffload, CpuMovesTheSteppedStatesAndTheGradientShardToTheHost) {
+  const uint64_t psi = 6400, S = 3200;
+  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadTarget::kCpu);
+  // Stage 1: master + two Adam moments on the host, each a buffer rounded up to 4096 bytes; the whole
+  // gradient buffer stays on the device.
+  TieredStateBytes s1 = tiered_state_bytes(in, 1, 1);
+  EXPECT_EQ(s1.device, (StateBytes{2 * psi, 2 * psi, 0}));
+  EXPECT_EQ(s1.host, (StateBytes{0, 0, 3 * page(4 * S)}));
+  EXPECT_EQ(s1.nvme.total(), 0u);
+  // Stage 2: the gradient shard moves too.
+  TieredStateBytes s2 = tiered_state_bytes(in, 2, 1);
+  EXPECT_EQ(s2.device, (StateBytes{2 * psi, 0, 0}));
+  EXPECT_EQ(s2.host, (StateBytes{0, page(2 * S), 3 * page(4 * S)}));
+  // Stage 3 (ZeRO-Infinity on the host): the parameter shard too; nothing stays on the device.
+  TieredStateBytes s3 = tiered_state_bytes(in, 3, 0);
+  EXPECT_EQ(s3.device.total(), 0u);
+  EXPECT_EQ(s3.host, (StateBytes{page(2 * S), page(2 * S), 3 * page(4 * S)}));
+  EXPECT_EQ(model_state_bytes(in, 3, 0), s3.host);
+  EXPECT_FALSE(offload_buffer_bytes(in, 3, 0).applies);  // host offload needs no swap buffers
+  // Without rounding (shards of 1024-element multiples) the host holds the paper's 12 + 2 + 2 per element.
+  EstimateInput even = offloaded(4 * 1024 * 10, 4, Precision::kBf16, OffloadTarget::kCpu);
+  EXPECT_EQ(tiered_state_bytes(even, 3, 2).host.total(), 16u * 10240);
+}
+
+TEST(EstimateOffload, Fp32KeepsASeparateMasterOnceOffloaded) {
+  const uint64_t psi = 6400, S = 3200;
+  EstimateInput in = offloaded(psi, 2, Precision::kFp32, OffloadTarget::kCpu);
+  // In memory fp32 steps the parameters themselves (8 S); offloaded, a 4 S fp32 master joins the states.
+  EXPECT_EQ(model_state_bytes(estimate_input_for_params(psi, 2, Precision::kFp32), 2, 0).optimizer, 8 * S);
+  TieredStateBytes t = tiered_state_bytes(in, 2, 0);
+  EXPECT_EQ(t.device, (StateBytes{4 * psi, 0, 0}));
+  EXPECT_EQ(t.host, (StateBytes{0, page(4 * S), 3 * page(4 * S)}));
+  StageEstimate st = estimate_stage(in, 2);
+  EXPECT_EQ(st.master_bytes_per_element, 4u);
+  EXPECT_EQ(estimate_stage(in, 0).master_bytes_per_element, 0u);
+  EXPECT_NE(st.optimizer_formula.find("4 fp32 master (a separate copy: offloaded)"), std::string::npos);
+  EXPECT_NE(st.optimizer_formula.find("-> host"), std::string::npos);
+  // Parameters alone on NVMe (offload_param only, a config setting) also separate the master, which
+  // then stays on the device.
+  EstimateInput params_only = estimate_input_for_params(psi, 2, Precision::kFp32);
+  params_only.offload_param = OffloadTarget::kNvme;
+  TieredStateBytes p = tiered_state_bytes(params_only, 3, 0);
+  EXPECT_EQ(p.device, (StateBytes{0, 4 * S, 12 * S}));
+  EXPECT_EQ(p.nvme, (StateBytes{page(4 * S), 0, 0}));
+  // ... but not on the host: the host parameter shard is still the master.
+  params_only.offload_param = OffloadTarget::kCpu;
+  EXPECT_EQ(tiered_state_bytes(params_only, 3, 0).device, (StateBytes{0, 4 * S, 8 * S}));
+}
+
+TEST(EstimateOffload, PersistentFp32GradientsFollowTheGradientShard) {
+  const uint64_t psi = 6400, S = 3200;
+  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadTarget::kCpu);
+  in.memory.release_fp32_grad = false;
+  // Stage 1: the 4 S fp32 copy stays on the device with the whole gradient buffer.
+  EXPECT_EQ(tiered_state_bytes(in, 1, 0).device.grads, 2 * psi + 4 * S);
+  // Stages 2-3: both on the host, each its own 4096-rounded buffer.
+  EXPECT_EQ(tiered_state_bytes(in, 2, 0).host.grads, page(2 * S) + page(4 * S));
+  EXPECT_EQ(tiered_state_bytes(in, 2, 0).device.grads, 0u);
+}
+
+TEST(EstimateOffload, NvmeRegionsAndTheStepBuffers) {
+  const uint64_t psi = 6400, S = 3200;
+  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadTarget::kNvme);
+  TieredStateBytes t = tiered_state_bytes(in, 3, 1);
+  EXPECT_EQ(t.device.total(), 0u);
+  EXPECT_EQ(t.host, (StateBytes{0, page(2 * S), 0}));  // the gradient shard
+  EXPECT_EQ(t.nvme, (StateBytes{page(2 * S), 0, 3 * page(4 * S)}));
+  // One sub-group (S < 32768): one buffer holding 4S + 4S + 4S + 2S, each rounded up to 4096.
+  TransientBound b = offload_buffer_bytes(in, 3, 1);
+  ASSERT_TRUE(b.applies);
+  EXPECT_EQ(b.bytes, 3 * page(4 * S) + page(2 * S));
+  EXPECT_NE(b.formula.find("min(B 4, G 1)"), std::string::npos);
+  // Stage 1-2: the optimizer's items only.
+  EXPECT_EQ(offload_buffer_bytes(in, 2, 1).bytes, 3 * page(4 * S));
+  EXPECT_EQ(tiered_state_bytes(in, 2, 1).nvme, (StateBytes{0, 0, 3 * page(4 * S)}));
+}
+
+TEST(EstimateOffload, SubGroupsAreCappedAtTheSteppedRangeOverTheBufferCount) {
+  // Ψ = 1,000,000 on one rank: ceil(Ψ / 4) = 250,000 -> 262,144 (a multiple of 32768) elements per
+  // sub-group, 4 sub-groups, 4 buffers of 3 x 4 x 262,144 bytes: as much host memory as cpu offload.
+  EstimateInput in = offloaded(1'000'000, 1, Precision::kBf16, OffloadTarget::kNvme);
+  EXPECT_EQ(offload_buffer_bytes(in, 1, 0).bytes, 4u * 3 * 4 * 262'144);
+  // sub_group_size 100,000 -> 131,072: 8 sub-groups, still 4 buffers, of half the size.
+  in.zero.sub_group_size = 100'000;
+  EXPECT_EQ(offload_buffer_bytes(in, 1, 0).bytes, 4u * 3 * 4 * 131'072);
+  // buffer_count 3: ceil(Ψ / 3) -> 344,064 > 131,072, so sub_group_size decides; 3 buffers.
+  in.zero.offload_optimizer_buffer_count = 3;
+  EXPECT_EQ(offload_buffer_bytes(in, 1, 0).bytes, 3u * 3 * 4 * 131'072);
+  // Fewer sub-groups than buffers: one buffer per sub-group. 40,000 elements: ceil(40,000 / 3) ->
+  // 32,768, 2 sub-groups (32,768 + 7,232); the buffer fits the larger.
+  EstimateInput small = offloaded(40'000, 1, Precision::kBf16, OffloadTarget::kNvme);
+  small.zero.offload_optimizer_buffer_count = 3;
+  EXPECT_EQ(offload_buffer_bytes(small, 3, 0).bytes, 2u * (3 * 4 * 32'768 + 2 * 32'768));
+  // Only the parameters on NVMe: offload_param.buffer_count (5) buffers of b n.
+  EstimateInput params_only = estimate_input_for_params(1'000'000, 1, Precision::kBf16);
+  params_only.offload_param = OffloadTarget::kNvme;
+  params_only.offload_optimizer = OffloadTarget::kCpu;
+  // ceil(Ψ / 5) = 200,000 -> 229,376; 5 sub-groups of which the last has 82,496.
+  EXPECT_EQ(offload_buffer_bytes(params_only, 3, 0).bytes, 5u * 2 * 229'376);
+  EXPECT_NE(estimate_stage(params_only, 3).offload_buffers_formula.find("offload_param.buffer_count"), std::string::npos);
+}
+
+TEST(EstimateOffload, BlockQuantisedStatesAreRegionsOfTheirOwn) {
+  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  cfg.optimizer.type = "CAdam";
+  EstimateInput in = estimate_input_for_config(cfg, 1);
+  in.offload_optimizer = OffloadTarget::kNvme;
+  ASSERT_FALSE(in.optimizer_states.empty());
+  const uint64_t S = in.model.flat_elements;  // one rank
+  uint64_t want = page(4 * S), want_buffer = page(4 * S);
+  for (const optim::StateSpec& spec : in.optimizer_states) {
+    want += page(spec.bytes_for(S));
+    want_buffer += page(spec.bytes_for(S));
+  }
+  EXPECT_EQ(tiered_state_bytes(in, 2, 0).nvme.optimizer, want);
+  EXPECT_EQ(offload_buffer_bytes(in, 2, 0).bytes, want_buffer);
+}
+
+TEST(EstimateOffload, CompressedOptimizersAndReuseCannotBeOffloaded) {
+  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  cfg.optimizer.type = "OneBitAdam";
+  EstimateInput in = estimate_input_for_config(cfg, 2);
+  in.offload_optimizer = OffloadTarget::kCpu;
+  EXPECT_NO_THROW(estimate_stage(in, 0));  // no optimizer offload at stage 0
+  try {
+    estimate_memory(in, {0, 1});
+    ADD_FAILURE() << "OneBitAdam with --offload cpu was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--offload cpu: OneBitAdam keeps whole-model momentum"), std::string::npos) << e.what();
+  }
+  EstimateInput reuse = estimate_input_for_params(6400, 2, Precision::kBf16);
+  reuse.memory.reuse_fp32_param = true;
+  reuse.offload_optimizer = OffloadTarget::kNvme;
+  try {
+    estimate_stage(reuse, 2);
+    ADD_FAILURE() << "reuse_fp32_param with --offload nvme was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.reuse_fp32_param"), std::string::npos) << e.what();
+  }
+}
+
+TEST(EstimateOffload, ConfigSuppliesTargetsAndLimits) {
+  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  cfg.zero.stage = 3;
+  cfg.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = "/x", .buffer_count = 3};
+  cfg.zero.offload_param = {.device = OffloadDevice::kCpu, .nvme_path = "", .buffer_count = 7, .buffer_size = 1234};
+  cfg.zero.sub_group_size = 65'536;
+  EstimateInput in = estimate_input_for_config(cfg, 2);
+  EXPECT_EQ(in.offload_optimizer, OffloadTarget::kNvme);
+  EXPECT_EQ(in.offload_param, OffloadTarget::kCpu);
+  EXPECT_EQ(in.zero.offload_optimizer_buffer_count, 3);
+  EXPECT_EQ(in.zero.offload_param_buffer_count, 7);
+  EXPECT_EQ(in.zero.offload_param_buffer_size, 1234);
+  EXPECT_EQ(in.zero.sub_group_size, 65'536);
+}
+
+TEST(EstimateOffload, NvmeParameterStagingBound) {
+  // padded_gpt's modules (own ranges, ascending): 100 (ln1, ln2, ln_f), 1348, 4012, 5220, 5328, 9504.
+  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  cfg.zero.stage3_prefetch_bucket_size = 4000;
+  EstimateInput in = estimate_input_for_config(cfg, 1);
+  in.offload_optimizer = in.offload_param = OffloadTarget::kNvme;
+  EXPECT_EQ(in.model.module_elements.size(), 8u);
+  EXPECT_EQ(in.model.module_elements.back(), 9504u);
+  // Window min(4000, 5 x 1e8) = 4000: at most 4 modules fit (100 + 100 + 100 + 1348), + 1 fetching.
+  TransientBound t = estimate_stage(in, 3).nvme_param_staging;
+  ASSERT_TRUE(t.applies);
+  EXPECT_EQ(t.bytes, 2u * (4000 + 9504) + 8192u * 5);
+  // A small buffer_count x buffer_size narrows the window (engine.cpp's prefetch for NVMe).
+  in.zero.offload_param_buffer_size = 50;
+  in.zero.offload_param_buffer_count = 4;  // window 200: two 100s fit
+  EXPECT_EQ(estimate_stage(in, 3).nvme_param_staging.bytes, 2u * (200 + 9504) + 8192u * 3);
+  // The staging holds this rank's owned parts only: at most its shard.
+  EstimateInput three = estimate_input_for_config(cfg, 3);
+  three.offload_param = OffloadTarget::kNvme;
+  EXPECT_EQ(estimate_stage(three, 3).nvme_param_staging.bytes, 2u * 8640 + 8192u * 5);
+  EXPECT_FALSE(estimate_stage(three, 2).nvme_param_staging.applies);
+  // Without the modules there is no bound, only the formula.
+  TransientBound unknown = estimate_stage(offloaded(1000, 1, Precision::kBf16, OffloadTarget::kNvme), 3).nvme_param_staging;
+  EXPECT_FALSE(unknown.applies);
+  EXPECT_NE(unknown.formula.find("unknown with --params"), std::string::npos);
+}
+
+TEST(EstimateOffload, JsonAndTableShowEveryTier) {
+  MemoryEstimate est = estimate_memory(offloaded(6400, 2, Precision::kBf16, OffloadTarget::kNvme), {0, 3});
+  boost::json::object j = estimate_to_json(est);
+  EXPECT_EQ(j.at("offload").at("optimizer").as_string(), "nvme");
+  const auto& s3 = j.at("stages").as_array()[1].as_object();
+  EXPECT_EQ(s3.at("offload").at("param").as_string(), "nvme");
+  const auto& g = s3.at("per_shard_size").as_array()[0].as_object();
+  EXPECT_EQ(g.at("by_tier").at("nvme").at("params").as_uint64(), page(6400));
+  EXPECT_EQ(g.at("by_tier").at("host").at("grads").as_uint64(), page(6400));
+  EXPECT_EQ(g.at("model_states_bytes").at("total").as_uint64(), 0u);  // the device arena's
+  EXPECT_EQ(g.at("host_offload_buffers").at("bytes").as_uint64(), 3 * page(12800) + page(6400));
+  EXPECT_EQ(g.at("tiers").at("host").as_uint64(), page(6400) + 3 * page(12800) + page(6400));
+  EXPECT_TRUE(s3.at("transient").at("nvme_param_staging").as_object().at("bytes").is_null());
+  const auto& s0 = j.at("stages").as_array()[0].as_object();
+  EXPECT_EQ(s0.at("offload").at("optimizer").as_string(), "none");
+  EXPECT_TRUE(s0.at("per_shard_size").as_array()[0].at("host_offload_buffers").is_null());
+  const std::string table = format_estimate(est);
+  EXPECT_NE(table.find("by tier"), std::string::npos);
+  EXPECT_NE(table.find("nvme "), std::string::npos);
+  EXPECT_NE(table.find("the NVMe step's buffers"), std::string::npos);
+  EXPECT_NE(table.find("none at this stage"), std::string::npos);
+  EXPECT_NE(table.find("-> NVMe swap file"), std::string::npos);
+  // Without offload the table keeps its one-row-per-shard form.
+  EXPECT_EQ(format_estimate(estimate_memory(estimate_input_for_params(6400, 2, Precision::kBf16), {1})).find("by tier"),
+            std::string::npos);
 }
 
 TEST(Estimate, FormatsBytesInBinaryUnits) {

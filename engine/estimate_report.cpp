@@ -1,0 +1,219 @@
+// The estimator's human table and JSON (engine/estimate.h; docs/memory.md lists the fields).
+#include <boost/json/array.hpp>
+
+#include <algorithm>
+
+#include "engine/detail/estimate_util.h"
+#include "engine/estimate.h"
+
+namespace zs::engine {
+
+using detail::group_digits;
+using detail::kAlign;
+using detail::state_bytes_per_element;
+
+std::string format_bytes(uint64_t bytes) {
+  const double v = static_cast<double>(bytes);
+  if (bytes >= (uint64_t{1} << 40)) return fmt::format("{:.2f} TiB", v / static_cast<double>(uint64_t{1} << 40));
+  if (bytes >= (uint64_t{1} << 30)) return fmt::format("{:.2f} GiB", v / static_cast<double>(uint64_t{1} << 30));
+  if (bytes >= (uint64_t{1} << 20)) return fmt::format("{:.1f} MiB", v / static_cast<double>(uint64_t{1} << 20));
+  if (bytes >= (uint64_t{1} << 10)) return fmt::format("{:.1f} KiB", v / 1024.0);
+  return fmt::format("{} B", bytes);
+}
+
+namespace {
+
+std::string rank_span(const ShardGroup& g) {
+  return g.first_rank == g.last_rank ? std::to_string(g.first_rank) : fmt::format("{}-{}", g.first_rank, g.last_rank);
+}
+
+// "optimizer nvme (stages 1-3), params nvme (stage 3)" or "none".
+std::string offload_summary(const EstimateInput& in) {
+  std::string s;
+  if (in.offload_optimizer != OffloadTarget::kNone) s = fmt::format("optimizer {} (stages 1-3)", offload_target_name(in.offload_optimizer));
+  if (in.offload_param != OffloadTarget::kNone) {
+    s += fmt::format("{}params {} (stage 3)", s.empty() ? "" : ", ", offload_target_name(in.offload_param));
+  }
+  return s.empty() ? "none" : s;
+}
+
+std::string stage_offload_text(const EstimateInput& in, const StageEstimate& st) {
+  if (!st.offload.any()) {
+    return in.offload_optimizer == OffloadTarget::kNone && in.offload_param == OffloadTarget::kNone
+               ? "none"
+               : "none at this stage (optimizer offload needs stage 1-3, parameter offload stage 3)";
+  }
+  return fmt::format("optimizer {}, params {}", offload_target_name(st.offload.optimizer), offload_target_name(st.offload.param));
+}
+
+}  // namespace
+
+std::string format_estimate(const MemoryEstimate& est) {
+  const EstimateInput& in = est.input;
+  std::string out;
+  out += fmt::format("model: {}\n", in.model.description);
+  out += fmt::format("flat elements Ψ = {} ({} layout, each parameter padded to {} elements); {} rank(s); {}; {}; offload {}\n\n",
+                     group_digits(in.model.flat_elements), in.model.exact_layout ? "exact" : "estimated", kAlign, in.ranks,
+                     precision_name(in.precision), in.optimizer, offload_summary(in));
+  const bool tiered = std::any_of(est.stages.begin(), est.stages.end(), [](const StageEstimate& st) { return st.offload.any(); });
+  const char* row = "{:<7} {:<11} {:>15} {:<7} {:>12} {:>12} {:>12} {:>12}\n";
+  if (!tiered) {
+    out += "model states per rank (device arena):\n";
+    out += fmt::format("{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12}\n", "stage", "ranks", "shard S_r", "params", "grads",
+                       "optimizer", "total");
+  } else {
+    out += "model states per rank by tier (device arena; host memory and NVMe swap files count each buffer rounded up to "
+           "4096 B):\n";
+    out += fmt::format(fmt::runtime(row), "stage", "ranks", "shard S_r", "tier", "params", "grads", "optimizer", "total");
+  }
+  for (const StageEstimate& st : est.stages) {
+    for (const ShardGroup& g : st.shards) {
+      std::string stage = std::to_string(st.stage) + (st.stage == in.config_stage ? "*" : "");
+      if (!tiered) {
+        out += fmt::format("{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12}\n", stage, rank_span(g), group_digits(g.shard_elements),
+                           format_bytes(g.device.params), format_bytes(g.device.grads), format_bytes(g.device.optimizer),
+                           format_bytes(g.total()));
+        continue;
+      }
+      auto tier = [&](const std::string& s, const std::string& r, const std::string& shard, const char* name, const StateBytes& b) {
+        out += fmt::format(fmt::runtime(row), s, r, shard, name, format_bytes(b.params), format_bytes(b.grads),
+                           format_bytes(b.optimizer), format_bytes(b.total()));
+      };
+      tier(stage, rank_span(g), group_digits(g.shard_elements), "device", g.device);
+      const bool host = g.host.total() > 0 || st.offload.optimizer == OffloadTarget::kCpu || st.offload.param == OffloadTarget::kCpu;
+      if (host) tier("", "", "", "host", g.host);
+      if (st.offload.nvme()) tier("", "", "", "nvme", g.nvme);
+      if (g.offload_buffers.applies) {
+        out += fmt::format("{:<35} {:<7} {:>51}  (on the host: the NVMe step's buffers; host total {})\n", "", "buffers",
+                           format_bytes(g.offload_buffers.bytes), format_bytes(g.host_total()));
+      }
+    }
+  }
+  for (const StageEstimate& st : est.stages) {
+    if (st.stage == in.config_stage) out += fmt::format("(* the config's stage {})\n", in.config_stage);
+  }
+  if (tiered) {
+    out += "\nNVMe offload host buffers per rank (exact: the step's pipelined swapper, allocated up front):\n";
+    bool any = false;
+    for (const StageEstimate& st : est.stages) {
+      for (const ShardGroup& g : st.shards) {
+        if (!g.offload_buffers.applies) continue;
+        any = true;
+        out += fmt::format("  stage {} ranks {:<7} {:>12}  = {}\n", st.stage, rank_span(g), format_bytes(g.offload_buffers.bytes),
+                           g.offload_buffers.formula);
+      }
+    }
+    if (!any) out += "  none (no state on NVMe)\n";
+  }
+
+  out += "\ntransient buffers per rank (upper bounds, beside the model states):\n";
+  for (const StageEstimate& st : est.stages) {
+    auto line = [&](const char* name, const TransientBound& t) {
+      if (t.applies) out += fmt::format("  stage {} {:<18} {:>12}  = {}\n", st.stage, name, format_bytes(t.bytes), t.formula);
+      else if (!t.formula.empty()) out += fmt::format("  stage {} {:<18} {:>12}  {}\n", st.stage, name, "?", t.formula);
+    };
+    line("gradient buckets", st.grad_buckets);
+    line("gathered params", st.gathered_params);
+    line("persistent params", st.persistent_params);
+    line("NVMe param staging", st.nvme_param_staging);
+  }
+  if (!est.stages.empty() && est.stages.front().activations_saved.applies) {
+    const StageEstimate& st = est.stages.front();
+    out += fmt::format("  activations, one micro-batch (every stage): saved {} = {}\n", format_bytes(st.activations_saved.bytes),
+                       st.activations_saved.formula);
+    out += fmt::format("  activations peak {} = {}\n", format_bytes(st.activations_peak.bytes), st.activations_peak.formula);
+  } else {
+    out += "  activations: not estimated without the model's shape (give --config with a model section)\n";
+  }
+
+  out += fmt::format("\nmultipliers (bytes per element; Ψ = {} flat elements, S_r = rank r's shard of Ψ over {} rank(s) in "
+                     "multiples of {} elements):\n",
+                     group_digits(in.model.flat_elements), in.ranks, kAlign);
+  for (const StageEstimate& st : est.stages) {
+    out += fmt::format("  stage {}: {} per rank (the ZeRO paper's form, up to the shard rounding)\n", st.stage,
+                       st.paper_formula);
+    out += fmt::format("    params    = {}\n    grads     = {}\n    optimizer = {}\n", st.params_formula, st.grads_formula,
+                       st.optimizer_formula);
+    if (tiered) {
+      out += fmt::format("    offload   = {}\n", stage_offload_text(in, st));
+      if (!st.offload_buffers_formula.empty()) out += fmt::format("    host buffers = {}\n", st.offload_buffers_formula);
+    }
+  }
+  return out;
+}
+
+boost::json::object estimate_to_json(const MemoryEstimate& est) {
+  const EstimateInput& in = est.input;
+  namespace json = boost::json;
+  auto bytes_obj = [](const StateBytes& s) {
+    return json::object{{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
+  };
+  auto bound = [](const TransientBound& t) -> json::value {
+    if (!t.applies) return t.formula.empty() ? json::value(nullptr) : json::value(json::object{{"bytes", nullptr}, {"formula", t.formula}});
+    return json::object{{"bytes", t.bytes}, {"formula", t.formula}};
+  };
+  json::object j;
+  j["model"] = in.model.description;
+  j["exact_layout"] = in.model.exact_layout;
+  j["params_total"] = in.model.param_elements;
+  j["flat_elements"] = in.model.flat_elements;
+  j["align_elements"] = kAlign;
+  j["ranks"] = in.ranks;
+  j["precision"] = precision_name(in.precision);
+  j["optimizer"] = in.optimizer;
+  j["multipliers"] = json::object{{"bytes_per_element", est.bytes_per_element},
+                                  {"master_bytes_per_element", est.master_bytes_per_element},
+                                  {"optimizer_state_bytes_per_element", state_bytes_per_element(in)}};
+  j["offload"] = json::object{{"optimizer", offload_target_name(in.offload_optimizer)},
+                              {"param", offload_target_name(in.offload_param)}};
+  if (in.config_stage >= 0) j["config_stage"] = in.config_stage;
+  j["zero"] = json::object{{"reduce_bucket_size", in.zero.reduce_bucket_size},
+                           {"allgather_bucket_size", in.zero.allgather_bucket_size},
+                           {"stage3_prefetch_bucket_size", in.zero.stage3_prefetch_bucket_size},
+                           {"stage3_param_persistence_threshold", in.zero.stage3_param_persistence_threshold},
+                           {"stage3_max_live_parameters", in.zero.stage3_max_live_parameters},
+                           {"sub_group_size", in.zero.sub_group_size},
+                           {"offload_optimizer_buffer_count", in.zero.offload_optimizer_buffer_count},
+                           {"offload_param_buffer_count", in.zero.offload_param_buffer_count},
+                           {"offload_param_buffer_size", in.zero.offload_param_buffer_size}};
+  json::array stages;
+  for (const StageEstimate& st : est.stages) {
+    json::array shards;
+    for (const ShardGroup& g : st.shards) {
+      shards.push_back(json::object{{"first_rank", g.first_rank},
+                                    {"last_rank", g.last_rank},
+                                    {"shard_elements", g.shard_elements},
+                                    {"model_states_bytes", bytes_obj(g.device)},  // the device arena's
+                                    {"by_tier", json::object{{"device", bytes_obj(g.device)},
+                                                             {"host", bytes_obj(g.host)},
+                                                             {"nvme", bytes_obj(g.nvme)}}},
+                                    {"host_offload_buffers", bound(g.offload_buffers)},
+                                    {"tiers", json::object{{"device", g.device.total()},
+                                                           {"host", g.host_total()},
+                                                           {"nvme", g.nvme.total()}}},
+                                    {"total", g.total()}});
+    }
+    stages.push_back(json::object{
+        {"stage", st.stage},
+        {"offload", json::object{{"optimizer", offload_target_name(st.offload.optimizer)},
+                                 {"param", offload_target_name(st.offload.param)}}},
+        {"master_bytes_per_element", st.master_bytes_per_element},
+        {"per_shard_size", std::move(shards)},
+        {"max_rank_model_states_bytes", st.max_model_state_bytes()},
+        {"formulas", json::object{{"params", st.params_formula},
+                                  {"grads", st.grads_formula},
+                                  {"optimizer", st.optimizer_formula},
+                                  {"paper", st.paper_formula},
+                                  {"host_offload_buffers", st.offload_buffers_formula}}},
+        {"transient", json::object{{"grad_buckets", bound(st.grad_buckets)},
+                                   {"gathered_params", bound(st.gathered_params)},
+                                   {"persistent_params", bound(st.persistent_params)},
+                                   {"activations_saved", bound(st.activations_saved)},
+                                   {"activations_peak", bound(st.activations_peak)},
+                                   {"nvme_param_staging", bound(st.nvme_param_staging)}}}});
+  }
+  j["stages"] = std::move(stages);
+  return j;
+}
+
+}  // namespace zs::engine
