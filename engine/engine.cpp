@@ -100,7 +100,8 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   }
 
   GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
-                          .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size)};
+                          .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
+                          .threads = threads};
   reducer_.emplace(ro, layout_, partition_, group_, *device_, dtype_, grads_.data(), modules);
   if (stage_ == 3) {
     ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
@@ -162,13 +163,24 @@ void Engine::Impl::place_parameters() {
 
 void Engine::Impl::init_f32(float* dst, memory::ShardRange range) const {
   // Straight into place by the counter-based RNG: the same values for any world size and stage (Note
-  // in nn/parameter.h). Padding between parameters is zero.
-  std::fill_n(dst, range.size, 0.0f);
-  for (const ParamSlot& s : layout_.slots()) {
-    memory::ShardRange part = s.range().intersect(range);
-    if (part.empty()) continue;
-    s.param->init().fill({dst + (part.offset - range.offset), part.size}, part.offset - s.offset, cfg_.seed, s.param->full_name());
-  }
+  // in nn/parameter.h), and for any cut into pieces, so the pieces run on the rank's threads.
+  // Padding between parameters is zero.
+  constexpr size_t kInitPiece = size_t{1} << 20;
+  const auto pieces = static_cast<int64_t>((range.size + kInitPiece - 1) / kInitPiece);
+  parallel_for_threads(static_cast<int>(grad_scratch_.size()), pieces, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t p = b; p < e; ++p) {
+      const size_t off = static_cast<size_t>(p) * kInitPiece;
+      const memory::ShardRange piece{range.offset + off, std::min(kInitPiece, range.size - off)};
+      float* out = dst + off;
+      std::fill_n(out, piece.size, 0.0f);
+      for (const ParamSlot& s : layout_.slots()) {
+        memory::ShardRange part = s.range().intersect(piece);
+        if (part.empty()) continue;
+        s.param->init().fill({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg_.seed,
+                             s.param->full_name());
+      }
+    }
+  });
 }
 
 void Engine::Impl::initialise() {
@@ -289,7 +301,11 @@ void Engine::backward() {
   // Compressed optimizers consume local gradients on the steps they compress (DeepSpeed's
   // enable_backward_allreduce = false).
   const bool reduce = !s.compressed_ || s.exact_gradients(s.steps_taken_ + 1);
-  s.reducer_->begin_backward(s.micro_step_ + 1 == accumulation, reduce);
+  const bool boundary = s.micro_step_ + 1 == accumulation;
+  s.reducer_->begin_backward(boundary, reduce);
+  // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
+  // the last backward of the step runs.
+  if (boundary && s.nvme_ && s.optimizer_on_nvme()) s.nvme_->swapper->prefetch();
   if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kBackward);
   const float grad_scale = static_cast<float>(s.scaler_.scale() / static_cast<double>(accumulation));
   s.ctx_.backward_loss(model_, grad_scale);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/errors.h"
 #include "engine/engine_impl.h"
@@ -93,11 +94,18 @@ bool Engine::step() {
   // (a compressing step) are whole on every rank: their norm is the root mean square over the ranks
   // of each rank's local norm.
   const memory::ShardRange range = local ? s.grad_range() : s.step_range();
+  // Per-piece sums added in piece order: the same bits for any thread count.
+  const auto pieces = static_cast<int64_t>((range.size + kPieceElements - 1) / kPieceElements);
+  std::vector<double> piece_sums(static_cast<size_t>(pieces));
+  parallel_for_threads(static_cast<int>(s.grad_scratch_.size()), pieces, 1, [&](int64_t b, int64_t e, int t) {
+    for (int64_t p = b; p < e; ++p) {
+      const size_t off = static_cast<size_t>(p) * kPieceElements;
+      piece_sums[static_cast<size_t>(p)] =
+          optim::sum_of_squares(s.grad_f32(range.offset + off, std::min(kPieceElements, range.size - off), t));
+    }
+  });
   double sum_sq = 0.0;
-  for (size_t off = 0; off < range.size; off += kPieceElements) {
-    size_t n = std::min(kPieceElements, range.size - off);
-    sum_sq += optim::sum_of_squares(s.grad_f32(range.offset + off, n, 0));
-  }
+  for (double v : piece_sums) sum_sq += v;
   // One small allreduce agrees on both the loss total (every micro-batch has the same number of
   // samples, so the global mean is the total over all of them) and, where the norm is not local
   // already, the squared norm. Stage 0 holds every reduced gradient: its local sum is the total.

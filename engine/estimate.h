@@ -19,7 +19,7 @@
 //   params     stage 0,1,2: b Ψ      stage 3: b S_r
 //   grads      stage 0,1:   b Ψ      stage 2,3: b S_r
 //   optimizer  stage 0:  (m + k) Ψ   stage 1,2,3: (m + k) S_r
-// Offload (Note [offload] in engine/engine_offload.cpp; Note [estimated offload] in estimate.cpp):
+// Offload (Note [offload] in engine/engine_offload.cpp; Note [estimated offload] in estimate_offload.cpp):
 // offload_optimizer (stages 1-3) moves the fp32 master (then separate even in fp32: m = 4) and the
 // optimizer states to the host (cpu) or a swap file (nvme), and the gradient shard of stages 2-3 (with
 // its persistent fp32 copy) to the host; offload_param (stage 3) moves the parameter shard. Host
@@ -129,7 +129,8 @@ StageOffload stage_offload(const EstimateInput& in, int stage);
 // Ψ = n_params rounded up to FlatLayout::kAlignElements. Throws ConfigError for n_params < 1 or
 // ranks < 1. The optimizer is Adam (k = 8).
 EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision precision);
-// From a validated config: precision, optimizer, ZeRO limits and, when cfg.model is set, the exact
+// From a validated config: precision, optimizer, ZeRO limits, offload targets (offload_optimizer,
+// offload_param; sub_group_size and buffer counts in `zero`) and, when cfg.model is set, the exact
 // layout and GPT activations (micro-batch = cfg.batch.micro_batch_per_rank). Without a model section,
 // `n_params` must be given (else ConfigError); with one, n_params must be empty.
 EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks,

@@ -117,7 +117,9 @@ std::string offload_buffers_symbols(const EstimateInput& in, int stage) {
   const StageOffload off = stage_offload(in, stage);
   if (!off.nvme()) return "";
   std::string items;
-  for (const SubGroupItem& it : sub_group_items(in, off, 1)) items += fmt::format("{}{} {}", items.empty() ? "" : " + ", it.per_n, it.name);
+  for (const SubGroupItem& it : sub_group_items(in, off, 1)) {
+    items += fmt::format("{}{} {}", items.empty() ? "" : " + ", it.per_n, it.name);
+  }
   return fmt::format("min(B, G) x ({}), each item rounded up to 4096 B; B = {}.buffer_count, n = min(round_up(sub_group_size, "
                      "32768), round_up(ceil(S_r / B), 32768)) elements per sub-group, G = ceil(S_r / n) sub-groups",
                      items, off.optimizer == OffloadTarget::kNvme ? "offload_optimizer" : "offload_param");
@@ -181,7 +183,8 @@ TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank
     }
   };
   put(off.param, &StateBytes::params, (stage == 3 ? shard : psi) * b);
-  const OffloadTarget grads_at = off.optimizer != OffloadTarget::kNone && grad_stage >= 2 ? OffloadTarget::kCpu : OffloadTarget::kNone;
+  const OffloadTarget grads_at =
+      off.optimizer != OffloadTarget::kNone && grad_stage >= 2 ? OffloadTarget::kCpu : OffloadTarget::kNone;
   put(grads_at, &StateBytes::grads, grads_held * b);
   if (mixed && !in.memory.release_fp32_grad) put(grads_at, &StateBytes::grads, (in.compressed ? grads_held : stepped) * 4);
   const uint64_t m = detail::master_bytes_at(in, stage);

@@ -30,7 +30,9 @@ std::string rank_span(const ShardGroup& g) {
 // "optimizer nvme (stages 1-3), params nvme (stage 3)" or "none".
 std::string offload_summary(const EstimateInput& in) {
   std::string s;
-  if (in.offload_optimizer != OffloadTarget::kNone) s = fmt::format("optimizer {} (stages 1-3)", offload_target_name(in.offload_optimizer));
+  if (in.offload_optimizer != OffloadTarget::kNone) {
+    s = fmt::format("optimizer {} (stages 1-3)", offload_target_name(in.offload_optimizer));
+  }
   if (in.offload_param != OffloadTarget::kNone) {
     s += fmt::format("{}params {} (stage 3)", s.empty() ? "" : ", ", offload_target_name(in.offload_param));
   }

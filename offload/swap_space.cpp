@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "core/log.h"
+#include "offload/detail/exit_cleanup.h"
 #include "offload/detail/file_io.h"
 #include "offload/detail/fs_info.h"
 
@@ -61,6 +62,7 @@ long swap_file_pid(std::string_view name) {
 }  // namespace
 
 SwapSpace::FileGuard::~FileGuard() {
+  if (created) detail::unregister_for_exit_cleanup(path);
   if (created && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
     ZS_LOG_WARN("offload: could not remove swap file '{}': {}; remove it by hand", path,
                 zs::detail::errno_text(errno));
@@ -151,6 +153,7 @@ AsyncFile SwapSpace::create_file(FileGuard& guard, const std::string& dir, size_
                                             : ""));
   }
   guard.created = true;
+  detail::register_for_exit_cleanup(guard.path);
   detail::UniqueFd owned(fd);
   if (bytes > 0 && ::fallocate(fd, 0, 0, static_cast<off_t>(bytes)) != 0) {
     const int err = errno;

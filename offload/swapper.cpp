@@ -113,14 +113,55 @@ void PipelinedSwapper::wait_for(std::vector<Pending>& pending, uint64_t& counter
   if (first) std::rethrow_exception(first);
 }
 
+void PipelinedSwapper::prefetch() {
+  if (prefetched_ > 0) return;
+  const size_t n = groups_.size(), nb = buffers_.size();
+  prefetched_reads_.assign(nb, {});
+  try {
+    for (size_t g = 0; g < n && g <= lookahead_; ++g) {
+      issue(g, g % nb, /*reads=*/true, prefetched_reads_[g % nb]);
+      ++prefetched_;
+    }
+  } catch (...) {
+    // An issue failure: drain what was issued, then report.
+    uint64_t ignored = 0;
+    for (auto& pending : prefetched_reads_) {
+      try {
+        wait_for(pending, ignored);
+      } catch (...) {
+      }
+    }
+    prefetched_ = 0;
+    throw;
+  }
+}
+
+PipelinedSwapper::~PipelinedSwapper() {
+  // Prefetched reads never consumed must land before the buffers go.
+  uint64_t ignored = 0;
+  for (auto& pending : prefetched_reads_) {
+    try {
+      wait_for(pending, ignored);
+    } catch (...) {
+    }
+  }
+}
+
 void PipelinedSwapper::run(const ComputeFn& compute) {
   const double t_run = now_s();
   const size_t n = groups_.size(), nb = buffers_.size();
   std::vector<std::vector<Pending>> reads(nb), writes(nb);
   std::vector<std::span<std::byte>> spans;
   std::exception_ptr error;
+  size_t already_read = 0;
+  if (prefetched_ > 0) {
+    for (size_t b = 0; b < nb && b < prefetched_reads_.size(); ++b) reads[b] = std::move(prefetched_reads_[b]);
+    prefetched_reads_.clear();
+    already_read = prefetched_;
+    prefetched_ = 0;
+  }
   try {
-    size_t next_read = 0;
+    size_t next_read = already_read;
     for (size_t g = 0; g < n; ++g) {
       for (; next_read < n && next_read <= g + lookahead_; ++next_read) {
         const size_t b = next_read % nb;

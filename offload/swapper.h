@@ -83,6 +83,13 @@ class PipelinedSwapper {
   PipelinedSwapper& operator=(const PipelinedSwapper&) = delete;
 
   void run(const ComputeFn& compute);
+  // Starts the reads of the first sub-groups now (as many as run() would have in flight before its
+  // first compute), so they overlap whatever the caller does until run(); the engine calls it when
+  // the last backward of a step begins (the states do not depend on the gradients). Idempotent until
+  // run(); the buffers must not be touched in between. Errors surface in run() (or the destructor
+  // drains them).
+  void prefetch();
+  ~PipelinedSwapper();
 
   // Bytes of one sub-group's host buffer: its items each rounded up to 4096, summed.
   static size_t sub_group_buffer_bytes(std::span<const SwapItem> items);
@@ -116,6 +123,8 @@ class PipelinedSwapper {
   std::vector<std::vector<size_t>> item_offsets_;  // per sub-group: each item's offset in its buffer
   std::vector<AlignedBuffer> buffers_;
   size_t lookahead_ = 0;
+  std::vector<std::vector<Pending>> prefetched_reads_;  // per buffer, issued by prefetch()
+  size_t prefetched_ = 0;                                // sub-groups whose reads prefetch() issued
   SwapperStats stats_;
 };
 

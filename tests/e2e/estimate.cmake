@@ -2,6 +2,9 @@
 # ZS_BAD and one_error): the table and JSON, every error with one clear message, and agreement with
 # real runs at every ZeRO stage on 1, 2 and 3 ranks (tests/e2e/estimate_agreement.cmake).
 set(est_cfg ${PROJECT_SOURCE_DIR}/tests/configs/estimate_tiny.json)
+# Stage 3 with offload_optimizer and offload_param on NVMe (a nvme_path that does not exist: the
+# estimator never touches the disk), sub_group_size 32768, buffer_count 3.
+set(est_offload_cfg ${PROJECT_SOURCE_DIR}/tests/configs/estimate_offload.json)
 
 # ---- output --------------------------------------------------------------------------------------
 zs_e2e(NAME estimate_params_table EXPECT pass
@@ -19,6 +22,31 @@ zs_e2e(NAME estimate_config EXPECT pass
 zs_e2e(NAME estimate_config_without_model EXPECT pass REGEX "fp16.*16Ψ/R"
   COMMAND ${tool} estimate --config ${ZS_BAD}/estimate_no_model.json --params 7B --ranks 8)
 
+# ---- offload (ZeRO-Offload / ZeRO-Infinity) ---------------------------------------------------------
+# 1.5B bf16 on 4 ranks, stage 3 on the host: 2 + 2 + 12 bytes per element of the 375M shard, none left
+# on the device.
+zs_e2e(NAME estimate_params_offload_cpu EXPECT pass
+  REGEX "by tier.*3 +0-3 +375,000,000 device +0 B +0 B +0 B +0 B\n +host +715.3 MiB +715.3 MiB +4.19 GiB +5.59 GiB"
+  COMMAND ${tool} estimate --params 1.5B --ranks 4 --stage 3 --offload cpu)
+# --params with --offload nvme: DeepSpeed's defaults (sub_group_size 1e9, buffer_count 4): the
+# sub-group is capped at S_r / 4 = 93,782,016 elements, 4 buffers of 4n + 4n + 4n + 2n.
+zs_e2e(NAME estimate_params_offload_nvme EXPECT pass
+  REGEX "3 +0-3 +375,000,000 device.*nvme +715.3 MiB +0 B +4.19 GiB +4.89 GiB.*buffers +4.89 GiB.*stage 3 ranks 0-3 +4.89 GiB  = min.B 4, G 4. x 1,312,948,224 B"
+  COMMAND ${tool} estimate --params 1.5B --ranks 4 --offload nvme)
+# The config's offload keys (stage 3, both on NVMe), in JSON: rank 0's shard of 15,424 elements has
+# its bf16 parameters (30,848 B -> 32,768) and fp32 master + 2 moments (61,696 B -> 65,536 each) in
+# swap-file regions, its gradient shard on the host, and one step buffer of all four (G 1 < B 3).
+zs_e2e(NAME estimate_config_offload_nvme_json EXPECT pass
+  REGEX "\"offload\":{\"optimizer\":\"nvme\",\"param\":\"nvme\"}.*\"stage\":3,\"offload\":{\"optimizer\":\"nvme\",\"param\":\"nvme\"},\"master_bytes_per_element\":4,\"per_shard_size\":.{\"first_rank\":0,\"last_rank\":0,\"shard_elements\":15424,\"model_states_bytes\":{\"params\":0,\"grads\":0,\"optimizer\":0,\"total\":0},\"by_tier\":{\"device\":{[^}]*},\"host\":{\"params\":0,\"grads\":32768,\"optimizer\":0,\"total\":32768},\"nvme\":{\"params\":32768,\"grads\":0,\"optimizer\":196608,\"total\":229376}},\"host_offload_buffers\":{\"bytes\":229376,\"formula\":\"min.B 3, G 1.*\"nvme_param_staging\":{\"bytes\":[0-9]+"
+  COMMAND ${tool} estimate --config ${est_offload_cfg} --ranks 2 --offload nvme --json)
+# Without --offload the config's keys apply (the same figures); --offload none overrides them.
+zs_e2e(NAME estimate_config_offload_from_config EXPECT pass
+  REGEX "offload optimizer nvme .stages 1-3., params nvme .stage 3.*3\\* +0 +15,424 device.*nvme +32.0 KiB +0 B +192.0 KiB"
+  COMMAND ${tool} estimate --config ${est_offload_cfg} --ranks 2 --stage 3)
+zs_e2e(NAME estimate_config_offload_overridden EXPECT pass
+  REGEX "offload none.*model states per rank .device arena.:"
+  COMMAND ${tool} estimate --config ${est_offload_cfg} --ranks 2 --offload none)
+
 # ---- errors: one message each, non-zero exit -----------------------------------------------------
 # (test name, the message, the arguments separated by commas)
 set(est_errors
@@ -28,7 +56,9 @@ set(est_errors
   stage_five       "--stage: '5' is not a ZeRO stage"       "--params,1000,--stage,5"
   ranks_zero       "--ranks: must be at least 1, got 0"     "--params,1000,--ranks,0"
   dtype            "--dtype: 'fp8' is not a compute dtype"  "--params,1000,--dtype,fp8"
-  offload_cpu      "--offload: offload to cpu is not implemented" "--params,1000,--offload,cpu"
+  offload_stage0   "--offload cpu: offload needs ZeRO stage 1, 2 or 3" "--params,1000,--stage,0,--offload,cpu"
+  offload_target   "--offload: 'disk' is not an offload target" "--params,1000,--offload,disk"
+  offload_onebit   "--offload nvme: OneBitAdam keeps whole-model momentum" "--config,${ZS_BAD}/estimate_onebit.json,--offload,nvme"
   no_model         "estimate: give the model size with --params N" ""
   config_no_model  "model: the config has no model section" "--config,${ZS_BAD}/estimate_no_model.json"
   config_and_params "--params: the config's model section already gives the model" "--config,${est_cfg},--params,1000"
@@ -56,5 +86,18 @@ foreach(stage 0 1 2 3)
       -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
     set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np}
       PASS_REGULAR_EXPRESSION "estimate agreement ok")
+  endforeach()
+endforeach()
+# ... and with offload: the summary's nvme_bytes and host_peak_bytes against the estimate's tiers.
+foreach(offload cpu nvme)
+  foreach(stage 1 2 3)
+    foreach(np 1 2)
+      set(name e2e_estimate_agrees_stage${stage}_${offload}.np${np})
+      add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+        -DCONFIG=${est_cfg} -DSTAGE=${stage} -DNP=${np} -DOFFLOAD=${offload} -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate
+        -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
+      set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np}
+        PASS_REGULAR_EXPRESSION "estimate agreement ok")
+    endforeach()
   endforeach()
 endforeach()

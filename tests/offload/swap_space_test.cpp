@@ -1,7 +1,9 @@
 // SwapSpace: preflight errors (missing, not a directory, unwritable even for root, too little space),
 // file naming, preallocation, accounting, regions, removal on destruction and on exceptions, and the
 // stale-file warning that touches nothing.
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -80,6 +82,33 @@ TEST(SwapSpace, RemovedWhenAnExceptionUnwinds) {
   }
   EXPECT_FALSE(path.empty());
   EXPECT_FALSE(fs::exists(path));
+}
+
+// mpirun ends the other ranks of a failed job with SIGTERM: no destructor runs, the handler removes
+// the files (offload/detail/exit_cleanup.h).
+TEST(SwapSpace, RemovedWhenSigtermEndsTheProcess) {
+  TempDir dir;
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(pipe_fds[0]);
+    SwapSpace s(dir.path(), 3, "optimizer", 8192, AioConfig{});
+    const char ready = 1;
+    (void)!::write(pipe_fds[1], &ready, 1);
+    for (;;) ::pause();  // until the signal
+  }
+  ::close(pipe_fds[1]);
+  char ready = 0;
+  ASSERT_EQ(::read(pipe_fds[0], &ready, 1), 1);
+  ::close(pipe_fds[0]);
+  EXPECT_EQ(files_in(dir.path()), 1u);
+  ::kill(child, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "the signal's default action still ends it";
+  EXPECT_EQ(files_in(dir.path()), 0u);
 }
 
 TEST(SwapSpace, MissingDirectory) {
