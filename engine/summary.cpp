@@ -128,7 +128,8 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                               {{"exact_steps", v[14]},
                                                {"exact_mean", mean(v[14], v[15])},
                                                {"compressed_steps", v[16]},
-                                               {"compressed_mean", mean(v[16], v[17])}}}});
+                                               {"compressed_mean", mean(v[16], v[17])},
+                                               {"compressed_over_exact", v[14] && v[16] ? mean(v[16], v[17]) / mean(v[14], v[15]) : 0.0}}}});
   }
   s["memory"] = boost::json::object{{"per_rank", std::move(mem_ranks)}};
   s["comm"] = boost::json::object{{"per_rank", std::move(comm_ranks)}};

@@ -20,6 +20,7 @@
 #include "core/errors.h"
 #include "memory/cpu_features.h"
 #include "memory/dtype.h"
+#include "optim/detail/cadam_kernels.h"
 
 namespace zs::optim {
 namespace {
@@ -307,6 +308,61 @@ TEST(CAdam, DitherDependsOnValuesNotOnChunking) {
   size_t differ = 0;
   for (size_t i = 0; i < n; ++i) differ += nudged.q[i] != plain.q[i];
   EXPECT_LE(differ, n / 100) << "of " << n;
+}
+
+TEST(CAdam, RoundingUpPast127SaturatesTo127) {
+  // x = 127 exactly (m' = 127 with beta2 = 0, so scale' = 1) and a dither of at least 1 - 2^-18: in
+  // fp32 127 + u rounds to 128, whose floor every kernel must turn into 127 (an int8 cast would wrap).
+  const CAdamConfig cfg{.lr = 1e-3, .betas = {0.9, 0.0}};
+  const uint32_t key = detail::cadam_lane_key(1, 0);
+  float p0 = 1.0f;
+  while (detail::cadam_dither(std::bit_cast<uint32_t>(p0), key) < 1.0f - 0x1p-18f) p0 = std::nextafter(p0, 2.0f);
+  ASSERT_EQ(127.0f + detail::cadam_dither(std::bit_cast<uint32_t>(p0), key), 128.0f);
+  Buffers start(40, 6);  // a whole block and a short one
+  start.p[0] = start.p[32] = p0;
+  start.g[0] = start.g[32] = 127.0f;  // the largest |g| of both blocks: with beta2 = 0, m' = g
+  Buffers want = start;
+  CAdam(cfg, IsaLevel::kScalar).step_reference(want.chunk(std::nullopt), {.step = 1, .lr = 1e-3});
+  EXPECT_EQ(want.scale[0], 1.0f);
+  EXPECT_EQ(want.q[0], 127);
+  EXPECT_EQ(want.q[32], 127);
+  for (IsaLevel isa : memory::supported_isas()) {
+    Buffers got = start;
+    CAdam(cfg, isa).step(got.chunk(std::nullopt), {.step = 1, .lr = 1e-3});
+    expect_same(got, want, memory::isa_name(isa).data());
+  }
+}
+
+TEST(CAdam, TinyMomentaMatchTheReference) {
+  // Blocks whose max |m'| makes scale' subnormal (below 127 * FLT_MIN) or makes 127 / max|m'|
+  // overflow (below 127 / FLT_MAX, where the multiplier saturates at FLT_MAX): every kernel agrees
+  // with the reference, q stays in range, and the error stays within the documented bounds.
+  const CAdamConfig cfg{.lr = 1e-3, .betas = {0.9, 0.0}};  // beta2 = 0: m' = g exactly
+  Buffers start(6 * kBlock + 5, 13);
+  const float block_max[] = {1e-3f, 1e-36f, 3e-37f, 1e-39f, 1e-43f, 2e-45f, 1e-30f};
+  for (size_t i = 0; i < start.g.size(); ++i) {
+    const float top = block_max[i / kBlock];
+    start.g[i] = i % kBlock == 3 ? -top : top * static_cast<float>((i * 37) % 101) / 101.0f;
+  }
+  Buffers want = start;
+  CAdam(cfg, IsaLevel::kScalar).step_reference(want.chunk(std::nullopt), {.step = 4, .lr = 1e-3});
+  for (size_t i = 0; i < want.g.size(); ++i) {
+    const float m = want.g[i], s = want.scale[i / kBlock], top = block_max[i / kBlock];
+    const float err = std::abs(static_cast<float>(want.q[i]) * s - m);
+    ASSERT_LE(std::abs(int{want.q[i]}), 127) << i;
+    if (top >= 127 * std::numeric_limits<float>::min()) {
+      ASSERT_LE(err, s * (1.0f + 1.0f / 65536.0f)) << i;
+    } else if (top >= 127 / std::numeric_limits<float>::max()) {
+      ASSERT_LE(static_cast<double>(err), static_cast<double>(s) + 127 * 0x1p-150) << i;
+    } else {
+      ASSERT_LE(err, top) << i;
+    }
+  }
+  for (IsaLevel isa : memory::supported_isas()) {
+    Buffers got = start;
+    CAdam(cfg, isa).step(got.chunk(std::nullopt), {.step = 4, .lr = 1e-3});
+    expect_same(got, want, memory::isa_name(isa).data());
+  }
 }
 
 TEST(CAdam, ZeroBlockStaysZeroAndZeroSignLeavesWeights) {
