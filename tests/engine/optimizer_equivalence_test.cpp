@@ -56,6 +56,16 @@ const RunResult& single_process(const std::string& type, int stage) {
   return cache[key] = train(self, with_optimizer(make_config(1, 1, Precision::kFp32, stage), type), steps_for(type));
 }
 
+// The run on the whole world at `stage` (computed once per type and stage).
+const RunResult& on_world(const std::string& type, int stage) {
+  static std::map<std::pair<std::string, int>, RunResult> cache;
+  auto key = std::make_pair(type, stage);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const comm::Group& world = test::world().group();
+  return cache[key] = train(world, with_optimizer(make_config(1, world.size(), Precision::kFp32, stage), type), steps_for(type));
+}
+
 // Fraction of elements that differ by more than `atol`.
 double fraction_differing(const std::vector<float>& a, const std::vector<float>& b, double atol) {
   size_t n = 0;
@@ -75,7 +85,7 @@ TEST_P(EveryOptimizer, MatchesItsSingleProcessRun) {
   const auto& [type, stage] = GetParam();
   const comm::Group& world = test::world().group();
   const std::string what = fmt::format("{} stage {} np {}", type, stage, world.size());
-  RunResult got = train(world, with_optimizer(make_config(1, world.size(), Precision::kFp32, stage), type), steps_for(type));
+  const RunResult& got = on_world(type, stage);
   const RunResult& ref = single_process(type, reference_stage(type, stage));
   if (type == "Adam" || type == "AdamW") {
     expect_matches(got, ref, 1e-5, 1e-5, what);
@@ -111,8 +121,8 @@ TEST_P(EveryOptimizer, StagesAgreeAtThisWorldSize) {
   if (stage == base_stage) GTEST_SKIP() << "the reference stage";
   const comm::Group& world = test::world().group();
   const std::string what = fmt::format("{} stage {} vs stage {}, np {}", type, stage, base_stage, world.size());
-  RunResult got = train(world, with_optimizer(make_config(1, world.size(), Precision::kFp32, stage), type), steps_for(type));
-  RunResult base = train(world, with_optimizer(make_config(1, world.size(), Precision::kFp32, base_stage), type), steps_for(type));
+  const RunResult& got = on_world(type, stage);
+  const RunResult& base = on_world(type, base_stage);
   for (size_t i = 0; i < base.losses.size(); ++i) EXPECT_NEAR(got.losses[i], base.losses[i], 1e-4 * base.losses[i]) << what;
 }
 
