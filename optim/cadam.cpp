@@ -27,7 +27,7 @@ detail::CAdamConstants cadam_constants(const CAdamConfig& c, const StepContext& 
   k.lr = static_cast<float>(ctx.lr);
   k.weight_decay = apply_weight_decay ? static_cast<float>(c.weight_decay) : 0.0f;
   k.grad_scale = ctx.grad_scale;
-  k.step_key = detail::cadam_step_key(ctx.step);
+  for (uint32_t lane = 0; lane < CAdam::kBlock; ++lane) k.lane_key[lane] = detail::cadam_lane_key(ctx.step, lane);
   return k;
 }
 
@@ -97,14 +97,15 @@ void CAdam::step_reference(const ParamChunk& chunk, const StepContext& ctx) cons
   const float* grad = chunk.grad.data();
   auto* q = static_cast<int8_t*>(chunk.states[0]);
   auto* scale = static_cast<float*>(chunk.states[1]);
-  const uint32_t key = detail::cadam_step_key(ctx.step);
+  uint32_t lane_key[kBlock];
+  for (uint32_t lane = 0; lane < kBlock; ++lane) lane_key[lane] = detail::cadam_lane_key(ctx.step, lane);
   for (size_t b = 0; b * kBlock < n; ++b) {
     const size_t begin = b * kBlock, end = std::min(n, begin + kBlock);
     float m_new[kBlock];
     float dither[kBlock];
     for (size_t i = begin; i < end; ++i) {
       const auto lane = static_cast<uint32_t>(i - begin);
-      dither[lane] = detail::cadam_dither(std::bit_cast<uint32_t>(p[i]), key, lane);  // from the OLD weight
+      dither[lane] = detail::cadam_dither(std::bit_cast<uint32_t>(p[i]), lane_key[lane]);  // from the OLD weight
       const float m = static_cast<float>(q[i]) * scale[b];
       const float g = grad[i] * ctx.grad_scale;
       const float c = beta1 * m + (1.0f - beta1) * g;
@@ -121,13 +122,13 @@ void CAdam::step_reference(const ParamChunk& chunk, const StepContext& ctx) cons
     }
     const float s = detail::cadam_block_scale(absmax, finite);
     scale[b] = s;
+    const float inv = s > 0.0f ? detail::cadam_block_inverse(absmax) : 0.0f;
     for (size_t i = begin; i < end; ++i) {
       if (s > 0.0f) {
-        // Stochastic rounding: up with probability x - floor(x) (Note [CAdam stochastic rounding]).
-        const float x = std::clamp(m_new[i - begin] / s, -127.0f, 127.0f);
-        const float down = std::floor(x);
-        const float r = dither[i - begin] < x - down ? down + 1.0f : down;
-        q[i] = static_cast<int8_t>(r);
+        // Stochastic rounding: up with probability x - floor(x) (Note [CAdam stochastic rounding]);
+        // x = 127 and a dither near 1 make 128.
+        const float x = std::clamp(m_new[i - begin] * inv, -127.0f, 127.0f);
+        q[i] = static_cast<int8_t>(std::min(std::floor(x + dither[i - begin]), 127.0f));
       } else {
         q[i] = 0;  // a block of zeros (scale 0) or a non-finite block (scale NaN)
       }

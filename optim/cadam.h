@@ -20,47 +20,57 @@
 // sign(c) is +1 for c > 0, -1 for c < 0, c itself otherwise (so sign(+-0) = +-0 and a NaN stays NaN).
 // Then each block of kBlock = 32 elements is re-quantised with a NEW scale that follows the data:
 //   scale' = max|m'| over the block / 127          (fp32 divide; a block of zeros gets scale 0)
-//   x      = clamp(m' / scale', -127, 127)          (fp32 divide)
-//   q'     = floor(x) + (u < x - floor(x) ? 1 : 0)  (stochastic rounding; q' = 0 if scale' = 0)
-// with u the element's dither in [0, 1) (Note [CAdam stochastic rounding]). The scale is recomputed
+//   inv    = min(127 / max|m'|, FLT_MAX)           (fp32 divide, once per block)
+//   x      = clamp(m' * inv, -127, 127)
+//   q'     = min(floor(x + u), 127)                 (stochastic rounding, fp32 add; q' = 0 if scale' = 0)
+// with u the element's dither in [0, 1) (Note [CAdam stochastic rounding]): q' is floor(x) + 1 with
+// probability x - floor(x), else floor(x) (the add's rounding shifts that by at most 2^-17). The min
+// catches x = 127 with u close enough to 1 that x + u rounds to 128. The scale is recomputed
 // every step, so q never overflows (the clamp only guards rounding past 127) and gradients of any
 // finite size are held (1e30 included). A block whose m' holds an inf or NaN (a non-finite gradient;
 // the engine skips such steps) gets scale NaN and q 0, so its momentum stays non-finite instead of
 // silently becoming finite.
 //
 // Note [CAdam quantisation error]: per element |float(q') * scale' - m'| < scale', up to fp32 rounding
-// of the divide and of the product (relative 2^-16 of scale'); i.e. less than one quantisation step,
-// at most max|m'| / 127 over the block, and E[float(q') * scale'] = m' over the dither (up to the
-// fp32 rounding of x - floor(x) and u's 24 bits). The bound holds while scale' is a normal fp32 number
+// of inv, x and the product (relative 2^-16 of scale'); i.e. less than one quantisation step, at most
+// max|m'| / 127 over the block, and E[float(q') * scale'] = m' over the dither (up to u's 24 bits and
+// the rounding of x + u, 2^-17 of a step). The bound holds while scale' is a normal fp32 number
 // (max|m'| >= 127 * FLT_MIN, about 1.5e-36); below that the rounding of the subnormal (or zero) scale
-// adds up to 127 * 2^-150 (about 9e-44).
+// adds up to 127 * 2^-150 (about 9e-44), and below max|m'| = 127 / FLT_MAX (about 3.7e-37), where
+// inv saturates, the error is at most max|m'| itself.
 //
 // Note [CAdam stochastic rounding]: rounding to nearest (this optimizer's first format) drops every
 // momentum change smaller than half a step, (1 - beta2) * |g - m| < scale / 2: at beta2 = 0.99 an
 // element's momentum moved only once its gradient differed from it by more than 50 steps (about 40%
-// of the block's largest |m|), so small momenta beside a large one stuck ("sticky momentum"), and on
-// the example GPT CAdam ended 6% above AdamW's loss. Rounding up with probability x - floor(x) makes
-// the stored momentum unbiased: a change of a tenth of a step moves q one step every ten steps on
-// average, so the EMA accumulates (tests/optim/cadam_test.cpp measures both). The price is noise of
-// at most one step per element per step, which the sign() of the update mostly ignores.
+// of the block's largest |m|), so small momenta beside a large one stuck ("sticky momentum"). Rounding
+// up with probability x - floor(x) makes the stored momentum unbiased: a change of a tenth of a step
+// moves q one step every ten steps on average, so the EMA accumulates. The price is noise of at most
+// one step per element per step. Measured: on a mixed-curvature quadratic at betas (0.965, 0.99)
+// (tests/optim/cadam_test.cpp) CAdam's loss went from 2x fp32-momentum Lion's to 1.07x. On the
+// example GPT (benchmarks/optimizer_compare, np 2) the tail loss moved by 0.1% at most (lr / 5:
+// 2.8755 vs 2.8756 rounded to nearest; lr / 3: 2.8096 vs 2.8079, and 2.7610 vs 2.7618 at betas
+// (0.9, 0.99)): what held CAdam back there was its learning rate and beta1 (below), not the rounding.
 // The dither must be deterministic and identical across chunkings, threads and ISAs, so it is not
 // drawn from a generator advanced per element (the element's index within a chunk depends on the
-// chunking, and ParamChunk carries no global index). It is a 32-bit hash (MurmurHash3's finaliser) of
-// the bits of the element's master weight BEFORE the step, xor-ed with a key hashed from
-// StepContext::step, plus the element's lane (0-31) within its block times an odd constant (blocks
-// never split, so the lane is chunk-independent and weights that start equal, e.g. norm gains of 1,
-// still get different dithers); u = (hash >> 8) * 2^-24. Why not the gradient's bits: the gradient
-// of a multi-rank run differs from the single-process one in its last bits (a different summation
-// order), and a dither hashed from it would change about a third of all roundings, where the master
-// weight stays bit-identical until an update's sign actually differs. detail/cadam_kernels.h holds
-// the hash; every kernel computes it lane by lane with 32-bit wrap-around arithmetic.
-
+// chunking, and ParamChunk carries no global index). It hashes the element's own values: with
+// x = (bits of its master weight BEFORE the step) ^ (a key that is a full hash, MurmurHash3's
+// finaliser, of StepContext::step and the element's lane 0-31 within its block), h = (x ^ (x >> 16))
+// times an odd constant and u = (h >> 8) * 2^-24. Blocks never split, so the lane is
+// chunk-independent, and weights that start equal (e.g. norm gains of 1) still get different
+// dithers. Why not the gradient's bits: the gradient of a multi-rank run differs from the
+// single-process one in its last bits (a different summation order), and a dither hashed from it
+// would change up to a third of all roundings, where the master weight stays bit-identical until an
+// update's sign actually differs (tests/engine/optimizer_equivalence_test.cpp relies on that).
+// detail/cadam_kernels.h holds the hash; every kernel computes it lane by lane with 32-bit
+// wrap-around arithmetic.
+//
 // Learning-rate rule (Lion's): because sign() gives every element an update of size lr, use an lr 3-10x
 // smaller than AdamW's for the same model, and a weight_decay 3-10x larger (the decay a step applies
 // is lr * weight_decay, which then stays about the same). The Lion paper's default betas are
-// (0.9, 0.99); CAdam's default beta1 is 0.965. On the example GPT (150 steps, benchmarks/
-// optimizer_compare.cpp) the short run favours the rule's large end: lr / 3 and weight_decay x 3 of
-// AdamW's end 1.5% above its loss, lr / 5 and weight_decay x 5 6.2% above.
+// (0.9, 0.99); CAdam's default beta1 is 0.965. The example GPT's short run (150 steps, benchmarks/
+// optimizer_compare.cpp, np 2) wants the rule's large end and Lion's beta1: AdamW's lr / 3 and
+// weight_decay x 3 with betas (0.9, 0.99) end 1.5% above AdamW's tail loss, with the default betas
+// 3.3% above, and lr / 5, weight_decay x 5 (default betas) 6.2% above.
 //
 // Chunks: step() needs chunk starts at multiples of kBlock elements from the start of the state
 // buffers (alignment_elements(); blocks are never split), state pointers at the chunk's first block;

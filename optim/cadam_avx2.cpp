@@ -2,8 +2,9 @@
 // -ffp-contract=off, and only called after memory::isa_supported(kAvx2). One block of 32 elements is
 // four vectors; a short last block goes through the scalar kernel, which agrees with this one (and
 // with CAdam::step_reference) bit for bit. Operation order: optim/cadam.h; the quantiser rounds
-// stochastically with cadam_dither()'s integer hash computed lane by lane (vpmulld wraps like uint32
-// multiplication) and an explicit floor; bf16 rounding: memory/simd_bf16.h.
+// stochastically, floor(x + u) with an explicit rounding mode and u from cadam_dither()'s integer hash
+// computed lane by lane (vpmulld wraps like uint32 multiplication); the signed-saturating packs turn
+// floor 128 into 127 as the reference's min does; bf16 rounding: memory/simd_bf16.h.
 #include <immintrin.h>
 
 #include <cfloat>
@@ -22,31 +23,23 @@ enum class Low { kNone, kBF16, kF16 };
 struct Consts {
   __m256 beta1, beta2, omb1, omb2, lr, wd, grad_scale, one, minus_one, zero, q_max, q_min, flt_max, abs_mask,
       dither_unit;
-  __m256i step_key, mix1, mix2, lane_salt[4];
+  __m256i dither_mul, lane_key[4];
   explicit Consts(const CAdamConstants& k)
       : beta1(_mm256_set1_ps(k.beta1)), beta2(_mm256_set1_ps(k.beta2)), omb1(_mm256_set1_ps(k.one_minus_beta1)),
         omb2(_mm256_set1_ps(k.one_minus_beta2)), lr(_mm256_set1_ps(k.lr)), wd(_mm256_set1_ps(k.weight_decay)),
         grad_scale(_mm256_set1_ps(k.grad_scale)), one(_mm256_set1_ps(1.0f)), minus_one(_mm256_set1_ps(-1.0f)),
         zero(_mm256_setzero_ps()), q_max(_mm256_set1_ps(127.0f)), q_min(_mm256_set1_ps(-127.0f)),
         flt_max(_mm256_set1_ps(FLT_MAX)), abs_mask(_mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))),
-        dither_unit(_mm256_set1_ps(kCAdamDitherUnit)), step_key(_mm256_set1_epi32(static_cast<int>(k.step_key))),
-        mix1(_mm256_set1_epi32(static_cast<int>(0x85EBCA6Bu))), mix2(_mm256_set1_epi32(static_cast<int>(0xC2B2AE35u))) {
-    for (int j = 0; j < 4; ++j) {
-      alignas(32) uint32_t salt[8];
-      for (int l = 0; l < 8; ++l) salt[l] = static_cast<uint32_t>(8 * j + l) * kCAdamLaneSalt;
-      lane_salt[j] = _mm256_load_si256(reinterpret_cast<const __m256i*>(salt));
-    }
+        dither_unit(_mm256_set1_ps(kCAdamDitherUnit)),
+        dither_mul(_mm256_set1_epi32(static_cast<int>(kCAdamDitherMul))) {
+    for (int j = 0; j < 4; ++j) lane_key[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k.lane_key + 8 * j));
   }
 };
 
 // cadam_dither() on 8 lanes: old master bits, lanes 8j .. 8j+7 of the block.
 inline __m256 dither8(const Consts& c, __m256 p_old, int j) {
-  __m256i h = _mm256_add_epi32(_mm256_xor_si256(_mm256_castps_si256(p_old), c.step_key), c.lane_salt[j]);
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
-  h = _mm256_mullo_epi32(h, c.mix1);
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
-  h = _mm256_mullo_epi32(h, c.mix2);
-  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  __m256i h = _mm256_xor_si256(_mm256_castps_si256(p_old), c.lane_key[j]);
+  h = _mm256_mullo_epi32(_mm256_xor_si256(h, _mm256_srli_epi32(h, 16)), c.dither_mul);
   return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(h, 8)), c.dither_unit);
 }
 
@@ -71,11 +64,9 @@ inline __m256 update8(const Consts& c, float* p, const float* g, uint16_t* low, 
   return _mm256_add_ps(_mm256_mul_ps(c.beta2, m), _mm256_mul_ps(c.omb2, grad));
 }
 
-inline __m256i quantise8(const Consts& c, __m256 m_new, __m256 s, __m256 dither) {
-  const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(m_new, s), c.q_min), c.q_max);
-  const __m256 down = _mm256_round_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __m256 up = _mm256_cmp_ps(dither, _mm256_sub_ps(x, down), _CMP_LT_OQ);  // all ones: round up
-  return _mm256_sub_epi32(_mm256_cvttps_epi32(down), _mm256_castps_si256(up));
+inline __m256i quantise8(const Consts& c, __m256 m_new, __m256 inv, __m256 dither) {
+  const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(m_new, inv), c.q_min), c.q_max);
+  return _mm256_cvttps_epi32(_mm256_round_ps(_mm256_add_ps(x, dither), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
 }
 
 // One whole block of 32 elements.
@@ -99,12 +90,13 @@ inline void update_block(const Consts& c, float* p, const float* g, int8_t* q, f
   __m128 x = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
   x = _mm_max_ps(x, _mm_movehl_ps(x, x));
   x = _mm_max_ss(x, _mm_shuffle_ps(x, x, 1));
-  const float s = cadam_block_scale(_mm_cvtss_f32(x), finite == 0xFF);
+  const float absmax = _mm_cvtss_f32(x);
+  const float s = cadam_block_scale(absmax, finite == 0xFF);
   *scale = s;
   if (s > 0.0f) [[likely]] {
-    const __m256 sv = _mm256_set1_ps(s);
-    const __m256i w01 = _mm256_packs_epi32(quantise8(c, mn[0], sv, dither[0]), quantise8(c, mn[1], sv, dither[1]));
-    const __m256i w23 = _mm256_packs_epi32(quantise8(c, mn[2], sv, dither[2]), quantise8(c, mn[3], sv, dither[3]));
+    const __m256 inv = _mm256_set1_ps(cadam_block_inverse(absmax));
+    const __m256i w01 = _mm256_packs_epi32(quantise8(c, mn[0], inv, dither[0]), quantise8(c, mn[1], inv, dither[1]));
+    const __m256i w23 = _mm256_packs_epi32(quantise8(c, mn[2], inv, dither[2]), quantise8(c, mn[3], inv, dither[3]));
     // packs works per 128-bit lane: dwords come out as q0lo q1lo q2lo q3lo | q0hi q1hi q2hi q3hi.
     const __m256i b = _mm256_packs_epi16(w01, w23);
     const __m256i ordered = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));

@@ -2,9 +2,10 @@
 // -ffp-contract=off, and only called after memory::isa_supported(kAvx512). One block of 32 elements is
 // two vectors; the short last block uses masked loads and stores, so every element goes through the
 // same vector code. Operation order is that of CAdam::step_reference (optim/cadam.h), so results agree
-// with it bit for bit: the quantiser divides (vdivps, correctly rounded like the scalar divide),
-// floors with an explicit rounding mode and rounds up where cadam_dither()'s integer hash, computed
-// lane by lane (vpmulld wraps like uint32 multiplication), says so; bf16 rounding is memory's
+// with it bit for bit: the quantiser multiplies by the block's 127 / max|m'| (cadam_block_inverse), adds
+// the dither (cadam_dither()'s integer hash computed lane by lane; vpmulld wraps like uint32
+// multiplication), converts with an explicit round-down mode and narrows with signed saturation
+// (floor 128 becomes 127, as the reference's min makes it); bf16 rounding is memory's
 // (memory/simd_bf16.h), fp16 uses vcvtps2ph, which memory's tests pin to memory::f32_to_f16.
 // GCC 12's AVX-512 intrinsics trip -Wmaybe-uninitialized in the header (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -28,32 +29,22 @@ constexpr size_t kAhead = 512;  // floats
 
 struct Consts {
   __m512 beta1, beta2, omb1, omb2, lr, wd, grad_scale, zero, q_max, q_min, flt_max, dither_unit;
-  __m512i one_bits, sign_bit, step_key, mix1, mix2, one_i, lane_salt[2];
+  __m512i one_bits, sign_bit, dither_mul, lane_key[2];
   explicit Consts(const CAdamConstants& k)
       : beta1(_mm512_set1_ps(k.beta1)), beta2(_mm512_set1_ps(k.beta2)), omb1(_mm512_set1_ps(k.one_minus_beta1)),
         omb2(_mm512_set1_ps(k.one_minus_beta2)), lr(_mm512_set1_ps(k.lr)), wd(_mm512_set1_ps(k.weight_decay)),
         grad_scale(_mm512_set1_ps(k.grad_scale)), zero(_mm512_setzero_ps()), q_max(_mm512_set1_ps(127.0f)),
         q_min(_mm512_set1_ps(-127.0f)), flt_max(_mm512_set1_ps(FLT_MAX)),
         dither_unit(_mm512_set1_ps(kCAdamDitherUnit)), one_bits(_mm512_set1_epi32(0x3F800000)),
-        sign_bit(_mm512_set1_epi32(INT32_MIN)), step_key(_mm512_set1_epi32(static_cast<int>(k.step_key))),
-        mix1(_mm512_set1_epi32(static_cast<int>(0x85EBCA6Bu))), mix2(_mm512_set1_epi32(static_cast<int>(0xC2B2AE35u))),
-        one_i(_mm512_set1_epi32(1)) {
-    for (int j = 0; j < 2; ++j) {
-      alignas(64) uint32_t salt[16];
-      for (int l = 0; l < 16; ++l) salt[l] = static_cast<uint32_t>(16 * j + l) * kCAdamLaneSalt;
-      lane_salt[j] = _mm512_load_si512(salt);
-    }
+        sign_bit(_mm512_set1_epi32(INT32_MIN)), dither_mul(_mm512_set1_epi32(static_cast<int>(kCAdamDitherMul))) {
+    for (int j = 0; j < 2; ++j) lane_key[j] = _mm512_loadu_si512(k.lane_key + 16 * j);
   }
 };
 
 // cadam_dither() on 16 lanes: old master bits, lanes 16j .. 16j+15 of the block.
 inline __m512 dither16(const Consts& c, __m512 p_old, int j) {
-  __m512i h = _mm512_add_epi32(_mm512_xor_si512(_mm512_castps_si512(p_old), c.step_key), c.lane_salt[j]);
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
-  h = _mm512_mullo_epi32(h, c.mix1);
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
-  h = _mm512_mullo_epi32(h, c.mix2);
-  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  __m512i h = _mm512_xor_si512(_mm512_castps_si512(p_old), c.lane_key[j]);
+  h = _mm512_mullo_epi32(_mm512_xor_si512(h, _mm512_srli_epi32(h, 16)), c.dither_mul);
   return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(h, 8)), c.dither_unit);
 }
 
@@ -81,12 +72,10 @@ inline __m512 update16(const Consts& c, float* p, const float* g, uint16_t* low,
   return _mm512_add_ps(_mm512_mul_ps(c.beta2, m), _mm512_mul_ps(c.omb2, grad));
 }
 
-inline __m128i quantise16(const Consts& c, __m512 m_new, __m512 s, __m512 dither) {
-  const __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_div_ps(m_new, s), c.q_min), c.q_max);
-  const __m512 down = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  const __mmask16 up = _mm512_cmp_ps_mask(dither, _mm512_sub_ps(x, down), _CMP_LT_OQ);
-  const __m512i qi = _mm512_cvttps_epi32(down);
-  return _mm512_cvtepi32_epi8(_mm512_mask_add_epi32(qi, up, qi, c.one_i));
+inline __m128i quantise16(const Consts& c, __m512 m_new, __m512 inv, __m512 dither) {
+  const __m512 x = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(m_new, inv), c.q_min), c.q_max);
+  const __m512i floor = _mm512_cvt_roundps_epi32(_mm512_add_ps(x, dither), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  return _mm512_cvtsepi32_epi8(floor);
 }
 
 // One block of up to 32 elements (`mask` bit i: element i present).
@@ -108,12 +97,13 @@ inline void update_block(const Consts& c, float* p, const float* g, int8_t* q, f
   const __m512 a = _mm512_maskz_range_ps(m0, mn0, mn1z, 0x0B);
   const bool finite = _mm512_cmp_ps_mask(a, c.flt_max, _CMP_LE_OQ) == 0xFFFF &&
                       _mm512_mask_cmp_ps_mask(m0, mn0, mn1z, _CMP_UNORD_Q) == 0;
-  const float s = cadam_block_scale(_mm512_reduce_max_ps(a), finite);
+  const float absmax = _mm512_reduce_max_ps(a);
+  const float s = cadam_block_scale(absmax, finite);
   *scale = s;
   if (s > 0.0f) [[likely]] {
-    const __m512 sv = _mm512_set1_ps(s);
-    _mm_mask_storeu_epi8(q, m0, quantise16(c, mn0, sv, d0));
-    _mm_mask_storeu_epi8(q + 16, m1, quantise16(c, mn1, sv, d1));
+    const __m512 inv = _mm512_set1_ps(cadam_block_inverse(absmax));
+    _mm_mask_storeu_epi8(q, m0, quantise16(c, mn0, inv, d0));
+    _mm_mask_storeu_epi8(q + 16, m1, quantise16(c, mn1, inv, d1));
   } else {
     _mm_mask_storeu_epi8(q, m0, _mm_setzero_si128());
     _mm_mask_storeu_epi8(q + 16, m1, _mm_setzero_si128());

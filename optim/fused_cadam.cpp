@@ -12,12 +12,11 @@
 namespace zs::optim::detail {
 namespace {
 
-// floor(x) for |x| <= 127 without libm (floorf needs SSE4.1's roundss to be inlined on baseline
+// floor(y) for y in [-127, 128] without libm (floorf needs SSE4.1's roundss to be inlined on baseline
 // x86-64): truncate through int32 (cvttss2si, exact here), then step down where that rounded up.
-// Only q is stored, so its -0 vs +0 difference from std::floor does not matter.
-inline float floor_small(float x) {
-  const auto t = static_cast<float>(static_cast<int32_t>(x));
-  return x < t ? t - 1.0f : t;
+inline int32_t floor_small(float y) {
+  const auto t = static_cast<int32_t>(y);
+  return y < static_cast<float>(t) ? t - 1 : t;
 }
 
 // Updates one block of len <= 32 elements; returns nothing, writes p, q and the block's scale.
@@ -27,7 +26,7 @@ inline void update_block(const CAdamConstants& k, float* __restrict p, const flo
   float m_new[kCAdamBlock];
   float dither[kCAdamBlock];
   for (size_t i = 0; i < len; ++i) {
-    dither[i] = cadam_dither(std::bit_cast<uint32_t>(p[i]), k.step_key, static_cast<uint32_t>(i));
+    dither[i] = cadam_dither(std::bit_cast<uint32_t>(p[i]), k.lane_key[i]);
     const float m = static_cast<float>(q[i]) * s_old;
     const float grad = g[i] * k.grad_scale;
     const float c = k.beta1 * m + k.one_minus_beta1 * grad;
@@ -45,10 +44,10 @@ inline void update_block(const CAdamConstants& k, float* __restrict p, const flo
   const float s = cadam_block_scale(absmax, finite);
   *scale = s;
   if (s > 0.0f) [[likely]] {
+    const float inv = cadam_block_inverse(absmax);
     for (size_t i = 0; i < len; ++i) {
-      const float x = std::clamp(m_new[i] / s, -127.0f, 127.0f);
-      const float down = floor_small(x);
-      q[i] = static_cast<int8_t>(static_cast<int32_t>(down) + (dither[i] < x - down ? 1 : 0));
+      const float x = std::clamp(m_new[i] * inv, -127.0f, 127.0f);
+      q[i] = static_cast<int8_t>(std::min(floor_small(x + dither[i]), int32_t{127}));
     }
   } else {
     std::fill_n(q, len, int8_t{0});

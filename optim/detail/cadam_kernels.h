@@ -2,8 +2,8 @@
 //
 // Each kernel updates a.n elements (any length; the last block may be short and each kernel handles
 // it) starting at a block boundary, and agrees bit for bit with CAdam::step_reference: same fp32
-// operations in the same order (optim/cadam.h), the same stochastic rounding to int8 with the dither
-// of cadam_dither() (Note [CAdam stochastic rounding] in optim/cadam.h). The avx2/avx512
+// operations in the same order (optim/cadam.h), the same stochastic rounding to int8: floor(x + u) in
+// fp32 with u = cadam_dither(), at most 127 (Note [CAdam stochastic rounding]). The avx2/avx512
 // kernels live in files compiled with their ISA flags: call them only when memory::isa_supported()
 // says so.
 #pragma once
@@ -27,7 +27,7 @@ struct CAdamConstants {
   float lr = 1e-4f;
   float weight_decay = 0.0f;       // 0 when the chunk takes no decay
   float grad_scale = 1.0f;
-  uint32_t step_key = 0;           // cadam_step_key(StepContext::step)
+  uint32_t lane_key[kCAdamBlock] = {};  // cadam_lane_key(StepContext::step, lane)
 };
 
 // Raw views of one range of n elements starting at a block boundary: master and grad hold n floats,
@@ -52,10 +52,22 @@ inline float cadam_block_scale(float absmax, bool finite) {
   return absmax / 127.0f;
 }
 
+// What the quantiser multiplies m' by (a block with scale' > 0: 0 < absmax <= FLT_MAX): 127 / absmax,
+// at most FLT_MAX (it overflows for absmax < 127 / FLT_MAX, about 3.7e-37). One divide per block
+// instead of one per element pays for most of the dither's work: in cache, the AVX-512 kernel with the
+// dither and per-element divides took about 1.3x the time of the round-to-nearest one, with this 1.1x.
+inline float cadam_block_inverse(float absmax) {
+  const float inv = 127.0f / absmax;
+  return inv < 3.40282347e38f ? inv : 3.40282347e38f;
+}
+
 // Note [CAdam stochastic rounding] (optim/cadam.h): the dither of one element is a pure function of
 // the step, the bits of the element's master weight BEFORE the step, and its lane (0-31) in its block,
 // so it is the same whatever chunk, thread or ISA updates the element. Vector kernels compute the same
-// integer operations lane by lane (32-bit wrap-around arithmetic).
+// integer operations lane by lane (32-bit wrap-around arithmetic). The per-element part is cheap (one
+// multiply; the kernels are near memory bandwidth): a full hash of (step, lane), the lane key, is
+// computed once per chunk, and xor-ing it into the weight's bits makes the dither of every element
+// uniform over steps whatever its weight; the multiply's top bits spread the elements of one step.
 inline uint32_t cadam_fmix32(uint32_t h) {  // MurmurHash3's finaliser: a bijection with full avalanche
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
@@ -64,19 +76,19 @@ inline uint32_t cadam_fmix32(uint32_t h) {  // MurmurHash3's finaliser: a biject
   h ^= h >> 16;
   return h;
 }
-constexpr uint32_t kCAdamLaneSalt = 0x9E3779B9u;  // lane l adds l * this (odd: distinct for all 32 lanes)
-constexpr float kCAdamDitherUnit = 0x1p-24f;      // the dither is a 24-bit integer times this
+constexpr uint32_t kCAdamDitherMul = 0x9E3779B9u;  // odd: the multiply is a bijection
+constexpr float kCAdamDitherUnit = 0x1p-24f;       // the dither is a 24-bit integer times this
 
-inline uint32_t cadam_step_key(int64_t step) {
+inline uint32_t cadam_lane_key(int64_t step, uint32_t lane) {
   const auto s = static_cast<uint64_t>(step);
-  return cadam_fmix32((static_cast<uint32_t>(s) * kCAdamLaneSalt) ^
-                      cadam_fmix32(static_cast<uint32_t>(s >> 32) + 0x7F4A7C15u));
+  return cadam_fmix32(cadam_fmix32(static_cast<uint32_t>(s) + 0x7F4A7C15u * (lane + 1)) ^
+                      static_cast<uint32_t>(s >> 32));
 }
 
-// The dither in [0, 1 - 2^-24], a multiple of 2^-24 (exact in fp32): m' / scale' rounds up past
-// floor(x) when dither < x - floor(x).
-inline float cadam_dither(uint32_t old_master_bits, uint32_t step_key, uint32_t lane) {
-  const uint32_t h = cadam_fmix32((old_master_bits ^ step_key) + lane * kCAdamLaneSalt);
+// The dither in [0, 1 - 2^-24], a multiple of 2^-24 (exact in fp32).
+inline float cadam_dither(uint32_t old_master_bits, uint32_t lane_key) {
+  uint32_t h = old_master_bits ^ lane_key;
+  h = (h ^ (h >> 16)) * kCAdamDitherMul;
   return static_cast<float>(static_cast<int32_t>(h >> 8)) * kCAdamDitherUnit;
 }
 

@@ -227,7 +227,8 @@ TEST(CAdam, QuantisationErrorIsUnderOneStepAndUnbiased) {
       EXPECT_GT(frac_past_half, 0.18) << memory::isa_name(isa) << ": rounding looks like round-to-nearest";
       EXPECT_LT(frac_past_half, 0.32) << memory::isa_name(isa);
       // Each error is at most one step with variance at most 1/4: the mean of ~10^4 is within 0.03.
-      EXPECT_LT(std::abs(signed_steps / static_cast<double>(counted)), 0.03) << memory::isa_name(isa) << " step " << step;
+      EXPECT_LT(std::abs(signed_steps / static_cast<double>(counted)), 0.03)
+          << memory::isa_name(isa) << " step " << step;
     }
   }
 }
