@@ -106,7 +106,8 @@ std::array<double, 2> betas_arg(int argc, char** argv) {
   return betas;
 }
 
-engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, const CAdamRule& rule) {
+engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, const CAdamRule& rule,
+                              int64_t local_step_clipper) {
   const optim::AdamConfig& adam = c.optimizer.adam;
   const int64_t warmup = std::max<int64_t>(1, c.scheduler.warmup_num_steps);
   c.optimizer.type = type;
@@ -116,7 +117,7 @@ engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, c
   } else if (type == "ZeroOneAdam") {
     c.optimizer.zero_one = {.lr = adam.lr, .betas = adam.betas, .eps = adam.eps, .weight_decay = adam.weight_decay,
                             .var_freeze_step = 2 * warmup, .var_update_scaler = 4, .local_step_scaler = 16,
-                            .local_step_clipper = 4};
+                            .local_step_clipper = local_step_clipper};
   } else if (type == "CAdam") {
     c.optimizer.cadam.lr = adam.lr / rule.lr_div;
     c.optimizer.cadam.weight_decay = adam.weight_decay * rule.wd_mul;
@@ -184,6 +185,8 @@ int main(int argc, char** argv) {
     if (!base.model) throw ConfigError(fmt::format("{}: the benchmark needs a config with a model section", config_path));
     const int64_t steps = bench::int_arg(argc, argv, "--steps", base.train_steps);
     const int64_t tail = bench::int_arg(argc, argv, "--tail", 10);
+    // 0/1 Adam's largest interval between synchronisations (DeepSpeed's local_step_clipper).
+    const int64_t local_step_clipper = bench::int_arg(argc, argv, "--local-step-clipper", 4);
     base.zero.stage = static_cast<int>(bench::int_arg(argc, argv, "--stage", base.zero.stage, 0));
     const std::string precision = bench::arg_value(argc, argv, "--precision", "fp32");
     if (precision != "fp32" && precision != "bf16") throw ConfigError("--precision expects fp32 or bf16");
@@ -207,7 +210,7 @@ int main(int argc, char** argv) {
                   "vs Adam", "state B/par", "time s");
     }
     std::vector<Outcome> outcomes;
-    for (const std::string& type : types) outcomes.push_back(run(group, for_type(base, type, rule), steps, tail));
+    for (const std::string& type : types) outcomes.push_back(run(group, for_type(base, type, rule, local_step_clipper), steps, tail));
 
     const Outcome& adam = outcomes.front();
     bench::Report report;
@@ -215,7 +218,8 @@ int main(int argc, char** argv) {
     report.config = {{"config", config_path}, {"steps", steps},        {"tail", tail},
                      {"ranks", group.size()}, {"precision", precision}, {"zero_stage", base.zero.stage},
                      {"params", nn::gpt_param_count(*base.model)}, {"cadam_lr_div", rule.lr_div},
-                     {"cadam_wd_mul", rule.wd_mul}, {"cadam_betas", boost::json::array{rule.betas[0], rule.betas[1]}}};
+                     {"cadam_wd_mul", rule.wd_mul}, {"cadam_betas", boost::json::array{rule.betas[0], rule.betas[1]}},
+                     {"zero_one_local_step_clipper", local_step_clipper}};
     boost::json::object ratios;
     for (const Outcome& o : outcomes) {
       const double loss_ratio = o.tail_loss / adam.tail_loss;
