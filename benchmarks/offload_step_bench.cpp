@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "benchmarks/support/bench_args.h"
+#include "benchmarks/support/bench_group.h"
 #include "benchmarks/support/bench_json.h"
 #include "comm/comm.h"
 #include "core/errors.h"
@@ -37,18 +38,6 @@
 #include "nn/gpt.h"
 
 using namespace zs;
-
-namespace {
-
-double slowest(const comm::Group& g, double v) {
-  if (g.size() == 1) return v;
-  std::vector<float> all(static_cast<size_t>(g.size()));
-  float mine = static_cast<float>(v);
-  g.allgather(memory::Tensor(&mine, memory::DType::kF32, {1}), memory::Tensor(all.data(), memory::DType::kF32, {g.size()}));
-  return *std::max_element(all.begin(), all.end());
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   engine::select_blas_kernels(argv);
@@ -114,9 +103,9 @@ int main(int argc, char** argv) {
         group.barrier();
         const double t0 = bench::now_s();
         const engine::StepReport rep = engines[e]->train_batch(sources[e]);
-        t[e] = slowest(group, bench::now_s() - t0);
+        t[e] = bench::slowest(group, bench::now_s() - t0);
         step[e].push_back(t[e]);
-        opt[e].push_back(slowest(group, rep.optimizer_s));
+        opt[e].push_back(bench::slowest(group, rep.optimizer_s));
         loss[e].push_back(rep.loss);
       }
       ratio.push_back(t[1] / t[0]);

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "benchmarks/support/bench_args.h"
+#include "benchmarks/support/bench_group.h"
 #include "benchmarks/support/bench_json.h"
 #include "comm/comm.h"
 #include "core/errors.h"
@@ -129,15 +130,6 @@ class CeilingPass {
   std::vector<float> a_, b_, c_;
 };
 
-// The slowest rank's value (every rank gets it).
-double slowest(const comm::Group& g, double v) {
-  if (g.size() == 1) return v;
-  std::vector<float> all(static_cast<size_t>(g.size()));
-  float mine = static_cast<float>(v);
-  g.allgather(memory::Tensor(&mine, memory::DType::kF32, {1}), memory::Tensor(all.data(), memory::DType::kF32, {g.size()}));
-  return *std::max_element(all.begin(), all.end());
-}
-
 double summed(const comm::Group& g, double v) {
   float x = static_cast<float>(v);
   if (g.size() > 1) g.allreduce(memory::Tensor(&x, memory::DType::kF32, {1}));
@@ -197,10 +189,10 @@ int main(int argc, char** argv) {
       group.barrier();
       const double t0 = bench::now_s();
       const engine::StepReport r = eng.train_batch(source);
-      step_s.push_back(slowest(group, bench::now_s() - t0));
-      fwd_s.push_back(slowest(group, r.forward_s));
-      bwd_s.push_back(slowest(group, r.backward_s));
-      opt_s.push_back(slowest(group, r.optimizer_s));
+      step_s.push_back(bench::slowest(group, bench::now_s() - t0));
+      fwd_s.push_back(bench::slowest(group, r.forward_s));
+      bwd_s.push_back(bench::slowest(group, r.backward_s));
+      opt_s.push_back(bench::slowest(group, r.optimizer_s));
       loss = r.loss;
       group.barrier();
       if (with_ceiling) pass_s.push_back(ceiling.run());

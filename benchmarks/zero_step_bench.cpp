@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "benchmarks/support/bench_args.h"
+#include "benchmarks/support/bench_group.h"
 #include "benchmarks/support/bench_json.h"
 #include "comm/comm.h"
 #include "core/errors.h"
@@ -45,15 +46,6 @@
 using namespace zs;
 
 namespace {
-
-// The slowest rank's value (every rank gets it).
-double slowest(const comm::Group& g, double v) {
-  if (g.size() == 1) return v;
-  std::vector<float> all(static_cast<size_t>(g.size()));
-  float mine = static_cast<float>(v);
-  g.allgather(memory::Tensor(&mine, memory::DType::kF32, {1}), memory::Tensor(all.data(), memory::DType::kF32, {g.size()}));
-  return *std::max_element(all.begin(), all.end());
-}
 
 struct Series {
   std::vector<double> step, fwd, bwd, opt, loss;
@@ -124,10 +116,10 @@ int main(int argc, char** argv) {
         const double t0 = bench::now_s();
         const engine::StepReport rep = engines[s]->train_batch(sources[s]);
         const double dt = bench::now_s() - t0;
-        series[s].step.push_back(slowest(group, dt));
-        series[s].fwd.push_back(slowest(group, rep.forward_s));
-        series[s].bwd.push_back(slowest(group, rep.backward_s));
-        series[s].opt.push_back(slowest(group, rep.optimizer_s));
+        series[s].step.push_back(bench::slowest(group, dt));
+        series[s].fwd.push_back(bench::slowest(group, rep.forward_s));
+        series[s].bwd.push_back(bench::slowest(group, rep.backward_s));
+        series[s].opt.push_back(bench::slowest(group, rep.optimizer_s));
         series[s].loss.push_back(rep.loss);
       }
     }

@@ -123,7 +123,16 @@ TEST_P(EveryOptimizer, StagesAgreeAtThisWorldSize) {
   const std::string what = fmt::format("{} stage {} vs stage {}, np {}", type, stage, base_stage, world.size());
   const RunResult& got = on_world(type, stage);
   const RunResult& base = on_world(type, base_stage);
-  for (size_t i = 0; i < base.losses.size(); ++i) EXPECT_NEAR(got.losses[i], base.losses[i], 1e-4 * base.losses[i]) << what;
+  // Stages reduce in a different order (allreduce vs reduce-scatter, the norm summed per shard), so the
+  // gradients differ in their last bits. Smooth optimizers keep that at 1e-4; a one-bit compression
+  // turns a last-bit change of an element near zero into a sign flip, so after the first compressed
+  // step the one-bit optimizers get 2e-3.
+  bool compressed_yet = false;
+  for (size_t i = 0; i < base.losses.size(); ++i) {
+    const double rtol = compressed_yet ? 2e-3 : 1e-4;
+    EXPECT_NEAR(got.losses[i], base.losses[i], rtol * base.losses[i]) << what << " step " << i + 1;
+    compressed_yet = compressed_yet || base.reports[i].compressed;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
