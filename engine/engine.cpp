@@ -78,6 +78,10 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   } else if (separate_master_ && !optimizer_on_nvme()) {
     master_ = place(stepped * sizeof(float), Category::kOptimizer, opt_host);
   }
+  if (optimizer_) {
+    ZS_ASSERT(optimizer_->state_specs().size() <= kMaxStates, "{} keeps {} states (at most {})", optimizer_->name(),
+              optimizer_->state_specs().size(), kMaxStates);
+  }
   if (optimizer_ && !optimizer_on_nvme()) {
     for (const auto& spec : optimizer_->state_specs()) {
       states_.push_back(place(spec.bytes_for(stepped), Category::kOptimizer, opt_host));
@@ -166,19 +170,15 @@ void Engine::Impl::init_f32(float* dst, memory::ShardRange range) const {
   // in nn/parameter.h), and for any cut into pieces, so the pieces run on the rank's threads.
   // Padding between parameters is zero.
   constexpr size_t kInitPiece = size_t{1} << 20;
-  const auto pieces = static_cast<int64_t>((range.size + kInitPiece - 1) / kInitPiece);
-  parallel_for_threads(static_cast<int>(grad_scratch_.size()), pieces, 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t p = b; p < e; ++p) {
-      const size_t off = static_cast<size_t>(p) * kInitPiece;
-      const memory::ShardRange piece{range.offset + off, std::min(kInitPiece, range.size - off)};
-      float* out = dst + off;
-      std::fill_n(out, piece.size, 0.0f);
-      for (const ParamSlot& s : layout_.slots()) {
-        memory::ShardRange part = s.range().intersect(piece);
-        if (part.empty()) continue;
-        s.param->init().fill({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg_.seed,
-                             s.param->full_name());
-      }
+  for_each_span(range, kInitPiece, [&](size_t at, size_t n, int) {
+    const memory::ShardRange piece{at, n};
+    float* out = dst + (at - range.offset);
+    std::fill_n(out, n, 0.0f);
+    for (const ParamSlot& s : layout_.slots()) {
+      memory::ShardRange part = s.range().intersect(piece);
+      if (part.empty()) continue;
+      s.param->init().fill({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg_.seed,
+                           s.param->full_name());
     }
   });
 }

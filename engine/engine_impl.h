@@ -12,6 +12,7 @@
 
 #include "comm/compressed_allreduce.h"
 #include "engine/engine.h"
+#include "engine/detail/offload_rules.h"
 #include "engine/engine_context.h"
 #include "engine/flat_layout.h"
 #include "engine/grad_reducer.h"
@@ -35,6 +36,8 @@ namespace zs::engine {
 inline constexpr size_t kPieceElements = size_t{1} << 16;
 // Elements initialisation and gathering convert at a time: 256 KiB of fp32 scratch.
 inline constexpr size_t kChunkElements = size_t{1} << 16;
+// Optimizer states an optimizer may keep (Adam 2, CAdam 2); checked when the engine is built.
+inline constexpr size_t kMaxStates = 8;
 
 // A flat model-state buffer: in the device arena, or on the host when offloaded.
 struct StateBuffer {
@@ -44,11 +47,6 @@ struct StateBuffer {
   size_t size() const { return device.empty() ? host.size() : device.size(); }
   bool empty() const { return device.empty() && host.empty(); }
 };
-
-// Sub-group boundaries of offloaded states, in elements from the stepped range's start: every swap
-// transfer then starts on a 4096-byte boundary (fp32 master: 1024 elements; bf16: 2048; CAdam's int8
-// values: 4096; its fp32 scale per 32 elements: 32768).
-inline constexpr size_t kSubGroupAlign = 32768;
 
 // NVMe offload (offload_optimizer and/or offload_param device nvme): the swap files and the
 // sub-groups the optimizer step streams (Note [offload] in engine_offload.cpp).
@@ -175,6 +173,10 @@ class Engine::Impl final : public ModuleHooks {
   // threads. fn must only touch elements [at, at + n) of the buffers.
   template <typename F>
   void for_each_piece(memory::ShardRange range, F&& fn);
+  // fn(at, n, thread) over `range` cut into pieces of `piece` elements (the last may be shorter),
+  // spread over the rank's threads; the cut does not depend on the thread count.
+  template <typename F>
+  void for_each_span(memory::ShardRange range, size_t piece, F&& fn) const;
 
   void place_parameters();
   void initialise();
@@ -194,6 +196,10 @@ class Engine::Impl final : public ModuleHooks {
   // engine_step.cpp
   void fill_grad32();
   void step_elementwise(const optim::StepContext& ctx);
+  // One optimizer call on the stepped elements [at, at+n): gradients converted in thread t's scratch;
+  // `low` (nullptr: none) receives the updated bf16/fp16 parameters, or in fp32 a copy of the master.
+  void step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,
+                  std::span<void* const> states, void* low);
   // compressed_step.cpp
   void init_compressed();
   bool exact_gradients(int64_t step) const;  // false: the step consumes local gradients

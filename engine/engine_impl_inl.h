@@ -37,19 +37,23 @@ void Engine::Impl::with_master(size_t i, size_t n, int t, F&& fn) {
 }
 
 template <typename F>
+void Engine::Impl::for_each_span(memory::ShardRange range, size_t piece, F&& fn) const {
+  const auto pieces = static_cast<int64_t>((range.size + piece - 1) / piece);
+  parallel_for_threads(static_cast<int>(grad_scratch_.size()), pieces, 1, [&](int64_t b, int64_t e, int t) {
+    for (int64_t p = b; p < e; ++p) {
+      const size_t off = static_cast<size_t>(p) * piece;
+      fn(range.offset + off, std::min(piece, range.size - off), t);
+    }
+  });
+}
+
+template <typename F>
 void Engine::Impl::for_each_piece(memory::ShardRange range, F&& fn) {
-  const int threads = static_cast<int>(grad_scratch_.size());
   for (const ParamSlot& slot : layout_.slots()) {
     const memory::ShardRange part = slot.range().intersect(range);
     if (part.empty()) continue;
     const bool decay = !slot.param->has_tag(nn::kTagNoWeightDecay);
-    const auto pieces = static_cast<int64_t>((part.size + kPieceElements - 1) / kPieceElements);
-    parallel_for_threads(threads, pieces, 1, [&](int64_t b, int64_t e, int t) {
-      for (int64_t p = b; p < e; ++p) {
-        const size_t off = static_cast<size_t>(p) * kPieceElements;
-        fn(part.offset + off, std::min(kPieceElements, part.size - off), decay, t);
-      }
-    });
+    for_each_span(part, kPieceElements, [&](size_t at, size_t n, int t) { fn(at, n, decay, t); });
   }
 }
 

@@ -26,32 +26,18 @@ namespace zs::engine {
 // stepped / buffer_count elements (rounded up to kSubGroupAlign); the budget is logged before
 // anything is allocated and shows in the summary (host_peak_bytes).
 
-namespace {
-
-size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
-
-}  // namespace
-
 void Engine::Impl::init_nvme() {
   NvmeOffload& o = nvme_.emplace();
   const memory::ShardRange stepped = step_range();
   const int rank = group_.rank();
-  // Bytes per element of one sub-group's buffer.
-  size_t per_element = 0;
   std::vector<size_t> state_bytes;
   if (optimizer_on_nvme()) {
-    per_element += sizeof(float);
-    for (const auto& spec : optimizer_->state_specs()) {
-      per_element += spec.value_bytes;  // per-block scales add a fraction; the budget below is exact
-      state_bytes.push_back(spec.bytes_for(stepped.size));
-    }
+    for (const auto& spec : optimizer_->state_specs()) state_bytes.push_back(spec.bytes_for(stepped.size));
   }
-  if (params_on_nvme()) per_element += elem_;
   const auto& oo = cfg_.zero.offload_optimizer;
   const auto& op = cfg_.zero.offload_param;
   const size_t buffers = static_cast<size_t>(optimizer_on_nvme() ? oo.buffer_count : op.buffer_count);
-  const size_t cap = round_up(std::max<size_t>(1, (stepped.size + buffers - 1) / buffers), kSubGroupAlign);
-  o.sub_group = std::min(round_up(static_cast<size_t>(cfg_.zero.sub_group_size), kSubGroupAlign), cap);
+  o.sub_group = detail::offload_sub_group_elements(stepped.size, static_cast<size_t>(cfg_.zero.sub_group_size), buffers);
 
   if (optimizer_on_nvme()) {
     std::vector<size_t> regions = {stepped.size * sizeof(float)};
@@ -157,32 +143,22 @@ void Engine::Impl::step_offloaded(const optim::StepContext& ctx) {
     for_each_piece(range, [&](size_t at, size_t n, bool decay, int t) {
       const size_t rel = at - range.offset;
       float* master = master_buf != nullptr ? reinterpret_cast<float*>(master_buf) + rel : master_at(at);
-      void* states[8];
+      void* states[kMaxStates];
       for (size_t k = 0; k < specs.size(); ++k) {
         states[k] = !state_bufs.empty() ? static_cast<void*>(state_bufs[k] + rel / specs[k].elements_per_value * specs[k].value_bytes)
                                         : state_at(k, at);
       }
       void* low = param_buf != nullptr ? static_cast<void*>(param_buf + rel * elem_) : static_cast<void*>(param_at(at));
-      optim::ParamChunk chunk{.master = {master, n}, .grad = grad_f32(at, n, t), .states = {states, specs.size()}};
-      chunk.apply_weight_decay = decay;
-      if (mixed()) {
-        chunk.low_precision = low;
-        chunk.low_precision_dtype = dtype_;
-      }
-      optimizer_->step(chunk, ctx);
-      if (!mixed()) std::memcpy(low, master, n * sizeof(float));
+      step_piece(ctx, at, n, decay, t, master, {states, specs.size()}, low);
     });
   });
 }
 
 void Engine::Impl::read_nvme_master(memory::ShardRange range, float* dst) {
-  // The 4096-aligned window around the range, read into a staging buffer.
-  const size_t begin = (range.offset - step_range().offset) * sizeof(float);
-  const size_t window = begin / offload::kIoAlignment * offload::kIoAlignment;
-  const size_t bytes = offload::io_align_up(begin + range.size * sizeof(float)) - window;
-  offload::AlignedBuffer buf(bytes, &tracker_);
-  nvme_->optimizer_swap->read(nvme_->master, window, buf.prefix(bytes));
-  std::memcpy(dst, buf.data() + (begin - window), range.size * sizeof(float));
+  const offload::IoWindow w = offload::io_window((range.offset - step_range().offset) * sizeof(float), range.size * sizeof(float));
+  offload::AlignedBuffer buf(w.bytes, &tracker_);
+  nvme_->optimizer_swap->read(nvme_->master, w.offset, buf.prefix(w.bytes));
+  std::memcpy(dst, buf.data() + w.skip, range.size * sizeof(float));
 }
 
 uint64_t Engine::Impl::nvme_bytes() const {

@@ -51,31 +51,30 @@ void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* 
 void Engine::Impl::fill_grad32() {
   // release_fp32_grad off: one conversion pass into the persistent fp32 copy, before the norm.
   const memory::ShardRange range = grad32_range();
-  const int threads = static_cast<int>(grad_scratch_.size());
-  const auto pieces = static_cast<int64_t>((range.size + kPieceElements - 1) / kPieceElements);
-  parallel_for_threads(threads, pieces, 1, [&](int64_t b, int64_t e, int) {
-    for (int64_t p = b; p < e; ++p) {
-      const size_t at = range.offset + static_cast<size_t>(p) * kPieceElements;
-      const size_t n = std::min(kPieceElements, range.end() - at);
-      memory::convert(grad_at(at), dtype_, f32_at(grad32_.data(), range, at), memory::DType::kF32, n);
-    }
+  for_each_span(range, kPieceElements, [&](size_t at, size_t n, int) {
+    memory::convert(grad_at(at), dtype_, f32_at(grad32_.data(), range, at), memory::DType::kF32, n);
   });
+}
+
+void Engine::Impl::step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,
+                              std::span<void* const> states, void* low) {
+  optim::ParamChunk chunk{.master = {master, n}, .grad = grad_f32(at, n, t), .states = states};
+  chunk.apply_weight_decay = decay;
+  if (low != nullptr && mixed()) {
+    chunk.low_precision = low;
+    chunk.low_precision_dtype = dtype_;
+  }
+  optimizer_->step(chunk, ctx);
+  // fp32 with a separate master: the parameters are a plain copy of it.
+  if (low != nullptr && !mixed()) std::memcpy(low, master, n * sizeof(float));
 }
 
 void Engine::Impl::step_elementwise(const optim::StepContext& ctx) {
   const size_t n_states = states_.size();
   for_each_piece(step_range(), [&](size_t at, size_t n, bool decay, int t) {
-    void* states[8];
-    ZS_ASSERT(n_states <= 8, "{} optimizer states", n_states);
+    void* states[kMaxStates];
     for (size_t k = 0; k < n_states; ++k) states[k] = state_at(k, at);
-    std::span<const float> grad = grad_f32(at, n, t);
-    with_master(at, n, t, [&](float* master, void* low) {
-      optim::ParamChunk chunk{.master = {master, n}, .grad = grad, .states = {states, n_states}};
-      chunk.apply_weight_decay = decay;
-      chunk.low_precision = low;
-      chunk.low_precision_dtype = dtype_;
-      optimizer_->step(chunk, ctx);
-    });
+    with_master(at, n, t, [&](float* master, void* low) { step_piece(ctx, at, n, decay, t, master, {states, n_states}, low); });
   });
 }
 
@@ -95,14 +94,9 @@ bool Engine::step() {
   // of each rank's local norm.
   const memory::ShardRange range = local ? s.grad_range() : s.step_range();
   // Per-piece sums added in piece order: the same bits for any thread count.
-  const auto pieces = static_cast<int64_t>((range.size + kPieceElements - 1) / kPieceElements);
-  std::vector<double> piece_sums(static_cast<size_t>(pieces));
-  parallel_for_threads(static_cast<int>(s.grad_scratch_.size()), pieces, 1, [&](int64_t b, int64_t e, int t) {
-    for (int64_t p = b; p < e; ++p) {
-      const size_t off = static_cast<size_t>(p) * kPieceElements;
-      piece_sums[static_cast<size_t>(p)] =
-          optim::sum_of_squares(s.grad_f32(range.offset + off, std::min(kPieceElements, range.size - off), t));
-    }
+  std::vector<double> piece_sums((range.size + kPieceElements - 1) / kPieceElements);
+  s.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
+    piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(s.grad_f32(at, n, t));
   });
   double sum_sq = 0.0;
   for (double v : piece_sums) sum_sq += v;

@@ -210,8 +210,7 @@ TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank
   const uint64_t stepped = memory::shard_of(in.model.flat_elements, in.ranks, rank, detail::kAlign).size;  // stage >= 1
   const uint64_t buffers = static_cast<uint64_t>(off.optimizer == OffloadTarget::kNvme ? in.zero.offload_optimizer_buffer_count
                                                                                         : in.zero.offload_param_buffer_count);
-  const uint64_t cap = detail::round_up(std::max<uint64_t>(1, detail::ceil_div(stepped, buffers)), detail::kSubGroupAlign);
-  const uint64_t n = std::min(detail::round_up(static_cast<uint64_t>(in.zero.sub_group_size), detail::kSubGroupAlign), cap);
+  const uint64_t n = detail::offload_sub_group_elements(stepped, static_cast<size_t>(in.zero.sub_group_size), buffers);
   const uint64_t groups = detail::ceil_div(stepped, n);
   const uint64_t held = std::min(n, stepped);  // elements of the largest (first) sub-group
   uint64_t per_buffer = 0;

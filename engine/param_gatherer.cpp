@@ -76,16 +76,14 @@ void ParamGatherer::start_gather(Entry& e) {
   e.state = State::kInFlight;
   if (options_.nvme != nullptr) {
     // The read is started now (prefetch); the collective waits for it in finish_gather.
-    const size_t begin = (owned.offset - partition_.mine.offset) * elem;
-    const size_t window = begin / offload::kIoAlignment * offload::kIoAlignment;
-    const size_t bytes = offload::io_align_up(begin + owned.size * elem) - window;
-    e.staging_skip = begin - window;
+    const offload::IoWindow w = offload::io_window((owned.offset - partition_.mine.offset) * elem, owned.size * elem);
+    e.staging_skip = w.skip;
     if (owned.size > 0) {
-      e.staging = offload::AlignedBuffer(bytes, options_.tracker);
-      staging_bytes_ += bytes;
+      e.staging = offload::AlignedBuffer(w.bytes, options_.tracker);
+      staging_bytes_ += w.bytes;
       staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);
-      e.read = options_.nvme->read_async(options_.nvme_region, window, e.staging.prefix(bytes));
-      nvme_bytes_read_ += bytes;
+      e.read = options_.nvme->read_async(options_.nvme_region, w.offset, e.staging.prefix(w.bytes));
+      nvme_bytes_read_ += w.bytes;
     }
     return;
   }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 
 #include "memory/category.h"
@@ -28,6 +29,18 @@ inline constexpr size_t kIoAlignment = 4096;  // bytes: offsets, addresses and O
 // Rounds `bytes` up to a multiple of kIoAlignment.
 constexpr size_t io_align_up(size_t bytes) { return (bytes + kIoAlignment - 1) / kIoAlignment * kIoAlignment; }
 constexpr bool io_aligned(size_t value) { return value % kIoAlignment == 0; }
+
+// The aligned stretch of a file that covers bytes [begin, begin + bytes): read `bytes` at `offset`
+// (both multiples of kIoAlignment), and the wanted bytes start `skip` bytes into what was read.
+struct IoWindow {
+  uint64_t offset = 0;
+  size_t bytes = 0;
+  size_t skip = 0;
+};
+constexpr IoWindow io_window(uint64_t begin, size_t bytes) {
+  const uint64_t offset = begin / kIoAlignment * kIoAlignment;
+  return {offset, static_cast<size_t>(io_align_up(begin + bytes) - offset), static_cast<size_t>(begin - offset)};
+}
 
 class AlignedBuffer {
  public:

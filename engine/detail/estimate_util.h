@@ -6,15 +6,15 @@
 #include <string>
 
 #include "engine/estimate.h"
+#include "engine/detail/offload_rules.h"
 #include "engine/flat_layout.h"
+#include "offload/aligned_buffer.h"
 
 namespace zs::engine::detail {
 
 inline constexpr uint64_t kAlign = FlatLayout::kAlignElements;
-// Host offload buffers are page-mapped and swap-file regions 4096-aligned (offload::kIoAlignment).
-inline constexpr uint64_t kPageBytes = 4096;
-// Sub-group boundaries of the NVMe step, in elements (engine_impl.h's kSubGroupAlign).
-inline constexpr uint64_t kSubGroupAlign = 32768;
+// Host offload buffers are page-mapped and swap-file regions 4096-aligned.
+inline constexpr uint64_t kPageBytes = offload::kIoAlignment;
 
 inline uint64_t round_up(uint64_t n, uint64_t align) { return (n + align - 1) / align * align; }
 inline uint64_t ceil_div(uint64_t n, uint64_t d) { return (n + d - 1) / d; }

@@ -60,5 +60,27 @@ TEST(AlignedBuffer, EmptyAndPinned) {
   EXPECT_TRUE(p.pinned());
 }
 
+TEST(IoWindow, CoversTheRangeWithAlignedEnds) {
+  constexpr IoWindow inside = io_window(5000, 100);  // within one page
+  static_assert(inside.offset == 4096 && inside.bytes == 4096 && inside.skip == 904);
+  const IoWindow straddling = io_window(4000, 200);  // crosses a page boundary
+  EXPECT_EQ(straddling.offset, 0u);
+  EXPECT_EQ(straddling.bytes, 8192u);
+  EXPECT_EQ(straddling.skip, 4000u);
+  const IoWindow aligned = io_window(8192, 4096);
+  EXPECT_EQ(aligned.offset, 8192u);
+  EXPECT_EQ(aligned.bytes, 4096u);
+  EXPECT_EQ(aligned.skip, 0u);
+  for (uint64_t begin : {0ull, 1ull, 4095ull, 123457ull}) {
+    for (size_t n : {size_t{1}, size_t{4096}, size_t{10000}}) {
+      const IoWindow w = io_window(begin, n);
+      EXPECT_TRUE(io_aligned(w.offset) && io_aligned(w.bytes));
+      EXPECT_EQ(w.offset + w.skip, begin);
+      EXPECT_GE(w.bytes, w.skip + n);
+      EXPECT_LT(w.bytes - (w.skip + n), kIoAlignment);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zs::offload
