@@ -409,6 +409,9 @@ Engine::MemoryReport Engine::memory_report() const {
   memory::ArenaStats st = impl_->device_->stats();
   r.device_peak_bytes = st.peak_allocated_bytes;
   r.device_reserved_peak_bytes = st.peak_reserved_bytes;
+  for (memory::Category c : memory::kAllCategories) {
+    r.device_peak_by_category[static_cast<size_t>(c)] = impl_->tracker_.at_tier_peak(c, memory::Tier::kDevice);
+  }
   r.device_capacity_bytes = st.capacity_bytes;
   r.activation_peak_bytes = impl_->tracker_.peak(memory::Category::kActivations, memory::Tier::kDevice);
   r.host_peak_bytes = impl_->tracker_.tier_peak(memory::Tier::kHost);

@@ -35,12 +35,14 @@
 // Thread-safety: one thread drives an Engine. Every rank of the group must make the same calls.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "comm/group.h"
 #include "engine/config.h"
+#include "memory/category.h"
 #include "memory/tensor.h"
 #include "nn/model.h"
 
@@ -124,6 +126,10 @@ class Engine {
     // regions at what they map or reserve (each rounded up to 4096 bytes), as engine/estimate.h counts.
     ModelStateBytes device_states, host_states, nvme_states;
     uint64_t device_peak_bytes = 0;           // peak of allocated bytes in the device arena
+    // What the device peak was made of: bytes by memory::Category (params: the shard or replica,
+    // gathered and persistent parameters; grads: gradient buffers and bucket staging; optimizer;
+    // activations; comm_buffers; offload_buffers) at the moment it was reached (64-byte blocks).
+    std::array<uint64_t, memory::kNumCategories> device_peak_by_category{};
     uint64_t device_reserved_peak_bytes = 0;  // peak of reserved bytes (allocated + pool holes)
     uint64_t device_capacity_bytes = 0;
     uint64_t host_peak_bytes = 0;             // tracked host-tier bytes (offload buffers; 0 without offload)

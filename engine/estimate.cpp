@@ -63,60 +63,6 @@ std::string paper_form(uint64_t replicated, uint64_t sharded) {
   return s.empty() ? "0" : s;
 }
 
-// Note [GPT activations]
-// Counted from nn/: every activation is an fp32 tensor of its own, served by the engine's transient
-// pool, whose blocks are 64-byte aligned (so each tensor is rounded up to 64 bytes). N = B*T tokens.
-// Saved for backward, per block: ln1's input x (N,C), mean and rstd (N each); the qkv Linear's input
-// = ln1 output (N,C); attention's qkv output (N,3C) and softmax probabilities (B,H,T,T); the proj
-// Linear's input (N,C); ln2's input x1 (N,C), mean, rstd; the fc Linear's input = ln2 output (N,C);
-// Gelu's input = fc output (N,4C); the mlp proj Linear's input = Gelu output (N,4C): 16NC + 4N + BHT^2
-// (the branch outputs die right after the residual adds; a block's output is the next one's x).
-// Around the blocks ("head"): ln_f's input (N,C), mean, rstd, its output (N,C), the logits (N,V) and
-// the loss's log-sum-exp (N): 2NC + NV + 3N.
-// The peak is the largest of these moments (bf16/fp16 terms: a layer reads a weight through an fp32
-// copy and accumulates its gradient in fp32 scratch):
-//   start of backward  saved + NV                     dlogits beside the still-saved logits
-//   head backward      saved - N + NC (+ 2VC)         logits freed; dx, and wte's fp32 copy + gradient
-//   ln_f backward      saved - NV - N + NC (+ 3C)
-//   last block's MLP   saved - head + 5NC (+ 8C^2)    dy and the (N,4C) input gradient of mlp.proj
-//   end of forward     saved (+ VC)                   wte's fp32 copy lives through the forward
-// Measured against `zeroshard train --summary` (activation_peak_bytes at stage 0) these are exact for
-// the configurations in tests/e2e/estimate.cmake; the nn layers can change, so it stays an estimate.
-struct GptActivationBytes {
-  uint64_t saved = 0;
-  uint64_t peak = 0;
-  const char* peak_at = "";
-};
-
-GptActivationBytes gpt_activation_model(const GptActivationShape& a, Precision precision) {
-  const auto& m = a.model;
-  const uint64_t B = static_cast<uint64_t>(a.micro_batch), T = static_cast<uint64_t>(a.seq_len);
-  const uint64_t C = static_cast<uint64_t>(m.d_model), H = static_cast<uint64_t>(m.n_head);
-  const uint64_t L = static_cast<uint64_t>(m.n_layer), V = static_cast<uint64_t>(m.vocab_size);
-  const uint64_t N = B * T;
-  const bool low = precision != Precision::kFp32;
-  auto t = [](uint64_t elements) { return round_up(4 * elements, 64); };  // one fp32 tensor's block
-  const uint64_t block = 5 * t(N * C) + t(3 * N * C) + 2 * t(4 * N * C) + 4 * t(N) + t(B * H * T * T);
-  const uint64_t head = 2 * t(N * C) + 3 * t(N) + t(N * V);
-  GptActivationBytes r;
-  r.saved = L * block + head;
-  const uint64_t S = r.saved;
-  const std::pair<uint64_t, const char*> moments[] = {
-      {S + t(N * V), "start of backward (dlogits)"},
-      {S - t(N) + t(N * C) + (low ? 2 * t(V * C) : 0), "output head backward"},
-      {S - t(N * V) - t(N) + t(N * C) + (low ? 3 * t(C) : 0), "ln_f backward"},
-      {S - head + t(N * C) + t(4 * N * C) + (low ? 2 * t(4 * C * C) : 0), "last block's MLP backward"},
-      {S + (low ? t(V * C) : 0), "end of forward"},
-  };
-  for (const auto& [bytes, at] : moments) {
-    if (bytes > r.peak) {
-      r.peak = bytes;
-      r.peak_at = at;
-    }
-  }
-  return r;
-}
-
 void check_input(const EstimateInput& in) {
   if (in.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", in.ranks));
   if (in.model.flat_elements == 0) throw ConfigError("--params: the model has no parameters; give a count >= 1");
@@ -153,6 +99,7 @@ ZeroLimits zero_limits_of(const ZeroConfig& zero) {
   l.offload_optimizer_buffer_count = zero.offload_optimizer.buffer_count;
   l.offload_param_buffer_count = zero.offload_param.buffer_count;
   l.offload_param_buffer_size = zero.offload_param.buffer_size;
+  l.overlap_comm = zero.overlap_comm;
   return l;
 }
 
@@ -196,23 +143,35 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
 
   // Walk every chain root -> module, as engine/param_gatherer.cpp does: a module's own parameters are
   // one range from its first slot to the end of its last parameter (padding after it excluded).
+  // The same walk records the tree in pre-order for the device timeline (ModelFacts::schedule).
   std::vector<size_t> chain_buckets;  // buckets of the current chain (with repeats)
   uint64_t max_chain_buckets = 0;
   std::function<void(nn::Module&, uint64_t)> walk = [&](nn::Module& m, uint64_t chain) {
     auto own = m.params();
     const size_t mark = chain_buckets.size();
+    const auto index = static_cast<int>(f.schedule.size());
+    f.schedule.emplace_back();
+    f.schedule.back().name = m.name();
     if (!own.empty()) {
       const size_t first = slot_of.at(own.front()), last = slot_of.at(own.back());
       const uint64_t range = slots[last].offset + slots[last].numel - slots[first].offset;
       f.module_elements.push_back(range);
-      if (static_cast<int64_t>(range) < limits.stage3_param_persistence_threshold) {
+      ScheduleModule& sm = f.schedule.back();
+      sm.range_elements = range;
+      sm.persistent = static_cast<int64_t>(range) < limits.stage3_param_persistence_threshold;
+      if (sm.persistent) {
         f.persistent_elements += range;
         ++f.persistent_modules;
       } else {
         f.nonpersistent_elements += range;
         chain += range;
       }
-      for (nn::Parameter* p : own) chain_buckets.push_back(bucket_of_slot[slot_of.at(p)]);
+      for (nn::Parameter* p : own) {
+        const auto b = static_cast<uint32_t>(bucket_of_slot[slot_of.at(p)]);
+        chain_buckets.push_back(b);
+        if (sm.bucket_params.empty() || sm.bucket_params.back().first != b) sm.bucket_params.emplace_back(b, 0);
+        ++sm.bucket_params.back().second;
+      }
     }
     if (chain > f.gather_chain_elements) {
       f.gather_chain_elements = chain;
@@ -221,10 +180,17 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
     std::vector<size_t> distinct = chain_buckets;
     std::sort(distinct.begin(), distinct.end());
     max_chain_buckets = std::max<uint64_t>(max_chain_buckets, std::unique(distinct.begin(), distinct.end()) - distinct.begin());
-    for (nn::Module* c : m.children()) walk(*c, chain);
+    for (nn::Module* c : m.children()) {
+      f.schedule[static_cast<size_t>(index)].children.push_back(static_cast<int>(f.schedule.size()));
+      walk(*c, chain);
+    }
     chain_buckets.resize(mark);
   };
   walk(model, 0);
+  for (const BucketPlan& bp : buckets) {
+    f.bucket_elements.push_back(bp.range.size);
+    f.bucket_param_count.push_back(static_cast<uint32_t>(bp.end_slot - bp.first_slot));
+  }
 
   std::sort(f.module_elements.begin(), f.module_elements.end());
   std::vector<uint64_t> sizes;
@@ -309,16 +275,22 @@ uint64_t StageEstimate::max_model_state_bytes() const {
 }
 
 ActivationEstimate gpt_activation_bytes(const GptActivationShape& shape, Precision precision) {
-  GptActivationBytes g = gpt_activation_model(shape, precision);
+  const detail::GptActivations g = detail::gpt_activations(shape, precision);
   ActivationEstimate a;
   a.saved_bytes = g.saved;
-  a.peak_bytes = g.peak;
+  std::string peak_at;
+  for (const detail::ActivationMoment& m : g.moments) {
+    if (m.bytes > a.peak_bytes) {
+      a.peak_bytes = m.bytes;
+      peak_at = m.label;
+    }
+  }
   const auto& m = shape.model;
   a.saved_formula = fmt::format(
       "4 x [L(16NC + 4N + BHT^2) + 2NC + NV + 3N] fp32, each tensor rounded to 64 B; N = B*T = {}*{}, L {} C {} H {} V {} "
       "(estimate)",
       shape.micro_batch, shape.seq_len, m.n_layer, m.d_model, m.n_head, m.vocab_size);
-  a.peak_formula = fmt::format("saved + the working set at the busiest moment: {} (estimate; docs/memory.md)", g.peak_at);
+  a.peak_formula = fmt::format("saved + the working set at the busiest moment: {} (estimate; docs/memory.md)", peak_at);
   return a;
 }
 
@@ -351,6 +323,7 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     g.host = t.host;
     g.nvme = t.nvme;
     g.offload_buffers = offload_buffer_bytes(in, stage, r);
+    g.device_peak = estimate_device_peak(in, stage, r, g.device);
     st.shards.push_back(g);
   }
 

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/config.h"
@@ -57,6 +58,7 @@ struct ZeroLimits {
   int64_t offload_optimizer_buffer_count = 4;        // sub-group host buffers (optimizer states on NVMe)
   int64_t offload_param_buffer_count = 5;            // ... when only the parameters are on NVMe
   int64_t offload_param_buffer_size = 100'000'000;   // x buffer_count: the stage-3 NVMe read window
+  bool overlap_comm = true;                          // stage 2+: a full bucket is reduced during backward
 };
 // The limits a ZeroConfig holds.
 ZeroLimits zero_limits_of(const ZeroConfig& zero);
@@ -66,6 +68,17 @@ struct GptActivationShape {
   nn::GptConfig model;
   int64_t micro_batch = 1;  // B: samples per rank per micro-batch
   int64_t seq_len = 0;      // T: tokens per sample (zeroshard train uses model.seq_len)
+};
+
+// One module of the model tree, for the device timeline (Note [device timeline] in
+// estimate_device.cpp): what the stage-3 gatherer fetches for it and which gradient buckets its
+// parameters fill.
+struct ScheduleModule {
+  std::string name;                  // "blocks.3.mlp.fc"; "" for the root
+  std::vector<int> children;         // indices into ModelFacts::schedule, declaration order
+  uint64_t range_elements = 0;       // its own parameters' range (engine/param_gatherer.h); 0: none
+  bool persistent = false;           // range below stage3_param_persistence_threshold
+  std::vector<std::pair<uint32_t, uint32_t>> bucket_params;  // (bucket, how many of its parameters)
 };
 
 // What the estimator knows about the model. With only a parameter count, exact_layout is false and
@@ -88,6 +101,10 @@ struct ModelFacts {
   uint64_t bucket_count = 0;             // buckets of plan_buckets(reduce_bucket_size)
   uint64_t staging_buckets = 0;          // K: buckets that can hold staging buffers at once
   uint64_t staging_elements = 0;         // the K largest buckets together
+  // The module tree in pre-order (root first) and the gradient buckets (plan_buckets order).
+  std::vector<ScheduleModule> schedule;
+  std::vector<uint64_t> bucket_elements;
+  std::vector<uint32_t> bucket_param_count;
   std::optional<GptActivationShape> activations;
 };
 
@@ -164,6 +181,24 @@ struct TransientBound {
   std::string formula;
 };
 
+// The device arena's peak on one rank, predicted by replaying one training step's memory timeline
+// (Note [device timeline] in estimate_device.cpp): at each moment of the forward, backward and
+// optimizer step, the device model states + activations + gathered parameters + gradient staging +
+// communication buffers; the largest sum is the prediction, with its parts. Needs a config with a
+// GPT model section (applies false otherwise, with the reason in `formula`).
+struct DevicePeak {
+  bool applies = false;
+  uint64_t bytes = 0;
+  std::string at;                    // the moment: "backward, blocks.25.mlp.fc"
+  uint64_t model_states = 0;         // device-resident model states (params + grads + optimizer)
+  uint64_t activations = 0;
+  uint64_t gathered_params = 0;      // stage 3: gathered non-persistent parameters at that moment
+  uint64_t persistent_params = 0;    // stage 3: persistent parameters gathered by then
+  uint64_t grad_staging = 0;         // stage 2+: gradient bucket staging buffers alive then
+  uint64_t comm_buffers = 0;         // one-bit optimizers' fp32 gradient copy during the step
+  std::string formula;
+};
+
 // Consecutive ranks whose shards have the same size (so the same bytes).
 struct ShardGroup {
   int first_rank = 0;
@@ -173,6 +208,7 @@ struct ShardGroup {
   StateBytes host;              // offload: host-resident model states (4096-rounded buffers)
   StateBytes nvme;              // offload: swap-file regions (4096-rounded)
   TransientBound offload_buffers;  // NVMe offload: the step swapper's host buffers (exact, persistent)
+  DevicePeak device_peak;          // the device arena's predicted peak on these ranks
   uint64_t total() const { return device.total() + host.total() + nvme.total(); }
   uint64_t host_total() const { return host.total() + offload_buffers.bytes; }  // host tier, all persistent
 };
@@ -212,6 +248,9 @@ StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank);
 // false without NVMe), with the formula in this rank's numbers.
 TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank);
 StageEstimate estimate_stage(const EstimateInput& in, int stage);
+// The predicted device peak of rank `rank` at `stage` (DevicePeak); `device_states` is that rank's
+// device-resident model states (tiered_state_bytes(in, stage, rank).device).
+DevicePeak estimate_device_peak(const EstimateInput& in, int stage, int rank, const StateBytes& device_states);
 // Throws ConfigError for a stage outside 0..3, ranks < 1, Ψ == 0, or optimizer offload at a stage >= 1
 // with a compressed optimizer or reuse_fp32_param.
 MemoryEstimate estimate_memory(const EstimateInput& in, const std::vector<int>& stages);

@@ -39,6 +39,12 @@ std::string offload_summary(const EstimateInput& in) {
   return s.empty() ? "none" : s;
 }
 
+// With the CPU device backend the arena is host RAM: the process holds the host tier (and, with NVMe
+// parameters, up to the staging bound) plus the device peak.
+uint64_t cpu_backend_host_bytes(const StageEstimate& st, const ShardGroup& g) {
+  return g.host_total() + (st.nvme_param_staging.applies ? st.nvme_param_staging.bytes : 0) + g.device_peak.bytes;
+}
+
 std::string stage_offload_text(const EstimateInput& in, const StageEstimate& st) {
   if (!st.offload.any()) {
     return in.offload_optimizer == OffloadTarget::kNone && in.offload_param == OffloadTarget::kNone
@@ -119,6 +125,22 @@ std::string format_estimate(const MemoryEstimate& est) {
     line("persistent params", st.persistent_params);
     line("NVMe param staging", st.nvme_param_staging);
   }
+  out += "\ndevice peak per rank (predicted: a replay of one training step; model states + the transients alive at the "
+         "busiest moment):\n";
+  for (const StageEstimate& st : est.stages) {
+    for (const ShardGroup& g : st.shards) {
+      const DevicePeak& p = g.device_peak;
+      if (p.applies) {
+        out += fmt::format("  stage {} ranks {:<7} {:>12}  = {}\n", st.stage, rank_span(g), format_bytes(p.bytes), p.formula);
+        const uint64_t host = cpu_backend_host_bytes(st, g) - p.bytes;
+        out += fmt::format("  {:<21} {:>12}  = host tier {}{} + device peak {}: the process's memory with the CPU device "
+                           "backend, whose arena is host RAM (code, libraries and heap not counted)\n",
+                           "", format_bytes(host + p.bytes), format_bytes(g.host_total()),
+                           st.nvme_param_staging.applies ? fmt::format(" + NVMe staging bound {}", format_bytes(st.nvme_param_staging.bytes)) : "",
+                           format_bytes(p.bytes));
+      } else out += fmt::format("  stage {} ranks {:<7} {:>12}  {}\n", st.stage, rank_span(g), "?", p.formula);
+    }
+  }
   if (!est.stages.empty() && est.stages.front().activations_saved.applies) {
     const StageEstimate& st = est.stages.front();
     out += fmt::format("  activations, one micro-batch (every stage): saved {} = {}\n", format_bytes(st.activations_saved.bytes),
@@ -153,6 +175,18 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
   auto bound = [](const TransientBound& t) -> json::value {
     if (!t.applies) return t.formula.empty() ? json::value(nullptr) : json::value(json::object{{"bytes", nullptr}, {"formula", t.formula}});
     return json::object{{"bytes", t.bytes}, {"formula", t.formula}};
+  };
+  auto device_peak = [](const DevicePeak& p) -> json::value {
+    if (!p.applies) return json::object{{"bytes", nullptr}, {"formula", p.formula}};
+    return json::object{{"bytes", p.bytes},
+                        {"at", p.at},
+                        {"model_states", p.model_states},
+                        {"activations", p.activations},
+                        {"gathered_params", p.gathered_params},
+                        {"persistent_params", p.persistent_params},
+                        {"grad_staging", p.grad_staging},
+                        {"comm_buffers", p.comm_buffers},
+                        {"formula", p.formula}};
   };
   json::object j;
   j["model"] = in.model.description;
@@ -193,7 +227,10 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
                                     {"tiers", json::object{{"device", g.device.total()},
                                                            {"host", g.host_total()},
                                                            {"nvme", g.nvme.total()}}},
-                                    {"total", g.total()}});
+                                    {"total", g.total()},
+                                    {"device_peak", device_peak(g.device_peak)},
+                                    {"cpu_backend_host_bytes", g.device_peak.applies ? json::value(cpu_backend_host_bytes(st, g))
+                                                                                     : json::value(nullptr)}});
     }
     stages.push_back(json::object{
         {"stage", st.stage},

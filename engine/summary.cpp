@@ -13,7 +13,7 @@
 namespace zs::engine {
 namespace {
 
-constexpr size_t kFields = 18;
+constexpr size_t kFields = 18 + memory::kNumCategories;
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
 std::vector<std::array<uint64_t, kFields>> gather_u64(const comm::Group& group, const std::array<uint64_t, kFields>& mine) {
@@ -66,6 +66,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                         mem.grad_staging_peak_bytes, mem.gathered_param_peak_bytes,
                                         mem.gathered_param_bound_bytes, exact_steps_.steps, exact_steps_.bytes,
                                         compressed_steps_.steps, compressed_steps_.bytes};
+  for (size_t c = 0; c < memory::kNumCategories; ++c) mine[18 + c] = mem.device_peak_by_category[c];
   auto all = gather_u64(group, mine);
   // Every rank computes the digest (it reads only local memory at stage 0); rank 0's goes in.
   std::string digest = engine_.param_digest();
@@ -119,6 +120,9 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
     m["grad_staging_peak_bytes"] = v[11];
     m["gathered_param_peak_bytes"] = v[12];
     m["gathered_param_bound_bytes"] = v[13];
+    boost::json::object at_peak;
+    for (memory::Category c : memory::kAllCategories) at_peak[memory::category_name(c)] = v[18 + static_cast<size_t>(c)];
+    m["device_peak_by_category"] = std::move(at_peak);
     mem_ranks.push_back(std::move(m));
     auto mean = [](uint64_t steps, uint64_t bytes) { return steps ? static_cast<double>(bytes) / static_cast<double>(steps) : 0.0; };
     comm_ranks.push_back(boost::json::object{{"rank", static_cast<int64_t>(r)},

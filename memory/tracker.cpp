@@ -11,15 +11,17 @@ boost::json::object MemorySnapshot::to_json() const {
   boost::json::object out;
   for (Tier t : kAllTiers) {
     auto ti = static_cast<size_t>(t);
-    boost::json::object cur, pk;
+    boost::json::object cur, pk, at_pk;
     for (Category c : kAllCategories) {
       auto ci = static_cast<size_t>(c);
       cur[category_name(c)] = current[ci][ti];
       pk[category_name(c)] = peak[ci][ti];
+      at_pk[category_name(c)] = at_tier_peak[ti][ci];
     }
     boost::json::object tier;
     tier["current"] = std::move(cur);
     tier["peak"] = std::move(pk);
+    tier["at_peak"] = std::move(at_pk);
     tier["total_current"] = tier_current[ti];
     tier["total_peak"] = tier_peak[ti];
     out[tier_name(t)] = std::move(tier);
@@ -35,7 +37,10 @@ void MemoryTracker::add(Category c, Tier t, size_t bytes) {
   cur += bytes;
   s_.peak[ci][ti] = std::max(s_.peak[ci][ti], cur);
   s_.tier_current[ti] += bytes;
-  s_.tier_peak[ti] = std::max(s_.tier_peak[ti], s_.tier_current[ti]);
+  if (s_.tier_current[ti] > s_.tier_peak[ti]) {
+    s_.tier_peak[ti] = s_.tier_current[ti];
+    for (size_t k = 0; k < kNumCategories; ++k) s_.at_tier_peak[ti][k] = s_.current[k][ti];
+  }
   s_.category_current[ci] += bytes;
   s_.category_peak[ci] = std::max(s_.category_peak[ci], s_.category_current[ci]);
 }
@@ -72,6 +77,11 @@ size_t MemoryTracker::tier_peak(Tier t) const {
   return s_.tier_peak[static_cast<size_t>(t)];
 }
 
+size_t MemoryTracker::at_tier_peak(Category c, Tier t) const {
+  std::lock_guard lock(mu_);
+  return s_.at_tier_peak[static_cast<size_t>(t)][static_cast<size_t>(c)];
+}
+
 size_t MemoryTracker::category_current(Category c) const {
   std::lock_guard lock(mu_);
   return s_.category_current[static_cast<size_t>(c)];
@@ -91,6 +101,9 @@ void MemoryTracker::reset_peaks() {
   std::lock_guard lock(mu_);
   s_.peak = s_.current;
   s_.tier_peak = s_.tier_current;
+  for (size_t t = 0; t < kNumTiers; ++t) {
+    for (size_t k = 0; k < kNumCategories; ++k) s_.at_tier_peak[t][k] = s_.current[k][t];
+  }
   s_.category_peak = s_.category_current;
 }
 

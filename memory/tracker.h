@@ -32,12 +32,15 @@ struct MemorySnapshot {
   std::array<size_t, kNumTiers> tier_peak{};
   std::array<size_t, kNumCategories> category_current{};  // over all tiers
   std::array<size_t, kNumCategories> category_peak{};
+  // What the tier's peak was made of: bytes by category at the moment tier_peak was last raised
+  // ([tier][category]; the device arena's peak split into params, grads, activations, ...).
+  std::array<std::array<size_t, kNumCategories>, kNumTiers> at_tier_peak{};
 
   size_t at(Category c, Tier t) const { return current[static_cast<size_t>(c)][static_cast<size_t>(t)]; }
   size_t peak_at(Category c, Tier t) const { return peak[static_cast<size_t>(c)][static_cast<size_t>(t)]; }
 
   // {"device": {"current": {"params": ..., ...}, "peak": {...}, "total_current": .., "total_peak": ..},
-  //  "host": {...}, "nvme": {...}}
+  //  "at_peak": {"params": ..., ...}, "host": {...}, "nvme": {...}}
   boost::json::object to_json() const;
 };
 
@@ -55,6 +58,8 @@ class MemoryTracker {
   size_t peak(Category c, Tier t) const;
   size_t tier_current(Tier t) const;
   size_t tier_peak(Tier t) const;
+  // Bytes of category c on tier t at the moment of the tier's peak (see MemorySnapshot::at_tier_peak).
+  size_t at_tier_peak(Category c, Tier t) const;
   size_t category_current(Category c) const;
   size_t category_peak(Category c) const;
   MemorySnapshot snapshot() const;

@@ -30,6 +30,14 @@ TEST(Tracker, CurrentAndPeaks) {
   EXPECT_EQ(m.peak(Category::kParams, Tier::kDevice), 100u);
   EXPECT_EQ(m.tier_current(Tier::kDevice), 130u);
   EXPECT_EQ(m.tier_peak(Tier::kDevice), 150u);  // 100 + 50, not 100 + 50 + 80
+  // The peak's make-up: the moment params 100 and grads 50 were alive together.
+  EXPECT_EQ(m.at_tier_peak(Category::kParams, Tier::kDevice), 100u);
+  EXPECT_EQ(m.at_tier_peak(Category::kGrads, Tier::kDevice), 50u);
+  EXPECT_EQ(m.at_tier_peak(Category::kActivations, Tier::kDevice), 0u);
+  m.add(Category::kActivations, Tier::kDevice, 30);  // 160: a new peak, made of grads and activations
+  EXPECT_EQ(m.at_tier_peak(Category::kParams, Tier::kDevice), 0u);
+  EXPECT_EQ(m.at_tier_peak(Category::kActivations, Tier::kDevice), 110u);
+  m.sub(Category::kActivations, Tier::kDevice, 30);
   m.add(Category::kOptimizer, Tier::kHost, 400);
   m.add(Category::kOptimizer, Tier::kNvme, 1000);
   EXPECT_EQ(m.category_current(Category::kOptimizer), 1400u);
@@ -38,6 +46,7 @@ TEST(Tracker, CurrentAndPeaks) {
   m.reset_peaks();
   EXPECT_EQ(m.tier_peak(Tier::kDevice), 130u);
   EXPECT_EQ(m.peak(Category::kParams, Tier::kDevice), 0u);
+  EXPECT_EQ(m.at_tier_peak(Category::kActivations, Tier::kDevice), 80u);
 
   auto snap = m.snapshot();
   EXPECT_EQ(snap.at(Category::kGrads, Tier::kDevice), 50u);
@@ -45,6 +54,7 @@ TEST(Tracker, CurrentAndPeaks) {
   EXPECT_EQ(j.at("device").at("current").at("grads").as_uint64(), 50u);
   EXPECT_EQ(j.at("nvme").at("total_current").as_uint64(), 1000u);
   EXPECT_EQ(j.at("host").at("peak").at("optimizer").as_uint64(), 400u);
+  EXPECT_EQ(j.at("device").at("at_peak").at("grads").as_uint64(), 50u);
 }
 
 TEST(Tracker, TrackedBytesIsRaiiAndMovable) {
