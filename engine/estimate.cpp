@@ -323,7 +323,7 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     g.host = t.host;
     g.nvme = t.nvme;
     g.offload_buffers = offload_buffer_bytes(in, stage, r);
-    g.device_peak = estimate_device_peak(in, stage, r, g.device);
+    g.device_peak = estimate_device_peak(in, stage, g.device);
     st.shards.push_back(g);
   }
 

@@ -248,9 +248,10 @@ StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank);
 // false without NVMe), with the formula in this rank's numbers.
 TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank);
 StageEstimate estimate_stage(const EstimateInput& in, int stage);
-// The predicted device peak of rank `rank` at `stage` (DevicePeak); `device_states` is that rank's
-// device-resident model states (tiered_state_bytes(in, stage, rank).device).
-DevicePeak estimate_device_peak(const EstimateInput& in, int stage, int rank, const StateBytes& device_states);
+// The predicted device peak at `stage` (DevicePeak) of a rank whose device-resident model states are
+// `device_states` (tiered_state_bytes(in, stage, rank).device): the transients are the same on every
+// rank.
+DevicePeak estimate_device_peak(const EstimateInput& in, int stage, const StateBytes& device_states);
 // Throws ConfigError for a stage outside 0..3, ranks < 1, Ψ == 0, or optimizer offload at a stage >= 1
 // with a compressed optimizer or reuse_fp32_param.
 MemoryEstimate estimate_memory(const EstimateInput& in, const std::vector<int>& stages);

@@ -268,8 +268,7 @@ class StagingReplay {
 
 }  // namespace
 
-DevicePeak estimate_device_peak(const EstimateInput& in, int stage, int rank, const StateBytes& device_states) {
-  (void)rank;  // the transients are the same on every rank; the states passed in are this rank's
+DevicePeak estimate_device_peak(const EstimateInput& in, int stage, const StateBytes& device_states) {
   DevicePeak peak;
   const ModelFacts& f = in.model;
   if (!f.exact_layout || !f.activations || f.schedule.empty()) {
