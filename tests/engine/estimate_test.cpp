@@ -252,6 +252,50 @@ TEST(Estimate, StagingBoundCoversTheLargestBuckets) {
   EXPECT_EQ(estimate_stage(in, 2).grad_buckets.bytes, 2 * want);
 }
 
+TEST(Estimate, DevicePeakLiesBetweenTheActivationPeakAndTheSumOfTheBounds) {
+  // The replay (Note [device timeline]) adds, at one moment, what the separate bounds add at their own
+  // worst moments: so states + activation peak <= device peak <= states + every bound. Stages 0-1
+  // have no other transient, so there it is exactly states + activation peak.
+  nn::GptConfig m = padded_gpt();
+  m.n_layer = 3;
+  for (Precision p : {Precision::kFp32, Precision::kBf16}) {
+    for (int ranks : {1, 3}) {
+      EngineConfig cfg = config_with(m, p, 2);
+      cfg.zero.reduce_bucket_size = 2000;
+      cfg.zero.stage3_param_persistence_threshold = 1000;
+      cfg.zero.stage3_prefetch_bucket_size = 6000;
+      const EstimateInput in = estimate_input_for_config(cfg, ranks);
+      for (int stage = 0; stage <= 3; ++stage) {
+        const StageEstimate st = estimate_stage(in, stage);
+        for (const ShardGroup& g : st.shards) {
+          const std::string what = fmt::format("{} np {} stage {} ranks {}-{}", precision_name(p), ranks, stage, g.first_rank, g.last_rank);
+          const DevicePeak& d = g.device_peak;
+          ASSERT_TRUE(d.applies) << what;
+          EXPECT_EQ(d.model_states, g.device.total()) << what;
+          EXPECT_EQ(d.bytes, d.model_states + d.activations + d.gathered_params + d.persistent_params + d.grad_staging) << what;
+          const uint64_t floor = g.device.total() + st.activations_peak.bytes;
+          if (stage <= 1) {
+            EXPECT_EQ(d.bytes, floor) << what;
+            EXPECT_EQ(d.grad_staging + d.gathered_params + d.persistent_params, 0u) << what;
+            continue;
+          }
+          EXPECT_GE(d.bytes, floor) << what;
+          // Each block of the replay is rounded to 64 B, the bounds are not: allow one block per buffer.
+          const uint64_t slack = 64 * (in.model.schedule.size() + in.model.bucket_elements.size());
+          EXPECT_LE(d.bytes, floor + st.grad_buckets.bytes + st.gathered_params.bytes + st.persistent_params.bytes + slack) << what;
+          EXPECT_GT(d.grad_staging, 0u) << what;
+          EXPECT_EQ(d.gathered_params > 0, stage == 3) << what;
+        }
+      }
+    }
+  }
+  // Without the model's modules there is nothing to replay.
+  const EstimateInput bare = estimate_input_for_params(1'000'000, 2, Precision::kBf16);
+  const DevicePeak none = estimate_stage(bare, 3).shards[0].device_peak;
+  EXPECT_FALSE(none.applies);
+  EXPECT_NE(none.formula.find("--config"), std::string::npos);
+}
+
 TEST(Estimate, GptActivationsCountTheSavedTensors) {
   // L 1, C 32, H 2, V 256, B 2, T 8: N = 16. Saved: 16NC + 4N + BHT^2 = 8192 + 64 + 256 per block,
   // head 2NC + NV + 3N = 1024 + 4096 + 48; each tensor rounded to 64 bytes: the (N) tensors are 64 B.
