@@ -87,7 +87,7 @@ struct OffloadParamConfig {
   bool pin_memory = false;
   int64_t buffer_count = 5;          // nvme: staging buffers for reads in flight...
   int64_t buffer_size = 100'000'000; // ...of this many elements each (bounds the prefetch window)
-  int64_t max_in_cpu = 1'000'000'000;  // elements kept in host memory (zeroshard keeps none cached)
+  int64_t max_in_cpu = 1'000'000'000;  // nvme: parameter elements in host memory (caps the prefetch window)
 };
 
 struct ZeroConfig {

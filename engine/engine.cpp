@@ -11,6 +11,7 @@
 
 #include "core/errors.h"
 #include "core/log.h"
+#include "engine/detail/offload_rules.h"
 #include "engine/engine_impl.h"
 #include "engine/runtime.h"
 #include "optim/adam.h"
@@ -115,9 +116,9 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
                               .nvme_region = {},
                               .tracker = nullptr};
     if (params_on_nvme()) {
-      // The reads in flight are bounded by DeepSpeed's buffer_count x buffer_size.
       const auto& op = cfg.zero.offload_param;
-      go.prefetch_elements = std::min(go.prefetch_elements, static_cast<size_t>(op.buffer_count * op.buffer_size));
+      go.prefetch_elements = detail::nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
+                                                          static_cast<size_t>(op.buffer_size), static_cast<size_t>(op.max_in_cpu));
       go.nvme = nvme_->param_swap.get();
       go.nvme_region = nvme_->params;
       go.tracker = &tracker_;

@@ -99,6 +99,7 @@ ZeroLimits zero_limits_of(const ZeroConfig& zero) {
   l.offload_optimizer_buffer_count = zero.offload_optimizer.buffer_count;
   l.offload_param_buffer_count = zero.offload_param.buffer_count;
   l.offload_param_buffer_size = zero.offload_param.buffer_size;
+  l.offload_param_max_in_cpu = zero.offload_param.max_in_cpu;
   l.overlap_comm = zero.overlap_comm;
   return l;
 }

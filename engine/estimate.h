@@ -58,6 +58,7 @@ struct ZeroLimits {
   int64_t offload_optimizer_buffer_count = 4;        // sub-group host buffers (optimizer states on NVMe)
   int64_t offload_param_buffer_count = 5;            // ... when only the parameters are on NVMe
   int64_t offload_param_buffer_size = 100'000'000;   // x buffer_count: the stage-3 NVMe read window
+  int64_t offload_param_max_in_cpu = 1'000'000'000;  // caps that window too (parameters in host memory)
   bool overlap_comm = true;                          // stage 2+: a full bucket is reduced during backward
 };
 // The limits a ZeroConfig holds.

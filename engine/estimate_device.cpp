@@ -49,7 +49,7 @@ namespace zs::engine {
 //     counts: a module's own range is gathered when it is fetched (forward: before it runs; backward:
 //     before its backward), then the next modules of the recorded order are started while the
 //     prefetched total stays within the window (stage3_prefetch_bucket_size, and with parameters on
-//     NVMe also offload_param buffer_count x buffer_size) and the live total within
+//     NVMe also offload_param buffer_count x buffer_size and max_in_cpu) and the live total within
 //     stage3_max_live_parameters; a module is released after it ran unless its range is below
 //     stage3_param_persistence_threshold (persistent: gathered at first use, kept until the step);
 //   + stage 2/3: gradient staging, by the reducer's rules (engine/grad_reducer.cpp): a bucket's
@@ -279,10 +279,7 @@ DevicePeak estimate_device_peak(const EstimateInput& in, int stage, const StateB
   const detail::GptActivations acts = detail::gpt_activations(*f.activations, in.precision);
   const int grad_stage = in.compressed ? std::min(stage, 1) : stage;
   uint64_t window = static_cast<uint64_t>(in.zero.stage3_prefetch_bucket_size);
-  if (stage_offload(in, stage).param == OffloadTarget::kNvme) {
-    window = std::min<uint64_t>(window, static_cast<uint64_t>(in.zero.offload_param_buffer_count) *
-                                            static_cast<uint64_t>(in.zero.offload_param_buffer_size));
-  }
+  if (stage_offload(in, stage).param == OffloadTarget::kNvme) window = detail::nvme_prefetch_window(in);
   GatherReplay gather(f, b, window, static_cast<uint64_t>(in.zero.stage3_max_live_parameters));
   StagingReplay staging(f, b, in.ranks == 1, in.zero.overlap_comm);
   const bool gathering = stage == 3, staged = grad_stage >= 2;

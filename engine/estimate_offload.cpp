@@ -35,7 +35,7 @@ namespace zs::engine {
 // Stage-3 NVMe staging (param_gatherer.cpp): a gather reads this rank's owned part of a module's range
 // into a host buffer spanning whole 4096-byte pages around it; the buffer lives until the gather
 // finishes. Alive at once: the prefetched modules (at most the prefetch window, min(
-// stage3_prefetch_bucket_size, offload_param buffer_count x buffer_size) elements) and the module
+// stage3_prefetch_bucket_size, offload_param buffer_count x buffer_size, max_in_cpu) elements) and the module
 // being fetched (at most the largest module). Each owned part is within this rank's shard, so
 // elements <= min(S, window + largest module); a buffer spans at most b x its part + 2 x 4096 - 2
 // bytes (a page-straddling start and end), so the bound adds 8 KiB per buffer, for 1 + the most
@@ -125,15 +125,20 @@ std::string offload_buffers_symbols(const EstimateInput& in, int stage) {
                      items, off.optimizer == OffloadTarget::kNvme ? "offload_optimizer" : "offload_param");
 }
 
+uint64_t nvme_prefetch_window(const EstimateInput& in) {
+  return detail::nvme_prefetch_window(static_cast<size_t>(in.zero.stage3_prefetch_bucket_size),
+                                      static_cast<size_t>(in.zero.offload_param_buffer_count),
+                                      static_cast<size_t>(in.zero.offload_param_buffer_size),
+                                      static_cast<size_t>(in.zero.offload_param_max_in_cpu));
+}
+
 TransientBound nvme_param_staging_bound(const EstimateInput& in, int stage) {
   TransientBound t;
   if (stage_offload(in, stage).param != OffloadTarget::kNvme) return t;
   const ModelFacts& f = in.model;
   const uint64_t b = bytes_per_element(in.precision);
   const uint64_t shard = memory::shard_of(f.flat_elements, in.ranks, 0, kAlign).size;  // the largest
-  const uint64_t window = std::min<uint64_t>(static_cast<uint64_t>(in.zero.stage3_prefetch_bucket_size),
-                                             static_cast<uint64_t>(in.zero.offload_param_buffer_count) *
-                                                 static_cast<uint64_t>(in.zero.offload_param_buffer_size));
+  const uint64_t window = nvme_prefetch_window(in);
   if (!f.exact_layout || f.module_elements.empty()) {
     t.formula = fmt::format("{} x S_r ({}) + 8 KiB per module read at once: the modules are unknown with --params (give "
                             "--config with a model section)",
@@ -153,10 +158,10 @@ TransientBound nvme_param_staging_bound(const EstimateInput& in, int stage) {
   t.bytes = b * elements + 2 * kPageBytes * (fit + 1);
   t.formula = fmt::format("{} x min(S_r {}, min(prefetch window {}, all modules {}) + largest module {}) + 8 KiB x {} buffers "
                           "(page alignment; 1 fetching + up to {} prefetched); window = min(stage3_prefetch_bucket_size "
-                          "{}, offload_param buffer_count {} x buffer_size {})",
+                          "{}, offload_param buffer_count {} x buffer_size {}, max_in_cpu {})",
                           b, group_digits(shard), group_digits(window), group_digits(all), group_digits(largest), fit + 1, fit,
                           group_digits(in.zero.stage3_prefetch_bucket_size), in.zero.offload_param_buffer_count,
-                          group_digits(in.zero.offload_param_buffer_size));
+                          group_digits(in.zero.offload_param_buffer_size), group_digits(in.zero.offload_param_max_in_cpu));
   return t;
 }
 

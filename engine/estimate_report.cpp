@@ -211,7 +211,8 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
                            {"sub_group_size", in.zero.sub_group_size},
                            {"offload_optimizer_buffer_count", in.zero.offload_optimizer_buffer_count},
                            {"offload_param_buffer_count", in.zero.offload_param_buffer_count},
-                           {"offload_param_buffer_size", in.zero.offload_param_buffer_size}};
+                           {"offload_param_buffer_size", in.zero.offload_param_buffer_size},
+                           {"offload_param_max_in_cpu", in.zero.offload_param_max_in_cpu}};
   json::array stages;
   for (const StageEstimate& st : est.stages) {
     json::array shards;

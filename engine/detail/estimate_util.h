@@ -55,6 +55,8 @@ void check_offload(const EstimateInput& in, int stage);
 std::string params_tier_note(const EstimateInput& in, int stage);
 std::string grads_tier_note(const EstimateInput& in, int stage);
 std::string optimizer_tier_note(const EstimateInput& in, int stage);
+// Stage 3 with parameters on NVMe: the gatherer's prefetch window (offload_rules.h) for the input's limits.
+uint64_t nvme_prefetch_window(const EstimateInput& in);
 // Stage 3 with parameters on NVMe: the bound on the gatherer's host staging buffers.
 TransientBound nvme_param_staging_bound(const EstimateInput& in, int stage);
 // ShardGroup::offload_buffers' formula in symbols.

@@ -21,4 +21,12 @@ inline size_t offload_sub_group_elements(size_t stepped, size_t sub_group_size, 
   return std::min(round_up(sub_group_size), cap);
 }
 
+// Stage 3 with parameters on NVMe: the prefetch window in elements. The gathers read ahead into host
+// staging buffers, so DeepSpeed's bounds on that host memory cap stage3_prefetch_bucket_size: the
+// reads in flight (offload_param buffer_count x buffer_size) and the parameters held in host memory
+// (offload_param max_in_cpu). The module being fetched is read whatever the window: it has to run.
+inline size_t nvme_prefetch_window(size_t prefetch_elements, size_t buffer_count, size_t buffer_size, size_t max_in_cpu) {
+  return std::min({prefetch_elements, buffer_count * buffer_size, max_in_cpu});
+}
+
 }  // namespace zs::engine::detail
