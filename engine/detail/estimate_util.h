@@ -30,7 +30,7 @@ double state_bytes_per_element(const EstimateInput& in);
 // anything offloaded), else 0.
 uint64_t master_bytes_at(const EstimateInput& in, int stage);
 
-// estimate_device.cpp: the GPT's activation timeline (Note [GPT activations] in estimate.cpp). Each
+// estimate_device.cpp: the GPT's activation timeline (Note [GPT activations] there). Each
 // moment names the module running then (a ModelFacts::schedule name) so the device timeline can add
 // what else is alive at that point.
 struct ActivationMoment {
