@@ -11,8 +11,6 @@
 // buffers, exactly; + the stage-3 NVMe staging, within its bound) equal the estimate.
 #include <gtest/gtest.h>
 
-#include <stdlib.h>
-
 #include <filesystem>
 
 #include "core/json.h"
@@ -23,6 +21,7 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "tests/support/mpi_test_env.h"
+#include "tests/support/temp_dir.h"
 
 namespace zs::engine {
 namespace {
@@ -114,26 +113,6 @@ INSTANTIATE_TEST_SUITE_P(Stages, EstimateAgreement,
                            return fmt::format("stage{}_{}", std::get<0>(info.param), precision_name(std::get<1>(info.param)));
                          });
 
-// A fresh directory for this rank's swap files, removed with its contents at the end.
-class RankTempDir {
- public:
-  RankTempDir() {
-    std::string tmpl = std::filesystem::current_path().string() + "/zs-estimate-offload-XXXXXX";
-    ZS_ASSERT(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp under the working directory failed");
-    path_ = tmpl;
-  }
-  ~RankTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  RankTempDir(const RankTempDir&) = delete;
-  RankTempDir& operator=(const RankTempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 // d_model 60: Ψ about 104,000, so the NVMe step has several sub-groups (of 32768 elements) at 1-3
 // ranks, the last one shorter at 3.
 nn::GptConfig offload_gpt() { return {.n_layer = 2, .d_model = 60, .n_head = 3, .seq_len = 16, .vocab_size = 256}; }
@@ -158,7 +137,7 @@ TEST_P(EstimateOffloadAgreement, TiersEqualTheEngineAllocation) {
   const OffloadCase& c = GetParam();
   if (!stage_available(c.stage)) GTEST_SKIP() << "ZeRO stage " << c.stage << " is not available in this build";
   const comm::Group& world = test::world().group();
-  RankTempDir dir;  // outlives the engine, whose swap files live in it
+  test::TempDir dir;  // this rank's swap files; outlives the engine, whose swap files live in it
   EngineConfig cfg = make_config(world.size(), c.precision, c.stage);
   cfg.model = offload_gpt();
   cfg.memory.release_fp32_grad = !c.keep_fp32_grads;

@@ -2,13 +2,12 @@
 // communication saving, and the memory-reuse modes against the modes off.
 #include <gtest/gtest.h>
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <map>
 
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
+#include "tests/support/temp_dir.h"
 
 namespace zs::engine {
 namespace {
@@ -204,23 +203,12 @@ namespace {
 
 using namespace test_harness;
 
-// A swap directory per test process, removed after (the engine removes its own files first).
-struct SwapDir {
-  std::string path;
-  SwapDir() {
-    char tmpl[] = "/tmp/zs-offload-test-XXXXXX";
-    ZS_ASSERT(mkdtemp(tmpl) != nullptr, "mkdtemp");
-    path = tmpl;
-  }
-  ~SwapDir() { std::filesystem::remove_all(path); }
-};
-
 // Offload none / cpu / nvme give the same bits (Note [offload] in engine/engine_offload.cpp): the
 // arithmetic is the same, only where the states live changes.
 TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
   const comm::Group& world = test::world().group();
   // Every rank names its own directory the same way: one per rank, so no file is shared.
-  SwapDir dir;
+  test::TempDir dir;  // removed after (the engine removes its own files first)
   for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
     for (int stage = 1; stage <= 3; ++stage) {
       EngineConfig base = make_config(1, world.size(), precision, stage);
@@ -228,8 +216,8 @@ TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
       const RunResult ref = train(world, base);
       for (OffloadDevice device : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
         EngineConfig cfg = base;
-        cfg.zero.offload_optimizer = {.device = device, .nvme_path = dir.path};
-        if (stage == 3) cfg.zero.offload_param = {.device = device, .nvme_path = dir.path};
+        cfg.zero.offload_optimizer = {.device = device, .nvme_path = dir.path()};
+        if (stage == 3) cfg.zero.offload_param = {.device = device, .nvme_path = dir.path()};
         const std::string what = fmt::format("{} stage {} offload {}", precision_name(precision), stage, offload_device_name(device));
         RunResult got = train(world, cfg);
         EXPECT_EQ(got.final_digest, ref.final_digest) << what;
@@ -246,16 +234,16 @@ TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
     }
   }
   // Every swap file was removed when its engine went.
-  EXPECT_TRUE(std::filesystem::is_empty(dir.path));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
 TEST(Offload, CAdamStatesStreamThroughNvmeToo) {
   const comm::Group& world = test::world().group();
-  SwapDir dir;
+  test::TempDir dir;  // removed after (the engine removes its own files first)
   EngineConfig base = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "CAdam");
   base.zero.sub_group_size = 40'000;
   EngineConfig cfg = base;
-  cfg.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir.path};
+  cfg.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir.path()};
   EXPECT_EQ(train(world, cfg).final_digest, train(world, base).final_digest);
 }
 

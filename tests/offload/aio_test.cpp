@@ -21,23 +21,11 @@ namespace zs::offload {
 namespace {
 
 using test::pattern;
+using test::io_error;
 using test::TempDir;
 
 // Enter the private mount namespace before any thread exists (see offload_test_util.h).
 const bool kMountNs = test::private_mount_namespace();
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
-
-template <typename F>
-std::string io_error(F&& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an IoError";
-  return {};
-}
 
 // The file's bytes through a plain read, independent of AsyncFile.
 std::vector<std::byte> file_bytes(const std::string& path, uint64_t offset, size_t n) {

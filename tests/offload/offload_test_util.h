@@ -1,4 +1,4 @@
-// Helpers for the offload tests: temporary directories, private mounts (tiny tmpfs, ramfs, read-only
+// Helpers for the offload tests: temporary directories, IoError messages, private mounts (tiny tmpfs, ramfs, read-only
 // file systems) when the process may mount, captured log warnings and byte patterns.
 #pragma once
 
@@ -20,31 +20,30 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "core/errors.h"
 #include "core/log.h"
+#include "tests/support/temp_dir.h"
 
 namespace zs::offload::test {
 
-// A fresh directory (mkdtemp) removed with its contents at the end.
-class TempDir {
- public:
-  // The default base is the working directory: ctest runs tests in the build tree, a real disk.
-  explicit TempDir(const std::string& base = std::filesystem::current_path().string()) {
-    std::string tmpl = base + "/zs-offload-test-XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed under " + base);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
+using zs::test::TempDir;  // tests/support/temp_dir.h
 
- private:
-  std::string path_;
-};
+// Checks that `text` contains `part`, printing the text when it does not.
+#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
+
+// The message of the IoError that f() throws (a test failure when it throws none).
+template <typename F>
+std::string io_error(F&& f) {
+  try {
+    f();
+  } catch (const IoError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an IoError";
+  return {};
+}
 
 // Moves this process into its own mount namespace (once), so test mounts are invisible to everyone
 // else and vanish with the process even if it crashes. False when not permitted (not root, or a

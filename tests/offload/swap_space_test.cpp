@@ -25,22 +25,10 @@ namespace fs = std::filesystem;
 using memory::Category;
 using memory::MemoryTracker;
 using memory::Tier;
+using test::io_error;
 using test::TempDir;
 
 const bool kMountNs = test::private_mount_namespace();
-
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
-
-template <typename F>
-std::string io_error(F&& f) {
-  try {
-    f();
-  } catch (const IoError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an IoError";
-  return {};
-}
 
 size_t files_in(const std::string& dir) {
   size_t n = 0;

@@ -21,8 +21,6 @@ using memory::MemoryTracker;
 using memory::Tier;
 using test::TempDir;
 
-#define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << "in: " << (text)
-
 // Floats: x -> 3x + 1 for read-write items; write-only items get a value derived from (run, group,
 // index); read-only items are only checked.
 float write_only_value(int run, size_t group, size_t i) { return static_cast<float>(run * 1000 + group) + 0.25f * i; }
