@@ -41,8 +41,8 @@ uint64_t master_bytes_at(const EstimateInput& in, int stage) {
   if (in.memory.reuse_fp32_param && in.precision == Precision::kBf16) return 2;
   // engine.cpp's separate_master_: bf16/fp16, or optimizer offload, or parameters on NVMe.
   const StageOffload off = stage_offload(in, stage);
-  const bool separate = in.precision != Precision::kFp32 || off.optimizer != OffloadTarget::kNone ||
-                        off.param == OffloadTarget::kNvme;
+  const bool separate = in.precision != Precision::kFp32 || off.optimizer != OffloadDevice::kNone ||
+                        off.param == OffloadDevice::kNvme;
   return separate ? 4 : 0;
 }
 
@@ -69,24 +69,6 @@ void check_input(const EstimateInput& in) {
 }
 
 }  // namespace
-
-std::string offload_target_name(OffloadTarget t) {
-  switch (t) {
-    case OffloadTarget::kNone: return "none";
-    case OffloadTarget::kCpu: return "cpu";
-    case OffloadTarget::kNvme: return "nvme";
-  }
-  return "?";
-}
-
-OffloadTarget offload_target_of(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::kNone: return OffloadTarget::kNone;
-    case OffloadDevice::kCpu: return OffloadTarget::kCpu;
-    case OffloadDevice::kNvme: return OffloadTarget::kNvme;
-  }
-  return OffloadTarget::kNone;
-}
 
 ZeroLimits zero_limits_of(const ZeroConfig& zero) {
   ZeroLimits l;
@@ -252,8 +234,8 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
   }
   in.memory = cfg.memory;
   in.config_stage = cfg.zero.stage;
-  in.offload_optimizer = offload_target_of(cfg.zero.offload_optimizer.device);
-  in.offload_param = offload_target_of(cfg.zero.offload_param.device);
+  in.offload_optimizer = cfg.zero.offload_optimizer.device;
+  in.offload_param = cfg.zero.offload_param.device;
   return in;
 }
 

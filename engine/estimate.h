@@ -6,7 +6,7 @@
 //
 //   // From a parameter count alone (Ψ = N rounded up to kAlignElements):
 //   EstimateInput in = estimate_input_for_params(1'500'000'000, /*ranks=*/8, Precision::kBf16);
-//   in.offload_optimizer = in.offload_param = OffloadTarget::kNvme;   // ZeRO-Infinity (optional)
+//   in.offload_optimizer = in.offload_param = OffloadDevice::kNvme;   // ZeRO-Infinity (optional)
 //   // Or from a validated config with a `model` section (exact layout, activations, offload keys):
 //   EstimateInput in = estimate_input_for_config(cfg, /*ranks=*/8);
 //   MemoryEstimate est = estimate_memory(in, {0, 1, 2, 3});
@@ -41,10 +41,6 @@
 #include "optim/optimizer.h"
 
 namespace zs::engine {
-
-enum class OffloadTarget { kNone, kCpu, kNvme };
-std::string offload_target_name(OffloadTarget t);
-OffloadTarget offload_target_of(OffloadDevice d);
 
 // DeepSpeed's ZeRO limits that size the transient buffers and the offload sub-groups, in elements
 // unless said otherwise (ZeroConfig's defaults).
@@ -131,16 +127,16 @@ struct EstimateInput {
   // Where the model states go, at the stages that allow it (stage_offload): the optimizer's at
   // stages 1-3, the parameters' at stage 3. Compressed optimizers and reuse_fp32_param cannot be
   // combined with optimizer offload (ConfigError, as parse_config says).
-  OffloadTarget offload_optimizer = OffloadTarget::kNone;
-  OffloadTarget offload_param = OffloadTarget::kNone;
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;
+  OffloadDevice offload_param = OffloadDevice::kNone;
 };
 
 // The offload targets that apply at `stage` (the engine refuses the others in the config).
 struct StageOffload {
-  OffloadTarget optimizer = OffloadTarget::kNone;  // stages 1-3
-  OffloadTarget param = OffloadTarget::kNone;      // stage 3
-  bool any() const { return optimizer != OffloadTarget::kNone || param != OffloadTarget::kNone; }
-  bool nvme() const { return optimizer == OffloadTarget::kNvme || param == OffloadTarget::kNvme; }
+  OffloadDevice optimizer = OffloadDevice::kNone;  // stages 1-3
+  OffloadDevice param = OffloadDevice::kNone;      // stage 3
+  bool any() const { return optimizer != OffloadDevice::kNone || param != OffloadDevice::kNone; }
+  bool nvme() const { return optimizer == OffloadDevice::kNvme || param == OffloadDevice::kNvme; }
 };
 StageOffload stage_offload(const EstimateInput& in, int stage);
 

@@ -279,7 +279,7 @@ DevicePeak estimate_device_peak(const EstimateInput& in, int stage, const StateB
   const detail::GptActivations acts = detail::gpt_activations(*f.activations, in.precision);
   const int grad_stage = in.compressed ? std::min(stage, 1) : stage;
   uint64_t window = static_cast<uint64_t>(in.zero.stage3_prefetch_bucket_size);
-  if (stage_offload(in, stage).param == OffloadTarget::kNvme) window = detail::nvme_prefetch_window(in);
+  if (stage_offload(in, stage).param == OffloadDevice::kNvme) window = detail::nvme_prefetch_window(in);
   GatherReplay gather(f, b, window, static_cast<uint64_t>(in.zero.stage3_max_live_parameters));
   StagingReplay staging(f, b, in.ranks == 1, in.zero.overlap_comm);
   const bool gathering = stage == 3, staged = grad_stage >= 2;

@@ -46,8 +46,8 @@ namespace {
 
 uint64_t page(uint64_t bytes) { return round_up(bytes, kPageBytes); }
 
-std::string where(OffloadTarget t) {
-  return t == OffloadTarget::kCpu ? "host" : t == OffloadTarget::kNvme ? "NVMe swap file" : "device";
+std::string where(OffloadDevice t) {
+  return t == OffloadDevice::kCpu ? "host" : t == OffloadDevice::kNvme ? "NVMe swap file" : "device";
 }
 
 // One item of an NVMe sub-group buffer: what it is, its size in terms of n, its bytes.
@@ -59,7 +59,7 @@ struct SubGroupItem {
 
 std::vector<SubGroupItem> sub_group_items(const EstimateInput& in, const StageOffload& off, uint64_t n) {
   std::vector<SubGroupItem> items;
-  if (off.optimizer == OffloadTarget::kNvme) {
+  if (off.optimizer == OffloadDevice::kNvme) {
     items.push_back({"fp32 master", "4n", page(4 * n)});
     for (const optim::StateSpec& spec : in.optimizer_states) {
       std::string per_n = spec.elements_per_value == 1 ? fmt::format("{}n", spec.value_bytes)
@@ -67,7 +67,7 @@ std::vector<SubGroupItem> sub_group_items(const EstimateInput& in, const StageOf
       items.push_back({std::string(spec.name), std::move(per_n), page(spec.bytes_for(n))});
     }
   }
-  if (off.param == OffloadTarget::kNvme) {
+  if (off.param == OffloadDevice::kNvme) {
     const uint64_t b = bytes_per_element(in.precision);
     items.push_back({fmt::format("{} params", precision_name(in.precision)), fmt::format("{}n", b), page(b * n)});
   }
@@ -78,8 +78,8 @@ std::vector<SubGroupItem> sub_group_items(const EstimateInput& in, const StageOf
 
 void check_offload(const EstimateInput& in, int stage) {
   const StageOffload off = stage_offload(in, stage);
-  if (off.optimizer == OffloadTarget::kNone) return;
-  const std::string target = offload_target_name(off.optimizer);
+  if (off.optimizer == OffloadDevice::kNone) return;
+  const std::string target = offload_device_name(off.optimizer);
   if (in.compressed) {
     throw ConfigError(fmt::format("--offload {}: {} keeps whole-model momentum and error buffers beside the sharded states, "
                                   "and zeroshard does not offload those yet (zero_optimization.offload_optimizer refuses "
@@ -95,22 +95,22 @@ void check_offload(const EstimateInput& in, int stage) {
 }
 
 std::string params_tier_note(const EstimateInput& in, int stage) {
-  const OffloadTarget t = stage_offload(in, stage).param;
-  if (t == OffloadTarget::kNone) return "";
-  return fmt::format(" -> {} (offload_param {}; rounded up to 4096 B)", where(t), offload_target_name(t));
+  const OffloadDevice t = stage_offload(in, stage).param;
+  if (t == OffloadDevice::kNone) return "";
+  return fmt::format(" -> {} (offload_param {}; rounded up to 4096 B)", where(t), offload_device_name(t));
 }
 
 std::string grads_tier_note(const EstimateInput& in, int stage) {
-  if (stage_offload(in, stage).optimizer == OffloadTarget::kNone) return "";
+  if (stage_offload(in, stage).optimizer == OffloadDevice::kNone) return "";
   if (stage >= 2) return " -> host (offload_optimizer moves the gradient shard; each buffer rounded up to 4096 B)";
   return " on the device (stage 1 reduce-scatters in place in the whole buffer: not offloaded)";
 }
 
 std::string optimizer_tier_note(const EstimateInput& in, int stage) {
-  const OffloadTarget t = stage_offload(in, stage).optimizer;
-  if (t == OffloadTarget::kNone) return "";
+  const OffloadDevice t = stage_offload(in, stage).optimizer;
+  if (t == OffloadDevice::kNone) return "";
   return fmt::format(" -> {} (offload_optimizer {}; the master and each state rounded up to 4096 B)", where(t),
-                     offload_target_name(t));
+                     offload_device_name(t));
 }
 
 std::string offload_buffers_symbols(const EstimateInput& in, int stage) {
@@ -122,7 +122,7 @@ std::string offload_buffers_symbols(const EstimateInput& in, int stage) {
   }
   return fmt::format("min(B, G) x ({}), each item rounded up to 4096 B; B = {}.buffer_count, n = min(round_up(sub_group_size, "
                      "32768), round_up(ceil(S_r / B), 32768)) elements per sub-group, G = ceil(S_r / n) sub-groups",
-                     items, off.optimizer == OffloadTarget::kNvme ? "offload_optimizer" : "offload_param");
+                     items, off.optimizer == OffloadDevice::kNvme ? "offload_optimizer" : "offload_param");
 }
 
 uint64_t nvme_prefetch_window(const EstimateInput& in) {
@@ -134,7 +134,7 @@ uint64_t nvme_prefetch_window(const EstimateInput& in) {
 
 TransientBound nvme_param_staging_bound(const EstimateInput& in, int stage) {
   TransientBound t;
-  if (stage_offload(in, stage).param != OffloadTarget::kNvme) return t;
+  if (stage_offload(in, stage).param != OffloadDevice::kNvme) return t;
   const ModelFacts& f = in.model;
   const uint64_t b = bytes_per_element(in.precision);
   const uint64_t shard = memory::shard_of(f.flat_elements, in.ranks, 0, kAlign).size;  // the largest
@@ -180,21 +180,21 @@ TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank
   const StageOffload off = stage_offload(in, stage);
   TieredStateBytes t;
   // A buffer of `bytes` in category `cat`, on the tier `at` names (the device for kNone).
-  auto put = [&](OffloadTarget at, uint64_t StateBytes::*cat, uint64_t bytes) {
+  auto put = [&](OffloadDevice at, uint64_t StateBytes::*cat, uint64_t bytes) {
     switch (at) {
-      case OffloadTarget::kNone: t.device.*cat += bytes; break;
-      case OffloadTarget::kCpu: t.host.*cat += page(bytes); break;
-      case OffloadTarget::kNvme: t.nvme.*cat += page(bytes); break;
+      case OffloadDevice::kNone: t.device.*cat += bytes; break;
+      case OffloadDevice::kCpu: t.host.*cat += page(bytes); break;
+      case OffloadDevice::kNvme: t.nvme.*cat += page(bytes); break;
     }
   };
   put(off.param, &StateBytes::params, (stage == 3 ? shard : psi) * b);
-  const OffloadTarget grads_at =
-      off.optimizer != OffloadTarget::kNone && grad_stage >= 2 ? OffloadTarget::kCpu : OffloadTarget::kNone;
+  const OffloadDevice grads_at =
+      off.optimizer != OffloadDevice::kNone && grad_stage >= 2 ? OffloadDevice::kCpu : OffloadDevice::kNone;
   put(grads_at, &StateBytes::grads, grads_held * b);
   if (mixed && !in.memory.release_fp32_grad) put(grads_at, &StateBytes::grads, (in.compressed ? grads_held : stepped) * 4);
   const uint64_t m = detail::master_bytes_at(in, stage);
   if (m == 2) {
-    put(OffloadTarget::kNone, &StateBytes::optimizer, 2 * stepped);  // reuse_fp32_param's residual
+    put(OffloadDevice::kNone, &StateBytes::optimizer, 2 * stepped);  // reuse_fp32_param's residual
   } else if (m == 4) {
     put(off.optimizer, &StateBytes::optimizer, 4 * stepped);
   }
@@ -213,7 +213,7 @@ TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank
   TransientBound t;
   if (!off.nvme()) return t;
   const uint64_t stepped = memory::shard_of(in.model.flat_elements, in.ranks, rank, detail::kAlign).size;  // stage >= 1
-  const uint64_t buffers = static_cast<uint64_t>(off.optimizer == OffloadTarget::kNvme ? in.zero.offload_optimizer_buffer_count
+  const uint64_t buffers = static_cast<uint64_t>(off.optimizer == OffloadDevice::kNvme ? in.zero.offload_optimizer_buffer_count
                                                                                         : in.zero.offload_param_buffer_count);
   const uint64_t n = detail::offload_sub_group_elements(stepped, static_cast<size_t>(in.zero.sub_group_size), buffers);
   const uint64_t groups = detail::ceil_div(stepped, n);

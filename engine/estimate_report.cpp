@@ -30,11 +30,11 @@ std::string rank_span(const ShardGroup& g) {
 // "optimizer nvme (stages 1-3), params nvme (stage 3)" or "none".
 std::string offload_summary(const EstimateInput& in) {
   std::string s;
-  if (in.offload_optimizer != OffloadTarget::kNone) {
-    s = fmt::format("optimizer {} (stages 1-3)", offload_target_name(in.offload_optimizer));
+  if (in.offload_optimizer != OffloadDevice::kNone) {
+    s = fmt::format("optimizer {} (stages 1-3)", offload_device_name(in.offload_optimizer));
   }
-  if (in.offload_param != OffloadTarget::kNone) {
-    s += fmt::format("{}params {} (stage 3)", s.empty() ? "" : ", ", offload_target_name(in.offload_param));
+  if (in.offload_param != OffloadDevice::kNone) {
+    s += fmt::format("{}params {} (stage 3)", s.empty() ? "" : ", ", offload_device_name(in.offload_param));
   }
   return s.empty() ? "none" : s;
 }
@@ -47,11 +47,11 @@ uint64_t cpu_backend_host_bytes(const StageEstimate& st, const ShardGroup& g) {
 
 std::string stage_offload_text(const EstimateInput& in, const StageEstimate& st) {
   if (!st.offload.any()) {
-    return in.offload_optimizer == OffloadTarget::kNone && in.offload_param == OffloadTarget::kNone
+    return in.offload_optimizer == OffloadDevice::kNone && in.offload_param == OffloadDevice::kNone
                ? "none"
                : "none at this stage (optimizer offload needs stage 1-3, parameter offload stage 3)";
   }
-  return fmt::format("optimizer {}, params {}", offload_target_name(st.offload.optimizer), offload_target_name(st.offload.param));
+  return fmt::format("optimizer {}, params {}", offload_device_name(st.offload.optimizer), offload_device_name(st.offload.param));
 }
 
 }  // namespace
@@ -88,7 +88,7 @@ std::string format_estimate(const MemoryEstimate& est) {
                            format_bytes(b.optimizer), format_bytes(b.total()));
       };
       tier(stage, rank_span(g), group_digits(g.shard_elements), "device", g.device);
-      const bool host = g.host.total() > 0 || st.offload.optimizer == OffloadTarget::kCpu || st.offload.param == OffloadTarget::kCpu;
+      const bool host = g.host.total() > 0 || st.offload.optimizer == OffloadDevice::kCpu || st.offload.param == OffloadDevice::kCpu;
       if (host) tier("", "", "", "host", g.host);
       if (st.offload.nvme()) tier("", "", "", "nvme", g.nvme);
       if (g.offload_buffers.applies) {
@@ -200,8 +200,8 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
   j["multipliers"] = json::object{{"bytes_per_element", est.bytes_per_element},
                                   {"master_bytes_per_element", est.master_bytes_per_element},
                                   {"optimizer_state_bytes_per_element", state_bytes_per_element(in)}};
-  j["offload"] = json::object{{"optimizer", offload_target_name(in.offload_optimizer)},
-                              {"param", offload_target_name(in.offload_param)}};
+  j["offload"] = json::object{{"optimizer", offload_device_name(in.offload_optimizer)},
+                              {"param", offload_device_name(in.offload_param)}};
   if (in.config_stage >= 0) j["config_stage"] = in.config_stage;
   j["zero"] = json::object{{"reduce_bucket_size", in.zero.reduce_bucket_size},
                            {"allgather_bucket_size", in.zero.allgather_bucket_size},
@@ -235,8 +235,8 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
     }
     stages.push_back(json::object{
         {"stage", st.stage},
-        {"offload", json::object{{"optimizer", offload_target_name(st.offload.optimizer)},
-                                 {"param", offload_target_name(st.offload.param)}}},
+        {"offload", json::object{{"optimizer", offload_device_name(st.offload.optimizer)},
+                                 {"param", offload_device_name(st.offload.param)}}},
         {"master_bytes_per_element", st.master_bytes_per_element},
         {"per_shard_size", std::move(shards)},
         {"max_rank_model_states_bytes", st.max_model_state_bytes()},

@@ -83,10 +83,10 @@ engine::Precision parse_dtype(const std::string& text) {
   throw ConfigError(fmt::format("--dtype: '{}' is not a compute dtype; use fp32, bf16 or fp16", text));
 }
 
-engine::OffloadTarget parse_offload(const std::string& text) {
-  if (text == "none") return engine::OffloadTarget::kNone;
-  if (text == "cpu") return engine::OffloadTarget::kCpu;
-  if (text == "nvme") return engine::OffloadTarget::kNvme;
+engine::OffloadDevice parse_offload(const std::string& text) {
+  if (text == "none") return engine::OffloadDevice::kNone;
+  if (text == "cpu") return engine::OffloadDevice::kCpu;
+  if (text == "nvme") return engine::OffloadDevice::kNvme;
   throw ConfigError(fmt::format("--offload: '{}' is not an offload target; use none, cpu or nvme", text));
 }
 
@@ -101,13 +101,13 @@ int run(const po::variables_map& vm) {
   const std::vector<int> stages = parse_stages(vm["stage"].as<std::string>());
   std::optional<uint64_t> n_params;
   if (have_params) n_params = parse_param_count(vm["params"].as<std::string>());
-  std::optional<engine::OffloadTarget> offload;
+  std::optional<engine::OffloadDevice> offload;
   if (vm.count("offload")) offload = parse_offload(vm["offload"].as<std::string>());
-  if (offload && *offload != engine::OffloadTarget::kNone &&
+  if (offload && *offload != engine::OffloadDevice::kNone &&
       std::all_of(stages.begin(), stages.end(), [](int s) { return s == 0; })) {
     throw ConfigError(fmt::format("--offload {}: offload needs ZeRO stage 1, 2 or 3 (the optimizer's stepped partition and "
                                   "the stage-3 parameter shard are what move); use --stage 1, 2, 3 or all",
-                                  engine::offload_target_name(*offload)));
+                                  engine::offload_device_name(*offload)));
   }
 
   engine::EstimateInput in;

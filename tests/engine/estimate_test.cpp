@@ -344,18 +344,18 @@ TEST(Estimate, JsonAndTableCarryTheNumbers) {
 constexpr uint64_t kPage = 4096;
 uint64_t page(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
-EstimateInput offloaded(uint64_t psi, int ranks, Precision p, OffloadTarget t) {
+EstimateInput offloaded(uint64_t psi, int ranks, Precision p, OffloadDevice t) {
   EstimateInput in = estimate_input_for_params(psi, ranks, p);
   in.offload_optimizer = in.offload_param = t;
   return in;
 }
 
 TEST(EstimateOffload, TargetsApplyOnlyAtTheStagesThatAllowThem) {
-  EstimateInput in = offloaded(6400, 2, Precision::kBf16, OffloadTarget::kNvme);
+  EstimateInput in = offloaded(6400, 2, Precision::kBf16, OffloadDevice::kNvme);
   EXPECT_FALSE(stage_offload(in, 0).any());
-  EXPECT_EQ(stage_offload(in, 1).optimizer, OffloadTarget::kNvme);
-  EXPECT_EQ(stage_offload(in, 2).param, OffloadTarget::kNone);
-  EXPECT_EQ(stage_offload(in, 3).param, OffloadTarget::kNvme);
+  EXPECT_EQ(stage_offload(in, 1).optimizer, OffloadDevice::kNvme);
+  EXPECT_EQ(stage_offload(in, 2).param, OffloadDevice::kNone);
+  EXPECT_EQ(stage_offload(in, 3).param, OffloadDevice::kNvme);
   // Stage 0 is the in-memory estimate, whatever the targets.
   EXPECT_EQ(tiered_state_bytes(in, 0, 1).device, model_state_bytes(estimate_input_for_params(6400, 2, Precision::kBf16), 0, 1));
   EXPECT_EQ(tiered_state_bytes(in, 0, 1).host.total() + tiered_state_bytes(in, 0, 1).nvme.total(), 0u);
@@ -364,7 +364,7 @@ TEST(EstimateOffload, TargetsApplyOnlyAtTheStagesThatAllowThem) {
 
 TEST(EstimateOffload, CpuMovesTheSteppedStatesAndTheGradientShardToTheHost) {
   const uint64_t psi = 6400, S = 3200;
-  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadTarget::kCpu);
+  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadDevice::kCpu);
   // Stage 1: master + two Adam moments on the host, each a buffer rounded up to 4096 bytes; the whole
   // gradient buffer stays on the device.
   TieredStateBytes s1 = tiered_state_bytes(in, 1, 1);
@@ -382,13 +382,13 @@ TEST(EstimateOffload, CpuMovesTheSteppedStatesAndTheGradientShardToTheHost) {
   EXPECT_EQ(model_state_bytes(in, 3, 0), s3.host);
   EXPECT_FALSE(offload_buffer_bytes(in, 3, 0).applies);  // host offload needs no swap buffers
   // Without rounding (shards of 1024-element multiples) the host holds the paper's 12 + 2 + 2 per element.
-  EstimateInput even = offloaded(4 * 1024 * 10, 4, Precision::kBf16, OffloadTarget::kCpu);
+  EstimateInput even = offloaded(4 * 1024 * 10, 4, Precision::kBf16, OffloadDevice::kCpu);
   EXPECT_EQ(tiered_state_bytes(even, 3, 2).host.total(), 16u * 10240);
 }
 
 TEST(EstimateOffload, Fp32KeepsASeparateMasterOnceOffloaded) {
   const uint64_t psi = 6400, S = 3200;
-  EstimateInput in = offloaded(psi, 2, Precision::kFp32, OffloadTarget::kCpu);
+  EstimateInput in = offloaded(psi, 2, Precision::kFp32, OffloadDevice::kCpu);
   // In memory fp32 steps the parameters themselves (8 S); offloaded, a 4 S fp32 master joins the states.
   EXPECT_EQ(model_state_bytes(estimate_input_for_params(psi, 2, Precision::kFp32), 2, 0).optimizer, 8 * S);
   TieredStateBytes t = tiered_state_bytes(in, 2, 0);
@@ -402,18 +402,18 @@ TEST(EstimateOffload, Fp32KeepsASeparateMasterOnceOffloaded) {
   // Parameters alone on NVMe (offload_param only, a config setting) also separate the master, which
   // then stays on the device.
   EstimateInput params_only = estimate_input_for_params(psi, 2, Precision::kFp32);
-  params_only.offload_param = OffloadTarget::kNvme;
+  params_only.offload_param = OffloadDevice::kNvme;
   TieredStateBytes p = tiered_state_bytes(params_only, 3, 0);
   EXPECT_EQ(p.device, (StateBytes{0, 4 * S, 12 * S}));
   EXPECT_EQ(p.nvme, (StateBytes{page(4 * S), 0, 0}));
   // ... but not on the host: the host parameter shard is still the master.
-  params_only.offload_param = OffloadTarget::kCpu;
+  params_only.offload_param = OffloadDevice::kCpu;
   EXPECT_EQ(tiered_state_bytes(params_only, 3, 0).device, (StateBytes{0, 4 * S, 8 * S}));
 }
 
 TEST(EstimateOffload, PersistentFp32GradientsFollowTheGradientShard) {
   const uint64_t psi = 6400, S = 3200;
-  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadTarget::kCpu);
+  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadDevice::kCpu);
   in.memory.release_fp32_grad = false;
   // Stage 1: the 4 S fp32 copy stays on the device with the whole gradient buffer.
   EXPECT_EQ(tiered_state_bytes(in, 1, 0).device.grads, 2 * psi + 4 * S);
@@ -424,7 +424,7 @@ TEST(EstimateOffload, PersistentFp32GradientsFollowTheGradientShard) {
 
 TEST(EstimateOffload, NvmeRegionsAndTheStepBuffers) {
   const uint64_t psi = 6400, S = 3200;
-  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadTarget::kNvme);
+  EstimateInput in = offloaded(psi, 2, Precision::kBf16, OffloadDevice::kNvme);
   TieredStateBytes t = tiered_state_bytes(in, 3, 1);
   EXPECT_EQ(t.device.total(), 0u);
   EXPECT_EQ(t.host, (StateBytes{0, page(2 * S), 0}));  // the gradient shard
@@ -442,7 +442,7 @@ TEST(EstimateOffload, NvmeRegionsAndTheStepBuffers) {
 TEST(EstimateOffload, SubGroupsAreCappedAtTheSteppedRangeOverTheBufferCount) {
   // Ψ = 1,000,000 on one rank: ceil(Ψ / 4) = 250,000 -> 262,144 (a multiple of 32768) elements per
   // sub-group, 4 sub-groups, 4 buffers of 3 x 4 x 262,144 bytes: as much host memory as cpu offload.
-  EstimateInput in = offloaded(1'000'000, 1, Precision::kBf16, OffloadTarget::kNvme);
+  EstimateInput in = offloaded(1'000'000, 1, Precision::kBf16, OffloadDevice::kNvme);
   EXPECT_EQ(offload_buffer_bytes(in, 1, 0).bytes, 4u * 3 * 4 * 262'144);
   // sub_group_size 100,000 -> 131,072: 8 sub-groups, still 4 buffers, of half the size.
   in.zero.sub_group_size = 100'000;
@@ -452,13 +452,13 @@ TEST(EstimateOffload, SubGroupsAreCappedAtTheSteppedRangeOverTheBufferCount) {
   EXPECT_EQ(offload_buffer_bytes(in, 1, 0).bytes, 3u * 3 * 4 * 131'072);
   // Fewer sub-groups than buffers: one buffer per sub-group. 40,000 elements: ceil(40,000 / 3) ->
   // 32,768, 2 sub-groups (32,768 + 7,232); the buffer fits the larger.
-  EstimateInput small = offloaded(40'000, 1, Precision::kBf16, OffloadTarget::kNvme);
+  EstimateInput small = offloaded(40'000, 1, Precision::kBf16, OffloadDevice::kNvme);
   small.zero.offload_optimizer_buffer_count = 3;
   EXPECT_EQ(offload_buffer_bytes(small, 3, 0).bytes, 2u * (3 * 4 * 32'768 + 2 * 32'768));
   // Only the parameters on NVMe: offload_param.buffer_count (5) buffers of b n.
   EstimateInput params_only = estimate_input_for_params(1'000'000, 1, Precision::kBf16);
-  params_only.offload_param = OffloadTarget::kNvme;
-  params_only.offload_optimizer = OffloadTarget::kCpu;
+  params_only.offload_param = OffloadDevice::kNvme;
+  params_only.offload_optimizer = OffloadDevice::kCpu;
   // ceil(Ψ / 5) = 200,000 -> 229,376; 5 sub-groups of which the last has 82,496.
   EXPECT_EQ(offload_buffer_bytes(params_only, 3, 0).bytes, 5u * 2 * 229'376);
   EXPECT_NE(estimate_stage(params_only, 3).offload_buffers_formula.find("offload_param.buffer_count"), std::string::npos);
@@ -468,7 +468,7 @@ TEST(EstimateOffload, BlockQuantisedStatesAreRegionsOfTheirOwn) {
   EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.optimizer.type = "CAdam";
   EstimateInput in = estimate_input_for_config(cfg, 1);
-  in.offload_optimizer = OffloadTarget::kNvme;
+  in.offload_optimizer = OffloadDevice::kNvme;
   ASSERT_FALSE(in.optimizer_states.empty());
   const uint64_t S = in.model.flat_elements;  // one rank
   uint64_t want = page(4 * S), want_buffer = page(4 * S);
@@ -484,7 +484,7 @@ TEST(EstimateOffload, CompressedOptimizersAndReuseCannotBeOffloaded) {
   EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.optimizer.type = "OneBitAdam";
   EstimateInput in = estimate_input_for_config(cfg, 2);
-  in.offload_optimizer = OffloadTarget::kCpu;
+  in.offload_optimizer = OffloadDevice::kCpu;
   EXPECT_NO_THROW(estimate_stage(in, 0));  // no optimizer offload at stage 0
   try {
     estimate_memory(in, {0, 1});
@@ -494,7 +494,7 @@ TEST(EstimateOffload, CompressedOptimizersAndReuseCannotBeOffloaded) {
   }
   EstimateInput reuse = estimate_input_for_params(6400, 2, Precision::kBf16);
   reuse.memory.reuse_fp32_param = true;
-  reuse.offload_optimizer = OffloadTarget::kNvme;
+  reuse.offload_optimizer = OffloadDevice::kNvme;
   try {
     estimate_stage(reuse, 2);
     ADD_FAILURE() << "reuse_fp32_param with --offload nvme was accepted";
@@ -510,8 +510,8 @@ TEST(EstimateOffload, ConfigSuppliesTargetsAndLimits) {
   cfg.zero.offload_param = {.device = OffloadDevice::kCpu, .nvme_path = "", .buffer_count = 7, .buffer_size = 1234};
   cfg.zero.sub_group_size = 65'536;
   EstimateInput in = estimate_input_for_config(cfg, 2);
-  EXPECT_EQ(in.offload_optimizer, OffloadTarget::kNvme);
-  EXPECT_EQ(in.offload_param, OffloadTarget::kCpu);
+  EXPECT_EQ(in.offload_optimizer, OffloadDevice::kNvme);
+  EXPECT_EQ(in.offload_param, OffloadDevice::kCpu);
   EXPECT_EQ(in.zero.offload_optimizer_buffer_count, 3);
   EXPECT_EQ(in.zero.offload_param_buffer_count, 7);
   EXPECT_EQ(in.zero.offload_param_buffer_size, 1234);
@@ -523,7 +523,7 @@ TEST(EstimateOffload, NvmeParameterStagingBound) {
   EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.zero.stage3_prefetch_bucket_size = 4000;
   EstimateInput in = estimate_input_for_config(cfg, 1);
-  in.offload_optimizer = in.offload_param = OffloadTarget::kNvme;
+  in.offload_optimizer = in.offload_param = OffloadDevice::kNvme;
   EXPECT_EQ(in.model.module_elements.size(), 8u);
   EXPECT_EQ(in.model.module_elements.back(), 9504u);
   // Window min(4000, 5 x 1e8) = 4000: at most 4 modules fit (100 + 100 + 100 + 1348), + 1 fetching.
@@ -536,17 +536,17 @@ TEST(EstimateOffload, NvmeParameterStagingBound) {
   EXPECT_EQ(estimate_stage(in, 3).nvme_param_staging.bytes, 2u * (200 + 9504) + 8192u * 3);
   // The staging holds this rank's owned parts only: at most its shard.
   EstimateInput three = estimate_input_for_config(cfg, 3);
-  three.offload_param = OffloadTarget::kNvme;
+  three.offload_param = OffloadDevice::kNvme;
   EXPECT_EQ(estimate_stage(three, 3).nvme_param_staging.bytes, 2u * 8640 + 8192u * 5);
   EXPECT_FALSE(estimate_stage(three, 2).nvme_param_staging.applies);
   // Without the modules there is no bound, only the formula.
-  TransientBound unknown = estimate_stage(offloaded(1000, 1, Precision::kBf16, OffloadTarget::kNvme), 3).nvme_param_staging;
+  TransientBound unknown = estimate_stage(offloaded(1000, 1, Precision::kBf16, OffloadDevice::kNvme), 3).nvme_param_staging;
   EXPECT_FALSE(unknown.applies);
   EXPECT_NE(unknown.formula.find("unknown with --params"), std::string::npos);
 }
 
 TEST(EstimateOffload, JsonAndTableShowEveryTier) {
-  MemoryEstimate est = estimate_memory(offloaded(6400, 2, Precision::kBf16, OffloadTarget::kNvme), {0, 3});
+  MemoryEstimate est = estimate_memory(offloaded(6400, 2, Precision::kBf16, OffloadDevice::kNvme), {0, 3});
   boost::json::object j = estimate_to_json(est);
   EXPECT_EQ(j.at("offload").at("optimizer").as_string(), "nvme");
   const auto& s3 = j.at("stages").as_array()[1].as_object();
