@@ -111,6 +111,17 @@ void count_block_bytes(Op& op, size_t total_elems, size_t own_elems, size_t wire
 Group::Group(std::shared_ptr<detail::GroupState> state) : state_(std::move(state)) {}
 Group::~Group() = default;
 
+Group Group::simulated(int rank, int size, const std::string& name) {
+  ZS_ASSERT(size >= 1 && rank >= 0 && rank < size, "simulated group: rank {} of {}", rank, size);
+  auto state = std::make_shared<detail::GroupState>();
+  state->runtime = std::make_shared<detail::Runtime>(false);
+  state->rank = rank;
+  state->size = size;
+  state->name = name;
+  state->simulated = true;
+  return Group(std::move(state));
+}
+
 int Group::rank() const { return state_->rank; }
 int Group::size() const { return state_->size; }
 const std::string& Group::name() const { return state_->name; }

@@ -48,6 +48,11 @@ class Group {
   using ShardRange = memory::ShardRange;
 
   explicit Group(std::shared_ptr<detail::GroupState> state);
+  // A group that plays rank `rank` of `size` ranks without MPI and without moving data: every
+  // collective returns at once (an async one completes when waited for, as if MPI had not progressed
+  // it before), and its bytes are counted as the real one's would be. For running code that issues
+  // collectives only to see what it allocates (the memory estimator); nothing it "receives" is valid.
+  static Group simulated(int rank, int size, const std::string& name = "simulated");
   Group(Group&&) noexcept = default;
   Group& operator=(Group&&) noexcept = default;
   Group(const Group&) = delete;

@@ -47,6 +47,7 @@ void WaitHint::sleep_unless_waited(long us) {
 
 void WorkState::wait() {
   std::unique_lock lock(mu_);
+  if (deferred_) done_ = true;
   if (!done_) {
     if (hint_) hint_->enter();
     cv_.wait(lock, [&] { return done_; });

@@ -59,12 +59,16 @@ class WorkState {
   void complete(Status status);
   void wait();   // blocks until complete (counted in the hint meanwhile); rethrows
   bool test();   // true when complete; rethrows
+  // A simulated collective (Group::simulated): incomplete until wait() is called, which completes it
+  // at once. test() says false meanwhile, as for a collective MPI has not progressed.
+  void defer() { deferred_ = true; }
 
  private:
   std::shared_ptr<WaitHint> hint_;  // may be null
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  bool deferred_ = false;
   Status status_;
 };
 

@@ -41,7 +41,7 @@ void Engine::Impl::init_compressed() {
   CompressedState& c = compressed_.emplace();
   auto zeroed = [&](size_t elements) {
     memory::DeviceBlock b = device_->allocate(elements * sizeof(float), Category::kOptimizer, Lifetime::kPersistent);
-    if (b.size() > 0) std::memset(b.data(), 0, b.size());
+    backend_->fill_zero(b.data(), memory::Tier::kDevice, b.size());
     return b;
   };
   c.exp_avg = zeroed(total);
@@ -116,6 +116,12 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
     phase = Phase::kCompressedMomentum;
   }
   const optim::CompressedConstants k = constants({.lr = ctx.lr, .grad_scale = ctx.grad_scale, .lrs = plan.lrs_at_sync});
+  // The compressed-gradient phase's fp32 copy of the local gradients (a transient buffer), allocated
+  // outside the kernels so that a measuring run counts it.
+  memory::DeviceBlock g32;
+  if (phase == Phase::kCompressedGradient) {
+    g32 = device_->allocate(all.size * sizeof(float), memory::Category::kCommBuffers, memory::Lifetime::kTransient);
+  }
   auto chunk_at = [&](size_t at, size_t n, bool decay, float* master, void* low, const float* grad) {
     optim::CompressedChunk ch{};
     ch.master = master;
@@ -130,6 +136,7 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
     return ch;
   };
 
+  memory::run_kernel(*backend_, [&] {
   switch (phase) {
     case Phase::kAdam:
       for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
@@ -138,9 +145,7 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
       });
       break;
     case Phase::kCompressedGradient: {
-      // The local gradients, scaled, in fp32 for the compressed allreduce (a transient buffer).
-      memory::DeviceBlock g32 = device_->allocate(all.size * sizeof(float), memory::Category::kCommBuffers,
-                                                  memory::Lifetime::kTransient);
+      // The local gradients, scaled, in fp32 for the compressed allreduce.
       float* g = static_cast<float*>(g32.data());
       std::memset(g, 0, g32.size());  // the padding between parameters stays zero
       for_each_piece(all, [&](size_t at, size_t n, bool, int t) {
@@ -195,22 +200,16 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
       break;
     }
   }
+  });
   if (c.schedule) c.schedule->advance(ctx.step, ctx.lr);
 }
 
 void Engine::Impl::gather_momentum() {
   // Stages 1-3 at the first compressed step: every rank holds the momentum of its stepped range; the
   // compressed steps need all of it (Note [compressed optimizers]). Once per run, in buckets.
-  const size_t total = layout_.total();
-  const size_t bucket = std::max<size_t>(FlatLayout::kAlignElements, static_cast<size_t>(cfg_.zero.allgather_bucket_size));
-  memory::Tensor all(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(total)});
-  std::vector<comm::Work> works;
-  for (size_t off = 0; off < total; off += bucket) {
-    memory::ShardRange piece{off, std::min(bucket, total - off)};
-    memory::ShardRange owned = partition_.owned(piece);
-    works.push_back(group_.allgatherv_async(all.range(owned), all.range(piece), partition_.counts(piece)));
-  }
-  for (auto& w : works) w.wait();
+  allgather_in_place(group_, partition_,
+                     memory::Tensor(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(layout_.total())}),
+                     static_cast<size_t>(cfg_.zero.allgather_bucket_size));
   ZS_LOG_DEBUG("{}: momentum gathered for the compressed phase", cfg_.optimizer.type);
 }
 

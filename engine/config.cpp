@@ -382,7 +382,11 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     r.unsupported("use_gds", "GPUDirect Storage needs a GPU");
     offload::validate(a, r.path());
   });
-  root.read_object("device", [&](ObjectReader& r) { r.read("memory_mb", cfg.device.memory_mb, IntRange{1, int64_t{1} << 30}); });
+  root.read_object("device", [&](ObjectReader& r) {
+    r.read("memory_mb", cfg.device.memory_mb, IntRange{1, int64_t{1} << 30});
+    // The names memory::make_backend knows.
+    r.read_choice("backend", cfg.device.backend, {"cpu", "guarded"});
+  });
   root.read_object("model", [&](ObjectReader& r) {
     nn::GptConfig m;
     read_model(r, m);

@@ -106,7 +106,8 @@ struct ZeroConfig {
 };
 
 struct DeviceConfig {
-  int64_t memory_mb = 4096;  // capacity of the device arena per rank
+  int64_t memory_mb = 4096;   // capacity of the device arena per rank
+  std::string backend = "cpu";  // memory::make_backend: "cpu", or "guarded" (faults on stray device access)
 };
 
 struct DataConfig {

@@ -35,7 +35,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& cfg) {
 
 }  // namespace
 
-Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group)
+Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
+                   std::unique_ptr<memory::Backend> backend)
     : cfg_(cfg),
       group_(group),
       stage_(cfg.zero.stage),
@@ -48,8 +49,9 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       offload_param_(cfg.zero.offload_param.device),
       separate_master_(dtype_ != memory::DType::kF32 || cfg.zero.offload_optimizer.device != OffloadDevice::kNone ||
                        cfg.zero.offload_param.device == OffloadDevice::kNvme),
-      backend_(memory::make_backend("cpu", static_cast<size_t>(cfg.device.memory_mb) << 20)),
-      device_(std::make_unique<memory::DeviceAllocator>(*backend_, static_cast<size_t>(cfg.device.memory_mb) << 20, &tracker_)),
+      backend_(backend ? std::move(backend)
+                       : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20)),
+      device_(std::make_unique<memory::DeviceAllocator>(*backend_, backend_->capacity(memory::Tier::kDevice), &tracker_)),
       layout_((nn::assign_names(model), model.all_params())),
       partition_(layout_.total(), group.size(), group.rank()),
       optimizer_(make_optimizer(cfg.optimizer)),
@@ -63,8 +65,10 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   const size_t mine = partition_.mine.size;
   const size_t stepped = step_range().size;
   const int threads = std::max(1, compute_threads());
+  backend_->set_threads(threads);
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (reuse_) master_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
+  if (step_on_host()) low_scratch_.assign(static_cast<size_t>(threads), std::vector<std::byte>(kPieceElements * elem_));
   // Note [model-state placement] (engine_impl.h); offloaded buffers go to the host tier, or to swap
   // files (init_nvme).
   const bool opt_host = offload_optimizer_ == OffloadDevice::kCpu;
@@ -85,28 +89,32 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   }
   if (optimizer_ && !optimizer_on_nvme()) {
     for (const auto& spec : optimizer_->state_specs()) {
-      states_.push_back(place(spec.bytes_for(stepped), Category::kOptimizer, opt_host));
+      const StateBuffer& b = states_.emplace_back(place(spec.bytes_for(stepped), Category::kOptimizer, opt_host));
       if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1) {
-        std::fill_n(static_cast<float*>(states_.back().data()), stepped, spec.initial_value);
-      } else if (states_.back().size() > 0) {
-        std::memset(states_.back().data(), 0, states_.back().size());
+        backend_->fill(static_cast<float*>(b.data()), b.tier(), spec.initial_value, stepped);
+      } else {
+        backend_->fill_zero(b.data(), b.tier(), b.size());
       }
     }
   } else if (!optimizer_) {
     init_compressed();
   }
-  if (grads_.size() > 0) std::memset(grads_.data(), 0, grads_.size());
+  backend_->fill_zero(grads_.data(), grads_.tier(), grads_.size());
   std::vector<nn::Module*> modules = model.named_modules();
   place_parameters();
-  if (optimizer_on_nvme() || params_on_nvme()) {
+  if (!kernels()) {
+    // Measuring (the estimator): nothing to initialise, and no swap files. NVMe parameters get an
+    // untouched stand-in so the gatherer runs its usual path.
+    if (params_on_nvme()) measure_param_shard_ = backend_->allocate(std::max<size_t>(1, mine * elem_), memory::Tier::kHost);
+  } else if (optimizer_on_nvme() || params_on_nvme()) {
     init_nvme();  // initialises what lives on NVMe, and the rest through initialise()
   } else {
-    initialise();
+    memory::run_kernel(*backend_, [&] { initialise(); });
   }
 
   GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
                           .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
-                          .threads = threads};
+                          .grads_tier = grads_.tier()};
   reducer_.emplace(ro, layout_, partition_, group_, *device_, dtype_, grads_.data(), modules);
   if (stage_ == 3) {
     ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
@@ -114,16 +122,22 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
                               .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters),
                               .nvme = nullptr,
                               .nvme_region = {},
-                              .tracker = nullptr};
+                              .tracker = nullptr,
+                              .shard_tier = params_on_nvme() ? memory::Tier::kHost : params_.tier()};
+    const void* shard = params_.data();
     if (params_on_nvme()) {
       const auto& op = cfg.zero.offload_param;
       go.prefetch_elements = detail::nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
                                                           static_cast<size_t>(op.buffer_size), static_cast<size_t>(op.max_in_cpu));
-      go.nvme = nvme_->param_swap.get();
-      go.nvme_region = nvme_->params;
       go.tracker = &tracker_;
+      if (nvme_) {
+        go.nvme = nvme_->param_swap.get();
+        go.nvme_region = nvme_->params;
+      } else {
+        shard = measure_param_shard_.data();
+      }
     }
-    gatherer_.emplace(go, layout_, partition_, group_, *device_, dtype_, params_.data(), modules);
+    gatherer_.emplace(go, layout_, partition_, group_, *device_, dtype_, shard, modules);
   }
 }
 
@@ -134,7 +148,8 @@ StateBuffer Engine::Impl::place(size_t bytes, memory::Category category, bool ho
   if (host) {
     const bool pin = category == memory::Category::kParams ? cfg_.zero.offload_param.pin_memory
                                                            : cfg_.zero.offload_optimizer.pin_memory;
-    b.host = offload::AlignedBuffer(bytes, &tracker_, category, pin);
+    // A measuring run maps host buffers without touching them; pinning would commit them.
+    b.host = offload::AlignedBuffer(bytes, &tracker_, category, pin && kernels());
   } else {
     b.device = device_->allocate(bytes, category, memory::Lifetime::kPersistent);
   }
@@ -218,10 +233,18 @@ void Engine::Impl::initialise() {
 }
 
 std::span<const float> Engine::Impl::grad_f32(size_t i, size_t n, int t) {
-  if (keep_fp32_grads_) return {f32_at(grad32_.data(), grad32_range(), i), n};
-  if (!mixed()) return {reinterpret_cast<const float*>(grad_at(i)), n};
   float* out = grad_scratch_[static_cast<size_t>(t)].data();
-  memory::convert(grad_at(i), dtype_, out, memory::DType::kF32, n);
+  const bool fp32 = keep_fp32_grads_ || !mixed();
+  const StateBuffer& buf = keep_fp32_grads_ ? grad32_ : grads_;
+  const void* src = keep_fp32_grads_ ? static_cast<const void*>(f32_at(grad32_.data(), grad32_range(), i)) : grad_at(i);
+  if (step_on_host() && buf.tier() == memory::Tier::kDevice) {
+    // A host step reads device gradients through the backend: a counted device -> host transfer.
+    backend_->convert(out, memory::Tier::kHost, memory::DType::kF32, src, memory::Tier::kDevice,
+                      fp32 ? memory::DType::kF32 : dtype_, n);
+    return {out, n};
+  }
+  if (fp32) return {static_cast<const float*>(src), n};
+  memory::convert(src, dtype_, out, memory::DType::kF32, n);
   return {out, n};
 }
 
@@ -232,26 +255,35 @@ void Engine::Impl::read_master(memory::ShardRange range, float* dst) {
     return;
   }
   if (!reuse_) {
-    std::memcpy(dst, master_at(range.offset), range.size * sizeof(float));
+    const memory::Tier tier = separate_master_ ? master_.tier() : params_tier();
+    backend_->copy(dst, memory::Tier::kHost, master_at(range.offset), tier, range.size * sizeof(float));
     return;
   }
-  decode_master(reinterpret_cast<const uint16_t*>(param_at(range.offset)),
-                static_cast<const uint16_t*>(residual_.data()) + (range.offset - step_range().offset), dst, range.size);
+  // Both halves of the encoded master cross to the host, and are decoded there.
+  std::vector<uint16_t> hi(range.size), lo(range.size);
+  backend_->copy(hi.data(), memory::Tier::kHost, param_at(range.offset), memory::Tier::kDevice, range.size * sizeof(uint16_t));
+  backend_->copy(lo.data(), memory::Tier::kHost, static_cast<const uint16_t*>(residual_.data()) + (range.offset - step_range().offset),
+                 memory::Tier::kDevice, range.size * sizeof(uint16_t));
+  decode_master(hi.data(), lo.data(), dst, range.size);
 }
 
 void Engine::Impl::allgather_params() {
   // Stages 1-2: every rank updated its shard of the whole parameter buffer; gather the rest in
   // allgather_bucket_size pieces, in place.
   if (group_.size() == 1) return;
-  const size_t total = layout_.total();
-  const size_t bucket = std::max<size_t>(FlatLayout::kAlignElements, static_cast<size_t>(cfg_.zero.allgather_bucket_size));
-  memory::Tensor all(params_.data(), dtype_, {static_cast<int64_t>(total)});
+  memory::DeviceAccess access(*backend_);  // the collectives read and write device memory
+  allgather_in_place(group_, partition_, memory::Tensor(params_.data(), dtype_, {static_cast<int64_t>(layout_.total())}),
+                     static_cast<size_t>(cfg_.zero.allgather_bucket_size));
+}
+
+void allgather_in_place(const comm::Group& group, const Partition& partition, const memory::Tensor& all,
+                        size_t bucket_elements) {
+  const size_t total = static_cast<size_t>(all.numel());
+  const size_t bucket = std::max<size_t>(FlatLayout::kAlignElements, bucket_elements);
   std::vector<comm::Work> works;
   for (size_t off = 0; off < total; off += bucket) {
-    memory::ShardRange piece{off, std::min(bucket, total - off)};
-    memory::ShardRange owned = partition_.owned(piece);
-    memory::Tensor in = all.range(owned);
-    works.push_back(group_.allgatherv_async(in, all.range(piece), partition_.counts(piece)));
+    const memory::ShardRange piece{off, std::min(bucket, total - off)};
+    works.push_back(group.allgatherv_async(all.range(partition.owned(piece)), all.range(piece), partition.counts(piece)));
   }
   for (auto& w : works) w.wait();
 }
@@ -272,8 +304,12 @@ std::vector<float> Engine::Impl::gather_fp32(const ParamSlot& slot) {
 }
 
 Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel)
+    : Engine(model, config, data_parallel, nullptr) {}
+
+Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel,
+               std::unique_ptr<memory::Backend> backend)
     : model_(model), config_(config), group_(data_parallel) {
-  impl_ = std::make_unique<Impl>(model_, config_, group_);
+  impl_ = std::make_unique<Impl>(model_, config_, group_, std::move(backend));
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
   ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
               param_count(), config_.zero.stage, config_.optimizer.type, precision_name(config_.precision), group_.size(),
@@ -287,6 +323,7 @@ int64_t Engine::param_count() const { return static_cast<int64_t>(impl_->layout_
 float Engine::forward(const nn::Batch& batch) {
   Impl& s = *impl_;
   double t0 = now_s();
+  memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
   float loss = s.ctx_.forward_loss(model_, batch);
   if (s.gatherer_) s.gatherer_->end_pass();
@@ -303,6 +340,9 @@ void Engine::backward() {
   // enable_backward_allreduce = false).
   const bool reduce = !s.compressed_ || s.exact_gradients(s.steps_taken_ + 1);
   const bool boundary = s.micro_step_ + 1 == accumulation;
+  memory::DeviceAccess access(*s.backend_);
+  // The boundary's reductions may still be writing device memory when backward returns.
+  if (boundary && !s.reductions_access_) s.reductions_access_.emplace(*s.backend_);
   s.reducer_->begin_backward(boundary, reduce);
   // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
   // the last backward of the step runs.

@@ -42,6 +42,7 @@
 
 #include "comm/group.h"
 #include "engine/config.h"
+#include "memory/backend.h"
 #include "memory/category.h"
 #include "memory/tensor.h"
 #include "nn/model.h"
@@ -71,6 +72,9 @@ struct StepReport {
   bool compressed = false;    // one-bit Adam / 0/1 Adam: this step consumed local gradients and
                               // communicated compressed values instead of averaging gradients
   uint64_t comm_bytes_sent = 0;  // bytes this rank sent since the previous step ended (all collectives)
+  // Bytes the backend moved between host and device during this step (offload's gradient and
+  // parameter traffic; what a GPU user watches on PCIe).
+  memory::TransferStats transfers;
 };
 
 // Bytes of the flat model states of this rank, by category (the summary's model_states_bytes).
@@ -83,6 +87,10 @@ struct ModelStateBytes {
 class Engine {
  public:
   Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel);
+  // Over a backend of the caller's (a test's guarded backend, the estimator's measuring one) instead
+  // of memory::make_backend(config.device.backend); the arena takes the backend's device capacity.
+  Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel,
+         std::unique_ptr<memory::Backend> backend);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -24,6 +24,8 @@ class EngineContext final : public nn::Context {
 
   memory::Tensor allocate(memory::Shape shape, memory::DType dtype, nn::MemoryUse use) override;
   bool training() const override { return true; }
+  // Over the measuring backend the model's arithmetic is skipped (the estimator).
+  bool computes() const override { return device_.backend().runs_kernels(); }
 
  protected:
   void before_forward(nn::Module& m) override { hooks_.before_forward(m); }

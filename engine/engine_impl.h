@@ -46,6 +46,7 @@ struct StateBuffer {
   void* data() const { return device.empty() ? static_cast<void*>(host.data()) : device.data(); }
   size_t size() const { return device.empty() ? host.size() : device.size(); }
   bool empty() const { return device.empty() && host.empty(); }
+  memory::Tier tier() const { return host.empty() ? memory::Tier::kDevice : memory::Tier::kHost; }
 };
 
 // NVMe offload (offload_optimizer and/or offload_param device nvme): the swap files and the
@@ -73,6 +74,11 @@ struct CompressedState {
   bool errors_reset = false;        // 0/1 Adam: error buffers were zeroed when the variance froze
 };
 
+// Allgathers `all` in place, in pieces of `bucket_elements` (at least FlatLayout::kAlignElements):
+// each rank contributes the part of every piece that `partition` says it owns. Collective.
+void allgather_in_place(const comm::Group& group, const Partition& partition, const memory::Tensor& all,
+                        size_t bucket_elements);
+
 // Note [model-state placement]: which flat buffers are whole and which are this rank's shard.
 //   stage   params        grads         fp32 master (bf16/fp16 only)   optimizer states
 //   0       whole         whole         whole                          whole
@@ -89,7 +95,8 @@ struct CompressedState {
 // 16-bit residual beside the bf16 parameters (Note [reuse_fp32_param] in engine_step.cpp).
 class Engine::Impl final : public ModuleHooks {
  public:
-  Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group);
+  // `backend` null: memory::make_backend(cfg.device.backend).
+  Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group, std::unique_ptr<memory::Backend> backend);
   ~Impl() override;
 
   const EngineConfig& cfg_;
@@ -119,6 +126,7 @@ class Engine::Impl final : public ModuleHooks {
   StateBuffer grad32_;            // keep_fp32_grads_: fp32 gradients of grad32_range()
   std::vector<StateBuffer> states_;  // empty with offload_optimizer nvme
   std::optional<NvmeOffload> nvme_;
+  memory::Segment measure_param_shard_;  // measuring with NVMe parameters: the gatherer's stand-in shard
   std::optional<CompressedState> compressed_;
   std::optional<GradReducer> reducer_;
   std::optional<ParamGatherer> gatherer_;
@@ -130,11 +138,24 @@ class Engine::Impl final : public ModuleHooks {
   double loss_sum_ = 0.0;
   double forward_s_ = 0.0, backward_s_ = 0.0;
   uint64_t bytes_sent_at_step_start_ = 0;
+  memory::TransferStats transfers_at_step_start_;
   std::vector<float> scratch_;                  // initialisation and gathering, one thread
   std::vector<std::vector<float>> grad_scratch_;    // per thread, kPieceElements
   std::vector<std::vector<float>> master_scratch_;  // per thread, kPieceElements (reuse_)
+  // Optimizer offloaded: per thread, the updated compute-dtype parameters of a piece on the host,
+  // copied to the device parameters through the backend (a counted host -> device transfer).
+  std::vector<std::vector<std::byte>> low_scratch_;
+  // Device access held from the boundary backward until step() has waited for its reductions:
+  // nonblocking collectives write device memory in between (memory::DeviceAccess).
+  std::optional<memory::DeviceAccess> reductions_access_;
 
   bool mixed() const { return dtype_ != memory::DType::kF32; }
+  // The optimizer step runs on the host (its master and states offloaded): it reaches device
+  // gradients and parameters through backend transfers.
+  bool step_on_host() const { return offload_optimizer_ != OffloadDevice::kNone; }
+  // False over the measuring backend (the estimator): kernels are skipped, files are not made.
+  bool kernels() const { return backend_->runs_kernels(); }
+  memory::Tier params_tier() const { return params_.tier(); }
   // The elements this rank's optimizer updates: everything at stage 0, its shard otherwise.
   memory::ShardRange step_range() const {
     return stage_ == 0 ? memory::ShardRange{0, layout_.total()} : partition_.mine;

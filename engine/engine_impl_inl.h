@@ -22,7 +22,14 @@ void Engine::Impl::with_master(size_t i, size_t n, int t, F&& fn) {
     if (!mixed() && separate_master_) {
       // fp32 with the master offloaded: the parameters are a plain copy of it.
       fn(master, static_cast<void*>(nullptr));
-      std::memcpy(param_at(i), master, n * sizeof(float));
+      backend_->copy(param_at(i), params_tier(), master, master_.tier(), n * sizeof(float));
+      return;
+    }
+    if (mixed() && step_on_host() && params_tier() == memory::Tier::kDevice) {
+      // The host step writes the new parameters beside it, then they cross to the device.
+      void* low = low_scratch_[static_cast<size_t>(t)].data();
+      fn(master, low);
+      backend_->copy(param_at(i), memory::Tier::kDevice, low, memory::Tier::kHost, n * elem_);
       return;
     }
     fn(master, mixed() ? static_cast<void*>(param_at(i)) : nullptr);

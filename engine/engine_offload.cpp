@@ -89,7 +89,7 @@ void Engine::Impl::init_nvme() {
 
   // Initialise: what lives in memory first, then one write-only pass over the files (one swapper at a
   // time, so the host budget above is the peak).
-  initialise();
+  memory::run_kernel(*backend_, [&] { initialise(); });
   {
     offload::PipelinedSwapper init(sub_groups(true), so);
     init.run([&](size_t g, std::span<std::span<std::byte>> bufs) {
@@ -129,6 +129,8 @@ void Engine::Impl::step_offloaded(const optim::StepContext& ctx) {
   NvmeOffload& o = *nvme_;
   const memory::ShardRange stepped = step_range();
   auto specs = optimizer_->state_specs();
+  // The step runs on the host; it reads a device-resident master (parameters alone on NVMe) in place.
+  memory::DeviceAccess access(*backend_);
   o.swapper->run([&](size_t g, std::span<std::span<std::byte>> bufs) {
     const memory::ShardRange range{stepped.offset + g * o.sub_group, std::min(o.sub_group, stepped.size - g * o.sub_group)};
     size_t item = 0;
@@ -148,8 +150,14 @@ void Engine::Impl::step_offloaded(const optim::StepContext& ctx) {
         states[k] = !state_bufs.empty() ? static_cast<void*>(state_bufs[k] + rel / specs[k].elements_per_value * specs[k].value_bytes)
                                         : state_at(k, at);
       }
-      void* low = param_buf != nullptr ? static_cast<void*>(param_buf + rel * elem_) : static_cast<void*>(param_at(at));
+      if (param_buf != nullptr) {
+        step_piece(ctx, at, n, decay, t, master, {states, specs.size()}, param_buf + rel * elem_);
+        return;
+      }
+      // Parameters in memory: written beside the host step, then copied through the backend.
+      void* low = low_scratch_[static_cast<size_t>(t)].data();
       step_piece(ctx, at, n, decay, t, master, {states, specs.size()}, low);
+      backend_->copy(param_at(at), params_tier(), low, memory::Tier::kHost, n * elem_);
     });
   });
 }

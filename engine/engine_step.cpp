@@ -51,9 +51,8 @@ void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* 
 void Engine::Impl::fill_grad32() {
   // release_fp32_grad off: one conversion pass into the persistent fp32 copy, before the norm.
   const memory::ShardRange range = grad32_range();
-  for_each_span(range, kPieceElements, [&](size_t at, size_t n, int) {
-    memory::convert(grad_at(at), dtype_, f32_at(grad32_.data(), range, at), memory::DType::kF32, n);
-  });
+  backend_->convert(f32_at(grad32_.data(), range, range.offset), grad32_.tier(), memory::DType::kF32,
+                    grad_at(range.offset), grads_.tier(), dtype_, range.size);
 }
 
 void Engine::Impl::step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,
@@ -82,7 +81,11 @@ bool Engine::step() {
   Impl& s = *impl_;
   if (s.micro_step_ < config_.batch.gradient_accumulation_steps) return false;
   double t0 = now_s();
-  s.reducer_->wait_all();
+  {
+    memory::DeviceAccess access(*s.backend_);
+    s.reducer_->wait_all();
+  }
+  s.reductions_access_.reset();
   const double accumulation = static_cast<double>(config_.batch.gradient_accumulation_steps);
   const int64_t t = s.steps_taken_ + 1;
   const bool local = s.compressed_ && !s.exact_gradients(t);
@@ -95,8 +98,10 @@ bool Engine::step() {
   const memory::ShardRange range = local ? s.grad_range() : s.step_range();
   // Per-piece sums added in piece order: the same bits for any thread count.
   std::vector<double> piece_sums((range.size + kPieceElements - 1) / kPieceElements);
-  s.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
-    piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(s.grad_f32(at, n, t));
+  memory::run_kernel(*s.backend_, [&] {
+    s.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
+      piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(s.grad_f32(at, n, t));
+    });
   });
   double sum_sq = 0.0;
   for (double v : piece_sums) sum_sq += v;
@@ -132,19 +137,26 @@ bool Engine::step() {
     } else if (s.nvme_) {
       s.step_offloaded(step_ctx);
     } else {
-      s.step_elementwise(step_ctx);
+      memory::run_kernel(*s.backend_, [&] { s.step_elementwise(step_ctx); });
     }
     ++s.steps_taken_;
     if (s.stage_ == 1 || s.stage_ == 2) s.allgather_params();
-    if (s.gatherer_) s.gatherer_->invalidate();
+    if (s.gatherer_) {
+      memory::DeviceAccess access(*s.backend_);  // waits for prefetches still writing device memory
+      s.gatherer_->invalidate();
+    }
   }
-  if (s.grads_.size() > 0) std::memset(s.grads_.data(), 0, s.grads_.size());
+  s.backend_->fill_zero(s.grads_.data(), s.grads_.tier(), s.grads_.size());
   report.forward_s = s.forward_s_;
   report.backward_s = s.backward_s_;
   report.optimizer_s = now_s() - t0;
   const uint64_t sent = group_.counters().bytes_sent;
   report.comm_bytes_sent = sent - s.bytes_sent_at_step_start_;
   s.bytes_sent_at_step_start_ = sent;
+  const memory::TransferStats moved = s.backend_->transfers();
+  report.transfers = {moved.host_to_device_bytes - s.transfers_at_step_start_.host_to_device_bytes,
+                      moved.device_to_host_bytes - s.transfers_at_step_start_.device_to_host_bytes};
+  s.transfers_at_step_start_ = moved;
   report.step = ++global_step_;
   s.micro_step_ = 0;
   s.loss_sum_ = 0.0;

@@ -4,48 +4,13 @@
 #include <cstring>
 
 #include "core/errors.h"
-#include "core/parallel.h"
 
 namespace zs::engine {
-namespace {
-
-constexpr size_t kAddChunk = size_t{1} << 14;
-
-// dst[i] += src[i] for n elements of `dtype`, in fp32 (two roundings for 16-bit types: one here, one
-// when the gradient was stored), spread over `scratch.size()` threads in kAddChunk pieces.
-void add_into(void* dst, const void* src, size_t n, memory::DType dtype, std::vector<std::vector<float>>& scratch) {
-  const auto chunks = static_cast<int64_t>((n + kAddChunk - 1) / kAddChunk);
-  parallel_for_threads(static_cast<int>(scratch.size()), chunks, 4, [&](int64_t c0, int64_t c1, int t) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const size_t off = static_cast<size_t>(c) * kAddChunk;
-      const size_t k = std::min(kAddChunk, n - off);
-      if (dtype == memory::DType::kF32) {
-        auto* d = static_cast<float*>(dst) + off;
-        const auto* s = static_cast<const float*>(src) + off;
-        for (size_t i = 0; i < k; ++i) d[i] += s[i];
-        continue;
-      }
-      std::vector<float>& buf = scratch[static_cast<size_t>(t)];
-      buf.resize(2 * kAddChunk);
-      float* a = buf.data();
-      float* b = buf.data() + kAddChunk;
-      auto* d = static_cast<uint16_t*>(dst) + off;
-      const auto* s = static_cast<const uint16_t*>(src) + off;
-      memory::convert(d, dtype, a, memory::DType::kF32, k);
-      memory::convert(s, dtype, b, memory::DType::kF32, k);
-      for (size_t i = 0; i < k; ++i) a[i] += b[i];
-      memory::convert(a, memory::DType::kF32, d, dtype, k);
-    }
-  });
-}
-
-}  // namespace
 
 GradReducer::GradReducer(const Options& options, const FlatLayout& layout, const Partition& partition,
                          const comm::Group& group, memory::DeviceAllocator& device, memory::DType dtype, void* grads,
                          const std::vector<nn::Module*>& modules)
-    : options_(options), layout_(layout), partition_(partition), group_(group), device_(device), dtype_(dtype), grads_(grads),
-      scratch_(static_cast<size_t>(std::max(1, options.threads))) {
+    : options_(options), layout_(layout), partition_(partition), group_(group), device_(device), dtype_(dtype), grads_(grads) {
   for (const auto& plan : plan_buckets(layout_, options_.bucket_elements)) buckets_.push_back({plan, 0, false, {}, {}});
   auto slots = layout_.slots();
   bucket_of_slot_.resize(slots.size());
@@ -89,7 +54,7 @@ void GradReducer::ensure_staging(Bucket& b) {
   if (!b.staging.empty()) return;
   const size_t bytes = b.plan.range.size * memory::dtype_size(dtype_);
   b.staging = device_.allocate(bytes, memory::Category::kGrads, memory::Lifetime::kTransient);
-  std::memset(b.staging.data(), 0, bytes);
+  device_.backend().fill_zero(b.staging.data(), memory::Tier::kDevice, bytes);
   staging_bytes_ += bytes;
   staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);
 }
@@ -153,7 +118,8 @@ void GradReducer::retire(Bucket& b) {
     const size_t elem = memory::dtype_size(dtype_);
     auto* dst = static_cast<char*>(grads_) + (owned.offset - partition_.mine.offset) * elem;
     const auto* src = static_cast<const char*>(b.staging.data()) + (owned.offset - b.plan.range.offset) * elem;
-    add_into(dst, src, owned.size, dtype_, scratch_);
+    // Into the gradient shard, on the host when the optimizer is offloaded (a counted transfer).
+    device_.backend().accumulate(dst, options_.grads_tier, src, memory::Tier::kDevice, dtype_, owned.size);
   }
   auto slots = layout_.slots();
   for (size_t s = b.plan.first_slot; s < b.plan.end_slot; ++s) slots[s].param->set_grad(memory::Tensor());

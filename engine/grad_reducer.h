@@ -37,7 +37,7 @@ class GradReducer {
     bool overlap_comm = true;
     bool reduce_scatter = true;
     size_t bucket_elements = 500'000'000;
-    int threads = 1;  // stage 2+: threads adding a reduced bucket into the gradient shard
+    memory::Tier grads_tier = memory::Tier::kDevice;  // where `grads` lives (kHost: optimizer offloaded)
   };
 
   // `grads` is the full gradient buffer (stages 0-1) or this rank's gradient shard (stages 2-3),
@@ -94,7 +94,6 @@ class GradReducer {
   bool reducing_ = false;
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;
-  std::vector<std::vector<float>> scratch_;  // per thread
 };
 
 }  // namespace zs::engine

@@ -90,7 +90,7 @@ void ParamGatherer::start_gather(Entry& e) {
   const auto* src = static_cast<const char*>(shard_) + (owned.offset - partition_.mine.offset) * elem;
   memory::Tensor out = e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)});
   if (group_.size() == 1) {
-    std::memcpy(out.raw(), src, e.range.size * elem);
+    device_.backend().copy(out.raw(), memory::Tier::kDevice, src, options_.shard_tier, e.range.size * elem);
   } else {
     memory::Tensor in(const_cast<char*>(src), dtype_, {static_cast<int64_t>(owned.size)});
     e.work = group_.allgatherv_async(in, out, partition_.counts(e.range));
@@ -105,7 +105,7 @@ void ParamGatherer::finish_gather(Entry& e) {
     if (!e.staging.empty()) options_.nvme->wait(e.read);
     memory::Tensor out = e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)});
     if (group_.size() == 1) {
-      std::memcpy(out.raw(), src, e.range.size * elem);
+      device_.backend().copy(out.raw(), memory::Tier::kDevice, src, memory::Tier::kHost, e.range.size * elem);
     } else {
       memory::Tensor in(src, dtype_, {static_cast<int64_t>(owned.size)});
       group_.allgatherv(in, out, partition_.counts(e.range));

@@ -45,6 +45,7 @@ class ParamGatherer {
     offload::SwapSpace* nvme = nullptr;
     offload::SwapRegion nvme_region;
     memory::MemoryTracker* tracker = nullptr;  // counts the staging buffers (host, offload_buffers)
+    memory::Tier shard_tier = memory::Tier::kDevice;  // where `param_shard` lives (kHost: offload_param cpu)
   };
   enum class Pass { kForward, kBackward };
 

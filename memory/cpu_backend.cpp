@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "memory/detail/host_ops.h"
 
 namespace zs::memory {
 namespace {
@@ -72,13 +73,18 @@ void CpuBackend::free_segment(void* data, size_t bytes, Tier tier) noexcept {
   (tier == Tier::kDevice ? device_allocated_ : host_allocated_).fetch_sub(bytes, std::memory_order_relaxed);
 }
 
-void CpuBackend::copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, size_t bytes) {
-  ZS_ASSERT(dst_tier != Tier::kNvme && src_tier != Tier::kNvme,
-            "cpu backend copy {} -> {}: nvme transfers belong to the offload module", tier_name(src_tier),
-            tier_name(dst_tier));
-  if (bytes == 0) return;
-  ZS_ASSERT(dst != nullptr && src != nullptr, "cpu backend copy of {} bytes with a null pointer", bytes);
-  std::memcpy(dst, src, bytes);
+void CpuBackend::do_copy(void* dst, const void* src, size_t bytes) { detail::host_copy(dst, src, bytes, threads()); }
+
+void CpuBackend::do_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) {
+  detail::host_convert(dst, dst_type, src, src_type, n, threads());
 }
+
+void CpuBackend::do_accumulate(void* dst, const void* src, DType dtype, size_t n) {
+  detail::host_accumulate(dst, src, dtype, n, threads());
+}
+
+void CpuBackend::do_fill_zero(void* dst, size_t bytes) { detail::host_fill_zero(dst, bytes, threads()); }
+
+void CpuBackend::do_fill(float* dst, float value, size_t n) { detail::host_fill(dst, value, n, threads()); }
 
 }  // namespace zs::memory

@@ -5,8 +5,8 @@
 //   Segment s = backend.allocate(4 << 20, Tier::kDevice);
 //
 // Segments are page-aligned and come straight from the OS for large sizes (so an unused part of a
-// large segment costs no physical memory). copy() is a synchronous memcpy and synchronize() returns at
-// once. Thread-safe.
+// large segment costs no physical memory). Operations are synchronous host loops (memory/detail/
+// host_ops.h) on up to threads() threads, and synchronize() returns at once. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -24,11 +24,15 @@ class CpuBackend final : public Backend {
   size_t capacity(Tier tier) const override;
   size_t allocated(Tier tier) const override;
   Segment allocate(size_t bytes, Tier tier) override;
-  void copy(void* dst, Tier dst_tier, const void* src, Tier src_tier, size_t bytes) override;
   void synchronize() override {}
 
  protected:
   void free_segment(void* data, size_t bytes, Tier tier) noexcept override;
+  void do_copy(void* dst, const void* src, size_t bytes) override;
+  void do_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n) override;
+  void do_accumulate(void* dst, const void* src, DType dtype, size_t n) override;
+  void do_fill_zero(void* dst, size_t bytes) override;
+  void do_fill(float* dst, float value, size_t n) override;
 
  private:
   std::atomic<size_t>& allocated_ref(Tier tier);

@@ -5,7 +5,8 @@
 //   tensor.h        Tensor: typed, shaped views of memory
 //   shard.h         ShardRange {offset, size} and ZeRO partition math (uneven sizes, alignment)
 //   category.h      Category (params, grads, ...) and Tier (device, host, nvme) with JSON names
-//   backend.h       Backend interface and owning Segment; cpu_backend.h: the CPU implementation
+//   backend.h       Backend interface (segments, counted data movement, kernel scopes) and Segment;
+//                   cpu_backend.h, guarded_backend.h (faults on stray access), measuring_backend.h
 //   alloc_policy.h  Lifetime, arena statistics, TwoEndedBestFit / SinglePoolBestFit placement
 //   allocator.h     DeviceAllocator (fixed capacity, pools by lifetime) and RAII DeviceBlock
 //   tracker.h       MemoryTracker: bytes by category and tier, current and peak; TrackedBytes
@@ -24,6 +25,8 @@
 #include "memory/category.h"
 #include "memory/cpu_backend.h"
 #include "memory/cpu_features.h"
+#include "memory/guarded_backend.h"
+#include "memory/measuring_backend.h"
 #include "memory/dtype.h"
 #include "memory/shard.h"
 #include "memory/tensor.h"

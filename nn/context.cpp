@@ -1,6 +1,9 @@
 #include "nn/context.h"
 
+#include <optional>
+
 #include "core/errors.h"
+#include "nn/detail/parallel.h"
 #include "nn/model.h"
 #include "nn/module.h"
 
@@ -46,6 +49,8 @@ memory::Tensor Context::backward(Module& child, const memory::Tensor& grad_outpu
 }
 
 float Context::forward_loss(Model& model, const Batch& batch) {
+  std::optional<detail::KernelsOff> off;  // Note [measuring run] in nn/detail/parallel.h
+  if (!computes()) off.emplace();
   const bool train = training();
   check_can_forward(model, train);
   before_forward(model);
@@ -56,6 +61,8 @@ float Context::forward_loss(Model& model, const Batch& batch) {
 }
 
 void Context::backward_loss(Model& model, float grad_scale) {
+  std::optional<detail::KernelsOff> off;
+  if (!computes()) off.emplace();
   check_can_backward(model);
   before_backward(model);
   model.backward_loss(*this, grad_scale);

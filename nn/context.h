@@ -2,8 +2,8 @@
 //
 // Every module boundary goes through a Context, so whoever runs the model can act there: the engine
 // gathers a ZeRO-3 module's parameters in before_forward and releases them in after_forward,
-// re-runs a checkpointed block in before_backward, marks gradient buckets ready in after_backward,
-// and records traces. Modules never call a child's forward/backward directly (they are not public).
+// marks gradient buckets ready in after_backward, and (a later feature) re-runs checkpointed
+// blocks. Modules never call a child's forward/backward directly (they are not public).
 //
 //   Tensor h = ctx.forward(*ln1_, x);          // before_forward(ln1) ; ln1.forward ; after_forward(ln1)
 //   Tensor dx = ctx.backward(*ln1_, dh);       // before_backward(ln1); ln1.backward; after_backward(ln1)
@@ -63,6 +63,11 @@ class Context {
   virtual memory::Tensor allocate(memory::Shape shape, memory::DType dtype, MemoryUse use) = 0;
   // Training mode: modules save activations for backward. Evaluation: they do not.
   virtual bool training() const = 0;
+  // False when the run only measures memory (the estimator): tensors are allocated as in training,
+  // their contents are never computed, and nn's layer kernels skip their arithmetic by themselves
+  // (Note [measuring run] in nn/detail/parallel.h). A module that loops over tensor data itself may
+  // skip the loop when this is false; its results are not used.
+  virtual bool computes() const { return true; }
 
  protected:
   // Hooks around every module call (default: nothing). Called on the thread running the model.

@@ -4,6 +4,7 @@
 
 #include "core/errors.h"
 #include "memory/dtype.h"
+#include "nn/detail/parallel.h"
 
 namespace zs::nn {
 
@@ -14,7 +15,7 @@ memory::Tensor weight_f32(Context& ctx, const Parameter& p) {
   ZS_ASSERT(d.is_contiguous(), "parameter '{}' data is not contiguous", p.full_name());
   if (d.dtype() == memory::DType::kF32) return d;
   memory::Tensor w = ctx.allocate(p.shape(), memory::DType::kF32, MemoryUse::kScratch);
-  w.copy_from(d);
+  if (detail::kernels_enabled()) w.copy_from(d);
   return w;
 }
 
@@ -27,7 +28,7 @@ GradAccumulator::GradAccumulator(Context& ctx, Parameter& p) : param_(p), uncaug
     buffer_ = g.f32();
   } else {
     scratch_ = ctx.allocate(p.shape(), memory::DType::kF32, MemoryUse::kScratch);
-    scratch_.copy_from(g);
+    if (detail::kernels_enabled()) scratch_.copy_from(g);
     buffer_ = scratch_.f32();
   }
 }
@@ -35,7 +36,7 @@ GradAccumulator::GradAccumulator(Context& ctx, Parameter& p) : param_(p), uncaug
 void GradAccumulator::commit() {
   if (committed_) return;
   committed_ = true;
-  if (scratch_.raw() != nullptr) param_.grad().copy_from(scratch_);
+  if (scratch_.raw() != nullptr && detail::kernels_enabled()) param_.grad().copy_from(scratch_);
 }
 
 GradAccumulator::~GradAccumulator() {

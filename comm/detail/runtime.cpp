@@ -119,7 +119,21 @@ void Runtime::start_worker() {
   });
 }
 
+Work Runtime::simulate(const Op& op, bool async) {
+  bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+  bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
+  collectives_.fetch_add(1, std::memory_order_relaxed);
+  if (!async) return Work();
+  auto state = std::make_shared<WorkState>();
+  state->defer();
+  return Work(state);
+}
+
 void Runtime::run(std::shared_ptr<Op> op) {
+  if (op->group->simulated) {
+    simulate(*op, false);
+    return;
+  }
   {
     std::unique_lock lock(mu_);
     if (!queue_.empty() || busy_) {
@@ -149,6 +163,7 @@ void Runtime::run(std::shared_ptr<Op> op) {
 }
 
 Work Runtime::submit(std::shared_ptr<Op> op) {
+  if (op->group->simulated) return simulate(*op, true);
   op->work = std::make_shared<WorkState>(hint_);
   Work work(op->work);
   {

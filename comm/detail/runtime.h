@@ -84,6 +84,8 @@ struct GroupState {
   CommConfig config;
   std::mutex mu;
   std::string broken;  // non-empty once a timeout left this communicator unusable
+  // Group::simulated: plays rank `rank` of `size` without communicating (the memory estimator).
+  bool simulated = false;
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }
@@ -127,6 +129,8 @@ class Runtime {
   void run(std::shared_ptr<Op> op);
   // Queues `op` for the worker thread and returns its handle.
   Work submit(std::shared_ptr<Op> op);
+  // A simulated group's op: counted, never run; its Work completes when waited for.
+  Work simulate(const Op& op, bool async);
   // Blocks until every queued Op has finished.
   void flush();
 

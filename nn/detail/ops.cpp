@@ -9,7 +9,7 @@ namespace zs::nn::detail {
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
+  if (m == 0 || n == 0 || !kernels_enabled()) return;
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
@@ -72,6 +72,7 @@ memory::Shape with_last_dim(const memory::Shape& shape, int64_t features) {
 }
 
 void add(const float* a, const float* b, float* out, int64_t n) {
+  if (!kernels_enabled()) return;
   parallel_for(n, int64_t{1} << 14, [=](int64_t begin, int64_t end, int) {
     for (int64_t i = begin; i < end; ++i) out[i] = a[i] + b[i];
   });
@@ -90,6 +91,7 @@ void check_ids(const int32_t* ids, int64_t n, int64_t vocab, std::string_view ki
 
 void embedding_lookup(const int32_t* ids, int64_t n, const float* table, int64_t vocab, int64_t dim, const float* pos,
                       int64_t period, float* out) {
+  if (!kernels_enabled()) return;
   check_ids(ids, n, vocab, "token");
   parallel_for(n, 64, [=](int64_t begin, int64_t end, int) {
     for (int64_t r = begin; r < end; ++r) {
@@ -106,6 +108,7 @@ void embedding_lookup(const int32_t* ids, int64_t n, const float* table, int64_t
 }
 
 void embedding_accumulate(const int32_t* ids, int64_t n, const float* dout, int64_t dim, float* grad_table) {
+  if (!kernels_enabled()) return;
   // Rows may repeat ids, so threads split the columns: each sums its columns over every row in
   // order, the serial order (Note [compute threads]).
   parallel_for(dim, 64, [=](int64_t c0, int64_t c1, int) {
@@ -118,6 +121,7 @@ void embedding_accumulate(const int32_t* ids, int64_t n, const float* dout, int6
 }
 
 void sum_rows_into(const float* x, int64_t rows, int64_t cols, int64_t period, float* out) {
+  if (!kernels_enabled()) return;
   parallel_for(cols, 64, [=](int64_t c0, int64_t c1, int) {
     for (int64_t r = 0; r < rows; ++r) {
       float* o = out + (r % period) * cols;

@@ -27,8 +27,33 @@ int compute_threads();
 
 // The generic pool (explicit thread count) lives in core.
 using zs::parallel_chunks;
-using zs::parallel_for_threads;
 using zs::run_parallel;
+
+// Note [measuring run]: the memory estimator runs the model over a Context whose computes() is false
+// (the engine over memory::MeasuringBackend): every allocation happens as in training, no arithmetic
+// does. Context::forward_loss/backward_loss then hold a KernelsOff on the running thread, and the
+// layer kernels (parallel_for, gemm, the embedding and reduction helpers in ops.h, the fp32 copies of
+// param_access.h) return at once. Layers therefore need no measuring code of their own; a user's
+// module that loops over tensors itself may check ctx.computes() (its loop is harmless either way).
+bool kernels_enabled();
+class KernelsOff {
+ public:
+  KernelsOff();
+  ~KernelsOff();
+  KernelsOff(const KernelsOff&) = delete;
+  KernelsOff& operator=(const KernelsOff&) = delete;
+
+ private:
+  bool saved_;
+};
+
+// core's parallel_for_threads, doing nothing while kernels are off (the flag is the calling thread's:
+// the pool's threads do not see it).
+template <typename F>
+void parallel_for_threads(int threads, int64_t n, int64_t grain, F&& f) {
+  if (!kernels_enabled()) return;
+  zs::parallel_for_threads(threads, n, grain, std::forward<F>(f));
+}
 
 // The same on compute_threads() threads.
 template <typename F>

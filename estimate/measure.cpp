@@ -1,0 +1,76 @@
+#include "estimate/measure.h"
+
+#include <algorithm>
+
+#include "comm/group.h"
+#include "core/errors.h"
+#include "engine/flat_layout.h"
+#include "memory/measuring_backend.h"
+#include "memory/shard.h"
+#include "nn/module.h"
+
+namespace zs::engine {
+
+// Note [measured estimate]
+// One truth: the prediction is the engine's own placement and scheduling code, not a restatement of
+// it. What differs from a real run, and why it does not change the device figures:
+//   - no arithmetic (MeasuringBackend::runs_kernels false; nn's kernels check Context::computes):
+//     memory does not depend on values, except through fp16 overflow skips, which free nothing;
+//   - collectives complete only when waited for (comm::Group::simulated): the gradient reducer then
+//     keeps kMaxInFlight launched buckets staged, the most a real run can hold (Open MPI progresses a
+//     nonblocking collective only inside MPI calls, so a real run usually holds exactly that; a
+//     reduction found finished earlier frees its bucket sooner, so a real peak is at most this);
+//   - NVMe: no swap file is made; the stage-3 gatherer reads from an untouched stand-in instead of
+//     the file (its device buffers and prefetch window are the same); the NVMe tier's figures come
+//     from the placement rules (engine/estimate.h), not from here;
+//   - the device arena is not capped (a measured peak above device.memory_mb is reported as such).
+// Two steps suffice for the elementwise optimizers, whose steps are all alike. The one-bit optimizers
+// change phase later (0/1 Adam's compressed-gradient steps add a 4 bytes per element buffer): a
+// measurement of the first steps does not see those phases.
+
+namespace {
+
+constexpr size_t kUncappedDevice = size_t{1} << 46;  // 64 TiB of address space, never committed
+
+}  // namespace
+
+const RankMeasurement& Measurement::of_rank(int rank) const {
+  for (const auto& c : classes) {
+    if (rank >= c.first_rank && rank <= c.last_rank) return c;
+  }
+  throw InternalError(fmt::format("no measurement covers rank {} of {}", rank, ranks));
+}
+
+Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, BatchSource& source, int steps) {
+  if (ranks < 1) throw ConfigError(fmt::format("estimate: ranks must be >= 1, got {}", ranks));
+  ZS_ASSERT(steps >= 2, "estimate: at least 2 steps (got {})", steps);
+  nn::assign_names(model);
+  const size_t total = FlatLayout(model.all_params()).total();
+  Measurement out;
+  out.ranks = ranks;
+  out.steps = steps;
+  for (int r = 0; r < ranks;) {
+    const size_t shard = memory::shard_of(total, ranks, r, FlatLayout::kAlignElements).size;
+    int last = r;
+    while (last + 1 < ranks &&
+           memory::shard_of(total, ranks, last + 1, FlatLayout::kAlignElements).size == shard) {
+      ++last;
+    }
+    comm::Group group = comm::Group::simulated(r, ranks, "dp");
+    Engine engine(model, config, group, std::make_unique<memory::MeasuringBackend>(kUncappedDevice));
+    RankMeasurement m{.first_rank = r, .last_rank = last};
+    for (int s = 0; s < steps; ++s) {
+      const StepReport& report = engine.train_batch(source);
+      m.transfers = report.transfers;
+      m.comm_bytes_sent = report.comm_bytes_sent;
+    }
+    m.memory = engine.memory_report();
+    m.memory.device_capacity_bytes = static_cast<size_t>(config.device.memory_mb) << 20;
+    out.classes.push_back(m);
+    model.clear_saved();
+    r = last + 1;
+  }
+  return out;
+}
+
+}  // namespace zs::engine
