@@ -1,6 +1,6 @@
 // Question: how many bytes of model states does each rank hold at ZeRO stages 0-3, measured in a real
 // training run, against the ZeRO paper's formula (bf16 + Adam: 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N,
-// Ψ = the model's parameter count) and the engine's own estimator (engine/estimate.h)? Beside them:
+// Ψ = the model's parameter count) and the engine's own estimator (estimate/estimate.h)? Beside them:
 // the device arena's allocated and reserved peaks and the activation peak.
 //
 //   mpirun -np N build/release/benchmarks/memory_footprint [--json out.json] [--stages 0,1,2,3]
@@ -44,7 +44,7 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
-#include "engine/estimate.h"
+#include "estimate/estimate.h"
 #include "engine/runtime.h"
 #include "nn/data.h"
 #include "nn/gpt.h"

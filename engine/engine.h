@@ -131,7 +131,7 @@ class Engine {
   struct MemoryReport {
     ModelStateBytes model_states;
     // The same buffers by tier: device blocks at their requested size; host buffers and swap-file
-    // regions at what they map or reserve (each rounded up to 4096 bytes), as engine/estimate.h counts.
+    // regions at what they map or reserve (each rounded up to 4096 bytes), as estimate/estimate.h counts.
     ModelStateBytes device_states, host_states, nvme_states;
     uint64_t device_peak_bytes = 0;           // peak of allocated bytes in the device arena
     // What the device peak was made of: bytes by memory::Category (params: the shard or replica,

@@ -22,7 +22,7 @@ namespace zs::engine {
 //     reduction found finished earlier frees its bucket sooner, so a real peak is at most this);
 //   - NVMe: no swap file is made; the stage-3 gatherer reads from an untouched stand-in instead of
 //     the file (its device buffers and prefetch window are the same); the NVMe tier's figures come
-//     from the placement rules (engine/estimate.h), not from here;
+//     from the placement rules (estimate/estimate.h), not from here;
 //   - the device arena is not capped (a measured peak above device.memory_mb is reported as such).
 // Two steps suffice for the elementwise optimizers, whose steps are all alike. The one-bit optimizers
 // change phase later (0/1 Adam's compressed-gradient steps add a 4 bytes per element buffer): a

@@ -1,5 +1,5 @@
 // `zeroshard estimate`: bytes per rank of the model states at each ZeRO stage and on each tier (device,
-// host, NVMe), with every multiplier (engine/estimate.h holds the rules; docs/memory.md explains them).
+// host, NVMe), with every multiplier (estimate/estimate.h holds the rules; docs/memory.md explains them).
 // Runs in one process, no MPI.
 //
 //   zeroshard estimate --params 1.5B --ranks 8 --stage all --dtype bf16
@@ -19,7 +19,7 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "engine/config.h"
-#include "engine/estimate.h"
+#include "estimate/estimate.h"
 #include "tools/commands.h"
 
 namespace zs::tools {

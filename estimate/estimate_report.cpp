@@ -1,10 +1,10 @@
-// The estimator's human table and JSON (engine/estimate.h; docs/memory.md lists the fields).
+// The estimator's human table and JSON (estimate/estimate.h; docs/memory.md lists the fields).
 #include <boost/json/array.hpp>
 
 #include <algorithm>
 
-#include "engine/detail/estimate_util.h"
-#include "engine/estimate.h"
+#include "estimate/detail/estimate_util.h"
+#include "estimate/estimate.h"
 
 namespace zs::engine {
 
@@ -125,13 +125,27 @@ std::string format_estimate(const MemoryEstimate& est) {
     line("persistent params", st.persistent_params);
     line("NVMe param staging", st.nvme_param_staging);
   }
-  out += "\ndevice peak per rank (predicted: a replay of one training step; model states + the transients alive at the "
-         "busiest moment):\n";
+  out += "\ndevice peak per rank (measured: the engine's own code over a measuring backend; what the arena holds at its "
+         "peak):\n";
   for (const StageEstimate& st : est.stages) {
     for (const ShardGroup& g : st.shards) {
       const DevicePeak& p = g.device_peak;
       if (p.applies) {
         out += fmt::format("  stage {} ranks {:<7} {:>12}  = {}\n", st.stage, rank_span(g), format_bytes(p.bytes), p.formula);
+        std::string parts;
+        for (memory::Category c : memory::kAllCategories) {
+          const uint64_t b = p.by_category[static_cast<size_t>(c)];
+          if (b > 0) parts += fmt::format("{}{} {}", parts.empty() ? "" : " + ", memory::category_name(c), format_bytes(b));
+        }
+        out += fmt::format("  {:<21} {:>12}  = {}; reserved peak {} (fragmentation {:.3f}x){}\n", "", "", parts,
+                           format_bytes(p.reserved_bytes),
+                           p.bytes ? static_cast<double>(p.reserved_bytes) / static_cast<double>(p.bytes) : 1.0,
+                           p.bytes > p.capacity ? fmt::format("; DOES NOT FIT device.memory_mb ({})", format_bytes(p.capacity))
+                                                : fmt::format("; fits device.memory_mb ({})", format_bytes(p.capacity)));
+        if (p.transfers.total() > 0) {
+          out += fmt::format("  {:<21} {:>12}  host -> device {} and device -> host {} per step\n", "", "",
+                             format_bytes(p.transfers.host_to_device_bytes), format_bytes(p.transfers.device_to_host_bytes));
+        }
         const uint64_t host = cpu_backend_host_bytes(st, g) - p.bytes;
         out += fmt::format("  {:<21} {:>12}  = host tier {}{} + device peak {}: the process's memory with the CPU device "
                            "backend, whose arena is host RAM (code, libraries and heap not counted)\n",
@@ -141,13 +155,11 @@ std::string format_estimate(const MemoryEstimate& est) {
       } else out += fmt::format("  stage {} ranks {:<7} {:>12}  {}\n", st.stage, rank_span(g), "?", p.formula);
     }
   }
-  if (!est.stages.empty() && est.stages.front().activations_saved.applies) {
+  if (!est.stages.empty() && est.stages.front().activations_peak.applies) {
     const StageEstimate& st = est.stages.front();
-    out += fmt::format("  activations, one micro-batch (every stage): saved {} = {}\n", format_bytes(st.activations_saved.bytes),
-                       st.activations_saved.formula);
     out += fmt::format("  activations peak {} = {}\n", format_bytes(st.activations_peak.bytes), st.activations_peak.formula);
   } else {
-    out += "  activations: not estimated without the model's shape (give --config with a model section)\n";
+    out += "  activations: not estimated without the model (give --config with a model section)\n";
   }
 
   out += fmt::format("\nmultipliers (bytes per element; Ψ = {} flat elements, S_r = rank r's shard of Ψ over {} rank(s) in "
@@ -178,14 +190,18 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
   };
   auto device_peak = [](const DevicePeak& p) -> json::value {
     if (!p.applies) return json::object{{"bytes", nullptr}, {"formula", p.formula}};
+    json::object parts;
+    for (memory::Category c : memory::kAllCategories) parts[memory::category_name(c)] = p.by_category[static_cast<size_t>(c)];
     return json::object{{"bytes", p.bytes},
-                        {"at", p.at},
-                        {"model_states", p.model_states},
+                        {"reserved_bytes", p.reserved_bytes},
+                        {"by_category", std::move(parts)},
                         {"activations", p.activations},
-                        {"gathered_params", p.gathered_params},
-                        {"persistent_params", p.persistent_params},
-                        {"grad_staging", p.grad_staging},
-                        {"comm_buffers", p.comm_buffers},
+                        {"activation_peak", p.activation_peak},
+                        {"capacity_bytes", p.capacity},
+                        {"fits", p.bytes <= p.capacity},
+                        {"transfers_per_step", json::object{{"host_to_device", p.transfers.host_to_device_bytes},
+                                                            {"device_to_host", p.transfers.device_to_host_bytes}}},
+                        {"comm_bytes_sent_per_step", p.comm_bytes_sent},
                         {"formula", p.formula}};
   };
   json::object j;
@@ -248,7 +264,6 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
         {"transient", json::object{{"grad_buckets", bound(st.grad_buckets)},
                                    {"gathered_params", bound(st.gathered_params)},
                                    {"persistent_params", bound(st.persistent_params)},
-                                   {"activations_saved", bound(st.activations_saved)},
                                    {"activations_peak", bound(st.activations_peak)},
                                    {"nvme_param_staging", bound(st.nvme_param_staging)}}}});
   }

@@ -1,4 +1,4 @@
-#include "engine/estimate.h"
+#include "estimate/estimate.h"
 
 #include <boost/json/array.hpp>
 
@@ -8,7 +8,9 @@
 #include <utility>
 
 #include "core/errors.h"
-#include "engine/detail/estimate_util.h"
+#include "engine/dataset_source.h"
+#include "estimate/detail/estimate_util.h"
+#include "estimate/measure.h"
 #include "engine/flat_layout.h"
 #include "memory/shard.h"
 #include "nn/gpt.h"
@@ -126,35 +128,23 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
 
   // Walk every chain root -> module, as engine/param_gatherer.cpp does: a module's own parameters are
   // one range from its first slot to the end of its last parameter (padding after it excluded).
-  // The same walk records the tree in pre-order for the device timeline (ModelFacts::schedule).
   std::vector<size_t> chain_buckets;  // buckets of the current chain (with repeats)
   uint64_t max_chain_buckets = 0;
   std::function<void(nn::Module&, uint64_t)> walk = [&](nn::Module& m, uint64_t chain) {
     auto own = m.params();
     const size_t mark = chain_buckets.size();
-    const auto index = static_cast<int>(f.schedule.size());
-    f.schedule.emplace_back();
-    f.schedule.back().name = m.name();
     if (!own.empty()) {
       const size_t first = slot_of.at(own.front()), last = slot_of.at(own.back());
       const uint64_t range = slots[last].offset + slots[last].numel - slots[first].offset;
       f.module_elements.push_back(range);
-      ScheduleModule& sm = f.schedule.back();
-      sm.range_elements = range;
-      sm.persistent = static_cast<int64_t>(range) < limits.stage3_param_persistence_threshold;
-      if (sm.persistent) {
+      if (static_cast<int64_t>(range) < limits.stage3_param_persistence_threshold) {
         f.persistent_elements += range;
         ++f.persistent_modules;
       } else {
         f.nonpersistent_elements += range;
         chain += range;
       }
-      for (nn::Parameter* p : own) {
-        const auto b = static_cast<uint32_t>(bucket_of_slot[slot_of.at(p)]);
-        chain_buckets.push_back(b);
-        if (sm.bucket_params.empty() || sm.bucket_params.back().first != b) sm.bucket_params.emplace_back(b, 0);
-        ++sm.bucket_params.back().second;
-      }
+      for (nn::Parameter* p : own) chain_buckets.push_back(bucket_of_slot[slot_of.at(p)]);
     }
     if (chain > f.gather_chain_elements) {
       f.gather_chain_elements = chain;
@@ -163,17 +153,10 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
     std::vector<size_t> distinct = chain_buckets;
     std::sort(distinct.begin(), distinct.end());
     max_chain_buckets = std::max<uint64_t>(max_chain_buckets, std::unique(distinct.begin(), distinct.end()) - distinct.begin());
-    for (nn::Module* c : m.children()) {
-      f.schedule[static_cast<size_t>(index)].children.push_back(static_cast<int>(f.schedule.size()));
-      walk(*c, chain);
-    }
+    for (nn::Module* c : m.children()) walk(*c, chain);
     chain_buckets.resize(mark);
   };
   walk(model, 0);
-  for (const BucketPlan& bp : buckets) {
-    f.bucket_elements.push_back(bp.range.size);
-    f.bucket_param_count.push_back(static_cast<uint32_t>(bp.end_slot - bp.first_slot));
-  }
 
   std::sort(f.module_elements.begin(), f.module_elements.end());
   std::vector<uint64_t> sizes;
@@ -204,13 +187,15 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }
-    nn::GptModel model(*cfg.model);  // declares the parameters; allocates nothing
-    in.model = model_facts(model, in.zero);
+    auto model = std::make_shared<nn::GptModel>(*cfg.model);  // declares the parameters; allocates nothing
+    in.model = model_facts(*model, in.zero);
     const auto& m = *cfg.model;
     in.model.description = fmt::format("GPT n_layer {} d_model {} n_head {} seq_len {} vocab {}{}: {} parameters", m.n_layer,
                                        m.d_model, m.n_head, m.seq_len, m.vocab_size,
                                        m.tied_embeddings ? "" : " (untied head)", group_digits(in.model.param_elements));
-    in.model.activations = GptActivationShape{m, cfg.batch.micro_batch_per_rank, m.seq_len};
+    // Batches of the built-in corpus: their shapes are what counts (the arithmetic is skipped).
+    auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(m.seq_len), cfg.seed);
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, cfg});
   } else {
     if (!n_params) {
       throw ConfigError("model: the config has no model section, so the estimator does not know the model size; add a "
@@ -239,6 +224,19 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
   return in;
 }
 
+EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
+                                       std::string description) {
+  if (cfg.model) throw ConfigError("model: the program brings its own model; remove the config's model section");
+  // The config's rules with a placeholder size, then the model's own facts.
+  EstimateInput in = estimate_input_for_config(cfg, ranks, uint64_t{1});
+  in.model = model_facts(model, in.zero);
+  in.model.description = fmt::format("{}: {} parameters", description, group_digits(in.model.param_elements));
+  // Not owned: the caller keeps the model and the source alive.
+  in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{
+      std::shared_ptr<nn::Model>(&model, [](nn::Model*) {}), std::shared_ptr<BatchSource>(&source, [](BatchSource*) {}), cfg});
+  return in;
+}
+
 StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank) {
   return tiered_state_bytes(in, stage, rank).total();
 }
@@ -257,25 +255,44 @@ uint64_t StageEstimate::max_model_state_bytes() const {
   return m;
 }
 
-ActivationEstimate gpt_activation_bytes(const GptActivationShape& shape, Precision precision) {
-  const detail::GptActivations g = detail::gpt_activations(shape, precision);
-  ActivationEstimate a;
-  a.saved_bytes = g.saved;
-  std::string peak_at;
-  for (const detail::ActivationMoment& m : g.moments) {
-    if (m.bytes > a.peak_bytes) {
-      a.peak_bytes = m.bytes;
-      peak_at = m.label;
+namespace {
+
+// Each rank class's device peak at st.stage, by running the engine over the measuring backend
+// (estimate/measure.h) with the stage's settings.
+void measure_device_peaks(const EstimateInput& in, StageEstimate& st) {
+  if (!in.measure) {
+    for (ShardGroup& g : st.shards) {
+      g.device_peak.formula = "needs the model: give --config with a model section (or, for your own model, "
+                              "engine::estimate_input_for_model in C++)";
     }
+    return;
   }
-  const auto& m = shape.model;
-  a.saved_formula = fmt::format(
-      "4 x [L(16NC + 4N + BHT^2) + 2NC + NV + 3N] fp32, each tensor rounded to 64 B; N = B*T = {}*{}, L {} C {} H {} V {} "
-      "(estimate)",
-      shape.micro_batch, shape.seq_len, m.n_layer, m.d_model, m.n_head, m.vocab_size);
-  a.peak_formula = fmt::format("saved + the working set at the busiest moment: {} (estimate; docs/memory.md)", peak_at);
-  return a;
+  EngineConfig cfg = in.measure->config;
+  cfg.zero.stage = st.stage;
+  cfg.precision = in.precision;
+  cfg.memory = in.memory;
+  cfg.zero.offload_optimizer.device = st.offload.optimizer;
+  cfg.zero.offload_param.device = st.offload.param;
+  const Measurement m = estimate(*in.measure->model, cfg, in.ranks, *in.measure->source);
+  for (ShardGroup& g : st.shards) {
+    const RankMeasurement& r = m.of_rank(g.first_rank);
+    DevicePeak& p = g.device_peak;
+    p.applies = true;
+    p.bytes = r.memory.device_peak_bytes;
+    p.reserved_bytes = r.memory.device_reserved_peak_bytes;
+    p.by_category = r.memory.device_peak_by_category;
+    p.activations = p.by_category[static_cast<size_t>(memory::Category::kActivations)];
+    p.activation_peak = r.memory.activation_peak_bytes;
+    p.capacity = r.memory.device_capacity_bytes;
+    p.transfers = r.transfers;
+    p.comm_bytes_sent = r.comm_bytes_sent;
+    p.formula = fmt::format("measured: the engine's own code over a measuring backend, {} training steps as rank {} of {} "
+                            "(no arithmetic, no memory committed)",
+                            m.steps, g.first_rank, in.ranks);
+  }
 }
+
+}  // namespace
 
 StageEstimate estimate_stage(const EstimateInput& in, int stage) {
   if (stage < 0 || stage > 3) throw ConfigError(fmt::format("--stage: ZeRO stage {} does not exist; use 0, 1, 2, 3 or all", stage));
@@ -306,9 +323,9 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     g.host = t.host;
     g.nvme = t.nvme;
     g.offload_buffers = offload_buffer_bytes(in, stage, r);
-    g.device_peak = estimate_device_peak(in, stage, g.device);
     st.shards.push_back(g);
   }
+  measure_device_peaks(in, st);
 
   auto full_or_shard = [&](bool sharded, const std::string& what) {
     return fmt::format("{} x {} ({} {}, {})", b, sharded ? "S_r" : "Ψ", dtype, what,
@@ -385,10 +402,10 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     }
     st.nvme_param_staging = detail::nvme_param_staging_bound(in, stage);
   }
-  if (f.activations) {
-    ActivationEstimate a = gpt_activation_bytes(*f.activations, in.precision);
-    st.activations_saved = {true, a.saved_bytes, a.saved_formula};
-    st.activations_peak = {true, a.peak_bytes, a.peak_formula};
+  if (st.shards.front().device_peak.applies) {
+    const DevicePeak& p = st.shards.front().device_peak;
+    st.activations_peak = {true, p.activation_peak,
+                           "measured: the arena's activation bytes at their peak over one training step (rank 0)"};
   }
   return st;
 }

@@ -30,13 +30,18 @@
 
 #include <boost/json/object.hpp>
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/engine.h"
+#include "memory/backend.h"
+#include "memory/category.h"
 #include "nn/model.h"
 #include "optim/optimizer.h"
 
@@ -60,24 +65,6 @@ struct ZeroLimits {
 // The limits a ZeroConfig holds.
 ZeroLimits zero_limits_of(const ZeroConfig& zero);
 
-// Activation shape of the built-in GPT for one micro-batch.
-struct GptActivationShape {
-  nn::GptConfig model;
-  int64_t micro_batch = 1;  // B: samples per rank per micro-batch
-  int64_t seq_len = 0;      // T: tokens per sample (zeroshard train uses model.seq_len)
-};
-
-// One module of the model tree, for the device timeline (Note [device timeline] in
-// estimate_device.cpp): what the stage-3 gatherer fetches for it and which gradient buckets its
-// parameters fill.
-struct ScheduleModule {
-  std::string name;                  // "blocks.3.mlp.fc"; "" for the root
-  std::vector<int> children;         // indices into ModelFacts::schedule, declaration order
-  uint64_t range_elements = 0;       // its own parameters' range (engine/param_gatherer.h); 0: none
-  bool persistent = false;           // range below stage3_param_persistence_threshold
-  std::vector<std::pair<uint32_t, uint32_t>> bucket_params;  // (bucket, how many of its parameters)
-};
-
 // What the estimator knows about the model. With only a parameter count, exact_layout is false and
 // only param_elements / flat_elements are set; the transient bounds then use the generic formulas.
 struct ModelFacts {
@@ -98,15 +85,10 @@ struct ModelFacts {
   uint64_t bucket_count = 0;             // buckets of plan_buckets(reduce_bucket_size)
   uint64_t staging_buckets = 0;          // K: buckets that can hold staging buffers at once
   uint64_t staging_elements = 0;         // the K largest buckets together
-  // The module tree in pre-order (root first) and the gradient buckets (plan_buckets order).
-  std::vector<ScheduleModule> schedule;
-  std::vector<uint64_t> bucket_elements;
-  std::vector<uint32_t> bucket_param_count;
-  std::optional<GptActivationShape> activations;
 };
 
-// Facts of a model from its FlatLayout and gradient bucket plan. `model` must have its parameters
-// declared (constructing nn::GptModel is enough); nothing is allocated.
+// Facts of a model from its FlatLayout, module tree and gradient bucket plan (the transient bounds).
+// `model` must have its parameters declared (constructing nn::GptModel is enough); nothing is allocated.
 ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits);
 
 struct EstimateInput {
@@ -129,6 +111,15 @@ struct EstimateInput {
   // combined with optimizer offload (ConfigError, as parse_config says).
   OffloadDevice offload_optimizer = OffloadDevice::kNone;
   OffloadDevice offload_param = OffloadDevice::kNone;
+  // What the device peak is measured on (estimate/measure.h): the model, the batches and the config
+  // (its stage, precision, memory modes and offload targets replaced per stage by the fields above).
+  // Absent with --params alone: the device peak then does not apply.
+  struct MeasureTarget {
+    std::shared_ptr<nn::Model> model;
+    std::shared_ptr<BatchSource> source;
+    EngineConfig config;
+  };
+  std::shared_ptr<const MeasureTarget> measure;
 };
 
 // The offload targets that apply at `stage` (the engine refuses the others in the config).
@@ -144,11 +135,15 @@ StageOffload stage_offload(const EstimateInput& in, int stage);
 // ranks < 1. The optimizer is Adam (k = 8).
 EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision precision);
 // From a validated config: precision, optimizer, ZeRO limits, offload targets (offload_optimizer,
-// offload_param; sub_group_size and buffer counts in `zero`) and, when cfg.model is set, the exact
-// layout and GPT activations (micro-batch = cfg.batch.micro_batch_per_rank). Without a model section,
+// offload_param; sub_group_size and buffer counts in `zero`) and, when cfg.model is set, the built-in
+// GPT's exact layout and a measure target (the GPT on the built-in corpus). Without a model section,
 // `n_params` must be given (else ConfigError); with one, n_params must be empty.
 EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks,
                                         std::optional<uint64_t> n_params = std::nullopt);
+// The same for a user's own model (any nn::Model) trained from `source`: exact layout and measured
+// device peak. `model` and `source` must outlive the input and every estimate made from it.
+EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
+                                       std::string description);
 
 // Bytes of each model-state category, on one tier.
 struct StateBytes {
@@ -178,21 +173,20 @@ struct TransientBound {
   std::string formula;
 };
 
-// The device arena's peak on one rank, predicted by replaying one training step's memory timeline
-// (Note [device timeline] in estimate_device.cpp): at each moment of the forward, backward and
-// optimizer step, the device model states + activations + gathered parameters + gradient staging +
-// communication buffers; the largest sum is the prediction, with its parts. Needs a config with a
-// GPT model section (applies false otherwise, with the reason in `formula`).
+// The device arena's peak on one rank, measured by running the engine's own code over the measuring
+// backend (estimate/measure.h, Note [measured estimate]): its allocated bytes at their highest, and
+// what they were made of. Needs a model (a config's model section, or a user's model through
+// estimate_input_for_model); applies false otherwise, with the reason in `formula`.
 struct DevicePeak {
   bool applies = false;
-  uint64_t bytes = 0;
-  std::string at;                    // the moment: "backward, blocks.25.mlp.fc"
-  uint64_t model_states = 0;         // device-resident model states (params + grads + optimizer)
-  uint64_t activations = 0;
-  uint64_t gathered_params = 0;      // stage 3: gathered non-persistent parameters at that moment
-  uint64_t persistent_params = 0;    // stage 3: persistent parameters gathered by then
-  uint64_t grad_staging = 0;         // stage 2+: gradient bucket staging buffers alive then
-  uint64_t comm_buffers = 0;         // one-bit optimizers' fp32 gradient copy during the step
+  uint64_t bytes = 0;                // allocated bytes (64-byte blocks) at the peak
+  uint64_t reserved_bytes = 0;       // the arena's reserved peak (allocated + holes between blocks)
+  std::array<uint64_t, memory::kNumCategories> by_category{};  // at the peak, by memory::Category
+  uint64_t activations = 0;          // by_category's activations, for the report
+  uint64_t activation_peak = 0;      // the activations' own peak (not necessarily at the device peak)
+  uint64_t capacity = 0;             // device.memory_mb of the config
+  memory::TransferStats transfers;   // host <-> device bytes of one step
+  uint64_t comm_bytes_sent = 0;      // bytes one step sends
   std::string formula;
 };
 
@@ -221,8 +215,7 @@ struct StageEstimate {
   TransientBound grad_buckets;      // stage 2/3: up to 3 gradient buckets staged for reduce-scatter
   TransientBound gathered_params;   // stage 3: parameters gathered for the running module + prefetch
   TransientBound persistent_params; // stage 3: small parameters kept whole on every rank
-  TransientBound activations_saved; // one micro-batch's tensors saved for backward (known GPT only)
-  TransientBound activations_peak;  // saved + the working set at the busiest point (estimate)
+  TransientBound activations_peak;  // measured: the activations' peak on rank 0 (needs a model)
   TransientBound nvme_param_staging;  // stage 3, parameters on NVMe: host buffers the gathers read into
   std::string offload_buffers_formula;  // the formula of ShardGroup::offload_buffers, in symbols
 
@@ -245,22 +238,9 @@ StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank);
 // false without NVMe), with the formula in this rank's numbers.
 TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank);
 StageEstimate estimate_stage(const EstimateInput& in, int stage);
-// The predicted device peak at `stage` (DevicePeak) of a rank whose device-resident model states are
-// `device_states` (tiered_state_bytes(in, stage, rank).device): the transients are the same on every
-// rank.
-DevicePeak estimate_device_peak(const EstimateInput& in, int stage, const StateBytes& device_states);
 // Throws ConfigError for a stage outside 0..3, ranks < 1, Ψ == 0, or optimizer offload at a stage >= 1
 // with a compressed optimizer or reuse_fp32_param.
 MemoryEstimate estimate_memory(const EstimateInput& in, const std::vector<int>& stages);
-
-// The GPT's activation bytes for one micro-batch (fp32): tensors saved for backward, and the peak.
-struct ActivationEstimate {
-  uint64_t saved_bytes = 0;
-  uint64_t peak_bytes = 0;
-  std::string saved_formula;
-  std::string peak_formula;
-};
-ActivationEstimate gpt_activation_bytes(const GptActivationShape& shape, Precision precision);
 
 // Human-readable report: one row per stage and shard size, transient bounds, then every multiplier.
 std::string format_estimate(const MemoryEstimate& est);

@@ -1,12 +1,12 @@
 // The estimator's offload rules: which tier each model state lives on (ZeRO-Offload, ZeRO-Infinity),
-// the NVMe step's host buffers and the stage-3 NVMe staging bound (engine/estimate.h).
+// the NVMe step's host buffers and the stage-3 NVMe staging bound (estimate/estimate.h).
 #include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "core/errors.h"
-#include "engine/detail/estimate_util.h"
-#include "engine/estimate.h"
+#include "estimate/detail/estimate_util.h"
+#include "estimate/estimate.h"
 #include "memory/shard.h"
 
 namespace zs::engine {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/estimate.h"
+#include "estimate/estimate.h"
 #include "engine/detail/offload_rules.h"
 #include "engine/flat_layout.h"
 #include "offload/aligned_buffer.h"
@@ -29,24 +29,6 @@ double state_bytes_per_element(const EstimateInput& in);
 // m at `stage`: 2 with reuse_fp32_param (a residual), 4 for a separate fp32 master (bf16/fp16, or
 // anything offloaded), else 0.
 uint64_t master_bytes_at(const EstimateInput& in, int stage);
-
-// estimate_device.cpp: the GPT's activation timeline (Note [GPT activations] there). Each
-// moment names the module running then (a ModelFacts::schedule name) so the device timeline can add
-// what else is alive at that point.
-struct ActivationMoment {
-  enum class Pass { kForward, kBackward };
-  enum class When { kRunning, kAfterChildren };  // as the module starts, or once its children ran
-  std::string label;  // "blocks.3.mlp.fc backward"
-  Pass pass = Pass::kBackward;
-  std::string module;
-  When when = When::kRunning;
-  uint64_t bytes = 0;  // activation bytes alive at that moment
-};
-struct GptActivations {
-  uint64_t saved = 0;  // tensors saved for backward by one micro-batch's forward
-  std::vector<ActivationMoment> moments;
-};
-GptActivations gpt_activations(const GptActivationShape& shape, Precision precision);
 
 // estimate_offload.cpp. ConfigError when optimizer offload at `stage` meets a compressed optimizer or
 // reuse_fp32_param (parse_config's rules).
