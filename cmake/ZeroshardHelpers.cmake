@@ -45,11 +45,22 @@ if(ZS_SANITIZE)
 endif()
 set(ZS_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${ZS_UNIT_ENV}")
 
-# zs_add_test(NAME n SOURCES ... LIBS ... [LABELS unit] [TIMEOUT s]): one gtest executable, one ctest test.
+# zs_add_test(NAME n SOURCES ... LIBS ... [LABELS unit] [TIMEOUT s] [KERNEL_VARIANTS]): one gtest
+# executable, one ctest test. KERNEL_VARIANTS, for tests whose numbers depend on the kernels that
+# compute them, registers two more runs of the same binary, each pinned to one x86-64 kernel set
+# (docs/design.md, "Kernel variants of the numerical tests"):
+#   n.avx2    OpenBLAS Haswell kernels, the library's AVX2 path (--isa=avx2): an AVX2-only CPU
+#   n.avx512  OpenBLAS SkylakeX kernels, the library's AVX-512 path: an AVX-512 CPU (Intel or Zen 4/5)
+# The plain n runs whatever OpenBLAS and the library pick here. A variant the CPU cannot run exits 77
+# and is reported as skipped (tests/support/kernel_test_main.cpp).
 function(zs_add_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "KERNEL_VARIANTS" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
-  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  if(T_KERNEL_VARIANTS)
+    target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest zs_test_kernel_main)
+  else()
+    target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  endif()
   if(NOT T_LABELS)
     set(T_LABELS unit)
   endif()
@@ -59,6 +70,15 @@ function(zs_add_test)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
     ENVIRONMENT "${ZS_UNIT_ENV}")
+  if(T_KERNEL_VARIANTS)
+    foreach(variant "avx2;Haswell" "avx512;SkylakeX")
+      list(GET variant 0 isa)
+      list(GET variant 1 core)
+      add_test(NAME ${T_NAME}.${isa} COMMAND ${T_NAME} --isa=${isa} --blas-core=${core})
+      set_tests_properties(${T_NAME}.${isa} PROPERTIES LABELS "${T_LABELS};kernels" TIMEOUT ${T_TIMEOUT}
+        ENVIRONMENT "${ZS_UNIT_ENV};OPENBLAS_CORETYPE=${core}" SKIP_RETURN_CODE 77)
+    endforeach()
+  endif()
 endfunction()
 
 # zs_add_mpi_test(NAME n SOURCES ... LIBS ... NP 1 2 3 4 [TIMEOUT s]): one gtest executable run

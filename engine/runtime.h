@@ -9,10 +9,11 @@
 //
 // Note [OpenBLAS core type]: Debian's OpenBLAS is built with DYNAMIC_ARCH and picks its kernels when
 // the library loads, from the CPU model. On CPUs it does not know it falls back to old kernels: on
-// these virtualised Xeons it picks "Prescott" (SSE3), on Zen 4/5 "Haswell" (AVX2 at half the AVX-512
-// speed). OPENBLAS_CORETYPE overrides the choice, but only at load time, so when the loaded kernels
-// are weaker than what the CPU supports we set it and re-exec the program once (before MPI starts; an
-// exec keeps the PID and the launcher's environment). A user's own OPENBLAS_CORETYPE always wins.
+// these virtualised Xeons it picks "Prescott" (SSE3). On a Zen 4 with AVX512-BF16, Debian's 0.3.21
+// loads "Cooperlake" (the SkylakeX kernels) by itself. OPENBLAS_CORETYPE overrides the choice, but
+// only at load time, so when the loaded kernels are weaker than what the CPU supports we set it and
+// re-exec the program once (before MPI starts; an exec keeps the PID and the launcher's environment).
+// A user's own OPENBLAS_CORETYPE always wins.
 #pragma once
 
 #include <string>

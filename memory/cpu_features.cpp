@@ -1,5 +1,6 @@
 #include "memory/cpu_features.h"
 
+#include <atomic>
 #include <string>
 
 #include "core/errors.h"
@@ -28,6 +29,24 @@ const Features& features() {
   return f;
 }
 
+// Note [ISA cap]
+// Tests must also run the library's narrower SIMD path on a wide CPU (the AVX2 kernels on an AVX-512
+// machine), end to end, and the library reads no environment. The automatic choice is made in one
+// place (best_isa) and then kept (dtype.cpp resolves its conversion kernels once, an optimizer takes
+// its ISA when it is built), so the cap is a process-wide setting with one rule: it is written before
+// the first best_isa() and never after. It is then as immutable as the CPU features themselves, and
+// a process never mixes kernels chosen before and after a change. An edge (a test's main reading
+// --isa, a tool flag) sets it; passing an IsaLevel through every config would reach the same kernels
+// through many more signatures. Kernels asked for explicitly (tests passing an IsaLevel) ignore it.
+std::atomic<IsaLevel> g_cap{IsaLevel::kAvx512};
+std::atomic<bool> g_chosen{false};  // best_isa() was called: the cap is final
+
+IsaLevel widest_supported() {
+  if (cpu_has_avx512()) return IsaLevel::kAvx512;
+  if (cpu_has_avx2_f16c()) return IsaLevel::kAvx2;
+  return IsaLevel::kScalar;
+}
+
 }  // namespace
 
 bool cpu_has_avx512() { return features().avx512; }
@@ -43,9 +62,14 @@ bool isa_supported(IsaLevel isa) {
 }
 
 IsaLevel best_isa() {
-  if (cpu_has_avx512()) return IsaLevel::kAvx512;
-  if (cpu_has_avx2_f16c()) return IsaLevel::kAvx2;
-  return IsaLevel::kScalar;
+  g_chosen.store(true);
+  return std::min(widest_supported(), g_cap.load());
+}
+
+void set_isa_cap(IsaLevel cap) {
+  ZS_ASSERT(!g_chosen.load(), "set_isa_cap({}) after best_isa() was used: kernels may be chosen already; set the "
+            "cap first thing in main", isa_name(cap));
+  g_cap.store(cap);
 }
 
 std::vector<IsaLevel> supported_isas() {
@@ -71,7 +95,7 @@ IsaLevel parse_isa(std::string_view name, std::string_view what) {
     if (!isa_supported(isa)) {
       throw ConfigError(fmt::format("{}: instruction set '{}' is not supported by this CPU; use one of the supported "
                                     "levels (best here: '{}')",
-                                    what, name, isa_name(best_isa())));
+                                    what, name, isa_name(widest_supported())));
     }
     return isa;
   }

@@ -8,7 +8,10 @@
 //   for (IsaLevel isa : supported_isas()) run_kernel(isa);
 //   IsaLevel isa = best_isa();   // kAvx512 on AVX-512 F/BW/VL/DQ machines
 //
-// All functions are thread-safe (detection runs once, results are immutable).
+// All functions are thread-safe (detection runs once, results are immutable). A program may lower the
+// automatic choice once, first thing in main (Note [ISA cap] in cpu_features.cpp):
+//
+//   memory::set_isa_cap(memory::parse_isa(flag_value, "--isa"));   // before any kernel is chosen
 #pragma once
 
 #include <cstdint>
@@ -28,8 +31,13 @@ bool cpu_has_avx2_f16c();
 
 // Whether kernels of `isa` can run here (kScalar always can).
 bool isa_supported(IsaLevel isa);
-// The widest supported level.
+// The level the library dispatches to by itself: the widest supported level, lowered to the cap when
+// one was set. isa_supported() and supported_isas() describe the CPU and ignore the cap.
 IsaLevel best_isa();
+// Caps best_isa() at `cap` for the rest of the process (a cap above the CPU's best changes nothing).
+// Must be called before the first best_isa() (kernels are chosen once and kept), so only an edge does
+// this, at start-up; a later call throws InternalError. Thread-safe.
+void set_isa_cap(IsaLevel cap);
 // Every supported level, scalar first.
 std::vector<IsaLevel> supported_isas();
 // "scalar", "avx2", "avx512".

@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -301,6 +302,25 @@ TEST(CpuFeatures, Consistent) {
     std::vector<uint16_t> y(4);
     EXPECT_THROW(convert_f32_to_bf16(x, y, IsaLevel::kAvx512), ConfigError);
   }
+}
+
+// Note [ISA cap] in memory/cpu_features.cpp. The cap must come before the first best_isa(), so it is
+// exercised in a fresh process (threadsafe death tests re-execute the binary for this test alone).
+TEST(IsaCapDeathTest, LowersTheAutomaticChoiceOnly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const IsaLevel widest = supported_isas().back();
+        set_isa_cap(IsaLevel::kScalar);
+        std::exit(best_isa() == IsaLevel::kScalar && supported_isas().back() == widest ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST(IsaCap, RefusedOnceAKernelWasChosen) {
+  const IsaLevel chosen = best_isa();
+  EXPECT_THROW(set_isa_cap(IsaLevel::kScalar), InternalError);
+  EXPECT_EQ(best_isa(), chosen);
 }
 
 }  // namespace
