@@ -1,5 +1,5 @@
-// optim: optimizers (Adam/AdamW, CAdam) over flat fp32 partitions, learning-rate schedules, loss
-// scaling, clipping math.
+// optim: optimizers (Adam/AdamW, CAdam) over flat fp32 partitions, their registry (registry.h),
+// learning-rate schedules, loss scaling, clipping math.
 // Knows nothing of MPI or sharding; the engine passes chunks and agreed global values.
 #pragma once
 
@@ -11,4 +11,5 @@
 #include "optim/lr_schedule.h"
 #include "optim/onebit_adam.h"
 #include "optim/optimizer.h"
+#include "optim/registry.h"
 #include "optim/zero_one_adam.h"
