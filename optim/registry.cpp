@@ -18,12 +18,13 @@ const OptimizerType& adamw_type();
 const OptimizerType& one_bit_adam_type();
 const OptimizerType& zero_one_adam_type();
 const OptimizerType& cadam_type();
+const OptimizerType& lion_type();
 
 namespace {
 
 const std::vector<const OptimizerType*>& types() {
   static const std::vector<const OptimizerType*> kTypes = {
-      &adam_type(), &adamw_type(), &one_bit_adam_type(), &zero_one_adam_type(), &cadam_type(),
+      &adam_type(), &adamw_type(), &one_bit_adam_type(), &zero_one_adam_type(), &cadam_type(), &lion_type(),
   };
   return kTypes;
 }

@@ -5,6 +5,7 @@
 #include "core/json.h"
 #include "optim/adam.h"
 #include "optim/cadam.h"
+#include "optim/lion.h"
 #include "optim/onebit_adam.h"
 
 namespace zs::engine {
@@ -157,6 +158,13 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
   EXPECT_FALSE(cadam.optimizer.compressed());
   EXPECT_DOUBLE_EQ(cadam.optimizer.params<optim::CAdamConfig>().betas[0], 0.95);
   EXPECT_DOUBLE_EQ(cadam.scheduler.base_lr, 1e-4);
+  EngineConfig lion = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "lion", "params": {"lr": 2e-5,
+      "weight_decay": 0.2}}})");
+  EXPECT_EQ(lion.optimizer.name(), "Lion");
+  EXPECT_FALSE(lion.optimizer.compressed());
+  EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().betas[1], 0.99);  // default
+  EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().weight_decay, 0.2);
+  EXPECT_DOUBLE_EQ(lion.scheduler.base_lr, 2e-5);
 
   auto error_of1 = [&](const std::string& text) -> std::string {
     try {
@@ -175,6 +183,10 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"eps": 1e-8}}})")
                 .find("optimizer.params.eps"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"freeze_step": 3}}})")
+                .find("optimizer.params.freeze_step"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Lion", "params": {"betas": [1.5, 0.9]}}})")
+                .find("optimizer.params.betas[0]"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Lion", "params": {"freeze_step": 3}}})")
                 .find("optimizer.params.freeze_step"), std::string::npos);
 }
 

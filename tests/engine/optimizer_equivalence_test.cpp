@@ -6,6 +6,7 @@
 #include <map>
 
 #include "optim/cadam.h"
+#include "optim/lion.h"
 #include "optim/onebit_adam.h"
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
@@ -23,6 +24,10 @@ EngineConfig with_optimizer(EngineConfig c, const std::string& type) {
   if (type == "CAdam") {
     // Lion's rule: a learning rate several times smaller and a decay several times larger than AdamW's.
     c.optimizer.params<optim::CAdamConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
+    c.scheduler.warmup_max_lr = 1e-3;
+    c.scheduler.base_lr = 1e-3;
+  } else if (type == "Lion") {
+    c.optimizer.params<optim::LionConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
     c.scheduler.warmup_max_lr = 1e-3;
     c.scheduler.base_lr = 1e-3;
   } else if (type == "OneBitAdam") {
@@ -90,7 +95,7 @@ TEST_P(EveryOptimizer, MatchesItsSingleProcessRun) {
   const RunResult& ref = single_process(type, reference_stage(type, stage));
   if (type == "Adam" || type == "AdamW") {
     expect_matches(got, ref, 1e-5, 1e-5, what);
-  } else if (type == "CAdam") {
+  } else if (type == "CAdam" || type == "Lion") {
     // The sign of the interpolated momentum flips where it is within rounding of zero: summing the
     // gradients in another order moves such an element by 2 lr. Everything else matches.
     for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-4 * ref.losses[i]) << what;
@@ -137,7 +142,7 @@ TEST_P(EveryOptimizer, StagesAgreeAtThisWorldSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
-                         ::testing::Combine(::testing::Values("Adam", "CAdam", "OneBitAdam", "ZeroOneAdam"),
+                         ::testing::Combine(::testing::Values("Adam", "CAdam", "Lion", "OneBitAdam", "ZeroOneAdam"),
                                             ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) { return fmt::format("{}_stage{}", std::get<0>(info.param), std::get<1>(info.param)); });
 
