@@ -1,13 +1,14 @@
 // Question: on the example GPT, what do the one-bit optimizers save in communication and what do
-// they and CAdam cost in loss, against Adam(W) trained on the same batches in the same run?
+// they and the sign-update optimizers (CAdam, Lion) cost in loss, against Adam(W) trained on the same
+// batches in the same run?
 // Targets (issue): after warm-up OneBitAdam and ZeroOneAdam send at most 1/20 of Adam's bytes per
 // step and end within 2% of its loss; CAdam ends within 3% of AdamW's loss with its learning-rate rule.
 //
 //   mpirun -np 2 build/release/benchmarks/optimizer_compare [--json out.json]
 //          [--config examples/configs/gpt_small.json] [--steps 150] [--tail 10]
 //          [--data ../shared/data/tinyshakespeare.txt] [--seeds 1234,1,2]
-//          [--precision fp32|bf16] [--stage 0] [--types AdamW,OneBitAdam,ZeroOneAdam,CAdam]
-//          [--cadam-lr-div 3] [--cadam-wd-mul 3] [--cadam-betas 0.9,0.99]
+//          [--precision fp32|bf16] [--stage 0] [--types AdamW,OneBitAdam,ZeroOneAdam,CAdam,Lion]
+//          [--sign-lr-div 3] [--sign-wd-mul 3] [--sign-betas 0.9,0.99]
 //          [--var-freeze-step N] [--var-update-scaler 16] [--local-step-clipper 2]
 //
 // --data: the text to train on (default: the config's data.path, else the built-in corpus, which
@@ -15,6 +16,11 @@
 // runs across commits). --seeds: every optimizer is trained once per seed (initialisation and data
 // order); a loss ratio is the mean over the seeds of the per-seed ratios, and the worst is reported too:
 // one 150-step run of a one-bit optimizer moves by several percent with the seed.
+//
+// --types: by default the config's Adam/AdamW type, then every other type of the optimizer registry
+// (optim/registry.h), so a newly registered optimizer is compared without editing this file. The
+// sign-update types (OptimizerType::sign_update: CAdam, Lion) take the --sign-* rule below (the
+// older names --cadam-lr-div, --cadam-wd-mul, --cadam-betas are accepted too).
 //
 // Method. The config (by default the example GPT: 4 layers, d_model 256, WarmupCosineLR over 150
 // steps) is trained once per optimizer type, each from the same initial model on the same batches
@@ -29,9 +35,9 @@
 // and its exact variance steps after the warm-up made 0.053 of AdamW's bytes; var_freeze_step = warm-up,
 // scaler 16: +0.85/+3.19/+2.89% there, -0.90/+1.49/-1.10% on tinyshakespeare (the default now). One run
 // moves by several percent with the seed: loss spikes near the lr peak while the variance is updated
-// sparsely (exact gradient averaging in the variance phase did not remove them). CAdam: lr / --cadam-lr-div and
-// weight_decay x --cadam-wd-mul of the AdamW settings, both within Lion's rule of 3-10 (optim/cadam.h),
-// and --cadam-betas, by default the Lion paper's (0.9, 0.99) rather than CAdamConfig's (0.965, 0.99).
+// sparsely (exact gradient averaging in the variance phase did not remove them). CAdam and Lion: lr / --sign-lr-div
+// and weight_decay x --sign-wd-mul of the AdamW settings, both within Lion's rule of 3-10 (optim/cadam.h),
+// and --sign-betas, by default the Lion paper's (0.9, 0.99) rather than CAdamConfig's (0.965, 0.99).
 // Those defaults were the best of the settings tried on the example GPT at np 2 (tail loss over
 // AdamW's; default betas unless named): lr/5 wd x5 1.062, lr/4 wd x4 1.034, lr/3 wd x5 1.016,
 // lr/3 wd x3 1.015 on one engine; after an engine change lr/3 wd x3 1.033, and with betas (0.9, 0.99)
@@ -60,7 +66,10 @@
 #include "engine/runtime.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "optim/adam.h"
 #include "optim/cadam.h"
+#include "optim/onebit_adam.h"
+#include "optim/registry.h"
 
 using namespace zs;
 
@@ -77,16 +86,22 @@ struct Outcome {
   std::vector<double> losses;
 };
 
-// CAdam's settings from AdamW's: Lion's rule (optim/cadam.h).
-struct CAdamRule {
+// The sign-update optimizers' settings from AdamW's: Lion's rule (optim/cadam.h, optim/lion.h).
+struct SignRule {
   double lr_div = 3;
   double wd_mul = 3;
   std::array<double, 2> betas = {0.9, 0.99};  // Lion's paper; CAdamConfig keeps beta1 0.965
 };
 
+// The value of --sign-X, or of its older name --cadam-X; "" when neither is given.
+std::string sign_flag(int argc, char** argv, const std::string& name) {
+  const std::string text = bench::arg_value(argc, argv, name, "");
+  return text.empty() ? bench::arg_value(argc, argv, "--cadam-" + name.substr(std::string("--sign-").size()), "") : text;
+}
+
 // A factor of Lion's rule after `name`, or `fallback`; ConfigError outside [3, 10].
 double rule_factor_arg(int argc, char** argv, const std::string& name, double fallback) {
-  const std::string text = bench::arg_value(argc, argv, name, "");
+  const std::string text = sign_flag(argc, argv, name);
   if (text.empty()) return fallback;
   double v = 0;
   size_t used = 0;
@@ -96,17 +111,17 @@ double rule_factor_arg(int argc, char** argv, const std::string& name, double fa
     used = 0;
   }
   if (used != text.size() || !(v >= 3 && v <= 10)) {
-    throw ConfigError(fmt::format("{}: '{}' is not a factor of Lion's rule; give a number from 3 to 10 (CAdam takes "
-                                  "an lr 3-10x smaller and a weight_decay 3-10x larger than AdamW's)",
+    throw ConfigError(fmt::format("{}: '{}' is not a factor of Lion's rule; give a number from 3 to 10 (CAdam and Lion "
+                                  "take an lr 3-10x smaller and a weight_decay 3-10x larger than AdamW's)",
                                   name, text));
   }
   return v;
 }
 
-// --cadam-betas B1,B2, or CAdamRule's; ConfigError names the flag.
+// --sign-betas B1,B2, or SignRule's; ConfigError names the flag.
 std::array<double, 2> betas_arg(int argc, char** argv) {
-  const std::string text = bench::arg_value(argc, argv, "--cadam-betas", "");
-  std::array<double, 2> betas = CAdamRule{}.betas;
+  const std::string text = sign_flag(argc, argv, "--sign-betas");
+  std::array<double, 2> betas = SignRule{}.betas;
   if (text.empty()) return betas;
   const size_t comma = text.find(',');
   try {
@@ -116,9 +131,9 @@ std::array<double, 2> betas_arg(int argc, char** argv) {
     betas[1] = std::stod(text.substr(comma + 1), &used1);
     if (used0 != comma || used1 != text.size() - comma - 1) throw std::invalid_argument("trailing text");
   } catch (const std::exception&) {
-    throw ConfigError(fmt::format("--cadam-betas: '{}' is not two numbers; write e.g. --cadam-betas 0.9,0.99", text));
+    throw ConfigError(fmt::format("--sign-betas: '{}' is not two numbers; write e.g. --sign-betas 0.9,0.99", text));
   }
-  optim::validate(optim::CAdamConfig{.betas = betas}, "--cadam-betas");
+  optim::validate(optim::CAdamConfig{.betas = betas}, "--sign-betas");
   return betas;
 }
 
@@ -129,25 +144,33 @@ struct ZeroOneRule {
   int64_t local_step_clipper = 2;
 };
 
-engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, const CAdamRule& rule,
+// The config with optimizer `type` in place of the baseline's: the baseline's lr, betas and
+// weight_decay (Lion's rule for sign-update types), the one-bit optimizers' phases from the lr
+// warm-up. The baseline's own type keeps every setting of the config.
+engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, const SignRule& rule,
                               const ZeroOneRule& zero_one) {
-  const optim::AdamConfig& adam = c.optimizer.adam;
+  const optim::OptimizerType* entry = optim::find_optimizer_type(type);
+  if (entry == nullptr) {
+    throw ConfigError(fmt::format("--types: unknown optimizer '{}'; use {}", type, optim::optimizer_type_list()));
+  }
+  if (entry == &c.optimizer.type()) return c;
+  const optim::HyperParams base = c.optimizer.hyper();
   const int64_t warmup = std::max<int64_t>(1, c.scheduler.warmup_num_steps);
-  c.optimizer.type = type;
-  if (type == "OneBitAdam") {
-    c.optimizer.one_bit = {.lr = adam.lr, .betas = adam.betas, .eps = adam.eps, .weight_decay = adam.weight_decay,
-                           .freeze_step = warmup};
-  } else if (type == "ZeroOneAdam") {
-    c.optimizer.zero_one = {.lr = adam.lr, .betas = adam.betas, .eps = adam.eps, .weight_decay = adam.weight_decay,
-                            .var_freeze_step = zero_one.var_freeze_step > 0 ? zero_one.var_freeze_step : warmup,
-                            .var_update_scaler = zero_one.var_update_scaler, .local_step_scaler = 16,
-                            .local_step_clipper = zero_one.local_step_clipper};
-  } else if (type == "CAdam") {
-    c.optimizer.cadam.lr = adam.lr / rule.lr_div;
-    c.optimizer.cadam.weight_decay = adam.weight_decay * rule.wd_mul;
-    c.optimizer.cadam.betas = rule.betas;
-  } else if (type != "Adam" && type != "AdamW") {
-    throw ConfigError(fmt::format("--types: unknown optimizer '{}'; use Adam, AdamW, OneBitAdam, ZeroOneAdam, CAdam", type));
+  c.optimizer = engine::OptimizerConfig(type);
+  optim::HyperParams h = base;
+  if (entry->sign_update()) {
+    h.lr = base.lr / rule.lr_div;
+    h.weight_decay = base.weight_decay * rule.wd_mul;
+    h.betas = rule.betas;
+  }
+  c.optimizer.set_hyper(h);
+  if (c.optimizer.params_if<optim::OneBitAdamConfig>()) c.optimizer.params<optim::OneBitAdamConfig>().freeze_step = warmup;
+  if (c.optimizer.params_if<optim::ZeroOneAdamConfig>()) {
+    auto& z = c.optimizer.params<optim::ZeroOneAdamConfig>();
+    z.var_freeze_step = zero_one.var_freeze_step > 0 ? zero_one.var_freeze_step : warmup;
+    z.var_update_scaler = zero_one.var_update_scaler;
+    z.local_step_scaler = 16;
+    z.local_step_clipper = zero_one.local_step_clipper;
   }
   c.scheduler.base_lr = c.optimizer.lr();
   if (c.scheduler.type != optim::ScheduleType::kWarmupCosineLR) c.scheduler.warmup_max_lr = c.optimizer.lr();
@@ -159,7 +182,7 @@ Outcome run(const comm::Group& group, const engine::EngineConfig& cfg, const nn:
   engine::Engine eng(model, cfg, group);
   engine::DatasetSource source(data, cfg.seed);
   Outcome o;
-  o.type = cfg.optimizer.type;
+  o.type = cfg.optimizer.name();
   o.state_bytes_per_param = eng.optimizer_state_bytes_per_param();
   const int64_t warmup = std::max<int64_t>(1, cfg.scheduler.warmup_num_steps);
   double bytes = 0;
@@ -215,11 +238,15 @@ int main(int argc, char** argv) {
     const std::string precision = bench::arg_value(argc, argv, "--precision", "fp32");
     if (precision != "fp32" && precision != "bf16") throw ConfigError("--precision expects fp32 or bf16");
     base.precision = precision == "bf16" ? engine::Precision::kBf16 : engine::Precision::kFp32;
-    if (base.optimizer.type != "AdamW" && base.optimizer.type != "Adam") {
-      throw ConfigError(fmt::format("{}: the baseline optimizer must be Adam or AdamW, got {}", config_path, base.optimizer.type));
+    if (!base.optimizer.params_if<optim::AdamConfig>()) {
+      throw ConfigError(fmt::format("{}: the baseline optimizer must be Adam or AdamW, got {}", config_path, base.optimizer.name()));
     }
-    const std::vector<std::string> types =
-        split_commas(bench::arg_value(argc, argv, "--types", base.optimizer.type + ",OneBitAdam,ZeroOneAdam,CAdam"));
+    // Default: the baseline, then every registered type but the baseline's Adam variants.
+    std::string all_types(base.optimizer.name());
+    for (const optim::OptimizerType* t : optim::optimizer_types()) {
+      if (t->default_params().type() != base.optimizer.erased_params().type()) all_types += "," + std::string(t->name());
+    }
+    const std::vector<std::string> types = split_commas(bench::arg_value(argc, argv, "--types", all_types));
     const std::string data_path = bench::arg_value(argc, argv, "--data", base.data.path);
     const nn::Dataset data = data_path.empty() ? nn::Dataset::builtin(base.model->seq_len) : nn::Dataset::open(data_path, base.model->seq_len);
     std::vector<uint64_t> seeds;
@@ -234,13 +261,13 @@ int main(int argc, char** argv) {
     }
     if (seeds.empty()) throw ConfigError("--seeds: give at least one seed, e.g. --seeds 1234");
 
-    const CAdamRule rule{.lr_div = rule_factor_arg(argc, argv, "--cadam-lr-div", CAdamRule{}.lr_div),
-                         .wd_mul = rule_factor_arg(argc, argv, "--cadam-wd-mul", CAdamRule{}.wd_mul),
-                         .betas = betas_arg(argc, argv)};
+    const SignRule rule{.lr_div = rule_factor_arg(argc, argv, "--sign-lr-div", SignRule{}.lr_div),
+                        .wd_mul = rule_factor_arg(argc, argv, "--sign-wd-mul", SignRule{}.wd_mul),
+                        .betas = betas_arg(argc, argv)};
 
     if (root) {
       std::printf("optimizer_compare: %s on %s, %lld steps, %s, ZeRO stage %d, %d rank(s), train batch %lld, %zu seed(s); "
-                  "CAdam lr / %g, weight_decay x %g, betas (%g, %g); ZeroOneAdam var_freeze_step %s, var_update_scaler %lld, "
+                  "sign-update types lr / %g, weight_decay x %g, betas (%g, %g); ZeroOneAdam var_freeze_step %s, var_update_scaler %lld, "
                   "local_step_clipper %lld\n\n",
                   config_path.c_str(), data.origin().c_str(), (long long)steps, precision.c_str(), base.zero.stage, group.size(),
                   (long long)base.batch.train_batch_size, seeds.size(), rule.lr_div, rule.wd_mul, rule.betas[0], rule.betas[1],
@@ -265,8 +292,8 @@ int main(int argc, char** argv) {
     for (uint64_t seed : seeds) seed_list.push_back(seed);
     report.config = {{"config", config_path}, {"data", data.origin()}, {"seeds", seed_list}, {"steps", steps},
                      {"tail", tail}, {"ranks", group.size()}, {"precision", precision}, {"zero_stage", base.zero.stage},
-                     {"params", nn::gpt_param_count(*base.model)}, {"cadam_lr_div", rule.lr_div},
-                     {"cadam_wd_mul", rule.wd_mul}, {"cadam_betas", boost::json::array{rule.betas[0], rule.betas[1]}},
+                     {"params", nn::gpt_param_count(*base.model)}, {"sign_lr_div", rule.lr_div},
+                     {"sign_wd_mul", rule.wd_mul}, {"sign_betas", boost::json::array{rule.betas[0], rule.betas[1]}},
                      {"zero_one_var_freeze_step", zero_one.var_freeze_step},
                      {"zero_one_var_update_scaler", zero_one.var_update_scaler},
                      {"zero_one_local_step_clipper", zero_one.local_step_clipper}};

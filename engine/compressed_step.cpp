@@ -46,8 +46,8 @@ void Engine::Impl::init_compressed() {
   };
   c.exp_avg = zeroed(total);
   c.exp_avg_sq = zeroed(stepped);
-  if (cfg_.optimizer.type == "ZeroOneAdam") {
-    c.schedule.emplace(cfg_.optimizer.zero_one);
+  if (const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>()) {
+    c.schedule.emplace(*zero_one);
     if (stage_ == 0) c.accumulator = zeroed(total);
   }
   c.reduce.emplace(group_, total);
@@ -68,7 +68,7 @@ bool Engine::Impl::exact_gradients(int64_t step) const {
   if (c.schedule) {
     return c.schedule->plan(step, schedule_.lr_at(step - 1)).kind == optim::ZeroOneSchedule::Kind::kVarUpdate;
   }
-  return !optim::one_bit_frozen(cfg_.optimizer.one_bit, step);
+  return !optim::one_bit_frozen(cfg_.optimizer.params<optim::OneBitAdamConfig>(), step);
 }
 
 namespace {
@@ -99,8 +99,8 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
   auto u_at = [&](size_t i) { return static_cast<float*>(c.accumulator.data()) + i; };
 
   auto constants = [&](const optim::CompressedStep& st) {
-    return c.schedule ? optim::compressed_constants(cfg_.optimizer.zero_one, st)
-                      : optim::compressed_constants(cfg_.optimizer.one_bit, st);
+    return c.schedule ? optim::compressed_constants(cfg_.optimizer.params<optim::ZeroOneAdamConfig>(), st)
+                      : optim::compressed_constants(cfg_.optimizer.params<optim::OneBitAdamConfig>(), st);
   };
   optim::ZeroOneSchedule::Plan plan{};
   Phase phase = Phase::kAdam;
@@ -112,7 +112,7 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
       case optim::ZeroOneSchedule::Kind::kLocal: phase = stage_ == 0 ? Phase::kLocalStep : Phase::kCompressedMomentum; break;
     }
     if (plan.reset_errors) c.reduce->reset_errors();
-  } else if (optim::one_bit_frozen(cfg_.optimizer.one_bit, ctx.step)) {
+  } else if (optim::one_bit_frozen(cfg_.optimizer.params<optim::OneBitAdamConfig>(), ctx.step)) {
     phase = Phase::kCompressedMomentum;
   }
   const optim::CompressedConstants k = constants({.lr = ctx.lr, .grad_scale = ctx.grad_scale, .lrs = plan.lrs_at_sync});
@@ -210,7 +210,7 @@ void Engine::Impl::gather_momentum() {
   allgather_in_place(group_, partition_,
                      memory::Tensor(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(layout_.total())}),
                      static_cast<size_t>(cfg_.zero.allgather_bucket_size));
-  ZS_LOG_DEBUG("{}: momentum gathered for the compressed phase", cfg_.optimizer.type);
+  ZS_LOG_DEBUG("{}: momentum gathered for the compressed phase", cfg_.optimizer.name());
 }
 
 }  // namespace zs::engine

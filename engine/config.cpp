@@ -34,112 +34,6 @@ void read_bf16(ObjectReader& r, EngineConfig& cfg, bool fp16_enabled) {
   if (enabled) cfg.precision = Precision::kBf16;
 }
 
-// Keys DeepSpeed's one-bit optimizers take that concern its CUDA/NCCL plumbing: zeroshard's compressed
-// allreduce always runs on MPI (comm/compressed_allreduce.h), so the backend name is accepted and logged.
-void read_one_bit_plumbing(ObjectReader& p, const std::string& type) {
-  std::string backend;
-  if (p.read_choice("comm_backend_name", backend, {"nccl", "mpi", "hccl", "compressed"}) && backend != "mpi") {
-    ZS_LOG_INFO("{}: comm_backend_name '{}': zeroshard's compressed allreduce runs on MPI", type, backend);
-  }
-  bool cuda_aware = false;
-  p.read("cuda_aware", cuda_aware);
-  if (cuda_aware) {
-    throw ConfigError(fmt::format("{}: zeroshard has no CUDA device memory to hand to MPI; remove the key or set it to false",
-                                  p.path_of("cuda_aware")));
-  }
-  bool bias_correction = false;
-  if (p.read("bias_correction", bias_correction) && bias_correction) {
-    ZS_LOG_INFO("{}: bias_correction has no effect (DeepSpeed's {} does not use it either)", type, type);
-  }
-  p.unsupported("amsgrad", "one-bit optimizers do not support AMSGrad");
-  p.unsupported("eps_inside_sqrt", "zeroshard adds eps outside the square root");
-  p.unsupported("max_grad_norm", "use the top-level gradient_clipping instead");
-}
-
-void read_optimizer(ObjectReader& r, OptimizerConfig& opt) {
-  std::string type;
-  r.require("type", type);
-  std::string lower = type;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  const std::string type_path = r.path_of("type");
-  constexpr std::string_view kTypes = "Adam, AdamW, OneBitAdam, ZeroOneAdam or CAdam";
-  if (lower == "adam") {
-    opt.type = "Adam";
-  } else if (lower == "adamw") {
-    opt.type = "AdamW";
-  } else if (lower == "onebitadam") {
-    opt.type = "OneBitAdam";
-  } else if (lower == "zerooneadam") {
-    opt.type = "ZeroOneAdam";
-  } else if (lower == "cadam") {
-    opt.type = "CAdam";
-  } else if (lower == "lamb" || lower == "onebitlamb" || lower == "adagrad" || lower == "sgd" || lower == "lion" ||
-             lower == "muadam" || lower == "muadamw" || lower == "musgd") {
-    throw ConfigError(fmt::format("{}: optimizer '{}' is not implemented by zeroshard yet; use {}", type_path, type, kTypes));
-  } else {
-    throw ConfigError(fmt::format("{}: unknown optimizer '{}'; use {}", type_path, type, kTypes));
-  }
-  const std::string params_path = json_path_join(r.path(), "params");
-  if (opt.type == "OneBitAdam" || opt.type == "ZeroOneAdam") {
-    const bool zero_one = opt.type == "ZeroOneAdam";
-    r.read_object("params", [&](ObjectReader& p) {
-      auto common = [&](auto& c) {
-        p.read("lr", c.lr, RealRange::non_negative());
-        p.read("betas", c.betas, RealRange::half_open(0.0, 1.0));
-        p.read("eps", c.eps, RealRange::positive());
-        p.read("weight_decay", c.weight_decay, RealRange::non_negative());
-      };
-      if (zero_one) {
-        auto& z = opt.zero_one;
-        common(z);
-        p.read("var_freeze_step", z.var_freeze_step, IntRange::non_negative());
-        p.read("var_update_scaler", z.var_update_scaler, IntRange::positive());
-        p.read("local_step_scaler", z.local_step_scaler, IntRange::positive());
-        p.read("local_step_clipper", z.local_step_clipper, IntRange::positive());
-      } else {
-        common(opt.one_bit);
-        p.read("freeze_step", opt.one_bit.freeze_step, IntRange::non_negative());
-      }
-      read_one_bit_plumbing(p, opt.type);
-    });
-    if (zero_one) {
-      optim::validate(opt.zero_one, params_path);
-    } else {
-      optim::validate(opt.one_bit, params_path);
-    }
-    return;
-  }
-  if (opt.type == "CAdam") {
-    auto& c = opt.cadam;
-    r.read_object("params", [&](ObjectReader& p) {
-      p.read("lr", c.lr, RealRange::non_negative());
-      p.read("betas", c.betas, RealRange::half_open(0.0, 1.0));
-      p.read("weight_decay", c.weight_decay, RealRange::non_negative());
-      p.unsupported("eps", "CAdam takes the sign of the momentum and has no eps");
-    });
-    optim::validate(c, params_path);
-    return;
-  }
-  auto& a = opt.adam;
-  // DeepSpeed's Adam type defaults to decoupled weight decay (adam_w_mode true); AdamW forces it.
-  a.adam_w_mode = true;
-  r.read_object("params", [&](ObjectReader& p) {
-    p.read("lr", a.lr, RealRange::non_negative());
-    p.read("betas", a.betas, RealRange::half_open(0.0, 1.0));
-    p.read("eps", a.eps, RealRange::positive());
-    p.read("weight_decay", a.weight_decay, RealRange::non_negative());
-    p.read("bias_correction", a.bias_correction);
-    if (opt.type == "Adam") {
-      p.read("adam_w_mode", a.adam_w_mode);
-    } else {
-      p.unsupported("adam_w_mode", "AdamW always decouples weight decay (use type Adam to choose)");
-    }
-    p.unsupported("torch_adam", "zeroshard has one Adam implementation");
-    p.unsupported("amsgrad", "zeroshard does not implement AMSGrad yet");
-  });
-  optim::validate(a, params_path);
-}
-
 void read_memory_modes(ObjectReader& r, MemoryModes& m, Precision precision) {
   r.read("release_fp32_grad", m.release_fp32_grad);
   r.read("reuse_fp32_param", m.reuse_fp32_param);
@@ -274,13 +168,6 @@ std::string offload_device_name(OffloadDevice d) {
   return "?";
 }
 
-double OptimizerConfig::lr() const {
-  if (type == "OneBitAdam") return one_bit.lr;
-  if (type == "ZeroOneAdam") return zero_one.lr;
-  if (type == "CAdam") return cadam.lr;
-  return adam.lr;
-}
-
 memory::DType EngineConfig::compute_dtype() const {
   switch (precision) {
     case Precision::kBf16: return memory::DType::kBF16;
@@ -363,7 +250,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
   root.alias("bf16", "bfloat16");
   root.read_object("bf16", [&](ObjectReader& r) { read_bf16(r, cfg, fp16_enabled); });
-  root.read_object("optimizer", [&](ObjectReader& r) { read_optimizer(r, cfg.optimizer); });
+  root.read_object("optimizer", [&](ObjectReader& r) { cfg.optimizer = optim::read_optimizer(r); });
   cfg.scheduler.base_lr = cfg.optimizer.lr();
   root.read_object("scheduler", [&](ObjectReader& r) { read_scheduler(r, cfg.scheduler); });
   root.read_object("zero_optimization", [&](ObjectReader& r) { read_zero(r, cfg.zero); });
@@ -418,9 +305,9 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   if (cfg.zero.offload_optimizer.device != OffloadDevice::kNone) {
     if (cfg.optimizer.compressed()) {
       throw ConfigError(fmt::format("zero_optimization.offload_optimizer: {} keeps whole-model momentum and error buffers "
-                                    "beside the sharded states, and zeroshard does not offload those yet; use Adam, AdamW "
-                                    "or CAdam with offload, or remove offload_optimizer",
-                                    cfg.optimizer.type));
+                                    "beside the sharded states, and zeroshard does not offload those yet; use {} "
+                                    "with offload, or remove offload_optimizer",
+                                    cfg.optimizer.name(), optim::optimizer_type_list(/*elementwise_only=*/true)));
     }
     if (cfg.memory.reuse_fp32_param) {
       throw ConfigError("memory.reuse_fp32_param: the master weight then lives inside the bf16 parameters on the device, "

@@ -22,11 +22,9 @@
 #include "memory/dtype.h"
 #include "nn/gpt.h"
 #include "offload/aio.h"
-#include "optim/adam.h"
-#include "optim/cadam.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
-#include "optim/onebit_adam.h"
+#include "optim/registry.h"
 
 namespace zs::engine {
 
@@ -38,21 +36,10 @@ struct BatchConfig {
   int64_t gradient_accumulation_steps = 0;  // micro-batches per optimizer step on each rank
 };
 
-struct OptimizerConfig {
-  // Canonical spelling: "Adam", "AdamW" (optim::Adam), "OneBitAdam", "ZeroOneAdam" (optim/onebit_adam.h,
-  // compressed communication), "CAdam" (optim/cadam.h). Only the matching member below is used.
-  std::string type = "AdamW";
-  optim::AdamConfig adam;
-  optim::OneBitAdamConfig one_bit;
-  optim::ZeroOneAdamConfig zero_one;
-  optim::CAdamConfig cadam;
-
-  // The configured (base) learning rate of whichever type is chosen: the scheduler's base.
-  double lr() const;
-  // OneBitAdam and ZeroOneAdam: the optimizer averages its own (compressed) momentum or gradients, so
-  // the engine hands it each rank's local gradients on the steps it asks for.
-  bool compressed() const { return type == "OneBitAdam" || type == "ZeroOneAdam"; }
-};
+// The `optimizer` section: a registered optimizer type and its parsed, validated params
+// (optim/registry.h). The engine asks it (compressed(), make(), state_specs(), lr()) and never
+// compares type names.
+using OptimizerConfig = optim::OptimizerChoice;
 
 // zeroshard's memory-reuse modes (section `memory`; MindSpeed's names).
 struct MemoryModes {

@@ -14,8 +14,6 @@
 #include "engine/detail/offload_rules.h"
 #include "engine/engine_impl.h"
 #include "engine/runtime.h"
-#include "optim/adam.h"
-#include "optim/cadam.h"
 
 namespace zs::engine {
 namespace {
@@ -23,14 +21,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimizerConfig& cfg) {
-  // parse_config admits only the types built here (it refuses the others by name).
-  if (cfg.type == "Adam" || cfg.type == "AdamW") return std::make_unique<optim::Adam>(cfg.adam);
-  if (cfg.type == "CAdam") return std::make_unique<optim::CAdam>(cfg.cadam);
-  ZS_ASSERT(cfg.compressed(), "optimizer type {}", cfg.type);
-  return nullptr;  // compressed_step.cpp drives the one-bit optimizers' kernels itself
 }
 
 }  // namespace
@@ -54,7 +44,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       device_(std::make_unique<memory::DeviceAllocator>(*backend_, backend_->capacity(memory::Tier::kDevice), &tracker_)),
       layout_((nn::assign_names(model), model.all_params())),
       partition_(layout_.total(), group.size(), group.rank()),
-      optimizer_(make_optimizer(cfg.optimizer)),
+      optimizer_(cfg.optimizer.make()),  // nullptr: compressed_step.cpp drives the one-bit optimizers' kernels itself
       schedule_(cfg.scheduler),
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
       ctx_(*device_, *this),
@@ -312,7 +302,7 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
   impl_ = std::make_unique<Impl>(model_, config_, group_, std::move(backend));
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
   ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
-              param_count(), config_.zero.stage, config_.optimizer.type, precision_name(config_.precision), group_.size(),
+              param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
               impl_->reducer_->bucket_count(), config_.device.memory_mb);
 }
 

@@ -103,7 +103,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                      {"rank0_nvme_bytes_written", off.bytes_written},
                                      {"rank0_optimizer_compute_s", off.compute_s},
                                      {"rank0_optimizer_io_wait_s", off.io_wait_s}};
-  s["optimizer"] = boost::json::object{{"type", cfg.optimizer.type}, {"state_bytes_per_param", engine_.optimizer_state_bytes_per_param()}};
+  s["optimizer"] = boost::json::object{{"type", cfg.optimizer.name()}, {"state_bytes_per_param", engine_.optimizer_state_bytes_per_param()}};
 
   boost::json::array mem_ranks, comm_ranks;
   for (size_t r = 0; r < all.size(); ++r) {

@@ -14,8 +14,6 @@
 #include "engine/flat_layout.h"
 #include "memory/shard.h"
 #include "nn/gpt.h"
-#include "optim/adam.h"
-#include "optim/cadam.h"
 
 namespace zs::engine {
 namespace detail {
@@ -31,7 +29,7 @@ std::string group_digits(uint64_t v) {
 }
 
 double state_bytes_per_element(const EstimateInput& in) {
-  if (in.compressed) return in.zero_one ? 16.0 : 12.0;
+  if (in.compressed) return in.compressed_state_bytes;
   double k = 0;
   for (const optim::StateSpec& spec : in.optimizer_states) {
     k += static_cast<double>(spec.value_bytes) / static_cast<double>(spec.elements_per_value);
@@ -206,17 +204,11 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
   }
   in.ranks = ranks;
   in.precision = cfg.precision;
-  in.optimizer = cfg.optimizer.type;
+  in.optimizer = cfg.optimizer.name();
   in.compressed = cfg.optimizer.compressed();
-  in.zero_one = cfg.optimizer.type == "ZeroOneAdam";
-  in.optimizer_states.clear();
-  if (cfg.optimizer.type == "CAdam") {
-    auto specs = optim::CAdam(cfg.optimizer.cadam).state_specs();
-    in.optimizer_states.assign(specs.begin(), specs.end());
-  } else if (!in.compressed) {
-    auto specs = optim::Adam(cfg.optimizer.adam).state_specs();
-    in.optimizer_states.assign(specs.begin(), specs.end());
-  }
+  in.zero_one = in.compressed && cfg.optimizer.compressed_traits()->local_steps;
+  in.compressed_state_bytes = cfg.optimizer.state_bytes_per_param();
+  in.optimizer_states = cfg.optimizer.state_specs();
   in.memory = cfg.memory;
   in.config_stage = cfg.zero.stage;
   in.offload_optimizer = cfg.zero.offload_optimizer.device;

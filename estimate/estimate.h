@@ -100,9 +100,11 @@ struct EstimateInput {
   std::vector<optim::StateSpec> optimizer_states = {{"exp_avg"}, {"exp_avg_sq"}};
   // OneBitAdam / ZeroOneAdam (Note [compressed optimizers] in engine/compressed_step.cpp): whole
   // gradients, a whole momentum, the variance per stepped element, the error-feedback buffers, and
-  // for ZeroOneAdam at stage 0 a whole accumulator. optimizer_states is then unused.
+  // for ZeroOneAdam at stage 0 a whole accumulator. optimizer_states is then unused. All three from
+  // the optimizer's registry entry (optim::CompressedTraits; zero_one: local_steps).
   bool compressed = false;
   bool zero_one = false;
+  double compressed_state_bytes = 12.0;  // the reports' bytes per element (CompressedTraits)
   MemoryModes memory;                  // release_fp32_grad / reuse_fp32_param
   ZeroLimits zero;
   int config_stage = -1;               // the config's zero_optimization.stage; -1 without a config

@@ -1,5 +1,5 @@
-// optim: optimizers (Adam/AdamW, CAdam) over flat fp32 partitions, learning-rate schedules, loss
-// scaling, clipping math.
+// optim: optimizers (Adam/AdamW, CAdam, Lion) over flat fp32 partitions, their registry (registry.h),
+// learning-rate schedules, loss scaling, clipping math.
 // Knows nothing of MPI or sharding; the engine passes chunks and agreed global values.
 #pragma once
 
@@ -7,8 +7,11 @@
 #include "optim/cadam.h"
 #include "optim/clip.h"
 #include "optim/fused_adam.h"
+#include "optim/fused_lion.h"
+#include "optim/lion.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "optim/onebit_adam.h"
 #include "optim/optimizer.h"
+#include "optim/registry.h"
 #include "optim/zero_one_adam.h"

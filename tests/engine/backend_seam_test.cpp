@@ -10,6 +10,7 @@
 #include "engine/flat_layout.h"
 #include "engine/partition.h"
 #include "memory/guarded_backend.h"
+#include "optim/onebit_adam.h"
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
 #include "tests/support/temp_dir.h"
@@ -37,8 +38,10 @@ std::string name_of(const SeamCase& c) {
 EngineConfig seam_config(const SeamCase& c, int world, const std::string& dir, const std::string& backend) {
   EngineConfig cfg = make_config(1, world, c.precision, c.stage);
   cfg.device.backend = backend;
-  cfg.optimizer.type = c.optimizer;
-  if (c.optimizer == "OneBitAdam") cfg.optimizer.one_bit = {.lr = 1e-3, .betas = {0.9, 0.9}, .weight_decay = 0.01, .freeze_step = 2};
+  if (c.optimizer != "AdamW") cfg.optimizer = OptimizerConfig(c.optimizer);
+  if (c.optimizer == "OneBitAdam") {
+    cfg.optimizer.params<optim::OneBitAdamConfig>() = {.lr = 1e-3, .betas = {0.9, 0.9}, .weight_decay = 0.01, .freeze_step = 2};
+  }
   cfg.memory.reuse_fp32_param = c.reuse_fp32_param;
   if (c.offload != OffloadDevice::kNone) {
     cfg.zero.offload_optimizer.device = c.offload;
@@ -74,6 +77,7 @@ INSTANTIATE_TEST_SUITE_P(
                       SeamCase{3, Precision::kBf16, OffloadDevice::kCpu}, SeamCase{2, Precision::kBf16, OffloadDevice::kNvme},
                       SeamCase{3, Precision::kBf16, OffloadDevice::kNvme},
                       SeamCase{1, Precision::kBf16, OffloadDevice::kNone, "CAdam"},
+                      SeamCase{2, Precision::kBf16, OffloadDevice::kCpu, "Lion"},
                       SeamCase{1, Precision::kBf16, OffloadDevice::kNone, "OneBitAdam"},
                       SeamCase{2, Precision::kBf16, OffloadDevice::kNone, "AdamW", true}),
     [](const ::testing::TestParamInfo<SeamCase>& info) {

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "core/json.h"
+#include "optim/adam.h"
+#include "optim/cadam.h"
+#include "optim/lion.h"
+#include "optim/onebit_adam.h"
 
 namespace zs::engine {
 namespace {
@@ -37,8 +41,8 @@ TEST(Config, DeepSpeedStyleConfigParses) {
   EXPECT_EQ(c.batch.gradient_accumulation_steps, 4);
   EXPECT_EQ(c.precision, Precision::kBf16);
   EXPECT_EQ(c.compute_dtype(), memory::DType::kBF16);
-  EXPECT_EQ(c.optimizer.type, "AdamW");
-  EXPECT_DOUBLE_EQ(c.optimizer.adam.betas[1], 0.95);
+  EXPECT_EQ(c.optimizer.name(), "AdamW");
+  EXPECT_DOUBLE_EQ(c.optimizer.params<optim::AdamConfig>().betas[1], 0.95);
   EXPECT_EQ(c.scheduler.type, optim::ScheduleType::kWarmupDecayLR);
   EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
   EXPECT_EQ(c.device.memory_mb, 2048);
@@ -49,9 +53,9 @@ TEST(Config, DeepSpeedStyleConfigParses) {
 }
 
 TEST(Config, AdamDefaultsToDecoupledDecayAsDeepSpeed) {
-  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "optimizer": {"type": "adam"}})").optimizer.adam.adam_w_mode);
+  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "optimizer": {"type": "adam"}})").optimizer.params<optim::AdamConfig>().adam_w_mode);
   EXPECT_FALSE(parse(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})")
-                   .optimizer.adam.adam_w_mode);
+                   .optimizer.params<optim::AdamConfig>().adam_w_mode);
 }
 
 TEST(Config, BatchArithmeticInfersTheMissingValue) {
@@ -140,20 +144,27 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
   auto parse1 = [](const std::string& text) { return parse_config(parse_json_text(text), 1); };
   EngineConfig one_bit = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "onebitadam", "params": {"lr": 4e-4,
       "freeze_step": 23000, "cuda_aware": false, "comm_backend_name": "nccl"}}})");
-  EXPECT_EQ(one_bit.optimizer.type, "OneBitAdam");
+  EXPECT_EQ(one_bit.optimizer.name(), "OneBitAdam");
   EXPECT_TRUE(one_bit.optimizer.compressed());
-  EXPECT_EQ(one_bit.optimizer.one_bit.freeze_step, 23000);
+  EXPECT_EQ(one_bit.optimizer.params<optim::OneBitAdamConfig>().freeze_step, 23000);
   EXPECT_DOUBLE_EQ(one_bit.scheduler.base_lr, 4e-4);
   EngineConfig zero_one = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {
       "var_freeze_step": 1000, "var_update_scaler": 8, "local_step_scaler": 100, "local_step_clipper": 4}}})");
-  EXPECT_EQ(zero_one.optimizer.type, "ZeroOneAdam");
-  EXPECT_EQ(zero_one.optimizer.zero_one.local_step_clipper, 4);
+  EXPECT_EQ(zero_one.optimizer.name(), "ZeroOneAdam");
+  EXPECT_EQ(zero_one.optimizer.params<optim::ZeroOneAdamConfig>().local_step_clipper, 4);
   EngineConfig cadam = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"lr": 1e-4,
       "betas": [0.95, 0.98], "weight_decay": 0.5}}})");
-  EXPECT_EQ(cadam.optimizer.type, "CAdam");
+  EXPECT_EQ(cadam.optimizer.name(), "CAdam");
   EXPECT_FALSE(cadam.optimizer.compressed());
-  EXPECT_DOUBLE_EQ(cadam.optimizer.cadam.betas[0], 0.95);
+  EXPECT_DOUBLE_EQ(cadam.optimizer.params<optim::CAdamConfig>().betas[0], 0.95);
   EXPECT_DOUBLE_EQ(cadam.scheduler.base_lr, 1e-4);
+  EngineConfig lion = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "lion", "params": {"lr": 2e-5,
+      "weight_decay": 0.2}}})");
+  EXPECT_EQ(lion.optimizer.name(), "Lion");
+  EXPECT_FALSE(lion.optimizer.compressed());
+  EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().betas[1], 0.99);  // default
+  EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().weight_decay, 0.2);
+  EXPECT_DOUBLE_EQ(lion.scheduler.base_lr, 2e-5);
 
   auto error_of1 = [&](const std::string& text) -> std::string {
     try {
@@ -172,6 +183,10 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"eps": 1e-8}}})")
                 .find("optimizer.params.eps"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"freeze_step": 3}}})")
+                .find("optimizer.params.freeze_step"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Lion", "params": {"betas": [1.5, 0.9]}}})")
+                .find("optimizer.params.betas[0]"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Lion", "params": {"freeze_step": 3}}})")
                 .find("optimizer.params.freeze_step"), std::string::npos);
 }
 

@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <map>
 
+#include "optim/cadam.h"
+#include "optim/lion.h"
+#include "optim/onebit_adam.h"
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
 #include "tests/support/temp_dir.h"
@@ -17,21 +20,25 @@ using namespace test_harness;
 constexpr int kCompressedSteps = 16;
 
 EngineConfig with_optimizer(EngineConfig c, const std::string& type) {
-  c.optimizer.type = type;
+  c.optimizer = OptimizerConfig(type);
   if (type == "CAdam") {
     // Lion's rule: a learning rate several times smaller and a decay several times larger than AdamW's.
-    c.optimizer.cadam = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
+    c.optimizer.params<optim::CAdamConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
+    c.scheduler.warmup_max_lr = 1e-3;
+    c.scheduler.base_lr = 1e-3;
+  } else if (type == "Lion") {
+    c.optimizer.params<optim::LionConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
     c.scheduler.warmup_max_lr = 1e-3;
     c.scheduler.base_lr = 1e-3;
   } else if (type == "OneBitAdam") {
     // A short run: beta2 0.9 lets the variance settle before it freezes (DeepSpeed freezes after
     // thousands of steps with 0.999; frozen too early, the un-bias-corrected variance is far too small).
-    c.optimizer.one_bit = {.lr = 1e-3, .betas = {0.9, 0.9}, .weight_decay = 0.01, .freeze_step = 8};
+    c.optimizer.params<optim::OneBitAdamConfig>() = {.lr = 1e-3, .betas = {0.9, 0.9}, .weight_decay = 0.01, .freeze_step = 8};
     c.scheduler.warmup_max_lr = 1e-3;
   } else if (type == "ZeroOneAdam") {
     // Every phase within the run: variance steps at growing intervals until step 6, then local steps
     // with the sync interval growing to 4.
-    c.optimizer.zero_one = {.lr = 1e-3, .betas = {0.9, 0.9}, .weight_decay = 0.01, .var_freeze_step = 8, .var_update_scaler = 2,
+    c.optimizer.params<optim::ZeroOneAdamConfig>() = {.lr = 1e-3, .betas = {0.9, 0.9}, .weight_decay = 0.01, .var_freeze_step = 8, .var_update_scaler = 2,
                             .local_step_scaler = 2, .local_step_clipper = 2};
     c.scheduler.warmup_max_lr = 1e-3;
   }
@@ -88,7 +95,7 @@ TEST_P(EveryOptimizer, MatchesItsSingleProcessRun) {
   const RunResult& ref = single_process(type, reference_stage(type, stage));
   if (type == "Adam" || type == "AdamW") {
     expect_matches(got, ref, 1e-5, 1e-5, what);
-  } else if (type == "CAdam") {
+  } else if (type == "CAdam" || type == "Lion") {
     // The sign of the interpolated momentum flips where it is within rounding of zero: summing the
     // gradients in another order moves such an element by 2 lr. Everything else matches.
     for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-4 * ref.losses[i]) << what;
@@ -135,7 +142,7 @@ TEST_P(EveryOptimizer, StagesAgreeAtThisWorldSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
-                         ::testing::Combine(::testing::Values("Adam", "CAdam", "OneBitAdam", "ZeroOneAdam"),
+                         ::testing::Combine(::testing::Values("Adam", "CAdam", "Lion", "OneBitAdam", "ZeroOneAdam"),
                                             ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) { return fmt::format("{}_stage{}", std::get<0>(info.param), std::get<1>(info.param)); });
 

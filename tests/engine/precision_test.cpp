@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "optim/adam.h"
 
 namespace zs::engine {
 namespace {
@@ -39,8 +40,8 @@ double train_tail_loss(Precision precision, uint64_t seed, const std::string& pa
   c.seed = seed;
   c.batch = resolve_batch(8, 8, 1, 1);
   c.precision = precision;
-  c.optimizer.adam.lr = 1.5e-3;
-  c.optimizer.adam.weight_decay = 0.01;
+  c.optimizer.params<optim::AdamConfig>().lr = 1.5e-3;
+  c.optimizer.params<optim::AdamConfig>().weight_decay = 0.01;
   c.gradient_clipping = 1.0;
   c.scheduler = {.type = optim::ScheduleType::kWarmupLR, .warmup_min_lr = 0.0, .warmup_max_lr = 1.5e-3,
                  .warmup_num_steps = 20, .warmup_type = optim::WarmupType::kLinear};

@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "optim/adam.h"
 
 namespace zs::engine::test_harness {
 
@@ -32,9 +33,7 @@ inline EngineConfig make_config(int64_t accumulation, int world, Precision preci
   c.zero.allgather_bucket_size = 5000;
   c.zero.stage3_prefetch_bucket_size = 4000;        // a prefetch window of a few modules
   c.zero.stage3_param_persistence_threshold = 100;  // the LayerNorms stay gathered
-  c.optimizer.type = "AdamW";
-  c.optimizer.adam.lr = 3e-3;
-  c.optimizer.adam.weight_decay = 0.1;
+  c.optimizer = OptimizerConfig("AdamW", optim::AdamConfig{.lr = 3e-3, .weight_decay = 0.1});
   c.gradient_clipping = 1.0;
   c.scheduler = {.type = optim::ScheduleType::kWarmupLR, .warmup_min_lr = 0.0, .warmup_max_lr = 3e-3,
                  .warmup_num_steps = 5, .warmup_type = optim::WarmupType::kLinear};

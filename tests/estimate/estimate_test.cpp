@@ -453,7 +453,7 @@ TEST(EstimateOffload, SubGroupsAreCappedAtTheSteppedRangeOverTheBufferCount) {
 
 TEST(EstimateOffload, BlockQuantisedStatesAreRegionsOfTheirOwn) {
   EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
-  cfg.optimizer.type = "CAdam";
+  cfg.optimizer = OptimizerConfig("CAdam");
   EstimateInput in = estimate_input_for_config(cfg, 1);
   in.offload_optimizer = OffloadDevice::kNvme;
   ASSERT_FALSE(in.optimizer_states.empty());
@@ -469,7 +469,7 @@ TEST(EstimateOffload, BlockQuantisedStatesAreRegionsOfTheirOwn) {
 
 TEST(EstimateOffload, CompressedOptimizersAndReuseCannotBeOffloaded) {
   EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
-  cfg.optimizer.type = "OneBitAdam";
+  cfg.optimizer = OptimizerConfig("OneBitAdam");
   EstimateInput in = estimate_input_for_config(cfg, 2);
   in.offload_optimizer = OffloadDevice::kCpu;
   EXPECT_NO_THROW(estimate_stage(in, 0));  // no optimizer offload at stage 0
