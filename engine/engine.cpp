@@ -301,9 +301,15 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
     : model_(model), config_(config), group_(data_parallel) {
   impl_ = std::make_unique<Impl>(model_, config_, group_, std::move(backend));
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
-  ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
-              param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
-              impl_->reducer_->bucket_count(), config_.device.memory_mb);
+  // A measuring engine (the estimator) is one of many made in a row: it says so only when asked.
+  if (impl_->kernels()) {
+    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
+                param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
+                impl_->reducer_->bucket_count(), config_.device.memory_mb);
+  } else {
+    ZS_LOG_DEBUG("engine: measuring {} parameters at ZeRO stage {} as rank {} of {}", param_count(), config_.zero.stage,
+                 group_.rank(), group_.size());
+  }
 }
 
 Engine::~Engine() = default;

@@ -17,7 +17,7 @@ zs_e2e(NAME estimate_uneven_shards EXPECT pass
   REGEX "3 +0-1 +352 .*3 +2 +320 "
   COMMAND ${tool} estimate --params 1000 --ranks 3 --stage 3)
 zs_e2e(NAME estimate_config EXPECT pass
-  REGEX "exact layout.*0\\* .*activations, one micro-batch"
+  REGEX "exact layout.*0\\* .*device peak per rank .measured.*stage 0 ranks 0 .*fits device.memory_mb.*stage 3 ranks 1 .*activations peak"
   COMMAND ${tool} estimate --config ${est_cfg} --ranks 2)
 zs_e2e(NAME estimate_config_without_model EXPECT pass REGEX "fp16.*16Ψ/R"
   COMMAND ${tool} estimate --config ${ZS_BAD}/estimate_no_model.json --params 7B --ranks 8)
