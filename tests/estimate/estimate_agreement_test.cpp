@@ -18,6 +18,7 @@
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
 #include "estimate/estimate.h"
+#include "examples/mlp_model.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "tests/support/mpi_test_env.h"
@@ -207,6 +208,53 @@ std::vector<OffloadCase> offload_cases() {
 }
 INSTANTIATE_TEST_SUITE_P(Offload, EstimateOffloadAgreement, ::testing::ValuesIn(offload_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// A user's own model (examples/standalone_mlp's MLP, a loss written by hand): the estimator knows it
+// only through nn::Model and the BatchSource, and its figures equal a real run's all the same.
+class EstimateUserModel : public ::testing::TestWithParam<std::tuple<int, Precision, OffloadDevice>> {};
+
+TEST_P(EstimateUserModel, MatchesARealRunOfTheModel) {
+  const auto [stage, precision, offload] = GetParam();
+  if (stage == 0 && offload != OffloadDevice::kNone) GTEST_SKIP() << "offload needs stage 1-3 (the config refuses it)";
+  const comm::Group& world = test::world().group();
+  test::TempDir dir;
+  const examples::MlpConfig mlp{.d_in = 24, .hidden = 200, .d_out = 5};  // Ψ splits unevenly over 2 and 3
+  EngineConfig cfg;
+  cfg.zero.stage = stage;
+  cfg.zero.reduce_bucket_size = 2000;
+  cfg.zero.stage3_prefetch_bucket_size = 3000;
+  cfg.zero.stage3_param_persistence_threshold = 100;
+  cfg.zero.offload_optimizer = {.device = offload, .nvme_path = dir.path()};
+  cfg.zero.offload_param = {.device = stage == 3 ? offload : OffloadDevice::kNone, .nvme_path = dir.path()};
+  cfg.batch = resolve_batch(0, 8, 2, world.size());
+  cfg.precision = precision;
+  cfg.device.memory_mb = 16;
+  examples::Regressor model(mlp);
+  examples::TeacherData data(mlp, 3, cfg.batch.train_batch_size);
+  Engine engine(model, cfg, world);
+  engine.train_batch(data);
+  engine.train_batch(data);
+  const Engine::MemoryReport got = engine.memory_report();
+
+  examples::Regressor twin(mlp);  // the estimator's own instance: a user's model is not shared with a run
+  const EstimateInput in = estimate_input_for_model(twin, data, cfg, world.size(), "MLP");
+  const ShardGroup& want = estimate_memory(in, {stage}).stages[0].group_of(world.rank());
+  const std::string what = fmt::format("MLP stage {} {} offload {} rank {} of {}", stage, precision_name(precision),
+                                       offload_device_name(offload), world.rank(), world.size());
+  EXPECT_EQ(got.device_states.params, want.device.params) << what;
+  EXPECT_EQ(got.device_states.grads, want.device.grads) << what;
+  EXPECT_EQ(got.device_states.optimizer, want.device.optimizer) << what;
+  EXPECT_EQ(got.host_states.optimizer, want.host.optimizer) << what;
+  expect_device_peak(got, want.device_peak, world.size(), what);
+}
+INSTANTIATE_TEST_SUITE_P(
+    Stages, EstimateUserModel,
+    ::testing::Combine(::testing::Values(0, 1, 2, 3), ::testing::Values(Precision::kFp32, Precision::kBf16),
+                       ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu)),
+    [](const auto& info) {
+      return fmt::format("stage{}_{}_{}", std::get<0>(info.param), precision_name(std::get<1>(info.param)),
+                         offload_device_name(std::get<2>(info.param)));
+    });
 
 }  // namespace
 }  // namespace zs::engine
