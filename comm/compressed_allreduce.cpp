@@ -37,11 +37,16 @@ memory::Tensor words_view(std::vector<uint32_t>& v, size_t offset, size_t count)
 
 }  // namespace
 
+size_t OneBitAllreduce::chunk_for(size_t numel, int ranks) {
+  const size_t n_ranks = static_cast<size_t>(ranks);
+  const size_t per_rank = (numel + n_ranks - 1) / n_ranks;
+  return (per_rank + kScaleBlock - 1) / kScaleBlock * kScaleBlock;
+}
+
 OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel)
     : group_(&group), numel_(numel), size_(group.size()), rank_(group.rank()) {
   const size_t n_ranks = static_cast<size_t>(size_);
-  const size_t per_rank = (numel + n_ranks - 1) / n_ranks;
-  chunk_ = (per_rank + kScaleBlock - 1) / kScaleBlock * kScaleBlock;
+  chunk_ = chunk_for(numel, size_);
   block_words_ = chunk_ / kBitsPerWord + chunk_ / kScaleBlock;
   worker_error_.assign(numel_, 0.0f);
   server_error_.assign(chunk_, 0.0f);

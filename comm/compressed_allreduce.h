@@ -58,6 +58,9 @@ namespace zs::comm {
 class OneBitAllreduce {
  public:
   static constexpr size_t kScaleBlock = 256;  // elements sharing one scale
+  // Elements per server chunk for `numel` elements over `ranks` ranks: ceil(numel / ranks) rounded up
+  // to kScaleBlock. The error feedback is numel + chunk_for(numel, ranks) fp32 values.
+  static size_t chunk_for(size_t numel, int ranks);
 
   // Error-feedback buffers for `numel` elements on `group` (not collective; allocates
   // numel + chunk_size() floats of state and 3 N (chunk_size()/32 + chunk_size()/256) words of wire

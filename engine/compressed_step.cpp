@@ -33,24 +33,11 @@ namespace zs::engine {
 // Communication per compressed step: 2 (N-1)/N bits per element plus one scale per chunk and rank,
 // against 2 (N-1)/N x 16 or 32 bits for averaging bf16 or fp32 gradients.
 
-void Engine::Impl::init_compressed() {
-  using memory::Category;
-  using memory::Lifetime;
-  const size_t total = layout_.total();
-  const size_t stepped = step_range().size;
-  CompressedState& c = compressed_.emplace();
-  auto zeroed = [&](size_t elements) {
-    memory::DeviceBlock b = device_->allocate(elements * sizeof(float), Category::kOptimizer, Lifetime::kPersistent);
-    backend_->fill_zero(b.data(), memory::Tier::kDevice, b.size());
-    return b;
-  };
-  c.exp_avg = zeroed(total);
-  c.exp_avg_sq = zeroed(stepped);
-  if (const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>()) {
-    c.schedule.emplace(*zero_one);
-    if (stage_ == 0) c.accumulator = zeroed(total);
-  }
-  c.reduce.emplace(group_, total);
+void Engine::Impl::init_compressed(CompressedState state) {
+  // The momentum, variance and accumulator were placed and zeroed by the constructor (the plan).
+  CompressedState& c = compressed_.emplace(std::move(state));
+  if (const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>()) c.schedule.emplace(*zero_one);
+  c.reduce.emplace(group_, layout_.total());
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
 }
 

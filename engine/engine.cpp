@@ -29,21 +29,21 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
                    std::unique_ptr<memory::Backend> backend)
     : cfg_(cfg),
       group_(group),
+      layout_((nn::assign_names(model), model.all_params())),
+      partition_(layout_.total(), group.size(), group.rank()),
+      plan_(plan_placement(placement_rules(cfg), layout_.total(), partition_)),
       stage_(cfg.zero.stage),
-      grad_stage_(cfg.optimizer.compressed() ? std::min(cfg.zero.stage, 1) : cfg.zero.stage),
+      grad_stage_(plan_.grad_stage),
       dtype_(cfg.compute_dtype()),
       elem_(memory::dtype_size(dtype_)),
-      reuse_(cfg.memory.reuse_fp32_param && dtype_ == memory::DType::kBF16),
-      keep_fp32_grads_(!cfg.memory.release_fp32_grad && dtype_ != memory::DType::kF32),
+      reuse_(plan_.reuse_fp32_param),
+      keep_fp32_grads_(plan_.keep_fp32_grads),
       offload_optimizer_(cfg.zero.offload_optimizer.device),
       offload_param_(cfg.zero.offload_param.device),
-      separate_master_(dtype_ != memory::DType::kF32 || cfg.zero.offload_optimizer.device != OffloadDevice::kNone ||
-                       cfg.zero.offload_param.device == OffloadDevice::kNvme),
+      separate_master_(plan_.separate_master),
       backend_(backend ? std::move(backend)
                        : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20)),
       device_(std::make_unique<memory::DeviceAllocator>(*backend_, backend_->capacity(memory::Tier::kDevice), &tracker_)),
-      layout_((nn::assign_names(model), model.all_params())),
-      partition_(layout_.total(), group.size(), group.rank()),
       optimizer_(cfg.optimizer.make()),  // nullptr: compressed_step.cpp drives the one-bit optimizers' kernels itself
       schedule_(cfg.scheduler),
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
@@ -51,7 +51,6 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       scratch_(kChunkElements) {
   using memory::Category;
   using memory::Lifetime;
-  const size_t total = layout_.total();
   const size_t mine = partition_.mine.size;
   const size_t stepped = step_range().size;
   const int threads = std::max(1, compute_threads());
@@ -59,37 +58,40 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (reuse_) master_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (step_on_host()) low_scratch_.assign(static_cast<size_t>(threads), std::vector<std::byte>(kPieceElements * elem_));
-  // Note [model-state placement] (engine_impl.h); offloaded buffers go to the host tier, or to swap
-  // files (init_nvme).
-  const bool opt_host = offload_optimizer_ == OffloadDevice::kCpu;
-  const bool grads_host = offload_optimizer_ != OffloadDevice::kNone && grad_stage_ >= 2;
-  if (!params_on_nvme()) {
-    params_ = place((stage_ == 3 ? mine : total) * elem_, Category::kParams, offload_param_ == OffloadDevice::kCpu);
-  }
-  grads_ = place(grad_range().size * elem_, Category::kGrads, grads_host);
-  if (keep_fp32_grads_) grad32_ = place(grad32_range().size * sizeof(float), Category::kGrads, grads_host);
-  if (reuse_) {
-    residual_ = device_->allocate(stepped * sizeof(uint16_t), Category::kOptimizer, Lifetime::kPersistent);
-  } else if (separate_master_ && !optimizer_on_nvme()) {
-    master_ = place(stepped * sizeof(float), Category::kOptimizer, opt_host);
-  }
   if (optimizer_) {
     ZS_ASSERT(optimizer_->state_specs().size() <= kMaxStates, "{} keeps {} states (at most {})", optimizer_->name(),
               optimizer_->state_specs().size(), kMaxStates);
   }
-  if (optimizer_ && !optimizer_on_nvme()) {
-    for (const auto& spec : optimizer_->state_specs()) {
-      const StateBuffer& b = states_.emplace_back(place(spec.bytes_for(stepped), Category::kOptimizer, opt_host));
-      if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1) {
-        backend_->fill(static_cast<float*>(b.data()), b.tier(), spec.initial_value, stepped);
-      } else {
-        backend_->fill_zero(b.data(), b.tier(), b.size());
+  // The plan's buffers (Note [model-state placement] in engine/placement.h), in its order: swap-file
+  // regions are made by init_nvme, the error feedback by comm's compressed allreduce.
+  std::optional<CompressedState> compressed;
+  if (!optimizer_) compressed.emplace();
+  for (const PlannedBuffer& b : plan_.buffers) {
+    if (b.where == Where::kNvme || b.owned_by_comm) continue;
+    StateBuffer buf = place(b.bytes, b.category, b.where == Where::kHost);
+    // Gradients and optimizer states start at zero; parameters and masters are initialised below.
+    const bool written_first = b.name == "params" || b.name == "master" || b.name == "residual" || b.name == "fp32_grads";
+    if (!written_first) backend_->fill_zero(buf.data(), buf.tier(), buf.size());
+    if (b.name == "params") params_ = std::move(buf);
+    else if (b.name == "grads") grads_ = std::move(buf);
+    else if (b.name == "fp32_grads") grad32_ = std::move(buf);
+    else if (b.name == "master") master_ = std::move(buf);
+    else if (b.name == "residual") residual_ = std::move(buf);
+    else if (b.name == "momentum") compressed->exp_avg = std::move(buf);
+    else if (b.name == "variance") compressed->exp_avg_sq = std::move(buf);
+    else if (b.name == "accumulator") compressed->accumulator = std::move(buf);
+    else states_.push_back(std::move(buf));  // the optimizer's states, in its state_specs() order
+  }
+  if (optimizer_ && !states_.empty()) {
+    for (size_t k = 0; k < states_.size(); ++k) {
+      const optim::StateSpec& spec = optimizer_->state_specs()[k];
+      if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1 && spec.initial_value != 0.0f) {
+        backend_->fill(static_cast<float*>(states_[k].data()), states_[k].tier(), spec.initial_value, stepped);
       }
     }
-  } else if (!optimizer_) {
-    init_compressed();
   }
-  backend_->fill_zero(grads_.data(), grads_.tier(), grads_.size());
+  if (compressed) init_compressed(std::move(*compressed));
+
   std::vector<nn::Module*> modules = model.named_modules();
   place_parameters();
   if (!kernels()) {

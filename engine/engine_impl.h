@@ -18,6 +18,7 @@
 #include "engine/grad_reducer.h"
 #include "engine/param_gatherer.h"
 #include "engine/partition.h"
+#include "engine/placement.h"
 #include "memory/allocator.h"
 #include "memory/backend.h"
 #include "memory/tracker.h"
@@ -65,9 +66,9 @@ struct NvmeOffload {
 // One-bit Adam / 0/1 Adam state (compressed_step.cpp). The momentum is whole on every rank: the
 // compressed allreduce needs each rank's whole local momentum (Note [compressed optimizers]).
 struct CompressedState {
-  memory::DeviceBlock exp_avg;      // fp32, every element of the model
-  memory::DeviceBlock exp_avg_sq;   // fp32, the stepped range
-  memory::DeviceBlock accumulator;  // fp32, every element: 0/1 Adam's u at stage 0 (local steps); else empty
+  StateBuffer exp_avg;      // fp32, every element of the model (the plan's "momentum")
+  StateBuffer exp_avg_sq;   // fp32, the stepped range ("variance")
+  StateBuffer accumulator;  // fp32, every element: 0/1 Adam's u at stage 0 (local steps); else empty
   std::optional<comm::OneBitAllreduce> reduce;
   std::optional<optim::ZeroOneSchedule> schedule;
   bool momentum_whole = false;      // the momentum outside the stepped range is valid (gathered at freeze)
@@ -79,20 +80,9 @@ struct CompressedState {
 void allgather_in_place(const comm::Group& group, const Partition& partition, const memory::Tensor& all,
                         size_t bucket_elements);
 
-// Note [model-state placement]: which flat buffers are whole and which are this rank's shard.
-//   stage   params        grads         fp32 master (bf16/fp16 only)   optimizer states
-//   0       whole         whole         whole                          whole
-//   1       whole         whole         shard                          shard
-//   2       whole         shard         shard                          shard
-//   3       shard         shard         shard                          shard
-// In fp32 the parameters are the master weights (no separate copy): the optimizer updates the
-// parameter buffer at this rank's shard directly. All buffers use one FlatLayout, so an element index
-// means the same thing in each; a shard buffer starts at partition.mine.offset.
-// Compressed optimizers keep whole gradients at every stage (grad_stage_ <= 1), because their
-// compressed phase consumes each rank's whole local gradient.
-// Memory modes (MemoryModes, engine/config.h): release_fp32_grad off adds a persistent fp32 copy of
-// the gradients the optimizer reads (grad32_); reuse_fp32_param replaces the bf16 master buffer by a
-// 16-bit residual beside the bf16 parameters (Note [reuse_fp32_param] in engine_step.cpp).
+// Where each model-state buffer lives is the placement plan's (Note [model-state placement] in
+// engine/placement.h): the constructor allocates what the plan lists, and the estimator reads the same
+// plan.
 class Engine::Impl final : public ModuleHooks {
  public:
   // `backend` null: memory::make_backend(cfg.device.backend).
@@ -101,6 +91,9 @@ class Engine::Impl final : public ModuleHooks {
 
   const EngineConfig& cfg_;
   const comm::Group& group_;
+  FlatLayout layout_;
+  Partition partition_;
+  const PlacementPlan plan_;
   const int stage_;
   const int grad_stage_;  // the stage whose gradient layout the reducer uses
   const memory::DType dtype_;
@@ -113,8 +106,6 @@ class Engine::Impl final : public ModuleHooks {
   memory::MemoryTracker tracker_;
   std::unique_ptr<memory::Backend> backend_;
   std::unique_ptr<memory::DeviceAllocator> device_;
-  FlatLayout layout_;
-  Partition partition_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // the elementwise update (Adam/AdamW/CAdam)
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;
@@ -122,7 +113,7 @@ class Engine::Impl final : public ModuleHooks {
   StateBuffer params_;            // empty with offload_param nvme
   StateBuffer grads_;
   StateBuffer master_;            // fp32 master of the stepped range (separate_master_, not on NVMe)
-  memory::DeviceBlock residual_;  // reuse_: low 16 bits of the encoded master, the stepped range
+  StateBuffer residual_;          // reuse_: low 16 bits of the encoded master, the stepped range
   StateBuffer grad32_;            // keep_fp32_grads_: fp32 gradients of grad32_range()
   std::vector<StateBuffer> states_;  // empty with offload_optimizer nvme
   std::optional<NvmeOffload> nvme_;
@@ -157,15 +148,13 @@ class Engine::Impl final : public ModuleHooks {
   bool kernels() const { return backend_->runs_kernels(); }
   memory::Tier params_tier() const { return params_.tier(); }
   // The elements this rank's optimizer updates: everything at stage 0, its shard otherwise.
-  memory::ShardRange step_range() const {
-    return stage_ == 0 ? memory::ShardRange{0, layout_.total()} : partition_.mine;
-  }
+  memory::ShardRange step_range() const { return plan_.stepped; }
   memory::ShardRange whole() const { return {0, layout_.total()}; }
   // The gradient elements this rank holds.
-  memory::ShardRange grad_range() const { return grad_stage_ >= 2 ? partition_.mine : whole(); }
+  memory::ShardRange grad_range() const { return plan_.grads; }
   // The gradients the optimizer reads in fp32 (grad32_ covers these when kept).
-  memory::ShardRange grad32_range() const { return compressed_ ? grad_range() : step_range(); }
-  size_t params_base() const { return stage_ == 3 ? partition_.mine.offset : 0; }
+  memory::ShardRange grad32_range() const { return plan_.fp32_grads; }
+  size_t params_base() const { return plan_.params.offset; }
   // Flat element `i` of each buffer (i must lie in what the buffer holds).
   char* param_at(size_t i) const { return static_cast<char*>(params_.data()) + (i - params_base()) * elem_; }
   char* grad_at(size_t i) const { return static_cast<char*>(grads_.data()) + (i - grad_range().offset) * elem_; }
@@ -222,7 +211,7 @@ class Engine::Impl final : public ModuleHooks {
   void step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,
                   std::span<void* const> states, void* low);
   // compressed_step.cpp
-  void init_compressed();
+  void init_compressed(CompressedState state);  // the placed buffers
   bool exact_gradients(int64_t step) const;  // false: the step consumes local gradients
   void step_compressed(const optim::StepContext& ctx);
   void gather_momentum();

@@ -30,9 +30,10 @@ void Engine::Impl::init_nvme() {
   NvmeOffload& o = nvme_.emplace();
   const memory::ShardRange stepped = step_range();
   const int rank = group_.rank();
+  // The plan's NVMe buffers (engine/placement.h): the master, then each state, then the parameters.
   std::vector<size_t> state_bytes;
-  if (optimizer_on_nvme()) {
-    for (const auto& spec : optimizer_->state_specs()) state_bytes.push_back(spec.bytes_for(stepped.size));
+  for (const PlannedBuffer& b : plan_.buffers) {
+    if (b.where == Where::kNvme && b.category == memory::Category::kOptimizer && b.name != "master") state_bytes.push_back(b.bytes);
   }
   const auto& oo = cfg_.zero.offload_optimizer;
   const auto& op = cfg_.zero.offload_param;
@@ -40,7 +41,7 @@ void Engine::Impl::init_nvme() {
   o.sub_group = detail::offload_sub_group_elements(stepped.size, static_cast<size_t>(cfg_.zero.sub_group_size), buffers);
 
   if (optimizer_on_nvme()) {
-    std::vector<size_t> regions = {stepped.size * sizeof(float)};
+    std::vector<size_t> regions = {plan_.find("master")->bytes};
     regions.insert(regions.end(), state_bytes.begin(), state_bytes.end());
     o.optimizer_swap = std::make_unique<offload::SwapSpace>(oo.nvme_path, rank, "optimizer",
                                                             offload::SwapSpace::bytes_for(regions), cfg_.aio, &tracker_,
@@ -49,7 +50,7 @@ void Engine::Impl::init_nvme() {
     for (size_t k = 0; k < state_bytes.size(); ++k) o.states.push_back(o.optimizer_swap->allocate(state_bytes[k]));
   }
   if (params_on_nvme()) {
-    const size_t bytes = partition_.mine.size * elem_;
+    const size_t bytes = plan_.find("params")->bytes;
     o.param_swap = std::make_unique<offload::SwapSpace>(op.nvme_path, rank, "params", offload::SwapSpace::bytes_for({bytes}),
                                                         cfg_.aio, &tracker_, memory::Category::kParams);
     o.params = o.param_swap->allocate(bytes);

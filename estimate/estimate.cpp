@@ -38,12 +38,9 @@ double state_bytes_per_element(const EstimateInput& in) {
 }
 
 uint64_t master_bytes_at(const EstimateInput& in, int stage) {
-  if (in.memory.reuse_fp32_param && in.precision == Precision::kBf16) return 2;
-  // engine.cpp's separate_master_: bf16/fp16, or optimizer offload, or parameters on NVMe.
-  const StageOffload off = stage_offload(in, stage);
-  const bool separate = in.precision != Precision::kFp32 || off.optimizer != OffloadDevice::kNone ||
-                        off.param == OffloadDevice::kNvme;
-  return separate ? 4 : 0;
+  // The plan's fp32 master: a 2-byte residual with reuse_fp32_param, a separate 4-byte copy, or none.
+  const PlacementPlan plan = placement_plan(in, stage, 0);
+  return plan.find("residual") != nullptr ? 2 : plan.find("master") != nullptr ? 4 : 0;
 }
 
 }  // namespace detail

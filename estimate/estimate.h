@@ -40,6 +40,7 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/placement.h"
 #include "memory/backend.h"
 #include "memory/category.h"
 #include "nn/model.h"
@@ -232,7 +233,9 @@ struct MemoryEstimate {
   std::vector<StageEstimate> stages;
 };
 
-// Model states of rank `rank` at `stage` on each tier, by the rules above.
+// The engine's placement plan (engine/placement.h) for rank `rank` at `stage` under the input's rules.
+PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank);
+// Model states of rank `rank` at `stage` on each tier: the placement plan added up.
 TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank);
 // The same summed over the tiers, by category (without offload: the device's).
 StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank);

@@ -167,44 +167,33 @@ TransientBound nvme_param_staging_bound(const EstimateInput& in, int stage) {
 
 }  // namespace detail
 
-TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank) {
-  // Note [estimated offload]; without offload everything is on the device.
-  using detail::page;
-  const uint64_t psi = in.model.flat_elements;
-  const uint64_t shard = memory::shard_of(psi, in.ranks, rank, detail::kAlign).size;
-  const uint64_t b = detail::bytes_per_element(in.precision);
-  const uint64_t stepped = stage >= 1 ? shard : psi;
-  const bool mixed = in.precision != Precision::kFp32;
-  const int grad_stage = in.compressed ? std::min(stage, 1) : stage;
-  const uint64_t grads_held = grad_stage >= 2 ? shard : psi;
+PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank) {
+  PlacementRules r;
+  r.stage = stage;
+  r.precision = in.precision;
+  r.memory = in.memory;
   const StageOffload off = stage_offload(in, stage);
+  r.offload_optimizer = off.optimizer;
+  r.offload_param = off.param;
+  r.states = in.optimizer_states;
+  r.compressed = in.compressed;
+  r.local_steps = in.zero_one;
+  const size_t psi = in.model.flat_elements;
+  return plan_placement(r, psi, Partition(psi, in.ranks, rank));
+}
+
+TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank) {
+  // The engine's own placement plan (engine/placement.h), added up by tier; host buffers and swap
+  // regions at their 4096-rounded size (Note [estimated offload]).
+  const PlacementPlan plan = placement_plan(in, stage, rank);
   TieredStateBytes t;
-  // A buffer of `bytes` in category `cat`, on the tier `at` names (the device for kNone).
-  auto put = [&](OffloadDevice at, uint64_t StateBytes::*cat, uint64_t bytes) {
-    switch (at) {
-      case OffloadDevice::kNone: t.device.*cat += bytes; break;
-      case OffloadDevice::kCpu: t.host.*cat += page(bytes); break;
-      case OffloadDevice::kNvme: t.nvme.*cat += page(bytes); break;
-    }
+  auto tier = [&](Where w) {
+    return StateBytes{plan.bytes(memory::Category::kParams, w, true), plan.bytes(memory::Category::kGrads, w, true),
+                      plan.bytes(memory::Category::kOptimizer, w, true)};
   };
-  put(off.param, &StateBytes::params, (stage == 3 ? shard : psi) * b);
-  const OffloadDevice grads_at =
-      off.optimizer != OffloadDevice::kNone && grad_stage >= 2 ? OffloadDevice::kCpu : OffloadDevice::kNone;
-  put(grads_at, &StateBytes::grads, grads_held * b);
-  if (mixed && !in.memory.release_fp32_grad) put(grads_at, &StateBytes::grads, (in.compressed ? grads_held : stepped) * 4);
-  const uint64_t m = detail::master_bytes_at(in, stage);
-  if (m == 2) {
-    put(OffloadDevice::kNone, &StateBytes::optimizer, 2 * stepped);  // reuse_fp32_param's residual
-  } else if (m == 4) {
-    put(off.optimizer, &StateBytes::optimizer, 4 * stepped);
-  }
-  if (in.compressed) {
-    const uint64_t chunk = detail::round_up(detail::ceil_div(psi, static_cast<uint64_t>(in.ranks)), 256);
-    t.device.optimizer += 4 * psi + 4 * stepped + 4 * (psi + chunk);  // momentum, variance, worker + server error
-    if (in.zero_one && stage == 0) t.device.optimizer += 4 * psi;     // 0/1 Adam's accumulator for local steps
-  } else {
-    for (const optim::StateSpec& spec : in.optimizer_states) put(off.optimizer, &StateBytes::optimizer, spec.bytes_for(stepped));
-  }
+  t.device = tier(Where::kDevice);
+  t.host = tier(Where::kHost);
+  t.nvme = tier(Where::kNvme);
   return t;
 }
 

@@ -1,0 +1,101 @@
+#include "engine/placement.h"
+
+#include <algorithm>
+
+#include "comm/compressed_allreduce.h"
+#include "core/errors.h"
+
+namespace zs::engine {
+namespace {
+
+Where where_of(OffloadDevice d) {
+  return d == OffloadDevice::kCpu ? Where::kHost : d == OffloadDevice::kNvme ? Where::kNvme : Where::kDevice;
+}
+
+uint64_t page_round(uint64_t bytes) { return (bytes + 4095) / 4096 * 4096; }
+
+}  // namespace
+
+memory::Tier tier_of(Where w) {
+  return w == Where::kDevice ? memory::Tier::kDevice : w == Where::kHost ? memory::Tier::kHost : memory::Tier::kNvme;
+}
+
+PlacementRules placement_rules(const EngineConfig& cfg) {
+  PlacementRules r;
+  r.stage = cfg.zero.stage;
+  r.precision = cfg.precision;
+  r.memory = cfg.memory;
+  if (r.stage >= 1) r.offload_optimizer = cfg.zero.offload_optimizer.device;
+  if (r.stage == 3) r.offload_param = cfg.zero.offload_param.device;
+  r.compressed = cfg.optimizer.compressed();
+  r.local_steps = r.compressed && cfg.optimizer.compressed_traits()->local_steps;
+  if (!r.compressed) {
+    auto specs = cfg.optimizer.state_specs();
+    r.states.assign(specs.begin(), specs.end());
+  }
+  return r;
+}
+
+const PlannedBuffer* PlacementPlan::find(std::string_view name) const {
+  for (const PlannedBuffer& b : buffers) {
+    if (b.name == name) return &b;
+  }
+  return nullptr;
+}
+
+uint64_t PlacementPlan::bytes(memory::Category category, Where where, bool page_rounded) const {
+  uint64_t n = 0;
+  for (const PlannedBuffer& b : buffers) {
+    if (b.category != category || b.where != where) continue;
+    n += page_rounded && where != Where::kDevice ? page_round(b.bytes) : b.bytes;
+  }
+  return n;
+}
+
+PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partition& partition) {
+  using memory::Category;
+  ZS_ASSERT(r.stage >= 0 && r.stage <= 3, "placement for ZeRO stage {}", r.stage);
+  PlacementPlan p;
+  const bool mixed = r.precision != Precision::kFp32;
+  const uint64_t elem = mixed ? 2 : 4;
+  const memory::ShardRange whole{0, total};
+  p.stage = r.stage;
+  p.grad_stage = r.compressed ? std::min(r.stage, 1) : r.stage;
+  p.reuse_fp32_param = r.memory.reuse_fp32_param && r.precision == Precision::kBf16;
+  p.keep_fp32_grads = !r.memory.release_fp32_grad && mixed;
+  p.separate_master = mixed || r.offload_optimizer != OffloadDevice::kNone || r.offload_param == OffloadDevice::kNvme;
+  p.stepped = r.stage == 0 ? whole : partition.mine;
+  p.params = r.stage == 3 ? partition.mine : whole;
+  p.grads = p.grad_stage >= 2 ? partition.mine : whole;
+  // The optimizer reads fp32 gradients of what it steps; a compressed optimizer of all it holds.
+  if (p.keep_fp32_grads) p.fp32_grads = r.compressed ? p.grads : p.stepped;
+
+  auto add = [&](std::string name, Category c, Where w, memory::ShardRange range, uint64_t bytes) {
+    p.buffers.push_back({std::move(name), c, w, range, bytes});
+  };
+  add("params", Category::kParams, where_of(r.offload_param), p.params, p.params.size * elem);
+  // Stage 1 reduce-scatters in place in the whole gradient buffer, which stays on the device; the
+  // gradient shard of stages 2-3 goes where the optimizer steps.
+  const Where grads_at = r.offload_optimizer != OffloadDevice::kNone && p.grad_stage >= 2 ? Where::kHost : Where::kDevice;
+  add("grads", Category::kGrads, grads_at, p.grads, p.grads.size * elem);
+  if (p.keep_fp32_grads) add("fp32_grads", Category::kGrads, grads_at, p.fp32_grads, p.fp32_grads.size * 4);
+  const Where opt_at = where_of(r.offload_optimizer);
+  if (p.reuse_fp32_param) {
+    add("residual", Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 2);
+  } else if (p.separate_master) {
+    add("master", Category::kOptimizer, opt_at, p.stepped, p.stepped.size * 4);
+  }
+  if (!r.compressed) {
+    for (const optim::StateSpec& s : r.states) add(std::string(s.name), Category::kOptimizer, opt_at, p.stepped, s.bytes_for(p.stepped.size));
+    return p;
+  }
+  add("momentum", Category::kOptimizer, Where::kDevice, whole, total * 4);
+  add("variance", Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 4);
+  if (r.local_steps && r.stage == 0) add("accumulator", Category::kOptimizer, Where::kDevice, whole, total * 4);
+  const uint64_t chunk = comm::OneBitAllreduce::chunk_for(total, partition.world);
+  add("error_feedback", Category::kOptimizer, Where::kDevice, whole, (total + chunk) * 4);
+  p.buffers.back().owned_by_comm = true;
+  return p;
+}
+
+}  // namespace zs::engine

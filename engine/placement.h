@@ -1,0 +1,94 @@
+// Placement plan: where every flat model-state buffer of one rank lives, and how big it is. One rule,
+// two readers: the engine allocates from the plan (Engine::Impl's constructor), and the memory
+// estimator (estimate/estimate.h) adds the plan up by tier instead of restating the rules.
+//
+//   PlacementPlan plan = plan_placement(placement_rules(cfg), layout.total(), Partition(total, R, r));
+//   for (const PlannedBuffer& b : plan.buffers) ... b.name, b.category, b.where, b.bytes ...
+//
+// Note [model-state placement]: which flat buffers are whole and which are this rank's shard.
+//   stage   params        grads         fp32 master (bf16/fp16 only)   optimizer states
+//   0       whole         whole         whole                          whole
+//   1       whole         whole         shard                          shard
+//   2       whole         shard         shard                          shard
+//   3       shard         shard         shard                          shard
+// In fp32 the parameters are the master weights (no separate copy) unless anything is offloaded: the
+// optimizer then updates the master where it lives and the parameters are a copy. All buffers use one
+// flat layout, so an element index means the same thing in each; a shard buffer starts at
+// partition.mine.offset. Compressed optimizers (one-bit Adam, 0/1 Adam) keep whole gradients at every
+// stage (grad_stage <= 1: their compressed phase consumes each rank's whole local gradient), a whole
+// fp32 momentum, the variance of the stepped range, 0/1 Adam's whole accumulator at stage 0, and the
+// compressed allreduce's error feedback (Note [compressed optimizers] in engine/compressed_step.cpp).
+// Memory modes (MemoryModes): release_fp32_grad off adds a persistent fp32 copy of the gradients the
+// optimizer reads; reuse_fp32_param (bf16) replaces the master by a 16-bit residual beside the bf16
+// parameters (Note [reuse_fp32_param] in engine_step.cpp).
+// Offload (Note [offload] in engine_offload.cpp): offload_optimizer (stages 1-3) moves the master and
+// the optimizer states to the host (cpu) or swap files (nvme), and the gradient shard of stages 2-3
+// (with its fp32 copy) to the host; offload_param (stage 3) moves the parameter shard.
+// Every buffer is sharded over one partition group, named in PlannedBuffer::group: "dp" today; expert
+// parameters (MoE) will plan their own buffers over their expert-data-parallel group.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/partition.h"
+#include "memory/category.h"
+#include "memory/shard.h"
+#include "optim/optimizer.h"
+
+namespace zs::engine {
+
+// What decides placement: the config's settings, with the offload targets that apply at the stage.
+struct PlacementRules {
+  int stage = 0;
+  Precision precision = Precision::kBf16;
+  MemoryModes memory;
+  OffloadDevice offload_optimizer = OffloadDevice::kNone;  // kNone below stage 1
+  OffloadDevice offload_param = OffloadDevice::kNone;      // kNone below stage 3
+  std::vector<optim::StateSpec> states;  // the elementwise optimizer's states (unused when compressed)
+  bool compressed = false;               // one-bit Adam / 0/1 Adam
+  bool local_steps = false;              // 0/1 Adam: a whole accumulator at stage 0
+};
+
+// The rules of a validated config (its stage, precision, memory modes, offload and optimizer).
+PlacementRules placement_rules(const EngineConfig& cfg);
+
+enum class Where : uint8_t { kDevice, kHost, kNvme };
+memory::Tier tier_of(Where w);
+
+struct PlannedBuffer {
+  std::string name;           // "params", "grads", "fp32_grads", "master", "residual", a state's name, ...
+  memory::Category category;  // params, grads or optimizer
+  Where where = Where::kDevice;
+  memory::ShardRange elements;  // the flat elements it holds (whole: {0, total})
+  uint64_t bytes = 0;           // requested (host buffers and swap regions take it rounded to 4096)
+  std::string group = "dp";     // the partition group its shard is of
+  bool owned_by_comm = false;   // error feedback: held by comm::OneBitAllreduce, counted here
+};
+
+struct PlacementPlan {
+  int stage = 0;
+  int grad_stage = 0;            // the stage whose gradient layout the reducer uses
+  bool separate_master = false;  // the fp32 master is its own buffer
+  bool reuse_fp32_param = false;
+  bool keep_fp32_grads = false;
+  memory::ShardRange stepped;    // the elements this rank's optimizer updates
+  memory::ShardRange params;     // parameters held (stage 3: the shard)
+  memory::ShardRange grads;      // gradients held (grad_stage >= 2: the shard)
+  memory::ShardRange fp32_grads; // the persistent fp32 gradient copy, when kept
+  std::vector<PlannedBuffer> buffers;
+
+  // The buffer named `name`, or nullptr when the plan has none (e.g. no master in plain fp32).
+  const PlannedBuffer* find(std::string_view name) const;
+  // Requested bytes of `category` at `where`; `page_rounded` rounds host and NVMe buffers to 4096.
+  uint64_t bytes(memory::Category category, Where where, bool page_rounded) const;
+};
+
+// The plan of the rank `partition` describes, for a flat layout of `total` elements. Pure.
+PlacementPlan plan_placement(const PlacementRules& rules, size_t total, const Partition& partition);
+
+}  // namespace zs::engine
