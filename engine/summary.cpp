@@ -13,7 +13,7 @@
 namespace zs::engine {
 namespace {
 
-constexpr size_t kFields = 18 + memory::kNumCategories;
+constexpr size_t kFields = 18 + memory::kNumCategories + 2;  // + host->device, device->host transfer bytes
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
 std::vector<std::array<uint64_t, kFields>> gather_u64(const comm::Group& group, const std::array<uint64_t, kFields>& mine) {
@@ -46,7 +46,8 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   // one that averaged gradients.
   auto& kind = report.compressed ? compressed_steps_ : exact_steps_;
   kind.steps += 1;
-  kind.bytes += report.comm_bytes_sent;
+  kind.bytes += report.comm_bytes_sent;  transfers_.host_to_device_bytes += report.transfers.host_to_device_bytes;
+  transfers_.device_to_host_bytes += report.transfers.device_to_host_bytes;
 }
 
 double SummaryRecorder::tokens_per_second() const {
@@ -67,6 +68,9 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                         mem.gathered_param_bound_bytes, exact_steps_.steps, exact_steps_.bytes,
                                         compressed_steps_.steps, compressed_steps_.bytes};
   for (size_t c = 0; c < memory::kNumCategories; ++c) mine[18 + c] = mem.device_peak_by_category[c];
+  constexpr size_t kTransfers = 18 + memory::kNumCategories;
+  mine[kTransfers] = transfers_.host_to_device_bytes;
+  mine[kTransfers + 1] = transfers_.device_to_host_bytes;
   auto all = gather_u64(group, mine);
   // Every rank computes the digest (it reads only local memory at stage 0); rank 0's goes in.
   std::string digest = engine_.param_digest();
@@ -95,6 +99,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   st["max"] = times.empty() ? 0.0 : times.back();
   s["step_time_s"] = std::move(st);
   s["param_digest"] = digest;
+  s["device"] = boost::json::object{{"backend", cfg.device.backend}, {"memory_mb", cfg.device.memory_mb}};
   const Engine::OffloadReport off = engine_.offload_report();
   s["offload"] = boost::json::object{{"optimizer", offload_device_name(cfg.zero.offload_optimizer.device)},
                                      {"param", offload_device_name(cfg.zero.offload_param.device)},
@@ -123,6 +128,13 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
     boost::json::object at_peak;
     for (memory::Category c : memory::kAllCategories) at_peak[memory::category_name(c)] = v[18 + static_cast<size_t>(c)];
     m["device_peak_by_category"] = std::move(at_peak);
+    // What crossed between the host and the device tier through the backend (offload's gradient and
+    // parameter traffic: a GPU's PCIe bytes), in all and per step.
+    const double steps = losses_.empty() ? 1.0 : static_cast<double>(losses_.size());
+    m["transfers"] = {{"host_to_device_bytes", v[kTransfers]},
+                      {"device_to_host_bytes", v[kTransfers + 1]},
+                      {"host_to_device_per_step", static_cast<double>(v[kTransfers]) / steps},
+                      {"device_to_host_per_step", static_cast<double>(v[kTransfers + 1]) / steps}};
     mem_ranks.push_back(std::move(m));
     auto mean = [](uint64_t steps, uint64_t bytes) { return steps ? static_cast<double>(bytes) / static_cast<double>(steps) : 0.0; };
     comm_ranks.push_back(boost::json::object{{"rank", static_cast<int64_t>(r)},

@@ -43,6 +43,7 @@ class SummaryRecorder {
     uint64_t bytes = 0;
   };
   StepBytes exact_steps_, compressed_steps_;  // this rank's bytes sent, by kind of step
+  memory::TransferStats transfers_;           // this rank's host <-> device bytes over the steps
 };
 
 // Peak resident set size of this process in bytes (getrusage).

@@ -205,7 +205,8 @@ int train_command(const std::vector<std::string>& args) {
         const std::string offloaded =
             mem.host_peak_bytes + mem.nvme_bytes == 0
                 ? std::string()
-                : fmt::format(" | host peak {} | nvme {}", mib(mem.host_peak_bytes), mib(mem.nvme_bytes));
+                : fmt::format(" | host peak {} | nvme {} | to device {} | to host {}", mib(mem.host_peak_bytes),
+                              mib(mem.nvme_bytes), mib(r.transfers.host_to_device_bytes), mib(r.transfers.device_to_host_bytes));
         ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{}",
                     r.step, cfg.train_steps, r.loss, r.lr, static_cast<double>(tokens_per_step) / dt, dt,
                     mib(mem.model_states.params + mem.model_states.grads + mem.model_states.optimizer),
