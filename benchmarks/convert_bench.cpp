@@ -20,7 +20,7 @@
 
 namespace {
 
-using zs::bench::now_s;
+using zs::bench::now_seconds;
 using namespace zs::memory;
 
 size_t parse_size(const std::string& s) {
@@ -66,9 +66,9 @@ double median_seconds(int reps, F&& f) {
   std::vector<double> t;
   t.reserve(static_cast<size_t>(reps));
   for (int i = 0; i < reps; ++i) {
-    double t0 = now_s();
+    double t0 = now_seconds();
     f();
-    t.push_back(now_s() - t0);
+    t.push_back(now_seconds() - t0);
   }
   return zs::bench::median(std::move(t));
 }

@@ -45,7 +45,7 @@
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
 #include "estimate/estimate.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 
@@ -119,13 +119,13 @@ double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  engine::select_blas_kernels(argv);
+  launch::select_blas_kernels(argv);
   try {
     auto world = comm::World::create();
     const comm::Group& group = world.group();
     const int ranks = group.size();
     const bool root = group.rank() == 0;
-    const int threads = engine::set_blas_threads(engine::local_rank_count());
+    const int threads = launch::set_blas_threads(launch::local_rank_count());
     init_logging({group.rank(), ranks}, LogConfig{.level = "warn"});
 
     const nn::GptConfig gcfg = bench::gpt_config_arg(
@@ -176,9 +176,9 @@ int main(int argc, char** argv) {
       std::vector<double> losses, step_s;
       for (int64_t i = 0; i < steps; ++i) {
         group.barrier();
-        const double t0 = bench::now_s();
+        const double t0 = bench::now_seconds();
         losses.push_back(eng.train_batch(source).loss);
-        step_s.push_back(bench::now_s() - t0);
+        step_s.push_back(bench::now_seconds() - t0);
       }
       const engine::Engine::MemoryReport mem = eng.memory_report();
       const Fields mine = {mem.model_states.params,   mem.model_states.grads,     mem.model_states.optimizer,

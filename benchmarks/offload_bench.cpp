@@ -34,7 +34,7 @@
 
 namespace {
 
-using zs::bench::now_s;
+using zs::bench::now_seconds;
 namespace off = zs::offload;
 
 // "64M,256M,1G" with binary units (K/M/G = 2^10/2^20/2^30).
@@ -97,7 +97,7 @@ double raw_pass(const std::string& path, bool write, const std::vector<std::byte
     ::close(fd);
     throw zs::IoError(std::string("raw baseline: io_uring_queue_init: ") + std::strerror(-rc));
   }
-  const double t0 = now_s();
+  const double t0 = now_seconds();
   size_t next = 0, done = 0;
   int in_flight = 0;
   std::string error;
@@ -132,7 +132,7 @@ double raw_pass(const std::string& path, bool write, const std::vector<std::byte
     io_uring_cqe_seen(&ring, cqe);
     --in_flight;
   }
-  const double t1 = now_s();
+  const double t1 = now_seconds();
   io_uring_queue_exit(&ring);
   ::close(fd);
   if (!error.empty()) throw zs::IoError("raw baseline on '" + path + "': " + error);
@@ -192,10 +192,10 @@ double run_file_io_section(const Args& a, zs::bench::Report& report, boost::json
         t_raw.push_back(raw_pass(space.path(), write, whole, bytes, a.aio.block_size, block_depth, bytes));
         t_raw_sg.push_back(
             raw_pass(space.path(), write, write ? wbufs : rbufs, bytes, a.aio.block_size, block_depth, sg));
-        double t0 = now_s();
+        double t0 = now_seconds();
         if (write) space.write(region, 0, buf.span());
         else space.read(region, 0, buf.span());
-        t_file.push_back(now_s() - t0);
+        t_file.push_back(now_seconds() - t0);
         off::PipelinedSwapper& sw = write ? wswap : rswap;
         sw.reset_stats();
         sw.run(trivial);

@@ -33,19 +33,19 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 
 using namespace zs;
 
 int main(int argc, char** argv) {
-  engine::select_blas_kernels(argv);
+  launch::select_blas_kernels(argv);
   try {
     auto world = comm::World::create();
     const comm::Group& group = world.group();
     const bool root = group.rank() == 0;
-    const int threads = engine::set_blas_threads(engine::local_rank_count());
+    const int threads = launch::set_blas_threads(launch::local_rank_count());
     init_logging({group.rank(), group.size()}, LogConfig{.level = "warn"});
 
     const nn::GptConfig gcfg = bench::gpt_config_arg(
@@ -101,9 +101,9 @@ int main(int argc, char** argv) {
       for (int j = 0; j < 2; ++j) {
         const size_t e = static_cast<size_t>((r + j) % 2);
         group.barrier();
-        const double t0 = bench::now_s();
+        const double t0 = bench::now_seconds();
         const engine::StepReport rep = engines[e]->train_batch(sources[e]);
-        t[e] = bench::slowest(group, bench::now_s() - t0);
+        t[e] = bench::slowest(group, bench::now_seconds() - t0);
         step[e].push_back(t[e]);
         opt[e].push_back(bench::slowest(group, rep.optimizer_s));
         loss[e].push_back(rep.loss);

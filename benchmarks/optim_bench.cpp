@@ -40,7 +40,7 @@
 
 namespace {
 
-using zs::bench::now_s;
+using zs::bench::now_seconds;
 using zs::memory::IsaLevel;
 
 std::vector<size_t> parse_list(const std::string& list, const std::string& flag, bool units) {
@@ -268,11 +268,11 @@ std::pair<double, double> measure(int reps, Ceiling&& ceiling_once, Step&& step_
   step_once();
   std::vector<double> tc, to;
   for (int r = 0; r < reps; ++r) {
-    const double t0 = now_s();
+    const double t0 = now_seconds();
     ceiling_once();
-    const double t1 = now_s();
+    const double t1 = now_seconds();
     step_once();
-    const double t2 = now_s();
+    const double t2 = now_seconds();
     tc.push_back(t1 - t0);
     to.push_back(t2 - t1);
   }

@@ -63,7 +63,7 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
@@ -186,7 +186,7 @@ Outcome run(const comm::Group& group, const engine::EngineConfig& cfg, const nn:
   o.state_bytes_per_param = eng.optimizer_state_bytes_per_param();
   const int64_t warmup = std::max<int64_t>(1, cfg.scheduler.warmup_num_steps);
   double bytes = 0;
-  const double t0 = bench::now_s();
+  const double t0 = bench::now_seconds();
   for (int64_t s = 1; s <= steps; ++s) {
     const engine::StepReport r = eng.train_batch(source);
     o.losses.push_back(r.loss);
@@ -197,7 +197,7 @@ Outcome run(const comm::Group& group, const engine::EngineConfig& cfg, const nn:
       ++o.steps_measured;
     }
   }
-  o.seconds = bench::now_s() - t0;
+  o.seconds = bench::now_seconds() - t0;
   o.bytes_per_step = o.steps_measured ? bytes / static_cast<double>(o.steps_measured) : 0;
   const auto n = static_cast<int64_t>(o.losses.size());
   const int64_t k = std::min(tail, n);
@@ -218,12 +218,12 @@ std::vector<std::string> split_commas(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  engine::select_blas_kernels(argv);
+  launch::select_blas_kernels(argv);
   try {
     auto world = comm::World::create();
     const comm::Group& group = world.group();
     const bool root = group.rank() == 0;
-    engine::set_blas_threads(engine::local_rank_count());
+    launch::set_blas_threads(launch::local_rank_count());
     init_logging({group.rank(), group.size()}, LogConfig{.level = "warn"});
 
     const std::string config_path = bench::arg_value(argc, argv, "--config", "examples/configs/gpt_small.json");

@@ -12,7 +12,7 @@
 // Its FLOPs are 92% block linears (the shapes every GPT has: N x C x 3C, N x C x C, N x C x 4C,
 // N x 4C x C at N = 2048 tokens), 7% attention (T x T x 64 per head) and 1% the tied head.
 //
-// Method. select_blas_kernels(argv) first (OpenBLAS's best kernels for this CPU, engine/runtime.h),
+// Method. select_blas_kernels(argv) first (OpenBLAS's best kernels for this CPU, launch/launch.h),
 // set_blas_threads(local_rank_count()) so both the step and the ceiling use the same threads per
 // rank. Warm-up steps, then `--steps` repetitions of (barrier, one optimizer step via
 // Engine::train_batch, barrier, one ceiling pass). A step's time is the slowest rank's.
@@ -45,7 +45,7 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 
@@ -100,11 +100,11 @@ class CeilingPass {
     }
   }
   double run() {
-    const double t0 = bench::now_s();
+    const double t0 = bench::now_seconds();
     for (size_t i = 0; i < shapes_.size(); ++i) {
       const GemmShape& g = shapes_[i];
       const int lda = static_cast<int>(g.ta ? g.m : g.k), ldb = static_cast<int>(g.tb ? g.k : g.n);
-      const double s0 = bench::now_s();
+      const double s0 = bench::now_seconds();
       for (int64_t r = 0; r < g.count; ++r) {
         cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans,
                     static_cast<int>(g.m), static_cast<int>(g.n), static_cast<int>(g.k), 1.0f, a_.data(), lda,
@@ -112,9 +112,9 @@ class CeilingPass {
         // Keep dW-style accumulation bounded across repetitions.
         if (g.beta != 0.0f && r % 16 == 15) std::fill_n(c_.data(), g.m * g.n, 0.0f);
       }
-      per_shape_[i].push_back(bench::now_s() - s0);
+      per_shape_[i].push_back(bench::now_seconds() - s0);
     }
-    return bench::now_s() - t0;
+    return bench::now_seconds() - t0;
   }
   const std::vector<GemmShape>& shapes() const { return shapes_; }
   double median_shape_time(size_t i) const { return bench::median(per_shape_[i]); }
@@ -139,13 +139,13 @@ double summed(const comm::Group& g, double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  engine::select_blas_kernels(argv);
+  launch::select_blas_kernels(argv);
   try {
     auto world = comm::World::create();
     const comm::Group& group = world.group();
     const int ranks = group.size();
     const bool root = group.rank() == 0;
-    const int threads = engine::set_blas_threads(engine::local_rank_count());
+    const int threads = launch::set_blas_threads(launch::local_rank_count());
 
     const nn::GptConfig gcfg = bench::gpt_config_arg(
         argc, argv, {.n_layer = 4, .d_model = 512, .n_head = 8, .seq_len = 256, .vocab_size = 256});
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
                   (long long)gcfg.vocab_size, (long long)eng.param_count(), (long long)micro, ranks);
       std::printf("OpenBLAS core %s (preferred for this CPU: %s), %d thread(s) per rank; %lld warm-up + %lld "
                   "measured steps\n",
-                  engine::loaded_blas_core().c_str(), engine::preferred_blas_core().c_str(), threads,
+                  launch::loaded_blas_core().c_str(), launch::preferred_blas_core().c_str(), threads,
                   (long long)warmup, (long long)steps);
     }
     for (int64_t i = 0; i < warmup; ++i) {
@@ -187,9 +187,9 @@ int main(int argc, char** argv) {
     double loss = 0;
     for (int64_t i = 0; i < steps; ++i) {
       group.barrier();
-      const double t0 = bench::now_s();
+      const double t0 = bench::now_seconds();
       const engine::StepReport r = eng.train_batch(source);
-      step_s.push_back(bench::slowest(group, bench::now_s() - t0));
+      step_s.push_back(bench::slowest(group, bench::now_seconds() - t0));
       fwd_s.push_back(bench::slowest(group, r.forward_s));
       bwd_s.push_back(bench::slowest(group, r.backward_s));
       opt_s.push_back(bench::slowest(group, r.optimizer_s));
@@ -209,8 +209,8 @@ int main(int argc, char** argv) {
     report.benchmark = "train_bench";
     report.config = {{"n_layer", gcfg.n_layer}, {"d_model", gcfg.d_model}, {"n_head", gcfg.n_head},
                      {"seq_len", gcfg.seq_len}, {"vocab_size", gcfg.vocab_size}, {"micro_batch", micro},
-                     {"ranks", ranks}, {"blas_threads_per_rank", threads}, {"blas_core", engine::loaded_blas_core()},
-                     {"preferred_blas_core", engine::preferred_blas_core()}, {"params", eng.param_count()},
+                     {"ranks", ranks}, {"blas_threads_per_rank", threads}, {"blas_core", launch::loaded_blas_core()},
+                     {"preferred_blas_core", launch::preferred_blas_core()}, {"params", eng.param_count()},
                      {"steps", steps}, {"warmup", warmup}, {"precision", "fp32"}, {"zero_stage", 0}};
     report.results.push_back(boost::json::object{
         {"step_s", t_step}, {"forward_s", bench::median(fwd_s)}, {"backward_s", bench::median(bwd_s)},

@@ -39,7 +39,7 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 
@@ -54,13 +54,13 @@ struct Series {
 }  // namespace
 
 int main(int argc, char** argv) {
-  engine::select_blas_kernels(argv);
+  launch::select_blas_kernels(argv);
   try {
     auto world = comm::World::create();
     const comm::Group& group = world.group();
     const int ranks = group.size();
     const bool root = group.rank() == 0;
-    const int threads = engine::set_blas_threads(engine::local_rank_count());
+    const int threads = launch::set_blas_threads(launch::local_rank_count());
     init_logging({group.rank(), ranks}, LogConfig{.level = "warn"});
 
     const nn::GptConfig gcfg = bench::gpt_config_arg(
@@ -113,9 +113,9 @@ int main(int argc, char** argv) {
       for (int j = 0; j < kStages; ++j) {
         const size_t s = static_cast<size_t>((r + j) % kStages);
         group.barrier();
-        const double t0 = bench::now_s();
+        const double t0 = bench::now_seconds();
         const engine::StepReport rep = engines[s]->train_batch(sources[s]);
-        const double dt = bench::now_s() - t0;
+        const double dt = bench::now_seconds() - t0;
         series[s].step.push_back(bench::slowest(group, dt));
         series[s].fwd.push_back(bench::slowest(group, rep.forward_s));
         series[s].bwd.push_back(bench::slowest(group, rep.backward_s));

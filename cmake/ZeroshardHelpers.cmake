@@ -4,7 +4,8 @@ set(ZS_MODULES "" CACHE INTERNAL "zeroshard module targets, in dependency order"
 
 # zs_add_module(NAME core SOURCES a.cpp ... HEADERS a.h ... DEPS zs_core ... [PUBLIC_LIBS ...] [PRIVATE_LIBS ...])
 # Defines target zs_<name> (alias zeroshard::<name>). Headers are included by full path
-# ("memory/allocator.h") from the source tree, and installed under include/zeroshard/<name>/.
+# ("memory/allocator.h") from the source tree, and installed under include/zeroshard/<name>/ (those
+# under detail/ are not installed).
 function(zs_add_module)
   cmake_parse_arguments(M "" "NAME" "SOURCES;HEADERS;DEPS;PUBLIC_LIBS;PRIVATE_LIBS" ${ARGN})
   set(target zs_${M_NAME})
@@ -18,6 +19,10 @@ function(zs_add_module)
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${M_NAME})
   install(TARGETS ${target} EXPORT zeroshardTargets ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
   foreach(h ${M_HEADERS})
+    # Internals (detail/) are listed for IDEs but not installed: no public header includes them.
+    if(h MATCHES "^detail/")
+      continue()
+    endif()
     get_filename_component(dir ${h} DIRECTORY)
     install(FILES ${h} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zeroshard/${M_NAME}/${dir})
   endforeach()

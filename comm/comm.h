@@ -13,5 +13,6 @@
 #include "comm/config.h"      // CommConfig, ReduceOp, CommCounters
 #include "comm/group.h"       // Group: collectives
 #include "comm/mpi_check.h"   // ZS_MPI_CHECK
+#include "comm/native.h"      // native_handle: the MPI communicator of a Group
 #include "comm/work.h"        // Work, Status
 #include "comm/world.h"       // World, ExpertGroups

@@ -7,6 +7,7 @@
 
 #include "comm/detail/runtime.h"
 #include "comm/mpi_check.h"
+#include "comm/native.h"
 #include "memory/dtype.h"
 
 namespace zs::comm {
@@ -128,7 +129,13 @@ const std::string& Group::name() const { return state_->name; }
 const CommConfig& Group::config() const { return state_->config; }
 CommCounters Group::counters() const { return state_->runtime->counters(); }
 bool Group::is_mpi() const { return !state_->local(); }
-MPI_Comm Group::native_handle() const { return state_->comm; }
+namespace detail {
+struct GroupAccess {
+  static const GroupState& state(const Group& g) { return *g.state_; }
+};
+}  // namespace detail
+
+MPI_Comm native_handle(const Group& group) { return detail::GroupAccess::state(group).comm; }
 
 Group Group::split(int color, int key, const std::string& name) const {
   auto child = std::make_shared<detail::GroupState>();

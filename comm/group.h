@@ -24,8 +24,6 @@
 // every rank anyway). A Group keeps its World's MPI state alive, so it may outlive the World object.
 #pragma once
 
-#include <mpi.h>
-
 #include <cstddef>
 #include <memory>
 #include <span>
@@ -40,6 +38,7 @@ namespace zs::comm {
 
 namespace detail {
 struct GroupState;
+struct GroupAccess;
 }
 
 class Group {
@@ -64,7 +63,8 @@ class Group {
   const std::string& name() const;  // "world", "dp", "ep", "edp" or the name given to split/dup
   const CommConfig& config() const;
   bool is_mpi() const;             // false for a local group of one (a world started without mpirun)
-  MPI_Comm native_handle() const;  // MPI_COMM_NULL when !is_mpi(); do not free
+  // The MPI communicator: comm/native.h, native_handle(group) (kept out of this header, so code that
+  // only trains never includes <mpi.h>).
   // This rank's byte counters of the whole World (every group), as World::counters() gives them.
   CommCounters counters() const;
 
@@ -123,6 +123,7 @@ class Group {
   Work barrier_async() const;
 
  private:
+  friend struct detail::GroupAccess;
   std::shared_ptr<detail::GroupState> state_;
 };
 

@@ -4,7 +4,7 @@
 
 #include "core/errors.h"
 #include "core/log.h"
-#include "engine/engine_impl.h"
+#include "engine/detail/engine_impl.h"
 #include "optim/zero_one_adam.h"
 
 namespace zs::engine {

@@ -9,21 +9,14 @@
 #include <optional>
 #include <unordered_map>
 
+#include "core/clock.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "engine/detail/offload_rules.h"
-#include "engine/engine_impl.h"
-#include "engine/runtime.h"
+#include "engine/offload_rules.h"
+#include "engine/detail/engine_impl.h"
+#include "nn/threads.h"
 
 namespace zs::engine {
-namespace {
-
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
                    std::unique_ptr<memory::Backend> backend)
@@ -53,7 +46,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   using memory::Lifetime;
   const size_t mine = partition_.mine.size;
   const size_t stepped = step_range().size;
-  const int threads = std::max(1, compute_threads());
+  const int threads = std::max(1, nn::compute_threads());
   backend_->set_threads(threads);
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (reuse_) master_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
@@ -119,7 +112,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
     const void* shard = params_.data();
     if (params_on_nvme()) {
       const auto& op = cfg.zero.offload_param;
-      go.prefetch_elements = detail::nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
+      go.prefetch_elements = nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
                                                           static_cast<size_t>(op.buffer_size), static_cast<size_t>(op.max_in_cpu));
       go.tracker = &tracker_;
       if (nvme_) {
@@ -320,19 +313,19 @@ int64_t Engine::param_count() const { return static_cast<int64_t>(impl_->layout_
 
 float Engine::forward(const nn::Batch& batch) {
   Impl& s = *impl_;
-  double t0 = now_s();
+  double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
   float loss = s.ctx_.forward_loss(model_, batch);
   if (s.gatherer_) s.gatherer_->end_pass();
   s.loss_sum_ += loss;
-  s.forward_s_ += now_s() - t0;
+  s.forward_s_ += now_seconds() - t0;
   return loss;
 }
 
 void Engine::backward() {
   Impl& s = *impl_;
-  double t0 = now_s();
+  double t0 = now_seconds();
   const int64_t accumulation = config_.batch.gradient_accumulation_steps;
   // Compressed optimizers consume local gradients on the steps they compress (DeepSpeed's
   // enable_backward_allreduce = false).
@@ -351,7 +344,7 @@ void Engine::backward() {
   if (s.gatherer_) s.gatherer_->end_pass();
   s.reducer_->end_backward();
   ++s.micro_step_;
-  s.backward_s_ += now_s() - t0;
+  s.backward_s_ += now_seconds() - t0;
 }
 
 StepReport Engine::train_batch(BatchSource& source) {

@@ -25,9 +25,9 @@
 //   1  + fp32 master weights and optimizer states sharded: buckets are reduce-scattered, each rank
 //      steps its shard, and the updated parameters are allgathered (`allgather_bucket_size`);
 //   2  + gradients sharded: each micro-batch's buckets are reduce-scattered as they fill and added into
-//      this rank's gradient shard (engine/grad_reducer.h);
+//      this rank's gradient shard (engine/detail/grad_reducer.h);
 //   3  + parameters sharded: gathered per module just in time, prefetched, released after use
-//      (engine/param_gatherer.h). The model is never whole on any rank, not even at initialisation.
+//      (engine/detail/param_gatherer.h). The model is never whole on any rank, not even at initialisation.
 //
 // Mixed precision follows DeepSpeed: bf16 and fp16 keep fp32 master weights; fp16 scales the loss
 // dynamically and skips a step whose gradients overflow (the schedule does not advance then).

@@ -1,4 +1,4 @@
-#include "engine/engine_context.h"
+#include "engine/detail/engine_context.h"
 
 #include <algorithm>
 #include <memory>

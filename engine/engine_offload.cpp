@@ -6,7 +6,7 @@
 
 #include "core/errors.h"
 #include "core/log.h"
-#include "engine/engine_impl.h"
+#include "engine/detail/engine_impl.h"
 
 namespace zs::engine {
 
@@ -38,7 +38,7 @@ void Engine::Impl::init_nvme() {
   const auto& oo = cfg_.zero.offload_optimizer;
   const auto& op = cfg_.zero.offload_param;
   const size_t buffers = static_cast<size_t>(optimizer_on_nvme() ? oo.buffer_count : op.buffer_count);
-  o.sub_group = detail::offload_sub_group_elements(stepped.size, static_cast<size_t>(cfg_.zero.sub_group_size), buffers);
+  o.sub_group = offload_sub_group_elements(stepped.size, static_cast<size_t>(cfg_.zero.sub_group_size), buffers);
 
   if (optimizer_on_nvme()) {
     std::vector<size_t> regions = {plan_.find("master")->bytes};

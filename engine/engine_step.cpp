@@ -6,18 +6,12 @@
 #include <cstring>
 #include <vector>
 
+#include "core/clock.h"
 #include "core/errors.h"
-#include "engine/engine_impl.h"
+#include "engine/detail/engine_impl.h"
 #include "optim/clip.h"
 
 namespace zs::engine {
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 // Note [reuse_fp32_param]
 // MindSpeed's --reuse-fp32-param, re-derived. The fp32 master weight's bits u are stored as
@@ -80,7 +74,7 @@ void Engine::Impl::step_elementwise(const optim::StepContext& ctx) {
 bool Engine::step() {
   Impl& s = *impl_;
   if (s.micro_step_ < config_.batch.gradient_accumulation_steps) return false;
-  double t0 = now_s();
+  double t0 = now_seconds();
   {
     memory::DeviceAccess access(*s.backend_);
     s.reducer_->wait_all();
@@ -149,7 +143,7 @@ bool Engine::step() {
   s.backend_->fill_zero(s.grads_.data(), s.grads_.tier(), s.grads_.size());
   report.forward_s = s.forward_s_;
   report.backward_s = s.backward_s_;
-  report.optimizer_s = now_s() - t0;
+  report.optimizer_s = now_seconds() - t0;
   const uint64_t sent = group_.counters().bytes_sent;
   report.comm_bytes_sent = sent - s.bytes_sent_at_step_start_;
   s.bytes_sent_at_step_start_ = sent;

@@ -1,4 +1,4 @@
-#include "engine/grad_reducer.h"
+#include "engine/detail/grad_reducer.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "engine/param_gatherer.h"
+#include "engine/detail/param_gatherer.h"
 
 #include <algorithm>
 #include <cstring>

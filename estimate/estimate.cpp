@@ -91,7 +91,7 @@ StageOffload stage_offload(const EstimateInput& in, int stage) {
 }
 
 // Note [staging bound]
-// At stage 2/3 (engine/grad_reducer.h) a bucket's staging buffer is allocated when the first module
+// At stage 2/3 (engine/detail/grad_reducer.h) a bucket's staging buffer is allocated when the first module
 // whose parameters it holds starts its backward, and freed when the bucket, launched once complete, is
 // retired; at most kMaxInFlight = 2 launched buckets stay unretired. So at any moment the buffers
 // alive are at most: 2 launched, 1 being launched, the buckets touched by the chain of running modules

@@ -74,7 +74,7 @@ struct ModelFacts {
   uint64_t param_elements = 0;           // parameters, padding excluded
   uint64_t flat_elements = 0;            // Ψ: FlatLayout::total(), padding included
   uint64_t largest_param_elements = 0;   // unpadded elements of the largest parameter
-  // Stage 3 (engine/param_gatherer.h): a module's own parameters are gathered as one range; modules
+  // Stage 3 (engine/detail/param_gatherer.h): a module's own parameters are gathered as one range; modules
   // whose range is below stage3_param_persistence_threshold stay gathered (persistent).
   std::string gather_chain_module;       // deepest module of the largest chain of running modules
   uint64_t gather_chain_elements = 0;    // the largest sum of non-persistent own ranges along a chain
@@ -82,7 +82,7 @@ struct ModelFacts {
   uint64_t persistent_elements = 0;      // all persistent ranges together
   uint64_t persistent_modules = 0;       // how many modules stay gathered
   std::vector<uint64_t> module_elements;  // every module's own range (persistent too), ascending
-  // Stage 2/3 gradient staging (engine/grad_reducer.h, Note [staging bound] in estimate.cpp).
+  // Stage 2/3 gradient staging (engine/detail/grad_reducer.h, Note [staging bound] in estimate.cpp).
   uint64_t bucket_count = 0;             // buckets of plan_buckets(reduce_bucket_size)
   uint64_t staging_buckets = 0;          // K: buckets that can hold staging buffers at once
   uint64_t staging_elements = 0;         // the K largest buckets together

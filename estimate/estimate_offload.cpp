@@ -126,7 +126,7 @@ std::string offload_buffers_symbols(const EstimateInput& in, int stage) {
 }
 
 uint64_t nvme_prefetch_window(const EstimateInput& in) {
-  return detail::nvme_prefetch_window(static_cast<size_t>(in.zero.stage3_prefetch_bucket_size),
+  return engine::nvme_prefetch_window(static_cast<size_t>(in.zero.stage3_prefetch_bucket_size),
                                       static_cast<size_t>(in.zero.offload_param_buffer_count),
                                       static_cast<size_t>(in.zero.offload_param_buffer_size),
                                       static_cast<size_t>(in.zero.offload_param_max_in_cpu));
@@ -204,7 +204,7 @@ TransientBound offload_buffer_bytes(const EstimateInput& in, int stage, int rank
   const uint64_t stepped = memory::shard_of(in.model.flat_elements, in.ranks, rank, detail::kAlign).size;  // stage >= 1
   const uint64_t buffers = static_cast<uint64_t>(off.optimizer == OffloadDevice::kNvme ? in.zero.offload_optimizer_buffer_count
                                                                                         : in.zero.offload_param_buffer_count);
-  const uint64_t n = detail::offload_sub_group_elements(stepped, static_cast<size_t>(in.zero.sub_group_size), buffers);
+  const uint64_t n = engine::offload_sub_group_elements(stepped, static_cast<size_t>(in.zero.sub_group_size), buffers);
   const uint64_t groups = detail::ceil_div(stepped, n);
   const uint64_t held = std::min(n, stepped);  // elements of the largest (first) sub-group
   uint64_t per_buffer = 0;

@@ -35,7 +35,7 @@
 #include "core/rng.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "estimate/estimate.h"
 #include "examples/mlp_model.h"
 #include "nn/nn.h"
@@ -99,7 +99,7 @@ int estimate(const std::string& path, const std::string& ranks_text) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  zs::engine::select_blas_kernels(argv);  // first: may re-exec with faster OpenBLAS kernels
+  zs::launch::select_blas_kernels(argv);  // first: may re-exec with faster OpenBLAS kernels
   if (argc < 2 || argc > 4) {
     std::fprintf(stderr, "usage: %s CONFIG.json [STEPS]\n       %s CONFIG.json --estimate RANKS\n", argv[0], argv[0]);
     return 2;
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   zs::init_logging({world->rank(), world->size()});
-  zs::engine::set_blas_threads(zs::engine::local_rank_count());  // share the cores between local ranks
+  zs::launch::set_blas_threads(zs::launch::local_rank_count());  // share the cores between local ranks
 
   // Every rank reads the same file and reaches the same verdict, so rank 0 alone reports it.
   MlpConfig mlp;

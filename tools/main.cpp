@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "engine/runtime.h"
+#include "launch/launch.h"
 #include "tools/commands.h"
 
 namespace {
@@ -26,7 +26,7 @@ constexpr const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
-  zs::engine::select_blas_kernels(argv);
+  zs::launch::select_blas_kernels(argv);
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

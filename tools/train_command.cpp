@@ -19,7 +19,8 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
-#include "engine/runtime.h"
+#include "core/clock.h"
+#include "launch/launch.h"
 #include "engine/summary.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
@@ -158,7 +159,7 @@ int train_command(const std::vector<std::string>& args) {
   comm::World& world = *started;
   const comm::Group& everyone = world.group();
   init_logging({world.rank(), world.size()});
-  engine::set_blas_threads(engine::local_rank_count());
+  launch::set_blas_threads(launch::local_rank_count());
 
   engine::EngineConfig cfg;
   if (!agree(everyone, [&] {
@@ -196,9 +197,9 @@ int train_command(const std::vector<std::string>& args) {
     engine::SummaryRecorder recorder(*engine);
     const int64_t tokens_per_step = cfg.batch.train_batch_size * model_cfg.seq_len;
     for (int64_t i = 0; i < cfg.train_steps; ++i) {
-      double t0 = engine::now_seconds();
+      double t0 = now_seconds();
       const engine::StepReport& r = engine->train_batch(*source);
-      double dt = engine::now_seconds() - t0;
+      double dt = now_seconds() - t0;
       recorder.record(r, dt, tokens_per_step);
       if (r.step == 1 || r.step % cfg.steps_per_print == 0 || r.step == cfg.train_steps) {
         auto mem = engine->memory_report();

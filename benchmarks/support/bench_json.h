@@ -6,9 +6,10 @@
 
 #include <boost/json.hpp>
 
-#include <chrono>
 #include <string>
 #include <vector>
+
+#include "core/clock.h"
 
 namespace zs::bench {
 
@@ -28,10 +29,8 @@ std::string json_path_arg(int argc, char** argv);
 // The value after `name` in argv (e.g. "--sizes"), or `fallback`.
 std::string arg_value(int argc, char** argv, const std::string& name, const std::string& fallback);
 
-// Seconds since an arbitrary epoch (steady clock).
-inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+// Seconds since an arbitrary epoch (steady clock): core's one clock.
+using zs::now_seconds;
 
 // Median of the values (copied; empty -> 0).
 double median(std::vector<double> values);

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "estimate/estimate.h"
-#include "engine/detail/offload_rules.h"
+#include "engine/offload_rules.h"
 #include "engine/flat_layout.h"
 #include "offload/aligned_buffer.h"
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 
-namespace zs::nn::detail {
-
+namespace zs::nn {
 int compute_threads() { return std::max(1, openblas_get_num_threads()); }
+}  // namespace zs::nn
+
+namespace zs::nn::detail {
 
 namespace {
 thread_local bool t_kernels_enabled = true;  // Note [measuring run]: per thread, scoped by KernelsOff

@@ -5,7 +5,7 @@
 // other BLAS threads sat idle, which cost a third of a training step on 2 cores. These passes now run
 // on core's worker pool (core/parallel.h, Note [worker pool] in core/parallel.cpp) with exactly OpenBLAS's thread count
 // (openblas_get_num_threads), so a process never uses more cores than its BLAS share: the edge
-// program sets that share per rank (engine/runtime.h), and N ranks x threads stays within the machine. Work is split into contiguous ranges in index order,
+// program sets that share per rank (launch/launch.h), and N ranks x threads stays within the machine. Work is split into contiguous ranges in index order,
 // and every reduction either stays inside one range or is summed serially afterwards, so results do
 // not depend on the thread count (bit for bit) - except OpenBLAS's own sums.
 //
@@ -19,11 +19,12 @@
 #include <utility>
 
 #include "core/parallel.h"
+#include "nn/threads.h"
 
 namespace zs::nn::detail {
 
-// The number of threads the layers use: OpenBLAS's current thread count (>= 1).
-int compute_threads();
+// The number of threads the layers use: nn::compute_threads() (nn/threads.h).
+using nn::compute_threads;
 
 // The generic pool (explicit thread count) lives in core.
 using zs::parallel_chunks;

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/engine_impl.h"
+#include "engine/detail/engine_impl.h"
 #include "memory/dtype.h"
 
 namespace zs::engine {

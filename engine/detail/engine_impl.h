@@ -12,11 +12,11 @@
 
 #include "comm/compressed_allreduce.h"
 #include "engine/engine.h"
-#include "engine/detail/offload_rules.h"
-#include "engine/engine_context.h"
+#include "engine/offload_rules.h"
+#include "engine/detail/engine_context.h"
 #include "engine/flat_layout.h"
-#include "engine/grad_reducer.h"
-#include "engine/param_gatherer.h"
+#include "engine/detail/grad_reducer.h"
+#include "engine/detail/param_gatherer.h"
 #include "engine/partition.h"
 #include "engine/placement.h"
 #include "memory/allocator.h"
@@ -235,4 +235,4 @@ class Engine::Impl final : public ModuleHooks {
 
 }  // namespace zs::engine
 
-#include "engine/engine_impl_inl.h"
+#include "engine/detail/engine_impl_inl.h"

@@ -1,11 +1,11 @@
-// The offload rules the engine follows and the estimator reproduces, in one place (Note [offload] in
-// engine/engine_offload.cpp). Internal: not installed.
+// The offload rules the engine follows and the estimator reads, in one place (Note [offload] in
+// engine/engine_offload.cpp).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 
-namespace zs::engine::detail {
+namespace zs::engine {
 
 // Sub-group boundaries of offloaded states, in elements from the stepped range's start: every swap
 // transfer then starts on a 4096-byte boundary (fp32 master: 1024 elements; bf16: 2048; CAdam's int8
@@ -29,4 +29,4 @@ inline size_t nvme_prefetch_window(size_t prefetch_elements, size_t buffer_count
   return std::min({prefetch_elements, buffer_count * buffer_size, max_in_cpu});
 }
 
-}  // namespace zs::engine::detail
+}  // namespace zs::engine

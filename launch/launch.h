@@ -1,11 +1,12 @@
-// Process set-up for programs at the edge (the zeroshard tool, examples, benchmarks): things that must
-// happen before the library does any work and that read the environment, which library code never
-// does.
+// Process set-up for programs at the edge (the zeroshard tool, examples, benchmarks, a user's own
+// main): things that must happen before the library does any work and that read the environment,
+// which library code never does. Its own target (zs_launch, zeroshard::launch), outside the library
+// the engine is made of.
 //
 //   int main(int argc, char** argv) {
-//     zs::engine::select_blas_kernels(argv);   // first line of main: may re-exec the program
+//     zs::launch::select_blas_kernels(argv);   // first line of main: may re-exec the program
 //     auto world = zs::comm::World::create();
-//     zs::engine::set_blas_threads(zs::engine::local_rank_count());
+//     zs::launch::set_blas_threads(zs::launch::local_rank_count());
 //
 // Note [OpenBLAS core type]: Debian's OpenBLAS is built with DYNAMIC_ARCH and picks its kernels when
 // the library loads, from the CPU model. On CPUs it does not know it falls back to old kernels: on
@@ -18,7 +19,7 @@
 
 #include <string>
 
-namespace zs::engine {
+namespace zs::launch {
 
 // The OpenBLAS core type best suited to this CPU: "SkylakeX" (AVX-512 F/CD/BW/DQ/VL), "Haswell"
 // (AVX2 + FMA) or "" (leave OpenBLAS's choice).
@@ -39,12 +40,5 @@ int local_rank_count();
 // the user set OPENBLAS_NUM_THREADS. Returns the number of threads set.
 int set_blas_threads(int local_ranks);
 
-// The threads one rank computes with: OpenBLAS's thread count, which set_blas_threads sets; nn's
-// elementwise passes and the optimizer step use the same number, so a rank never takes more than its
-// share of the node.
-int compute_threads();
 
-// Seconds on a steady clock (for step timing at the edge).
-double now_seconds();
-
-}  // namespace zs::engine
+}  // namespace zs::launch

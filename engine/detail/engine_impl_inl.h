@@ -1,4 +1,4 @@
-// Template members of Engine::Impl (engine/engine_impl.h). Internal.
+// Template members of Engine::Impl (engine/detail/engine_impl.h). Internal.
 #pragma once
 
 #include <algorithm>
@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "core/parallel.h"
-#include "engine/runtime.h"
+#include "nn/threads.h"
 
 namespace zs::engine {
 

@@ -1,9 +1,8 @@
-#include "engine/runtime.h"
+#include "launch/launch.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <thread>
 
@@ -13,10 +12,9 @@
 extern "C" {
 char* openblas_get_corename(void);
 void openblas_set_num_threads(int num_threads);
-int openblas_get_num_threads(void);
 }
 
-namespace zs::engine {
+namespace zs::launch {
 namespace {
 
 // Kernel families in increasing strength; anything unknown counts as weakest.
@@ -75,10 +73,4 @@ int set_blas_threads(int local_ranks) {
   return threads;
 }
 
-int compute_threads() { return std::max(1, openblas_get_num_threads()); }
-
-double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace zs::engine
+}  // namespace zs::launch
