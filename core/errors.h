@@ -1,8 +1,8 @@
 // Typed errors, assertions and the check macro pattern for C libraries.
 //
 // Two kinds of failure (STYLE.md, after PyTorch c10):
-//   - wrong user input (config, files, arguments, environment) throws a typed Error subclass whose
-//     message names what is wrong and how to fix it;
+//   - wrong user input (config, files, arguments, environment, the user's model) throws a typed Error
+//     subclass whose message names what is wrong and how to fix it;
 //   - a broken internal invariant is a bug: ZS_ASSERT (always on) / ZS_DEBUG_ASSERT (debug builds)
 //     throw InternalError with file and line.
 // Library code never calls exit() or abort(); the tool at the edge decides how a process ends.
@@ -53,6 +53,22 @@ class IoError : public Error {
 
 // A checkpoint is missing, corrupt or incompatible. The message names the file and the field.
 class CheckpointError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The user's model breaks a rule the engine relies on while it runs: modules fetched in a different
+// order from one step to the next at ZeRO stage 3, a different set of modules run. Not a config
+// mistake (no setting fixes it); the message names the module and what the model must do instead.
+class ModelError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A call into the library with an argument that cannot be right whatever the config: a parameter
+// name that is not in the model, an index out of range. The message names the argument and what is
+// accepted.
+class UsageError : public Error {
  public:
   using Error::Error;
 };

@@ -149,7 +149,7 @@ void ParamGatherer::fetch(nn::Module& m) {
   if (!recorded_[static_cast<int>(pass_)]) {
     trace.push_back(index);
   } else if (position_ >= trace.size() || trace[position_] != index) {
-    throw Error(fmt::format(
+    throw ModelError(fmt::format(
         "ZeRO-3 parameter fetch out of order in the {} pass: expected module '{}' at position {}, met '{}'. "
         "zeroshard records the module order of the first step and prefetches along it; the model must run its "
         "modules in the same order every step",
@@ -189,7 +189,7 @@ void ParamGatherer::release(nn::Module& m) {
 void ParamGatherer::end_pass() {
   auto& trace = trace_[static_cast<int>(pass_)];
   if (recorded_[static_cast<int>(pass_)] && position_ != trace.size()) {
-    throw Error(fmt::format("ZeRO-3: the {} pass fetched {} modules' parameters, but the recorded order has {} (next "
+    throw ModelError(fmt::format("ZeRO-3: the {} pass fetched {} modules' parameters, but the recorded order has {} (next "
                             "expected: '{}'); the model must run the same modules every step",
                             pass_ == Pass::kForward ? "forward" : "backward", position_, trace.size(),
                             entries_[trace[position_]].module->display_name()));

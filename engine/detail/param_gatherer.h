@@ -7,10 +7,10 @@
 // data views point into it until release.
 //
 // Prefetch. The first forward and the first backward record the order in which modules fetch their
-// parameters; later passes must follow it (a different order is an Error naming the module expected
-// and the one met - never a hang). After each fetch, the next modules of the recorded order are
-// gathered asynchronously while their total stays within stage3_prefetch_bucket_size elements and the
-// live total within stage3_max_live_parameters.
+// parameters; later passes must follow it (a different order is a ModelError naming the module
+// expected and the one met - never a hang). After each fetch, the next modules of the recorded order
+// are gathered asynchronously while their total stays within stage3_prefetch_bucket_size elements and
+// the live total within stage3_max_live_parameters.
 //
 // Persistence. A module whose own parameters number fewer than stage3_param_persistence_threshold
 // elements is not released after use; its gathered copy goes stale when the optimizer step changes

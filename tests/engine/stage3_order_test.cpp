@@ -1,8 +1,10 @@
 // ZeRO stage 3 prefetches along the module order recorded in the first step. A model that changes its
-// module order later gets an Error naming the module expected and the one met - on every rank at the
-// same point, before any collective for it, so nothing hangs.
+// module order later gets a ModelError (the model's mistake, not the config's) naming the module
+// expected and the one met - on every rank at the same point, before any collective for it, so
+// nothing hangs.
 #include <gtest/gtest.h>
 
+#include "core/errors.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "nn/layers.h"
@@ -71,7 +73,7 @@ TEST(Stage3Order, AChangedModuleOrderIsAnErrorNamingBothModules) {
   try {
     engine.train_batch(data);
     FAIL() << "a changed module order was not detected";
-  } catch (const Error& e) {
+  } catch (const ModelError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("expected module 'a'"), std::string::npos) << what;
     EXPECT_NE(what.find("met 'b'"), std::string::npos) << what;
