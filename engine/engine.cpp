@@ -363,7 +363,11 @@ StepReport Engine::train_batch(BatchSource& source) {
 
 std::vector<float> Engine::fp32_param(const std::string& name) const {
   auto it = impl_->slot_by_name_.find(name);
-  if (it == impl_->slot_by_name_.end()) throw Error(fmt::format("no parameter named '{}' in the model", name));
+  if (it == impl_->slot_by_name_.end()) {
+    throw UsageError(fmt::format("Engine::fp32_param: no parameter named '{}' in the model; pass a full name such as "
+                                 "'{}' (nn::Parameter::full_name)",
+                                 name, impl_->layout_.slots().front().param->full_name()));
+  }
   return impl_->gather_fp32(impl_->layout_.slots()[it->second]);
 }
 

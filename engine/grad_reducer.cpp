@@ -82,7 +82,9 @@ void GradReducer::module_done(nn::Module& m) {
     for (size_t s : it->second) {
       Bucket& b = buckets_[bucket_of_slot_[s]];
       ZS_ASSERT(b.pending > 0, "gradient of {} completed twice in one backward", layout_.slots()[s].param->full_name());
-      if (--b.pending == 0 && options_.overlap_comm) launch(b);
+      // Stage 2+ launches a full bucket even without overlap_comm (then reduces it at once): its
+      // staging buffer must go before more fill, or the whole gradient would be staged at once.
+      if (--b.pending == 0 && (options_.overlap_comm || partitioned())) launch(b);
     }
   }
   if (partitioned()) retire_finished();
@@ -107,7 +109,8 @@ void GradReducer::launch(Bucket& b) {
   }
   if (partitioned()) {
     in_flight_.push_back(static_cast<size_t>(&b - buckets_.data()));
-    while (in_flight_.size() > kMaxInFlight) retire(buckets_[in_flight_.front()]);
+    const size_t in_flight = options_.overlap_comm ? kMaxInFlight : 0;  // overlap off: synchronous
+    while (in_flight_.size() > in_flight) retire(buckets_[in_flight_.front()]);
   }
 }
 

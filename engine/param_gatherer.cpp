@@ -65,6 +65,9 @@ size_t ParamGatherer::live_bound_bytes() const {
 void ParamGatherer::begin_pass(Pass pass) {
   pass_ = pass;
   position_ = 0;
+  // A first pass cut short by an exception (say an out-of-memory the caller caught) left a partial
+  // order: record it afresh.
+  if (!recorded_[static_cast<int>(pass)]) trace_[static_cast<int>(pass)].clear();
 }
 
 void ParamGatherer::start_gather(Entry& e) {

@@ -3,7 +3,8 @@
 //
 // Buckets are consecutive parameters of the flat layout (plan_buckets), filled in backward order. A
 // bucket is reduced as soon as every parameter in it has its final gradient for this backward (the
-// engine calls module_done after each module's backward), asynchronously when overlap_comm is on:
+// engine calls module_done after each module's backward), asynchronously when overlap_comm is on
+// (stages 0-1 without it reduce every bucket at end_backward):
 //   stage 0  allreduce (average) of the bucket in the full gradient buffer, at the accumulation boundary
 //   stage 1  reduce-scatter (average) in place in the full gradient buffer, at the boundary; only this
 //            rank's shard of the result is kept
@@ -12,6 +13,7 @@
 //            micro-batch, a full bucket is reduce-scattered and this rank's part is added into its
 //            gradient shard, after which the staging buffer is freed. At most kMaxInFlight buckets
 //            are in flight; a further one waits for the oldest, which bounds the staging memory.
+//            Without overlap_comm a full bucket is still reduced when it fills, synchronously.
 // With `reduce_scatter` off (DeepSpeed's flag), stages 1+ allreduce the bucket and keep their part.
 #pragma once
 

@@ -316,12 +316,9 @@ TEST(GradReducerInFlight, NoStagingAtStagesZeroAndOne) {
   }
 }
 
-// Note: with overlap_comm off, stage 2+ launches nothing before end_backward, so every bucket's
-// staging buffer is alive at once (the whole gradient, staged) and the bound above does not apply.
-// The header's "at most kMaxInFlight buckets ... bounds the staging memory" promises otherwise.
-// Disabled until GradReducer launches full buckets at stage 2+ whatever overlap_comm says (then
-// synchronously when it is off, as DeepSpeed reduces a full bucket).
-TEST(GradReducerInFlight, DISABLED_StagingIsBoundedWithoutOverlapComm) {
+// With overlap_comm off, stage 2+ still launches a full bucket, and reduces it at once (as DeepSpeed
+// does): otherwise every bucket's staging buffer would be alive at once, the whole gradient staged.
+TEST(GradReducerInFlight, StagingIsBoundedWithoutOverlapComm) {
   const comm::Group group = comm::Group::simulated(0, 2);
   Chain chain(6);
   Rig rig(chain, group, {.stage = 2, .overlap_comm = false, .bucket_elements = kLinearElements});

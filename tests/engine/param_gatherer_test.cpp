@@ -282,11 +282,9 @@ INSTANTIATE_TEST_SUITE_P(Passes, ParamGathererOrder,
                            return std::string(info.param == ParamGatherer::Pass::kForward ? "Forward" : "Backward");
                          });
 
-// Note: a first pass cut short by an exception (a layer's OutOfMemoryError in the first forward, caught
-// by a caller that retries) leaves its partial order in the trace, and the next first pass appends to
-// it, so the recorded order lists the early modules twice and every later step fails with an order
-// error. Disabled until begin_pass starts an unrecorded pass's trace afresh.
-TEST(ParamGathererRecording, DISABLED_AnInterruptedFirstPassIsRecordedAfresh) {
+// A first pass cut short by an exception (a layer's OutOfMemoryError in the first forward, caught by a
+// caller that retries) must not leave its partial order behind: the next first pass records afresh.
+TEST(ParamGathererRecording, AnInterruptedFirstPassIsRecordedAfresh) {
   const comm::Group group = comm::Group::simulated(0, 1);
   Tree tree;
   Rig rig(tree, group, options(150, 0));
