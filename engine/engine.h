@@ -18,7 +18,7 @@
 // the device arena (`device.memory_mb`) with the persistent lifetime; activations come from the same
 // arena's transient pool through the engine's nn::Context.
 //
-// ZeRO stages (Note [model-state placement] in engine.cpp):
+// ZeRO stages (Note [model-state placement] in engine/placement.h):
 //   0  every rank holds full replicas; at the last micro-batch of an accumulation window gradients are
 //      allreduced in buckets (`reduce_bucket_size` elements) started as soon as backward has produced
 //      a whole bucket (`overlap_comm`), so communication overlaps the rest of backward;

@@ -11,7 +11,7 @@
 namespace zs::engine {
 
 // Note [offload]
-// Placement (engine_impl.h): offload_optimizer moves the stepped range's fp32 master and optimizer
+// Placement (engine/placement.h): offload_optimizer moves the stepped range's fp32 master and optimizer
 // states to the host (cpu) or to one swap file per rank under nvme_path (nvme), and the gradient
 // shard of stages 2-3 to the host (stage 1 reduce-scatters in place in the whole gradient buffer,
 // which stays on the device). offload_param (stage 3) moves the parameter shard likewise; gathers

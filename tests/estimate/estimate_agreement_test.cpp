@@ -201,7 +201,7 @@ std::vector<OffloadCase> offload_cases() {
   cases.push_back({"stage3_bf16_optimizer_cpu_params_nvme", 3, Precision::kBf16, OffloadDevice::kCpu, OffloadDevice::kNvme});
   cases.push_back({"stage3_bf16_optimizer_nvme_params_cpu", 3, Precision::kBf16, OffloadDevice::kNvme, OffloadDevice::kCpu});
   // A prefetch bucket holding the whole model, capped by max_in_cpu to about one module: the engine and
-  // the replay must shrink the window alike (the device peak differs by whole modules otherwise).
+  // the measurement must shrink the window alike (the device peak differs by whole modules otherwise).
   cases.push_back({"stage3_bf16_nvme_max_in_cpu", 3, Precision::kBf16, OffloadDevice::kNvme, OffloadDevice::kNvme, false, 4,
                    15000, 200000});
   return cases;

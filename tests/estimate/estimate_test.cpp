@@ -326,7 +326,7 @@ TEST(Estimate, JsonAndTableCarryTheNumbers) {
   EXPECT_NE(table.find("5.0 KiB"), std::string::npos);  // stage 3, ranks 2: 16 x 320 bytes
 }
 
-// ---- offload (Note [estimated offload] in engine/estimate_offload.cpp) ----------------------------------
+// ---- offload (Note [estimated offload] in estimate/estimate_offload.cpp) ----------------------------------
 
 constexpr uint64_t kPage = 4096;
 uint64_t page(uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
