@@ -18,7 +18,7 @@
 namespace zs::comm {
 
 // The outcome of work done on another thread: ok, or the exception it raised, kept to be rethrown on
-// the caller's thread (STYLE.md: exceptions become a Status only where they cross a thread).
+// the caller's thread (exceptions become a Status only where they cross a thread).
 class Status {
  public:
   Status() = default;

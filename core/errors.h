@@ -1,6 +1,6 @@
 // Typed errors, assertions and the check macro pattern for C libraries.
 //
-// Two kinds of failure (STYLE.md, after PyTorch c10):
+// Two kinds of failure (after PyTorch c10):
 //   - wrong user input (config, files, arguments, environment, the user's model) throws a typed Error
 //     subclass whose message names what is wrong and how to fix it;
 //   - a broken internal invariant is a bug: ZS_ASSERT (always on) / ZS_DEBUG_ASSERT (debug builds)

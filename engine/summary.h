@@ -1,4 +1,4 @@
-// The run summary: one JSON object written by rank 0 after a run (ARCHITECTURE.md section 4).
+// The run summary: one JSON object written by rank 0 after a run (docs/design.md; fields in README.md).
 //
 //   SummaryRecorder rec(engine);
 //   rec.record(engine.train_batch(source), tokens_in_step);   // every step

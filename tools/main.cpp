@@ -1,4 +1,4 @@
-// zeroshard: the command-line tool (ARCHITECTURE.md section 4).
+// zeroshard: the command-line tool (README.md).
 //
 //   zeroshard train --config FILE [--steps N] [--summary FILE.json]
 //   mpirun -np 4 zeroshard train --config FILE
@@ -21,7 +21,8 @@ constexpr const char* kUsage =
     "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
     "                                                          memory per rank at each ZeRO stage and tier\n"
     "\n"
-    "Run `zeroshard <command> --help` for a command's options. Multi-rank runs: mpirun -np R zeroshard train ...\n";
+    "Run `zeroshard <command> --help` for a command's options, `zeroshard --version` for the version.\n"
+    "Multi-rank runs: mpirun -np R zeroshard train ...\n";
 
 }  // namespace
 
@@ -30,6 +31,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (std::string(argv[1]) == "--version") {
+    std::printf("zeroshard %s\n", ZS_VERSION);
+    return 0;
   }
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);

@@ -1,4 +1,4 @@
-// Shared output for benchmarks (ARCHITECTURE.md section 5): a human table on stdout and, with
+// Shared output for benchmarks (docs/benchmarks.md): a human table on stdout and, with
 // `--json FILE`, one object
 //   { "benchmark", "config": {...}, "results": [...], "baseline": {...}, "ratio": ... }.
 // A speed claim is always a ratio to a baseline measured in the same run.
