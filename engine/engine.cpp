@@ -34,13 +34,16 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       offload_optimizer_(cfg.zero.offload_optimizer.device),
       offload_param_(cfg.zero.offload_param.device),
       separate_master_(plan_.separate_master),
-      backend_(backend ? std::move(backend)
-                       : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20)),
-      device_(std::make_unique<memory::DeviceAllocator>(*backend_, backend_->capacity(memory::Tier::kDevice), &tracker_)),
+      arena_(std::make_shared<DeviceArena>(
+          backend ? std::move(backend)
+                  : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20))),
+      tracker_(arena_->tracker),
+      backend_(arena_->backend.get()),
+      device_(&arena_->allocator),
       optimizer_(cfg.optimizer.make()),  // nullptr: compressed_step.cpp drives the one-bit optimizers' kernels itself
       schedule_(cfg.scheduler),
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
-      ctx_(*device_, *this),
+      ctx_(arena_, *this),
       scratch_(kChunkElements) {
   using memory::Category;
   using memory::Lifetime;
@@ -307,7 +310,15 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
   }
 }
 
-Engine::~Engine() = default;
+// Note [engine memory lifetime] (engine/detail/engine_context.h), rule 1: the model forgets the
+// engine's memory before the engine frees it.
+Engine::~Engine() {
+  model_.clear_saved();
+  model_.visit_params([](nn::Parameter& p) {
+    p.set_data(memory::Tensor());
+    p.set_grad(memory::Tensor());
+  });
+}
 
 int64_t Engine::param_count() const { return static_cast<int64_t>(impl_->layout_.param_elements()); }
 

@@ -1,16 +1,25 @@
 // Engine: wraps a model and a validated config, and trains it across the data-parallel ranks.
 //
-//   auto world = comm::World::create({.timeout_s = cfg.comm.timeout_s});
+//   auto world = comm::World::create({.timeout_s = cfg.comm.timeout_s});  // mpirun, or a world of one
 //   nn::GptModel model(*cfg.model);                       // declares parameters; allocates nothing
-//   engine::Engine engine(model, cfg, world->group());    // places and initialises the model states
-//   for (int step = 0; step < steps; ++step) {
-//     for (int m = 0; m < cfg.batch.gradient_accumulation_steps; ++m) {
-//       engine.forward(micro_batch(step, m));
+//   engine::Engine engine(model, cfg, world.group());     // places and initialises the model states
+//   nn::Batch batch;
+//   for (int64_t step = 0; step < cfg.train_steps; ++step) {
+//     for (int64_t m = 0; m < cfg.batch.gradient_accumulation_steps; ++m) {
+//       fill_micro_batch(batch, step, m);                 // yours: this rank's micro-batch m of `step`
+//       engine.forward(batch);
 //       engine.backward();
 //       engine.step();                                    // DeepSpeed style: steps at the boundary
 //     }
 //   }
 // or, with a BatchSource, `engine.train_batch(source)` for one whole optimizer step.
+// (tests/docs/usage_snippets_test.cpp compiles and runs the same lines.)
+//
+// Lifetime: the model and the group must outlive the engine. Destroying the engine at any point - an
+// exception between forward and backward included - drops the activations the model saved and its
+// parameters' views into the engine's buffers, so the model may then be destroyed or given to a new
+// engine; a Tensor a model handed out keeps its bytes (Note [engine memory lifetime] in
+// engine/detail/engine_context.h).
 //
 // What the engine owns (ARCHITECTURE.md section 2): flat model-state buffers in one FlatLayout -
 // parameters and gradients in the compute dtype, and at the fp32 end the master weights (a separate

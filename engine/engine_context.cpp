@@ -8,11 +8,16 @@ namespace zs::engine {
 memory::Tensor EngineContext::allocate(memory::Shape shape, memory::DType dtype, nn::MemoryUse use) {
   (void)use;  // every kind of activation memory is transient in the arena
   size_t bytes = static_cast<size_t>(memory::shape_numel(shape)) * memory::dtype_size(dtype);
-  // The block returns to the arena when the last view of the tensor is dropped (nn's memory contract).
-  auto block = std::make_shared<memory::DeviceBlock>(
-      device_.allocate(std::max<size_t>(bytes, 1), memory::Category::kActivations, memory::Lifetime::kTransient));
-  memory::Tensor view = block->tensor(dtype, std::move(shape));
-  return memory::Tensor(view.raw(), dtype, view.shape(), view.strides(), std::move(block));
+  // The block returns to the arena when the last view of the tensor is dropped (nn's memory contract),
+  // and the arena stays while a block of it does (Note [engine memory lifetime]).
+  struct ArenaBlock {
+    std::shared_ptr<DeviceArena> arena;  // declared first: released after the block
+    memory::DeviceBlock block;
+  };
+  auto owner = std::make_shared<ArenaBlock>(ArenaBlock{
+      arena_, device_.allocate(std::max<size_t>(bytes, 1), memory::Category::kActivations, memory::Lifetime::kTransient)});
+  memory::Tensor view = owner->block.tensor(dtype, std::move(shape));
+  return memory::Tensor(view.raw(), dtype, view.shape(), view.strides(), std::move(owner));
 }
 
 }  // namespace zs::engine

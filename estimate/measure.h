@@ -1,11 +1,12 @@
 // The memory estimator's measurement: the real engine, run over memory::MeasuringBackend and a
 // simulated group, for any nn::Model - a built-in GPT or a user's own.
 //
-//   MyModel model(...);                                   // declares parameters; allocates nothing
-//   MySource source(...);                                 // the BatchSource training would use
+//   nn::GptModel model(*cfg.model);                      // or your own nn::Model; allocates nothing
+//   MySource source;                                      // yours: the BatchSource training would use
 //   engine::Measurement m = engine::estimate(model, cfg, /*ranks=*/8, source);
-//   for (const auto& r : m.ranks) std::printf("ranks %d-%d: device peak %llu\n", r.first_rank, r.last_rank,
-//                                             (unsigned long long)r.memory.device_peak_bytes);
+//   for (const auto& r : m.classes) std::printf("ranks %d-%d: device peak %llu\n", r.first_rank, r.last_rank,
+//                                               (unsigned long long)r.memory.device_peak_bytes);
+// (tests/docs/usage_snippets_test.cpp compiles and runs the same lines.)
 //
 // How (Note [measured estimate] in measure.cpp): for each distinct shard size the engine is built as
 // rank r of `ranks` over a measuring backend (addresses without memory; no arithmetic, no file) and

@@ -23,6 +23,7 @@
 //   backend->fill_zero(seg.data(), Tier::kDevice, 1 << 20);
 //   run_kernel(*backend, [&] { my_cpu_kernel(static_cast<float*>(seg.data())); });  // skipped when measuring
 //   backend->synchronize();                                     // operations are complete after this
+// (tests/docs/usage_snippets_test.cpp compiles and runs the same lines.)
 //
 // NVMe is not a backend tier: the offload module moves bytes to and from files. A backend serves
 // kDevice and kHost; capacity(Tier::kNvme) is 0 and allocating or copying there throws.

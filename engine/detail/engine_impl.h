@@ -103,9 +103,12 @@ class Engine::Impl final : public ModuleHooks {
   const OffloadDevice offload_optimizer_;
   const OffloadDevice offload_param_;
   const bool separate_master_;  // the fp32 master is its own buffer (bf16/fp16, or anything offloaded)
-  memory::MemoryTracker tracker_;
-  std::unique_ptr<memory::Backend> backend_;
-  std::unique_ptr<memory::DeviceAllocator> device_;
+  // The device arena, shared with the activation Tensors the engine served (Note [engine memory
+  // lifetime] in engine/detail/engine_context.h); the three names below are its parts.
+  std::shared_ptr<DeviceArena> arena_;
+  memory::MemoryTracker& tracker_;
+  memory::Backend* const backend_;
+  memory::DeviceAllocator* const device_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // the elementwise update (Adam/AdamW/CAdam)
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;
