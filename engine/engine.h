@@ -21,7 +21,7 @@
 // engine; a Tensor a model handed out keeps its bytes (Note [engine memory lifetime] in
 // engine/detail/engine_context.h).
 //
-// What the engine owns (ARCHITECTURE.md section 2): flat model-state buffers in one FlatLayout -
+// What the engine owns (docs/design.md, "Model states"): flat model-state buffers in one FlatLayout -
 // parameters and gradients in the compute dtype, and at the fp32 end the master weights (a separate
 // buffer in bf16/fp16, the parameters themselves in fp32) and the optimizer's states - carved from
 // the device arena (`device.memory_mb`) with the persistent lifetime; activations come from the same
