@@ -133,7 +133,7 @@ struct EngineConfig {
   int64_t train_steps = 100;  // optimizer steps `zeroshard train` runs (--steps overrides)
 
   // One line per accepted key that has no effect here, starting with its JSON path
-  // ("zero_optimization.stage3_max_reuse_distance: accepted; has no effect in zeroshard (...)").
+  // ("zero_optimization.stage3_max_reuse_distance: accepted; has no effect in zeroshard: ...").
   // parse_config logs nothing (it runs on every rank); the program logs these once, on rank 0.
   std::vector<std::string> notes;
 
