@@ -539,12 +539,18 @@ void ObjectReader::unsupported(std::string_view key, std::string_view reason) {
   known_.emplace_back(key);
   refused_.emplace_back(key);
   if (object_->contains(key)) {
-    throw ConfigError(fmt::format("{}: this DeepSpeed key is not supported: {}; remove \"{}\" from the config",
+    throw ConfigError(fmt::format("{}: this DeepSpeed key is not supported by zeroshard yet: {}; remove \"{}\" from the "
+                                  "config",
                                   path_of(key), reason, key));
   }
 }
 
 void ObjectReader::ignore(std::string_view key) { known_.emplace_back(key); }
+
+void ObjectReader::known_keys(const std::vector<std::string_view>& keys, std::string_view what) {
+  format_keys_.insert(format_keys_.end(), keys.begin(), keys.end());
+  format_name_ = what;
+}
 
 const json::value* ObjectReader::find(std::string_view key) { return take(key).value; }
 
@@ -555,6 +561,12 @@ void ObjectReader::finish() {
     if (std::find(known_.begin(), known_.end(), k) == known_.end()) unknown.emplace_back(k);
   }
   if (unknown.empty()) return;
+  // A real key of the format (DeepSpeed's) that zeroshard lacks is a missing feature, not a typo.
+  for (const auto& k : unknown) {
+    if (std::find(format_keys_.begin(), format_keys_.end(), k) == format_keys_.end()) continue;
+    throw ConfigError(fmt::format("{}: this {} key is not supported by zeroshard yet; remove \"{}\" from the config",
+                                  path_of(k), format_name_, k));
+  }
   // Only keys a user can actually use are suggested, and old names (accepted) are not advertised in
   // the list; refused (unsupported) keys would only lead to the next error.
   std::vector<std::string> usable, listed;

@@ -268,11 +268,16 @@ class ObjectReader {
   void unsupported(std::string_view key, std::string_view reason);
   // A key accepted and deliberately without effect (say why at the call site).
   void ignore(std::string_view key);
+  // The keys of the format this object follows (DeepSpeed's tables, engine/detail/deepspeed_keys.h).
+  // finish() reports a key from this list that nothing declared as "not supported by zeroshard yet"
+  // (`what` names the format: "DeepSpeed"), never as an unknown key with a did-you-mean.
+  void known_keys(const std::vector<std::string_view>& keys, std::string_view what);
   // Raw access for values read by hand (declares the key): nullptr when absent.
   const boost::json::value* find(std::string_view key);
 
   // Rejects every key not declared: "a.b.devce: unknown key; did you mean 'device'? Valid keys in
-  // a.b: device, nvme_path, pin_memory".
+  // a.b: device, nvme_path, pin_memory". A key of known_keys() that was not declared is reported
+  // first: "a.b.zenflow: this DeepSpeed key is not supported by zeroshard yet; remove ...".
   void finish();
 
  private:
@@ -290,6 +295,8 @@ class ObjectReader {
   std::vector<std::string> known_;                               // declared keys, in order
   std::vector<std::string> refused_;                             // declared through unsupported()
   std::vector<std::pair<std::string, std::string>> aliases_;     // (key, old name)
+  std::vector<std::string_view> format_keys_;                    // known_keys(): the format's whole table
+  std::string format_name_;
 };
 
 }  // namespace zs

@@ -4,7 +4,11 @@
 // gradient_accumulation_steps, gradient_clipping, fp16, bf16, optimizer, scheduler, zero_optimization,
 // steps_per_print, wall_clock_breakdown). zeroshard's own sections: device, model, data, comm, log,
 // plus the top-level seed and train_steps. Every section rejects unknown keys with a did-you-mean; a
-// DeepSpeed key zeroshard does not implement yet is an error saying so, never silently ignored.
+// DeepSpeed key zeroshard does not implement yet is an error saying so, never silently ignored
+// (engine/detail/deepspeed_keys.h holds DeepSpeed's key tables). A DeepSpeed key whose value asks for
+// what zeroshard does is accepted (`"prescale_gradients": false`, a monitor section with
+// `"enabled": false`); a performance hint zeroshard has no use for is accepted and noted in `notes`.
+// Hugging Face's "auto" placeholders are refused with a message saying what to write instead.
 //
 //   EngineConfig cfg = parse_config(parse_json_file(path), /*data_parallel_size=*/world.size());
 //
@@ -17,6 +21,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/log.h"
 #include "memory/dtype.h"
@@ -126,6 +131,11 @@ struct EngineConfig {
   LogConfig log;
   uint64_t seed = 1234;       // parameter initialisation and data sampling
   int64_t train_steps = 100;  // optimizer steps `zeroshard train` runs (--steps overrides)
+
+  // One line per accepted key that has no effect here, starting with its JSON path
+  // ("zero_optimization.stage3_max_reuse_distance: accepted; has no effect in zeroshard: ...").
+  // parse_config logs nothing (it runs on every rank); the program logs these once, on rank 0.
+  std::vector<std::string> notes;
 
   // The storage dtype of parameters and gradients the model computes with.
   memory::DType compute_dtype() const;

@@ -114,6 +114,7 @@ int run(const po::variables_map& vm) {
   if (have_config) {
     // The config is validated as for a run on `ranks` ranks (its batch arithmetic included).
     engine::EngineConfig cfg = engine::parse_config(parse_json_file(vm["config"].as<std::string>()), ranks);
+    for (const std::string& note : cfg.notes) ZS_LOG_WARN("config: {}", note);  // one process: logged once
     if (vm.count("dtype")) cfg.precision = parse_dtype(vm["dtype"].as<std::string>());
     in = engine::estimate_input_for_config(cfg, ranks, n_params);
   } else {

@@ -180,6 +180,11 @@ int train_command(const std::vector<std::string>& args) {
     return 1;
   }
   init_logging({world.rank(), world.size()}, cfg.log);
+  // Every rank parsed the same bytes into the same notes; warnings print on every rank, so rank 0 alone
+  // logs them (EngineConfig::notes).
+  if (world.rank() == 0) {
+    for (const std::string& note : cfg.notes) ZS_LOG_WARN("config: {}", note);
+  }
   if (a->steps) cfg.train_steps = *a->steps;
   nn::GptConfig model_cfg = cfg.model.value_or(nn::GptConfig{});
 

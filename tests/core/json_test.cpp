@@ -380,7 +380,7 @@ TEST(ObjectReader, UnsupportedKeysAreErrorsOnlyWhenPresent) {
   json::value doc = parse_json_text(R"({"sparse_attention": {"mode": "fixed"}, "flops_profiler": {}})");
   ObjectReader r(doc, "");
   std::string msg = config_error([&] { r.unsupported("sparse_attention", "zeroshard does not implement sparse attention yet"); });
-  EXPECT_HAS(msg, "sparse_attention: this DeepSpeed key is not supported: zeroshard does not implement sparse attention yet");
+  EXPECT_HAS(msg, "sparse_attention: this DeepSpeed key is not supported by zeroshard yet: zeroshard does not implement sparse attention yet");
   EXPECT_HAS(msg, "remove \"sparse_attention\"");
 
   json::value ok = parse_json_text(R"({"steps_per_print": 10})");

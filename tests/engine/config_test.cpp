@@ -92,10 +92,8 @@ TEST(Config, WrongTypeNamesPathAndExpectation) {
 
 TEST(Config, UnimplementedDeepSpeedFeaturesAreRefusedByName) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 4}})"), "zero_optimization.stage");
-  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 1}})"),
-                  "zero_optimization.stage3_max_reuse_distance");
-  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"contiguous_gradients": false}})"),
-                  "zero_optimization.contiguous_gradients");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})"),
+                  "zero_optimization.zero_quantized_weights");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {}})"), "activation_checkpointing");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
                   "zero_optimization.offload_optimizer");
@@ -205,6 +203,158 @@ TEST(Config, MemoryModes) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("memory.reuse_fp32_param"), std::string::npos) << e.what();
   }
+}
+
+// ---- DeepSpeed keys by verdict (docs/config.md, Note [DeepSpeed keys by verdict]) ----------------------
+
+bool has_note(const EngineConfig& c, std::string_view needle) {
+  for (const auto& n : c.notes) {
+    if (n.find(needle) != std::string::npos) return true;
+  }
+  return false;
+}
+
+TEST(ConfigDeepSpeed, SwitchesWhoseFalseIsWhatZeroshardDoesAreAccepted) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": false, "disable_allgather": false,
+      "sparse_gradients": false, "dump_state": false, "memory_breakdown": false, "graph_harvesting": false,
+      "fp16": {"enabled": false, "fp16_master_weights_and_grads": false, "auto_cast": false},
+      "bf16": {"enabled": false, "immediate_grad_update": false, "check_grad_overflow": false,
+               "bf16_master_weights_and_grads": false, "bf16_optimizer_states": false},
+      "zero_optimization": {"stage": 2, "memory_efficient_linear": false, "round_robin_gradients": false,
+          "stage3_gather_16bit_weights_on_model_save": false, "zero_quantized_weights": false,
+          "zero_quantized_gradients": false, "elastic_checkpoint": false}})");
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_TRUE(c.notes.empty());  // they ask for what zeroshard does: nothing to say
+}
+
+TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
+  for (std::string_view text : {
+           R"({"train_batch_size": 4, "prescale_gradients": true})",
+           R"({"train_batch_size": 4, "disable_allgather": true})",
+           R"({"train_batch_size": 4, "fp16": {"fp16_master_weights_and_grads": true}})",
+           R"({"train_batch_size": 4, "bf16": {"bf16_master_weights_and_grads": true}})",
+           R"({"train_batch_size": 4, "zero_optimization": {"memory_efficient_linear": true}})",
+           R"({"train_batch_size": 4, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true}})",
+           R"({"train_batch_size": 4, "torch_autocast": {"enabled": true, "dtype": "bfloat16"}})",
+           R"({"train_batch_size": 4, "hybrid_engine": {"enabled": true}})",
+           R"({"train_batch_size": 4, "tensorboard": {"enabled": true, "output_path": "tb"}})",
+           R"({"train_batch_size": 4, "wandb": {"enabled": true}})",
+       }) {
+    EXPECT_CONTAINS(error_of(text), "not supported by zeroshard") << text;
+  }
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "torch_autocast": {"enabled": true}})"), "torch_autocast.enabled");
+}
+
+TEST(ConfigDeepSpeed, DisabledFeatureSectionsAreAccepted) {
+  EngineConfig c = parse(R"({"train_batch_size": 4,
+      "tensorboard": {"enabled": false, "output_path": "tb/", "job_name": "x"},
+      "wandb": {"enabled": false, "project": "p"}, "comet": {"enabled": false},
+      "csv_monitor": {"enabled": false, "output_path": "csv/"},
+      "torch_autocast": {"enabled": false, "dtype": "bfloat16"},
+      "hybrid_engine": {"enabled": false, "max_out_tokens": 512},
+      "flops_profiler": {"enabled": false, "profile_step": 1}})");
+  EXPECT_EQ(c.batch.train_batch_size, 4);
+}
+
+TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_allow_untested_optimizer": true,
+      "zero_optimization": {"stage": 3, "contiguous_gradients": false, "stage3_max_reuse_distance": 1e9}})");
+  EXPECT_EQ(c.notes.size(), 3u);
+  EXPECT_TRUE(has_note(c, "zero_optimization.stage3_max_reuse_distance: accepted; has no effect"));
+  EXPECT_TRUE(has_note(c, "zero_optimization.contiguous_gradients: accepted"));
+  EXPECT_TRUE(has_note(c, "zero_allow_untested_optimizer: accepted"));
+  // The old name of the hint too.
+  EXPECT_TRUE(has_note(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "max_reuse_distance": 0}})"),
+                       "zero_optimization.max_reuse_distance"));
+  // bf16 needs no loss scaling: keys copied from an fp16 section are accepted and noted.
+  EngineConfig b = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
+      "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})");
+  EXPECT_EQ(b.precision, Precision::kBf16);
+  EXPECT_EQ(b.notes.size(), 5u);
+  EXPECT_TRUE(has_note(b, "bf16.loss_scale: accepted; has no effect in zeroshard: bf16 needs no loss scaling"));
+}
+
+TEST(ConfigDeepSpeed, ReduceBucketSizeZeroIsOneParameterPerBucket) {
+  // DeepSpeed allows 0 (its field is ge=0): every gradient is reduced in a bucket of its own.
+  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})");
+  EXPECT_EQ(c.zero.reduce_bucket_size, 1);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"reduce_bucket_size": -1}})"),
+                  "zero_optimization.reduce_bucket_size");
+}
+
+TEST(ConfigDeepSpeed, CpuOffloadIsTheOldSpellingOfOffloadOptimizer) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": true,
+      "cpu_offload_use_pin_memory": true}})");
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": false}})")
+                .zero.offload_optimizer.device,
+            OffloadDevice::kNone);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "cpu_offload_param": true}})")
+                .zero.offload_param.device,
+            OffloadDevice::kCpu);
+  std::string e = error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": true,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})");
+  EXPECT_CONTAINS(e, "zero_optimization.cpu_offload");
+  EXPECT_CONTAINS(e, "zero_optimization.offload_optimizer");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 0, "cpu_offload": true}})"),
+                  "zero_optimization.cpu_offload: optimizer offload needs ZeRO stage 1, 2 or 3");
+}
+
+TEST(ConfigDeepSpeed, OffloadParamBelowStage3IsIgnoredWithANote) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true}}})");
+  EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
+  EXPECT_TRUE(has_note(c, "zero_optimization.offload_param: accepted; has no effect below ZeRO stage 3"));
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})")
+                .zero.offload_param.device,
+            OffloadDevice::kCpu);
+}
+
+TEST(ConfigDeepSpeed, RealKeysZeroshardLacksAreNotSupportedNotUnknown) {
+  struct Case {
+    std::string_view text, path;
+  };
+  for (const Case& c : {
+           Case{R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "zenflow": {}}})", "zero_optimization.zenflow"},
+           Case{R"({"train_batch_size": 4, "zero_optimization": {"gather_16bit_weights_on_model_save": true}})",
+                "zero_optimization.gather_16bit_weights_on_model_save"},
+           Case{R"({"train_batch_size": 4, "zero_optimization": {"zeropp_loco_param": {}}})",
+                "zero_optimization.zeropp_loco_param"},
+           Case{R"({"train_batch_size": 4, "tensor_parallel": {"autotp_size": 2}})", "tensor_parallel"},
+           Case{R"({"train_batch_size": 4, "compile": {"deepcompile": true}})", "compile"},
+           Case{R"({"train_batch_size": 4, "activation_checkpointing": {}})", "activation_checkpointing"},
+           Case{R"({"train_batch_size": 4, "fp16": {"enabled": true, "auto_cast": true}})", "fp16.auto_cast"},
+           Case{R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+                "pipeline_read": true}}})",
+                "zero_optimization.offload_optimizer.pipeline_read"},
+           Case{R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "legacy_fusion": false}})",
+                "optimizer.legacy_fusion"},
+       }) {
+    std::string e = error_of(c.text);
+    EXPECT_CONTAINS(e, std::string(c.path) + ": ");
+    EXPECT_CONTAINS(e, "not supported by zeroshard yet");
+    EXPECT_EQ(e.find("unknown key"), std::string::npos) << e;
+  }
+}
+
+TEST(ConfigDeepSpeed, TyposStillGetDidYouMean) {
+  std::string e = error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "overlap_comms": true}})");
+  EXPECT_CONTAINS(e, "zero_optimization.overlap_comms: unknown key; did you mean 'overlap_comm'?");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "prescale_gradient": false})"),
+                  "did you mean 'prescale_gradients'?");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "gradient_clippin": 1.0})"), "did you mean 'gradient_clipping'?");
+}
+
+TEST(ConfigDeepSpeed, HuggingFaceAutoSaysWhatItIsAndWhatToWrite) {
+  std::string e = error_of(R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}})");
+  EXPECT_CONTAINS(e, "optimizer.params.lr: \"auto\" is a Hugging Face placeholder");
+  EXPECT_CONTAINS(e, "Trainer fills it in");
+  EXPECT_CONTAINS(e, "write the value itself");
+  EXPECT_CONTAINS(error_of(R"({"train_micro_batch_size_per_gpu": "auto"})"), "train_micro_batch_size_per_gpu: \"auto\"");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"betas": ["auto", 0.9]}}})"),
+                  "optimizer.params.betas[0]: \"auto\"");
 }
 
 }  // namespace
