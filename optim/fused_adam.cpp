@@ -10,6 +10,7 @@
 
 #include "core/errors.h"
 #include "optim/detail/adam_kernels.h"
+#include "optim/detail/low_precision.h"
 
 namespace zs::optim {
 namespace detail {
@@ -34,12 +35,7 @@ void fused_adam_scalar(const AdamArrays& a, const AdamConstants& k) {
       p[i] = p[i] - k.decoupled_decay * p[i] - k.step_size * mi / denom;
     }
     if (a.low_precision != nullptr) {
-      auto* low = static_cast<uint16_t*>(a.low_precision) + b;
-      if (a.low_precision_dtype == memory::DType::kBF16) {
-        memory::convert_f32_to_bf16({p, len}, {low, len}, memory::IsaLevel::kScalar);
-      } else {
-        memory::convert_f32_to_f16({p, len}, {low, len}, memory::IsaLevel::kScalar);
-      }
+      store_low_precision_scalar(p, static_cast<uint16_t*>(a.low_precision) + b, a.low_precision_dtype, len);
     }
   }
 }

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "optim/detail/cadam_kernels.h"
+#include "optim/detail/low_precision.h"
 
 namespace zs::optim::detail {
 namespace {
@@ -66,12 +67,7 @@ void fused_cadam_scalar(const CAdamArrays& a, const CAdamConstants& k) {
                    std::min(kCAdamBlock, len - i));
     }
     if (a.low_precision != nullptr) {
-      auto* low = static_cast<uint16_t*>(a.low_precision) + b;
-      if (a.low_precision_dtype == memory::DType::kBF16) {
-        memory::convert_f32_to_bf16({a.master + b, len}, {low, len}, memory::IsaLevel::kScalar);
-      } else {
-        memory::convert_f32_to_f16({a.master + b, len}, {low, len}, memory::IsaLevel::kScalar);
-      }
+      store_low_precision_scalar(a.master + b, static_cast<uint16_t*>(a.low_precision) + b, a.low_precision_dtype, len);
     }
   }
 }

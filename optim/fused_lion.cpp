@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "optim/detail/lion_kernels.h"
+#include "optim/detail/low_precision.h"
 
 namespace zs::optim {
 namespace detail {
@@ -27,12 +28,7 @@ void fused_lion_scalar(const LionArrays& a, const LionConstants& k) {
       m[i] = k.beta2 * m[i] + k.one_minus_beta2 * grad;
     }
     if (a.low_precision != nullptr) {
-      auto* low = static_cast<uint16_t*>(a.low_precision) + b;
-      if (a.low_precision_dtype == memory::DType::kBF16) {
-        memory::convert_f32_to_bf16({p, len}, {low, len}, memory::IsaLevel::kScalar);
-      } else {
-        memory::convert_f32_to_f16({p, len}, {low, len}, memory::IsaLevel::kScalar);
-      }
+      store_low_precision_scalar(p, static_cast<uint16_t*>(a.low_precision) + b, a.low_precision_dtype, len);
     }
   }
 }
