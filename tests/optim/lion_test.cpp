@@ -21,6 +21,7 @@
 #include "memory/dtype.h"
 #include "optim/fused_lion.h"
 #include "optim/registry.h"
+#include "tests/optim/optimizer_parse.h"
 
 namespace zs::optim {
 namespace {
@@ -225,22 +226,8 @@ TEST(Lion, UnsupportedIsaIsAConfigError) {
 
 // ---- the registry entry ---------------------------------------------------------------------------
 
-OptimizerChoice parse(const std::string& text) {
-  const boost::json::value doc = parse_json_text(text);
-  ObjectReader r(doc, "optimizer");
-  OptimizerChoice c = read_optimizer(r);
-  r.finish();
-  return c;
-}
-
-std::string error_of(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
+using test::parse;
 
 TEST(LionEntry, IsRegisteredUnderDeepSpeedsNameInAnyCase) {
   for (const char* spelling : {"Lion", "lion", "LION"}) {

@@ -13,26 +13,13 @@
 #include "optim/adam.h"
 #include "optim/cadam.h"
 #include "optim/onebit_adam.h"
+#include "tests/optim/optimizer_parse.h"
 
 namespace zs::optim {
 namespace {
 
-OptimizerChoice parse(const std::string& text) {
-  const boost::json::value doc = parse_json_text(text);
-  ObjectReader r(doc, "optimizer");
-  OptimizerChoice c = read_optimizer(r);
-  r.finish();
-  return c;
-}
-
-std::string error_of(const std::string& text) {
-  try {
-    parse(text);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
+using test::parse;
 
 TEST(Registry, EveryEntryIsConsistent) {
   std::set<std::string> lowered;
