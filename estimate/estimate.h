@@ -253,5 +253,7 @@ std::string format_estimate(const MemoryEstimate& est);
 boost::json::object estimate_to_json(const MemoryEstimate& est);
 // "1.23 GiB", "512.0 MiB", "96 B": binary units.
 std::string format_bytes(uint64_t bytes);
+// "1.32 GB", "536.9 MB", "96 B": decimal units (10^3 steps), the ones papers and vendors quote.
+std::string format_bytes_si(uint64_t bytes);
 
 }  // namespace zs::engine

@@ -21,10 +21,57 @@ std::string format_bytes(uint64_t bytes) {
   return fmt::format("{} B", bytes);
 }
 
+std::string format_bytes_si(uint64_t bytes) {
+  const double v = static_cast<double>(bytes);
+  if (bytes >= 1'000'000'000'000) return fmt::format("{:.2f} TB", v / 1e12);
+  if (bytes >= 1'000'000'000) return fmt::format("{:.2f} GB", v / 1e9);
+  if (bytes >= 1'000'000) return fmt::format("{:.1f} MB", v / 1e6);
+  if (bytes >= 1'000) return fmt::format("{:.1f} kB", v / 1e3);
+  return fmt::format("{} B", bytes);
+}
+
 namespace {
 
-std::string rank_span(const ShardGroup& g) {
-  return g.first_rank == g.last_rank ? std::to_string(g.first_rank) : fmt::format("{}-{}", g.first_rank, g.last_rank);
+// The table's rows: consecutive shard groups whose every figure is the same (stage 0 keeps whole
+// replicas whatever S_r is) print as one row, their S_r as a range. The JSON keeps every group.
+struct TableRow {
+  const ShardGroup* group;  // the first group of the row: its figures are the row's
+  int last_rank;
+  uint64_t min_shard, max_shard;
+};
+
+bool same_figures(const ShardGroup& a, const ShardGroup& b) {
+  const DevicePeak& p = a.device_peak;
+  const DevicePeak& q = b.device_peak;
+  return a.device == b.device && a.host == b.host && a.nvme == b.nvme &&
+         a.offload_buffers.applies == b.offload_buffers.applies && a.offload_buffers.bytes == b.offload_buffers.bytes &&
+         p.applies == q.applies && p.bytes == q.bytes && p.reserved_bytes == q.reserved_bytes &&
+         p.by_category == q.by_category && p.transfers.host_to_device_bytes == q.transfers.host_to_device_bytes &&
+         p.transfers.device_to_host_bytes == q.transfers.device_to_host_bytes;
+}
+
+std::vector<TableRow> table_rows(const StageEstimate& st) {
+  std::vector<TableRow> rows;
+  for (const ShardGroup& g : st.shards) {
+    if (!rows.empty() && same_figures(*rows.back().group, g)) {
+      TableRow& r = rows.back();
+      r.last_rank = g.last_rank;
+      r.min_shard = std::min(r.min_shard, g.shard_elements);
+      r.max_shard = std::max(r.max_shard, g.shard_elements);
+      continue;
+    }
+    rows.push_back({&g, g.last_rank, g.shard_elements, g.shard_elements});
+  }
+  return rows;
+}
+
+std::string rank_span(const TableRow& r) {
+  return r.group->first_rank == r.last_rank ? std::to_string(r.last_rank) : fmt::format("{}-{}", r.group->first_rank, r.last_rank);
+}
+
+std::string shard_span(const TableRow& r) {
+  return r.min_shard == r.max_shard ? group_digits(r.min_shard)
+                                    : fmt::format("{}..{}", group_digits(r.min_shard), group_digits(r.max_shard));
 }
 
 // "optimizer nvme (stages 1-3), params nvme (stage 3)" or "none".
@@ -64,30 +111,33 @@ std::string format_estimate(const MemoryEstimate& est) {
                      group_digits(in.model.flat_elements), in.model.exact_layout ? "exact" : "estimated", kAlign, in.ranks,
                      precision_name(in.precision), in.optimizer, offload_summary(in));
   const bool tiered = std::any_of(est.stages.begin(), est.stages.end(), [](const StageEstimate& st) { return st.offload.any(); });
-  const char* row = "{:<7} {:<11} {:>15} {:<7} {:>12} {:>12} {:>12} {:>12}\n";
+  // The last column repeats the total in decimal units (GB = 10^9 B), the unit papers and vendors use.
+  const char* row = "{:<7} {:<11} {:>15} {:<7} {:>12} {:>12} {:>12} {:>12} {:>11}\n";
+  const char* flat_row = "{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12} {:>11}\n";
   if (!tiered) {
     out += "model states per rank (device arena):\n";
-    out += fmt::format("{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12}\n", "stage", "ranks", "shard S_r", "params", "grads",
-                       "optimizer", "total");
+    out += fmt::format(fmt::runtime(flat_row), "stage", "ranks", "shard S_r", "params", "grads", "optimizer", "total", "total (SI)");
   } else {
     out += "model states per rank by tier (device arena; host memory and NVMe swap files count each buffer rounded up to "
            "4096 B):\n";
-    out += fmt::format(fmt::runtime(row), "stage", "ranks", "shard S_r", "tier", "params", "grads", "optimizer", "total");
+    out += fmt::format(fmt::runtime(row), "stage", "ranks", "shard S_r", "tier", "params", "grads", "optimizer", "total",
+                       "total (SI)");
   }
   for (const StageEstimate& st : est.stages) {
-    for (const ShardGroup& g : st.shards) {
+    for (const TableRow& r : table_rows(st)) {
+      const ShardGroup& g = *r.group;
       std::string stage = std::to_string(st.stage) + (st.stage == in.config_stage ? "*" : "");
       if (!tiered) {
-        out += fmt::format("{:<7} {:<11} {:>15} {:>12} {:>12} {:>12} {:>12}\n", stage, rank_span(g), group_digits(g.shard_elements),
-                           format_bytes(g.device.params), format_bytes(g.device.grads), format_bytes(g.device.optimizer),
-                           format_bytes(g.total()));
+        out += fmt::format(fmt::runtime(flat_row), stage, rank_span(r), shard_span(r), format_bytes(g.device.params),
+                           format_bytes(g.device.grads), format_bytes(g.device.optimizer), format_bytes(g.total()),
+                           format_bytes_si(g.total()));
         continue;
       }
-      auto tier = [&](const std::string& s, const std::string& r, const std::string& shard, const char* name, const StateBytes& b) {
-        out += fmt::format(fmt::runtime(row), s, r, shard, name, format_bytes(b.params), format_bytes(b.grads),
-                           format_bytes(b.optimizer), format_bytes(b.total()));
+      auto tier = [&](const std::string& s, const std::string& ranks, const std::string& shard, const char* name, const StateBytes& b) {
+        out += fmt::format(fmt::runtime(row), s, ranks, shard, name, format_bytes(b.params), format_bytes(b.grads),
+                           format_bytes(b.optimizer), format_bytes(b.total()), format_bytes_si(b.total()));
       };
-      tier(stage, rank_span(g), group_digits(g.shard_elements), "device", g.device);
+      tier(stage, rank_span(r), shard_span(r), "device", g.device);
       const bool host = g.host.total() > 0 || st.offload.optimizer == OffloadDevice::kCpu || st.offload.param == OffloadDevice::kCpu;
       if (host) tier("", "", "", "host", g.host);
       if (st.offload.nvme()) tier("", "", "", "nvme", g.nvme);
@@ -104,62 +154,82 @@ std::string format_estimate(const MemoryEstimate& est) {
     out += "\nNVMe offload host buffers per rank (exact: the step's pipelined swapper, allocated up front):\n";
     bool any = false;
     for (const StageEstimate& st : est.stages) {
-      for (const ShardGroup& g : st.shards) {
+      for (const TableRow& r : table_rows(st)) {
+        const ShardGroup& g = *r.group;
         if (!g.offload_buffers.applies) continue;
         any = true;
-        out += fmt::format("  stage {} ranks {:<7} {:>12}  = {}\n", st.stage, rank_span(g), format_bytes(g.offload_buffers.bytes),
+        out += fmt::format("  stage {} ranks {:<7} {:>12}  = {}\n", st.stage, rank_span(r), format_bytes(g.offload_buffers.bytes),
                            g.offload_buffers.formula);
       }
     }
     if (!any) out += "  none (no state on NVMe)\n";
   }
 
+  // Bounds that need the model's shapes are left out without one (one line says what gives them),
+  // rather than printed as unknown.
   out += "\ntransient buffers per rank (upper bounds, beside the model states):\n";
+  std::vector<std::string> unknown;
   for (const StageEstimate& st : est.stages) {
     auto line = [&](const char* name, const TransientBound& t) {
       if (t.applies) out += fmt::format("  stage {} {:<18} {:>12}  = {}\n", st.stage, name, format_bytes(t.bytes), t.formula);
-      else if (!t.formula.empty()) out += fmt::format("  stage {} {:<18} {:>12}  {}\n", st.stage, name, "?", t.formula);
+      else if (!t.formula.empty() && std::find(unknown.begin(), unknown.end(), name) == unknown.end()) unknown.push_back(name);
     };
     line("gradient buckets", st.grad_buckets);
     line("gathered params", st.gathered_params);
     line("persistent params", st.persistent_params);
     line("NVMe param staging", st.nvme_param_staging);
   }
-  out += "\ndevice peak per rank (measured: the engine's own code over a measuring backend; what the arena holds at its "
-         "peak):\n";
+  for (const std::string& name : unknown) {
+    out += fmt::format("  {}: needs the module shapes (give --config with a model section)\n", name);
+  }
+  const bool measured = std::any_of(est.stages.begin(), est.stages.end(), [](const StageEstimate& st) {
+    return std::any_of(st.shards.begin(), st.shards.end(), [](const ShardGroup& g) { return g.device_peak.applies; });
+  });
+  if (!measured) {
+    const std::string why = est.stages.empty() || est.stages.front().shards.empty()
+                                ? std::string("needs the model")
+                                : est.stages.front().shards.front().device_peak.formula;
+    out += fmt::format("\ndevice peak per rank and activations: not estimated; {}\n", why);
+  } else {
+    out += "\ndevice peak per rank (measured: the engine's own code over a measuring backend; what the arena holds at its "
+           "peak):\n";
+  }
   for (const StageEstimate& st : est.stages) {
-    for (const ShardGroup& g : st.shards) {
+    if (!measured) break;
+    for (const TableRow& r : table_rows(st)) {
+      const ShardGroup& g = *r.group;
       const DevicePeak& p = g.device_peak;
-      if (p.applies) {
-        out += fmt::format("  stage {} ranks {:<7} {:>12}  = {}\n", st.stage, rank_span(g), format_bytes(p.bytes), p.formula);
-        std::string parts;
-        for (memory::Category c : memory::kAllCategories) {
-          const uint64_t b = p.by_category[static_cast<size_t>(c)];
-          if (b > 0) parts += fmt::format("{}{} {}", parts.empty() ? "" : " + ", memory::category_name(c), format_bytes(b));
-        }
-        out += fmt::format("  {:<21} {:>12}  = {}; reserved peak {} (fragmentation {:.3f}x){}\n", "", "", parts,
-                           format_bytes(p.reserved_bytes),
-                           p.bytes ? static_cast<double>(p.reserved_bytes) / static_cast<double>(p.bytes) : 1.0,
-                           p.bytes > p.capacity ? fmt::format("; DOES NOT FIT device.memory_mb ({})", format_bytes(p.capacity))
-                                                : fmt::format("; fits device.memory_mb ({})", format_bytes(p.capacity)));
-        if (p.transfers.total() > 0) {
-          out += fmt::format("  {:<21} {:>12}  host -> device {} and device -> host {} per step\n", "", "",
-                             format_bytes(p.transfers.host_to_device_bytes), format_bytes(p.transfers.device_to_host_bytes));
-        }
-        const uint64_t host = cpu_backend_host_bytes(st, g) - p.bytes;
-        out += fmt::format("  {:<21} {:>12}  = host tier {}{} + device peak {}: the process's memory with the CPU device "
-                           "backend, whose arena is host RAM (code, libraries and heap not counted)\n",
-                           "", format_bytes(host + p.bytes), format_bytes(g.host_total()),
-                           st.nvme_param_staging.applies ? fmt::format(" + NVMe staging bound {}", format_bytes(st.nvme_param_staging.bytes)) : "",
-                           format_bytes(p.bytes));
-      } else out += fmt::format("  stage {} ranks {:<7} {:>12}  {}\n", st.stage, rank_span(g), "?", p.formula);
+      if (!p.applies) {
+        out += fmt::format("  stage {} ranks {:<7} not measured: {}\n", st.stage, rank_span(r), p.formula);
+        continue;
+      }
+      out += fmt::format("  stage {} ranks {:<7} {:>12}  = {} ({})\n", st.stage, rank_span(r), format_bytes(p.bytes), p.formula,
+                         format_bytes_si(p.bytes));
+      std::string parts;
+      for (memory::Category c : memory::kAllCategories) {
+        const uint64_t b = p.by_category[static_cast<size_t>(c)];
+        if (b > 0) parts += fmt::format("{}{} {}", parts.empty() ? "" : " + ", memory::category_name(c), format_bytes(b));
+      }
+      out += fmt::format("  {:<21} {:>12}  = {}; reserved peak {} (fragmentation {:.3f}x){}\n", "", "", parts,
+                         format_bytes(p.reserved_bytes),
+                         p.bytes ? static_cast<double>(p.reserved_bytes) / static_cast<double>(p.bytes) : 1.0,
+                         p.bytes > p.capacity ? fmt::format("; DOES NOT FIT device.memory_mb ({})", format_bytes(p.capacity))
+                                              : fmt::format("; fits device.memory_mb ({})", format_bytes(p.capacity)));
+      if (p.transfers.total() > 0) {
+        out += fmt::format("  {:<21} {:>12}  host -> device {} and device -> host {} per step\n", "", "",
+                           format_bytes(p.transfers.host_to_device_bytes), format_bytes(p.transfers.device_to_host_bytes));
+      }
+      const uint64_t host = cpu_backend_host_bytes(st, g) - p.bytes;
+      out += fmt::format("  {:<21} {:>12}  = host tier {}{} + device peak {}: the process's memory with the CPU device "
+                         "backend, whose arena is host RAM (code, libraries and heap not counted)\n",
+                         "", format_bytes(host + p.bytes), format_bytes(g.host_total()),
+                         st.nvme_param_staging.applies ? fmt::format(" + NVMe staging bound {}", format_bytes(st.nvme_param_staging.bytes)) : "",
+                         format_bytes(p.bytes));
     }
   }
   if (!est.stages.empty() && est.stages.front().activations_peak.applies) {
     const StageEstimate& st = est.stages.front();
     out += fmt::format("  activations peak {} = {}\n", format_bytes(st.activations_peak.bytes), st.activations_peak.formula);
-  } else {
-    out += "  activations: not estimated without the model (give --config with a model section)\n";
   }
 
   out += fmt::format("\nmultipliers (bytes per element; Ψ = {} flat elements, S_r = rank r's shard of Ψ over {} rank(s) in "

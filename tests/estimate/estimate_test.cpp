@@ -565,5 +565,27 @@ TEST(Estimate, FormatsBytesInBinaryUnits) {
   EXPECT_EQ(format_bytes(uint64_t{3} << 30), "3.00 GiB");
 }
 
+TEST(Estimate, FormatsBytesInDecimalUnitsBesideThem) {
+  EXPECT_EQ(format_bytes_si(999), "999 B");
+  EXPECT_EQ(format_bytes_si(1536), "1.5 kB");
+  EXPECT_EQ(format_bytes_si(uint64_t{3} << 30), "3.22 GB");
+  EXPECT_EQ(format_bytes_si(2'500'000'000'000), "2.50 TB");
+}
+
+// Rows whose figures are all equal print once (stage 0 replicates whatever S_r is); rows that differ
+// stay apart; without a model nothing unknown is printed as "?".
+TEST(Estimate, TableCollapsesEqualRowsAndOmitsWhatItCannotKnow) {
+  MemoryEstimate est = estimate_memory(estimate_input_for_params(1000, 3, Precision::kBf16), {0, 3});
+  const std::string table = format_estimate(est);
+  EXPECT_NE(table.find("0       0-2                320..352"), std::string::npos) << table;
+  EXPECT_NE(table.find("3       0-1                     352"), std::string::npos) << table;
+  EXPECT_NE(table.find("3       2                       320"), std::string::npos) << table;
+  EXPECT_EQ(table.find('?'), std::string::npos) << table;
+  EXPECT_NE(table.find("device peak per rank and activations: not estimated; needs the model"), std::string::npos) << table;
+  EXPECT_NE(table.find("persistent params: needs the module shapes"), std::string::npos) << table;
+  // The JSON keeps one entry per shard size.
+  EXPECT_EQ(estimate_to_json(est).at("stages").as_array()[0].at("per_shard_size").as_array().size(), 2u);
+}
+
 }  // namespace
 }  // namespace zs::engine
