@@ -458,9 +458,28 @@ bool equal_ignoring_case(std::string_view a, std::string_view b) {
   return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
 }
 
+// The '_'-separated words of a key, lower-cased and sorted: "comm_overlap" and "overlap_comm" agree.
+std::vector<std::string> sorted_words(std::string_view key) {
+  std::vector<std::string> words(1);
+  for (char c : key) {
+    if (c == '_') words.emplace_back();
+    else words.back() += lower(c);
+  }
+  std::sort(words.begin(), words.end());
+  return words;
+}
+
 }  // namespace
 
 std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
+  // The same words in another order is the likeliest slip of all (an old config's "comm_overlap" for
+  // "overlap_comm"), however many edits it takes.
+  const std::vector<std::string> words = sorted_words(word);
+  if (words.size() > 1) {
+    for (const auto& c : candidates) {
+      if (sorted_words(c) == words) return c;
+    }
+  }
   // A typo is a few edits: allow one edit per three characters of the longer word, at least one.
   std::string best;
   std::size_t best_distance = std::numeric_limits<std::size_t>::max();
@@ -542,6 +561,15 @@ void ObjectReader::unsupported(std::string_view key, std::string_view reason) {
     throw ConfigError(fmt::format("{}: this DeepSpeed key is not supported by zeroshard yet: {}; remove \"{}\" from the "
                                   "config",
                                   path_of(key), reason, key));
+  }
+}
+
+void ObjectReader::unsupported_if_true(std::string_view key, std::string_view reason) {
+  bool on = false;
+  if (read(key, on) && on) {
+    throw ConfigError(fmt::format("{}: true enables a DeepSpeed feature that is not supported by zeroshard yet{}{}; set it "
+                                  "to false or remove \"{}\"",
+                                  path_of(key), reason.empty() ? "" : ": ", reason, key));
   }
 }
 

@@ -266,6 +266,9 @@ class ObjectReader {
 
   // A DeepSpeed key zeroshard does not implement: present is a ConfigError giving `reason`.
   void unsupported(std::string_view key, std::string_view reason);
+  // A DeepSpeed switch whose false (off) is what zeroshard does: false accepted, true a ConfigError
+  // ("true enables a DeepSpeed feature that is not supported by zeroshard yet[: reason]").
+  void unsupported_if_true(std::string_view key, std::string_view reason = {});
   // A key accepted and deliberately without effect (say why at the call site).
   void ignore(std::string_view key);
   // The keys of the format this object follows (DeepSpeed's tables, engine/detail/deepspeed_keys.h).

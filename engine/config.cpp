@@ -26,14 +26,7 @@ using Notes = std::vector<std::string>;
 // every rank, so the program logs them once, on rank 0.
 
 // A DeepSpeed switch whose `false` (its default, or off) is what zeroshard does.
-void read_false_only(ObjectReader& r, std::string_view key) {
-  bool on = false;
-  if (r.read(key, on) && on) {
-    throw ConfigError(fmt::format("{}: true enables a DeepSpeed feature that is not supported by zeroshard yet; set it "
-                                  "to false or remove \"{}\"",
-                                  r.path_of(key), key));
-  }
-}
+void read_false_only(ObjectReader& r, std::string_view key) { r.unsupported_if_true(key); }
 
 // A DeepSpeed key accepted with any value of type T and without effect; `why` is said in the note.
 template <typename T>
@@ -196,6 +189,11 @@ void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
     o.read("pin_memory", c.pin_memory);
     o.read("buffer_count", c.buffer_count, IntRange{1, 64});
     o.read("fast_init", c.fast_init);
+    for (std::string_view key : {"pipeline_read", "pipeline_write"}) {
+      read_hint<bool>(o, key, notes,
+                      "zeroshard's NVMe optimizer step always overlaps the next sub-group's read and the last one's write "
+                      "with the update (docs/offload.md)");
+    }
     o.unsupported("ratio", "zeroshard offloads all or none of the optimizer states");
     require_path(o, c.device, c.nvme_path);
   });
@@ -226,7 +224,10 @@ void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
   };
   const bool old_optimizer = read_old_offload("cpu_offload", "offload_optimizer", has_offload_optimizer,
                                               z.offload_optimizer.device);
-  const bool old_param = read_old_offload("cpu_offload_param", "offload_param", has_offload_param, z.offload_param.device);
+  // "cpu_offload_params" is the spelling of DeepSpeed 0.3 (ZeRO-3's first release configs use it).
+  const bool old_param_plural = read_old_offload("cpu_offload_params", "offload_param", has_offload_param, z.offload_param.device);
+  const bool old_param =
+      read_old_offload("cpu_offload_param", "offload_param", has_offload_param, z.offload_param.device) || old_param_plural;
   bool old_pin = false;
   if (r.read("cpu_offload_use_pin_memory", old_pin)) {
     if (old_optimizer) z.offload_optimizer.pin_memory = old_pin;
@@ -246,7 +247,8 @@ void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
     // DeepSpeed reads offload_param only at stage 3 and ignores it below: so does zeroshard, saying so.
     notes.push_back(fmt::format("{}: accepted; has no effect below ZeRO stage 3 (only partitioned parameters can move; "
                                 "DeepSpeed ignores it there too): parameters stay on the device at stage {}",
-                                r.path_of(old_param ? "cpu_offload_param" : "offload_param"), z.stage));
+                                r.path_of(old_param_plural ? "cpu_offload_params" : old_param ? "cpu_offload_param" : "offload_param"),
+                                z.stage));
     z.offload_param = OffloadParamConfig{};
   }
   // Switches whose false (off) is what zeroshard does; true asks for a DeepSpeed feature it lacks.

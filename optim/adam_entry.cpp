@@ -24,8 +24,13 @@ class AdamType final : public detail::TypedOptimizerType<AdamConfig> {
     } else {
       p.unsupported("adam_w_mode", "AdamW always decouples weight decay (use type Adam to choose)");
     }
-    p.unsupported("torch_adam", "zeroshard has one Adam implementation");
-    p.unsupported("amsgrad", "zeroshard does not implement AMSGrad yet");
+    // torch_adam picks DeepSpeed's implementation (torch's or its fused one), set_grad_none how its
+    // zero_grad clears gradients: the update is the same either way, and zeroshard has one of each.
+    p.ignore("torch_adam");
+    p.ignore("set_grad_none");
+    p.unsupported_if_true("amsgrad", "zeroshard does not implement AMSGrad yet");
+    // DeepSpeed refuses it here too ("'max_grad_norm' is not supported as an optimizer parameter").
+    p.unsupported("max_grad_norm", "clipping is the top-level gradient_clipping (write \"gradient_clipping\": 1.0 there)");
   }
   void check(const AdamConfig& a, const std::string& path) const override { optim::validate(a, path); }
   std::unique_ptr<Optimizer> create(const AdamConfig& a) const override { return std::make_unique<Adam>(a); }

@@ -15,19 +15,17 @@ void read_one_bit_plumbing(ObjectReader& p, std::string_view type) {
   if (p.read_choice("comm_backend_name", backend, {"nccl", "mpi", "hccl", "compressed"}) && backend != "mpi") {
     ZS_LOG_INFO("{}: comm_backend_name '{}': zeroshard's compressed allreduce runs on MPI", type, backend);
   }
-  bool cuda_aware = false;
-  p.read("cuda_aware", cuda_aware);
-  if (cuda_aware) {
-    throw ConfigError(fmt::format("{}: zeroshard has no CUDA device memory to hand to MPI; remove the key or set it to false",
-                                  p.path_of("cuda_aware")));
-  }
+  // cuda_aware says whether MPI may be handed device buffers without a copy to the host first: only
+  // the speed of DeepSpeed's exchange depends on it. zeroshard's CPU backend hands MPI its device
+  // buffers (host memory) directly either way.
+  p.ignore("cuda_aware");
   bool bias_correction = false;
   if (p.read("bias_correction", bias_correction) && bias_correction) {
     ZS_LOG_INFO("{}: bias_correction has no effect (DeepSpeed's {} does not use it either)", type, type);
   }
-  p.unsupported("amsgrad", "one-bit optimizers do not support AMSGrad");
+  p.unsupported_if_true("amsgrad", "one-bit optimizers do not support AMSGrad");
   p.unsupported("eps_inside_sqrt", "zeroshard adds eps outside the square root");
-  p.unsupported("max_grad_norm", "use the top-level gradient_clipping instead");
+  p.unsupported("max_grad_norm", "clipping is the top-level gradient_clipping (write \"gradient_clipping\": 1.0 there)");
 }
 
 template <class Config>

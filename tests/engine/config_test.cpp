@@ -174,8 +174,17 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
   };
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 0}}})")
                 .find("optimizer.params.freeze_step"), std::string::npos);
-  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"cuda_aware": true}}})")
-                .find("optimizer.params.cuda_aware"), std::string::npos);
+  // cuda_aware only says whether DeepSpeed may hand MPI device buffers without a host copy: accepted.
+  EXPECT_EQ(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"cuda_aware": true}}})"), "");
+  // Adam's DeepSpeed params: amsgrad false is what zeroshard does, true is refused; torch_adam and
+  // set_grad_none choose implementations; max_grad_norm is refused pointing at gradient_clipping.
+  EXPECT_EQ(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"amsgrad": false, "torch_adam": true, "set_grad_none": true}}})"), "");
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"amsgrad": true}}})")
+                .find("optimizer.params.amsgrad: true enables a DeepSpeed feature that is not supported by zeroshard yet: "
+                      "zeroshard does not implement AMSGrad yet"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})")
+                .find("optimizer.params.max_grad_norm: this DeepSpeed key is not supported by zeroshard yet: clipping is the "
+                      "top-level gradient_clipping"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {"max_grad_norm": 1}}})")
                 .find("gradient_clipping"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"eps": 1e-8}}})")
@@ -293,12 +302,32 @@ TEST(ConfigDeepSpeed, CpuOffloadIsTheOldSpellingOfOffloadOptimizer) {
   EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "cpu_offload_param": true}})")
                 .zero.offload_param.device,
             OffloadDevice::kCpu);
+  // DeepSpeed 0.3's spelling, in ZeRO-3's first published configs.
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "cpu_offload_params": true}})")
+                .zero.offload_param.device,
+            OffloadDevice::kCpu);
+  EXPECT_TRUE(has_note(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload_params": true}})"),
+                       "zero_optimization.cpu_offload_params: accepted; has no effect below ZeRO stage 3"));
   std::string e = error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": true,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"}}})");
   EXPECT_CONTAINS(e, "zero_optimization.cpu_offload");
   EXPECT_CONTAINS(e, "zero_optimization.offload_optimizer");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 0, "cpu_offload": true}})"),
                   "zero_optimization.cpu_offload: optimizer offload needs ZeRO stage 1, 2 or 3");
+}
+
+TEST(ConfigDeepSpeed, NvmePipelineSwitchesAreHints) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "offload_optimizer":
+      {"device": "nvme", "nvme_path": "/tmp", "pipeline_read": false, "pipeline_write": true}}})");
+  EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
+  EXPECT_TRUE(has_note(c, "zero_optimization.offload_optimizer.pipeline_read: accepted; has no effect"));
+  EXPECT_TRUE(has_note(c, "zero_optimization.offload_optimizer.pipeline_write: accepted; has no effect"));
+}
+
+// A key with a valid key's words in another order (old Megatron configs' "comm_overlap").
+TEST(ConfigDeepSpeed, WordsInAnotherOrderGetTheDidYouMean) {
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "comm_overlap": true}})"),
+                  "zero_optimization.comm_overlap: unknown key; did you mean 'overlap_comm'?");
 }
 
 TEST(ConfigDeepSpeed, OffloadParamBelowStage3IsIgnoredWithANote) {
@@ -327,8 +356,8 @@ TEST(ConfigDeepSpeed, RealKeysZeroshardLacksAreNotSupportedNotUnknown) {
            Case{R"({"train_batch_size": 4, "activation_checkpointing": {}})", "activation_checkpointing"},
            Case{R"({"train_batch_size": 4, "fp16": {"enabled": true, "auto_cast": true}})", "fp16.auto_cast"},
            Case{R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
-                "pipeline_read": true}}})",
-                "zero_optimization.offload_optimizer.pipeline_read"},
+                "ratio": 0.3}}})",
+                "zero_optimization.offload_optimizer.ratio"},
            Case{R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "legacy_fusion": false}})",
                 "optimizer.legacy_fusion"},
        }) {
