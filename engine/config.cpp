@@ -419,9 +419,25 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
 
   // Note [DeepSpeed keys by verdict]. Switches whose false is what zeroshard does:
-  for (std::string_view key : {"prescale_gradients", "disable_allgather", "sparse_gradients", "dump_state",
+  for (std::string_view key : {"disable_allgather", "sparse_gradients", "dump_state",
                                "memory_breakdown", "graph_harvesting", "use_data_before_expert_parallelism"}) {
     read_false_only(root, key);
+  }
+  // Where DeepSpeed divides by the world size (before the sum, to keep fp16 sums in range, or after)
+  // changes only rounding; zeroshard sums 16-bit gradients in fp32 and divides once. false and a
+  // factor of 1 are DeepSpeed's defaults: nothing to say.
+  bool prescale = false;
+  if (root.read("prescale_gradients", prescale) && prescale) {
+    cfg.notes.push_back(fmt::format("{}: accepted; has no effect in zeroshard: it sums gradients in fp32 and divides by "
+                                    "the world size once, so no pre-division is needed to keep the sum in range; the "
+                                    "average is the same",
+                                    root.path_of("prescale_gradients")));
+  }
+  double predivide = 1.0;
+  if (root.read("gradient_predivide_factor", predivide, RealRange::positive()) && predivide != 1.0) {
+    cfg.notes.push_back(fmt::format("{}: accepted; has no effect in zeroshard: it sums gradients in fp32 and divides by "
+                                    "the world size once (see prescale_gradients)",
+                                    root.path_of("gradient_predivide_factor")));
   }
   read_hint<bool>(root, "zero_allow_untested_optimizer", cfg.notes,
                   "every zeroshard optimizer runs at every ZeRO stage it accepts");

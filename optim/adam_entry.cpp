@@ -30,7 +30,7 @@ class AdamType final : public detail::TypedOptimizerType<AdamConfig> {
     p.ignore("set_grad_none");
     p.unsupported_if_true("amsgrad", "zeroshard does not implement AMSGrad yet");
     // DeepSpeed refuses it here too ("'max_grad_norm' is not supported as an optimizer parameter").
-    p.unsupported("max_grad_norm", "clipping is the top-level gradient_clipping (write \"gradient_clipping\": 1.0 there)");
+    p.unsupported("max_grad_norm", "use the top-level gradient_clipping instead (DeepSpeed refuses it as an optimizer param too)");
   }
   void check(const AdamConfig& a, const std::string& path) const override { optim::validate(a, path); }
   std::unique_ptr<Optimizer> create(const AdamConfig& a) const override { return std::make_unique<Adam>(a); }

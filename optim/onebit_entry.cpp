@@ -25,7 +25,7 @@ void read_one_bit_plumbing(ObjectReader& p, std::string_view type) {
   }
   p.unsupported_if_true("amsgrad", "one-bit optimizers do not support AMSGrad");
   p.unsupported("eps_inside_sqrt", "zeroshard adds eps outside the square root");
-  p.unsupported("max_grad_norm", "clipping is the top-level gradient_clipping (write \"gradient_clipping\": 1.0 there)");
+  p.unsupported("max_grad_norm", "use the top-level gradient_clipping instead (DeepSpeed refuses it as an optimizer param too)");
 }
 
 template <class Config>

@@ -183,8 +183,8 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
                 .find("optimizer.params.amsgrad: true enables a DeepSpeed feature that is not supported by zeroshard yet: "
                       "zeroshard does not implement AMSGrad yet"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}})")
-                .find("optimizer.params.max_grad_norm: this DeepSpeed key is not supported by zeroshard yet: clipping is the "
-                      "top-level gradient_clipping"), std::string::npos);
+                .find("optimizer.params.max_grad_norm: this DeepSpeed key is not supported by zeroshard yet: use the "
+                      "top-level gradient_clipping instead"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {"max_grad_norm": 1}}})")
                 .find("gradient_clipping"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"eps": 1e-8}}})")
@@ -238,7 +238,6 @@ TEST(ConfigDeepSpeed, SwitchesWhoseFalseIsWhatZeroshardDoesAreAccepted) {
 
 TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
   for (std::string_view text : {
-           R"({"train_batch_size": 4, "prescale_gradients": true})",
            R"({"train_batch_size": 4, "disable_allgather": true})",
            R"({"train_batch_size": 4, "fp16": {"fp16_master_weights_and_grads": true}})",
            R"({"train_batch_size": 4, "bf16": {"bf16_master_weights_and_grads": true}})",
@@ -281,6 +280,16 @@ TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
   EXPECT_EQ(b.precision, Precision::kBf16);
   EXPECT_EQ(b.notes.size(), 5u);
   EXPECT_TRUE(has_note(b, "bf16.loss_scale: accepted; has no effect in zeroshard: bf16 needs no loss scaling"));
+}
+
+// Pre-dividing only keeps DeepSpeed's fp16 sums in range; zeroshard sums in fp32.
+TEST(ConfigDeepSpeed, GradientPredivisionIsAHint) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": true, "gradient_predivide_factor": 8})");
+  EXPECT_EQ(c.notes.size(), 2u);
+  EXPECT_TRUE(has_note(c, "prescale_gradients: accepted; has no effect in zeroshard"));
+  EXPECT_TRUE(has_note(c, "gradient_predivide_factor: accepted; has no effect in zeroshard"));
+  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "gradient_predivide_factor": 1.0})").notes.empty());
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "gradient_predivide_factor": 0})"), "gradient_predivide_factor");
 }
 
 TEST(ConfigDeepSpeed, ReduceBucketSizeZeroIsOneParameterPerBucket) {
