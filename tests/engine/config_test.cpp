@@ -224,7 +224,8 @@ TEST(ConfigDeepSpeed, SwitchesWhoseFalseIsWhatZeroshardDoesAreAccepted) {
           "stage3_gather_16bit_weights_on_model_save": false, "zero_quantized_weights": false,
           "zero_quantized_gradients": false, "elastic_checkpoint": false}})");
   EXPECT_EQ(c.zero.stage, 2);
-  EXPECT_TRUE(c.notes.empty());  // they ask for what zeroshard does: nothing to say
+  ASSERT_EQ(c.notes.size(), 1u);  // they ask for what zeroshard does: nothing to say but the default optimizer
+  EXPECT_TRUE(has_note(c, "optimizer: no `optimizer` section"));
 }
 
 TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
@@ -259,7 +260,7 @@ TEST(ConfigDeepSpeed, DisabledFeatureSectionsAreAccepted) {
 TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
   EngineConfig c = parse(R"({"train_batch_size": 4, "zero_allow_untested_optimizer": true,
       "zero_optimization": {"stage": 3, "contiguous_gradients": false, "stage3_max_reuse_distance": 1e9}})");
-  EXPECT_EQ(c.notes.size(), 3u);
+  EXPECT_EQ(c.notes.size(), 4u);  // and the default optimizer's note
   EXPECT_TRUE(has_note(c, "zero_optimization.stage3_max_reuse_distance: accepted; has no effect"));
   EXPECT_TRUE(has_note(c, "zero_optimization.contiguous_gradients: accepted"));
   EXPECT_TRUE(has_note(c, "zero_allow_untested_optimizer: accepted"));
@@ -270,7 +271,7 @@ TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
   EngineConfig b = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})");
   EXPECT_EQ(b.precision, Precision::kBf16);
-  EXPECT_EQ(b.notes.size(), 5u);
+  EXPECT_EQ(b.notes.size(), 6u);
   EXPECT_TRUE(has_note(b, "bf16.loss_scale: accepted; has no effect in zeroshard: bf16 needs no loss scaling"));
 }
 
