@@ -65,7 +65,7 @@ struct StepContext {
   float grad_scale = 1.0f; // multiplies every gradient first (clipping coefficient, 1/loss scale)
   // This step's betas when the schedule sets them (OneCycle's cycle_momentum), replacing the
   // configured ones as DeepSpeed's scheduler replaces param_group['betas'] (bias corrections use them too).
-  std::optional<std::array<double, 2>> betas;
+  std::optional<std::array<double, 2>> betas{};
   const std::array<double, 2>& betas_or(const std::array<double, 2>& configured) const { return betas ? *betas : configured; }
 };
 
