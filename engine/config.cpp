@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "core/json.h"
 #include "engine/detail/deepspeed_keys.h"
 #include "nn/gpt.h"
+#include "optim/onebit_adam.h"
 
 namespace zs::engine {
 namespace {
@@ -394,6 +396,27 @@ void note_defaults(EngineConfig& cfg, bool has_optimizer) {
   }
 }
 
+// Note [one-bit Adam freeze]: OneBitAdam's variance, like DeepSpeed's (runtime/fp16/onebit/adam.py:
+// exp_avg_sq.mul_(beta2).addcmul_(1 - beta2, grad, grad), no bias correction, frozen once state['step']
+// reaches freeze_step), has reached only 1 - beta2^freeze_step of its stationary value at the freeze
+// and stays there, so every compressed step is 1/sqrt(1 - beta2^freeze_step) times larger than it
+// would be with a settled variance (beta2 0.999 at step 100: 9.5%, 3.2x). Both implementations share
+// it (tests/optim/onebit_adam_test.cpp checks ours against those formulas); the run says so once.
+void note_one_bit_freeze(EngineConfig& cfg) {
+  const auto* c = cfg.optimizer.params_if<optim::OneBitAdamConfig>();
+  if (c == nullptr) return;
+  const double beta2 = c->betas[1];
+  const double reached = 1.0 - std::pow(beta2, static_cast<double>(c->freeze_step));
+  if (reached >= 0.9) return;
+  const double settle = beta2 > 0 ? std::ceil(std::log(0.1) / std::log(beta2)) : 1.0;
+  cfg.notes.push_back(fmt::format(
+      "optimizer.params.freeze_step: at step {} the variance (betas[1] = {:g}, not bias-corrected, as in DeepSpeed) "
+      "has reached {:.1f}% of its settled value and is frozen there, so compressed steps are {:.1f}x larger than "
+      "with a settled variance; DeepSpeed behaves the same. A freeze_step of at least {:.0f} (90%), or a smaller "
+      "betas[1], avoids it",
+      c->freeze_step, beta2, 100.0 * reached, 1.0 / std::sqrt(reached), settle));
+}
+
 }  // namespace
 
 EngineConfig parse_config(const boost::json::value& doc, int dp) {
@@ -429,6 +452,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     read_scheduler(r, cfg.scheduler);
   });
   note_defaults(cfg, has_optimizer);
+  note_one_bit_freeze(cfg);
   root.read_object("zero_optimization", [&](ObjectReader& r) { read_zero(r, cfg.zero, cfg.notes); });
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });

@@ -148,7 +148,21 @@ TEST(Config, SchedulerDefaultsAndLastBatchIterationAsDeepSpeed) {
                   "not supported by zeroshard yet");
 }
 
-TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {
+TEST(Config, OneBitAdamFreezeBeforeTheVarianceSettlesIsNoted) {
+  // DeepSpeed's advice (freeze at the end of the lr warm-up) with its default betas: 1 - 0.999^100.
+  EngineConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
+      "params": {"lr": 1e-3, "freeze_step": 100}}})");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_CONTAINS(c.notes[0], "optimizer.params.freeze_step: at step 100 the variance (betas[1] = 0.999");
+  EXPECT_CONTAINS(c.notes[0], "9.5% of its settled value");
+  EXPECT_CONTAINS(c.notes[0], "3.2x larger");
+  EXPECT_CONTAINS(c.notes[0], "at least 2302");
+  EngineConfig settled = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
+      "params": {"lr": 1e-3, "betas": [0.9, 0.95], "freeze_step": 100}}})");
+  EXPECT_TRUE(settled.notes.empty());
+}
+
+TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {
   EngineConfig c = parse(R"({"train_batch_size": 4})");
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_CONTAINS(c.notes[0], "optimizer: no `optimizer` section; training with AdamW at lr 0.001");
