@@ -72,15 +72,22 @@ void validate(const LrScheduleConfig& c, const std::string& path) {
   }
 }
 
-// Note [schedule step alignment]. DeepSpeed's engine (runtime/engine.py, _take_model_step) calls
-// optimizer.step() and only then lr_scheduler.step() (not at all on an fp16 overflow), and every
-// scheduler's constructor, with last_batch_iteration = -1, sets the optimizer's lr to get_lr() at -1
-// (WarmupLR / WarmupDecayLR: warmup_min_lr; WarmupCosineLR: 0; OneCycle: cycle_min_lr and betas
-// (cycle_min_mom, 0.99)). So optimizer step k (0-based) runs with get_lr() at last_batch_iteration
-// k - 1: a log WarmupLR from 0 gives 0, 0, max * log(2)/log(W), ... (zeroshard before this note gave
-// step k the value at k, one step ahead). lr_at(0) is the constructor's value and lr_at(k) =
-// lr_after(k - 1); tests/optim/schedule_test.cpp checks each schedule against DeepSpeed's formulas
-// written out there.
+// Note [schedule step alignment]. Read from deepspeedai/DeepSpeed at commit 22779f2c:
+// - runtime/engine.py, DeepSpeedEngine._take_model_step: `self.optimizer.step()`, then, unless the
+//   optimizer reports an overflow, `self.lr_scheduler.step(**(lr_kwargs or {}))`; _scheduler_from_config
+//   only constructs the scheduler (`scheduler(optimizer, **scheduler_params)`), it never steps it.
+// - runtime/lr_schedules.py: each scheduler's __init__ with last_batch_iteration = -1 (the default)
+//   writes get_lr() into the optimizer (WarmupLR.__init__: `if last_batch_iteration == -1:
+//   self._last_lr = update_lr(..., self.get_lr())`); get_lr() at -1 is warmup_min_lr (WarmupLR,
+//   WarmupDecayLR: "before it has started" returns min_lrs) or 0 (WarmupCosineLR.get_lr); OneCycle's
+//   _initialize_lr / _initialize_momentum set cycle_min_lr and betas (cycle_min_mom, 0.99). step()
+//   increments last_batch_iteration and writes get_lr() again.
+// So optimizer step k (0-based) runs with get_lr() at last_batch_iteration k - 1: a log WarmupLR from
+// 0 to 1e-3 over 10 steps gives 0, 0, 3.01e-4, 4.77e-4, ... (zeroshard before this note gave step k
+// the value at k: 0, 3.01e-4, 4.77e-4, one step ahead). lr_at(0) is the constructor's value and
+// lr_at(k) = lr_after(k - 1); tests/optim/schedule_test.cpp checks every schedule against DeepSpeed's
+// formulas written out there, driven by the same construct-then-step loop. Also DeepSpeed's: W =
+// max(2, warmup_num_steps) (its __init__), and the warm-up and cosine formulas at iteration i.
 double LrSchedule::warmup_fraction(int64_t iteration) const {
   const auto w = std::max<int64_t>(2, config_.warmup_num_steps);
   if (iteration >= w) return 1.0;

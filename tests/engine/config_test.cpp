@@ -162,7 +162,7 @@ TEST(Config, OneBitAdamFreezeBeforeTheVarianceSettlesIsNoted) {
   EXPECT_TRUE(settled.notes.empty());
 }
 
-TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {
+TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {
   EngineConfig c = parse(R"({"train_batch_size": 4})");
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_CONTAINS(c.notes[0], "optimizer: no `optimizer` section; training with AdamW at lr 0.001");
