@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "core/json.h"
 #include "engine/detail/deepspeed_keys.h"
 #include "nn/gpt.h"
+#include "optim/onebit_adam.h"
 
 namespace zs::engine {
 namespace {
@@ -114,11 +116,36 @@ void read_memory_modes(ObjectReader& r, MemoryModes& m, Precision precision) {
   }
 }
 
+void read_one_cycle(ObjectReader& p, optim::OneCycleConfig& o) {
+  p.require("cycle_min_lr", o.cycle_min_lr, RealRange::non_negative());
+  p.require("cycle_max_lr", o.cycle_max_lr, RealRange::non_negative());
+  p.read("decay_lr_rate", o.decay_lr_rate);
+  p.read("cycle_first_step_size", o.cycle_first_step_size, IntRange::positive());
+  p.read("cycle_second_step_size", o.cycle_second_step_size, IntRange::positive());
+  p.read("cycle_first_stair_count", o.cycle_first_stair_count, IntRange::non_negative());
+  p.read("cycle_second_stair_count", o.cycle_second_stair_count, IntRange::non_negative());
+  p.read("decay_step_size", o.decay_step_size, IntRange::non_negative());
+  p.read("cycle_momentum", o.cycle_momentum);
+  p.read("cycle_min_mom", o.cycle_min_mom, RealRange::half_open(0.0, 1.0));
+  p.read("cycle_max_mom", o.cycle_max_mom, RealRange::half_open(0.0, 1.0));
+  p.read("decay_mom_rate", o.decay_mom_rate);
+}
+
 void read_scheduler(ObjectReader& r, optim::LrScheduleConfig& s) {
   std::string type;
   r.require("type", type);
   s.type = optim::parse_schedule_type(type, r.path_of("type"));
-  r.read_object("params", [&](ObjectReader& p) {
+  // DeepSpeed's WarmupLR takes the optimizer's lr as warmup_max_lr when none is given (WarmupDecayLR
+  // keeps its own default, 0.001).
+  if (s.type == optim::ScheduleType::kWarmupLR) s.warmup_max_lr = s.base_lr;
+  const bool has_params = r.read_object("params", [&](ObjectReader& p) {
+    int64_t last_batch_iteration = -1;  // DeepSpeed's default: a fresh schedule
+    if (p.read("last_batch_iteration", last_batch_iteration) && last_batch_iteration != -1) {
+      throw ConfigError(fmt::format("{}: not supported by zeroshard yet (resuming a schedule comes with checkpoints); "
+                                    "remove it or set -1",
+                                    p.path_of("last_batch_iteration")));
+    }
+    if (s.type == optim::ScheduleType::kOneCycle) return read_one_cycle(p, s.one_cycle);
     const bool warmup_lr = s.type != optim::ScheduleType::kWarmupCosineLR;
     if (warmup_lr) {
       p.read("warmup_min_lr", s.warmup_min_lr, RealRange::non_negative());
@@ -127,11 +154,13 @@ void read_scheduler(ObjectReader& r, optim::LrScheduleConfig& s) {
       p.read("warmup_min_ratio", s.warmup_min_ratio, RealRange::closed(0, 1));
       p.read("cos_min_ratio", s.cos_min_ratio, RealRange::closed(0, 1));
     }
-    p.read("warmup_num_steps", s.warmup_num_steps, IntRange::non_negative());
+    p.read("warmup_num_steps", s.warmup_num_steps, IntRange::positive());
     if (s.type != optim::ScheduleType::kWarmupLR) p.read("total_num_steps", s.total_num_steps, IntRange::positive());
     p.read_enum("warmup_type", s.warmup_type, {{"log", optim::WarmupType::kLog}, {"linear", optim::WarmupType::kLinear}});
-    p.unsupported("last_batch_iteration", "resuming a schedule comes with checkpoints, which zeroshard does not implement yet");
   });
+  if (!has_params && s.type == optim::ScheduleType::kOneCycle) {
+    throw ConfigError(fmt::format("{}: OneCycle needs params with cycle_min_lr and cycle_max_lr", r.path_of("params")));
+  }
   optim::validate(s, json_path_join(r.path(), "params"));
 }
 
@@ -348,6 +377,50 @@ BatchConfig resolve_batch(int64_t train, int64_t micro, int64_t accum, int dp) {
   return b;
 }
 
+namespace {
+
+// What a config leaves to defaults is said once, plainly (DeepSpeed builds no optimizer without an
+// `optimizer` section; zeroshard's engine needs one, so it takes the registry's default; without a
+// `scheduler` both keep the optimizer's lr, so that needs no word). Also refuses
+// OneCycle's momentum cycling where the optimizer cannot take per-step betas.
+void note_defaults(EngineConfig& cfg, bool has_optimizer) {
+  const optim::HyperParams h = cfg.optimizer.hyper();
+  if (!has_optimizer) {
+    cfg.notes.push_back(fmt::format("optimizer: no `optimizer` section; training with {} at lr {:g}, betas [{:g}, {:g}], "
+                                    "weight_decay {:g} (add an `optimizer` section to choose)",
+                                    cfg.optimizer.name(), h.lr, h.betas[0], h.betas[1], h.weight_decay));
+  }
+  if (cfg.scheduler.type == optim::ScheduleType::kOneCycle && cfg.scheduler.one_cycle.cycle_momentum &&
+      cfg.optimizer.compressed()) {
+    throw ConfigError(fmt::format("scheduler.params.cycle_momentum: cycling betas[0] is not supported by zeroshard yet "
+                                  "with {} (its compressed update keeps fixed betas); set cycle_momentum to false",
+                                  cfg.optimizer.name()));
+  }
+}
+
+// Note [one-bit Adam freeze]: OneBitAdam's variance, like DeepSpeed's (runtime/fp16/onebit/adam.py:
+// exp_avg_sq.mul_(beta2).addcmul_(1 - beta2, grad, grad), no bias correction, frozen once state['step']
+// reaches freeze_step), has reached only 1 - beta2^freeze_step of its stationary value at the freeze
+// and stays there, so every compressed step is 1/sqrt(1 - beta2^freeze_step) times larger than it
+// would be with a settled variance (beta2 0.999 at step 100: 9.5%, 3.2x). Both implementations share
+// it (tests/optim/onebit_adam_test.cpp checks ours against those formulas); the run says so once.
+void note_one_bit_freeze(EngineConfig& cfg) {
+  const auto* c = cfg.optimizer.params_if<optim::OneBitAdamConfig>();
+  if (c == nullptr) return;
+  const double beta2 = c->betas[1];
+  const double reached = 1.0 - std::pow(beta2, static_cast<double>(c->freeze_step));
+  if (reached >= 0.9) return;
+  const double settle = beta2 > 0 ? std::ceil(std::log(0.1) / std::log(beta2)) : 1.0;
+  cfg.notes.push_back(fmt::format(
+      "optimizer.params.freeze_step: at step {} the variance (betas[1] = {:g}, not bias-corrected, as in DeepSpeed) "
+      "has reached {:.1f}% of its settled value and is frozen there, so compressed steps are {:.1f}x larger than "
+      "with a settled variance; DeepSpeed behaves the same. A freeze_step of at least {:.0f} (90%), or a smaller "
+      "betas[1], avoids it",
+      c->freeze_step, beta2, 100.0 * reached, 1.0 / std::sqrt(reached), settle));
+}
+
+}  // namespace
+
 EngineConfig parse_config(const boost::json::value& doc, int dp) {
   EngineConfig cfg;
   reject_auto(doc, "");
@@ -371,7 +444,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
   root.alias("bf16", "bfloat16");
   root.read_object("bf16", [&](ObjectReader& r) { read_bf16(r, cfg, fp16_enabled); });
-  root.read_object("optimizer", [&](ObjectReader& r) {
+  const bool has_optimizer = root.read_object("optimizer", [&](ObjectReader& r) {
     r.known_keys(detail::deepspeed_keys("optimizer"), "DeepSpeed");
     cfg.optimizer = optim::read_optimizer(r);
   });
@@ -380,6 +453,8 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     r.known_keys(detail::deepspeed_keys("scheduler"), "DeepSpeed");
     read_scheduler(r, cfg.scheduler);
   });
+  note_defaults(cfg, has_optimizer);
+  note_one_bit_freeze(cfg);
   root.read_object("zero_optimization", [&](ObjectReader& r) { read_zero(r, cfg.zero, cfg.notes); });
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });

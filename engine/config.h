@@ -134,6 +134,7 @@ struct EngineConfig {
 
   // One line per accepted key that has no effect here, starting with its JSON path
   // ("zero_optimization.stage3_max_reuse_distance: accepted; has no effect in zeroshard: ...").
+  // Also the optimizer a config without an `optimizer` section trains with ("optimizer: no ...").
   // parse_config logs nothing (it runs on every rank); the program logs these once, on rank 0.
   std::vector<std::string> notes;
 

@@ -125,7 +125,10 @@ bool Engine::step() {
   report.compressed = local;
   if (!skipped) {
     const double coef = optim::clip_coefficient(grad_norm, config_.gradient_clipping);
-    optim::StepContext step_ctx{.step = t, .lr = report.lr, .grad_scale = static_cast<float>(unscale * coef)};
+    optim::StepContext step_ctx{.step = t,
+                                .lr = report.lr,
+                                .grad_scale = static_cast<float>(unscale * coef),
+                                .betas = s.schedule_.betas_at(s.steps_taken_)};
     if (s.compressed_) {
       s.step_compressed(step_ctx);
     } else if (s.nvme_) {

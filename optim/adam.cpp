@@ -39,12 +39,13 @@ std::span<const StateSpec> Adam::state_specs() const { return kAdamStates; }
 AdamConstants adam_constants(const AdamConfig& c, const StepContext& ctx, bool apply_weight_decay) {
   // Must fold exactly as step_reference does: the kernels are tested against it bit for bit.
   AdamConstants k;
-  k.beta1 = static_cast<float>(c.betas[0]);
-  k.beta2 = static_cast<float>(c.betas[1]);
+  const std::array<double, 2>& betas = ctx.betas_or(c.betas);
+  k.beta1 = static_cast<float>(betas[0]);
+  k.beta2 = static_cast<float>(betas[1]);
   k.one_minus_beta1 = 1.0f - k.beta1;
   k.one_minus_beta2 = 1.0f - k.beta2;
-  const double bc1 = c.bias_correction ? 1.0 - std::pow(c.betas[0], static_cast<double>(ctx.step)) : 1.0;
-  const double bc2 = c.bias_correction ? 1.0 - std::pow(c.betas[1], static_cast<double>(ctx.step)) : 1.0;
+  const double bc1 = c.bias_correction ? 1.0 - std::pow(betas[0], static_cast<double>(ctx.step)) : 1.0;
+  const double bc2 = c.bias_correction ? 1.0 - std::pow(betas[1], static_cast<double>(ctx.step)) : 1.0;
   k.step_size = static_cast<float>(ctx.lr / bc1);
   k.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   k.eps = static_cast<float>(c.eps);
@@ -73,10 +74,11 @@ void Adam::step_reference(const ParamChunk& chunk, const StepContext& ctx) const
   const size_t n = chunk.master.size();
   ZS_ASSERT(chunk.grad.size() == n && chunk.states.size() == 2, "Adam chunk: {} params, {} grads, {} states", n,
             chunk.grad.size(), chunk.states.size());
-  const float beta1 = static_cast<float>(config_.betas[0]);
-  const float beta2 = static_cast<float>(config_.betas[1]);
-  const double bc1 = config_.bias_correction ? 1.0 - std::pow(config_.betas[0], static_cast<double>(ctx.step)) : 1.0;
-  const double bc2 = config_.bias_correction ? 1.0 - std::pow(config_.betas[1], static_cast<double>(ctx.step)) : 1.0;
+  const std::array<double, 2>& betas = ctx.betas_or(config_.betas);
+  const float beta1 = static_cast<float>(betas[0]);
+  const float beta2 = static_cast<float>(betas[1]);
+  const double bc1 = config_.bias_correction ? 1.0 - std::pow(betas[0], static_cast<double>(ctx.step)) : 1.0;
+  const double bc2 = config_.bias_correction ? 1.0 - std::pow(betas[1], static_cast<double>(ctx.step)) : 1.0;
   // Folding the corrections into two scalars keeps the per-element work to one sqrt and one divide.
   const float step_size = static_cast<float>(ctx.lr / bc1);
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));

@@ -20,8 +20,9 @@ static_assert(CAdam::kBlock == detail::kCAdamBlock);
 detail::CAdamConstants cadam_constants(const CAdamConfig& c, const StepContext& ctx, bool apply_weight_decay) {
   // Must fold exactly as step_reference does: the kernels are tested against it bit for bit.
   detail::CAdamConstants k;
-  k.beta1 = static_cast<float>(c.betas[0]);
-  k.beta2 = static_cast<float>(c.betas[1]);
+  const std::array<double, 2>& betas = ctx.betas_or(c.betas);
+  k.beta1 = static_cast<float>(betas[0]);
+  k.beta2 = static_cast<float>(betas[1]);
   k.one_minus_beta1 = 1.0f - k.beta1;
   k.one_minus_beta2 = 1.0f - k.beta2;
   k.lr = static_cast<float>(ctx.lr);
@@ -89,8 +90,9 @@ void CAdam::step(const ParamChunk& chunk, const StepContext& ctx) const {
 void CAdam::step_reference(const ParamChunk& chunk, const StepContext& ctx) const {
   check_chunk(chunk);
   const size_t n = chunk.master.size();
-  const float beta1 = static_cast<float>(config_.betas[0]);
-  const float beta2 = static_cast<float>(config_.betas[1]);
+  const std::array<double, 2>& betas = ctx.betas_or(config_.betas);
+  const float beta1 = static_cast<float>(betas[0]);
+  const float beta2 = static_cast<float>(betas[1]);
   const float lr = static_cast<float>(ctx.lr);
   const float wd = chunk.apply_weight_decay ? static_cast<float>(config_.weight_decay) : 0.0f;
   float* p = chunk.master.data();

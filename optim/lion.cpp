@@ -59,8 +59,9 @@ std::span<const StateSpec> Lion::state_specs() const { return kLionStates; }
 LionConstants lion_constants(const LionConfig& c, const StepContext& ctx, bool apply_weight_decay) {
   // Must fold exactly as step_reference does: the kernels are tested against it bit for bit.
   LionConstants k;
-  k.beta1 = static_cast<float>(c.betas[0]);
-  k.beta2 = static_cast<float>(c.betas[1]);
+  const std::array<double, 2>& betas = ctx.betas_or(c.betas);
+  k.beta1 = static_cast<float>(betas[0]);
+  k.beta2 = static_cast<float>(betas[1]);
   k.one_minus_beta1 = 1.0f - k.beta1;
   k.one_minus_beta2 = 1.0f - k.beta2;
   k.lr = static_cast<float>(ctx.lr);
@@ -86,8 +87,9 @@ void Lion::step_reference(const ParamChunk& chunk, const StepContext& ctx) const
   const size_t n = chunk.master.size();
   ZS_ASSERT(chunk.grad.size() == n && chunk.states.size() == 1, "Lion chunk: {} params, {} grads, {} states", n,
             chunk.grad.size(), chunk.states.size());
-  const float beta1 = static_cast<float>(config_.betas[0]);
-  const float beta2 = static_cast<float>(config_.betas[1]);
+  const std::array<double, 2>& betas = ctx.betas_or(config_.betas);
+  const float beta1 = static_cast<float>(betas[0]);
+  const float beta2 = static_cast<float>(betas[1]);
   const float lr = static_cast<float>(ctx.lr);
   const float decay = chunk.apply_weight_decay ? static_cast<float>(1.0 - ctx.lr * config_.weight_decay) : 1.0f;
   float* m = static_cast<float*>(chunk.states[0]);

@@ -17,8 +17,10 @@
 //   adam.step({.master = master, .grad = grad, .states = states}, {.step = 1, .lr = 1e-3});
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -61,6 +63,10 @@ struct StepContext {
   int64_t step = 1;        // 1-based count of optimizer steps taken, this one included (bias correction)
   double lr = 1e-3;        // this step's learning rate (from the schedule)
   float grad_scale = 1.0f; // multiplies every gradient first (clipping coefficient, 1/loss scale)
+  // This step's betas when the schedule sets them (OneCycle's cycle_momentum), replacing the
+  // configured ones as DeepSpeed's scheduler replaces param_group['betas'] (bias corrections use them too).
+  std::optional<std::array<double, 2>> betas{};
+  const std::array<double, 2>& betas_or(const std::array<double, 2>& configured) const { return betas ? *betas : configured; }
 };
 
 class Optimizer {

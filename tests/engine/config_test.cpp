@@ -99,7 +99,75 @@ TEST(Config, UnimplementedDeepSpeedFeaturesAreRefusedByName) {
                   "zero_optimization.offload_optimizer");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitLamb"}})"), "not implemented");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "Rmsprop"}})"), "unknown optimizer");
-  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle"}})"), "scheduler.type");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "LRRangeTest"}})"), "scheduler.type");
+}
+
+TEST(Config, OneCycleSchedulerWithDeepSpeedsKeysAndDefaults) {
+  // DeepSpeed's own OneCycle example (docs/_tutorials/one-cycle.md) plus its other keys.
+  EngineConfig c = parse(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.0001, "cycle_max_lr": 0.001, "cycle_first_step_size": 1000, "cycle_first_stair_count": 500,
+      "cycle_second_step_size": 1000, "cycle_second_stair_count": 500, "decay_step_size": 1000,
+      "decay_lr_rate": 0.001, "cycle_momentum": true, "cycle_min_mom": 0.85, "cycle_max_mom": 0.99,
+      "decay_mom_rate": 0.0, "last_batch_iteration": -1}}})");
+  EXPECT_EQ(c.scheduler.type, optim::ScheduleType::kOneCycle);
+  EXPECT_EQ(c.scheduler.one_cycle.cycle_second_stair_count, 500);
+  EXPECT_DOUBLE_EQ(c.scheduler.one_cycle.cycle_max_mom, 0.99);
+  // DeepSpeed's defaults for everything but the two required lrs.
+  EngineConfig d = parse(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {
+      "cycle_min_lr": 0.0001, "cycle_max_lr": 0.001}}})");
+  const optim::OneCycleConfig& o = d.scheduler.one_cycle;
+  EXPECT_EQ(o.cycle_first_step_size, 2000);
+  EXPECT_TRUE(o.cycle_momentum);
+  EXPECT_DOUBLE_EQ(o.cycle_min_mom, 0.8);
+  EXPECT_DOUBLE_EQ(o.cycle_max_mom, 0.9);
+  EXPECT_EQ(o.decay_step_size, 0);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1}}})"),
+                  "scheduler.params.cycle_max_lr");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle"}})"), "cycle_min_lr");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1,
+      "cycle_max_lr": 1, "cycle_min_mom": 1.5}}})"),
+                  "scheduler.params.cycle_min_mom");
+  // A compressed optimizer keeps fixed betas: cycling them is refused by name, with the fix.
+  std::string e = error_of(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}},
+      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1}}})");
+  EXPECT_CONTAINS(e, "scheduler.params.cycle_momentum");
+  EXPECT_CONTAINS(e, "false");
+  EXPECT_NO_THROW(parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}},
+      "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.1, "cycle_max_lr": 1, "cycle_momentum": false}}})"));
+}
+
+TEST(Config, SchedulerDefaultsAndLastBatchIterationAsDeepSpeed) {
+  // WarmupLR without warmup_max_lr warms up to the optimizer's lr (DeepSpeed's default).
+  EngineConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})");
+  EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 3e-4);
+  EXPECT_DOUBLE_EQ(optim::LrSchedule(c.scheduler).lr_at(1000), 3e-4);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})"),
+                  "scheduler.params.warmup_num_steps");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 5}}})"),
+                  "not supported by zeroshard yet");
+}
+
+TEST(Config, OneBitAdamFreezeBeforeTheVarianceSettlesIsNoted) {
+  // DeepSpeed's advice (freeze at the end of the lr warm-up) with its default betas: 1 - 0.999^100.
+  EngineConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
+      "params": {"lr": 1e-3, "freeze_step": 100}}})");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_CONTAINS(c.notes[0], "optimizer.params.freeze_step: at step 100 the variance (betas[1] = 0.999");
+  EXPECT_CONTAINS(c.notes[0], "9.5% of its settled value");
+  EXPECT_CONTAINS(c.notes[0], "3.2x larger");
+  EXPECT_CONTAINS(c.notes[0], "at least 2302");
+  EngineConfig settled = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
+      "params": {"lr": 1e-3, "betas": [0.9, 0.95], "freeze_step": 100}}})");
+  EXPECT_TRUE(settled.notes.empty());
+}
+
+TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {
+  EngineConfig c = parse(R"({"train_batch_size": 4})");
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_CONTAINS(c.notes[0], "optimizer: no `optimizer` section; training with AdamW at lr 0.001");
+  EngineConfig d = parse(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}})");
+  EXPECT_TRUE(d.notes.empty());
 }
 
 TEST(Config, ZeroStagesAndTheirKeys) {
@@ -233,7 +301,8 @@ TEST(ConfigDeepSpeed, SwitchesWhoseFalseIsWhatZeroshardDoesAreAccepted) {
           "stage3_gather_16bit_weights_on_model_save": false, "zero_quantized_weights": false,
           "zero_quantized_gradients": false, "elastic_checkpoint": false}})");
   EXPECT_EQ(c.zero.stage, 2);
-  EXPECT_TRUE(c.notes.empty());  // they ask for what zeroshard does: nothing to say
+  ASSERT_EQ(c.notes.size(), 1u);  // they ask for what zeroshard does: nothing to say but the default optimizer
+  EXPECT_TRUE(has_note(c, "optimizer: no `optimizer` section"));
 }
 
 TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
@@ -267,7 +336,7 @@ TEST(ConfigDeepSpeed, DisabledFeatureSectionsAreAccepted) {
 TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
   EngineConfig c = parse(R"({"train_batch_size": 4, "zero_allow_untested_optimizer": true,
       "zero_optimization": {"stage": 3, "contiguous_gradients": false, "stage3_max_reuse_distance": 1e9}})");
-  EXPECT_EQ(c.notes.size(), 3u);
+  EXPECT_EQ(c.notes.size(), 4u);  // and the default optimizer's note
   EXPECT_TRUE(has_note(c, "zero_optimization.stage3_max_reuse_distance: accepted; has no effect"));
   EXPECT_TRUE(has_note(c, "zero_optimization.contiguous_gradients: accepted"));
   EXPECT_TRUE(has_note(c, "zero_allow_untested_optimizer: accepted"));
@@ -278,7 +347,7 @@ TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
   EngineConfig b = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})");
   EXPECT_EQ(b.precision, Precision::kBf16);
-  EXPECT_EQ(b.notes.size(), 5u);
+  EXPECT_EQ(b.notes.size(), 6u);
   EXPECT_TRUE(has_note(b, "bf16.loss_scale: accepted; has no effect in zeroshard: bf16 needs no loss scaling"));
 }
 

@@ -146,6 +146,30 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
                                             ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) { return fmt::format("{}_stage{}", std::get<0>(info.param), std::get<1>(info.param)); });
 
+// OneCycle's momentum reaches the optimizer on every step path: with cycle_min_mom = cycle_max_mom the
+// schedule's betas are (0.85, 0.99) on every step (DeepSpeed sets beta2 to 0.99), so the run equals
+// one whose optimizer was configured with those betas, and differs from the configured defaults.
+TEST(OneCycle, MomentumCyclingSetsTheOptimizersBetas) {
+  const comm::Group& world = test::world().group();
+  for (int stage : {0, 3}) {
+    EngineConfig cycled = make_config(1, world.size(), Precision::kFp32, stage);
+    cycled.scheduler = {.type = optim::ScheduleType::kOneCycle};
+    cycled.scheduler.one_cycle = {.cycle_min_lr = 1e-3, .cycle_max_lr = 3e-3, .cycle_first_step_size = 3,
+                                  .cycle_min_mom = 0.85, .cycle_max_mom = 0.85};
+    EngineConfig configured = cycled;
+    configured.scheduler.one_cycle.cycle_momentum = false;
+    configured.optimizer.params<optim::AdamConfig>().betas = {0.85, 0.99};
+    EngineConfig defaults = cycled;
+    defaults.scheduler.one_cycle.cycle_momentum = false;
+    const RunResult a = train(world, cycled, 6);
+    const RunResult b = train(world, configured, 6);
+    const RunResult c = train(world, defaults, 6);
+    EXPECT_EQ(a.final_digest, b.final_digest) << "stage " << stage;
+    EXPECT_NE(a.final_digest, c.final_digest) << "stage " << stage;
+    EXPECT_NEAR(a.reports[3].lr, 3e-3, 1e-15);  // the peak: iteration 2 of a 3-step rise
+  }
+}
+
 TEST(OneBitOptimizers, CompressedStepsSendAFractionOfTheBytes) {
   const comm::Group& world = test::world().group();
   if (world.size() == 1) GTEST_SKIP() << "one rank sends nothing";
