@@ -211,6 +211,23 @@ TEST(MemoryModes, ReusingTheFp32ParamKeepsTheMasterExactly) {
   }
 }
 
+// Pass 1 of Lamb's two-pass step reads the master without writing it; with reuse_fp32_param that is a
+// decode into scratch (Note [two-pass step]). The masters stay exact, as for AdamW above.
+TEST(MemoryModes, LambWithTheReusedFp32ParamMatchesTheModeOff) {
+  const comm::Group& world = test::world().group();
+  for (int stage = 0; stage <= 3; ++stage) {
+    EngineConfig off = with_optimizer(make_config(1, world.size(), Precision::kBf16, stage), "Lamb");
+    EngineConfig on = off;
+    on.memory.reuse_fp32_param = true;
+    RunResult a = train(world, off), b = train(world, on);
+    for (size_t i = 0; i < a.losses.size(); ++i) {
+      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-4 * a.losses[i]) << "stage " << stage << " step " << i + 1;
+    }
+    EXPECT_LE(max_abs_diff(a.wte, b.wte), 1e-3) << "stage " << stage;
+    EXPECT_LT(a.losses.back(), a.losses.front()) << "stage " << stage;
+  }
+}
+
 }  // namespace
 }  // namespace zs::engine
 
