@@ -109,7 +109,7 @@ class Engine::Impl final : public ModuleHooks {
   memory::MemoryTracker& tracker_;
   memory::Backend* const backend_;
   memory::DeviceAllocator* const device_;
-  std::unique_ptr<optim::Optimizer> optimizer_;  // the elementwise update (Adam/AdamW/CAdam)
+  std::unique_ptr<optim::Optimizer> optimizer_;  // the update (Adam/AdamW/CAdam/Lion; Lamb in two passes)
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;
 
