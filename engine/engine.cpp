@@ -54,6 +54,14 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (reuse_) master_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
   if (step_on_host()) low_scratch_.assign(static_cast<size_t>(threads), std::vector<std::byte>(kPieceElements * elem_));
+  if (optimizer_ && optimizer_->tensor_sums() > 0 && (optimizer_on_nvme() || params_on_nvme())) {
+    // Note [two-pass step] in engine_step.cpp: the NVMe step streams each sub-group through once.
+    throw ConfigError(fmt::format("optimizer.type: {} needs each parameter tensor's norms before it can update any part of "
+                                  "it, a second pass over the swap files that zeroshard's NVMe offload does not make yet; "
+                                  "use zero_optimization.offload_optimizer/offload_param device \"cpu\" or \"none\", "
+                                  "or an elementwise optimizer such as AdamW with NVMe",
+                                  optimizer_->name()));
+  }
   if (optimizer_) {
     ZS_ASSERT(optimizer_->state_specs().size() <= kMaxStates, "{} keeps {} states (at most {})", optimizer_->name(),
               optimizer_->state_specs().size(), kMaxStates);

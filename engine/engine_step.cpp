@@ -1,8 +1,10 @@
 // Engine::step: finishing the reductions, the gradient norm, clipping, fp16 overflow handling, and
-// the update of elementwise optimizers (Adam, AdamW, CAdam) with the memory-reuse modes. One-bit Adam
+// the update of elementwise optimizers (Adam, AdamW, CAdam, Lion) with the memory-reuse modes, and of
+// per-tensor ones (Lamb) in two passes (Note [two-pass step]). One-bit Adam
 // and 0/1 Adam are in compressed_step.cpp.
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -71,6 +73,95 @@ void Engine::Impl::step_elementwise(const optim::StepContext& ctx) {
   });
 }
 
+// Note [two-pass step]
+// An optimizer whose update needs sums over each whole parameter tensor (Lamb's trust ratio; Note
+// [per-tensor optimizers] in optim/lamb.h) cannot step a shard piece by piece: a ZeRO shard cuts
+// parameters across ranks, and pieces cut them within a rank. So its step is two passes over the
+// same pieces (for_each_piece's cut: slot by slot, kPieceElements from each slot part's start).
+// Pass 1 advances the states and writes each piece's sums into its own row (no thread shares a row;
+// the rows of a slot are then added in piece order, so the result does not depend on the thread
+// count). The per-slot sums go through fp32, as the gradient norm does, and at stages 1-3 one
+// allreduce of slots x tensor_sums() floats over the partition group makes them the whole tensors'
+// sums on every rank (stage 0 steps every element on every rank: its sums are whole already; one
+// rank rounds through fp32 too, so every stage of one rank gives the same bits). Pass 2 applies the
+// update with its slot's totals through with_master, like the elementwise step. Over the measuring
+// backend both passes are skipped (kernels) and the allreduce moves nothing. NVMe offload streams
+// sub-groups once per step, so it is refused for these optimizers (Engine::Impl's constructor).
+void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
+  const size_t k = optimizer_->tensor_sums();
+  ZS_ASSERT(k <= kMaxStates, "{} needs {} sums per tensor (at most {})", optimizer_->name(), k, kMaxStates);
+  const size_t n_states = states_.size();
+  const memory::ShardRange range = step_range();
+  struct Piece {
+    size_t slot, at, n;
+    bool decay;
+  };
+  std::vector<Piece> pieces;
+  const auto slots = layout_.slots();
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const memory::ShardRange part = slots[i].range().intersect(range);
+    const bool decay = !slots[i].param->has_tag(nn::kTagNoWeightDecay);
+    for (size_t off = 0; off < part.size; off += kPieceElements) {
+      pieces.push_back({i, part.offset + off, std::min(kPieceElements, part.size - off), decay});
+    }
+  }
+  const int threads = static_cast<int>(grad_scratch_.size());
+  auto states_at = [&](size_t at, void** out) {
+    for (size_t j = 0; j < n_states; ++j) out[j] = state_at(j, at);
+  };
+  std::vector<double> piece_sums(pieces.size() * k, 0.0);
+  memory::run_kernel(*backend_, [&] {
+    parallel_for_threads(threads, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e, int t) {
+      for (int64_t p = b; p < e; ++p) {
+        const Piece& pc = pieces[static_cast<size_t>(p)];
+        void* states[kMaxStates];
+        states_at(pc.at, states);
+        float* master = nullptr;
+        if (reuse_) {  // read only: decoded into the thread's scratch, nothing to encode back
+          master = master_scratch_[static_cast<size_t>(t)].data();
+          decode_master(reinterpret_cast<const uint16_t*>(param_at(pc.at)),
+                        static_cast<const uint16_t*>(residual_.data()) + (pc.at - range.offset), master, pc.n);
+        } else {
+          master = master_at(pc.at);
+        }
+        optim::ParamChunk chunk{.master = {master, pc.n}, .grad = grad_f32(pc.at, pc.n, t), .states = {states, n_states}};
+        chunk.apply_weight_decay = pc.decay;
+        optimizer_->accumulate_tensor_sums(chunk, ctx, std::span<double>(piece_sums).subspan(static_cast<size_t>(p) * k, k));
+      }
+    });
+  });
+  std::vector<float> slot_sums(slots.size() * k, 0.0f);
+  {
+    std::vector<double> exact(slot_sums.size(), 0.0);
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      for (size_t j = 0; j < k; ++j) exact[pieces[p].slot * k + j] += piece_sums[p * k + j];
+    }
+    for (size_t i = 0; i < exact.size(); ++i) slot_sums[i] = static_cast<float>(exact[i]);
+  }
+  if (stage_ > 0 && group_.size() > 1) group_.allreduce(memory::Tensor::of(std::span<float>(slot_sums)));
+  memory::run_kernel(*backend_, [&] {
+    parallel_for_threads(threads, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e, int t) {
+      for (int64_t p = b; p < e; ++p) {
+        const Piece& pc = pieces[static_cast<size_t>(p)];
+        void* states[kMaxStates];
+        states_at(pc.at, states);
+        double totals[kMaxStates] = {};
+        for (size_t j = 0; j < k; ++j) totals[j] = slot_sums[pc.slot * k + j];
+        with_master(pc.at, pc.n, t, [&](float* master, void* low) {
+          optim::ParamChunk chunk{.master = {master, pc.n}, .grad = {}, .states = {states, n_states}};
+          chunk.apply_weight_decay = pc.decay;
+          if (low != nullptr && mixed()) {
+            chunk.low_precision = low;
+            chunk.low_precision_dtype = dtype_;
+          }
+          optimizer_->apply_tensor_sums(chunk, ctx, std::span<const double>(totals, k));
+          if (low != nullptr && !mixed()) std::memcpy(low, master, pc.n * sizeof(float));
+        });
+      }
+    });
+  });
+}
+
 bool Engine::step() {
   Impl& s = *impl_;
   if (s.micro_step_ < config_.batch.gradient_accumulation_steps) return false;
@@ -131,6 +222,8 @@ bool Engine::step() {
                                 .betas = s.schedule_.betas_at(s.steps_taken_)};
     if (s.compressed_) {
       s.step_compressed(step_ctx);
+    } else if (s.optimizer_->tensor_sums() > 0) {
+      s.step_tensorwise(step_ctx);
     } else if (s.nvme_) {
       s.step_offloaded(step_ctx);
     } else {

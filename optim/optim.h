@@ -6,6 +6,7 @@
 //   registry.h       OptimizerType per config type name, find_optimizer_type, read_optimizer
 //   adam.h           Adam / AdamW (AdamConfig); fused_adam.h: its one-pass AVX-512/AVX2/scalar kernels
 //   lion.h           Lion (LionConfig); fused_lion.h: its one-pass AVX-512/AVX2/scalar kernels
+//   lamb.h           Lamb (LambConfig): per-tensor trust ratio, two passes (Note [per-tensor optimizers])
 //   cadam.h          CAdam, the compressed-state optimizer (CAdamConfig)
 //   onebit_adam.h    1-bit Adam and 0/1 Adam configs and the per-element kernels both are built from;
 //                    zero_one_adam.h: 0/1 Adam's schedule (ZeroOneSchedule)
@@ -19,6 +20,7 @@
 #include "optim/clip.h"
 #include "optim/fused_adam.h"
 #include "optim/fused_lion.h"
+#include "optim/lamb.h"
 #include "optim/lion.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"

@@ -29,9 +29,18 @@ double Optimizer::state_bytes_per_param() const {
   return static_cast<double>(state_bytes(kElements)) / static_cast<double>(kElements);
 }
 
+void Optimizer::accumulate_tensor_sums(const ParamChunk&, const StepContext&, std::span<double>) const {
+  ZS_ASSERT(false, "{} is elementwise: call step(), not accumulate_tensor_sums()", name());
+}
+
+void Optimizer::apply_tensor_sums(const ParamChunk&, const StepContext&, std::span<const double>) const {
+  ZS_ASSERT(false, "{} is elementwise: call step(), not apply_tensor_sums()", name());
+}
+
 void Optimizer::step_parallel(const ParamChunk& chunk, const StepContext& ctx, int threads) const {
   const int64_t n = static_cast<int64_t>(chunk.master.size());
   const std::span<const StateSpec> specs = state_specs();
+  ZS_ASSERT(tensor_sums() == 0, "{} needs whole-tensor sums: pieces of a chunk cannot step alone", name());
   ZS_ASSERT(chunk.grad.size() == chunk.master.size() && chunk.states.size() == specs.size() &&
                 specs.size() <= kMaxStates,
             "{} step_parallel chunk: {} params, {} grads, {} states ({} specs, at most {})", name(), n,

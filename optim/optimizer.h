@@ -84,8 +84,23 @@ class Optimizer {
   // Average bytes of optimizer state per parameter element (Adam 8, CAdam 1.125), for reports:
   // state_bytes(2^20) / 2^20. Use state_bytes() for allocation sizes.
   double state_bytes_per_param() const;
-  // Updates one chunk. Thread-safe for disjoint chunks.
+  // Updates one chunk. Thread-safe for disjoint chunks. An optimizer with tensor_sums() > 0 takes the
+  // chunk as one whole parameter tensor here.
   virtual void step(const ParamChunk& chunk, const StepContext& ctx) const = 0;
+
+  // Values per parameter TENSOR the update needs summed over the whole tensor before it can apply
+  // (Lamb's ||p||^2 and ||u||^2; Note [per-tensor optimizers] in optim/lamb.h). 0, the default: an
+  // elementwise optimizer, whose step() may run on any cut of a tensor. Above 0, a step of a tensor cut
+  // into chunks is two passes: accumulate_tensor_sums() on every chunk (each exactly once: it advances
+  // the states), the caller adds up each tensor's sums over all its chunks (over ranks too), then
+  // apply_tensor_sums() on every chunk with its tensor's totals. Thread-safe for disjoint chunks.
+  virtual size_t tensor_sums() const { return 0; }
+  // Pass 1: advances the chunk's states from its gradient and ADDS its tensor_sums() values to `sums`.
+  // Reads master, does not write it.
+  virtual void accumulate_tensor_sums(const ParamChunk& chunk, const StepContext& ctx, std::span<double> sums) const;
+  // Pass 2: updates master (and the low-precision copy) from the states and the tensor's `totals`.
+  // Does not read chunk.grad (it may be empty).
+  virtual void apply_tensor_sums(const ParamChunk& chunk, const StepContext& ctx, std::span<const double> totals) const;
   // The same update spread over `threads` threads (core/parallel.h's pool; the calling thread takes
   // part): the chunk is cut into contiguous pieces and step() runs on each piece, its state pointers
   // advanced by the piece's offset converted per spec (offset / elements_per_value * value_bytes).
@@ -95,7 +110,7 @@ class Optimizer {
   // for bit, because every optimizer here updates each element (each block) from that element's
   // (block's) values alone. threads <= 1, or a chunk too small to split, runs step() on the calling
   // thread. Thread-safe for disjoint chunks like step(); calls from several threads take turns on
-  // the pool.
+  // the pool. Elementwise optimizers only (tensor_sums() == 0).
   void step_parallel(const ParamChunk& chunk, const StepContext& ctx, int threads) const;
 };
 

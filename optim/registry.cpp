@@ -19,18 +19,27 @@ const OptimizerType& one_bit_adam_type();
 const OptimizerType& zero_one_adam_type();
 const OptimizerType& cadam_type();
 const OptimizerType& lion_type();
+const OptimizerType& lamb_type();
 
 namespace {
 
 const std::vector<const OptimizerType*>& types() {
   static const std::vector<const OptimizerType*> kTypes = {
-      &adam_type(), &adamw_type(), &one_bit_adam_type(), &zero_one_adam_type(), &cadam_type(), &lion_type(),
+      &adam_type(), &adamw_type(), &one_bit_adam_type(), &zero_one_adam_type(), &cadam_type(), &lion_type(), &lamb_type(),
   };
   return kTypes;
 }
 
 // DeepSpeed optimizer types zeroshard does not implement yet (lower case): refused by name.
-constexpr std::string_view kNotYet[] = {"lamb", "onebitlamb", "adagrad", "sgd", "muadam", "muadamw", "musgd"};
+constexpr std::string_view kNotYet[] = {"onebitlamb", "adagrad", "sgd", "muadam", "muadamw", "musgd"};
+// What to use instead, where one of ours comes close.
+std::string_view not_yet_hint(std::string_view lowered) {
+  if (lowered == "onebitlamb") {
+    return " (use Lamb for its per-tensor trust ratio without compression, or OneBitAdam for compressed "
+           "communication)";
+  }
+  return "";
+}
 
 std::string lower(std::string_view s) {
   std::string out(s);
@@ -95,8 +104,9 @@ OptimizerChoice read_optimizer(ObjectReader& r) {
   if (type == nullptr) {
     const std::string lowered = lower(name);
     const bool not_yet = std::find(std::begin(kNotYet), std::end(kNotYet), lowered) != std::end(kNotYet);
-    throw ConfigError(fmt::format("{}: {} '{}'{}; use {}", r.path_of("type"), not_yet ? "optimizer" : "unknown optimizer", name,
-                                  not_yet ? " is not implemented by zeroshard yet" : "", optimizer_type_list()));
+    throw ConfigError(fmt::format("{}: {} '{}'{}{}; use {}", r.path_of("type"), not_yet ? "optimizer" : "unknown optimizer", name,
+                                  not_yet ? " is not implemented by zeroshard yet" : "", not_yet_hint(lowered),
+                                  optimizer_type_list()));
   }
   OptimizerChoice choice(type->name());
   std::any params = type->default_params();

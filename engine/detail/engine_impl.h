@@ -109,7 +109,7 @@ class Engine::Impl final : public ModuleHooks {
   memory::MemoryTracker& tracker_;
   memory::Backend* const backend_;
   memory::DeviceAllocator* const device_;
-  std::unique_ptr<optim::Optimizer> optimizer_;  // the elementwise update (Adam/AdamW/CAdam)
+  std::unique_ptr<optim::Optimizer> optimizer_;  // the update (Adam/AdamW/CAdam/Lion; Lamb in two passes)
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;
 
@@ -209,6 +209,9 @@ class Engine::Impl final : public ModuleHooks {
   // engine_step.cpp
   void fill_grad32();
   void step_elementwise(const optim::StepContext& ctx);
+  // The two-pass step of an optimizer with tensor_sums() > 0 (Note [two-pass step] in engine_step.cpp):
+  // collective at stages 1-3 (one allreduce of the per-tensor sums).
+  void step_tensorwise(const optim::StepContext& ctx);
   // One optimizer call on the stepped elements [at, at+n): gradients converted in thread t's scratch;
   // `low` (nullptr: none) receives the updated bf16/fp16 parameters, or in fp32 a copy of the master.
   void step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,

@@ -5,6 +5,7 @@
 #include "core/json.h"
 #include "optim/adam.h"
 #include "optim/cadam.h"
+#include "optim/lamb.h"
 #include "optim/lion.h"
 #include "optim/onebit_adam.h"
 
@@ -231,6 +232,11 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
   EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().betas[1], 0.99);  // default
   EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().weight_decay, 0.2);
   EXPECT_DOUBLE_EQ(lion.scheduler.base_lr, 2e-5);
+  EngineConfig lamb = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "Lamb", "params": {"lr": 11e-3,
+      "weight_decay": 0.01, "bias_correction": false, "max_coeff": 0.3, "min_coeff": 0.01}}})");
+  EXPECT_EQ(lamb.optimizer.name(), "Lamb");
+  EXPECT_DOUBLE_EQ(lamb.optimizer.params<optim::LambConfig>().max_coeff, 0.3);
+  EXPECT_DOUBLE_EQ(lamb.scheduler.base_lr, 11e-3);
 
   auto error_of1 = [&](const std::string& text) -> std::string {
     try {
@@ -263,6 +269,8 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
                 .find("optimizer.params.betas[0]"), std::string::npos);
   EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Lion", "params": {"freeze_step": 3}}})")
                 .find("optimizer.params.freeze_step"), std::string::npos);
+  EXPECT_NE(error_of1(R"({"train_batch_size": 4, "optimizer": {"type": "Lamb", "params": {"min_coef": 0.1}}})")
+                .find("did you mean 'min_coeff'"), std::string::npos);
 }
 
 TEST(Config, MemoryModes) {

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "optim/cadam.h"
+#include "optim/lamb.h"
 #include "optim/lion.h"
 #include "optim/onebit_adam.h"
 #include "tests/engine/train_harness.h"
@@ -30,6 +31,13 @@ EngineConfig with_optimizer(EngineConfig c, const std::string& type) {
     c.optimizer.params<optim::LionConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
     c.scheduler.warmup_max_lr = 1e-3;
     c.scheduler.base_lr = 1e-3;
+  } else if (type == "Lamb") {
+    // Decay on, so the trust ratio's ||u|| includes the decay term; the default clamps [0.01, 10].
+    // The ratio is about ||w|| / ||u|| = 0.02 here (init std 0.02, Adam-sized u), so lr 0.05 moves an
+    // element by about 1e-3 per step, as Adam's 1e-3 does: a trust ratio taken from a rank's part of
+    // a tensor instead of the whole tensor then shows beyond the 1e-5 tolerance.
+    c.optimizer.params<optim::LambConfig>() = {.lr = 5e-2, .weight_decay = 0.01};
+    c.scheduler.warmup_max_lr = 5e-2;
   } else if (type == "OneBitAdam") {
     // A short run: beta2 0.9 lets the variance settle before it freezes (DeepSpeed freezes after
     // thousands of steps with 0.999; frozen too early, the un-bias-corrected variance is far too small).
@@ -93,7 +101,8 @@ TEST_P(EveryOptimizer, MatchesItsSingleProcessRun) {
   const std::string what = fmt::format("{} stage {} np {}", type, stage, world.size());
   const RunResult& got = on_world(type, stage);
   const RunResult& ref = single_process(type, reference_stage(type, stage));
-  if (type == "Adam" || type == "AdamW") {
+  if (type == "Adam" || type == "AdamW" || type == "Lamb") {
+    // Lamb: its per-tensor norms are summed per shard and allreduced (Note [two-pass step]).
     expect_matches(got, ref, 1e-5, 1e-5, what);
   } else if (type == "CAdam" || type == "Lion") {
     // The sign of the interpolated momentum flips where it is within rounding of zero: summing the
@@ -142,7 +151,7 @@ TEST_P(EveryOptimizer, StagesAgreeAtThisWorldSize) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
-                         ::testing::Combine(::testing::Values("Adam", "CAdam", "Lion", "OneBitAdam", "ZeroOneAdam"),
+                         ::testing::Combine(::testing::Values("Adam", "CAdam", "Lion", "Lamb", "OneBitAdam", "ZeroOneAdam"),
                                             ::testing::Values(0, 1, 2, 3)),
                          [](const auto& info) { return fmt::format("{}_stage{}", std::get<0>(info.param), std::get<1>(info.param)); });
 
@@ -226,6 +235,23 @@ TEST(MemoryModes, ReusingTheFp32ParamKeepsTheMasterExactly) {
   }
 }
 
+// Pass 1 of Lamb's two-pass step reads the master without writing it; with reuse_fp32_param that is a
+// decode into scratch (Note [two-pass step]). The masters stay exact, as for AdamW above.
+TEST(MemoryModes, LambWithTheReusedFp32ParamMatchesTheModeOff) {
+  const comm::Group& world = test::world().group();
+  for (int stage = 0; stage <= 3; ++stage) {
+    EngineConfig off = with_optimizer(make_config(1, world.size(), Precision::kBf16, stage), "Lamb");
+    EngineConfig on = off;
+    on.memory.reuse_fp32_param = true;
+    RunResult a = train(world, off), b = train(world, on);
+    for (size_t i = 0; i < a.losses.size(); ++i) {
+      EXPECT_NEAR(a.losses[i], b.losses[i], 1e-4 * a.losses[i]) << "stage " << stage << " step " << i + 1;
+    }
+    EXPECT_LE(max_abs_diff(a.wte, b.wte), 1e-3) << "stage " << stage;
+    EXPECT_LT(a.losses.back(), a.losses.front()) << "stage " << stage;
+  }
+}
+
 }  // namespace
 }  // namespace zs::engine
 
@@ -266,6 +292,30 @@ TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
   }
   // Every swap file was removed when its engine went.
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+// Lamb's two-pass step with its states on the host gives the same bits; NVMe is refused by name
+// (Note [two-pass step] in engine/engine_step.cpp).
+TEST(Offload, LambStepsWithCpuOffloadAndRefusesNvme) {
+  const comm::Group& world = test::world().group();
+  test::TempDir dir;
+  for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    for (int stage = 1; stage <= 3; ++stage) {
+      EngineConfig base = with_optimizer(make_config(1, world.size(), precision, stage), "Lamb");
+      EngineConfig cpu = base;
+      cpu.zero.offload_optimizer = {.device = OffloadDevice::kCpu};
+      const std::string what = fmt::format("{} stage {}", precision_name(precision), stage);
+      EXPECT_EQ(train(world, cpu).final_digest, train(world, base).final_digest) << what;
+    }
+  }
+  EngineConfig nvme = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "Lamb");
+  nvme.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir.path()};
+  try {
+    train(world, nvme);
+    ADD_FAILURE() << "Lamb with NVMe offload was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("Lamb needs each parameter tensor's norms"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Offload, CAdamStatesStreamThroughNvmeToo) {
