@@ -6,7 +6,7 @@
 //                 "step,train_loss", one "step,value" row per optimizer step, where step is the count
 //                 of samples trained so far (DeepSpeed's global_samples, its x axis).
 //   tensorboard   the same events as scalars in one TensorBoard event file
-//                 (output_path/job_name/events.out.tfevents.<time>.<host>; engine/detail/event_file.h).
+//                 (output_path/job_name/events.out.tfevents.<time>.<host>.<pid>; engine/detail/event_file.h).
 //   memory_breakdown  one log line per steps_per_print steps: device (and host) bytes by category,
 //                 current and peak (memory::MemoryTracker).
 //   comms_logger  a per-collective table (count, bytes, total and mean time, bus bandwidth;

@@ -19,6 +19,7 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
+#include "engine/detail/event_file.h"
 #include "engine/monitor.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
@@ -248,6 +249,12 @@ TEST(Monitor, CsvAndTensorBoardHoldEveryStepsValues) {
     EXPECT_EQ(e.scalars.size(), 6u);
   }
   fs::remove_all(dir);
+}
+
+TEST(Monitor, Crc32cMatchesTheCheckValue) {
+  // The CRC-32C check value (RFC 3720, appendix B.4: "123456789"), for both implementations.
+  EXPECT_EQ(detail::crc32c("123456789", 9), 0xE3069283u);
+  EXPECT_EQ(crc32c_bitwise(reinterpret_cast<const unsigned char*>("123456789"), 9), 0xE3069283u);
 }
 
 TEST(Monitor, MemoryLineAndCommsTable) {
