@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace zs::comm {
 
@@ -31,6 +32,18 @@ struct CommCounters {
   uint64_t bytes_sent = 0;      // bytes
   uint64_t bytes_received = 0;  // bytes
   uint64_t collectives = 0;     // count of completed collectives (all groups)
+};
+
+// One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's
+// comms_logger reports. Always on: one clock read before and after each collective, next to the
+// handshake's microsecond, is noise. `seconds` spans the handshake and the body (DeepSpeed's latency
+// also includes waiting for late ranks); `bytes_sent` follows the CommCounters rule above, so
+// bytes_sent / seconds is NCCL-tests' bus bandwidth.
+struct OpStats {
+  std::string name;         // "allreduce", "reduce_scatter", "allgather", "allgatherv", "broadcast", ...
+  uint64_t count = 0;       // count of completed collectives
+  uint64_t bytes_sent = 0;  // bytes
+  double seconds = 0.0;     // wall time, summed over the collectives
 };
 
 }  // namespace zs::comm

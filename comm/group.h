@@ -28,6 +28,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "comm/config.h"
 #include "comm/work.h"
@@ -67,6 +68,8 @@ class Group {
   // only trains never includes <mpi.h>).
   // This rank's byte counters of the whole World (every group), as World::counters() gives them.
   CommCounters counters() const;
+  // This rank's per-collective tallies of the whole World (comms_logger; OpStats in comm/config.h).
+  std::vector<OpStats> op_stats() const;
 
   // Collective (a blocking MPI_Comm_split, not timed): ranks with the same color form a group, ordered
   // by key then parent rank. `color` >= 0 on every rank. The new group inherits config().

@@ -495,7 +495,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
 
   // Note [DeepSpeed keys by verdict]. Switches whose false is what zeroshard does:
   for (std::string_view key : {"disable_allgather", "sparse_gradients", "dump_state",
-                               "memory_breakdown", "graph_harvesting", "use_data_before_expert_parallelism"}) {
+                               "graph_harvesting", "use_data_before_expert_parallelism"}) {
     read_false_only(root, key);
   }
   // Where DeepSpeed divides by the world size (before the sum, to keep fp16 sums in range, or after)
@@ -516,8 +516,9 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   }
   read_hint<bool>(root, "zero_allow_untested_optimizer", cfg.notes,
                   "every zeroshard optimizer runs at every ZeRO stage it accepts");
+  detail::read_monitor(root, cfg.monitor, cfg.notes);  // csv_monitor, tensorboard, comms_logger, memory_breakdown
   // Feature sections, accepted while disabled.
-  for (std::string_view key : {"tensorboard", "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler",
+  for (std::string_view key : {"wandb", "comet", "flops_profiler",
                                "torch_autocast", "hybrid_engine", "amp", "eigenvalue", "progressive_layer_drop",
                                "elasticity", "autotuning", "nebula", "curriculum_learning", "data_efficiency"}) {
     read_disabled_section(root, key);

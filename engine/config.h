@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "engine/monitor_config.h"
 #include "memory/dtype.h"
 #include "nn/gpt.h"
 #include "offload/aio.h"
@@ -129,6 +130,7 @@ struct EngineConfig {
   DataConfig data;
   CommSectionConfig comm;
   LogConfig log;
+  MonitorConfig monitor;      // csv_monitor, tensorboard, comms_logger, memory_breakdown (engine/monitor.h)
   uint64_t seed = 1234;       // parameter initialisation and data sampling
   int64_t train_steps = 100;  // optimizer steps `zeroshard train` runs (--steps overrides)
 

@@ -309,6 +309,8 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
   // A measuring engine (the estimator) is one of many made in a row: it says so only when asked.
   if (impl_->kernels()) {
+    // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
+    if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, group_.rank());
     ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
                 impl_->reducer_->bucket_count(), config_.device.memory_mb);
@@ -321,6 +323,14 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
 // Note [engine memory lifetime] (engine/detail/engine_context.h), rule 1: the model forgets the
 // engine's memory before the engine frees it.
 Engine::~Engine() {
+  // The end-of-run comms table; not while an error unwinds (the error is what the user must read).
+  if (impl_->monitor_ && std::uncaught_exceptions() == 0) {
+    try {
+      impl_->monitor_->finish(group_.op_stats());
+    } catch (const std::exception& e) {
+      ZS_LOG_WARN("monitor: {}", e.what());
+    }
+  }
   model_.clear_saved();
   model_.visit_params([](nn::Parameter& p) {
     p.set_data(memory::Tensor());
@@ -334,6 +344,11 @@ float Engine::forward(const nn::Batch& batch) {
   Impl& s = *impl_;
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
+  if (s.micro_step_ == 0) {
+    s.window_start_s_ = t0;
+    s.window_tokens_ = 0;
+  }
+  if (batch.inputs.dtype() == memory::DType::kI32) s.window_tokens_ += batch.inputs.numel();  // token ids
   if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
   float loss = s.ctx_.forward_loss(model_, batch);
   if (s.gatherer_) s.gatherer_->end_pass();

@@ -41,6 +41,10 @@
 // Mixed precision follows DeepSpeed: bf16 and fp16 keep fp32 master weights; fp16 scales the loss
 // dynamically and skips a step whose gradients overflow (the schedule does not advance then).
 //
+// Monitoring: the config's csv_monitor, tensorboard, memory_breakdown and comms_logger sections are
+// acted on by the engine itself at every optimizer step, on rank 0 (engine/monitor.h); the comms_logger
+// table of the whole run prints when the engine is destroyed (not while an exception unwinds).
+//
 // Thread-safety: one thread drives an Engine. Every rank of the group must make the same calls.
 #pragma once
 

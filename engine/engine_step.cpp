@@ -248,10 +248,28 @@ bool Engine::step() {
                       moved.device_to_host_bytes - s.transfers_at_step_start_.device_to_host_bytes};
   s.transfers_at_step_start_ = moved;
   report.step = ++global_step_;
+  const double step_end = now_seconds();
   s.micro_step_ = 0;
   s.loss_sum_ = 0.0;
   s.forward_s_ = s.backward_s_ = 0.0;
   last_ = report;
+  // Last, once the step is complete: a monitor that cannot write (IoError) leaves a consistent engine.
+  if (s.monitor_) {
+    MonitorSample m{.step = report.step,
+                    .samples = report.step * config_.batch.train_batch_size,
+                    .loss = report.loss,
+                    .lr = report.lr,
+                    .loss_scale = report.loss_scale,
+                    .forward_s = report.forward_s,
+                    .backward_s = report.backward_s,
+                    .optimizer_s = report.optimizer_s,
+                    .step_s = step_end - s.window_start_s_,
+                    .step_samples = config_.batch.train_batch_size,
+                    // Every rank feeds micro-batches of the same shape (DeepSpeed's batch arithmetic).
+                    .step_tokens = s.window_tokens_ * group_.size(),
+                    .memory = s.tracker_.snapshot()};
+    s.monitor_->on_step(m, group_.op_stats());
+  }
   return true;
 }
 

@@ -120,6 +120,7 @@ void Runtime::start_worker() {
 }
 
 Work Runtime::simulate(const Op& op, bool async) {
+  tally(op, 0.0);
   bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
   bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
   collectives_.fetch_add(1, std::memory_order_relaxed);
@@ -215,12 +216,14 @@ void Runtime::execute(Op& op, bool on_worker) {
       throw CommError(fmt::format("{}: not run because this group is unusable after an earlier failure ({}); end the job with World::abort from the top-level error handler", op.describe(), g.broken));
     }
   }
+  const auto start = std::chrono::steady_clock::now();
   if (!g.local()) handshake(op, on_worker);
   op.body();
   if (g.size > 1) {
     bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
     bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
   }
+  tally(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   collectives_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -329,7 +332,33 @@ CommCounters Runtime::counters() const {
   return {bytes_sent_.load(), bytes_received_.load(), collectives_.load()};
 }
 
+void Runtime::tally(const Op& op, double seconds) {
+  const size_t i = static_cast<size_t>(op.code);
+  ZS_ASSERT(i < kNumOpCodes, "collective code {} out of range", i);
+  std::lock_guard lock(tallies_mu_);
+  OpStats& t = tallies_[i];
+  ++t.count;
+  // A group of one moves nothing (CommCounters): its collectives count, their bytes do not.
+  if (op.group->size > 1) t.bytes_sent += op.bytes_sent;
+  t.seconds += seconds;
+}
+
+std::vector<OpStats> Runtime::op_stats() const {
+  std::vector<OpStats> out;
+  std::lock_guard lock(tallies_mu_);
+  for (size_t i = 0; i < kNumOpCodes; ++i) {
+    if (tallies_[i].count == 0) continue;
+    out.push_back(tallies_[i]);
+    out.back().name = op_name(static_cast<OpCode>(i));
+  }
+  return out;
+}
+
 void Runtime::reset_counters() {
+  {
+    std::lock_guard lock(tallies_mu_);
+    tallies_ = {};
+  }
   bytes_sent_ = 0;
   bytes_received_ = 0;
   collectives_ = 0;

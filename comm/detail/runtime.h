@@ -136,6 +136,8 @@ class Runtime {
 
   CommCounters counters() const;
   void reset_counters();
+  // Tallies of the collectives run so far, in OpCode order, those never run left out.
+  std::vector<OpStats> op_stats() const;
 
  private:
   void start_worker();
@@ -174,6 +176,10 @@ class Runtime {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> collectives_{0};
+  static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSplit) + 1;
+  void tally(const Op& op, double seconds);
+  mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)
+  std::array<OpStats, kNumOpCodes> tallies_{};
 };
 
 }  // namespace zs::comm::detail

@@ -22,6 +22,7 @@
 #include "memory/allocator.h"
 #include "memory/backend.h"
 #include "memory/tracker.h"
+#include "engine/monitor.h"
 #include "offload/swap_space.h"
 #include "offload/swapper.h"
 #include "optim/loss_scaler.h"
@@ -131,6 +132,9 @@ class Engine::Impl final : public ModuleHooks {
   int64_t steps_taken_ = 0;  // updates applied: the schedule's and the optimizer's step count
   double loss_sum_ = 0.0;
   double forward_s_ = 0.0, backward_s_ = 0.0;
+  double window_start_s_ = 0.0;  // now_seconds() at the accumulation window's first forward
+  int64_t window_tokens_ = 0;    // token ids this rank fed in the window (integer inputs only)
+  std::unique_ptr<TrainingMonitor> monitor_;  // when the config enables a monitor (engine/monitor.h)
   uint64_t bytes_sent_at_step_start_ = 0;
   memory::TransferStats transfers_at_step_start_;
   std::vector<float> scratch_;                  // initialisation and gathering, one thread

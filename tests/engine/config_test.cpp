@@ -322,8 +322,8 @@ TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
            R"({"train_batch_size": 4, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true}})",
            R"({"train_batch_size": 4, "torch_autocast": {"enabled": true, "dtype": "bfloat16"}})",
            R"({"train_batch_size": 4, "hybrid_engine": {"enabled": true}})",
-           R"({"train_batch_size": 4, "tensorboard": {"enabled": true, "output_path": "tb"}})",
            R"({"train_batch_size": 4, "wandb": {"enabled": true}})",
+           R"({"train_batch_size": 4, "flops_profiler": {"enabled": true}})",
        }) {
     EXPECT_CONTAINS(error_of(text), "not supported by zeroshard") << text;
   }
