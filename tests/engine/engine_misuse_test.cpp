@@ -1,16 +1,17 @@
 // A C++ user's mistakes with the Engine and with their own model, each reported where it happens by a
-// typed error naming it (never "this is a zeroshard bug"), at ZeRO stages 0 and 3. After each, the
+// typed error naming it (never "this is a zeroshard bug"), at ZeRO stages 0, 2 (staged gradients) and 3. After each, the
 // engine either goes on and trains exactly as an engine that never saw the mistake (same parameter
-// digest), or is destroyed cleanly (the guarded and ASan builds would catch a stray access).
+// digest), or is destroyed cleanly (the guarded and ASan builds would catch a stray access). At 2 ranks
+// the failed backward has reductions in flight when it is abandoned.
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <string>
 
-#include "comm/world.h"
 #include "engine/engine.h"
 #include "examples/mlp_model.h"
 #include "optim/adam.h"
+#include "tests/support/mpi_test_env.h"
 
 namespace zs::engine {
 namespace {
@@ -25,9 +26,10 @@ constexpr int64_t kBatch = 8;
 
 EngineConfig mlp_config(int stage) {
   EngineConfig c;
-  c.batch = resolve_batch(kBatch, 0, 1, 1);
+  c.batch = resolve_batch(kBatch, 0, 1, test::world().size());
   c.zero.stage = stage;
   c.zero.stage3_param_persistence_threshold = 0;  // every stage-3 parameter is gathered and released
+  c.zero.reduce_bucket_size = 256;  // several buckets: some are reducing when a backward fails
   c.optimizer = OptimizerConfig("AdamW", optim::AdamConfig{.lr = 1e-2});
   c.device.memory_mb = 16;
   c.device.backend = "guarded";  // a stray access to device memory after a failure faults
@@ -144,27 +146,28 @@ class GreedySource final : public BatchSource {
 
 class EngineMisuse : public ::testing::TestWithParam<int> {
  protected:
-  comm::World world_{comm::World::Launch::kLocal};
+  const comm::Group& group_ = test::world().group();
+  const int64_t micro_ = kBatch / group_.size();
   MlpConfig mlp_;
   TeacherData data_{mlp_, 7, kBatch};
 
   // Parameters after `steps` clean train_batch calls on a fresh engine.
   std::string clean_digest(int steps) {
     UserModel model(mlp_);
-    Engine engine(model, mlp_config(GetParam()), world_.group());
+    Engine engine(model, mlp_config(GetParam()), group_);
     for (int i = 0; i < steps; ++i) engine.train_batch(data_);
     return engine.param_digest();
   }
   nn::Batch batch_of_step(int64_t step) {
     nn::Batch b;
-    data_.fill(b, step, 0, kBatch);
+    data_.fill(b, step, group_.rank() * micro_, micro_);
     return b;
   }
 };
 
 TEST_P(EngineMisuse, CallsOutOfOrderAreUsageErrorsAndChangeNothing) {
   UserModel model(mlp_);
-  Engine engine(model, mlp_config(GetParam()), world_.group());
+  Engine engine(model, mlp_config(GetParam()), group_);
   expect_message(error_of<UsageError>([&] { engine.step(); }), {"step()", "without a backward()"});
   expect_message(error_of<UsageError>([&] { engine.backward(); }), {"backward()", "without a forward()"});
   const nn::Batch b0 = batch_of_step(0);
@@ -182,11 +185,11 @@ TEST_P(EngineMisuse, CallsOutOfOrderAreUsageErrorsAndChangeNothing) {
 
 TEST_P(EngineMisuse, ASourceThatFillsMoreRowsThanAskedIsNamed) {
   UserModel model(mlp_);
-  Engine engine(model, mlp_config(GetParam()), world_.group());
+  Engine engine(model, mlp_config(GetParam()), group_);
   GreedySource greedy(data_);
-  expect_message(error_of<UsageError>([&] { engine.train_batch(greedy); }),
-                 {"BatchSource::fill", "count 8", "16 rows"});
-  expect_message(error_of<UsageError>([&] { engine.eval_batch(greedy); }), {"BatchSource::fill", "16 rows"});
+  const std::string count = "count " + std::to_string(micro_), rows = std::to_string(2 * micro_) + " rows";
+  expect_message(error_of<UsageError>([&] { engine.train_batch(greedy); }), {"BatchSource::fill", count.c_str(), rows.c_str()});
+  expect_message(error_of<UsageError>([&] { engine.eval_batch(greedy); }), {"BatchSource::fill", rows.c_str()});
   engine.train_batch(data_);
   engine.train_batch(data_);
   EXPECT_EQ(engine.param_digest(), clean_digest(2));
@@ -196,7 +199,7 @@ TEST_P(EngineMisuse, ASourceThatFillsMoreRowsThanAskedIsNamed) {
 // failed micro-batch had never run.
 TEST_P(EngineMisuse, ASkippedChildBackwardIsAModelErrorNamingParentAndChild) {
   UserModel model(mlp_);
-  Engine engine(model, mlp_config(GetParam()), world_.group());
+  Engine engine(model, mlp_config(GetParam()), group_);
   model.net().mistake = Mistake::kSkipChildBackward;
   expect_message(error_of<ModelError>([&] { engine.train_batch(data_); }),
                  {"'net' (UserNet) finished its backward without the backward of its child 'net.fc1'",
@@ -211,7 +214,7 @@ TEST_P(EngineMisuse, ASkippedChildBackwardIsAModelErrorNamingParentAndChild) {
 
 TEST_P(EngineMisuse, AChildCalledDirectlyIsAModelErrorAtEveryStage) {
   UserModel model(mlp_);
-  Engine engine(model, mlp_config(GetParam()), world_.group());
+  Engine engine(model, mlp_config(GetParam()), group_);
   model.net().mistake = Mistake::kCallChildDirectly;
   expect_message(error_of<ModelError>([&] { engine.train_batch(data_); }),
                  {"module 'net.fc1' (Linear) ran without the Context", "'net.fc1.weight'", "while 'net' was running",
@@ -223,7 +226,7 @@ TEST_P(EngineMisuse, AChildCalledDirectlyIsAModelErrorAtEveryStage) {
 
 TEST_P(EngineMisuse, AModuleRunTwiceInOneForwardPointsToSharedWeights) {
   UserModel model(mlp_);
-  Engine engine(model, mlp_config(GetParam()), world_.group());
+  Engine engine(model, mlp_config(GetParam()), group_);
   model.net().mistake = Mistake::kRunChildTwice;
   expect_message(error_of<ModelError>([&] { engine.train_batch(data_); }),
                  {"module 'net.mid' (Linear) ran forward twice", "Shared weights"});
@@ -235,14 +238,14 @@ TEST_P(EngineMisuse, AModuleRunTwiceInOneForwardPointsToSharedWeights) {
 TEST_P(EngineMisuse, EngineDestroyedRightAfterAModelErrorInBackward) {
   UserModel model(mlp_);
   {
-    Engine engine(model, mlp_config(GetParam()), world_.group());
+    Engine engine(model, mlp_config(GetParam()), group_);
     model.net().mistake = Mistake::kSkipChildBackward;
     EXPECT_THROW(engine.train_batch(data_), ModelError);
   }
   for (nn::Parameter* p : model.all_params()) EXPECT_FALSE(p->data().defined()) << p->full_name();
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, EngineMisuse, ::testing::Values(0, 3),
+INSTANTIATE_TEST_SUITE_P(Stages, EngineMisuse, ::testing::Values(0, 2, 3),
                          [](const auto& info) { return "stage" + std::to_string(info.param); });
 
 }  // namespace
