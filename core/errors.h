@@ -102,6 +102,16 @@ std::string errno_text(int err);
     }                                                                                             \
   } while (0)
 
+// ZS_MODEL_CHECK(cond, fmt, args...): a rule the user's model code must follow - the shape or dtype a
+// layer is given, a constructor argument. Throws ModelError with the message (what was expected and
+// what came): the user's mistake, not a zeroshard bug, so no file and line.
+#define ZS_MODEL_CHECK(cond, ...)                                        \
+  do {                                                                   \
+    if (!(cond)) [[unlikely]] {                                          \
+      throw ::zs::ModelError(::fmt::format(__VA_ARGS__));                \
+    }                                                                    \
+  } while (0)
+
 #ifdef NDEBUG
 #define ZS_DEBUG_ASSERT(cond, ...) \
   do {                             \

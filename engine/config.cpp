@@ -486,6 +486,14 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     r.read("path", cfg.data.path);
     uint64_t seed = 0;
     if (r.read("seed", seed)) cfg.data.seed = seed;
+    r.read("eval_interval", cfg.data.eval_interval, IntRange::non_negative());
+    const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
+    const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange::positive());
+    if ((fraction || batches) && cfg.data.eval_interval == 0) {
+      throw ConfigError(fmt::format("data.{}: has an effect only with evaluation on; set data.eval_interval to the "
+                                    "number of optimizer steps between evaluations, or remove it",
+                                    fraction ? "eval_fraction" : "eval_batches"));
+    }
   });
   root.read_object("comm", [&](ObjectReader& r) { r.read("timeout_s", cfg.comm.timeout_s, RealRange::positive()); });
   root.read_object("log", [&](ObjectReader& r) {

@@ -106,6 +106,14 @@ struct DeviceConfig {
 struct DataConfig {
   std::string path;          // a text file; empty: the built-in corpus
   std::optional<uint64_t> seed;  // sampling seed; defaults to the top-level seed
+  // Evaluation by `zeroshard train` (Engine::eval_batch): every eval_interval optimizer steps (0: never)
+  // the mean loss of eval_batches global batches drawn from a held-out split, the last eval_fraction
+  // of the corpus's bytes, which training then never reads. Here, not at the top level: DeepSpeed's
+  // config has no evaluation key (its users evaluate in their own loop), and the split is of this
+  // section's corpus.
+  int64_t eval_interval = 0;
+  double eval_fraction = 0.1;
+  int64_t eval_batches = 1;
 };
 
 struct CommSectionConfig {

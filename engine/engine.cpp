@@ -342,16 +342,27 @@ int64_t Engine::param_count() const { return static_cast<int64_t>(impl_->layout_
 
 float Engine::forward(const nn::Batch& batch) {
   Impl& s = *impl_;
+  if (model_.forward_pending()) [[unlikely]] {
+    throw UsageError("Engine::forward() called twice without a backward() in between: each micro-batch is forward(), "
+                     "backward(), step(); to compute a loss without training, use Engine::eval_batch");
+  }
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
+  float loss = 0.0f;
+  try {
+    if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
+    loss = s.ctx_.forward_loss(model_, batch);
+    if (s.gatherer_) s.gatherer_->end_pass();
+  } catch (...) {
+    s.abandon_forward(model_);
+    throw;
+  }
+  // Counted once the forward succeeded: a failed forward leaves the window as it was.
   if (s.micro_step_ == 0) {
     s.window_start_s_ = t0;
     s.window_tokens_ = 0;
   }
   if (batch.inputs.dtype() == memory::DType::kI32) s.window_tokens_ += batch.inputs.numel();  // token ids
-  if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
-  float loss = s.ctx_.forward_loss(model_, batch);
-  if (s.gatherer_) s.gatherer_->end_pass();
   s.loss_sum_ += loss;
   s.forward_s_ += now_seconds() - t0;
   return loss;
@@ -359,6 +370,10 @@ float Engine::forward(const nn::Batch& batch) {
 
 void Engine::backward() {
   Impl& s = *impl_;
+  if (!model_.forward_pending()) [[unlikely]] {
+    throw UsageError("Engine::backward() without a forward() before it: each micro-batch is forward(batch), then "
+                     "backward(), then step()");
+  }
   double t0 = now_seconds();
   const int64_t accumulation = config_.batch.gradient_accumulation_steps;
   // Compressed optimizers consume local gradients on the steps they compress (DeepSpeed's
@@ -366,33 +381,124 @@ void Engine::backward() {
   const bool reduce = !s.compressed_ || s.exact_gradients(s.steps_taken_ + 1);
   const bool boundary = s.micro_step_ + 1 == accumulation;
   memory::DeviceAccess access(*s.backend_);
-  // The boundary's reductions may still be writing device memory when backward returns.
-  if (boundary && !s.reductions_access_) s.reductions_access_.emplace(*s.backend_);
-  s.reducer_->begin_backward(boundary, reduce);
-  // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
-  // the last backward of the step runs.
-  if (boundary && s.nvme_ && s.optimizer_on_nvme()) s.nvme_->swapper->prefetch();
-  if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kBackward);
-  const float grad_scale = static_cast<float>(s.scaler_.scale() / static_cast<double>(accumulation));
-  s.ctx_.backward_loss(model_, grad_scale);
-  if (s.gatherer_) s.gatherer_->end_pass();
-  s.reducer_->end_backward();
+  try {
+    // The boundary's reductions may still be writing device memory when backward returns.
+    if (boundary && !s.reductions_access_) s.reductions_access_.emplace(*s.backend_);
+    s.reducer_->begin_backward(boundary, reduce);
+    // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
+    // the last backward of the step runs.
+    if (boundary && s.nvme_ && s.optimizer_on_nvme()) s.nvme_->swapper->prefetch();
+    if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kBackward);
+    const float grad_scale = static_cast<float>(s.scaler_.scale() / static_cast<double>(accumulation));
+    s.ctx_.backward_loss(model_, grad_scale);
+    if (s.gatherer_) s.gatherer_->end_pass();
+    s.reducer_->end_backward();
+  } catch (...) {
+    s.abandon_window(model_);
+    throw;
+  }
   ++s.micro_step_;
+  s.backward_since_step_ = true;
   s.backward_s_ += now_seconds() - t0;
 }
 
+void Engine::Impl::abandon_forward(nn::Model& model) {
+  // Cleanup must not hide the error being thrown: a second failure here is dropped.
+  try {
+    model.clear_saved();
+    if (gatherer_) gatherer_->invalidate();  // gathered or in flight: released; a partial first order is re-recorded
+  } catch (...) {
+  }
+}
+
+void Engine::Impl::abandon_window(nn::Model& model) {
+  try {
+    model.clear_saved();
+    reducer_->abort();
+    if (gatherer_) gatherer_->invalidate();
+    reductions_access_.reset();
+    backend_->fill_zero(grads_.data(), grads_.tier(), grads_.size());
+    if (!grad32_.empty()) backend_->fill_zero(grad32_.data(), grad32_.tier(), grad32_.size());
+  } catch (...) {
+  }
+  micro_step_ = 0;
+  loss_sum_ = 0.0;
+  forward_s_ = backward_s_ = 0.0;
+  backward_since_step_ = false;
+}
+
+void Engine::Impl::fill_micro_batch(BatchSource& source, nn::Batch& batch, int64_t step, int64_t m) {
+  const int64_t micro = cfg_.batch.micro_batch_per_rank;
+  const int64_t first = m * micro * group_.size() + group_.rank() * micro;
+  source.fill(batch, step, first, micro);
+  // The engine's global batch arithmetic (and the loss average) rests on every rank filling exactly
+  // the samples it was given: a source that fills more or fewer would train on a different batch
+  // than the config says, silently.
+  auto rows = [](const memory::Tensor& t) { return t.defined() && t.dim() > 0 ? t.size(0) : int64_t{0}; };
+  const bool inputs_ok = rows(batch.inputs) == micro;
+  const bool targets_ok = !batch.targets.defined() || rows(batch.targets) == micro;
+  if (!inputs_ok || !targets_ok) [[unlikely]] {
+    throw UsageError(fmt::format(
+        "BatchSource::fill(batch, step {}, first_sample {}, count {}) filled batch.inputs with {} rows and "
+        "batch.targets with {}: fill exactly `count` samples (dim 0 of inputs and targets), those with global "
+        "indices [first_sample, first_sample + count) of the step",
+        step, first, micro, rows(batch.inputs), batch.targets.defined() ? std::to_string(rows(batch.targets)) : "none"));
+  }
+}
+
 StepReport Engine::train_batch(BatchSource& source) {
-  const int64_t micro = config_.batch.micro_batch_per_rank;
-  const int64_t per_micro_step = micro * group_.size();
+  Impl& s = *impl_;
+  if (s.micro_step_ != 0 || model_.forward_pending()) [[unlikely]] {
+    throw UsageError(fmt::format(
+        "Engine::train_batch called in the middle of an accumulation window ({} of {} micro-batches already run "
+        "through forward()/backward(){}): finish the window with forward()/backward()/step() first, or use only "
+        "train_batch",
+        s.micro_step_, config_.batch.gradient_accumulation_steps,
+        model_.forward_pending() ? ", and a forward() without its backward()" : ""));
+  }
   nn::Batch batch;
   for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
-    source.fill(batch, global_step_, m * per_micro_step + group_.rank() * micro, micro);
+    s.fill_micro_batch(source, batch, global_step_, m);
     forward(batch);
     backward();
   }
   bool stepped = step();
   ZS_ASSERT(stepped, "train_batch ended between accumulation boundaries");
   return last_;
+}
+
+double Engine::eval_batch(BatchSource& source, int64_t index) {
+  Impl& s = *impl_;
+  if (model_.forward_pending()) [[unlikely]] {
+    throw UsageError("Engine::eval_batch called between a forward() and its backward(): evaluate before the forward "
+                     "or after the backward");
+  }
+  // Evaluation mode for the duration of the call: modules save nothing, so activations are freed as
+  // soon as the next module has read them, and no backward can follow.
+  struct TrainingAgain {
+    EngineContext& ctx;
+    ~TrainingAgain() { ctx.set_training(true); }
+  } restore{s.ctx_};
+  s.ctx_.set_training(false);
+  memory::DeviceAccess access(*s.backend_);
+  nn::Batch batch;
+  double sum = 0.0;
+  for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
+    s.fill_micro_batch(source, batch, index, m);
+    try {
+      // ZeRO-3 gathers along the recorded forward order and releases after each module, as in training.
+      if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
+      sum += s.ctx_.forward_loss(model_, batch);
+      if (s.gatherer_) s.gatherer_->end_pass();
+    } catch (...) {
+      s.abandon_forward(model_);
+      throw;
+    }
+  }
+  // Summed in fp32 as step() agrees on the training loss, so both average the same way.
+  float total = static_cast<float>(sum);
+  if (group_.size() > 1) group_.allreduce(memory::Tensor::of(std::span<float>(&total, 1)));
+  return total / static_cast<double>(config_.batch.gradient_accumulation_steps * group_.size());
 }
 
 std::vector<float> Engine::fp32_param(const std::string& name) const {

@@ -62,9 +62,11 @@
 
 namespace zs::engine {
 
-// Supplies micro-batches for train_batch: fills `batch` with the samples whose global indices are
-// [first_sample, first_sample + count) of optimizer step `step`. A pure function of its arguments, so
-// the global batch is the same for every world size and accumulation setting.
+// Supplies micro-batches for train_batch and eval_batch: fills `batch` with the samples whose global
+// indices are [first_sample, first_sample + count) of optimizer step `step` (of evaluation batch `step`
+// for eval_batch). A pure function of its arguments, so the global batch is the same for every world
+// size and accumulation setting. Exactly `count` samples: batch.inputs (and batch.targets, when
+// defined) get `count` rows (dim 0); anything else is a UsageError naming the call, right after fill.
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -108,6 +110,15 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // The calls follow forward(batch), backward(), step() per micro-batch. A call out of that order is
+  // a UsageError naming it, thrown before the engine changes anything (the engine stays usable):
+  // forward() twice, backward() without a forward(), step() without a backward() since the last
+  // step(), train_batch() in the middle of a window. A mistake inside the model (ModelError: a child
+  // run without the Context, a skipped child backward, a module run twice; nn/context.h) or any other
+  // exception thrown inside forward() leaves the engine as before that forward; inside backward() it
+  // discards the gradients of the current accumulation window (Note [a failed pass] in
+  // engine/detail/engine_impl.h). Either way the engine may go on or be destroyed.
+  //
   // One micro-batch forward; returns its mean loss (this rank only).
   float forward(const nn::Batch& batch);
   // Backward of the last forward; at the accumulation boundary, starts the bucket reductions.
@@ -117,6 +128,17 @@ class Engine {
   bool step();
   // gradient_accumulation_steps micro-batches from `source`, then one optimizer step.
   StepReport train_batch(BatchSource& source);
+  // Evaluation: the mean loss (all ranks, all micro-batches) of one global batch of `source` - the
+  // training batch shape, `source.fill(batch, index, ...)` - with no gradient. The model runs in
+  // evaluation mode (nn::Context::training() false): modules save no activations, so the activation
+  // peak is a forward's working set, not the whole forward's saved state; gradients, the optimizer,
+  // the step count, the loss of the next training step and the training source are untouched. At ZeRO
+  // stage 3 parameters are gathered per module and released as in a training forward. Collective.
+  // A whole-batch call rather than a no-grad forward(): the engine's forward() is one half of a
+  // training pair whose loss feeds the next step's report; evaluation shares neither, and one call
+  // keeps the ranks' samples and the loss average the engine's business, as in train_batch.
+  // Between a forward() and its backward() it is a UsageError; between micro-batches it is allowed.
+  double eval_batch(BatchSource& source, int64_t index = 0);
 
   // The report of the last optimizer step (valid after step() returned true).
   const StepReport& last_step() const { return last_; }

@@ -164,6 +164,14 @@ void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
 
 bool Engine::step() {
   Impl& s = *impl_;
+  if (!s.backward_since_step_) [[unlikely]] {
+    throw UsageError(model_.forward_pending()
+                         ? "Engine::step() after a forward() without its backward(): call backward() first (each "
+                           "micro-batch is forward(batch), backward(), step())"
+                         : "Engine::step() without a backward() since the last step(): step() follows each backward(); "
+                           "a second step() would apply no new gradients");
+  }
+  s.backward_since_step_ = false;
   if (s.micro_step_ < config_.batch.gradient_accumulation_steps) return false;
   double t0 = now_seconds();
   {

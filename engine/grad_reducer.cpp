@@ -149,4 +149,17 @@ void GradReducer::wait_all() {
   for (auto& b : buckets_) b.work.wait();
 }
 
+void GradReducer::abort() {
+  wait_all();
+  auto slots = layout_.slots();
+  for (auto& b : buckets_) {
+    if (b.staging.empty()) continue;
+    for (size_t s = b.plan.first_slot; s < b.plan.end_slot; ++s) slots[s].param->set_grad(memory::Tensor());
+    staging_bytes_ -= b.staging.size();
+    b.staging.release();
+  }
+  in_flight_.clear();
+  reducing_ = false;
+}
+
 }  // namespace zs::engine

@@ -90,6 +90,12 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   boost::json::array history;
   for (double l : losses_) history.push_back(l);
   s["loss_history"] = std::move(history);
+  if (!evals_.empty()) {
+    // Only for runs that evaluate: [{"step": optimizer steps taken, "loss": mean held-out loss}, ...].
+    boost::json::array evals;
+    for (const auto& [step, loss] : evals_) evals.push_back(boost::json::object{{"step", step}, {"loss", loss}});
+    s["eval_loss_history"] = std::move(evals);
+  }
   s["tokens_per_second"] = tokens_per_second();
   std::vector<double> times = step_seconds_;
   std::sort(times.begin(), times.end());

@@ -8,6 +8,7 @@
 #include <boost/json/object.hpp>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/config.h"
@@ -23,6 +24,9 @@ class SummaryRecorder {
   void record(const StepReport& report, double step_seconds, int64_t tokens);
 
   const std::vector<double>& loss_history() const { return losses_; }
+  // Records an evaluation (Engine::eval_batch) after `step` optimizer steps: the summary's
+  // eval_loss_history.
+  void record_eval(int64_t step, double loss) { evals_.emplace_back(step, loss); }
   // Tokens per second over the recorded steps, the first excluded when there are several (warm-up).
   double tokens_per_second() const;
 
@@ -35,6 +39,7 @@ class SummaryRecorder {
  private:
   const Engine& engine_;
   std::vector<double> losses_;
+  std::vector<std::pair<int64_t, double>> evals_;
   std::vector<double> step_seconds_;
   std::vector<int64_t> tokens_;
   int64_t skipped_ = 0;

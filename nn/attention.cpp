@@ -17,7 +17,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t d_model, int64_t n_head, float 
       n_head_(n_head),
       qkv_(add_child<Linear>("qkv", d_model, 3 * d_model, true, init_std)),
       proj_(add_child<Linear>("proj", d_model, d_model, true, proj_std)) {
-  ZS_ASSERT(n_head > 0 && d_model % n_head == 0, "d_model {} not divisible by n_head {}", d_model, n_head);
+  ZS_MODEL_CHECK(n_head > 0 && d_model % n_head == 0, "d_model {} not divisible by n_head {}", d_model, n_head);
 }
 
 namespace {
@@ -46,7 +46,7 @@ void causal_softmax_rows(float* p, int64_t T, int64_t r0, int64_t r1) {
 }  // namespace
 
 Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
-  ZS_ASSERT(x.dim() == 3 && x.size(2) == d_, "CausalSelfAttention: expected (B, T, {}), got {}", d_,
+  ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "CausalSelfAttention: expected (B, T, {}), got {}", d_,
             memory::shape_string(x.shape()));
   const int64_t B = x.size(0), T = x.size(1), C = d_, H = n_head_, hs = d_ / n_head_, C3 = 3 * d_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));

@@ -10,22 +10,53 @@
 namespace zs::nn {
 namespace {
 
+// Every check here is reachable from a user's model code: the errors are ModelErrors that say what the
+// model must do, never internal assertions (Lifecycle rule in nn/context.h).
 void check_can_forward(const Module& m, bool training) {
   if (training && m.forward_pending()) [[unlikely]] {
-    throw InternalError(fmt::format(
-        "module '{}' ({}) ran forward twice without a backward in between: each module instance runs once per "
-        "forward/backward pair (use a separate instance, or call clear_saved() to discard the first forward)",
+    throw ModelError(fmt::format(
+        "module '{}' ({}) ran forward twice without a backward in between: a module instance runs once per "
+        "forward/backward pair. To use one weight twice (a tied embedding, weight sharing), let one module own the "
+        "parameter and use it twice inside its own forward/backward (\"Shared weights\" in nn/module.h); otherwise "
+        "declare a separate instance",
         m.display_name(), m.type_name()));
   }
 }
 
 void check_can_backward(const Module& m) {
   if (!m.forward_pending()) [[unlikely]] {
-    throw InternalError(fmt::format(
-        "backward of module '{}' ({}) without a training-mode forward before it (or its saved state was cleared)",
+    throw ModelError(fmt::format(
+        "backward of module '{}' ({}) without a training-mode forward before it: its forward was not run through the "
+        "Context (call ctx.forward(child, x), never child.forward(ctx, x)), or its backward already ran in this pass",
         m.display_name(), m.type_name()));
   }
 }
+
+// After m's backward: a child whose forward ran but whose backward did not would lose its gradients.
+void check_children_done(const Module& m) {
+  for (const Module* c : m.children()) {
+    if (c->forward_pending()) [[unlikely]] {
+      throw ModelError(fmt::format(
+          "module '{}' ({}) finished its backward without the backward of its child '{}' ({}), whose forward ran in "
+          "this pass: call ctx.backward(child, dy) for every child its forward ran through ctx.forward (a skipped "
+          "backward would leave that child's gradients out silently)",
+          m.display_name(), m.type_name(), c->display_name(), c->type_name()));
+    }
+  }
+}
+
+// Sets Context::running_ for the duration of one module call.
+class RunningScope {
+ public:
+  RunningScope(const Module*& slot, const Module& m) : slot_(slot), previous_(slot) { slot_ = &m; }
+  ~RunningScope() { slot_ = previous_; }
+  RunningScope(const RunningScope&) = delete;
+  RunningScope& operator=(const RunningScope&) = delete;
+
+ private:
+  const Module*& slot_;
+  const Module* previous_;
+};
 
 }  // namespace
 
@@ -33,7 +64,11 @@ memory::Tensor Context::forward(Module& child, const memory::Tensor& input) {
   const bool train = training();
   check_can_forward(child, train);
   before_forward(child);
-  memory::Tensor out = child.forward(*this, input);
+  memory::Tensor out;
+  {
+    RunningScope running(running_, child);
+    out = child.forward(*this, input);
+  }
   child.forward_pending_ = train;
   after_forward(child);
   return out;
@@ -42,8 +77,13 @@ memory::Tensor Context::forward(Module& child, const memory::Tensor& input) {
 memory::Tensor Context::backward(Module& child, const memory::Tensor& grad_output) {
   check_can_backward(child);
   before_backward(child);
-  memory::Tensor dx = child.backward(*this, grad_output);
+  memory::Tensor dx;
+  {
+    RunningScope running(running_, child);
+    dx = child.backward(*this, grad_output);
+  }
   child.forward_pending_ = false;
+  check_children_done(child);
   after_backward(child);
   return dx;
 }
@@ -54,7 +94,11 @@ float Context::forward_loss(Model& model, const Batch& batch) {
   const bool train = training();
   check_can_forward(model, train);
   before_forward(model);
-  float loss = model.forward_loss(*this, batch);
+  float loss = 0.0f;
+  {
+    RunningScope running(running_, model);
+    loss = model.forward_loss(*this, batch);
+  }
   model.forward_pending_ = train;
   after_forward(model);
   return loss;
@@ -65,8 +109,12 @@ void Context::backward_loss(Model& model, float grad_scale) {
   if (!computes()) off.emplace();
   check_can_backward(model);
   before_backward(model);
-  model.backward_loss(*this, grad_scale);
+  {
+    RunningScope running(running_, model);
+    model.backward_loss(*this, grad_scale);
+  }
   model.forward_pending_ = false;
+  check_children_done(model);
   after_backward(model);
 }
 

@@ -19,8 +19,15 @@
 // contiguous and 64-byte aligned.
 //
 // Lifecycle rule. A module instance runs at most once per forward/backward pair in training mode:
-// forward, then backward, then forward again. A second forward before the backward (or a backward
-// with no forward) is reported by Context::forward/backward with an InternalError naming the module.
+// forward, then backward, then forward again. Breaking it is the model's mistake and is reported
+// where it happens, as a ModelError naming the module and what to do:
+//   - a second forward before the backward (a module used twice: see "Shared weights" in nn/module.h);
+//   - a backward with no forward before it (the forward was called directly, not through ctx.forward);
+//   - a module whose backward returns without running the backward of a child whose forward ran
+//     (the child's gradients would be lost silently);
+//   - a layer reading a parameter of a module that is not the one running through the Context (a
+//     forward/backward called directly, child.forward(ctx, x), or a parameter shared across modules;
+//     nn/param_access.h).
 // In evaluation mode (training() == false) modules save nothing and forward may be repeated.
 //
 // Thread-safety: a Context and the model it runs are used by one thread at a time.
@@ -59,6 +66,10 @@ class Context {
   float forward_loss(Model& model, const Batch& batch);
   void backward_loss(Model& model, float grad_scale);
 
+  // The module whose forward/backward is running through this Context (the innermost one), or
+  // nullptr between calls. Layers check it before touching a parameter (nn/param_access.h).
+  const Module* running() const { return running_; }
+
   // A tensor for `use` (see above). May throw OutOfMemoryError.
   virtual memory::Tensor allocate(memory::Shape shape, memory::DType dtype, MemoryUse use) = 0;
   // Training mode: modules save activations for backward. Evaluation: they do not.
@@ -76,6 +87,9 @@ class Context {
   virtual void after_forward(Module& m) {}
   virtual void before_backward(Module& m) {}
   virtual void after_backward(Module& m) {}
+
+ private:
+  const Module* running_ = nullptr;
 };
 
 }  // namespace zs::nn

@@ -12,11 +12,11 @@ using memory::DType;
 using memory::Tensor;
 
 float SoftmaxCrossEntropy::forward(Context& ctx, const Tensor& logits, const Tensor& targets) {
-  ZS_ASSERT(logits.raw() != nullptr && logits.dtype() == DType::kF32 && logits.is_contiguous() && logits.dim() >= 1,
+  ZS_MODEL_CHECK(logits.raw() != nullptr && logits.dtype() == DType::kF32 && logits.is_contiguous() && logits.dim() >= 1,
             "cross-entropy: expected contiguous fp32 logits");
   const int64_t V = logits.size(-1);
   const int64_t N = logits.numel() / V;
-  ZS_ASSERT(targets.raw() != nullptr && targets.dtype() == DType::kI32 && targets.numel() == N,
+  ZS_MODEL_CHECK(targets.raw() != nullptr && targets.dtype() == DType::kI32 && targets.numel() == N,
             "cross-entropy: {} int32 targets needed for logits {}, got a {} tensor {}", N,
             memory::shape_string(logits.shape()), memory::dtype_name(targets.dtype()),
             memory::shape_string(targets.shape()));

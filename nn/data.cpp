@@ -106,6 +106,12 @@ Dataset Dataset::from_bytes(std::string_view text, int64_t seq_len, std::string 
   return Dataset(std::move(copy), bytes, seq_len, std::move(origin));
 }
 
+Dataset Dataset::slice(uint64_t begin, uint64_t end, std::string origin) const {
+  ZS_ASSERT(begin <= end && end <= bytes_.size(), "slice [{}, {}) of {} bytes", begin, end, bytes_.size());
+  check_size(end - begin, seq_len_, origin);
+  return Dataset(owner_, bytes_.substr(begin, end - begin), seq_len_, std::move(origin));
+}
+
 Dataset Dataset::builtin(int64_t seq_len) {
   const std::string origin = "<built-in corpus>";
   check_seq_len(seq_len, origin);

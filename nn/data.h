@@ -48,6 +48,9 @@ class Dataset {
   static Dataset from_bytes(std::string_view text, int64_t seq_len, std::string origin = "<in-memory text>");
   // builtin_corpus(), without a copy.
   static Dataset builtin(int64_t seq_len);
+  // Bytes [begin, end) of this dataset as a dataset of its own (sharing the bytes, no copy), named
+  // `origin`: a held-out split. Same size rule as open() (ConfigError naming `origin`).
+  Dataset slice(uint64_t begin, uint64_t end, std::string origin) const;
 
   std::string_view bytes() const { return bytes_; }
   int64_t seq_len() const { return seq_len_; }

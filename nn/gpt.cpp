@@ -73,10 +73,10 @@ void GptModel::clear_own_saved() {
 
 float GptModel::forward_loss(Context& ctx, const Batch& batch) {
   const Tensor& ids = batch.inputs;
-  ZS_ASSERT(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
+  ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
             "Gpt: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}", memory::dtype_name(ids.dtype()),
             memory::shape_string(ids.shape()));
-  ZS_ASSERT(batch.targets.raw() != nullptr && batch.targets.shape() == ids.shape(),
+  ZS_MODEL_CHECK(batch.targets.raw() != nullptr && batch.targets.shape() == ids.shape(),
             "Gpt: targets {} must match inputs {}", memory::shape_string(batch.targets.shape()),
             memory::shape_string(ids.shape()));
   const int64_t B = ids.size(0), T = ids.size(1), C = cfg_.d_model, V = cfg_.vocab_size, N = B * T;

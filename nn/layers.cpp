@@ -45,7 +45,7 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
 
 Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = detail::rows_of(dy, out_, "Linear backward");
-  ZS_ASSERT(input_.numel() == n * in_, "Linear backward: saved input {} does not match dy {}",
+  ZS_MODEL_CHECK(input_.numel() == n * in_, "Linear backward: saved input {} does not match dy {}",
             memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
   const float* dyp = dy.data<float>();
   Tensor w = weight_f32(ctx, weight_);
@@ -71,7 +71,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, float init_std)
     : num_(num_embeddings), dim_(dim), weight_(declare_param("weight", {num_embeddings, dim}, Init::normal(0.0f, init_std))) {}
 
 Tensor Embedding::forward(Context& ctx, const Tensor& ids) {
-  ZS_ASSERT(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.is_contiguous(),
+  ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.is_contiguous(),
             "Embedding: expected contiguous int32 ids, got a {} tensor {}", memory::dtype_name(ids.dtype()),
             memory::shape_string(ids.shape()));
   Tensor w = weight_f32(ctx, weight_);
@@ -85,7 +85,7 @@ Tensor Embedding::forward(Context& ctx, const Tensor& ids) {
 
 Tensor Embedding::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = detail::rows_of(dy, dim_, "Embedding backward");
-  ZS_ASSERT(n == ids_.numel(), "Embedding backward: dy {} for {} ids", memory::shape_string(dy.shape()), ids_.numel());
+  ZS_MODEL_CHECK(n == ids_.numel(), "Embedding backward: dy {} for {} ids", memory::shape_string(dy.shape()), ids_.numel());
   GradAccumulator gw(ctx, weight_);
   detail::embedding_accumulate(ids_.data<int32_t>(), n, dy.data<float>(), dim_, gw.data());
   gw.commit();
@@ -147,7 +147,7 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
 
 Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = detail::rows_of(dy, dim_, "LayerNorm backward");
-  ZS_ASSERT(input_.numel() == dy.numel(), "LayerNorm backward: dy {} for input {}", memory::shape_string(dy.shape()),
+  ZS_MODEL_CHECK(input_.numel() == dy.numel(), "LayerNorm backward: dy {} for input {}", memory::shape_string(dy.shape()),
             memory::shape_string(input_.shape()));
   Tensor w = weight_f32(ctx, weight_);
   Tensor dx = ctx.allocate(input_.shape(), DType::kF32, MemoryUse::kGradient);
@@ -237,7 +237,7 @@ inline float fast_tanh(float x) {
 }  // namespace
 
 Tensor Gelu::forward(Context& ctx, const Tensor& x) {
-  ZS_ASSERT(x.raw() != nullptr && x.dtype() == DType::kF32 && x.is_contiguous(), "Gelu: expected a contiguous fp32 tensor");
+  ZS_MODEL_CHECK(x.raw() != nullptr && x.dtype() == DType::kF32 && x.is_contiguous(), "Gelu: expected a contiguous fp32 tensor");
   Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
@@ -253,7 +253,7 @@ Tensor Gelu::forward(Context& ctx, const Tensor& x) {
 }
 
 Tensor Gelu::backward(Context& ctx, const Tensor& dy) {
-  ZS_ASSERT(dy.numel() == input_.numel() && dy.dtype() == DType::kF32, "Gelu backward: dy {} for input {}",
+  ZS_MODEL_CHECK(dy.numel() == input_.numel() && dy.dtype() == DType::kF32, "Gelu backward: dy {} for input {}",
             memory::shape_string(dy.shape()), memory::shape_string(input_.shape()));
   Tensor dx = ctx.allocate(input_.shape(), DType::kF32, MemoryUse::kGradient);
   const float* xp = input_.data<float>();

@@ -9,17 +9,33 @@ Module::~Module() = default;
 
 std::string Module::display_name() const { return name_.empty() ? std::string("<root>") : name_; }
 
+namespace {
+
+// Declarations come from the user's module constructors: a clash is the model's mistake (ModelError).
+void check_unique_name(const Module& m, const std::string& name, std::string_view what, bool clash) {
+  if (clash) [[unlikely]] {
+    throw ModelError(fmt::format("{} declares {} '{}', but the name is taken by another parameter or child of the same "
+                                 "module; give each a distinct name",
+                                 m.type_name(), what, name));
+  }
+}
+
+}  // namespace
+
 Parameter& Module::declare_param(std::string name, memory::Shape shape, Init init, std::vector<std::string> tags) {
-  for (const auto& p : params_) ZS_ASSERT(p->name() != name, "{} declares parameter '{}' twice", type_name(), name);
-  for (const auto& c : children_) ZS_ASSERT(c->local_name_ != name, "{}: parameter '{}' clashes with a child", type_name(), name);
+  for (const auto& p : params_) check_unique_name(*this, name, "parameter", p->name() == name);
+  for (const auto& c : children_) check_unique_name(*this, name, "parameter", c->local_name_ == name);
   params_.push_back(std::make_unique<Parameter>(std::move(name), std::move(shape), init, std::move(tags)));
+  params_.back()->owner_ = this;
   return *params_.back();
 }
 
 void Module::adopt_child(std::string name, std::unique_ptr<Module> child) {
-  ZS_ASSERT(!name.empty() && name.find('.') == std::string::npos, "child name '{}' must be non-empty without '.'", name);
-  for (const auto& c : children_) ZS_ASSERT(c->local_name_ != name, "{} declares child '{}' twice", type_name(), name);
-  for (const auto& p : params_) ZS_ASSERT(p->name() != name, "{}: child '{}' clashes with a parameter", type_name(), name);
+  if (name.empty() || name.find('.') != std::string::npos) {
+    throw ModelError(fmt::format("{} declares child '{}': a child name must be non-empty and without '.'", type_name(), name));
+  }
+  for (const auto& c : children_) check_unique_name(*this, name, "child", c->local_name_ == name);
+  for (const auto& p : params_) check_unique_name(*this, name, "child", p->name() == name);
   child->local_name_ = name;
   child->name_ = std::move(name);
   children_.push_back(std::move(child));
@@ -93,13 +109,15 @@ memory::Tensor Sequential::backward(Context& ctx, const memory::Tensor& grad_out
 }
 
 memory::Tensor Model::forward(Context&, const memory::Tensor&) {
-  throw InternalError(fmt::format("model '{}' ({}) runs through Context::forward_loss, not Context::forward",
-                                  display_name(), type_name()));
+  throw UsageError(fmt::format("model '{}' ({}) was run as a child module: a Model runs through Context::forward_loss "
+                               "(the engine's forward), not Context::forward; make the shared part a plain nn::Module",
+                               display_name(), type_name()));
 }
 
 memory::Tensor Model::backward(Context&, const memory::Tensor&) {
-  throw InternalError(fmt::format("model '{}' ({}) runs through Context::backward_loss, not Context::backward",
-                                  display_name(), type_name()));
+  throw UsageError(fmt::format("model '{}' ({}) was run as a child module: a Model runs through Context::backward_loss "
+                               "(the engine's backward), not Context::backward; make the shared part a plain nn::Module",
+                               display_name(), type_name()));
 }
 
 namespace {

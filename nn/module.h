@@ -26,6 +26,39 @@
 // is depth-first: a module's own parameters in declaration order, then its children in declaration
 // order. Checkpoints and the engine's flat buffers use this order. A parameter belongs to exactly
 // one module (no sharing; a tied embedding lives in the one module that uses it twice).
+//
+// Shared weights. An instance runs once per forward/backward pair, and a layer reads a parameter only
+// while the module that declares it runs (nn/param_access.h): two modules cannot share a Parameter,
+// and one module cannot run twice in a pass (both are ModelErrors that point here). A weight used
+// twice is owned by one module that uses it twice inside its own forward and backward, adding both
+// uses' gradients into one GradAccumulator. At ZeRO-3 the owner's parameters stay gathered from the
+// start to the end of its forward (and of its backward), so every use sees them; nn::GptModel's tied
+// embedding is written this way (wte is the input lookup and the output head). One square weight
+// applied twice, y = (x W^T) W^T (tests/docs/usage_snippets_test.cpp compiles and trains it):
+//
+//   class TwiceLinear : public Module {
+//    public:
+//     explicit TwiceLinear(int64_t d) : w_(declare_param("weight", {d, d}, Init::normal(0.0f, 0.3f))) {}
+//     std::string_view type_name() const override { return "TwiceLinear"; }
+//    protected:
+//     Tensor forward(Context& ctx, const Tensor& x) override {    // x (n, d) -> (n, d)
+//       Tensor h = apply(ctx, x), y = apply(ctx, h);              // first use, second use
+//       if (ctx.training()) { x_ = x; h_ = h; }
+//       return y;
+//     }
+//     Tensor backward(Context& ctx, const Tensor& dy) override {
+//       GradAccumulator g(ctx, w_);                                // both uses add into one gradient
+//       Tensor dx = back(ctx, back(ctx, dy, h_, g), x_, g);
+//       x_ = h_ = {};
+//       return dx;
+//     }
+//     void clear_own_saved() override { x_ = h_ = {}; }
+//    private:
+//     Tensor apply(Context& ctx, const Tensor& in);                                  // in W^T
+//     Tensor back(Context& ctx, const Tensor& dout, const Tensor& in, GradAccumulator& g);  // g += dout^T in; dout W
+//     Parameter& w_;
+//     Tensor x_, h_;
+//   };
 #pragma once
 
 #include <cstdint>

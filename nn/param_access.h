@@ -15,9 +15,13 @@
 
 namespace zs::nn {
 
+// Both below throw ModelError when p's owner is not the module running through ctx (ctx.running()):
+// a forward/backward called directly instead of through the Context, or a parameter used by another
+// module (weight sharing: see nn/module.h). Parameters without an owner are not checked.
+//
 // An fp32, contiguous Tensor with p's shape holding p's values. For an fp32 parameter this is
-// p.data() itself (no copy); otherwise a kScratch tensor from ctx. Throws InternalError when p.data()
-// is undefined (the engine did not gather the parameter before the module ran).
+// p.data() itself (no copy); otherwise a kScratch tensor from ctx. Throws UsageError when p.data()
+// is undefined (a model run without the engine and without nn::materialize).
 memory::Tensor weight_f32(Context& ctx, const Parameter& p);
 
 // Accumulation target for dL/dp. data() points at p.numel() fp32 values that equal the current

@@ -41,9 +41,18 @@ std::string Init::describe() const {
 
 Parameter::Parameter(std::string name, memory::Shape shape, Init init, std::vector<std::string> tags)
     : name_(std::move(name)), full_name_(name_), shape_(std::move(shape)), init_(init), tags_(std::move(tags)) {
-  ZS_ASSERT(!name_.empty() && name_.find('.') == std::string::npos, "parameter name '{}' must be non-empty without '.'",
-            name_);
-  for (int64_t d : shape_) ZS_ASSERT(d > 0, "parameter '{}' has shape {}", name_, memory::shape_string(shape_));
+  // A user's module declares these: a wrong one is the model's mistake, not a zeroshard bug.
+  if (name_.empty() || name_.find('.') != std::string::npos) {
+    throw ModelError(fmt::format("parameter name '{}': must be non-empty and without '.' (the dot separates the module "
+                                 "path in full names); rename it",
+                                 name_));
+  }
+  for (int64_t d : shape_) {
+    if (d <= 0) {
+      throw ModelError(fmt::format("parameter '{}' declared with shape {}: every dimension must be >= 1", name_,
+                                   memory::shape_string(shape_)));
+    }
+  }
 }
 
 bool Parameter::has_tag(std::string_view tag) const {

@@ -28,6 +28,8 @@
 
 namespace zs::nn {
 
+class Module;
+
 // Tag names the engine and optimizers understand.
 inline constexpr std::string_view kTagNoWeightDecay = "no_weight_decay";  // biases, norm weights
 inline constexpr std::string_view kTagExpert = "expert";                  // MoE expert weights
@@ -79,8 +81,12 @@ class Parameter {
 
   // Set by assign_names (nn/module.h).
   void set_full_name(std::string full_name) { full_name_ = std::move(full_name); }
+  // The module that declared this parameter (Module::declare_param), or nullptr for a free-standing
+  // one. Layers read a parameter only while its owner runs through the Context (nn/param_access.h).
+  const Module* owner() const { return owner_; }
 
  private:
+  friend class Module;
   std::string name_;
   std::string full_name_;
   memory::Shape shape_;
@@ -88,6 +94,7 @@ class Parameter {
   std::vector<std::string> tags_;
   memory::Tensor data_;
   memory::Tensor grad_;
+  const Module* owner_ = nullptr;
 };
 
 }  // namespace zs::nn

@@ -7,6 +7,7 @@
 // prints its message and ends the whole job with World::abort.
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -152,6 +153,20 @@ std::string read_config_everywhere(const comm::Group& group, const std::string& 
 
 std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
+// data.eval_interval > 0: the last data.eval_fraction of the corpus becomes the held-out split (returned)
+// and `data` keeps the rest, so training never samples a held-out window.
+nn::Dataset split_held_out(nn::Dataset& data, double fraction) {
+  const uint64_t size = data.bytes().size();
+  const auto held = static_cast<uint64_t>(std::llround(static_cast<double>(size) * fraction));
+  try {
+    nn::Dataset eval = data.slice(size - held, size, data.origin() + " (held-out tail)");
+    data = data.slice(0, size - held, data.origin() + " (training part)");
+    return eval;
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("data.eval_fraction: {} of {} bytes leaves a part too small: {}", fraction, size, e.what()));
+  }
+}
+
 }  // namespace
 
 int train_command(const std::vector<std::string>& args) {
@@ -191,12 +206,17 @@ int train_command(const std::vector<std::string>& args) {
   std::unique_ptr<comm::Group> dp;
   std::unique_ptr<nn::GptModel> model;
   std::unique_ptr<engine::DatasetSource> source;
+  std::unique_ptr<engine::DatasetSource> eval_source;  // data.eval_interval > 0
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
         dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s}));
         model = std::make_unique<nn::GptModel>(model_cfg);
         nn::Dataset data = cfg.data.path.empty() ? nn::Dataset::builtin(model_cfg.seq_len)
                                                  : nn::Dataset::open(cfg.data.path, model_cfg.seq_len);
+        if (cfg.data.eval_interval > 0) {
+          eval_source = std::make_unique<engine::DatasetSource>(split_held_out(data, cfg.data.eval_fraction),
+                                                                cfg.data.seed.value_or(cfg.seed));
+        }
         source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed));
         engine = std::make_unique<engine::Engine>(*model, cfg, *dp);
       })) {
@@ -233,6 +253,15 @@ int train_command(const std::vector<std::string>& args) {
                       r.backward_s, r.optimizer_s, r.grad_norm,
                       cfg.precision == engine::Precision::kFp16 ? fmt::format(" | loss scale {}", r.loss_scale) : "");
         }
+      }
+      if (eval_source && (r.step % cfg.data.eval_interval == 0 || r.step == cfg.train_steps)) {
+        // The same held-out batches every time (indices 0..eval_batches-1), so the losses compare.
+        double eval_loss = 0.0;
+        for (int64_t b = 0; b < cfg.data.eval_batches; ++b) eval_loss += engine->eval_batch(*eval_source, b);
+        eval_loss /= static_cast<double>(cfg.data.eval_batches);
+        recorder.record_eval(r.step, eval_loss);
+        ZS_LOG_INFO("eval step {}/{} | eval loss {:.4f} | {} held-out batch(es) of {}", r.step, cfg.train_steps, eval_loss,
+                    cfg.data.eval_batches, eval_source->data().origin());
       }
     }
     ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());

@@ -56,7 +56,9 @@ class EngineContext final : public nn::Context {
       : arena_(std::move(arena)), device_(arena_->allocator), hooks_(hooks) {}
 
   memory::Tensor allocate(memory::Shape shape, memory::DType dtype, nn::MemoryUse use) override;
-  bool training() const override { return true; }
+  // False while Engine::eval_batch runs: modules save nothing for a backward.
+  bool training() const override { return training_; }
+  void set_training(bool training) { training_ = training; }
   // Tensors share ownership of the arena (Note [engine memory lifetime]).
   // Over the measuring backend the model's arithmetic is skipped (the estimator).
   bool computes() const override { return device_.backend().runs_kernels(); }
@@ -71,6 +73,7 @@ class EngineContext final : public nn::Context {
   std::shared_ptr<DeviceArena> arena_;
   memory::DeviceAllocator& device_;
   ModuleHooks& hooks_;
+  bool training_ = true;
 };
 
 }  // namespace zs::engine

@@ -129,6 +129,7 @@ class Engine::Impl final : public ModuleHooks {
   EngineContext ctx_;
 
   int64_t micro_step_ = 0;   // micro-batches since the last optimizer step
+  bool backward_since_step_ = false;  // a backward() ran since the last step() (misuse check)
   int64_t steps_taken_ = 0;  // updates applied: the schedule's and the optimizer's step count
   double loss_sum_ = 0.0;
   double forward_s_ = 0.0, backward_s_ = 0.0;
@@ -226,6 +227,16 @@ class Engine::Impl final : public ModuleHooks {
   void step_compressed(const optim::StepContext& ctx);
   void gather_momentum();
   uint64_t compressed_state_bytes() const;
+
+  // Note [a failed pass]: an exception inside a forward leaves the engine as before that forward
+  // (abandon_forward); one inside a backward discards the accumulation window's gradients
+  // (abandon_window): part of them may already be reduced into other buckets or shards, so the window
+  // cannot be resumed, but the engine is consistent and the next forward starts a fresh window.
+  void abandon_forward(nn::Model& model);
+  void abandon_window(nn::Model& model);
+  // Fills micro-batch `m` of optimizer step `step` from `source` (this rank's samples) and checks
+  // that the source filled exactly the rows it was asked for (UsageError otherwise).
+  void fill_micro_batch(BatchSource& source, nn::Batch& batch, int64_t step, int64_t m);
 
   void before_forward(nn::Module& m) override {
     if (gatherer_) gatherer_->fetch(m);

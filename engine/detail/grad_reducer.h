@@ -61,6 +61,10 @@ class GradReducer {
   void end_backward();
   // Waits for every reduction (before the optimizer reads the gradients).
   void wait_all();
+  // A backward failed part-way (Note [a failed pass] in engine/detail/engine_impl.h): waits for the
+  // reductions in flight and frees every staging buffer, leaving the gradient buffer for the caller
+  // to zero. Collective in the same way as the backward it ends: every rank fails at the same point.
+  void abort();
 
   size_t bucket_count() const { return buckets_.size(); }
   // Stage 2+: peak bytes of staging buffers alive at once.

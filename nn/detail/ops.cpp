@@ -57,10 +57,10 @@ float sum_exp_shifted(const float* x, int64_t n, float shift) {
 }
 
 int64_t rows_of(const memory::Tensor& x, int64_t features, const char* who) {
-  ZS_ASSERT(x.raw() != nullptr && x.dtype() == memory::DType::kF32 && x.is_contiguous(),
+  ZS_MODEL_CHECK(x.raw() != nullptr && x.dtype() == memory::DType::kF32 && x.is_contiguous(),
             "{}: expected a contiguous fp32 activation, got a {} tensor {}", who, memory::dtype_name(x.dtype()),
             memory::shape_string(x.shape()));
-  ZS_ASSERT(x.dim() >= 1 && x.size(-1) == features, "{}: expected last dimension {}, got shape {}", who, features,
+  ZS_MODEL_CHECK(x.dim() >= 1 && x.size(-1) == features, "{}: expected last dimension {}, got shape {}", who, features,
             memory::shape_string(x.shape()));
   return x.numel() / features;
 }

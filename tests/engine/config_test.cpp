@@ -472,5 +472,20 @@ TEST(ConfigDeepSpeed, HuggingFaceAutoSaysWhatItIsAndWhatToWrite) {
                   "optimizer.params.betas[0]: \"auto\"");
 }
 
+TEST(ConfigData, EvaluationKeys) {
+  const EngineConfig c = parse(R"({"train_batch_size": 4,
+      "data": {"eval_interval": 10, "eval_fraction": 0.05, "eval_batches": 3}})");
+  EXPECT_EQ(c.data.eval_interval, 10);
+  EXPECT_EQ(c.data.eval_fraction, 0.05);
+  EXPECT_EQ(c.data.eval_batches, 3);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4})").data.eval_interval, 0);  // no evaluation by default
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_interval": 5, "eval_fraction": 1}})"),
+                  "data.eval_fraction: 1 is out of range");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_interval": -1}})"), "data.eval_interval: -1 is out of range");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_batches": 2}})"),
+                  "data.eval_batches: has an effect only with evaluation on; set data.eval_interval");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_intervall": 2}})"), "did you mean 'eval_interval'?");
+}
+
 }  // namespace
 }  // namespace zs::engine

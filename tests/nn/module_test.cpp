@@ -6,6 +6,7 @@
 
 #include "nn/gpt.h"
 #include "nn/host_context.h"
+#include "nn/param_access.h"
 #include "nn/transformer.h"
 #include "reference.h"
 
@@ -95,12 +96,12 @@ TEST(ModuleTest, SecondForwardBeforeBackwardIsAnError) {
   ctx.forward(m, x);
   try {
     ctx.forward(m, x);
-    FAIL() << "expected InternalError";
-  } catch (const InternalError& e) {
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
     EXPECT_NE(std::string(e.what()).find("forward twice"), std::string::npos) << e.what();
   }
   ctx.backward(m, ref::random_tensor({1, 2}, 2));
-  EXPECT_THROW(ctx.backward(m, ref::random_tensor({1, 2}, 2)), InternalError);
+  EXPECT_THROW(ctx.backward(m, ref::random_tensor({1, 2}, 2)), ModelError);
   // clear_saved() discards a forward; evaluation mode never saves and may repeat.
   ctx.forward(m, x);
   m.clear_saved();
@@ -170,9 +171,101 @@ TEST(ModuleTest, MissingParameterStorageIsReported) {
   HostContext ctx;
   try {
     ctx.forward(m, ref::random_tensor({1, 3}, 1));
-    FAIL() << "expected InternalError";
-  } catch (const InternalError& e) {
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("'weight' has no data"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("materialize"), std::string::npos) << e.what();
+  }
+}
+
+// A layer given the wrong shape by a user's module: the model's mistake, named, not an internal assertion.
+TEST(ModuleTest, WrongInputShapeIsAModelError) {
+  Linear m(3, 2);
+  materialize(m, 1);
+  HostContext ctx;
+  try {
+    ctx.forward(m, ref::random_tensor({1, 4}, 1));
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("Linear: expected last dimension 3, got shape (1, 4)"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("zeroshard bug"), std::string::npos) << e.what();
+  }
+}
+
+// Weight sharing across modules: a module that reads another module's parameter.
+class Borrower : public Module {
+ public:
+  Borrower() : owner_(add_child<Linear>("owner", 2, 2)), user_(add_child<Linear>("user", 2, 2)) {}
+  std::string_view type_name() const override { return "Borrower"; }
+
+ protected:
+  Tensor forward(Context& ctx, const Tensor& x) override {
+    weight_f32(ctx, owner_.weight());  // used outside its owner's call
+    return ctx.forward(user_, x);
+  }
+  Tensor backward(Context& ctx, const Tensor& dy) override { return ctx.backward(user_, dy); }
+
+ private:
+  Linear& owner_;
+  Linear& user_;
+};
+
+TEST(ModuleTest, AParentUsingItsChildsParameterIsAModelError) {
+  Borrower m;
+  materialize(m, 1);
+  HostContext ctx;
+  try {
+    ctx.forward(m, ref::random_tensor({1, 2}, 1));
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
+    // The owner is a child of the running module: reading it is running it without the Context.
+    EXPECT_NE(std::string(e.what()).find("module 'owner' (Linear) ran without the Context"), std::string::npos) << e.what();
+  }
+}
+
+// A module holding a sibling's parameter (a tied weight across two modules).
+class Reader : public Module {
+ public:
+  explicit Reader(Parameter& borrowed) : borrowed_(borrowed) {}
+  std::string_view type_name() const override { return "Reader"; }
+
+ protected:
+  Tensor forward(Context& ctx, const Tensor& x) override {
+    weight_f32(ctx, borrowed_);
+    return x;
+  }
+  Tensor backward(Context&, const Tensor& dy) override { return dy; }
+
+ private:
+  Parameter& borrowed_;
+};
+
+class Siblings : public Module {
+ public:
+  Siblings() : lin_(add_child<Linear>("lin", 2, 2)), reader_(add_child<Reader>("reader", lin_.weight())) {}
+  std::string_view type_name() const override { return "Siblings"; }
+
+ protected:
+  Tensor forward(Context& ctx, const Tensor& x) override { return ctx.forward(reader_, ctx.forward(lin_, x)); }
+  Tensor backward(Context& ctx, const Tensor& dy) override { return ctx.backward(lin_, ctx.backward(reader_, dy)); }
+
+ private:
+  Linear& lin_;
+  Reader& reader_;
+};
+
+TEST(ModuleTest, AParameterSharedAcrossModulesIsAModelErrorPointingToSharedWeights) {
+  Siblings m;
+  materialize(m, 1);
+  HostContext ctx;
+  try {
+    ctx.forward(m, ref::random_tensor({1, 2}, 1));
+    FAIL() << "expected ModelError";
+  } catch (const ModelError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("module 'reader' (Reader) used parameter 'lin.weight' of another module, 'lin'"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("Shared weights"), std::string::npos) << what;
   }
 }
 
