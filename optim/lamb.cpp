@@ -58,8 +58,9 @@ struct LambConstants {
 
 LambConstants constants(const LambConfig& c, const StepContext& ctx, bool apply_weight_decay) {
   LambConstants k;
-  k.beta1 = static_cast<float>(c.betas[0]);
-  k.beta2 = static_cast<float>(c.betas[1]);
+  const std::array<double, 2>& betas = ctx.betas_or(c.betas);  // a schedule's (OneCycle's momentum) or the config's
+  k.beta1 = static_cast<float>(betas[0]);
+  k.beta2 = static_cast<float>(betas[1]);
   k.one_minus_beta1 = 1.0f - k.beta1;
   k.one_minus_beta2 = 1.0f - k.beta2;
   // From the fp32 betas, as DeepSpeed's kernel (its scalars are floats): the moments are built with

@@ -361,11 +361,12 @@ TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
 
 // Pre-dividing only keeps DeepSpeed's fp16 sums in range; zeroshard sums in fp32.
 TEST(ConfigDeepSpeed, GradientPredivisionIsAHint) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": true, "gradient_predivide_factor": 8})");
+  EngineConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": true, "gradient_predivide_factor": 8,
+      "optimizer": {"type": "AdamW"}})");
   EXPECT_EQ(c.notes.size(), 2u);
   EXPECT_TRUE(has_note(c, "prescale_gradients: accepted; has no effect in zeroshard"));
   EXPECT_TRUE(has_note(c, "gradient_predivide_factor: accepted; has no effect in zeroshard"));
-  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "gradient_predivide_factor": 1.0})").notes.empty());
+  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "gradient_predivide_factor": 1.0, "optimizer": {"type": "AdamW"}})").notes.empty());
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "gradient_predivide_factor": 0})"), "gradient_predivide_factor");
 }
 
