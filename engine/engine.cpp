@@ -18,6 +18,18 @@
 
 namespace zs::engine {
 
+namespace {
+
+// The schedule's base lr is the optimizer's lr, always: a config built in C++ sets the optimizer's
+// params only (parse_config copies it too), and a second copy to keep in sync would go stale.
+optim::LrScheduleConfig schedule_config(const EngineConfig& cfg) {
+  optim::LrScheduleConfig s = cfg.scheduler;
+  s.base_lr = cfg.optimizer.lr();
+  return s;
+}
+
+}  // namespace
+
 Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
                    std::unique_ptr<memory::Backend> backend)
     : cfg_(cfg),
@@ -41,7 +53,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       backend_(arena_->backend.get()),
       device_(&arena_->allocator),
       optimizer_(cfg.optimizer.make()),  // nullptr: compressed_step.cpp drives the one-bit optimizers' kernels itself
-      schedule_(cfg.scheduler),
+      schedule_(schedule_config(cfg)),
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
       ctx_(arena_, *this),
       scratch_(kChunkElements) {
