@@ -172,7 +172,6 @@ engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, c
     z.local_step_scaler = 16;
     z.local_step_clipper = zero_one.local_step_clipper;
   }
-  c.scheduler.base_lr = c.optimizer.lr();
   if (c.scheduler.type != optim::ScheduleType::kWarmupCosineLR) c.scheduler.warmup_max_lr = c.optimizer.lr();
   return c;
 }

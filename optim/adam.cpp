@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "optim/detail/validate.h"
 #include "optim/fused_adam.h"
 
 namespace zs::optim {
@@ -13,15 +14,7 @@ constexpr StateSpec kAdamStates[] = {{.name = "exp_avg"}, {.name = "exp_avg_sq"}
 }  // namespace
 
 void validate(const AdamConfig& c, const std::string& path) {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    throw ConfigError(fmt::format("{}.{}: {}", path, key, what));
-  };
-  if (!(c.lr >= 0)) fail("lr", fmt::format("must be >= 0, got {}", c.lr));
-  for (int i = 0; i < 2; ++i) {
-    if (!(c.betas[i] >= 0 && c.betas[i] < 1)) fail(fmt::format("betas[{}]", i), fmt::format("must be in [0, 1), got {}", c.betas[i]));
-  }
-  if (!(c.eps > 0)) fail("eps", fmt::format("must be > 0, got {}", c.eps));
-  if (!(c.weight_decay >= 0)) fail("weight_decay", fmt::format("must be >= 0, got {}", c.weight_decay));
+  detail::validate_hyper(c.lr, c.betas, c.eps, c.weight_decay, path);
 }
 
 Adam::Adam(const AdamConfig& config) : config_(config), isa_(memory::best_isa()) {}

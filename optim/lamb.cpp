@@ -9,6 +9,7 @@
 #include "core/errors.h"
 #include "optim/detail/low_precision.h"
 #include "optim/detail/typed_entry.h"
+#include "optim/detail/validate.h"
 
 namespace zs::optim {
 namespace {
@@ -96,18 +97,10 @@ const OptimizerType& lamb_type() {
 }
 
 void validate(const LambConfig& c, const std::string& path) {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    throw ConfigError(fmt::format("{}.{}: {}", path, key, what));
-  };
-  if (!(c.lr >= 0)) fail("lr", fmt::format("must be >= 0, got {}", c.lr));
-  for (int i = 0; i < 2; ++i) {
-    if (!(c.betas[i] >= 0 && c.betas[i] < 1)) fail(fmt::format("betas[{}]", i), fmt::format("must be in [0, 1), got {}", c.betas[i]));
-  }
-  if (!(c.eps > 0)) fail("eps", fmt::format("must be > 0, got {}", c.eps));
-  if (!(c.weight_decay >= 0)) fail("weight_decay", fmt::format("must be >= 0, got {}", c.weight_decay));
-  if (!(c.min_coeff > 0)) fail("min_coeff", fmt::format("must be > 0, got {}", c.min_coeff));
+  detail::validate_hyper(c.lr, c.betas, c.eps, c.weight_decay, path);
+  if (!(c.min_coeff > 0)) detail::fail_param(path, "min_coeff", fmt::format("must be > 0, got {}", c.min_coeff));
   if (!(c.max_coeff >= c.min_coeff)) {
-    fail("max_coeff", fmt::format("must be >= min_coeff ({}), got {}", c.min_coeff, c.max_coeff));
+    detail::fail_param(path, "max_coeff", fmt::format("must be >= min_coeff ({}), got {}", c.min_coeff, c.max_coeff));
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/errors.h"
 #include "optim/detail/typed_entry.h"
+#include "optim/detail/validate.h"
 #include "optim/fused_lion.h"
 
 namespace zs::optim {
@@ -34,14 +35,7 @@ const OptimizerType& lion_type() {
 }
 
 void validate(const LionConfig& c, const std::string& path) {
-  auto fail = [&](const std::string& key, const std::string& what) {
-    throw ConfigError(fmt::format("{}.{}: {}", path, key, what));
-  };
-  if (!(c.lr >= 0)) fail("lr", fmt::format("must be >= 0, got {}", c.lr));
-  for (int i = 0; i < 2; ++i) {
-    if (!(c.betas[i] >= 0 && c.betas[i] < 1)) fail(fmt::format("betas[{}]", i), fmt::format("must be in [0, 1), got {}", c.betas[i]));
-  }
-  if (!(c.weight_decay >= 0)) fail("weight_decay", fmt::format("must be >= 0, got {}", c.weight_decay));
+  detail::validate_hyper(c.lr, c.betas, std::nullopt, c.weight_decay, path);
 }
 
 Lion::Lion(const LionConfig& config) : config_(config), isa_(memory::best_isa()) {}

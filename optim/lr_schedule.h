@@ -48,7 +48,7 @@ struct OneCycleConfig {
 
 struct LrScheduleConfig {
   ScheduleType type = ScheduleType::kConstant;
-  double base_lr = 1e-3;           // the optimizer's lr (WarmupCosineLR and kConstant scale it)
+  double base_lr = 1e-3;           // the optimizer's lr (WarmupCosineLR and kConstant scale it); the Engine sets it from the optimizer
   double warmup_min_lr = 0.0;
   double warmup_max_lr = 1e-3;
   int64_t warmup_num_steps = 1000;

@@ -26,11 +26,9 @@ EngineConfig with_optimizer(EngineConfig c, const std::string& type) {
     // Lion's rule: a learning rate several times smaller and a decay several times larger than AdamW's.
     c.optimizer.params<optim::CAdamConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
     c.scheduler.warmup_max_lr = 1e-3;
-    c.scheduler.base_lr = 1e-3;
   } else if (type == "Lion") {
     c.optimizer.params<optim::LionConfig>() = {.lr = 1e-3, .betas = {0.9, 0.99}, .weight_decay = 0.3};
     c.scheduler.warmup_max_lr = 1e-3;
-    c.scheduler.base_lr = 1e-3;
   } else if (type == "Lamb") {
     // Decay on, so the trust ratio's ||u|| includes the decay term; the default clamps [0.01, 10].
     // The ratio is about ||w|| / ||u|| = 0.02 here (init std 0.02, Adam-sized u), so lr 0.05 moves an
