@@ -8,6 +8,13 @@ FlatLayout::FlatLayout(std::vector<nn::Parameter*> params) {
   slots_.reserve(params.size());
   size_t offset = 0;
   for (nn::Parameter* p : params) {
+    if (p->expert_parallel_size() != 1) {
+      // Until the engine plans expert states over their own group, training them as dense would be
+      // silently wrong (each rank would average a different expert's gradients).
+      throw ModelError(fmt::format("parameter '{}' has expert_parallel_size {}: expert parallelism is not supported by "
+                                   "zeroshard's engine yet; use expert_parallel_size 1",
+                                   p->full_name(), p->expert_parallel_size()));
+    }
     size_t n = static_cast<size_t>(p->numel());
     slots_.push_back({p, offset, n});
     param_elements_ += n;

@@ -73,4 +73,9 @@ void Parameter::set_grad(memory::Tensor t) {
   grad_ = std::move(t);
 }
 
+void Parameter::set_expert_parallel_size(int e) {
+  if (e < 1) throw ConfigError(fmt::format("parameter '{}': expert_parallel_size must be >= 1, got {}", full_name_, e));
+  expert_parallel_size_ = e;
+}
+
 }  // namespace zs::nn

@@ -85,6 +85,15 @@ class Parameter {
   // one. Layers read a parameter only while its owner runs through the Context (nn/param_access.h).
   const Module* owner() const { return owner_; }
 
+  // Expert parallelism (MoE). 1 (the default): every data-parallel rank holds this parameter, and the
+  // engine averages its gradient and shards its states over the whole data-parallel group. E > 1: an
+  // expert's parameter, held only by the ranks with the same index in consecutive groups of E ranks
+  // (the `edp` group of comm::ExpertGroups, DeepSpeed's expert-data-parallel group); the engine
+  // reduces its gradient and shards its states over that group only. Set by the module that declares
+  // it (moe::MoE), together with the kTagExpert tag; the engine reads only this and the tag.
+  int expert_parallel_size() const { return expert_parallel_size_; }
+  void set_expert_parallel_size(int e);
+
  private:
   friend class Module;
   std::string name_;
@@ -95,6 +104,7 @@ class Parameter {
   memory::Tensor data_;
   memory::Tensor grad_;
   const Module* owner_ = nullptr;
+  int expert_parallel_size_ = 1;
 };
 
 }  // namespace zs::nn
