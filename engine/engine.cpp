@@ -323,6 +323,10 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
   if (impl_->kernels()) {
     // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
     if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, group_.rank());
+    // DeepSpeed profiles on global rank 0 only.
+    if (config_.monitor.flops.enabled && group_.rank() == 0) {
+      impl_->profiler_ = std::make_unique<FlopsProfiler>(config_.monitor.flops);
+    }
     ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
                 impl_->reducer_->bucket_count(), config_.device.memory_mb);
@@ -361,6 +365,7 @@ float Engine::forward(const nn::Batch& batch) {
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
+  if (s.profiler_ && s.micro_step_ == 0) s.profiler_->window_started(global_step_);
   try {
     if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
     loss = s.ctx_.forward_loss(model_, batch);
@@ -419,6 +424,7 @@ void Engine::Impl::abandon_forward(nn::Model& model) {
   try {
     model.clear_saved();
     if (gatherer_) gatherer_->invalidate();  // gathered or in flight: released; a partial first order is re-recorded
+    if (profiler_) profiler_->abandon_pass();
   } catch (...) {
   }
 }
@@ -428,6 +434,7 @@ void Engine::Impl::abandon_window(nn::Model& model) {
     model.clear_saved();
     reducer_->abort();
     if (gatherer_) gatherer_->invalidate();
+    if (profiler_) profiler_->abandon_pass();
     reductions_access_.reset();
     backend_->fill_zero(grads_.data(), grads_.tier(), grads_.size());
     if (!grad32_.empty()) backend_->fill_zero(grad32_.data(), grad32_.tier(), grad32_.size());
