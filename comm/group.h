@@ -115,7 +115,8 @@ class Group {
   Work alltoall_async(const Tensor& input, const Tensor& output) const;
   // Uneven form: rank i sends send_counts[j] elements (consecutive, in j order) to rank j, which
   // receives them as its recv_counts[i] elements (in i order). send_counts[j] on rank i must equal
-  // recv_counts[i] on rank j (MPI reports a violation as a truncation error).
+  // recv_counts[i] on rank j: checked on every rank before any data moves (Note [alltoallv counts] in
+  // comm/group.cpp), a violation throws CommError on every rank naming the pair.
   void alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                  std::span<const size_t> recv_counts) const;
   Work alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
