@@ -402,7 +402,7 @@ void check_alltoallv_counts(const Op& op, MPI_Comm comm, int rank, int size, con
 
 std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
                                  std::vector<size_t> send, const memory::Tensor& output, std::vector<size_t> recv,
-                                 bool uneven_api) {
+                                 bool uneven_api, bool check_counts = true) {
   const DType t = input.dtype();
   const OpCode code = uneven_api ? OpCode::kAlltoallv : OpCode::kAlltoall;
   // Per-rank counts legitimately differ in alltoallv, so only alltoall's size enters the signature.
@@ -421,13 +421,14 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, c
   const size_t me = static_cast<size_t>(g->rank);
   op->bytes_sent = (s.total - send[me]) * es;
   op->bytes_received = (r.total - recv[me]) * es;
-  op->body = [g = g.get(), input, output, t, s = std::move(s), r = std::move(r), uneven_api, o = op.get()] {
+  op->body = [g = g.get(), input, output, t, s = std::move(s), r = std::move(r), uneven_api, check_counts,
+              o = op.get()] {
     if (g->local()) {
       if (s.total > 0) std::memmove(output.raw(), input.raw(), s.total * memory::dtype_size(t));
       return;
     }
     const MPI_Datatype type = mpi_type(t);
-    if (uneven_api) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);
+    if (uneven_api && check_counts) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);
     if (!uneven_api) {
       ZS_MPI_CHECK(MPI_Alltoall(input.raw(), s.counts[0], type, output.raw(), r.counts[0], type, g->comm), "{}", o->describe());
     } else {
@@ -458,14 +459,15 @@ Work Group::alltoall_async(const Tensor& input, const Tensor& output) const {
   return state_->runtime->submit(alltoall_op(state_, input, output));
 }
 void Group::alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
-                      std::span<const size_t> recv_counts) const {
+                      std::span<const size_t> recv_counts, CountCheck check) const {
   state_->runtime->run(alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
-                                    {recv_counts.begin(), recv_counts.end()}, true));
+                                    {recv_counts.begin(), recv_counts.end()}, true, check == CountCheck::kVerify));
 }
 Work Group::alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
-                            std::span<const size_t> recv_counts) const {
+                            std::span<const size_t> recv_counts, CountCheck check) const {
   return state_->runtime->submit(alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
-                                              {recv_counts.begin(), recv_counts.end()}, true));
+                                              {recv_counts.begin(), recv_counts.end()}, true,
+                                              check == CountCheck::kVerify));
 }
 
 // ---- barrier ----

@@ -61,13 +61,20 @@ std::vector<Tensor> to_experts(nn::Context& ctx, const comm::Group* ep, const Ex
   const int64_t d = plan.features;
   ZS_ASSERT(rows.numel() == plan.rows_sent() * d, "to_experts: {} elements for {} rows of {}", rows.numel(),
             plan.rows_sent(), d);
-  Tensor received = rows;
-  if (P > 1) {
-    received = ctx.allocate({plan.rows_received(), d}, DType::kF32, nn::MemoryUse::kScratch);
-    ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts);
-  }
-  // received holds [q][l] blocks; expert l wants its blocks of every q, in q order.
   std::vector<Tensor> out;
+  if (P == 1) {  // rows are already grouped by expert: views, no copy
+    int64_t at = 0;
+    for (int l = 0; l < L; ++l) {
+      const int64_t n = plan.expert_rows(l);
+      out.push_back(rows.view({plan.rows_sent(), d}).slice(0, at, at + n));
+      at += n;
+    }
+    return out;
+  }
+  Tensor received = ctx.allocate({plan.rows_received(), d}, DType::kF32, L == 1 ? use : nn::MemoryUse::kScratch);
+  ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts, comm::Group::CountCheck::kSkip);
+  if (L == 1) return {received};  // one local expert: the received rows are its input as they are
+  // received holds [q][l] blocks; expert l wants its blocks of every q, in q order.
   std::vector<int64_t> filled(static_cast<size_t>(L), 0);
   for (int l = 0; l < L; ++l) out.push_back(ctx.allocate({plan.expert_rows(l), d}, DType::kF32, use));
   const float* src = received.data<float>();
@@ -88,16 +95,25 @@ Tensor from_experts(nn::Context& ctx, const comm::Group* ep, const ExchangePlan&
   const int P = plan.ep_size, L = plan.local_experts;
   const int64_t d = plan.features;
   ZS_ASSERT(static_cast<int>(outputs.size()) == L, "from_experts: {} outputs for {} local experts", outputs.size(), L);
-  Tensor packed = ctx.allocate({plan.rows_received(), d}, DType::kF32, P > 1 ? nn::MemoryUse::kScratch : use);
+  for (int l = 0; l < L; ++l) {
+    const Tensor& y = outputs[static_cast<size_t>(l)];
+    ZS_MODEL_CHECK(y.numel() == plan.expert_rows(l) * d && y.dtype() == DType::kF32 && y.is_contiguous(),
+                   "an MoE expert must map (n, {}) fp32 rows to (n, {}) contiguous fp32 rows; expert {} returned a {} "
+                   "tensor {}",
+                   d, d, l, memory::dtype_name(y.dtype()), memory::shape_string(y.shape()));
+  }
+  Tensor packed;
+  if (L == 1) {
+    packed = outputs[0];  // one local expert: its output is already in [q] order
+  } else {
+    packed = ctx.allocate({plan.rows_received(), d}, DType::kF32, P > 1 ? nn::MemoryUse::kScratch : use);
+  }
   std::vector<int64_t> taken(static_cast<size_t>(L), 0);
   float* dst = packed.data<float>();
-  for (int q = 0; q < P; ++q) {
+  for (int q = 0; q < P && L > 1; ++q) {
     for (int l = 0; l < L; ++l) {
       const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)];
       const Tensor& y = outputs[static_cast<size_t>(l)];
-      ZS_MODEL_CHECK(y.numel() == plan.expert_rows(l) * d,
-                     "an MoE expert must map (n, {}) rows to (n, {}) rows; expert {} returned {}", d, d, l,
-                     memory::shape_string(y.shape()));
       if (n > 0) std::memcpy(dst, y.data<float>() + taken[static_cast<size_t>(l)] * d,
                              static_cast<size_t>(n * d) * sizeof(float));
       taken[static_cast<size_t>(l)] += n;
@@ -106,7 +122,8 @@ Tensor from_experts(nn::Context& ctx, const comm::Group* ep, const ExchangePlan&
   }
   if (P == 1) return packed;
   Tensor back = ctx.allocate({plan.rows_sent(), d}, DType::kF32, use);
-  ep->alltoallv(packed.flatten(), plan.recv_counts, back.flatten(), plan.send_counts);
+  ep->alltoallv(packed.view({packed.numel()}), plan.recv_counts, back.flatten(), plan.send_counts,
+                comm::Group::CountCheck::kSkip);
   return back;
 }
 

@@ -13,7 +13,8 @@
 //
 // Counts first. plan_exchange runs an all-to-all of the per-expert row counts (E int32 per rank) before
 // any data moves, so every rank knows how much it will receive: ranks that route different numbers of
-// tokens, or none, never hang or mismatch. to_experts and from_experts each run one alltoallv over the
+// tokens, or none, never hang or mismatch (the alltoallvs then skip their own count check: the counts
+// agree by construction). to_experts and from_experts each run one alltoallv over the
 // EP group (the backward runs them again, with the same plan, for the gradients). Collective: every rank
 // of the EP group calls these in the same order. ep == nullptr or a group of one moves rows locally.
 #pragma once

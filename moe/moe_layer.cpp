@@ -215,7 +215,8 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
     for (size_t r = 0; r < list.size(); ++r) saved->row[static_cast<size_t>(list[r].second)] = offset[static_cast<size_t>(e)] + static_cast<int64_t>(r);
   }
   const int64_t N = offset.back();
-  Tensor send = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kScratch);
+  // kActivation: without expert parallelism the experts take views of these rows as their inputs.
+  Tensor send = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kActivation);
   for (int64_t i = 0; i < S * k; ++i) {
     const int64_t r = saved->row[static_cast<size_t>(i)];
     if (r >= 0) std::memcpy(send.data<float>() + r * d_, x.data<float>() + (i / k) * d_, static_cast<size_t>(d_) * sizeof(float));
@@ -325,7 +326,7 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
   // Through the combine: d(weight) and d(expert output rows).
   const int64_t N = sv.plan.rows_sent();
   std::vector<float> dweight(static_cast<size_t>(S * k), 0.0f);
-  Tensor d_rows = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kScratch);
+  Tensor d_rows = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kGradient);
   const float* Y = sv.expert_out.data<float>();
   const float* dm = d_moe.data<float>();
   for (int64_t i = 0; i < S * k; ++i) {
