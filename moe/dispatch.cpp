@@ -43,6 +43,13 @@ ExchangePlan plan_exchange(const comm::Group* ep, std::span<const int64_t> rows_
     ep->alltoall(send, recv);
     plan.recv_rows.resize(static_cast<size_t>(E));
     for (int i = 0; i < E; ++i) plan.recv_rows[static_cast<size_t>(i)] = recv.data<int32_t>()[i];
+    if (!ep->is_mpi()) {
+      // A simulated group (the memory estimator) receives nothing valid: assume every rank sends this
+      // rank's experts what this rank sends them, the balanced case.
+      for (int q = 0; q < P; ++q)
+        for (int l = 0; l < L; ++l)
+          plan.recv_rows[static_cast<size_t>(q * L + l)] = plan.send_rows[static_cast<size_t>(ep->rank() * L + l)];
+    }
   }
   plan.send_counts.assign(static_cast<size_t>(P), 0);
   plan.recv_counts.assign(static_cast<size_t>(P), 0);

@@ -16,7 +16,8 @@
 // tokens, or none, never hang or mismatch (the alltoallvs then skip their own count check: the counts
 // agree by construction). to_experts and from_experts each run one alltoallv over the
 // EP group (the backward runs them again, with the same plan, for the gradients). Collective: every rank
-// of the EP group calls these in the same order. ep == nullptr or a group of one moves rows locally.
+// of the EP group calls these in the same order. ep == nullptr or a group of one moves rows locally; a
+// simulated group (comm::Group::simulated, the memory estimator) plans as if every rank routed like this one.
 #pragma once
 
 #include <cstdint>

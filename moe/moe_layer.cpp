@@ -143,6 +143,7 @@ void MoE::clear_own_saved() { saved_.reset(); }
 
 int64_t MoE::first_global_token(int64_t tokens) const {
   if (groups_ == nullptr || groups_->dp.size() == 1) return 0;
+  if (!groups_->dp.is_mpi()) return groups_->dp.rank() * tokens;  // simulated (estimator): nothing is received
   // Rank r's tokens follow those of ranks 0..r-1 (the data loader gives rank r the r-th slice of the
   // global batch), so a token's index over dp is its identity, whatever the world or ep size.
   const comm::Group& dp = groups_->dp;
@@ -180,14 +181,14 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
     gate_in = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
     const float* xp = x.data<float>();
     float* gp = gate_in.data<float>();
-    for (int64_t s = 0; s < S; ++s)
+    for (int64_t s = 0; s < (computes ? S : 0); ++s)
       for (int64_t j = 0; j < d_; ++j) gp[s * d_ + j] = xp[s * d_ + j] * noise->jitter_factor(s, j, d_);
     saved->jitter = noise;
   }
   Tensor logits = ctx.forward(gate_, gate_in);
   saved->logits_shape = logits.shape();
   AgreeMax agree = [ep](int64_t load) {
-    if (ep == nullptr || ep->size() == 1) return load;
+    if (ep == nullptr || ep->size() == 1 || !ep->is_mpi()) return load;
     Tensor mine = Tensor::empty({1}, DType::kI32);
     Tensor all = Tensor::empty({ep->size()}, DType::kI32);
     mine.data<int32_t>()[0] = static_cast<int32_t>(load);
@@ -196,8 +197,12 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
   };
   std::span<const float> lg(computes ? logits.data<float>() : nullptr, computes ? static_cast<size_t>(S * E) : 0);
   std::vector<float> zeros;
-  if (!computes) {  // a measuring run: route as if every logit were 0 (the sizes are what count)
-    zeros.assign(static_cast<size_t>(S * E), 0.0f);
+  if (!computes) {
+    // A measuring run (the estimator) has no logits: route token s to experts s, s+1, ... (mod E), a
+    // balanced load, so the sizes allocated are those of a well-balanced layer.
+    zeros.resize(static_cast<size_t>(S * E));
+    for (int64_t s = 0; s < S; ++s)
+      for (int e = 0; e < E; ++e) zeros[static_cast<size_t>(s * E + e)] = -static_cast<float>(((e - s) % E + E) % E);
     lg = zeros;
   }
   Gating& g = saved->gating = compute_gating(lg, S, gc, training, noise ? &*noise : nullptr, agree);
@@ -217,7 +222,7 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
   const int64_t N = offset.back();
   // kActivation: without expert parallelism the experts take views of these rows as their inputs.
   Tensor send = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kActivation);
-  for (int64_t i = 0; i < S * k; ++i) {
+  for (int64_t i = 0; i < (computes ? S * k : 0); ++i) {
     const int64_t r = saved->row[static_cast<size_t>(i)];
     if (r >= 0) std::memcpy(send.data<float>() + r * d_, x.data<float>() + (i / k) * d_, static_cast<size_t>(d_) * sizeof(float));
   }
@@ -233,9 +238,9 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
 
   // Combine: y_s = sum over kept choices of weight * expert output.
   Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  y.zero();
+  if (computes) y.zero();
   const float* Y = saved->expert_out.data<float>();
-  for (int64_t i = 0; i < S * k; ++i) {
+  for (int64_t i = 0; i < (computes ? S * k : 0); ++i) {
     const int64_t r = saved->row[static_cast<size_t>(i)];
     if (r < 0) continue;
     const float w = g.weight[static_cast<size_t>(i)];
@@ -249,7 +254,7 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
     Tensor c = ctx.forward(*coefficient_, x);
     saved->coef.resize(static_cast<size_t>(S * 2));
     Tensor mixed = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = 0; s < (computes ? S : 0); ++s) {
       const float z0 = c.data<float>()[s * 2], z1 = c.data<float>()[s * 2 + 1];
       const float m = std::max(z0, z1);
       const float e0 = std::exp(z0 - m), e1 = std::exp(z1 - m);
@@ -294,8 +299,10 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
   ZS_MODEL_CHECK(dy.numel() == S * d_ && dy.dtype() == DType::kF32 && dy.is_contiguous(),
                  "MoE '{}' backward: expected a contiguous fp32 gradient of {} elements, got {}", display_name(), S * d_,
                  memory::shape_string(dy.shape()));
+  const bool computes = ctx.computes();  // false: a measuring run, allocations only
+  const int64_t rows = computes ? S : 0;
   Tensor dx = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);
-  dx.zero();
+  if (computes) dx.zero();
   float* dxp = dx.data<float>();
 
   // PR-MoE mixing, then the branches: coefficient, mlp (reverse of forward).
@@ -304,7 +311,7 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
     d_moe = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kScratch);
     Tensor d_mlp = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);
     Tensor d_coef = ctx.allocate({S, 2}, DType::kF32, MemoryUse::kGradient);
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = 0; s < rows; ++s) {
       const float p0 = sv.coef[static_cast<size_t>(s * 2)], p1 = sv.coef[static_cast<size_t>(s * 2 + 1)];
       float dp0 = 0.0f, dp1 = 0.0f;
       for (int64_t j = 0; j < d_; ++j) {
@@ -320,7 +327,7 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
     }
     Tensor a = ctx.backward(*coefficient_, d_coef);
     Tensor b = ctx.backward(*mlp_, d_mlp);
-    for (int64_t i = 0; i < S * d_; ++i) dxp[i] += a.data<float>()[i] + b.data<float>()[i];
+    for (int64_t i = 0; i < rows * d_; ++i) dxp[i] += a.data<float>()[i] + b.data<float>()[i];
   }
 
   // Through the combine: d(weight) and d(expert output rows).
@@ -329,7 +336,7 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
   Tensor d_rows = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kGradient);
   const float* Y = sv.expert_out.data<float>();
   const float* dm = d_moe.data<float>();
-  for (int64_t i = 0; i < S * k; ++i) {
+  for (int64_t i = 0; i < rows * k; ++i) {
     const int64_t r = sv.row[static_cast<size_t>(i)];
     if (r < 0) continue;
     const float w = g.weight[static_cast<size_t>(i)];
@@ -351,7 +358,7 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
   grads.clear();
   Tensor d_in_rows = from_experts(ctx, ep, sv.plan, dins, MemoryUse::kScratch);
   dins.clear();
-  for (int64_t i = 0; i < S * k; ++i) {
+  for (int64_t i = 0; i < rows * k; ++i) {
     const int64_t r = sv.row[static_cast<size_t>(i)];
     if (r < 0) continue;
     float* out = dxp + (i / k) * d_;
@@ -360,9 +367,9 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
 
   // Gate: weights and l_aux -> logits -> gate input (-> x through the jitter factor).
   Tensor dlogits = ctx.allocate(sv.logits_shape, DType::kF32, MemoryUse::kGradient);
-  gating_backward(g, dweight, aux_grad_, std::span<float>(dlogits.data<float>(), static_cast<size_t>(S * E)));
+  if (computes) gating_backward(g, dweight, aux_grad_, std::span<float>(dlogits.data<float>(), static_cast<size_t>(S * E)));
   Tensor dgate = ctx.backward(gate_, dlogits);
-  for (int64_t s = 0; s < S; ++s) {
+  for (int64_t s = 0; s < rows; ++s) {
     for (int64_t j = 0; j < d_; ++j) {
       const float f = sv.jitter ? sv.jitter->jitter_factor(s, j, d_) : 1.0f;
       dxp[s * d_ + j] += dgate.data<float>()[s * d_ + j] * f;

@@ -152,6 +152,30 @@ TEST(MoELayer, EvalModeAndNoTokens) {
   EXPECT_EQ(dx.numel(), 0);
 }
 
+// The memory estimator's run: no arithmetic, groups simulated (nothing received is valid).
+class MeasuringContext : public nn::HostContext {
+ public:
+  bool computes() const override { return false; }
+};
+
+TEST(MoELayer, MeasuringRunWithSimulatedGroups) {
+  comm::ExpertGroups groups{comm::Group::simulated(1, 2, "dp"), comm::Group::simulated(1, 2, "ep"),
+                            comm::Group::simulated(0, 1, "edp")};
+  MoE m(kD, mlp_factory(),
+        {.num_experts = 4, .ep_size = 2, .k = 2, .drop_tokens = false, .top2_2nd_expert_sampling = false}, &groups);
+  nn::materialize(m, 1);
+  MeasuringContext ctx;
+  Tensor x = Tensor::empty({12, kD}, DType::kF32);
+  Tensor y = ctx.forward(m, x);
+  EXPECT_EQ(y.numel(), 12 * kD);
+  // Balanced routing: token s to experts s and s+1 (mod 4): 6 choices per expert.
+  EXPECT_EQ(m.stats().expert_counts, (std::vector<int64_t>{6, 6, 6, 6}));
+  m.set_aux_loss_grad(1.0f);
+  Tensor dx = ctx.backward(m, y);
+  EXPECT_EQ(dx.numel(), 12 * kD);
+  EXPECT_EQ(m.first_expert(), 2);
+}
+
 TEST(MoELayer, ConfigErrorsNameTheKeys) {
   try {
     MoEOptions{.num_experts = 6, .ep_size = 4}.validate("model.moe.");
