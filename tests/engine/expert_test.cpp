@@ -144,6 +144,32 @@ TEST(Experts, Bf16AndCpuOffloadMatchStage0) {
   }
 }
 
+TEST(Experts, Fp16AgreesOnOverflowAndMatchesStage0) {
+  // The overflow check reads the agreed norm: every rank skips, or steps, together.
+  const comm::Group& world = test::world().group();
+  const auto e = expert_sizes(world.size());
+  for (int stage : {2, 3}) {
+    expect_same(train(world, e, make_config(world.size(), stage, 2, Precision::kFp16)), stage0(e, Precision::kFp16), 2e-2,
+                fmt::format("fp16 stage {}", stage));
+  }
+}
+
+TEST(Experts, CompressedOptimizersAreRefusedByName) {
+  const comm::Group& world = test::world().group();
+  if (world.size() == 1) GTEST_SKIP() << "no expert parallelism on one rank";
+  const auto e = expert_sizes(world.size());
+  Groups groups(world, e);
+  ExpertModel model(e, groups.ptrs());
+  EngineConfig cfg = make_config(world.size(), 1, 1, Precision::kFp32);
+  cfg.optimizer = OptimizerConfig("OneBitAdam");
+  try {
+    Engine engine(model, cfg, world);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("OneBitAdam with expert parameters"), std::string::npos) << err.what();
+  }
+}
+
 TEST(Experts, NvmeOffloadMatchesStage0) {
   const comm::Group& world = test::world().group();
   const auto e = expert_sizes(world.size());
