@@ -305,6 +305,39 @@ void read_model(ObjectReader& r, nn::GptConfig& m) {
   nn::validate(m);
 }
 
+// model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
+// already-read model section; the GPT-MoE has an untied head, so tied_embeddings defaults to false here.
+moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int world) {
+  moe::GptMoeConfig c;
+  if (model.object().find("tied_embeddings") == model.object().end()) gpt.tied_embeddings = false;
+  moe::MoEOptions& o = c.moe;
+  r.require("num_experts", o.num_experts, IntRange::positive());
+  r.read("ep_size", o.ep_size, IntRange::positive());
+  r.read("k", o.k, IntRange::positive());
+  r.read("capacity_factor", o.capacity_factor, RealRange::positive());
+  r.read("eval_capacity_factor", o.eval_capacity_factor, RealRange::positive());
+  r.read("min_capacity", o.min_capacity, IntRange::non_negative());
+  r.read("use_residual", o.use_residual);
+  if (const boost::json::value* v = r.find("noisy_gate_policy"); v != nullptr && !v->is_null()) {
+    std::string policy;
+    from_json(*v, r.path_of("noisy_gate_policy"), policy);
+    o.noisy_gate_policy = moe::parse_noisy_gate_policy(policy, r.path_of("noisy_gate_policy"));
+  }
+  r.read("drop_tokens", o.drop_tokens);
+  r.read("use_rts", o.use_rts);
+  r.read("top2_2nd_expert_sampling", o.top2_2nd_expert_sampling);
+  r.read("every_n_layers", c.every_n_layers, IntRange::positive());
+  r.read("aux_loss_coef", c.aux_loss_coef, RealRange::non_negative());
+  if (world % o.ep_size != 0) {
+    throw ConfigError(fmt::format("{}: {} does not divide the number of ranks ({}): expert-parallel groups are {} "
+                                  "consecutive ranks; choose a divisor of {} or run on a multiple of {} ranks",
+                                  r.path_of("ep_size"), o.ep_size, world, o.ep_size, world, o.ep_size));
+  }
+  c.gpt = gpt;
+  moe::validate(c);
+  return c;
+}
+
 }  // namespace
 
 std::string offload_device_name(OffloadDevice d) {
@@ -480,6 +513,10 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   root.read_object("model", [&](ObjectReader& r) {
     nn::GptConfig m;
     read_model(r, m);
+    r.read_object("moe", [&](ObjectReader& sub) {
+      cfg.model_moe = read_model_moe(sub, r, m, dp);
+      cfg.model_moe->moe.rng_seed = cfg.seed;  // the gates' random draws follow the run's seed
+    });
     cfg.model = m;
   });
   root.read_object("data", [&](ObjectReader& r) {

@@ -26,6 +26,7 @@
 #include "core/log.h"
 #include "engine/monitor_config.h"
 #include "memory/dtype.h"
+#include "moe/gpt_moe.h"
 #include "nn/gpt.h"
 #include "offload/aio.h"
 #include "optim/loss_scaler.h"
@@ -135,6 +136,9 @@ struct EngineConfig {
 
   DeviceConfig device;
   std::optional<nn::GptConfig> model;  // the built-in GPT (`model` section); absent: the program brings its model
+  // `model.moe`: the built-in GPT with MoE layers (moe/gpt_moe.h); its `gpt` equals *model. The engine
+  // itself never reads it (expert parameters reach it through parameter metadata).
+  std::optional<moe::GptMoeConfig> model_moe;
   DataConfig data;
   CommSectionConfig comm;
   LogConfig log;

@@ -158,8 +158,10 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   return s;
 }
 
-void SummaryRecorder::write(const std::string& path, const comm::CommCounters& counters) const {
+void SummaryRecorder::write(const std::string& path, const comm::CommCounters& counters,
+                            const boost::json::object& extra) const {
   boost::json::object s = build(counters);
+  for (const auto& [key, value] : extra) s[key] = value;
   if (engine_.group().rank() != 0) return;
   std::ofstream out(path);
   if (!out) throw IoError(fmt::format("--summary: cannot write '{}': check that the directory exists and is writable", path));

@@ -33,8 +33,9 @@ class SummaryRecorder {
   // Collective over the engine's group: gathers every rank's memory and comm figures and returns the
   // summary object (complete on every rank).
   boost::json::object build(const comm::CommCounters& counters) const;
-  // build() and, on rank 0, writes it to `path` (throws IoError naming the path).
-  void write(const std::string& path, const comm::CommCounters& counters) const;
+  // build() plus the fields of `extra` (a program's own, e.g. the MoE routing figures) and, on rank 0,
+  // writes it to `path` (throws IoError naming the path).
+  void write(const std::string& path, const comm::CommCounters& counters, const boost::json::object& extra = {}) const;
 
  private:
   const Engine& engine_;

@@ -187,6 +187,13 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
 EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
+  if (cfg.model_moe) {
+    // Each rank holds other experts, and routing decides the all-to-all buffers' sizes: the measuring
+    // run (simulated collectives that carry no counts) cannot replay it yet.
+    throw ConfigError("model.moe: zeroshard estimate does not model MoE layers yet; estimate the dense model (remove "
+                      "model.moe) and add the experts' states per rank: dense states / ranks + expert states / (ranks / "
+                      "ep_size) (docs/moe.md)");
+  }
   if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");

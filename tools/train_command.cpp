@@ -24,8 +24,10 @@
 #include "launch/launch.h"
 #include "engine/summary.h"
 #include "nn/data.h"
+#include "moe/gpt_moe.h"
 #include "nn/gpt.h"
 #include "tools/commands.h"
+#include "tools/moe_report.h"
 
 namespace zs::tools {
 namespace {
@@ -204,13 +206,24 @@ int train_command(const std::vector<std::string>& args) {
   nn::GptConfig model_cfg = cfg.model.value_or(nn::GptConfig{});
 
   std::unique_ptr<comm::Group> dp;
-  std::unique_ptr<nn::GptModel> model;
+  std::optional<comm::ExpertGroups> expert_groups;  // model.moe: DeepSpeed's dp/ep/edp layout over dp
+  moe::GptMoeModel* moe_model = nullptr;
+  std::unique_ptr<nn::Model> model;
   std::unique_ptr<engine::DatasetSource> source;
   std::unique_ptr<engine::DatasetSource> eval_source;  // data.eval_interval > 0
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
         dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s}));
-        model = std::make_unique<nn::GptModel>(model_cfg);
+        if (cfg.model_moe) {
+          const int e = cfg.model_moe->moe.ep_size, r = dp->rank();
+          expert_groups.emplace(comm::ExpertGroups{dp->split(0, r, "moe_dp"), dp->split(r / e, r, "ep"),
+                                                   dp->split(r % e, r, "edp")});
+          auto m = std::make_unique<moe::GptMoeModel>(*cfg.model_moe, &*expert_groups);
+          moe_model = m.get();
+          model = std::move(m);
+        } else {
+          model = std::make_unique<nn::GptModel>(model_cfg);
+        }
         nn::Dataset data = cfg.data.path.empty() ? nn::Dataset::builtin(model_cfg.seq_len)
                                                  : nn::Dataset::open(cfg.data.path, model_cfg.seq_len);
         if (cfg.data.eval_interval > 0) {
@@ -227,6 +240,14 @@ int train_command(const std::vector<std::string>& args) {
     ZS_LOG_INFO("model: GPT n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters); data: {} ({} bytes)",
                 model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
                 engine->param_count(), source->data().origin(), source->data().bytes().size());
+    if (moe_model != nullptr) {
+      const moe::GptMoeConfig& mc = *cfg.model_moe;
+      ZS_LOG_INFO("moe: {} MoE layer(s) (every {} block(s)) of {} experts, top-{}, capacity factor {}, ep_size {} ({} "
+                  "expert(s) per rank), aux_loss_coef {}",
+                  moe_model->moe_layers().size(), mc.every_n_layers, mc.moe.num_experts, mc.moe.k, mc.moe.capacity_factor,
+                  mc.moe.ep_size, mc.moe.num_experts / mc.moe.ep_size, mc.aux_loss_coef);
+    }
+    MoeSummary moe_summary;
     ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} rank(s); {} steps",
                 cfg.batch.train_batch_size, cfg.batch.micro_batch_per_rank, cfg.batch.gradient_accumulation_steps,
                 world.size(), cfg.train_steps);
@@ -248,6 +269,11 @@ int train_command(const std::vector<std::string>& args) {
                     r.step, cfg.train_steps, r.loss, r.lr, static_cast<double>(tokens_per_step) / dt, dt,
                     mib(mem.model_states.params + mem.model_states.grads + mem.model_states.optimizer),
                     mib(mem.device_peak_bytes), offloaded, r.skipped ? " | overflow: step skipped" : "");
+        if (moe_model != nullptr) {
+          const MoeRouting routing = gather_routing(*moe_model, *dp);
+          moe_summary.record(routing);
+          ZS_LOG_INFO("  moe: {}", routing_line(routing));
+        }
         if (cfg.wall_clock_breakdown) {
           ZS_LOG_INFO("  time: forward {:.3f} s | backward {:.3f} s | optimizer {:.3f} s | grad norm {:.4f}{}", r.forward_s,
                       r.backward_s, r.optimizer_s, r.grad_norm,
@@ -267,7 +293,9 @@ int train_command(const std::vector<std::string>& args) {
     ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());
     if (!a->summary.empty()) {
       world.flush();
-      recorder.write(a->summary, world.counters());
+      boost::json::object extra;
+      if (moe_model != nullptr) extra["moe"] = moe_summary.json();
+      recorder.write(a->summary, world.counters(), extra);
       ZS_LOG_INFO("summary written to {}", a->summary);
     }
   } catch (const std::exception& e) {

@@ -490,3 +490,60 @@ TEST(ConfigData, EvaluationKeys) {
 
 }  // namespace
 }  // namespace zs::engine
+
+namespace zs::engine {
+namespace {
+
+// model.moe: DeepSpeed's MoE arguments for the built-in GPT-MoE (moe/gpt_moe.h).
+TEST(ConfigMoe, KeysAndDefaults) {
+  const EngineConfig c = parse(R"({"train_batch_size": 8, "seed": 5, "model": {"n_layer": 2, "d_model": 32, "n_head": 2,
+      "seq_len": 16, "moe": {"num_experts": 4, "ep_size": 2, "k": 2, "capacity_factor": 1.5, "eval_capacity_factor": 2,
+      "min_capacity": 2, "use_residual": true, "noisy_gate_policy": "RSample", "drop_tokens": false, "use_rts": false,
+      "top2_2nd_expert_sampling": false, "every_n_layers": 1, "aux_loss_coef": 0.1}}})",
+                               4);
+  ASSERT_TRUE(c.model_moe);
+  const moe::GptMoeConfig& m = *c.model_moe;
+  EXPECT_EQ(m.moe.num_experts, 4);
+  EXPECT_EQ(m.moe.ep_size, 2);
+  EXPECT_EQ(m.moe.k, 2);
+  EXPECT_DOUBLE_EQ(m.moe.capacity_factor, 1.5);
+  EXPECT_DOUBLE_EQ(m.moe.eval_capacity_factor, 2.0);
+  EXPECT_EQ(m.moe.min_capacity, 2);
+  EXPECT_TRUE(m.moe.use_residual);
+  EXPECT_EQ(m.moe.noisy_gate_policy, moe::NoisyGatePolicy::kRSample);
+  EXPECT_FALSE(m.moe.drop_tokens);
+  EXPECT_FALSE(m.moe.use_rts);
+  EXPECT_FALSE(m.moe.top2_2nd_expert_sampling);
+  EXPECT_EQ(m.every_n_layers, 1);
+  EXPECT_FLOAT_EQ(m.aux_loss_coef, 0.1f);
+  EXPECT_EQ(m.moe.rng_seed, 5u);
+  EXPECT_FALSE(c.model->tied_embeddings);  // the GPT-MoE's head is untied
+  EXPECT_EQ(m.gpt.n_layer, 2);
+
+  const EngineConfig d = parse(R"({"train_batch_size": 8, "model": {"moe": {"num_experts": 2, "noisy_gate_policy": null}}})");
+  ASSERT_TRUE(d.model_moe);
+  EXPECT_EQ(d.model_moe->moe.ep_size, 1);  // DeepSpeed's defaults
+  EXPECT_EQ(d.model_moe->moe.k, 1);
+  EXPECT_EQ(d.model_moe->moe.min_capacity, 4);
+  EXPECT_TRUE(d.model_moe->moe.drop_tokens);
+  EXPECT_EQ(d.model_moe->moe.noisy_gate_policy, moe::NoisyGatePolicy::kNone);
+  EXPECT_FALSE(parse(R"({"train_batch_size": 8, "model": {"n_layer": 2}})").model_moe);
+}
+
+TEST(ConfigMoe, MistakesNameTheKey) {
+  const std::string model = R"("n_layer": 2, "d_model": 32, "n_head": 2, "seq_len": 16)";
+  auto with = [&](const std::string& moe) {
+    return R"({"train_batch_size": 8, "model": {)" + model + R"(, "moe": {)" + moe + "}}}";
+  };
+  EXPECT_CONTAINS(error_of(with(R"("num_experts": 8, "ep_size": 4)"), 2), "model.moe.ep_size: 4 does not divide the number of ranks (2)");
+  EXPECT_CONTAINS(error_of(with(R"("num_experts": 6, "ep_size": 4)"), 4), "model.moe.num_experts");
+  EXPECT_CONTAINS(error_of(with(R"("ep_size": 1)")), "model.moe.num_experts");  // required
+  EXPECT_CONTAINS(error_of(with(R"("num_experts": 2, "capacty_factor": 1)")), "did you mean 'capacity_factor'");
+  EXPECT_CONTAINS(error_of(with(R"("num_experts": 2, "noisy_gate_policy": "Gumbel")")), "model.moe.noisy_gate_policy");
+  EXPECT_CONTAINS(error_of(with(R"("num_experts": 2, "every_n_layers": 3)")), "model.moe.every_n_layers");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 8, "model": {"tied_embeddings": true, "moe": {"num_experts": 2}}})"),
+                  "model.tied_embeddings");
+}
+
+}  // namespace
+}  // namespace zs::engine
