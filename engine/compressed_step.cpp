@@ -37,7 +37,7 @@ void Engine::Impl::init_compressed(CompressedState state) {
   // The momentum, variance and accumulator were placed and zeroed by the constructor (the plan).
   CompressedState& c = compressed_.emplace(std::move(state));
   if (const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>()) c.schedule.emplace(*zero_one);
-  c.reduce.emplace(group_, layout_.total());
+  c.reduce.emplace(group_, dense().layout.total());
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
 }
 
@@ -78,8 +78,9 @@ void mask_unvisited(float* x, const float* v, size_t n) {
 
 void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
   CompressedState& c = *compressed_;
-  const memory::ShardRange stepped = step_range();
-  const memory::ShardRange all = whole();
+  const StateSet& s = dense();  // the only set: experts are refused with compressed optimizers
+  const memory::ShardRange stepped = s.step_range();
+  const memory::ShardRange all = s.whole();
   float* m_all = static_cast<float*>(c.exp_avg.data());
   auto m_at = [&](size_t i) { return m_all + i; };
   auto v_at = [&](size_t i) { return f32_at(c.exp_avg_sq.data(), stepped, i); };
@@ -126,24 +127,24 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
   memory::run_kernel(*backend_, [&] {
   switch (phase) {
     case Phase::kAdam:
-      for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
-        const float* g = grad_f32(at, n, t).data();
-        with_master(at, n, t, [&](float* master, void* low) { optim::adam_update(chunk_at(at, n, decay, master, low, g), k); });
+      for_each_piece(s, stepped, [&](size_t at, size_t n, bool decay, int t) {
+        const float* g = grad_f32(s, at, n, t).data();
+        with_master(s, at, n, t, [&](float* master, void* low) { optim::adam_update(chunk_at(at, n, decay, master, low, g), k); });
       });
       break;
     case Phase::kCompressedGradient: {
       // The local gradients, scaled, in fp32 for the compressed allreduce.
       float* g = static_cast<float*>(g32.data());
       std::memset(g, 0, g32.size());  // the padding between parameters stays zero
-      for_each_piece(all, [&](size_t at, size_t n, bool, int t) {
-        std::span<const float> src = grad_f32(at, n, t);
+      for_each_piece(s, all, [&](size_t at, size_t n, bool, int t) {
+        std::span<const float> src = grad_f32(s, at, n, t);
         for (size_t i = 0; i < n; ++i) g[at + i] = src[i] * ctx.grad_scale;
       });
       c.reduce->allreduce({g, all.size});
       const optim::CompressedConstants unscaled = constants({.lr = ctx.lr, .grad_scale = 1.0f});
-      for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
+      for_each_piece(s, stepped, [&](size_t at, size_t n, bool decay, int t) {
         mask_unvisited(g + at, v_at(at), n);
-        with_master(at, n, t, [&](float* master, void* low) {
+        with_master(s, at, n, t, [&](float* master, void* low) {
           optim::CompressedChunk ch = chunk_at(at, n, decay, master, low, g + at);
           optim::momentum_update(ch, unscaled);
           optim::frozen_update(ch, unscaled);
@@ -156,30 +157,30 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
         gather_momentum();
         c.momentum_whole = true;
       }
-      for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
-        optim::momentum_update(chunk_at(at, n, decay, nullptr, nullptr, grad_f32(at, n, t).data()), k);
+      for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
+        optim::momentum_update(chunk_at(at, n, decay, nullptr, nullptr, grad_f32(s, at, n, t).data()), k);
       });
       c.reduce->allreduce({m_all, all.size});
-      for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
+      for_each_piece(s, stepped, [&](size_t at, size_t n, bool decay, int t) {
         mask_unvisited(m_at(at), v_at(at), n);
-        with_master(at, n, t, [&](float* master, void* low) { optim::frozen_update(chunk_at(at, n, decay, master, low, nullptr), k); });
+        with_master(s, at, n, t, [&](float* master, void* low) { optim::frozen_update(chunk_at(at, n, decay, master, low, nullptr), k); });
       });
       break;
     }
     case Phase::kLocalStep: {
       // Stage 0: every rank steps its own copy of the whole model.
-      for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
-        const float* g = grad_f32(at, n, t).data();
-        with_master(at, n, t, [&](float* master, void* low) { optim::local_step(chunk_at(at, n, decay, master, low, g), k); });
+      for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
+        const float* g = grad_f32(s, at, n, t).data();
+        with_master(s, at, n, t, [&](float* master, void* low) { optim::local_step(chunk_at(at, n, decay, master, low, g), k); });
       });
       if (plan.sync) {
-        for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
-          with_master(at, n, t, [&](float* master, void*) { optim::sync_prepare(chunk_at(at, n, decay, master, nullptr, nullptr), k); });
+        for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
+          with_master(s, at, n, t, [&](float* master, void*) { optim::sync_prepare(chunk_at(at, n, decay, master, nullptr, nullptr), k); });
         });
         c.reduce->allreduce({u_at(0), all.size});
-        for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+        for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
           mask_unvisited(u_at(at), v_at(at), n);
-          with_master(at, n, t, [&](float* master, void* low) {
+          with_master(s, at, n, t, [&](float* master, void* low) {
             optim::sync_finish(chunk_at(at, n, decay, master, low, nullptr), k);
           });
         });
@@ -194,8 +195,8 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
 void Engine::Impl::gather_momentum() {
   // Stages 1-3 at the first compressed step: every rank holds the momentum of its stepped range; the
   // compressed steps need all of it (Note [compressed optimizers]). Once per run, in buckets.
-  allgather_in_place(group_, partition_,
-                     memory::Tensor(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(layout_.total())}),
+  allgather_in_place(group_, dense().partition,
+                     memory::Tensor(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(dense().layout.total())}),
                      static_cast<size_t>(cfg_.zero.allgather_bucket_size));
   ZS_LOG_DEBUG("{}: momentum gathered for the compressed phase", cfg_.optimizer.name());
 }

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <fmt/ranges.h>
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -28,15 +29,85 @@ optim::LrScheduleConfig schedule_config(const EngineConfig& cfg) {
   return s;
 }
 
+// Note [expert parameters] (the rule is documented in engine/engine.h and docs/design.md).
+// The edp group of E is formed from the data-parallel group with DeepSpeed's layout: ranks with the
+// same index in consecutive groups of E ranks, {i, i+E, i+2E, ...}, ordered by dp rank. A simulated
+// dp group (the estimator) gets a simulated edp group of the same shape, so the estimator runs this
+// very code. Every rank must declare expert parameters of the same sizes E (checked here, before
+// the collective split, so that a mismatch is an error on every rank instead of a hang).
+std::unique_ptr<comm::Group> make_expert_group(const comm::Group& dp, int e) {
+  if (!dp.is_mpi()) return std::make_unique<comm::Group>(comm::Group::simulated(dp.rank() / e, dp.size() / e, "edp"));
+  return std::make_unique<comm::Group>(dp.split(dp.rank() % e, dp.rank(), "edp"));
+}
+
+void check_expert_sizes(const comm::Group& group, const std::vector<int>& sizes, const EngineConfig& cfg) {
+  constexpr size_t kMaxSizes = 7;
+  for (int e : sizes) {
+    if (group.size() % e != 0) {
+      throw ModelError(fmt::format("the model has parameters with expert_parallel_size {}, which does not divide the "
+                                   "data-parallel world size {}: expert parallelism needs world % expert_parallel_size "
+                                   "== 0; run on a multiple of {} ranks or choose an expert_parallel_size that divides {}",
+                                   e, group.size(), e, group.size()));
+    }
+  }
+  // A dense model makes no collective here (a rank whose model has experts while another's has none
+  // meets the comm layer's mismatch check at its first collective).
+  if (sizes.empty()) return;
+  if (sizes.size() > kMaxSizes) {
+    throw ModelError(fmt::format("the model has parameters of {} different expert_parallel_size values; zeroshard "
+                                 "supports at most {}", sizes.size(), kMaxSizes));
+  }
+  if (cfg.optimizer.compressed() && !sizes.empty()) {
+    throw ConfigError(fmt::format("optimizer.type: {} with expert parameters (expert_parallel_size {}) is not supported "
+                                  "by zeroshard yet: its compressed allreduce averages one whole momentum over the "
+                                  "data-parallel group, while experts are reduced over their expert-data-parallel "
+                                  "group; use Adam/AdamW, Lamb or Lion with MoE models",
+                                  cfg.optimizer.name(), sizes.front()));
+  }
+  if (!group.is_mpi() || group.size() == 1) return;
+  // Every rank must form the same edp groups: the split below is collective.
+  std::vector<float> mine(kMaxSizes + 1, 0.0f);
+  mine[0] = static_cast<float>(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) mine[i + 1] = static_cast<float>(sizes[i]);
+  std::vector<float> all(mine.size() * static_cast<size_t>(group.size()));
+  group.allgather(memory::Tensor::of(std::span<float>(mine)), memory::Tensor::of(std::span<float>(all)));
+  for (int r = 0; r < group.size(); ++r) {
+    if (!std::equal(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(r * mine.size()))) {
+      throw ModelError(fmt::format("rank {} has expert parameters of {} expert_parallel_size value(s) ({}), but rank {} "
+                                   "has a different set: every rank must declare the same MoE layers",
+                                   group.rank(), sizes.size(), fmt::join(sizes, ", "), r));
+    }
+  }
+}
+
+// The parameters by partition group, and the expert-data-parallel groups of their E > 1 (into
+// `expert_groups`, in the order of the returned sets after the dense one). Collective over `group`
+// when the model has expert parameters.
+std::vector<std::unique_ptr<StateSet>> make_sets(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
+                                                 std::vector<std::unique_ptr<comm::Group>>& expert_groups) {
+  nn::assign_names(model);
+  std::vector<ParamGroup> groups = group_by_expert_parallel_size(model.all_params());
+  const PlacementRules rules = placement_rules(cfg);
+  std::vector<int> sizes;
+  for (size_t g = 1; g < groups.size(); ++g) sizes.push_back(groups[g].expert_parallel_size);
+  check_expert_sizes(group, sizes, cfg);
+  std::vector<std::unique_ptr<StateSet>> sets;
+  sets.push_back(std::make_unique<StateSet>(std::move(groups[0]), group, rules));
+  for (size_t g = 1; g < groups.size(); ++g) {
+    expert_groups.push_back(make_expert_group(group, groups[g].expert_parallel_size));
+    sets.push_back(std::make_unique<StateSet>(std::move(groups[g]), *expert_groups.back(), rules));
+  }
+  return sets;
+}
+
 }  // namespace
 
 Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
                    std::unique_ptr<memory::Backend> backend)
     : cfg_(cfg),
       group_(group),
-      layout_((nn::assign_names(model), model.all_params())),
-      partition_(layout_.total(), group.size(), group.rank()),
-      plan_(plan_placement(placement_rules(cfg), layout_.total(), partition_)),
+      sets_(make_sets(model, cfg, group, expert_groups_)),
+      plan_(sets_.front()->plan),
       stage_(cfg.zero.stage),
       grad_stage_(plan_.grad_stage),
       dtype_(cfg.compute_dtype()),
@@ -57,10 +128,6 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
       ctx_(arena_, *this),
       scratch_(kChunkElements) {
-  using memory::Category;
-  using memory::Lifetime;
-  const size_t mine = partition_.mine.size;
-  const size_t stepped = step_range().size;
   const int threads = std::max(1, nn::compute_threads());
   backend_->set_threads(threads);
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
@@ -78,78 +145,105 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
     ZS_ASSERT(optimizer_->state_specs().size() <= kMaxStates, "{} keeps {} states (at most {})", optimizer_->name(),
               optimizer_->state_specs().size(), kMaxStates);
   }
-  // The plan's buffers (Note [model-state placement] in engine/placement.h), in its order: swap-file
-  // regions are made by init_nvme, the error feedback by comm's compressed allreduce.
+  try {
+    place_all(model);
+  } catch (...) {
+    sets_.clear();  // as ~Impl, which does not run for a constructor that throws
+    throw;
+  }
+}
+
+void Engine::Impl::place_all(nn::Model& model) {
   std::optional<CompressedState> compressed;
   if (!optimizer_) compressed.emplace();
-  for (const PlannedBuffer& b : plan_.buffers) {
+  for (auto& s : sets_) place_buffers(*s, compressed);
+  if (compressed) init_compressed(std::move(*compressed));
+
+  std::vector<nn::Module*> modules = model.named_modules();
+  for (size_t k = 0; k < sets_.size(); ++k) {
+    StateSet& s = *sets_[k];
+    auto slots = s.layout.slots();
+    for (size_t i = 0; i < slots.size(); ++i) slot_by_name_[slots[i].param->full_name()] = {k, i};
+    place_parameters(s);
+    if (!kernels()) {
+      // Measuring (the estimator): nothing to initialise, and no swap files. NVMe parameters get an
+      // untouched stand-in so the gatherer runs its usual path.
+      if (params_on_nvme()) {
+        s.measure_param_shard = backend_->allocate(std::max<size_t>(1, s.partition.mine.size * elem_), memory::Tier::kHost);
+      }
+    } else if (optimizer_on_nvme() || params_on_nvme()) {
+      init_nvme(s);  // initialises what lives on NVMe, and the rest through initialise()
+    } else {
+      memory::run_kernel(*backend_, [&] { initialise(s); });
+    }
+    make_reducer_and_gatherer(s, modules);
+  }
+}
+
+void Engine::Impl::place_buffers(StateSet& s, std::optional<CompressedState>& compressed) {
+  // The plan's buffers (Note [model-state placement] in engine/placement.h), in its order: swap-file
+  // regions are made by init_nvme, the error feedback by comm's compressed allreduce.
+  for (const PlannedBuffer& b : s.plan.buffers) {
     if (b.where == Where::kNvme || b.owned_by_comm) continue;
     StateBuffer buf = place(b.bytes, b.category, b.where == Where::kHost);
     // Gradients and optimizer states start at zero; parameters and masters are initialised below.
     const bool written_first = b.name == "params" || b.name == "master" || b.name == "residual" || b.name == "fp32_grads";
     if (!written_first) backend_->fill_zero(buf.data(), buf.tier(), buf.size());
-    if (b.name == "params") params_ = std::move(buf);
-    else if (b.name == "grads") grads_ = std::move(buf);
-    else if (b.name == "fp32_grads") grad32_ = std::move(buf);
-    else if (b.name == "master") master_ = std::move(buf);
-    else if (b.name == "residual") residual_ = std::move(buf);
+    if (b.name == "params") s.params = std::move(buf);
+    else if (b.name == "grads") s.grads = std::move(buf);
+    else if (b.name == "fp32_grads") s.grad32 = std::move(buf);
+    else if (b.name == "master") s.master = std::move(buf);
+    else if (b.name == "residual") s.residual = std::move(buf);
     else if (b.name == "momentum") compressed->exp_avg = std::move(buf);
     else if (b.name == "variance") compressed->exp_avg_sq = std::move(buf);
     else if (b.name == "accumulator") compressed->accumulator = std::move(buf);
-    else states_.push_back(std::move(buf));  // the optimizer's states, in its state_specs() order
+    else s.states.push_back(std::move(buf));  // the optimizer's states, in its state_specs() order
   }
-  if (optimizer_ && !states_.empty()) {
-    for (size_t k = 0; k < states_.size(); ++k) {
+  if (optimizer_ && !s.states.empty()) {
+    for (size_t k = 0; k < s.states.size(); ++k) {
       const optim::StateSpec& spec = optimizer_->state_specs()[k];
       if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1 && spec.initial_value != 0.0f) {
-        backend_->fill(static_cast<float*>(states_[k].data()), states_[k].tier(), spec.initial_value, stepped);
+        backend_->fill(static_cast<float*>(s.states[k].data()), s.states[k].tier(), spec.initial_value, s.step_range().size);
       }
     }
-  }
-  if (compressed) init_compressed(std::move(*compressed));
-
-  std::vector<nn::Module*> modules = model.named_modules();
-  place_parameters();
-  if (!kernels()) {
-    // Measuring (the estimator): nothing to initialise, and no swap files. NVMe parameters get an
-    // untouched stand-in so the gatherer runs its usual path.
-    if (params_on_nvme()) measure_param_shard_ = backend_->allocate(std::max<size_t>(1, mine * elem_), memory::Tier::kHost);
-  } else if (optimizer_on_nvme() || params_on_nvme()) {
-    init_nvme();  // initialises what lives on NVMe, and the rest through initialise()
-  } else {
-    memory::run_kernel(*backend_, [&] { initialise(); });
-  }
-
-  GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
-                          .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
-                          .grads_tier = grads_.tier()};
-  reducer_.emplace(ro, layout_, partition_, group_, *device_, dtype_, grads_.data(), modules);
-  if (stage_ == 3) {
-    ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
-                              .persistence_threshold = static_cast<size_t>(cfg.zero.stage3_param_persistence_threshold),
-                              .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters),
-                              .nvme = nullptr,
-                              .nvme_region = {},
-                              .tracker = nullptr,
-                              .shard_tier = params_on_nvme() ? memory::Tier::kHost : params_.tier()};
-    const void* shard = params_.data();
-    if (params_on_nvme()) {
-      const auto& op = cfg.zero.offload_param;
-      go.prefetch_elements = nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
-                                                          static_cast<size_t>(op.buffer_size), static_cast<size_t>(op.max_in_cpu));
-      go.tracker = &tracker_;
-      if (nvme_) {
-        go.nvme = nvme_->param_swap.get();
-        go.nvme_region = nvme_->params;
-      } else {
-        shard = measure_param_shard_.data();
-      }
-    }
-    gatherer_.emplace(go, layout_, partition_, group_, *device_, dtype_, shard, modules);
   }
 }
 
-Engine::Impl::~Impl() = default;
+void Engine::Impl::make_reducer_and_gatherer(StateSet& s, const std::vector<nn::Module*>& modules) {
+  const EngineConfig& cfg = cfg_;
+  GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
+                          .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
+                          .grads_tier = s.grads.tier()};
+  s.reducer.emplace(ro, s.layout, s.partition, s.group, *device_, dtype_, s.grads.data(), modules);
+  if (stage_ != 3) return;
+  ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
+                            .persistence_threshold = static_cast<size_t>(cfg.zero.stage3_param_persistence_threshold),
+                            .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters),
+                            .nvme = nullptr,
+                            .nvme_region = {},
+                            .tracker = nullptr,
+                            .shard_tier = params_on_nvme() ? memory::Tier::kHost : s.params.tier()};
+  const void* shard = s.params.data();
+  if (params_on_nvme()) {
+    const auto& op = cfg.zero.offload_param;
+    go.prefetch_elements = nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
+                                                static_cast<size_t>(op.buffer_size), static_cast<size_t>(op.max_in_cpu));
+    go.tracker = &tracker_;
+    if (s.nvme) {
+      go.nvme = s.nvme->param_swap.get();
+      go.nvme_region = s.nvme->params;
+    } else {
+      shard = s.measure_param_shard.data();
+    }
+  }
+  s.gatherer.emplace(go, s.layout, s.partition, s.group, *device_, dtype_, shard, modules);
+}
+
+Engine::Impl::~Impl() {
+  // The sets' buffers live in the arena, declared after them: they go first (their reducers and
+  // gatherers wait for their collectives), while the arena and the expert groups are still there.
+  sets_.clear();
+}
 
 StateBuffer Engine::Impl::place(size_t bytes, memory::Category category, bool host) {
   StateBuffer b;
@@ -164,32 +258,30 @@ StateBuffer Engine::Impl::place(size_t bytes, memory::Category category, bool ho
   return b;
 }
 
-float* Engine::Impl::master_at(size_t i) const {
+float* Engine::Impl::master_at(const StateSet& s, size_t i) const {
   ZS_DEBUG_ASSERT(!reuse_ && !optimizer_on_nvme(), "master_at with reuse_fp32_param or NVMe offload");
-  if (!separate_master_) return reinterpret_cast<float*>(param_at(i));
-  return static_cast<float*>(master_.data()) + (i - step_range().offset);
+  if (!separate_master_) return reinterpret_cast<float*>(param_at(s, i));
+  return static_cast<float*>(s.master.data()) + (i - s.step_range().offset);
 }
 
-void* Engine::Impl::state_at(size_t k, size_t i) const {
+void* Engine::Impl::state_at(const StateSet& s, size_t k, size_t i) const {
   const optim::StateSpec& spec = optimizer_->state_specs()[k];
   // Stepped ranges and pieces start at multiples of 32 elements (FlatLayout::kAlignElements), so a
   // block-quantised state's value for element i is the one of i's block.
-  const size_t rel = i - step_range().offset;
-  return static_cast<char*>(states_[k].data()) + rel / spec.elements_per_value * spec.value_bytes;
+  const size_t rel = i - s.step_range().offset;
+  return static_cast<char*>(s.states[k].data()) + rel / spec.elements_per_value * spec.value_bytes;
 }
 
-void Engine::Impl::place_parameters() {
-  auto slots = layout_.slots();
-  for (size_t i = 0; i < slots.size(); ++i) slot_by_name_[slots[i].param->full_name()] = i;
-  for (const ParamSlot& s : slots) {
+void Engine::Impl::place_parameters(StateSet& set) {
+  for (const ParamSlot& s : set.layout.slots()) {
     // Stage 3: no parameter has data until the gatherer fetches it. Stage 2+: gradients live in the
     // reducer's staging buffers during backward only.
-    s.param->set_data(stage_ == 3 ? memory::Tensor() : memory::Tensor(param_at(s.offset), dtype_, s.param->shape()));
-    s.param->set_grad(grad_stage_ >= 2 ? memory::Tensor() : memory::Tensor(grad_at(s.offset), dtype_, s.param->shape()));
+    s.param->set_data(stage_ == 3 ? memory::Tensor() : memory::Tensor(param_at(set, s.offset), dtype_, s.param->shape()));
+    s.param->set_grad(grad_stage_ >= 2 ? memory::Tensor() : memory::Tensor(grad_at(set, s.offset), dtype_, s.param->shape()));
   }
 }
 
-void Engine::Impl::init_f32(float* dst, memory::ShardRange range) const {
+void Engine::Impl::init_f32(const StateSet& set, float* dst, memory::ShardRange range) const {
   // Straight into place by the counter-based RNG: the same values for any world size and stage (Note
   // in nn/parameter.h), and for any cut into pieces, so the pieces run on the rank's threads.
   // Padding between parameters is zero.
@@ -198,7 +290,7 @@ void Engine::Impl::init_f32(float* dst, memory::ShardRange range) const {
     const memory::ShardRange piece{at, n};
     float* out = dst + (at - range.offset);
     std::fill_n(out, n, 0.0f);
-    for (const ParamSlot& s : layout_.slots()) {
+    for (const ParamSlot& s : set.layout.slots()) {
       memory::ShardRange part = s.range().intersect(piece);
       if (part.empty()) continue;
       s.param->init().fill({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg_.seed,
@@ -207,44 +299,44 @@ void Engine::Impl::init_f32(float* dst, memory::ShardRange range) const {
   });
 }
 
-void Engine::Impl::initialise() {
-  const memory::ShardRange stepped = step_range();
-  const size_t total = layout_.total();
+void Engine::Impl::initialise(StateSet& s) {
+  const memory::ShardRange stepped = s.step_range();
+  const size_t total = s.layout.total();
   // A separate fp32 master in memory (bf16/fp16, or offloaded to the host); NVMe ones are written by
   // init_nvme, which calls this for the rest.
-  if (separate_master_ && !reuse_ && !optimizer_on_nvme()) init_f32(master_at(stepped.offset), stepped);
+  if (separate_master_ && !reuse_ && !optimizer_on_nvme()) init_f32(s, master_at(s, stepped.offset), stepped);
   if (params_on_nvme()) return;
   if (!mixed()) {
-    const memory::ShardRange held = stage_ == 3 ? partition_.mine : memory::ShardRange{0, total};
-    init_f32(reinterpret_cast<float*>(param_at(held.offset)), held);
+    const memory::ShardRange held = stage_ == 3 ? s.partition.mine : memory::ShardRange{0, total};
+    init_f32(s, reinterpret_cast<float*>(param_at(s, held.offset)), held);
     return;
   }
   // bf16/fp16 parameters this rank holds, converted chunk by chunk: never the whole model in fp32.
   // With reuse_fp32_param every held parameter is encoded the way its owner's optimizer encodes it,
   // and the stepped range keeps its residuals.
-  const memory::ShardRange held = stage_ == 3 ? partition_.mine : memory::ShardRange{0, total};
+  const memory::ShardRange held = stage_ == 3 ? s.partition.mine : memory::ShardRange{0, total};
   std::vector<uint16_t> residual(reuse_ ? kChunkElements : 0);
   for (size_t off = 0; off < held.size; off += kChunkElements) {
     const memory::ShardRange chunk{held.offset + off, std::min(kChunkElements, held.size - off)};
-    init_f32(scratch_.data(), chunk);
+    init_f32(s, scratch_.data(), chunk);
     if (!reuse_) {
-      memory::convert(scratch_.data(), memory::DType::kF32, param_at(chunk.offset), dtype_, chunk.size);
+      memory::convert(scratch_.data(), memory::DType::kF32, param_at(s, chunk.offset), dtype_, chunk.size);
       continue;
     }
-    encode_master(scratch_.data(), reinterpret_cast<uint16_t*>(param_at(chunk.offset)), residual.data(), chunk.size);
+    encode_master(scratch_.data(), reinterpret_cast<uint16_t*>(param_at(s, chunk.offset)), residual.data(), chunk.size);
     const memory::ShardRange kept = chunk.intersect(stepped);
     if (!kept.empty()) {
-      std::memcpy(static_cast<uint16_t*>(residual_.data()) + (kept.offset - stepped.offset),
+      std::memcpy(static_cast<uint16_t*>(s.residual.data()) + (kept.offset - stepped.offset),
                   residual.data() + (kept.offset - chunk.offset), kept.size * sizeof(uint16_t));
     }
   }
 }
 
-std::span<const float> Engine::Impl::grad_f32(size_t i, size_t n, int t) {
+std::span<const float> Engine::Impl::grad_f32(const StateSet& s, size_t i, size_t n, int t) {
   float* out = grad_scratch_[static_cast<size_t>(t)].data();
   const bool fp32 = keep_fp32_grads_ || !mixed();
-  const StateBuffer& buf = keep_fp32_grads_ ? grad32_ : grads_;
-  const void* src = keep_fp32_grads_ ? static_cast<const void*>(f32_at(grad32_.data(), grad32_range(), i)) : grad_at(i);
+  const StateBuffer& buf = keep_fp32_grads_ ? s.grad32 : s.grads;
+  const void* src = keep_fp32_grads_ ? static_cast<const void*>(f32_at(s.grad32.data(), s.grad32_range(), i)) : grad_at(s, i);
   if (step_on_host() && buf.tier() == memory::Tier::kDevice) {
     // A host step reads device gradients through the backend: a counted device -> host transfer.
     backend_->convert(out, memory::Tier::kHost, memory::DType::kF32, src, memory::Tier::kDevice,
@@ -256,31 +348,31 @@ std::span<const float> Engine::Impl::grad_f32(size_t i, size_t n, int t) {
   return {out, n};
 }
 
-void Engine::Impl::read_master(memory::ShardRange range, float* dst) {
+void Engine::Impl::read_master(const StateSet& s, memory::ShardRange range, float* dst) {
   if (range.empty()) return;
   if (optimizer_on_nvme()) {
-    read_nvme_master(range, dst);
+    read_nvme_master(s, range, dst);
     return;
   }
   if (!reuse_) {
-    const memory::Tier tier = separate_master_ ? master_.tier() : params_tier();
-    backend_->copy(dst, memory::Tier::kHost, master_at(range.offset), tier, range.size * sizeof(float));
+    const memory::Tier tier = separate_master_ ? s.master.tier() : s.params.tier();
+    backend_->copy(dst, memory::Tier::kHost, master_at(s, range.offset), tier, range.size * sizeof(float));
     return;
   }
   // Both halves of the encoded master cross to the host, and are decoded there.
   std::vector<uint16_t> hi(range.size), lo(range.size);
-  backend_->copy(hi.data(), memory::Tier::kHost, param_at(range.offset), memory::Tier::kDevice, range.size * sizeof(uint16_t));
-  backend_->copy(lo.data(), memory::Tier::kHost, static_cast<const uint16_t*>(residual_.data()) + (range.offset - step_range().offset),
+  backend_->copy(hi.data(), memory::Tier::kHost, param_at(s, range.offset), memory::Tier::kDevice, range.size * sizeof(uint16_t));
+  backend_->copy(lo.data(), memory::Tier::kHost, static_cast<const uint16_t*>(s.residual.data()) + (range.offset - s.step_range().offset),
                  memory::Tier::kDevice, range.size * sizeof(uint16_t));
   decode_master(hi.data(), lo.data(), dst, range.size);
 }
 
-void Engine::Impl::allgather_params() {
+void Engine::Impl::allgather_params(StateSet& s) {
   // Stages 1-2: every rank updated its shard of the whole parameter buffer; gather the rest in
-  // allgather_bucket_size pieces, in place.
-  if (group_.size() == 1) return;
+  // allgather_bucket_size pieces, in place, over the set's group.
+  if (s.group.size() == 1) return;
   memory::DeviceAccess access(*backend_);  // the collectives read and write device memory
-  allgather_in_place(group_, partition_, memory::Tensor(params_.data(), dtype_, {static_cast<int64_t>(layout_.total())}),
+  allgather_in_place(s.group, s.partition, memory::Tensor(s.params.data(), dtype_, {static_cast<int64_t>(s.layout.total())}),
                      static_cast<size_t>(cfg_.zero.allgather_bucket_size));
 }
 
@@ -296,18 +388,18 @@ void allgather_in_place(const comm::Group& group, const Partition& partition, co
   for (auto& w : works) w.wait();
 }
 
-std::vector<float> Engine::Impl::gather_fp32(const ParamSlot& slot) {
+std::vector<float> Engine::Impl::gather_fp32(const StateSet& s, const ParamSlot& slot) {
   std::vector<float> out(slot.numel);
-  if (stage_ == 0 || group_.size() == 1) {
-    read_master(slot.range(), out.data());
+  if (stage_ == 0 || s.group.size() == 1) {
+    read_master(s, slot.range(), out.data());
     return out;
   }
-  memory::ShardRange owned = partition_.owned(slot.range());
+  memory::ShardRange owned = s.partition.owned(slot.range());
   // Our own part in a separate buffer: allgatherv must not read and write the same memory.
   std::vector<float> mine(owned.size);
-  read_master(owned, mine.data());
-  group_.allgatherv(memory::Tensor(mine.data(), memory::DType::kF32, {static_cast<int64_t>(mine.size())}),
-                    memory::Tensor(out.data(), memory::DType::kF32, {static_cast<int64_t>(out.size())}), partition_.counts(slot.range()));
+  read_master(s, owned, mine.data());
+  s.group.allgatherv(memory::Tensor(mine.data(), memory::DType::kF32, {static_cast<int64_t>(mine.size())}),
+                     memory::Tensor(out.data(), memory::DType::kF32, {static_cast<int64_t>(out.size())}), s.partition.counts(slot.range()));
   return out;
 }
 
@@ -323,9 +415,20 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
   if (impl_->kernels()) {
     // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
     if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, group_.rank());
+    // DeepSpeed profiles on global rank 0 only.
+    if (config_.monitor.flops.enabled && group_.rank() == 0) {
+      impl_->profiler_ = std::make_unique<FlopsProfiler>(config_.monitor.flops);
+    }
+    size_t buckets = 0;
+    for (const auto& set : impl_->sets_) buckets += set->reducer->bucket_count();
     ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
-                impl_->reducer_->bucket_count(), config_.device.memory_mb);
+                buckets, config_.device.memory_mb);
+    for (const auto& set : impl_->sets_) {
+      if (!set->expert()) continue;
+      ZS_LOG_INFO("engine: {} expert parameters of expert_parallel_size {}, sharded over an expert-data-parallel group "
+                  "of {} rank(s)", set->layout.param_elements(), set->expert_parallel_size(), set->group.size());
+    }
   } else {
     ZS_LOG_DEBUG("engine: measuring {} parameters at ZeRO stage {} as rank {} of {}", param_count(), config_.zero.stage,
                  group_.rank(), group_.size());
@@ -350,7 +453,11 @@ Engine::~Engine() {
   });
 }
 
-int64_t Engine::param_count() const { return static_cast<int64_t>(impl_->layout_.param_elements()); }
+int64_t Engine::param_count() const {
+  size_t n = 0;
+  for (const auto& set : impl_->sets_) n += set->layout.param_elements();
+  return static_cast<int64_t>(n);
+}
 
 float Engine::forward(const nn::Batch& batch) {
   Impl& s = *impl_;
@@ -361,10 +468,15 @@ float Engine::forward(const nn::Batch& batch) {
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
+  if (s.profiler_ && s.micro_step_ == 0) s.profiler_->window_started(global_step_);
   try {
-    if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
+    for (auto& set : s.sets_) {
+      if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kForward);
+    }
     loss = s.ctx_.forward_loss(model_, batch);
-    if (s.gatherer_) s.gatherer_->end_pass();
+    for (auto& set : s.sets_) {
+      if (set->gatherer) set->gatherer->end_pass();
+    }
   } catch (...) {
     s.abandon_forward(model_);
     throw;
@@ -396,15 +508,19 @@ void Engine::backward() {
   try {
     // The boundary's reductions may still be writing device memory when backward returns.
     if (boundary && !s.reductions_access_) s.reductions_access_.emplace(*s.backend_);
-    s.reducer_->begin_backward(boundary, reduce);
-    // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
-    // the last backward of the step runs.
-    if (boundary && s.nvme_ && s.optimizer_on_nvme()) s.nvme_->swapper->prefetch();
-    if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kBackward);
+    for (auto& set : s.sets_) {
+      set->reducer->begin_backward(boundary, reduce);
+      // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
+      // the last backward of the step runs.
+      if (boundary && set->nvme && s.optimizer_on_nvme()) set->nvme->swapper->prefetch();
+      if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kBackward);
+    }
     const float grad_scale = static_cast<float>(s.scaler_.scale() / static_cast<double>(accumulation));
     s.ctx_.backward_loss(model_, grad_scale);
-    if (s.gatherer_) s.gatherer_->end_pass();
-    s.reducer_->end_backward();
+    for (auto& set : s.sets_) {
+      if (set->gatherer) set->gatherer->end_pass();
+    }
+    for (auto& set : s.sets_) set->reducer->end_backward();
   } catch (...) {
     s.abandon_window(model_);
     throw;
@@ -418,7 +534,10 @@ void Engine::Impl::abandon_forward(nn::Model& model) {
   // Cleanup must not hide the error being thrown: a second failure here is dropped.
   try {
     model.clear_saved();
-    if (gatherer_) gatherer_->invalidate();  // gathered or in flight: released; a partial first order is re-recorded
+    for (auto& set : sets_) {
+      if (set->gatherer) set->gatherer->invalidate();  // gathered or in flight: released; a partial first order is re-recorded
+    }
+    if (profiler_) profiler_->abandon_pass();
   } catch (...) {
   }
 }
@@ -426,11 +545,16 @@ void Engine::Impl::abandon_forward(nn::Model& model) {
 void Engine::Impl::abandon_window(nn::Model& model) {
   try {
     model.clear_saved();
-    reducer_->abort();
-    if (gatherer_) gatherer_->invalidate();
+    for (auto& set : sets_) {
+      set->reducer->abort();
+      if (set->gatherer) set->gatherer->invalidate();
+    }
+    if (profiler_) profiler_->abandon_pass();
     reductions_access_.reset();
-    backend_->fill_zero(grads_.data(), grads_.tier(), grads_.size());
-    if (!grad32_.empty()) backend_->fill_zero(grad32_.data(), grad32_.tier(), grad32_.size());
+    for (auto& set : sets_) {
+      backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
+      if (!set->grad32.empty()) backend_->fill_zero(set->grad32.data(), set->grad32.tier(), set->grad32.size());
+    }
   } catch (...) {
   }
   micro_step_ = 0;
@@ -499,9 +623,13 @@ double Engine::eval_batch(BatchSource& source, int64_t index) {
     s.fill_micro_batch(source, batch, index, m);
     try {
       // ZeRO-3 gathers along the recorded forward order and releases after each module, as in training.
-      if (s.gatherer_) s.gatherer_->begin_pass(ParamGatherer::Pass::kForward);
+      for (auto& set : s.sets_) {
+        if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kForward);
+      }
       sum += s.ctx_.forward_loss(model_, batch);
-      if (s.gatherer_) s.gatherer_->end_pass();
+      for (auto& set : s.sets_) {
+        if (set->gatherer) set->gatherer->end_pass();
+      }
     } catch (...) {
       s.abandon_forward(model_);
       throw;
@@ -516,23 +644,27 @@ double Engine::eval_batch(BatchSource& source, int64_t index) {
 std::vector<float> Engine::fp32_param(const std::string& name) const {
   auto it = impl_->slot_by_name_.find(name);
   if (it == impl_->slot_by_name_.end()) {
-    throw UsageError(fmt::format("Engine::fp32_param: no parameter named '{}' in the model; pass a full name such as "
-                                 "'{}' (nn::Parameter::full_name)",
-                                 name, impl_->layout_.slots().front().param->full_name()));
+    throw UsageError(fmt::format("Engine::fp32_param: no parameter named '{}' on this rank; pass a full name such as "
+                                 "'{}' (nn::Parameter::full_name; an expert's parameters are held by its "
+                                 "expert-parallel rank only)",
+                                 name, impl_->slot_by_name_.empty() ? "" : impl_->slot_by_name_.begin()->first));
   }
-  return impl_->gather_fp32(impl_->layout_.slots()[it->second]);
+  const StateSet& set = *impl_->sets_[it->second.first];
+  return impl_->gather_fp32(set, set.layout.slots()[it->second.second]);
 }
 
 std::string Engine::param_digest() const {
-  std::vector<const ParamSlot*> order;
-  for (const ParamSlot& s : impl_->layout_.slots()) order.push_back(&s);
+  std::vector<std::pair<const StateSet*, const ParamSlot*>> order;
+  for (const auto& set : impl_->sets_) {
+    for (const ParamSlot& s : set->layout.slots()) order.emplace_back(set.get(), &s);
+  }
   std::sort(order.begin(), order.end(),
-            [](const ParamSlot* a, const ParamSlot* b) { return a->param->full_name() < b->param->full_name(); });
+            [](const auto& a, const auto& b) { return a.second->param->full_name() < b.second->param->full_name(); });
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
   ZS_ASSERT(md && EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1, "OpenSSL SHA-256 init failed");
-  for (const ParamSlot* s : order) {
+  for (const auto& [set, s] : order) {
     // x86-64 is little-endian: the fp32 values' bytes are the digest's input as they are.
-    std::vector<float> values = impl_->gather_fp32(*s);
+    std::vector<float> values = impl_->gather_fp32(*set, *s);
     EVP_DigestUpdate(md.get(), values.data(), values.size() * sizeof(float));
   }
   unsigned char out[EVP_MAX_MD_SIZE];
@@ -546,32 +678,39 @@ std::string Engine::param_digest() const {
 ModelStateBytes Engine::model_state_bytes() const {
   const Impl& s = *impl_;
   ModelStateBytes b;
-  b.params = s.params_.size();
-  b.grads = s.grads_.size();
-  b.grads += s.grad32_.size();
-  b.optimizer = s.master_.size() + s.residual_.size() + s.compressed_state_bytes();
-  for (const auto& st : s.states_) b.optimizer += st.size();
+  b.optimizer = s.compressed_state_bytes();
+  for (const auto& set : s.sets_) {
+    b.params += set->params.size();
+    b.grads += set->grads.size() + set->grad32.size();
+    b.optimizer += set->master.size() + set->residual.size();
+    for (const auto& st : set->states) b.optimizer += st.size();
+  }
   return b;
 }
 
 Engine::OffloadReport Engine::offload_report() const {
   OffloadReport r;
-  const Impl& s = *impl_;
-  if (!s.nvme_) return r;
-  const offload::SwapperStats& st = s.nvme_->swapper->stats();
-  r.host_budget_bytes = s.nvme_->host_budget_bytes;
-  r.bytes_read = st.bytes_read + (s.gatherer_ ? s.gatherer_->nvme_bytes_read() : 0);
-  r.bytes_written = st.bytes_written;
-  r.compute_s = st.compute_seconds;
-  r.io_wait_s = st.io_wait_seconds;
+  // Summed over the partition groups' swappers (one per set with NVMe offload).
+  for (const auto& set : impl_->sets_) {
+    if (!set->nvme) continue;
+    const offload::SwapperStats& st = set->nvme->swapper->stats();
+    r.host_budget_bytes += set->nvme->host_budget_bytes;
+    r.bytes_read += st.bytes_read + (set->gatherer ? set->gatherer->nvme_bytes_read() : 0);
+    r.bytes_written += st.bytes_written;
+    r.compute_s += st.compute_seconds;
+    r.io_wait_s += st.io_wait_seconds;
+  }
   return r;
 }
 
 double Engine::optimizer_state_bytes_per_param() const {
   const Impl& s = *impl_;
   uint64_t bytes = s.compressed_state_bytes();
-  for (const auto& st : s.states_) bytes += st.size();
-  const size_t stepped = s.step_range().size;
+  size_t stepped = 0;
+  for (const auto& set : s.sets_) {
+    for (const auto& st : set->states) bytes += st.size();
+    stepped += set->step_range().size;
+  }
   return stepped ? static_cast<double>(bytes) / static_cast<double>(stepped) : 0.0;
 }
 
@@ -583,16 +722,19 @@ Engine::MemoryReport Engine::memory_report() const {
     r.device_states.*category += b.device.size();
     r.host_states.*category += b.host.capacity();
   };
-  by_tier(s.params_, &ModelStateBytes::params);
-  by_tier(s.grads_, &ModelStateBytes::grads);
-  by_tier(s.grad32_, &ModelStateBytes::grads);
-  by_tier(s.master_, &ModelStateBytes::optimizer);
-  for (const auto& state : s.states_) by_tier(state, &ModelStateBytes::optimizer);
-  r.device_states.optimizer += s.residual_.size() + s.compressed_state_bytes();
-  if (s.nvme_) {
-    r.nvme_states.params = s.nvme_->params.reserved_bytes();
-    r.nvme_states.optimizer = s.nvme_->master.reserved_bytes();
-    for (const auto& region : s.nvme_->states) r.nvme_states.optimizer += region.reserved_bytes();
+  r.device_states.optimizer += s.compressed_state_bytes();
+  for (const auto& set : s.sets_) {
+    by_tier(set->params, &ModelStateBytes::params);
+    by_tier(set->grads, &ModelStateBytes::grads);
+    by_tier(set->grad32, &ModelStateBytes::grads);
+    by_tier(set->master, &ModelStateBytes::optimizer);
+    for (const auto& state : set->states) by_tier(state, &ModelStateBytes::optimizer);
+    r.device_states.optimizer += set->residual.size();
+    if (set->nvme) {
+      r.nvme_states.params += set->nvme->params.reserved_bytes();
+      r.nvme_states.optimizer += set->nvme->master.reserved_bytes();
+      for (const auto& region : set->nvme->states) r.nvme_states.optimizer += region.reserved_bytes();
+    }
   }
   memory::ArenaStats st = impl_->device_->stats();
   r.device_peak_bytes = st.peak_allocated_bytes;
@@ -604,10 +746,13 @@ Engine::MemoryReport Engine::memory_report() const {
   r.activation_peak_bytes = impl_->tracker_.peak(memory::Category::kActivations, memory::Tier::kDevice);
   r.host_peak_bytes = impl_->tracker_.tier_peak(memory::Tier::kHost);
   r.nvme_bytes = impl_->tracker_.tier_current(memory::Tier::kNvme);
-  r.grad_staging_peak_bytes = impl_->reducer_->staging_peak_bytes();
-  if (impl_->gatherer_) {
-    r.gathered_param_peak_bytes = impl_->gatherer_->live_peak_bytes();
-    r.gathered_param_bound_bytes = impl_->gatherer_->live_bound_bytes();
+  // Per set, added: the sets' transient buffers may be alive at the same time.
+  for (const auto& set : s.sets_) {
+    r.grad_staging_peak_bytes += set->reducer->staging_peak_bytes();
+    if (set->gatherer) {
+      r.gathered_param_peak_bytes += set->gatherer->live_peak_bytes();
+      r.gathered_param_bound_bytes += set->gatherer->live_bound_bytes();
+    }
   }
   return r;
 }

@@ -38,12 +38,43 @@
 //   3  + parameters sharded: gathered per module just in time, prefetched, released after use
 //      (engine/detail/param_gatherer.h). The model is never whole on any rank, not even at initialisation.
 //
+// Note [expert parameters]
+// A parameter with nn::Parameter::expert_parallel_size() E > 1 (an MoE expert's; moe::MoE sets it with
+// the kTagExpert tag) is held only by the ranks of its expert-data-parallel group edp = {i, i+E,
+// i+2E, ...} of the data-parallel group given here (DeepSpeed's layout; the engine forms edp from that
+// group with Group::split, and a world size not divisible by E is a ModelError naming both); the E
+// ranks of one expert-parallel group hold different experts. The engine reads only that metadata:
+//   - layouts: the dense parameters in one flat layout, the expert parameters of each distinct E in
+//     their own; each has its own placement plan over its group (PlannedBuffer::group "dp" or "edp"),
+//     so at stages 1-3 dense states are sharded over the W data-parallel ranks and expert states over
+//     the W/E ranks of edp, exactly (model_state_bytes, the summary and the estimator add the plans);
+//   - gradients: dense ones are averaged over dp as always; expert ones are averaged over edp and then
+//     multiplied by 1/E. Each rank's loss is the mean over its own micro-batch, and a dense gradient is
+//     averaged over all W ranks. An expert's gradient on a rank already sums what every token its
+//     expert-parallel group routed to it contributed (the all-to-all's backward brings them), so the
+//     model's gradient is the sum over edp divided by W, not by W/E: training is the same for every E
+//     (DeepSpeed once divided by W/E and trained experts ep_size times faster);
+//   - clipping and fp16 overflow: the squared norm counts every element of the world's model once:
+//     at stages 1-3 each rank's shards (dense over dp, experts over edp, and EP ranks hold different
+//     experts), at stage 0 each layout's whole gradients on its group's rank 0 only; one allreduce
+//     over dp adds them, so every rank clips with, and skips on, the same value;
+//   - ZeRO-3: expert modules are gathered over edp, just in time, with their own prefetch order; a
+//     module's own parameters must all be of one E (ModelError otherwise);
+//   - NVMe offload: expert states get their own swap files (`optimizer_ep<E>`, `params_ep<E>`).
+// Compressed optimizers (OneBitAdam, ZeroOneAdam) are refused with expert parameters (ConfigError):
+// their compressed allreduce averages one whole momentum over dp. Lamb's per-tensor sums are
+// allreduced over each layout's own group. fp32_param(name) of an expert parameter is collective over
+// its edp group and known only on the ranks that hold it; param_digest covers the experts this rank
+// holds.
+//
 // Mixed precision follows DeepSpeed: bf16 and fp16 keep fp32 master weights; fp16 scales the loss
 // dynamically and skips a step whose gradients overflow (the schedule does not advance then).
 //
 // Monitoring: the config's csv_monitor, tensorboard, memory_breakdown and comms_logger sections are
 // acted on by the engine itself at every optimizer step, on rank 0 (engine/monitor.h); the comms_logger
-// table of the whole run prints when the engine is destroyed (not while an exception unwinds).
+// table of the whole run prints when the engine is destroyed (not while an exception unwinds). With
+// flops_profiler enabled, the module hooks time each module of step `profile_step` on rank 0 and its
+// profile prints when that step ends (engine/flops_profiler.h).
 //
 // Thread-safety: one thread drives an Engine. Every rank of the group must make the same calls.
 #pragma once

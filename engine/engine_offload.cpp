@@ -26,13 +26,15 @@ namespace zs::engine {
 // stepped / buffer_count elements (rounded up to kSubGroupAlign); the budget is logged before
 // anything is allocated and shows in the summary (host_peak_bytes).
 
-void Engine::Impl::init_nvme() {
-  NvmeOffload& o = nvme_.emplace();
-  const memory::ShardRange stepped = step_range();
+void Engine::Impl::init_nvme(StateSet& s) {
+  NvmeOffload& o = s.nvme.emplace();
+  const memory::ShardRange stepped = s.step_range();
   const int rank = group_.rank();
+  // Expert layouts get their own swap files beside the dense ones (Note [expert parameters]).
+  const std::string suffix = s.expert() ? fmt::format("_ep{}", s.expert_parallel_size()) : "";
   // The plan's NVMe buffers (engine/placement.h): the master, then each state, then the parameters.
   std::vector<size_t> state_bytes;
-  for (const PlannedBuffer& b : plan_.buffers) {
+  for (const PlannedBuffer& b : s.plan.buffers) {
     if (b.where == Where::kNvme && b.category == memory::Category::kOptimizer && b.name != "master") state_bytes.push_back(b.bytes);
   }
   const auto& oo = cfg_.zero.offload_optimizer;
@@ -41,17 +43,17 @@ void Engine::Impl::init_nvme() {
   o.sub_group = offload_sub_group_elements(stepped.size, static_cast<size_t>(cfg_.zero.sub_group_size), buffers);
 
   if (optimizer_on_nvme()) {
-    std::vector<size_t> regions = {plan_.find("master")->bytes};
+    std::vector<size_t> regions = {s.plan.find("master")->bytes};
     regions.insert(regions.end(), state_bytes.begin(), state_bytes.end());
-    o.optimizer_swap = std::make_unique<offload::SwapSpace>(oo.nvme_path, rank, "optimizer",
+    o.optimizer_swap = std::make_unique<offload::SwapSpace>(oo.nvme_path, rank, "optimizer" + suffix,
                                                             offload::SwapSpace::bytes_for(regions), cfg_.aio, &tracker_,
                                                             memory::Category::kOptimizer);
     o.master = o.optimizer_swap->allocate(regions[0]);
     for (size_t k = 0; k < state_bytes.size(); ++k) o.states.push_back(o.optimizer_swap->allocate(state_bytes[k]));
   }
   if (params_on_nvme()) {
-    const size_t bytes = plan_.find("params")->bytes;
-    o.param_swap = std::make_unique<offload::SwapSpace>(op.nvme_path, rank, "params", offload::SwapSpace::bytes_for({bytes}),
+    const size_t bytes = s.plan.find("params")->bytes;
+    o.param_swap = std::make_unique<offload::SwapSpace>(op.nvme_path, rank, "params" + suffix, offload::SwapSpace::bytes_for({bytes}),
                                                         cfg_.aio, &tracker_, memory::Category::kParams);
     o.params = o.param_swap->allocate(bytes);
   }
@@ -90,7 +92,7 @@ void Engine::Impl::init_nvme() {
 
   // Initialise: what lives in memory first, then one write-only pass over the files (one swapper at a
   // time, so the host budget above is the peak).
-  memory::run_kernel(*backend_, [&] { initialise(); });
+  memory::run_kernel(*backend_, [&] { initialise(s); });
   {
     offload::PipelinedSwapper init(sub_groups(true), so);
     init.run([&](size_t g, std::span<std::span<std::byte>> bufs) {
@@ -99,7 +101,7 @@ void Engine::Impl::init_nvme() {
       float* master = nullptr;
       if (optimizer_on_nvme()) {
         master = reinterpret_cast<float*>(bufs[item++].data());
-        init_f32(master, range);
+        init_f32(s, master, range);
         for (const auto& spec : optimizer_->state_specs()) {
           std::span<std::byte> b = bufs[item++];
           if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1) {
@@ -115,7 +117,7 @@ void Engine::Impl::init_nvme() {
           const memory::ShardRange chunk{range.offset + off, std::min(kChunkElements, range.size - off)};
           const float* values = master != nullptr ? master + off : nullptr;
           if (values == nullptr) {
-            init_f32(scratch_.data(), chunk);
+            init_f32(s, scratch_.data(), chunk);
             values = scratch_.data();
           }
           memory::convert(values, memory::DType::kF32, p + off * elem_, dtype_, chunk.size);
@@ -126,9 +128,9 @@ void Engine::Impl::init_nvme() {
   o.swapper = std::make_unique<offload::PipelinedSwapper>(std::move(groups), so);
 }
 
-void Engine::Impl::step_offloaded(const optim::StepContext& ctx) {
-  NvmeOffload& o = *nvme_;
-  const memory::ShardRange stepped = step_range();
+void Engine::Impl::step_offloaded(StateSet& s, const optim::StepContext& ctx) {
+  NvmeOffload& o = *s.nvme;
+  const memory::ShardRange stepped = s.step_range();
   auto specs = optimizer_->state_specs();
   // The step runs on the host; it reads a device-resident master (parameters alone on NVMe) in place.
   memory::DeviceAccess access(*backend_);
@@ -143,37 +145,41 @@ void Engine::Impl::step_offloaded(const optim::StepContext& ctx) {
     std::byte* param_buf = params_on_nvme() ? bufs[item++].data() : nullptr;
     // Padding between parameters is never stepped: keep it zero in the file.
     if (param_buf != nullptr) std::memset(param_buf, 0, range.size * elem_);
-    for_each_piece(range, [&](size_t at, size_t n, bool decay, int t) {
+    for_each_piece(s, range, [&](size_t at, size_t n, bool decay, int t) {
       const size_t rel = at - range.offset;
-      float* master = master_buf != nullptr ? reinterpret_cast<float*>(master_buf) + rel : master_at(at);
+      float* master = master_buf != nullptr ? reinterpret_cast<float*>(master_buf) + rel : master_at(s, at);
       void* states[kMaxStates];
       for (size_t k = 0; k < specs.size(); ++k) {
         states[k] = !state_bufs.empty() ? static_cast<void*>(state_bufs[k] + rel / specs[k].elements_per_value * specs[k].value_bytes)
-                                        : state_at(k, at);
+                                        : state_at(s, k, at);
       }
       if (param_buf != nullptr) {
-        step_piece(ctx, at, n, decay, t, master, {states, specs.size()}, param_buf + rel * elem_);
+        step_piece(s, ctx, at, n, decay, t, master, {states, specs.size()}, param_buf + rel * elem_);
         return;
       }
       // Parameters in memory: written beside the host step, then copied through the backend.
       void* low = low_scratch_[static_cast<size_t>(t)].data();
-      step_piece(ctx, at, n, decay, t, master, {states, specs.size()}, low);
-      backend_->copy(param_at(at), params_tier(), low, memory::Tier::kHost, n * elem_);
+      step_piece(s, ctx, at, n, decay, t, master, {states, specs.size()}, low);
+      backend_->copy(param_at(s, at), s.params.tier(), low, memory::Tier::kHost, n * elem_);
     });
   });
 }
 
-void Engine::Impl::read_nvme_master(memory::ShardRange range, float* dst) {
-  const offload::IoWindow w = offload::io_window((range.offset - step_range().offset) * sizeof(float), range.size * sizeof(float));
+void Engine::Impl::read_nvme_master(const StateSet& s, memory::ShardRange range, float* dst) {
+  const offload::IoWindow w = offload::io_window((range.offset - s.step_range().offset) * sizeof(float), range.size * sizeof(float));
   offload::AlignedBuffer buf(w.bytes, &tracker_);
-  nvme_->optimizer_swap->read(nvme_->master, w.offset, buf.prefix(w.bytes));
+  s.nvme->optimizer_swap->read(s.nvme->master, w.offset, buf.prefix(w.bytes));
   std::memcpy(dst, buf.data() + w.skip, range.size * sizeof(float));
 }
 
 uint64_t Engine::Impl::nvme_bytes() const {
-  if (!nvme_) return 0;
-  return (nvme_->optimizer_swap ? nvme_->optimizer_swap->capacity() : 0) +
-         (nvme_->param_swap ? nvme_->param_swap->capacity() : 0);
+  uint64_t n = 0;
+  for (const auto& s : sets_) {
+    if (!s->nvme) continue;
+    n += (s->nvme->optimizer_swap ? s->nvme->optimizer_swap->capacity() : 0) +
+         (s->nvme->param_swap ? s->nvme->param_swap->capacity() : 0);
+  }
+  return n;
 }
 
 }  // namespace zs::engine

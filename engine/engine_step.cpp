@@ -44,16 +44,16 @@ void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* 
   }
 }
 
-void Engine::Impl::fill_grad32() {
+void Engine::Impl::fill_grad32(StateSet& s) {
   // release_fp32_grad off: one conversion pass into the persistent fp32 copy, before the norm.
-  const memory::ShardRange range = grad32_range();
-  backend_->convert(f32_at(grad32_.data(), range, range.offset), grad32_.tier(), memory::DType::kF32,
-                    grad_at(range.offset), grads_.tier(), dtype_, range.size);
+  const memory::ShardRange range = s.grad32_range();
+  backend_->convert(f32_at(s.grad32.data(), range, range.offset), s.grad32.tier(), memory::DType::kF32,
+                    grad_at(s, range.offset), s.grads.tier(), dtype_, range.size);
 }
 
-void Engine::Impl::step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,
-                              std::span<void* const> states, void* low) {
-  optim::ParamChunk chunk{.master = {master, n}, .grad = grad_f32(at, n, t), .states = states};
+void Engine::Impl::step_piece(const StateSet& s, const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t,
+                              float* master, std::span<void* const> states, void* low) {
+  optim::ParamChunk chunk{.master = {master, n}, .grad = grad_f32(s, at, n, t), .states = states};
   chunk.apply_weight_decay = decay;
   if (low != nullptr && mixed()) {
     chunk.low_precision = low;
@@ -64,12 +64,12 @@ void Engine::Impl::step_piece(const optim::StepContext& ctx, size_t at, size_t n
   if (low != nullptr && !mixed()) std::memcpy(low, master, n * sizeof(float));
 }
 
-void Engine::Impl::step_elementwise(const optim::StepContext& ctx) {
-  const size_t n_states = states_.size();
-  for_each_piece(step_range(), [&](size_t at, size_t n, bool decay, int t) {
+void Engine::Impl::step_elementwise(StateSet& s, const optim::StepContext& ctx) {
+  const size_t n_states = s.states.size();
+  for_each_piece(s, s.step_range(), [&](size_t at, size_t n, bool decay, int t) {
     void* states[kMaxStates];
-    for (size_t k = 0; k < n_states; ++k) states[k] = state_at(k, at);
-    with_master(at, n, t, [&](float* master, void* low) { step_piece(ctx, at, n, decay, t, master, {states, n_states}, low); });
+    for (size_t k = 0; k < n_states; ++k) states[k] = state_at(s, k, at);
+    with_master(s, at, n, t, [&](float* master, void* low) { step_piece(s, ctx, at, n, decay, t, master, {states, n_states}, low); });
   });
 }
 
@@ -81,23 +81,24 @@ void Engine::Impl::step_elementwise(const optim::StepContext& ctx) {
 // Pass 1 advances the states and writes each piece's sums into its own row (no thread shares a row;
 // the rows of a slot are then added in piece order, so the result does not depend on the thread
 // count). The per-slot sums go through fp32, as the gradient norm does, and at stages 1-3 one
-// allreduce of slots x tensor_sums() floats over the partition group makes them the whole tensors'
+// allreduce of slots x tensor_sums() floats over the set's partition group (dp, or edp for experts:
+// Note [expert parameters]) makes them the whole tensors'
 // sums on every rank (stage 0 steps every element on every rank: its sums are whole already; one
 // rank rounds through fp32 too, so every stage of one rank gives the same bits). Pass 2 applies the
 // update with its slot's totals through with_master, like the elementwise step. Over the measuring
 // backend both passes are skipped (kernels) and the allreduce moves nothing. NVMe offload streams
 // sub-groups once per step, so it is refused for these optimizers (Engine::Impl's constructor).
-void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
+void Engine::Impl::step_tensorwise(StateSet& s, const optim::StepContext& ctx) {
   const size_t k = optimizer_->tensor_sums();
   ZS_ASSERT(k <= kMaxStates, "{} needs {} sums per tensor (at most {})", optimizer_->name(), k, kMaxStates);
-  const size_t n_states = states_.size();
-  const memory::ShardRange range = step_range();
+  const size_t n_states = s.states.size();
+  const memory::ShardRange range = s.step_range();
   struct Piece {
     size_t slot, at, n;
     bool decay;
   };
   std::vector<Piece> pieces;
-  const auto slots = layout_.slots();
+  const auto slots = s.layout.slots();
   for (size_t i = 0; i < slots.size(); ++i) {
     const memory::ShardRange part = slots[i].range().intersect(range);
     const bool decay = !slots[i].param->has_tag(nn::kTagNoWeightDecay);
@@ -107,7 +108,7 @@ void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
   }
   const int threads = static_cast<int>(grad_scratch_.size());
   auto states_at = [&](size_t at, void** out) {
-    for (size_t j = 0; j < n_states; ++j) out[j] = state_at(j, at);
+    for (size_t j = 0; j < n_states; ++j) out[j] = state_at(s, j, at);
   };
   std::vector<double> piece_sums(pieces.size() * k, 0.0);
   memory::run_kernel(*backend_, [&] {
@@ -119,12 +120,12 @@ void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
         float* master = nullptr;
         if (reuse_) {  // read only: decoded into the thread's scratch, nothing to encode back
           master = master_scratch_[static_cast<size_t>(t)].data();
-          decode_master(reinterpret_cast<const uint16_t*>(param_at(pc.at)),
-                        static_cast<const uint16_t*>(residual_.data()) + (pc.at - range.offset), master, pc.n);
+          decode_master(reinterpret_cast<const uint16_t*>(param_at(s, pc.at)),
+                        static_cast<const uint16_t*>(s.residual.data()) + (pc.at - range.offset), master, pc.n);
         } else {
-          master = master_at(pc.at);
+          master = master_at(s, pc.at);
         }
-        optim::ParamChunk chunk{.master = {master, pc.n}, .grad = grad_f32(pc.at, pc.n, t), .states = {states, n_states}};
+        optim::ParamChunk chunk{.master = {master, pc.n}, .grad = grad_f32(s, pc.at, pc.n, t), .states = {states, n_states}};
         chunk.apply_weight_decay = pc.decay;
         optimizer_->accumulate_tensor_sums(chunk, ctx, std::span<double>(piece_sums).subspan(static_cast<size_t>(p) * k, k));
       }
@@ -138,7 +139,7 @@ void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
     }
     for (size_t i = 0; i < exact.size(); ++i) slot_sums[i] = static_cast<float>(exact[i]);
   }
-  if (stage_ > 0 && group_.size() > 1) group_.allreduce(memory::Tensor::of(std::span<float>(slot_sums)));
+  if (stage_ > 0 && s.group.size() > 1 && !slot_sums.empty()) s.group.allreduce(memory::Tensor::of(std::span<float>(slot_sums)));
   memory::run_kernel(*backend_, [&] {
     parallel_for_threads(threads, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e, int t) {
       for (int64_t p = b; p < e; ++p) {
@@ -147,7 +148,7 @@ void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
         states_at(pc.at, states);
         double totals[kMaxStates] = {};
         for (size_t j = 0; j < k; ++j) totals[j] = slot_sums[pc.slot * k + j];
-        with_master(pc.at, pc.n, t, [&](float* master, void* low) {
+        with_master(s, pc.at, pc.n, t, [&](float* master, void* low) {
           optim::ParamChunk chunk{.master = {master, pc.n}, .grad = {}, .states = {states, n_states}};
           chunk.apply_weight_decay = pc.decay;
           if (low != nullptr && mixed()) {
@@ -160,6 +161,34 @@ void Engine::Impl::step_tensorwise(const optim::StepContext& ctx) {
       }
     });
   });
+}
+
+double Engine::Impl::grad_sum_of_squares(const StateSet& set, memory::ShardRange range) {
+  // Per-piece sums added in piece order: the same bits for any thread count.
+  std::vector<double> piece_sums((range.size + kPieceElements - 1) / kPieceElements);
+  memory::run_kernel(*backend_, [&] {
+    for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
+      piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(grad_f32(set, at, n, t));
+    });
+  });
+  double sum_sq = 0.0;
+  for (double v : piece_sums) sum_sq += v;
+  // Experts: the reduced gradients are averaged over edp; the model's gradient is that / E.
+  const double f = set.grad_factor();
+  return f == 1.0 ? sum_sq : sum_sq * f * f;
+}
+
+void Engine::Impl::step_set(StateSet& set, const optim::StepContext& ctx) {
+  optim::StepContext c = ctx;
+  // Note [expert parameters]: an expert's averaged gradient is E times the model's.
+  c.grad_scale = static_cast<float>(ctx.grad_scale * set.grad_factor());
+  if (optimizer_->tensor_sums() > 0) {
+    step_tensorwise(set, c);
+  } else if (set.nvme) {
+    step_offloaded(set, c);
+  } else {
+    memory::run_kernel(*backend_, [&] { step_elementwise(set, c); });
+  }
 }
 
 bool Engine::step() {
@@ -176,32 +205,32 @@ bool Engine::step() {
   double t0 = now_seconds();
   {
     memory::DeviceAccess access(*s.backend_);
-    s.reducer_->wait_all();
+    for (auto& set : s.sets_) set->reducer->wait_all();
   }
   s.reductions_access_.reset();
   const double accumulation = static_cast<double>(config_.batch.gradient_accumulation_steps);
   const int64_t t = s.steps_taken_ + 1;
   const bool local = s.compressed_ && !s.exact_gradients(t);
-  if (s.keep_fp32_grads_) s.fill_grad32();
+  if (s.keep_fp32_grads_) {
+    for (auto& set : s.sets_) s.fill_grad32(*set);
+  }
 
   // One pass over this rank's gradients gives its part of the squared norm; a non-finite sum is an
   // fp16 overflow (an Inf/NaN part makes the agreed total non-finite on every rank). Local gradients
   // (a compressing step) are whole on every rank: their norm is the root mean square over the ranks
-  // of each rank's local norm.
-  const memory::ShardRange range = local ? s.grad_range() : s.step_range();
-  // Per-piece sums added in piece order: the same bits for any thread count.
-  std::vector<double> piece_sums((range.size + kPieceElements - 1) / kPieceElements);
-  memory::run_kernel(*s.backend_, [&] {
-    s.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
-      piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(s.grad_f32(at, n, t));
-    });
-  });
+  // of each rank's local norm. With expert parameters every element of the world's model is counted
+  // exactly once: at stages 1-3 each rank's shards (of the dense layout over dp, of an expert layout
+  // over its edp group, and the EP ranks hold different experts), at stage 0 each set's whole
+  // gradients on its group's rank 0 only; the parts are summed over dp (Note [expert parameters]).
   double sum_sq = 0.0;
-  for (double v : piece_sums) sum_sq += v;
+  for (auto& set : s.sets_) {
+    if (s.has_experts() && s.stage_ == 0 && set->group.rank() != 0) continue;
+    sum_sq += s.grad_sum_of_squares(*set, local ? set->grad_range() : set->step_range());
+  }
   // One small allreduce agrees on both the loss total (every micro-batch has the same number of
   // samples, so the global mean is the total over all of them) and, where the norm is not local
   // already, the squared norm. Stage 0 holds every reduced gradient: its local sum is the total.
-  const bool agree_norm = s.stage_ > 0 || local;
+  const bool agree_norm = s.stage_ > 0 || local || s.has_experts();
   float agreed[2] = {static_cast<float>(s.loss_sum_), agree_norm ? static_cast<float>(sum_sq) : 0.0f};
   if (group_.size() > 1) group_.allreduce(memory::Tensor::of(std::span<float>(agreed, 2)));
   const float loss_total = agreed[0];
@@ -224,27 +253,25 @@ bool Engine::step() {
   report.compressed = local;
   if (!skipped) {
     const double coef = optim::clip_coefficient(grad_norm, config_.gradient_clipping);
-    optim::StepContext step_ctx{.step = t,
-                                .lr = report.lr,
-                                .grad_scale = static_cast<float>(unscale * coef),
-                                .betas = s.schedule_.betas_at(s.steps_taken_)};
+    const optim::StepContext step_ctx{.step = t,
+                                      .lr = report.lr,
+                                      .grad_scale = static_cast<float>(unscale * coef),
+                                      .betas = s.schedule_.betas_at(s.steps_taken_)};
     if (s.compressed_) {
       s.step_compressed(step_ctx);
-    } else if (s.optimizer_->tensor_sums() > 0) {
-      s.step_tensorwise(step_ctx);
-    } else if (s.nvme_) {
-      s.step_offloaded(step_ctx);
     } else {
-      memory::run_kernel(*s.backend_, [&] { s.step_elementwise(step_ctx); });
+      for (auto& set : s.sets_) s.step_set(*set, step_ctx);
     }
     ++s.steps_taken_;
-    if (s.stage_ == 1 || s.stage_ == 2) s.allgather_params();
-    if (s.gatherer_) {
-      memory::DeviceAccess access(*s.backend_);  // waits for prefetches still writing device memory
-      s.gatherer_->invalidate();
+    for (auto& set : s.sets_) {
+      if (s.stage_ == 1 || s.stage_ == 2) s.allgather_params(*set);
+      if (set->gatherer) {
+        memory::DeviceAccess access(*s.backend_);  // waits for prefetches still writing device memory
+        set->gatherer->invalidate();
+      }
     }
   }
-  s.backend_->fill_zero(s.grads_.data(), s.grads_.tier(), s.grads_.size());
+  for (auto& set : s.sets_) s.backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
   report.forward_s = s.forward_s_;
   report.backward_s = s.backward_s_;
   report.optimizer_s = now_seconds() - t0;
@@ -277,6 +304,13 @@ bool Engine::step() {
                     .step_tokens = s.window_tokens_ * group_.size(),
                     .memory = s.tracker_.snapshot()};
     s.monitor_->on_step(m, group_.op_stats());
+  }
+  if (s.profiler_ && s.profiler_->window_finished()) {
+    s.profiler_->publish(model_, {.world_size = group_.size(),
+                                  .micro_batch = config_.batch.micro_batch_per_rank,
+                                  .accumulation = config_.batch.gradient_accumulation_steps,
+                                  .step_latency_s = report.optimizer_s,
+                                  .iter_latency_s = step_end - s.window_start_s_});
   }
   return true;
 }

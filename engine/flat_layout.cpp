@@ -1,5 +1,7 @@
 #include "engine/flat_layout.h"
 
+#include <algorithm>
+
 #include "core/errors.h"
 
 namespace zs::engine {
@@ -7,13 +9,14 @@ namespace zs::engine {
 FlatLayout::FlatLayout(std::vector<nn::Parameter*> params) {
   slots_.reserve(params.size());
   size_t offset = 0;
+  if (!params.empty()) expert_parallel_size_ = params.front()->expert_parallel_size();
   for (nn::Parameter* p : params) {
-    if (p->expert_parallel_size() != 1) {
-      // Until the engine plans expert states over their own group, training them as dense would be
-      // silently wrong (each rank would average a different expert's gradients).
-      throw ModelError(fmt::format("parameter '{}' has expert_parallel_size {}: expert parallelism is not supported by "
-                                   "zeroshard's engine yet; use expert_parallel_size 1",
-                                   p->full_name(), p->expert_parallel_size()));
+    if (p->expert_parallel_size() != expert_parallel_size_) {
+      // One layout is sharded over one group: mixing them would shard an expert over the wrong ranks.
+      throw ModelError(fmt::format("parameter '{}' has expert_parallel_size {} but '{}' has {}: a flat layout holds the "
+                                   "parameters of one partition group; split them with group_by_expert_parallel_size",
+                                   p->full_name(), p->expert_parallel_size(), params.front()->full_name(),
+                                   expert_parallel_size_));
     }
     size_t n = static_cast<size_t>(p->numel());
     slots_.push_back({p, offset, n});
@@ -21,6 +24,19 @@ FlatLayout::FlatLayout(std::vector<nn::Parameter*> params) {
     offset += (n + kAlignElements - 1) / kAlignElements * kAlignElements;
   }
   total_ = offset;
+}
+
+std::vector<ParamGroup> group_by_expert_parallel_size(const std::vector<nn::Parameter*>& params) {
+  std::vector<ParamGroup> groups(1);
+  for (nn::Parameter* p : params) {
+    const int e = p->expert_parallel_size();
+    auto it = std::find_if(groups.begin(), groups.end(), [e](const ParamGroup& g) { return g.expert_parallel_size == e; });
+    if (it == groups.end()) it = groups.insert(groups.end(), ParamGroup{e, {}});
+    it->params.push_back(p);
+  }
+  std::sort(groups.begin() + 1, groups.end(),
+            [](const ParamGroup& a, const ParamGroup& b) { return a.expert_parallel_size < b.expert_parallel_size; });
+  return groups;
 }
 
 std::vector<BucketPlan> plan_buckets(const FlatLayout& layout, size_t bucket_elements) {

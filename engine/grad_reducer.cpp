@@ -19,8 +19,12 @@ GradReducer::GradReducer(const Options& options, const FlatLayout& layout, const
   }
   std::unordered_map<const nn::Parameter*, size_t> slot_of;
   for (size_t i = 0; i < slots.size(); ++i) slot_of[slots[i].param] = i;
+  // Parameters of other layouts (dense vs expert ones) belong to another set's reducer.
   for (nn::Module* m : modules) {
-    for (nn::Parameter* p : m->params()) slots_of_module_[m].push_back(slot_of.at(p));
+    for (nn::Parameter* p : m->params()) {
+      auto it = slot_of.find(p);
+      if (it != slot_of.end()) slots_of_module_[m].push_back(it->second);
+    }
   }
 }
 

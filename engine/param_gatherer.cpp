@@ -16,8 +16,19 @@ ParamGatherer::ParamGatherer(const Options& options, const FlatLayout& layout, c
   std::unordered_map<const nn::Parameter*, size_t> slot_of;
   for (size_t i = 0; i < slots.size(); ++i) slot_of[slots[i].param] = i;
   for (nn::Module* m : modules) {
-    auto params = m->params();
+    // Only the module's parameters of this layout (dense, or one expert_parallel_size's): a module's
+    // own parameters are gathered as one range over one group, so they may not be of two layouts.
+    std::vector<nn::Parameter*> params;
+    for (nn::Parameter* p : m->params()) {
+      if (slot_of.count(p)) params.push_back(p);
+    }
     if (params.empty()) continue;
+    if (params.size() != m->params().size()) {
+      throw ModelError(fmt::format("module '{}' owns both expert parameters (expert_parallel_size > 1) and parameters of "
+                                   "another expert_parallel_size: ZeRO-3 gathers a module's own parameters as one range "
+                                   "over one group; declare the expert parameters in a child module of their own",
+                                   m->display_name()));
+    }
     Entry e;
     e.module = m;
     e.first_slot = slot_of.at(params.front());

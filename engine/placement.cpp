@@ -52,7 +52,7 @@ uint64_t PlacementPlan::bytes(memory::Category category, Where where, bool page_
   return n;
 }
 
-PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partition& partition) {
+PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partition& partition, const std::string& group) {
   using memory::Category;
   ZS_ASSERT(r.stage >= 0 && r.stage <= 3, "placement for ZeRO stage {}", r.stage);
   PlacementPlan p;
@@ -71,7 +71,7 @@ PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partit
   if (p.keep_fp32_grads) p.fp32_grads = r.compressed ? p.grads : p.stepped;
 
   auto add = [&](std::string name, Category c, Where w, memory::ShardRange range, uint64_t bytes) {
-    p.buffers.push_back({std::move(name), c, w, range, bytes});
+    p.buffers.push_back({std::move(name), c, w, range, bytes, group});
   };
   add("params", Category::kParams, where_of(r.offload_param), p.params, p.params.size * elem);
   // Stage 1 reduce-scatters in place in the whole gradient buffer, which stays on the device; the

@@ -24,8 +24,10 @@
 // Offload (Note [offload] in engine_offload.cpp): offload_optimizer (stages 1-3) moves the master and
 // the optimizer states to the host (cpu) or swap files (nvme), and the gradient shard of stages 2-3
 // (with its fp32 copy) to the host; offload_param (stage 3) moves the parameter shard.
-// Every buffer is sharded over one partition group, named in PlannedBuffer::group: "dp" today; expert
-// parameters (MoE) will plan their own buffers over their expert-data-parallel group.
+// Every buffer is sharded over one partition group, named in PlannedBuffer::group: "dp" for the dense
+// parameters' layout; the layout of expert parameters (expert_parallel_size E > 1) is planned by the
+// same rules over its expert-data-parallel group "edp" (Note [expert parameters] in engine/engine.h):
+// one plan per flat layout, and a rank's model states are the sum of its plans.
 #pragma once
 
 #include <cstdint>
@@ -88,7 +90,9 @@ struct PlacementPlan {
   uint64_t bytes(memory::Category category, Where where, bool page_rounded) const;
 };
 
-// The plan of the rank `partition` describes, for a flat layout of `total` elements. Pure.
-PlacementPlan plan_placement(const PlacementRules& rules, size_t total, const Partition& partition);
+// The plan of the rank `partition` describes, for a flat layout of `total` elements sharded over the
+// partition group named `group` ("dp", or "edp" for expert parameters). Pure.
+PlacementPlan plan_placement(const PlacementRules& rules, size_t total, const Partition& partition,
+                             const std::string& group = "dp");
 
 }  // namespace zs::engine

@@ -104,12 +104,18 @@ constexpr uint64_t kUnknownChainBuckets = 2;
 
 ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
   nn::assign_names(model);
-  FlatLayout layout(model.all_params());
+  std::vector<ParamGroup> groups = group_by_expert_parallel_size(model.all_params());
+  FlatLayout layout(groups.front().params);
   auto slots = layout.slots();
   ModelFacts f;
   f.exact_layout = true;
   f.param_elements = layout.param_elements();
   f.flat_elements = layout.total();
+  for (size_t g = 1; g < groups.size(); ++g) {
+    FlatLayout experts(groups[g].params);
+    f.param_elements += experts.param_elements();
+    f.experts.push_back({groups[g].expert_parallel_size, experts.total()});
+  }
   std::unordered_map<const nn::Parameter*, size_t> slot_of;
   for (size_t i = 0; i < slots.size(); ++i) {
     slot_of[slots[i].param] = i;
@@ -126,7 +132,10 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
   std::vector<size_t> chain_buckets;  // buckets of the current chain (with repeats)
   uint64_t max_chain_buckets = 0;
   std::function<void(nn::Module&, uint64_t)> walk = [&](nn::Module& m, uint64_t chain) {
-    auto own = m.params();
+    std::vector<nn::Parameter*> own;  // the dense layout's (expert parameters: see ModelFacts::experts)
+    for (nn::Parameter* p : m.params()) {
+      if (slot_of.count(p)) own.push_back(p);
+    }
     const size_t mark = chain_buckets.size();
     if (!own.empty()) {
       const size_t first = slot_of.at(own.front()), last = slot_of.at(own.back());
@@ -300,14 +309,16 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
 
   for (int r = 0; r < in.ranks; ++r) {
     const uint64_t shard = memory::shard_of(psi, in.ranks, r, kAlign).size;
-    if (!st.shards.empty() && st.shards.back().shard_elements == shard) {
+    const TieredStateBytes t = tiered_state_bytes(in, stage, r);
+    // With expert parameters ranks of one dense shard size may differ in their expert shards.
+    if (!st.shards.empty() && st.shards.back().shard_elements == shard && st.shards.back().device == t.device &&
+        st.shards.back().host == t.host && st.shards.back().nvme == t.nvme) {
       st.shards.back().last_rank = r;
       continue;
     }
     ShardGroup g;
     g.first_rank = g.last_rank = r;
     g.shard_elements = shard;
-    const TieredStateBytes t = tiered_state_bytes(in, stage, r);
     g.device = t.device;
     g.host = t.host;
     g.nvme = t.nvme;

@@ -72,7 +72,16 @@ struct ModelFacts {
   bool exact_layout = false;
   std::string description;               // "GPT n_layer 2 d_model 64 ..." or "--params 125000000"
   uint64_t param_elements = 0;           // parameters, padding excluded
-  uint64_t flat_elements = 0;            // Ψ: FlatLayout::total(), padding included
+  uint64_t flat_elements = 0;            // Ψ: FlatLayout::total() of the dense parameters, padding included
+  // Expert parameters (MoE; Note [expert parameters] in engine/engine.h): one layout per distinct
+  // expert_parallel_size E, this rank's experts only, sharded over the E-strided expert-data-parallel
+  // group of ranks / E ranks (rank r is its rank r / E). The transient bounds below count the dense
+  // layout only.
+  struct ExpertLayout {
+    int expert_parallel_size = 1;
+    uint64_t flat_elements = 0;  // Ψ_E: FlatLayout::total() of this rank's expert parameters of that E
+  };
+  std::vector<ExpertLayout> experts;
   uint64_t largest_param_elements = 0;   // unpadded elements of the largest parameter
   // Stage 3 (engine/detail/param_gatherer.h): a module's own parameters are gathered as one range; modules
   // whose range is below stage3_param_persistence_threshold stay gathered (persistent).
@@ -233,9 +242,15 @@ struct MemoryEstimate {
   std::vector<StageEstimate> stages;
 };
 
-// The engine's placement plan (engine/placement.h) for rank `rank` at `stage` under the input's rules.
+// The engine's placement plan (engine/placement.h) for rank `rank` at `stage` under the input's rules:
+// of the dense layout over the ranks.
 PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank);
-// Model states of rank `rank` at `stage` on each tier: the placement plan added up.
+// Every plan of rank `rank`: the dense one, then one per expert layout over its expert-data-parallel
+// group (ranks / E ranks, rank r / E), as the engine plans them. Throws ConfigError when an
+// expert_parallel_size does not divide the ranks.
+std::vector<PlacementPlan> placement_plans(const EstimateInput& in, int stage, int rank);
+// Model states of rank `rank` at `stage` on each tier: its placement plans added up (dense part over
+// the ranks, expert part over the expert-data-parallel group).
 TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank);
 // The same summed over the tiers, by category (without offload: the device's).
 StateBytes model_state_bytes(const EstimateInput& in, int stage, int rank);

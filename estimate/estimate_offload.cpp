@@ -167,7 +167,9 @@ TransientBound nvme_param_staging_bound(const EstimateInput& in, int stage) {
 
 }  // namespace detail
 
-PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank) {
+namespace {
+
+PlacementRules placement_rules_of(const EstimateInput& in, int stage) {
   PlacementRules r;
   r.stage = stage;
   r.precision = in.precision;
@@ -178,22 +180,44 @@ PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank) {
   r.states = in.optimizer_states;
   r.compressed = in.compressed;
   r.local_steps = in.zero_one;
+  return r;
+}
+
+}  // namespace
+
+PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank) {
   const size_t psi = in.model.flat_elements;
-  return plan_placement(r, psi, Partition(psi, in.ranks, rank));
+  return plan_placement(placement_rules_of(in, stage), psi, Partition(psi, in.ranks, rank));
+}
+
+std::vector<PlacementPlan> placement_plans(const EstimateInput& in, int stage, int rank) {
+  std::vector<PlacementPlan> plans{placement_plan(in, stage, rank)};
+  for (const ModelFacts::ExpertLayout& x : in.model.experts) {
+    const int e = x.expert_parallel_size;
+    if (e < 1 || in.ranks % e != 0) {
+      throw ConfigError(fmt::format("--ranks: the model has expert parameters of expert_parallel_size {}, which does not "
+                                    "divide {} ranks; give a multiple of {}",
+                                    e, in.ranks, e));
+    }
+    plans.push_back(plan_placement(placement_rules_of(in, stage), x.flat_elements,
+                                   Partition(x.flat_elements, in.ranks / e, rank / e), "edp"));
+  }
+  return plans;
 }
 
 TieredStateBytes tiered_state_bytes(const EstimateInput& in, int stage, int rank) {
   // The engine's own placement plan (engine/placement.h), added up by tier; host buffers and swap
   // regions at their 4096-rounded size (Note [estimated offload]).
-  const PlacementPlan plan = placement_plan(in, stage, rank);
   TieredStateBytes t;
-  auto tier = [&](Where w) {
-    return StateBytes{plan.bytes(memory::Category::kParams, w, true), plan.bytes(memory::Category::kGrads, w, true),
-                      plan.bytes(memory::Category::kOptimizer, w, true)};
-  };
-  t.device = tier(Where::kDevice);
-  t.host = tier(Where::kHost);
-  t.nvme = tier(Where::kNvme);
+  for (const PlacementPlan& plan : placement_plans(in, stage, rank)) {
+    auto tier = [&](Where w) {
+      return StateBytes{plan.bytes(memory::Category::kParams, w, true), plan.bytes(memory::Category::kGrads, w, true),
+                        plan.bytes(memory::Category::kOptimizer, w, true)};
+    };
+    t.device = t.device + tier(Where::kDevice);
+    t.host = t.host + tier(Where::kHost);
+    t.nvme = t.nvme + tier(Where::kNvme);
+  }
   return t;
 }
 

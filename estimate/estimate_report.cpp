@@ -110,6 +110,12 @@ std::string format_estimate(const MemoryEstimate& est) {
   out += fmt::format("flat elements Ψ = {} ({} layout, each parameter padded to {} elements); {} rank(s); {}; {}; offload {}\n\n",
                      group_digits(in.model.flat_elements), in.model.exact_layout ? "exact" : "estimated", kAlign, in.ranks,
                      precision_name(in.precision), in.optimizer, offload_summary(in));
+  for (const ModelFacts::ExpertLayout& x : in.model.experts) {
+    out += fmt::format("expert parameters: Ψ_E = {} flat elements of expert_parallel_size {} per rank, sharded over {} "
+                       "rank(s) (the expert-data-parallel group); included in the model states below\n\n",
+                       group_digits(x.flat_elements), x.expert_parallel_size,
+                       x.expert_parallel_size > 0 ? in.ranks / x.expert_parallel_size : 0);
+  }
   const bool tiered = std::any_of(est.stages.begin(), est.stages.end(), [](const StageEstimate& st) { return st.offload.any(); });
   // The last column repeats the total in decimal units (GB = 10^9 B), the unit papers and vendors use.
   const char* row = "{:<7} {:<11} {:>15} {:<7} {:>12} {:>12} {:>12} {:>12} {:>11}\n";
@@ -279,6 +285,11 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
   j["exact_layout"] = in.model.exact_layout;
   j["params_total"] = in.model.param_elements;
   j["flat_elements"] = in.model.flat_elements;
+  json::array experts;
+  for (const ModelFacts::ExpertLayout& x : in.model.experts) {
+    experts.push_back(json::object{{"expert_parallel_size", x.expert_parallel_size}, {"flat_elements", x.flat_elements}});
+  }
+  j["expert_layouts"] = std::move(experts);
   j["align_elements"] = kAlign;
   j["ranks"] = in.ranks;
   j["precision"] = precision_name(in.precision);

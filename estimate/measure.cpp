@@ -45,17 +45,27 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
   if (ranks < 1) throw ConfigError(fmt::format("estimate: ranks must be >= 1, got {}", ranks));
   ZS_ASSERT(steps >= 2, "estimate: at least 2 steps (got {})", steps);
   nn::assign_names(model);
-  const size_t total = FlatLayout(model.all_params()).total();
+  // Ranks whose shards of every layout (dense over the ranks, experts over ranks / E: Note [expert
+  // parameters] in engine/engine.h) have the same sizes are measured once.
+  std::vector<std::pair<size_t, int>> layouts;  // (flat elements, expert_parallel_size)
+  for (const ParamGroup& g : group_by_expert_parallel_size(model.all_params())) {
+    layouts.emplace_back(FlatLayout(g.params).total(), g.expert_parallel_size);
+  }
+  auto shards_of = [&](int rank) {
+    std::vector<size_t> sizes;
+    for (const auto& [total, e] : layouts) {
+      const int group = ranks % e == 0 ? ranks / e : 1;  // the engine refuses the rest by name
+      sizes.push_back(memory::shard_of(total, group, rank / e % group, FlatLayout::kAlignElements).size);
+    }
+    return sizes;
+  };
   Measurement out;
   out.ranks = ranks;
   out.steps = steps;
   for (int r = 0; r < ranks;) {
-    const size_t shard = memory::shard_of(total, ranks, r, FlatLayout::kAlignElements).size;
+    const std::vector<size_t> shard = shards_of(r);
     int last = r;
-    while (last + 1 < ranks &&
-           memory::shard_of(total, ranks, last + 1, FlatLayout::kAlignElements).size == shard) {
-      ++last;
-    }
+    while (last + 1 < ranks && shards_of(last + 1) == shard) ++last;
     comm::Group group = comm::Group::simulated(r, ranks, "dp");
     Engine engine(model, config, group, std::make_unique<memory::MeasuringBackend>(kUncappedDevice));
     RankMeasurement m{.first_rank = r, .last_rank = last};

@@ -22,6 +22,7 @@
 #include "memory/allocator.h"
 #include "memory/backend.h"
 #include "memory/tracker.h"
+#include "engine/flops_profiler.h"
 #include "engine/monitor.h"
 #include "offload/swap_space.h"
 #include "offload/swapper.h"
@@ -81,9 +82,49 @@ struct CompressedState {
 void allgather_in_place(const comm::Group& group, const Partition& partition, const memory::Tensor& all,
                         size_t bucket_elements);
 
+// One flat layout's model states, sharded over one partition group (Note [expert parameters] in
+// engine/engine.h): the dense parameters over the data-parallel group, the parameters of each
+// expert_parallel_size E > 1 over their expert-data-parallel group. Each set has its own placement
+// plan, buffers, gradient reducer and (stage 3) parameter gatherer; the Impl's methods take the set
+// they work on.
+struct StateSet {
+  StateSet(ParamGroup params, const comm::Group& group, const PlacementRules& rules)
+      : group(group),
+        layout(std::move(params.params)),
+        partition(layout.total(), group.size(), group.rank()),
+        plan(plan_placement(rules, layout.total(), partition, group.name())) {}
+
+  const comm::Group& group;  // the data-parallel group, or an expert-data-parallel group the Impl owns
+  FlatLayout layout;
+  Partition partition;
+  const PlacementPlan plan;
+  StateBuffer params;            // empty with offload_param nvme
+  StateBuffer grads;
+  StateBuffer master;            // fp32 master of the stepped range (separate_master_, not on NVMe)
+  StateBuffer residual;          // reuse_: low 16 bits of the encoded master, the stepped range
+  StateBuffer grad32;            // keep_fp32_grads_: fp32 gradients of grad32_range()
+  std::vector<StateBuffer> states;  // empty with offload_optimizer nvme
+  std::optional<NvmeOffload> nvme;
+  memory::Segment measure_param_shard;  // measuring with NVMe parameters: the gatherer's stand-in shard
+  std::optional<GradReducer> reducer;
+  std::optional<ParamGatherer> gatherer;
+
+  int expert_parallel_size() const { return layout.expert_parallel_size(); }
+  bool expert() const { return expert_parallel_size() > 1; }
+  // What the reduced (averaged over `group`) gradients are multiplied by to be averaged over the
+  // data-parallel group: 1 for dense, 1/E for experts (Note [expert parameters]).
+  double grad_factor() const { return 1.0 / expert_parallel_size(); }
+  // The elements this rank's optimizer updates: everything at stage 0, its shard otherwise.
+  memory::ShardRange step_range() const { return plan.stepped; }
+  memory::ShardRange whole() const { return {0, layout.total()}; }
+  memory::ShardRange grad_range() const { return plan.grads; }        // the gradient elements held
+  memory::ShardRange grad32_range() const { return plan.fp32_grads; }  // what grad32 covers, when kept
+  size_t params_base() const { return plan.params.offset; }
+};
+
 // Where each model-state buffer lives is the placement plan's (Note [model-state placement] in
-// engine/placement.h): the constructor allocates what the plan lists, and the estimator reads the same
-// plan.
+// engine/placement.h): the constructor allocates what each set's plan lists, and the estimator reads
+// the same plans.
 class Engine::Impl final : public ModuleHooks {
  public:
   // `backend` null: memory::make_backend(cfg.device.backend).
@@ -92,9 +133,13 @@ class Engine::Impl final : public ModuleHooks {
 
   const EngineConfig& cfg_;
   const comm::Group& group_;
-  FlatLayout layout_;
-  Partition partition_;
-  const PlacementPlan plan_;
+  // The expert-data-parallel groups, one per distinct expert_parallel_size (formed from group_ with
+  // DeepSpeed's layout: {i, i+E, i+2E, ...}). Declared before sets_, which refer to them.
+  std::vector<std::unique_ptr<comm::Group>> expert_groups_;
+  // sets_[0]: the dense parameters (always there, possibly empty); then one per expert_parallel_size.
+  // Cleared first by ~Impl: their buffers live in arena_ below.
+  std::vector<std::unique_ptr<StateSet>> sets_;
+  const PlacementPlan& plan_;  // sets_[0]'s; the flags below are the same in every set's plan
   const int stage_;
   const int grad_stage_;  // the stage whose gradient layout the reducer uses
   const memory::DType dtype_;
@@ -114,18 +159,9 @@ class Engine::Impl final : public ModuleHooks {
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;
 
-  StateBuffer params_;            // empty with offload_param nvme
-  StateBuffer grads_;
-  StateBuffer master_;            // fp32 master of the stepped range (separate_master_, not on NVMe)
-  StateBuffer residual_;          // reuse_: low 16 bits of the encoded master, the stepped range
-  StateBuffer grad32_;            // keep_fp32_grads_: fp32 gradients of grad32_range()
-  std::vector<StateBuffer> states_;  // empty with offload_optimizer nvme
-  std::optional<NvmeOffload> nvme_;
-  memory::Segment measure_param_shard_;  // measuring with NVMe parameters: the gatherer's stand-in shard
   std::optional<CompressedState> compressed_;
-  std::optional<GradReducer> reducer_;
-  std::optional<ParamGatherer> gatherer_;
-  std::unordered_map<std::string, size_t> slot_by_name_;
+  // Full name -> (set, slot) of every parameter this rank holds.
+  std::unordered_map<std::string, std::pair<size_t, size_t>> slot_by_name_;
   EngineContext ctx_;
 
   int64_t micro_step_ = 0;   // micro-batches since the last optimizer step
@@ -136,6 +172,7 @@ class Engine::Impl final : public ModuleHooks {
   double window_start_s_ = 0.0;  // now_seconds() at the accumulation window's first forward
   int64_t window_tokens_ = 0;    // token ids this rank fed in the window (integer inputs only)
   std::unique_ptr<TrainingMonitor> monitor_;  // when the config enables a monitor (engine/monitor.h)
+  std::unique_ptr<FlopsProfiler> profiler_;   // flops_profiler enabled, rank 0 (engine/flops_profiler.h)
   uint64_t bytes_sent_at_step_start_ = 0;
   memory::TransferStats transfers_at_step_start_;
   std::vector<float> scratch_;                  // initialisation and gathering, one thread
@@ -149,26 +186,23 @@ class Engine::Impl final : public ModuleHooks {
   std::optional<memory::DeviceAccess> reductions_access_;
 
   bool mixed() const { return dtype_ != memory::DType::kF32; }
-  // The optimizer step runs on the host (its master and states offloaded): it reaches device
-  // gradients and parameters through backend transfers.
+  // The step runs on the host (its master and states offloaded): it reaches device gradients and
+  // parameters through backend transfers.
   bool step_on_host() const { return offload_optimizer_ != OffloadDevice::kNone; }
   // False over the measuring backend (the estimator): kernels are skipped, files are not made.
   bool kernels() const { return backend_->runs_kernels(); }
-  memory::Tier params_tier() const { return params_.tier(); }
-  // The elements this rank's optimizer updates: everything at stage 0, its shard otherwise.
-  memory::ShardRange step_range() const { return plan_.stepped; }
-  memory::ShardRange whole() const { return {0, layout_.total()}; }
-  // The gradient elements this rank holds.
-  memory::ShardRange grad_range() const { return plan_.grads; }
-  // The gradients the optimizer reads in fp32 (grad32_ covers these when kept).
-  memory::ShardRange grad32_range() const { return plan_.fp32_grads; }
-  size_t params_base() const { return plan_.params.offset; }
-  // Flat element `i` of each buffer (i must lie in what the buffer holds).
-  char* param_at(size_t i) const { return static_cast<char*>(params_.data()) + (i - params_base()) * elem_; }
-  char* grad_at(size_t i) const { return static_cast<char*>(grads_.data()) + (i - grad_range().offset) * elem_; }
+  StateSet& dense() const { return *sets_.front(); }
+  bool has_experts() const { return sets_.size() > 1; }
+  // Flat element `i` of each buffer of set `s` (i must lie in what the buffer holds).
+  char* param_at(const StateSet& s, size_t i) const {
+    return static_cast<char*>(s.params.data()) + (i - s.params_base()) * elem_;
+  }
+  char* grad_at(const StateSet& s, size_t i) const {
+    return static_cast<char*>(s.grads.data()) + (i - s.grad_range().offset) * elem_;
+  }
   // fp32 master of element i of the stepped range; not with reuse_ (use with_master).
-  float* master_at(size_t i) const;
-  void* state_at(size_t k, size_t i) const;
+  float* master_at(const StateSet& s, size_t i) const;
+  void* state_at(const StateSet& s, size_t k, size_t i) const;
   static float* f32_at(void* base, memory::ShardRange held, size_t i) {
     return static_cast<float*>(base) + (i - held.offset);
   }
@@ -176,52 +210,60 @@ class Engine::Impl final : public ModuleHooks {
   bool params_on_nvme() const { return offload_param_ == OffloadDevice::kNvme; }
   // Allocates `bytes` on the device arena, or on the host when `host` (an offloaded buffer).
   StateBuffer place(size_t bytes, memory::Category category, bool host);
+  // The constructor's second half: every set's buffers, parameters, reducer and gatherer.
+  void place_all(nn::Model& model);
+  void place_buffers(StateSet& s, std::optional<CompressedState>& compressed);
+  void make_reducer_and_gatherer(StateSet& s, const std::vector<nn::Module*>& modules);
 
-  // Gradients [i, i+n) in fp32 (n <= kPieceElements): grad32_ itself, the buffer itself in fp32, or
-  // converted into thread `t`'s scratch.
-  std::span<const float> grad_f32(size_t i, size_t n, int t);
-  // Calls fn(master, low_precision) for the stepped elements [i, i+n) (n <= kPieceElements): the
-  // master pointer is the fp32 master (or the parameters in fp32) and low_precision the bf16/fp16
+  // Gradients [i, i+n) of set s in fp32 (n <= kPieceElements): grad32 itself, the buffer itself in
+  // fp32, or converted into thread `t`'s scratch.
+  std::span<const float> grad_f32(const StateSet& s, size_t i, size_t n, int t);
+  // Calls fn(master, low_precision) for the stepped elements [i, i+n) of set s (n <= kPieceElements):
+  // the master pointer is the fp32 master (or the parameters in fp32) and low_precision the bf16/fp16
   // parameters to write (nullptr in fp32); with reuse_, the master is decoded into thread t's scratch
   // first and encoded back after, and low_precision is nullptr (the encoding writes the parameters).
   template <typename F>
-  void with_master(size_t i, size_t n, int t, F&& fn);
-  // fn(at, n, apply_weight_decay, thread) over `range`, slot by slot, pieces of at most
+  void with_master(const StateSet& s, size_t i, size_t n, int t, F&& fn);
+  // fn(at, n, apply_weight_decay, thread) over `range` of set s, slot by slot, pieces of at most
   // kPieceElements starting at multiples of 32 from the slot part's start, spread over the rank's
   // threads. fn must only touch elements [at, at + n) of the buffers.
   template <typename F>
-  void for_each_piece(memory::ShardRange range, F&& fn);
+  void for_each_piece(const StateSet& s, memory::ShardRange range, F&& fn);
   // fn(at, n, thread) over `range` cut into pieces of `piece` elements (the last may be shorter),
   // spread over the rank's threads; the cut does not depend on the thread count.
   template <typename F>
   void for_each_span(memory::ShardRange range, size_t piece, F&& fn) const;
 
-  void place_parameters();
-  void initialise();
-  void init_f32(float* dst, memory::ShardRange range) const;
-  void allgather_params();
-  std::vector<float> gather_fp32(const ParamSlot& slot);
+  void place_parameters(StateSet& s);
+  void initialise(StateSet& s);
+  void init_f32(const StateSet& s, float* dst, memory::ShardRange range) const;
+  void allgather_params(StateSet& s);
+  std::vector<float> gather_fp32(const StateSet& s, const ParamSlot& slot);
   // The fp32 master of [range) (within the stepped range) into dst.
-  void read_master(memory::ShardRange range, float* dst);
+  void read_master(const StateSet& s, memory::ShardRange range, float* dst);
 
   // engine_offload.cpp
-  void init_nvme();
-  // Runs fn(at, n, decay, thread, master, states, low) for the stepped elements, streaming sub-groups
-  // through the swapper when states or parameters are on NVMe.
-  void step_offloaded(const optim::StepContext& ctx);
+  void init_nvme(StateSet& s);
+  // Runs the step of set s's stepped elements, streaming sub-groups through the swapper when states
+  // or parameters are on NVMe.
+  void step_offloaded(StateSet& s, const optim::StepContext& ctx);
   uint64_t nvme_bytes() const;
-  void read_nvme_master(memory::ShardRange range, float* dst);
+  void read_nvme_master(const StateSet& s, memory::ShardRange range, float* dst);
   // engine_step.cpp
-  void fill_grad32();
-  void step_elementwise(const optim::StepContext& ctx);
+  void fill_grad32(StateSet& s);
+  // This rank's part of the squared gradient norm of set s, over the elements it counts (the stepped
+  // range, or the local gradients), in the reduced gradients' scale times grad_factor().
+  double grad_sum_of_squares(const StateSet& s, memory::ShardRange range);
+  void step_set(StateSet& s, const optim::StepContext& ctx);
+  void step_elementwise(StateSet& s, const optim::StepContext& ctx);
   // The two-pass step of an optimizer with tensor_sums() > 0 (Note [two-pass step] in engine_step.cpp):
-  // collective at stages 1-3 (one allreduce of the per-tensor sums).
-  void step_tensorwise(const optim::StepContext& ctx);
+  // collective at stages 1-3 (one allreduce of the per-tensor sums over the set's group).
+  void step_tensorwise(StateSet& s, const optim::StepContext& ctx);
   // One optimizer call on the stepped elements [at, at+n): gradients converted in thread t's scratch;
   // `low` (nullptr: none) receives the updated bf16/fp16 parameters, or in fp32 a copy of the master.
-  void step_piece(const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t, float* master,
-                  std::span<void* const> states, void* low);
-  // compressed_step.cpp
+  void step_piece(const StateSet& s, const optim::StepContext& ctx, size_t at, size_t n, bool decay, int t,
+                  float* master, std::span<void* const> states, void* low);
+  // compressed_step.cpp (dense parameters only: experts are refused with compressed optimizers)
   void init_compressed(CompressedState state);  // the placed buffers
   bool exact_gradients(int64_t step) const;  // false: the step consumes local gradients
   void step_compressed(const optim::StepContext& ctx);
@@ -238,19 +280,34 @@ class Engine::Impl final : public ModuleHooks {
   // that the source filled exactly the rows it was asked for (UsageError otherwise).
   void fill_micro_batch(BatchSource& source, nn::Batch& batch, int64_t step, int64_t m);
 
+  // Each set's gatherer and reducer handle the modules whose own parameters are in its layout. The
+  // profiler times a module from its gathered parameters to its release (evaluation excluded).
+  bool profiling() const { return profiler_ && profiler_->recording() && ctx_.training(); }
   void before_forward(nn::Module& m) override {
-    if (gatherer_) gatherer_->fetch(m);
+    for (auto& s : sets_) {
+      if (s->gatherer) s->gatherer->fetch(m);
+    }
+    if (profiling()) profiler_->enter(m);
   }
   void after_forward(nn::Module& m) override {
-    if (gatherer_) gatherer_->release(m);
+    if (profiling()) profiler_->leave(m, FlopsProfiler::Pass::kForward);
+    for (auto& s : sets_) {
+      if (s->gatherer) s->gatherer->release(m);
+    }
   }
   void before_backward(nn::Module& m) override {
-    if (gatherer_) gatherer_->fetch(m);
-    reducer_->module_starting(m);
+    for (auto& s : sets_) {
+      if (s->gatherer) s->gatherer->fetch(m);
+      s->reducer->module_starting(m);
+    }
+    if (profiling()) profiler_->enter(m);
   }
   void after_backward(nn::Module& m) override {
-    reducer_->module_done(m);
-    if (gatherer_) gatherer_->release(m);
+    if (profiling()) profiler_->leave(m, FlopsProfiler::Pass::kBackward);
+    for (auto& s : sets_) {
+      s->reducer->module_done(m);
+      if (s->gatherer) s->gatherer->release(m);
+    }
   }
 };
 

@@ -16,28 +16,28 @@ void encode_master(const float* master, uint16_t* param_bf16, uint16_t* residual
 void decode_master(const uint16_t* param_bf16, const uint16_t* residual, float* master, size_t n);
 
 template <typename F>
-void Engine::Impl::with_master(size_t i, size_t n, int t, F&& fn) {
+void Engine::Impl::with_master(const StateSet& s, size_t i, size_t n, int t, F&& fn) {
   if (!reuse_) {
-    float* master = master_at(i);
+    float* master = master_at(s, i);
     if (!mixed() && separate_master_) {
       // fp32 with the master offloaded: the parameters are a plain copy of it.
       fn(master, static_cast<void*>(nullptr));
-      backend_->copy(param_at(i), params_tier(), master, master_.tier(), n * sizeof(float));
+      backend_->copy(param_at(s, i), s.params.tier(), master, s.master.tier(), n * sizeof(float));
       return;
     }
-    if (mixed() && step_on_host() && params_tier() == memory::Tier::kDevice) {
+    if (mixed() && step_on_host() && s.params.tier() == memory::Tier::kDevice) {
       // The host step writes the new parameters beside it, then they cross to the device.
       void* low = low_scratch_[static_cast<size_t>(t)].data();
       fn(master, low);
-      backend_->copy(param_at(i), memory::Tier::kDevice, low, memory::Tier::kHost, n * elem_);
+      backend_->copy(param_at(s, i), memory::Tier::kDevice, low, memory::Tier::kHost, n * elem_);
       return;
     }
-    fn(master, mixed() ? static_cast<void*>(param_at(i)) : nullptr);
+    fn(master, mixed() ? static_cast<void*>(param_at(s, i)) : nullptr);
     return;
   }
   float* m = master_scratch_[static_cast<size_t>(t)].data();
-  auto* hi = reinterpret_cast<uint16_t*>(param_at(i));
-  auto* lo = static_cast<uint16_t*>(residual_.data()) + (i - step_range().offset);
+  auto* hi = reinterpret_cast<uint16_t*>(param_at(s, i));
+  auto* lo = static_cast<uint16_t*>(s.residual.data()) + (i - s.step_range().offset);
   decode_master(hi, lo, m, n);
   fn(m, static_cast<void*>(nullptr));
   encode_master(m, hi, lo, n);
@@ -55,8 +55,8 @@ void Engine::Impl::for_each_span(memory::ShardRange range, size_t piece, F&& fn)
 }
 
 template <typename F>
-void Engine::Impl::for_each_piece(memory::ShardRange range, F&& fn) {
-  for (const ParamSlot& slot : layout_.slots()) {
+void Engine::Impl::for_each_piece(const StateSet& s, memory::ShardRange range, F&& fn) {
+  for (const ParamSlot& slot : s.layout.slots()) {
     const memory::ShardRange part = slot.range().intersect(range);
     if (part.empty()) continue;
     const bool decay = !slot.param->has_tag(nn::kTagNoWeightDecay);

@@ -42,6 +42,8 @@ class GradReducer {
     memory::Tier grads_tier = memory::Tier::kDevice;  // where `grads` lives (kHost: optimizer offloaded)
   };
 
+  // `layout` is one partition group's layout (dense, or one expert_parallel_size's), reduced over
+  // `group`; `modules` may own parameters of other layouts, which this reducer ignores.
   // `grads` is the full gradient buffer (stages 0-1) or this rank's gradient shard (stages 2-3),
   // in `dtype`. For stages 0-1 the parameters' grad views must already point into it.
   GradReducer(const Options& options, const FlatLayout& layout, const Partition& partition, const comm::Group& group,

@@ -49,6 +49,9 @@ class ParamGatherer {
   };
   enum class Pass { kForward, kBackward };
 
+  // `layout` is one partition group's layout, gathered over `group` (the data-parallel group, or an
+  // expert-data-parallel one for expert parameters); modules whose own parameters are not in it are
+  // ignored (another set's gatherer handles them).
   // `param_shard` holds this rank's shard of the flat parameters (partition.mine.size elements, `dtype`).
   ParamGatherer(const Options& options, const FlatLayout& layout, const Partition& partition, const comm::Group& group,
                 memory::DeviceAllocator& device, memory::DType dtype, const void* param_shard,
