@@ -1,7 +1,7 @@
-// The GPT-MoE builder trained through the engine at ep_size 1 (what the engine plans today): ZeRO
-// stages 1-3 give stage 0's losses and parameters, the loss falls, and expert parameters carry the tag
-// and expert_parallel_size the engine will read. ep_size > 1 through the engine is refused by name
-// until the engine reduces expert gradients over the edp group.
+// The GPT-MoE builder trained through the engine: at ep_size 1, ZeRO stages 1-3 give stage 0's losses
+// and parameters and the loss falls; at np 2, ep_size 2 (experts spread over the ranks, their gradients
+// reduced over edp by the engine) gives ep_size 1's losses and parameters at every stage; at np 4 so
+// do ep_size 2 and 4.
 #include <gtest/gtest.h>
 
 #include "core/errors.h"
@@ -41,17 +41,25 @@ engine::EngineConfig config(int stage, int world) {
 struct TrainRun {
   std::vector<double> losses;
   std::vector<float> expert, gate;
+  std::vector<std::vector<float>> experts;  // ep_size 1: every expert
 };
 
-TrainRun train(int stage) {
+TrainRun train(int stage, int ep_size = 1) {
   const comm::World& world = test::world();
-  comm::ExpertGroups groups = world.split_groups(1);
-  GptMoeModel model(tiny(1), &groups);
+  comm::ExpertGroups groups = world.split_groups(ep_size);
+  GptMoeModel model(tiny(ep_size), &groups);
   engine::Engine engine(model, config(stage, world.size()), world.group());
   engine::DatasetSource source(nn::Dataset::builtin(16), 7);
   TrainRun r;
   for (int i = 0; i < 8; ++i) r.losses.push_back(engine.train_batch(source).loss);
-  r.expert = engine.fp32_param("blocks.1.moe.experts.3.fc.weight");
+  // fp32_param is collective over the parameter's group: at ep_size 1 every rank asks for every
+  // expert; at ep_size E rank r holds experts (r % E) * 4/E .. and asks for the first of them.
+  auto expert = [&](int e) { return engine.fp32_param(fmt::format("blocks.1.moe.experts.{}.fc.weight", e)); };
+  if (ep_size == 1) {
+    for (int e = 0; e < 4; ++e) r.experts.push_back(expert(e));
+  } else {
+    r.expert = expert(world.rank() % ep_size * (4 / ep_size));
+  }
   r.gate = engine.fp32_param("blocks.1.moe.gate.wg.weight");
   return r;
 }
@@ -63,7 +71,8 @@ TEST(GptMoeEngine, EveryStageMatchesStageZeroAndLearns) {
     SCOPED_TRACE(fmt::format("stage {}", stage));
     const TrainRun got = train(stage);
     for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * ref.losses[i]);
-    for (size_t i = 0; i < ref.expert.size(); ++i) ASSERT_NEAR(got.expert[i], ref.expert[i], 1e-5);
+    for (int e = 0; e < 4; ++e)
+      for (size_t i = 0; i < ref.experts[e].size(); ++i) ASSERT_NEAR(got.experts[e][i], ref.experts[e][i], 1e-5);
     for (size_t i = 0; i < ref.gate.size(); ++i) ASSERT_NEAR(got.gate[i], ref.gate[i], 1e-5);
   }
 }
@@ -81,12 +90,21 @@ TEST(GptMoeEngine, ExpertParametersAreTagged) {
   EXPECT_EQ(model.moe_layers().size(), 1u);
 }
 
-TEST(GptMoeEngine, ExpertParallelismIsRefusedByTheEngineForNow) {
+TEST(GptMoeEngine, ExpertParallelMatchesEpSizeOne) {
   const comm::World& world = test::world();
-  if (world.size() < 2) GTEST_SKIP() << "needs 2 ranks";
-  comm::ExpertGroups groups = world.split_groups(2);
-  GptMoeModel model(tiny(2), &groups);
-  EXPECT_THROW(engine::Engine(model, config(0, world.size()), world.group()), ModelError);
+  if (world.size() == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+  for (int stage = 0; stage <= 3; ++stage) {
+    const TrainRun ref = train(stage, 1);
+    for (int ep : {2, 4}) {
+      if (world.size() % ep != 0) continue;
+      SCOPED_TRACE(fmt::format("stage {}, ep_size {}", stage, ep));
+      const TrainRun got = train(stage, ep);
+      const std::vector<float>& want = ref.experts[static_cast<size_t>(world.rank() % ep * (4 / ep))];
+      for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * ref.losses[i]);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got.expert[i], want[i], 1e-5);
+      for (size_t i = 0; i < ref.gate.size(); ++i) ASSERT_NEAR(got.gate[i], ref.gate[i], 1e-5);
+    }
+  }
 }
 
 TEST(GptMoeEngine, ConfigErrorsNameTheKeys) {
