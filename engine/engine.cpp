@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <unordered_map>
 
@@ -59,6 +60,14 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       scratch_(kChunkElements) {
   using memory::Category;
   using memory::Lifetime;
+  if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
+    // Fail now, not after the run, when the trace cannot be written.
+    if (!std::ofstream(cfg.device.alloc_trace)) {
+      throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
+                                    cfg.device.alloc_trace));
+    }
+    arena_->record_trace();
+  }
   const size_t mine = partition_.mine.size;
   const size_t stepped = step_range().size;
   const int threads = std::max(1, nn::compute_threads());
@@ -348,6 +357,15 @@ Engine::~Engine() {
     p.set_data(memory::Tensor());
     p.set_grad(memory::Tensor());
   });
+  // device.alloc_trace: the model states are still live here, as they were all run.
+  if (const auto& rec = impl_->arena_->trace) {
+    try {
+      memory::save_trace(rec->trace(), config_.device.alloc_trace);
+      ZS_LOG_INFO("device.alloc_trace: {} allocation events written to {}", rec->size(), config_.device.alloc_trace);
+    } catch (const std::exception& e) {
+      ZS_LOG_WARN("device.alloc_trace: {}", e.what());
+    }
+  }
 }
 
 int64_t Engine::param_count() const { return static_cast<int64_t>(impl_->layout_.param_elements()); }
