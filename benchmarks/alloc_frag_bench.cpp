@@ -14,7 +14,7 @@
 // replays without a failed allocation - for the caching models with PyTorch's free-and-retry on a
 // failed segment allocation.
 //
-//   alloc_frag_bench --trace-dir DIR [--max-split-mb N] [--json FILE]
+//   alloc_frag_bench --trace-dir DIR [--max-split-mb N (>= 20; PyTorch's max_split_size_mb)] [--json FILE]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "benchmarks/support/bench_args.h"
 #include "benchmarks/support/bench_json.h"
 #include "core/errors.h"
 #include "memory/alloc_policy.h"
@@ -65,7 +66,7 @@ double mib(size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 int main(int argc, char** argv) try {
   const std::string dir = zs::bench::arg_value(argc, argv, "--trace-dir", "");
   if (dir.empty()) throw zs::ConfigError("--trace-dir DIR is required: a directory of *.trace files (device.alloc_trace)");
-  const int64_t max_split_mb = std::stoll(zs::bench::arg_value(argc, argv, "--max-split-mb", "0"));
+  const int64_t max_split_mb = zs::bench::int_arg(argc, argv, "--max-split-mb", 0, 0);  // 0: unlimited
   std::vector<std::filesystem::path> paths;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     if (entry.path().extension() == ".trace") paths.push_back(entry.path());
