@@ -509,6 +509,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     r.read("memory_mb", cfg.device.memory_mb, IntRange{1, int64_t{1} << 30});
     // The names memory::make_backend knows.
     r.read_choice("backend", cfg.device.backend, {"cpu", "guarded"});
+    r.read("alloc_trace", cfg.device.alloc_trace);
   });
   root.read_object("model", [&](ObjectReader& r) {
     nn::GptConfig m;

@@ -102,6 +102,9 @@ struct ZeroConfig {
 struct DeviceConfig {
   int64_t memory_mb = 4096;   // capacity of the device arena per rank
   std::string backend = "cpu";  // memory::make_backend: "cpu", or "guarded" (faults on stray device access)
+  // Rank 0's device arena records its allocation trace (memory/alloc_trace.h) and the engine writes it
+  // here when destroyed; empty: no trace. For replaying into other allocator policies (benchmarks/).
+  std::string alloc_trace;
 };
 
 struct DataConfig {

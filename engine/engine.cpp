@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <unordered_map>
 
@@ -128,6 +129,14 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
       ctx_(arena_, *this),
       scratch_(kChunkElements) {
+  if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
+    // Fail now, not after the run, when the trace cannot be written.
+    if (!std::ofstream(cfg.device.alloc_trace)) {
+      throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
+                                    cfg.device.alloc_trace));
+    }
+    arena_->record_trace();
+  }
   const int threads = std::max(1, nn::compute_threads());
   backend_->set_threads(threads);
   grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
@@ -451,6 +460,15 @@ Engine::~Engine() {
     p.set_data(memory::Tensor());
     p.set_grad(memory::Tensor());
   });
+  // device.alloc_trace: the model states are still live here, as they were all run.
+  if (const auto& rec = impl_->arena_->trace) {
+    try {
+      memory::save_trace(rec->trace(), config_.device.alloc_trace);
+      ZS_LOG_INFO("device.alloc_trace: {} allocation events written to {}", rec->size(), config_.device.alloc_trace);
+    } catch (const std::exception& e) {
+      ZS_LOG_WARN("device.alloc_trace: {}", e.what());
+    }
+  }
 }
 
 int64_t Engine::param_count() const {

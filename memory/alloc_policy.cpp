@@ -21,24 +21,17 @@ std::optional<size_t> PoolRegion::take_hole(size_t size) {
   size_t offset = key_offset(*it);
   holes_.erase(it);
   Block& hole = blocks_.at(offset);
-  size_t placed = offset;
-  if (hole_size == size) {
-    hole.free = false;
-  } else if (grows_up_) {  // block at the low end of the hole, the rest stays free above it
+  // The block takes the hole's low end in both pools (Note [Two-ended pools]); the rest stays free above it.
+  hole.free = false;
+  if (hole_size != size) {
     hole.size = size;
-    hole.free = false;
     blocks_.emplace(offset + size, Block{hole_size - size, true});
     add_hole(offset + size, hole_size - size);
-  } else {  // block at the high end of the hole
-    hole.size = hole_size - size;
-    add_hole(offset, hole.size);
-    placed = offset + hole.size;
-    blocks_.emplace(placed, Block{size, false});
   }
   allocated_ += size;
   ++live_;
   ++allocs_;
-  return placed;
+  return offset;
 }
 
 size_t PoolRegion::take_from_gap(size_t size) {

@@ -10,8 +10,13 @@
 // activation area pins it. So persistent blocks grow up from offset 0 and transient ones grow down
 // from the capacity; the unreserved gap between the two regions is shared. Inside its region each pool
 // does best fit (smallest hole that fits; ties go to the hole nearest the pool's end of the arena) with
-// splitting (the block takes the hole's end nearest the pool's end) and coalescing of neighbouring
-// holes; a hole that reaches the gap is given back to the gap at once. Holes are tried before the gap.
+// splitting and coalescing of neighbouring holes; a hole that reaches the gap is given back to the gap
+// at once. Holes are tried before the gap. A block placed in a hole takes the hole's low end: in the
+// persistent pool the end nearest its base, in the transient pool the end nearest the gap, beside the
+// younger neighbour, so the rest of the hole stays beside the older blocks. On the recorded GPT
+// traces (docs/memory.md, "Fragmentation on real traces") the transient pool's reserved peak is then
+// up to 2.7% lower than with the block at the hole's high end (2B NVMe run: 1.091x -> 1.076x of the
+// allocated peak); the persistent pool's holes are rare (model states live for the whole run).
 // Consequences the tests rely on: a pool's region ends exactly at its outermost live block, and with
 // no live transient blocks the transient region is empty.
 //

@@ -124,17 +124,28 @@ ReplayResult replay(const AllocTrace& trace, AllocatorPolicy& policy, bool check
   ReplayResult r;
   // id -> offset in the policy; nullopt marks an allocation the policy could not place.
   std::unordered_map<uint64_t, std::optional<size_t>> live;
+  std::unordered_map<uint64_t, size_t> requested;  // id -> bytes of every placed allocation
+  size_t requested_now = 0;
   double frag_sum = 0.0;
   for (const TraceEvent& e : trace.events) {
     if (e.op == TraceEvent::Op::kAlloc) {
       if (live.contains(e.id)) throw IoError(fmt::format("allocation trace: id {} allocated twice", e.id));
       std::optional<size_t> offset = e.bytes == 0 ? std::nullopt : policy.allocate(e.bytes, e.lifetime);
       if (!offset && e.bytes != 0) ++r.failed_allocs;
+      if (offset) {
+        requested.emplace(e.id, e.bytes);
+        requested_now += e.bytes;
+        r.peak_requested_bytes = std::max(r.peak_requested_bytes, requested_now);
+      }
       live.emplace(e.id, offset);
     } else {
       auto it = live.find(e.id);
       if (it == live.end()) throw IoError(fmt::format("allocation trace: free of id {} that is not live", e.id));
-      if (it->second) policy.free(*it->second);
+      if (it->second) {
+        policy.free(*it->second);
+        requested_now -= requested.at(e.id);
+        requested.erase(e.id);
+      }
       live.erase(it);
     }
     ++r.events;

@@ -71,7 +71,8 @@ class AllocTraceRecorder {
 struct ReplayResult {
   size_t events = 0;                // count of events replayed
   size_t failed_allocs = 0;         // count of allocations the policy could not place (their frees skipped)
-  size_t peak_allocated_bytes = 0;  // byte sum
+  size_t peak_requested_bytes = 0;  // byte sum of the live requests as the trace states them (policy-independent)
+  size_t peak_allocated_bytes = 0;  // byte sum, as the policy counts blocks (its rounding included)
   size_t peak_reserved_bytes = 0;   // byte sum
   double max_fragmentation = 0.0;   // maximum after any event
   double mean_fragmentation = 0.0;  // mean over events

@@ -11,6 +11,7 @@
 //   allocator.h     DeviceAllocator (fixed capacity, pools by lifetime) and RAII DeviceBlock
 //   tracker.h       MemoryTracker: bytes by category and tier, current and peak; TrackedBytes
 //   alloc_trace.h   allocation traces: record, save/load, replay into any policy
+//   caching_policy.h  a model of PyTorch's CUDA caching allocator, to replay traces into
 //
 //   zs::memory::CpuBackend backend(device_bytes);
 //   zs::memory::MemoryTracker tracker;
@@ -21,6 +22,7 @@
 #include "memory/alloc_policy.h"
 #include "memory/alloc_trace.h"
 #include "memory/allocator.h"
+#include "memory/caching_policy.h"
 #include "memory/backend.h"
 #include "memory/category.h"
 #include "memory/cpu_backend.h"

@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "memory/alloc_trace.h"
 #include "memory/allocator.h"
 #include "memory/backend.h"
 #include "memory/tracker.h"
@@ -35,8 +36,14 @@ namespace zs::engine {
 struct DeviceArena {
   explicit DeviceArena(std::unique_ptr<memory::Backend> b)
       : backend(std::move(b)), allocator(*backend, backend->capacity(memory::Tier::kDevice), &tracker) {}
+  // Starts recording every allocation and free (device.alloc_trace); the recorder outlives the allocator.
+  void record_trace() {
+    trace = std::make_unique<memory::AllocTraceRecorder>(allocator.capacity());
+    allocator.set_trace_recorder(trace.get());
+  }
   memory::MemoryTracker tracker;
   std::unique_ptr<memory::Backend> backend;
+  std::unique_ptr<memory::AllocTraceRecorder> trace;  // null unless record_trace()
   memory::DeviceAllocator allocator;
 };
 

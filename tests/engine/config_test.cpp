@@ -35,7 +35,7 @@ TEST(Config, DeepSpeedStyleConfigParses) {
                                                        "warmup_num_steps": 10, "total_num_steps": 100}},
     "bf16": {"enabled": true},
     "zero_optimization": {"stage": 0, "reduce_bucket_size": 5e8, "overlap_comm": true},
-    "device": {"memory_mb": 2048},
+    "device": {"memory_mb": 2048, "alloc_trace": "run.trace"},
     "model": {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32},
     "data": {"path": "x.txt"}, "comm": {"timeout_s": 30}, "seed": 7
   })", 2);
@@ -47,6 +47,7 @@ TEST(Config, DeepSpeedStyleConfigParses) {
   EXPECT_EQ(c.scheduler.type, optim::ScheduleType::kWarmupDecayLR);
   EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
   EXPECT_EQ(c.device.memory_mb, 2048);
+  EXPECT_EQ(c.device.alloc_trace, "run.trace");
   ASSERT_TRUE(c.model.has_value());
   EXPECT_EQ(c.model->d_model, 64);
   EXPECT_EQ(c.data.path, "x.txt");

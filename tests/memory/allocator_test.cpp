@@ -72,7 +72,7 @@ class ReferenceModel {
                      (l == Lifetime::kPersistent ? h.first < best->first : h.first > best->first));
       if (better) best = h;
     }
-    if (best) return l == Lifetime::kPersistent ? best->first : best->first + best->second - size;
+    if (best) return best->first;  // both pools place a block at the hole's low end
     if (bottom() - top() < size) return std::nullopt;
     return l == Lifetime::kPersistent ? top() : bottom() - size;
   }
