@@ -2,7 +2,8 @@
 //
 // Activations are (..., features): any leading dimensions (usually (B, T)) are flattened into rows.
 // Parameters may be stored as fp32, bf16 or fp16 (converted to fp32 scratch at the edge); gradients
-// accumulate into Parameter::grad in its dtype. Every matmul is one cblas_sgemm.
+// accumulate into Parameter::grad in its dtype. Every matmul is one nn::detail::gemm: OpenBLAS sgemm,
+// or with a bf16 weight on an AVX512-BF16 CPU the bf16 kernel (Note [bf16 products], nn/detail/gemm.h).
 //
 //   Linear fc(768, 3072);                   // weight (3072, 768), bias (3072)
 //   Tensor y = ctx.forward(fc, x);          // x (B, T, 768) -> y (B, T, 3072)
