@@ -38,6 +38,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
   const int64_t n = detail::rows_of(x, in_, "Linear");
   const Tensor w = weight_for(ctx, weight_);
+  weight_dtype_ = weight_.data().dtype();
   Tensor y = ctx.allocate(detail::with_last_dim(x.shape(), out_), DType::kF32, MemoryUse::kActivation);
   float* yp = y.data<float>();
   if (bias_ != nullptr) {

@@ -27,6 +27,10 @@ class Linear : public Module {
   int64_t out_features() const { return out_; }
   Parameter& weight() { return weight_; }
   Parameter* bias() { return bias_; }  // nullptr without bias
+  // The weight's storage dtype in the last forward (kF32 before any): the model's compute precision,
+  // from which a parent picks the products of its own (nn/attention.cpp). Unlike weight().data(), it
+  // stays valid while the engine holds the weight partitioned (ZeRO-3).
+  memory::DType weight_dtype() const { return weight_dtype_; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;       // (..., in) -> (..., out)
@@ -39,6 +43,7 @@ class Linear : public Module {
   Parameter& weight_;
   Parameter* bias_ = nullptr;
   memory::Tensor input_;
+  memory::DType weight_dtype_ = memory::DType::kF32;
 };
 
 // Row lookup: ids (any shape, DType::kI32, each in [0, num)) -> (..., dim). weight (num, dim), init
