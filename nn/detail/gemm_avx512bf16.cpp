@@ -9,7 +9,7 @@
 // zero), B words 32 per pair (two zmm loads), A words 12 per pair (broadcast to all lanes from memory).
 // Rounding to bf16 happens while packing (memory::simd::bf16_round, the library's one rounding rule).
 // Sizes: a B block is kKc/2 x kNc words (384 KiB, in L2 beside the A block), a B panel kKc/2 x 32
-// words (32 KiB, in L1 while the strips of the A block stream past it), an A block kMc x kKc bf16
+// words (16 KiB, in L1 while the strips of the A block stream past it), an A block kMc x kKc bf16
 // (48 KiB). Threads split C's rows (or its columns when there are few rows), and each packs the
 // blocks it uses: a thread packs all of B for its rows, the cost of one pass over B per thread, small
 // against the product's m/threads multiplications per element of B.
