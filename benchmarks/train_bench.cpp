@@ -4,6 +4,7 @@
 //
 //   build/release/benchmarks/train_bench [--json out.json] [--n-layer 4] [--d-model 512] [--n-head 8]
 //          [--seq-len 256] [--micro-batch 8] [--vocab 256] [--steps 5] [--warmup 2] [--memory-mb 2048]
+//          [--precision fp32|bf16] [--isa avx2]   (bf16 parameters; --isa avx2: the bf16 sgemm fallback)
 //          [--no-ceiling]          (training steps only, for profiling; no ratio)
 //   mpirun -np 2 --oversubscribe build/release/benchmarks/train_bench      (each rank: cores / 2 threads)
 //
@@ -46,6 +47,8 @@
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
 #include "launch/launch.h"
+#include "memory/cpu_features.h"
+#include "nn/detail/gemm.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
 
@@ -141,6 +144,8 @@ double summed(const comm::Group& g, double v) {
 int main(int argc, char** argv) {
   launch::select_blas_kernels(argv);
   try {
+    const std::string isa_arg = bench::arg_value(argc, argv, "--isa", "");  // before any kernel is chosen
+    if (!isa_arg.empty()) memory::set_isa_cap(memory::parse_isa(isa_arg, "--isa"));
     auto world = comm::World::create();
     const comm::Group& group = world.group();
     const int ranks = group.size();
@@ -152,6 +157,13 @@ int main(int argc, char** argv) {
     const int64_t micro = bench::int_arg(argc, argv, "--micro-batch", 8);
     const int64_t steps = bench::int_arg(argc, argv, "--steps", 5);
     const int64_t warmup = bench::int_arg(argc, argv, "--warmup", 2);
+    // --precision bf16: bf16 parameters, products on nn/detail/gemm.h's bf16 path where the CPU has one.
+    // --isa avx2 caps the library's SIMD choice (memory::set_isa_cap), which also turns that path off:
+    // the bf16 step as it ran before the bf16 kernel, for a same-binary before/after.
+    const std::string precision_arg = bench::arg_value(argc, argv, "--precision", "fp32");
+    if (precision_arg != "fp32" && precision_arg != "bf16") {
+      throw ConfigError("--precision: expected fp32 or bf16, got '" + precision_arg + "'");
+    }
     // --no-ceiling: training steps only (for profiling the step); the ratio is then not measured.
     const bool with_ceiling = std::find_if(argv + 1, argv + argc, [](const char* a) {
                                 return std::string(a) == "--no-ceiling";
@@ -160,6 +172,7 @@ int main(int argc, char** argv) {
     engine::EngineConfig cfg;
     cfg.batch = engine::resolve_batch(0, micro, 1, ranks);
     cfg.model = gcfg;
+    cfg.precision = precision_arg == "bf16" ? engine::Precision::kBf16 : engine::Precision::kFp32;
     cfg.device.memory_mb = bench::int_arg(argc, argv, "--memory-mb", 2048);
     init_logging({group.rank(), ranks}, LogConfig{.level = "warn"});
     nn::GptModel model(gcfg);
@@ -171,9 +184,10 @@ int main(int argc, char** argv) {
     const double flops_per_token = nn::gpt_train_flops_per_token(gcfg, gcfg.seq_len);
     if (root) {
       std::printf("train_bench: GPT n_layer %lld d_model %lld n_head %lld seq_len %lld vocab %lld (%lld params), "
-                  "micro batch %lld x %d rank(s), fp32, ZeRO 0\n",
+                  "micro batch %lld x %d rank(s), %s, ZeRO 0, bf16 products %s\n",
                   (long long)gcfg.n_layer, (long long)gcfg.d_model, (long long)gcfg.n_head, (long long)gcfg.seq_len,
-                  (long long)gcfg.vocab_size, (long long)eng.param_count(), (long long)micro, ranks);
+                  (long long)gcfg.vocab_size, (long long)eng.param_count(), (long long)micro, ranks, precision_arg.c_str(),
+                  std::string(nn::detail::gemm_path_name(nn::detail::bf16_gemm_path())).c_str());
       std::printf("OpenBLAS core %s (preferred for this CPU: %s), %d thread(s) per rank; %lld warm-up + %lld "
                   "measured steps\n",
                   launch::loaded_blas_core().c_str(), launch::preferred_blas_core().c_str(), threads,
@@ -211,7 +225,8 @@ int main(int argc, char** argv) {
                      {"seq_len", gcfg.seq_len}, {"vocab_size", gcfg.vocab_size}, {"micro_batch", micro},
                      {"ranks", ranks}, {"blas_threads_per_rank", threads}, {"blas_core", launch::loaded_blas_core()},
                      {"preferred_blas_core", launch::preferred_blas_core()}, {"params", eng.param_count()},
-                     {"steps", steps}, {"warmup", warmup}, {"precision", "fp32"}, {"zero_stage", 0}};
+                     {"steps", steps}, {"warmup", warmup}, {"precision", precision_arg}, {"zero_stage", 0},
+                     {"bf16_gemm_path", std::string(nn::detail::gemm_path_name(nn::detail::bf16_gemm_path()))}};
     report.results.push_back(boost::json::object{
         {"step_s", t_step}, {"forward_s", bench::median(fwd_s)}, {"backward_s", bench::median(bwd_s)},
         {"optimizer_s", bench::median(opt_s)}, {"tokens_per_step", tokens_per_step}, {"tokens_per_s", tokens_s},

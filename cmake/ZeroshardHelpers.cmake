@@ -29,15 +29,17 @@ function(zs_add_module)
   set(ZS_MODULES ${ZS_MODULES} ${target} CACHE INTERNAL "")
 endfunction()
 
-# zs_isa_sources(avx512|avx2 file...): compiles these files for one instruction set. The rest of the
+# zs_isa_sources(avx512bf16|avx512|avx2 file...): compiles these files for one instruction set. The rest of the
 # build stays baseline x86-64, and callers choose a kernel at run time (memory/cpu_features.h).
 function(zs_isa_sources isa)
   if(isa STREQUAL "avx512")
     set(flags -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
+  elseif(isa STREQUAL "avx512bf16")
+    set(flags -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512bf16 -mavx2 -mfma -mf16c)
   elseif(isa STREQUAL "avx2")
     set(flags -mavx2 -mfma -mf16c)
   else()
-    message(FATAL_ERROR "zs_isa_sources: unknown ISA '${isa}' (use avx512 or avx2)")
+    message(FATAL_ERROR "zs_isa_sources: unknown ISA '${isa}' (use avx512bf16, avx512 or avx2)")
   endif()
   set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${flags}")
 endfunction()

@@ -13,6 +13,7 @@ namespace {
 struct Features {
   bool avx2_f16c = false;
   bool avx512 = false;
+  bool avx512_bf16 = false;
 };
 
 Features detect() {
@@ -21,6 +22,7 @@ Features detect() {
   f.avx2_f16c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   f.avx512 = f.avx2_f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  f.avx512_bf16 = f.avx512 && __builtin_cpu_supports("avx512bf16");
   return f;
 }
 
@@ -51,6 +53,7 @@ IsaLevel widest_supported() {
 
 bool cpu_has_avx512() { return features().avx512; }
 bool cpu_has_avx2_f16c() { return features().avx2_f16c; }
+bool cpu_has_avx512_bf16() { return features().avx512_bf16; }
 
 bool isa_supported(IsaLevel isa) {
   switch (isa) {

@@ -28,6 +28,10 @@ enum class IsaLevel : uint8_t { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 bool cpu_has_avx512();
 // AVX2, FMA and F16C, enabled by the OS.
 bool cpu_has_avx2_f16c();
+// cpu_has_avx512() plus AVX512-BF16 (vdpbf16ps: Cooper Lake, Sapphire Rapids, Zen 4/5). Not an
+// IsaLevel of its own: users of bf16 products take it when best_isa() is kAvx512 (so --isa=avx2 turns
+// it off with the rest of the AVX-512 kernels) and this is true.
+bool cpu_has_avx512_bf16();
 
 // Whether kernels of `isa` can run here (kScalar always can).
 bool isa_supported(IsaLevel isa);

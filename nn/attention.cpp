@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "nn/detail/gemm.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 
@@ -11,6 +12,7 @@ namespace zs::nn {
 
 using memory::DType;
 using memory::Tensor;
+using detail::Matrix;
 
 CausalSelfAttention::CausalSelfAttention(int64_t d_model, int64_t n_head, float init_std, float proj_std)
     : d_(d_model),
@@ -53,8 +55,10 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
   const bool train = ctx.training();
 
   Tensor qkv = ctx.forward(qkv_, x);
+  compute_dtype_ = qkv_.weight_dtype();
+  const detail::GemmPath path = detail::gemm_path_for(compute_dtype_);
   Tensor y = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kActivation);
-  // Heads run in parallel, each with single-threaded sgemm: a head's T x T x hs products are too
+  // Heads run in parallel, each product single-threaded: a head's T x T x hs products are too
   // small for OpenBLAS to split well (Note [compute threads], nn/detail/parallel.h).
   detail::SingleThreadedBlas blas;
   const int chunks = detail::parallel_chunks(blas.threads(), B * H, 1);
@@ -73,9 +77,10 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
       float* yh = yp + b * T * C + h * hs;
       for (int64_t r0 = 0; r0 < T; r0 += kPanel) {
         const int64_t r1 = std::min(T, r0 + kPanel), rows = r1 - r0;
-        detail::gemm(false, true, rows, r1, hs, scale, q + r0 * C3, C3, k, C3, 0.0f, p + r0 * T, T);
+        detail::gemm(path, rows, r1, hs, scale, Matrix::f32(q + r0 * C3, C3), Matrix::f32(k, C3, true), 0.0f, p + r0 * T,
+                     T);
         causal_softmax_rows(p, T, r0, r1);
-        detail::gemm(false, false, rows, hs, r1, 1.0f, p + r0 * T, T, v, C3, 0.0f, yh + r0 * C, C);
+        detail::gemm(path, rows, hs, r1, 1.0f, Matrix::f32(p + r0 * T, T), Matrix::f32(v, C3), 0.0f, yh + r0 * C, C);
       }
     }
   });
@@ -92,6 +97,7 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 
   Tensor dy = ctx.backward(proj_, dout);  // (B, T, C)
+  const detail::GemmPath path = detail::gemm_path_for(compute_dtype_);
   Tensor dqkv = ctx.allocate({B, T, C3}, DType::kF32, MemoryUse::kGradient);
   detail::SingleThreadedBlas blas;
   const int chunks = detail::parallel_chunks(blas.threads(), B * H, 1);
@@ -122,8 +128,8 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
         const int64_t r1 = std::min(T, r0 + kPanel), rows = r1 - r0;
         const float* pr = p + r0 * T;
         const float* dyr = dyh + r0 * C;
-        detail::gemm(false, true, rows, r1, hs, 1.0f, dyr, C, v, C3, 0.0f, dp, T);   // dP = dY V^T
-        detail::gemm(true, false, r1, hs, rows, 1.0f, pr, T, dyr, C, 1.0f, dv, C3);  // dV += P^T dY
+        detail::gemm(path, rows, r1, hs, 1.0f, Matrix::f32(dyr, C), Matrix::f32(v, C3, true), 0.0f, dp, T);  // dP = dY V^T
+        detail::gemm(path, r1, hs, rows, 1.0f, Matrix::f32(pr, T, true), Matrix::f32(dyr, C), 1.0f, dv, C3);  // dV += P^T dY
         // Softmax backward in place: dS = P * (dP - rowsum(P * dP)); zero where P is masked.
         for (int64_t i = 0; i < rows; ++i) {
           const float* prow = pr + i * T;
@@ -134,8 +140,10 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
           for (int64_t j = 0; j < n; ++j) drow[j] = prow[j] * (drow[j] - dot);
           for (int64_t j = n; j < r1; ++j) drow[j] = 0.0f;
         }
-        detail::gemm(false, false, rows, hs, r1, scale, dp, T, k, C3, 0.0f, dq + r0 * C3, C3);  // dQ = scale dS K
-        detail::gemm(true, false, r1, hs, rows, scale, dp, T, q + r0 * C3, C3, 1.0f, dk, C3);   // dK += scale dS^T Q
+        detail::gemm(path, rows, hs, r1, scale, Matrix::f32(dp, T), Matrix::f32(k, C3), 0.0f, dq + r0 * C3,
+                     C3);  // dQ = scale dS K
+        detail::gemm(path, r1, hs, rows, scale, Matrix::f32(dp, T, true), Matrix::f32(q + r0 * C3, C3), 1.0f, dk,
+                     C3);  // dK += scale dS^T Q
       }
     }
   });

@@ -4,9 +4,11 @@
 //   P_bh = softmax(mask(q_bh k_bh^T / sqrt(hs))) (T, T), row i attends to positions j <= i
 //   y_bh = P_bh v_bh                           written into (B, T, C) at columns h*hs..
 //   out = y Wproj^T + bproj                    (B, T, C)
-// Children: qkv = Linear(C, 3C), proj = Linear(C, C). Every matmul is an sgemm on strided views of
-// qkv (no head-split copies), computing only the causal row panels (Note [causal panels] in
-// attention.cpp); heads run in parallel on OpenBLAS's thread count, each with single-threaded sgemm.
+// Children: qkv = Linear(C, 3C), proj = Linear(C, C). Every matmul is an nn::detail::gemm on strided
+// views of qkv (no head-split copies), computing only the causal row panels (Note [causal panels] in
+// attention.cpp); heads run in parallel on OpenBLAS's thread count, each product single-threaded. With
+// bf16 weights the products take the bf16 path as the Linears do (Note [bf16 products]), so P, dS and
+// the q/k/v operands are rounded to bf16 as they are packed (as PyTorch's autocast rounds them).
 // Saves qkv and P (B*n_head*T*T floats; only the causal panels are written) for backward.
 #pragma once
 
@@ -38,6 +40,7 @@ class CausalSelfAttention : public Module {
   Linear& proj_;
   memory::Tensor qkv_out_;  // (B, T, 3C)
   memory::Tensor probs_;    // (B, n_head, T, T): rows' causal panels, zero above the diagonal within them
+  memory::DType compute_dtype_ = memory::DType::kF32;  // qkv's weight dtype in the forward: picks the products
 };
 
 }  // namespace zs::nn

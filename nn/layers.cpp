@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "nn/detail/gemm.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 #include "nn/param_access.h"
@@ -13,8 +14,19 @@ namespace zs::nn {
 
 using memory::DType;
 using memory::Tensor;
+using detail::Matrix;
 
 // ---- Linear ----
+
+namespace {
+// The weight as its products read it: bf16 as stored where bf16 products run natively (Note [bf16
+// products] in nn/detail/gemm.h: no fp32 copy), else fp32 (weight_f32: the data or a scratch copy).
+Tensor weight_for(Context& ctx, const Parameter& p) {
+  const Tensor& stored = weight_stored(ctx, p);
+  if (detail::gemm_path_for(stored.dtype()) != detail::GemmPath::kSgemm) return stored;
+  return weight_f32(ctx, p);
+}
+}  // namespace
 
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_std)
     : in_(in_features),
@@ -25,7 +37,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
   const int64_t n = detail::rows_of(x, in_, "Linear");
-  Tensor w = weight_f32(ctx, weight_);
+  const Tensor w = weight_for(ctx, weight_);
+  weight_dtype_ = weight_.data().dtype();
   Tensor y = ctx.allocate(detail::with_last_dim(x.shape(), out_), DType::kF32, MemoryUse::kActivation);
   float* yp = y.data<float>();
   if (bias_ != nullptr) {
@@ -37,8 +50,8 @@ Tensor Linear::forward(Context& ctx, const Tensor& x) {
       for (int64_t r = r0; r < r1; ++r) std::copy_n(bp, out, yp + r * out);
     });
   }
-  detail::gemm(false, true, n, out_, in_, 1.0f, x.data<float>(), in_, w.data<float>(), in_, bias_ ? 1.0f : 0.0f, yp,
-               out_);
+  detail::gemm(detail::gemm_path_for(w.dtype()), n, out_, in_, 1.0f, Matrix::f32(x.data<float>(), in_),
+               Matrix::of(w, /*trans=*/true), bias_ ? 1.0f : 0.0f, yp, out_);
   if (ctx.training()) input_ = x;
   return y;
 }
@@ -48,12 +61,14 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   ZS_MODEL_CHECK(input_.numel() == n * in_, "Linear backward: saved input {} does not match dy {}",
             memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
   const float* dyp = dy.data<float>();
-  Tensor w = weight_f32(ctx, weight_);
+  const Tensor w = weight_for(ctx, weight_);
+  const detail::GemmPath path = detail::gemm_path_for(w.dtype());
   Tensor dx = ctx.allocate(input_.shape(), DType::kF32, MemoryUse::kGradient);
-  detail::gemm(false, false, n, in_, out_, 1.0f, dyp, out_, w.data<float>(), in_, 0.0f, dx.data<float>(), in_);
+  detail::gemm(path, n, in_, out_, 1.0f, Matrix::f32(dyp, out_), Matrix::of(w), 0.0f, dx.data<float>(), in_);
   {
     GradAccumulator gw(ctx, weight_);
-    detail::gemm(true, false, out_, in_, n, 1.0f, dyp, out_, input_.data<float>(), in_, 1.0f, gw.data(), in_);
+    detail::gemm(path, out_, in_, n, 1.0f, Matrix::f32(dyp, out_, /*trans=*/true), Matrix::f32(input_.data<float>(), in_),
+                 1.0f, gw.data(), in_);
     gw.commit();
   }
   if (bias_ != nullptr) {

@@ -2,7 +2,8 @@
 //
 // Activations are (..., features): any leading dimensions (usually (B, T)) are flattened into rows.
 // Parameters may be stored as fp32, bf16 or fp16 (converted to fp32 scratch at the edge); gradients
-// accumulate into Parameter::grad in its dtype. Every matmul is one cblas_sgemm.
+// accumulate into Parameter::grad in its dtype. Every matmul is one nn::detail::gemm: OpenBLAS sgemm,
+// or with a bf16 weight on an AVX512-BF16 CPU the bf16 kernel (Note [bf16 products], nn/detail/gemm.h).
 //
 //   Linear fc(768, 3072);                   // weight (3072, 768), bias (3072)
 //   Tensor y = ctx.forward(fc, x);          // x (B, T, 768) -> y (B, T, 3072)
@@ -26,6 +27,10 @@ class Linear : public Module {
   int64_t out_features() const { return out_; }
   Parameter& weight() { return weight_; }
   Parameter* bias() { return bias_; }  // nullptr without bias
+  // The weight's storage dtype in the last forward (kF32 before any): the model's compute precision,
+  // from which a parent picks the products of its own (nn/attention.cpp). Unlike weight().data(), it
+  // stays valid while the engine holds the weight partitioned (ZeRO-3).
+  memory::DType weight_dtype() const { return weight_dtype_; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;       // (..., in) -> (..., out)
@@ -38,6 +43,7 @@ class Linear : public Module {
   Parameter& weight_;
   Parameter* bias_ = nullptr;
   memory::Tensor input_;
+  memory::DType weight_dtype_ = memory::DType::kF32;
 };
 
 // Row lookup: ids (any shape, DType::kI32, each in [0, num)) -> (..., dim). weight (num, dim), init

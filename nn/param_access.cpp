@@ -38,7 +38,7 @@ void check_owner_running(const Context& ctx, const Parameter& p) {
 
 }  // namespace
 
-memory::Tensor weight_f32(Context& ctx, const Parameter& p) {
+const memory::Tensor& weight_stored(Context& ctx, const Parameter& p) {
   check_owner_running(ctx, p);
   const memory::Tensor& d = p.data();
   // The engine always sets data before the owner runs; a model run on its own needs materialize().
@@ -48,6 +48,11 @@ memory::Tensor weight_f32(Context& ctx, const Parameter& p) {
                                  p.full_name()));
   }
   ZS_ASSERT(d.is_contiguous(), "parameter '{}' data is not contiguous", p.full_name());
+  return d;
+}
+
+memory::Tensor weight_f32(Context& ctx, const Parameter& p) {
+  const memory::Tensor& d = weight_stored(ctx, p);
   if (d.dtype() == memory::DType::kF32) return d;
   memory::Tensor w = ctx.allocate(p.shape(), memory::DType::kF32, MemoryUse::kScratch);
   if (detail::kernels_enabled()) w.copy_from(d);

@@ -19,6 +19,10 @@ namespace zs::nn {
 // a forward/backward called directly instead of through the Context, or a parameter used by another
 // module (weight sharing: see nn/module.h). Parameters without an owner are not checked.
 //
+// p.data() as stored (fp32, bf16 or fp16), for kernels that read bf16 themselves (nn/detail/gemm.h).
+// Same checks and errors as weight_f32.
+const memory::Tensor& weight_stored(Context& ctx, const Parameter& p);
+
 // An fp32, contiguous Tensor with p's shape holding p's values. For an fp32 parameter this is
 // p.data() itself (no copy); otherwise a kScratch tensor from ctx. Throws UsageError when p.data()
 // is undefined (a model run without the engine and without nn::materialize).

@@ -2,10 +2,12 @@
 // bf16 storage, config validation, and a few training steps.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "memory/dtype.h"
 #include "nn/data.h"
+#include "nn/detail/gemm.h"
 #include "nn/gpt.h"
 #include "nn/host_context.h"
 #include "reference.h"
@@ -113,11 +115,24 @@ TEST(GptTest, Bf16StorageEqualsRoundedFp32) {
   });
   Batch batch = make_batch(2, 8, cfg.vocab_size, 4);
   HostContext ctx;
-  EXPECT_EQ(ctx.forward_loss(a, batch), ctx.forward_loss(b, batch));
+  // Bit for bit where bf16 products run as sgemm; on the bf16 kernel activations are rounded to bf16
+  // as well (Note [bf16 products]), so the loss and gradients are close in norm instead.
+  const bool exact = detail::bf16_gemm_path() == detail::GemmPath::kSgemm;
+  const float la = ctx.forward_loss(a, batch), lb = ctx.forward_loss(b, batch);
+  if (exact) EXPECT_EQ(la, lb);
+  EXPECT_NEAR(la, lb, 0x1p-8 * lb);
   ctx.backward_loss(a, 1.0f);
   ctx.backward_loss(b, 1.0f);
   b.visit_params([&](Parameter& p) {
-    EXPECT_EQ(ref::grad_values(p), ref::grad_values(*a.find_param(p.full_name()))) << p.full_name();
+    const std::vector<float> gb = ref::grad_values(p);
+    const std::vector<float> ga = ref::grad_values(*a.find_param(p.full_name()));
+    if (exact) EXPECT_EQ(gb, ga) << p.full_name();
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < gb.size(); ++i) {
+      diff += (static_cast<double>(ga[i]) - gb[i]) * (static_cast<double>(ga[i]) - gb[i]);
+      norm += static_cast<double>(gb[i]) * gb[i];
+    }
+    EXPECT_LE(std::sqrt(diff), 0x1p-4 * std::sqrt(norm)) << p.full_name();
   });
 }
 

@@ -3,11 +3,14 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
+#include <string>
 
 #include "memory/dtype.h"
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
+#include "nn/detail/gemm.h"
 #include "nn/host_context.h"
 #include "nn/layers.h"
 #include "nn/transformer.h"
@@ -240,7 +243,20 @@ TEST(LayersTest, GradientsAccumulateAcrossPasses) {
 }
 
 TEST(LayersTest, Bf16StorageEqualsRoundedFp32) {
-  // Forward/backward with bf16 weights must equal the fp32 path on the bf16-rounded weights.
+  // Forward/backward with bf16 weights equal the fp32 path on the bf16-rounded weights where bf16
+  // products run as sgemm (no AVX512-BF16, or the --isa=avx2 variant). On the bf16 kernel the
+  // activations are rounded to bf16 too (Note [bf16 products]): each result is then within a few bf16
+  // roundings (u = 2^-8) of the fp32 one, bounded here in norm.
+  const bool exact = detail::bf16_gemm_path() == detail::GemmPath::kSgemm;
+  auto expect_close = [&](const float* got, const float* want, size_t n, double bound, const std::string& what) {
+    double diff = 0.0, norm = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+      if (exact) ASSERT_EQ(got[i], want[i]) << what << "[" << i << "]";
+      diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+      norm += static_cast<double>(want[i]) * want[i];
+    }
+    EXPECT_LE(std::sqrt(diff), bound * std::sqrt(norm)) << what;
+  };
   Mlp a(8), b(8);
   materialize(a, 9, DType::kBF16);
   materialize(b, 9, DType::kF32);
@@ -252,15 +268,15 @@ TEST(LayersTest, Bf16StorageEqualsRoundedFp32) {
   Tensor dy = ref::random_tensor({3, 8}, 5);
   Tensor ya = ctx.forward(a, x);
   Tensor yb = ctx.forward(b, x);
-  for (int64_t i = 0; i < ya.numel(); ++i) ASSERT_EQ(ya.data<float>()[i], yb.data<float>()[i]);
+  expect_close(ya.data<float>(), yb.data<float>(), static_cast<size_t>(ya.numel()), 0x1p-6, "y");
   Tensor dxa = ctx.backward(a, dy);
   Tensor dxb = ctx.backward(b, dy);
-  for (int64_t i = 0; i < dxa.numel(); ++i) ASSERT_EQ(dxa.data<float>()[i], dxb.data<float>()[i]);
+  expect_close(dxa.data<float>(), dxb.data<float>(), static_cast<size_t>(dxa.numel()), 0x1p-6, "dx");
   b.visit_params([&](Parameter& p) {
-    const std::vector<float> gb = ref::grad_values(p);
+    std::vector<float> gb = ref::grad_values(p);
     const std::vector<float> ga = ref::grad_values(*a.find_param(p.full_name()));
-    for (size_t i = 0; i < gb.size(); ++i)
-      ASSERT_EQ(ga[i], memory::bf16_to_f32(memory::f32_to_bf16(gb[i]))) << p.full_name() << "[" << i << "]";
+    for (float& v : gb) v = memory::bf16_to_f32(memory::f32_to_bf16(v));  // a's grads are stored in bf16
+    expect_close(ga.data(), gb.data(), gb.size(), 0x1p-5, p.full_name());
   });
 }
 

@@ -1,0 +1,60 @@
+#include "nn/detail/gemm.h"
+
+#include <vector>
+
+#include "core/errors.h"
+#include "memory/cpu_features.h"
+#include "memory/dtype.h"
+#include "nn/detail/gemm_kernels.h"
+#include "nn/detail/ops.h"
+#include "nn/detail/parallel.h"
+
+namespace zs::nn::detail {
+namespace {
+
+// The kSgemm path's fp32 view of an operand: the data itself, or a widened copy in `keep`.
+const float* as_f32(const Matrix& x, int64_t rows, int64_t cols, std::vector<float>& keep) {
+  if (x.dtype == memory::DType::kF32) return static_cast<const float*>(x.data);
+  ZS_ASSERT(x.dtype == memory::DType::kBF16, "gemm: operand dtype {} (fp32 or bf16 only)", memory::dtype_name(x.dtype));
+  // Stored (rows, cols) with row stride ld: widen the rows whole, keeping the stride.
+  keep.resize(static_cast<size_t>(rows > 0 ? (rows - 1) * x.ld + cols : 0));
+  memory::convert_bf16_to_f32({static_cast<const uint16_t*>(x.data), keep.size()}, keep);
+  return keep.data();
+}
+
+}  // namespace
+
+GemmPath bf16_gemm_path() {
+  static const GemmPath path = memory::cpu_has_avx512_bf16() && memory::best_isa() >= memory::IsaLevel::kAvx512
+                                   ? GemmPath::kAvx512Bf16
+                                   : GemmPath::kSgemm;
+  return path;
+}
+
+GemmPath gemm_path_for(memory::DType weight) {
+  return weight == memory::DType::kBF16 ? bf16_gemm_path() : GemmPath::kSgemm;
+}
+
+bool gemm_path_supported(GemmPath path) {
+  return path == GemmPath::kSgemm || memory::cpu_has_avx512_bf16();
+}
+
+std::string_view gemm_path_name(GemmPath path) {
+  return path == GemmPath::kAvx512Bf16 ? "avx512bf16" : "sgemm";
+}
+
+void gemm(GemmPath path, int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
+          float* c, int64_t ldc) {
+  if (m == 0 || n == 0 || !kernels_enabled()) return;
+  if (path == GemmPath::kAvx512Bf16) {
+    ZS_ASSERT(gemm_path_supported(path), "gemm: path avx512bf16 on a CPU without AVX512-BF16");
+    gemm_avx512bf16(m, n, k, alpha, a, b, beta, c, ldc);
+    return;
+  }
+  std::vector<float> a_keep, b_keep;
+  const float* ap = as_f32(a, a.trans ? k : m, a.trans ? m : k, a_keep);
+  const float* bp = as_f32(b, b.trans ? n : k, b.trans ? k : n, b_keep);
+  detail::gemm(a.trans, b.trans, m, n, k, alpha, ap, a.ld, bp, b.ld, beta, c, ldc);
+}
+
+}  // namespace zs::nn::detail

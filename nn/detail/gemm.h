@@ -1,0 +1,64 @@
+// Internal: the matrix product of the nn layers with bf16 operands (Note [bf16 products]).
+//
+//   using detail::GemmPath, detail::Matrix;
+//   GemmPath path = detail::gemm_path_for(weight.dtype());     // once per layer call
+//   detail::gemm(path, n, out, in, 1.0f, Matrix::of(x), Matrix::of(w, /*trans=*/true), 0.0f, y, out);
+//
+// Note [bf16 products]: with bf16 parameters a product used to convert the weight to an fp32 copy
+// and run OpenBLAS's sgemm, so a bf16 step took as long as an fp32 one (Debian's OpenBLAS exports no
+// bf16 GEMM). On a CPU with AVX512-BF16 the products now run in our own kernel
+// (gemm_avx512bf16.cpp): both operands are rounded to bf16 (round to nearest even) while they are
+// packed into the kernel's blocked layout, products are accumulated in fp32 by vdpbf16ps, and C is
+// fp32. The fp32 activations are therefore never converted by a pass of their own: the packing the
+// kernel needs anyway does it, and a bf16 weight is read as it is stored. This is the rounding
+// PyTorch's autocast applies (bf16 matmul inputs, fp32 accumulation). docs/design.md, "bf16 matrix
+// products", has the measurements that chose this kernel over oneDNN, libxsmm and sgemm.
+//
+// Everywhere else (no AVX512-BF16, or best_isa() capped below AVX-512 by --isa) the path is kSgemm:
+// today's fp32 product, with bf16 operands widened to fp32 first, so results there are bit for bit
+// what they were. fp32 training always takes kSgemm: only a bf16 weight selects the bf16 path.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "memory/dtype.h"
+#include "memory/tensor.h"
+
+namespace zs::nn::detail {
+
+enum class GemmPath : uint8_t {
+  kSgemm,       // fp32 sgemm (OpenBLAS); bf16 operands are widened into a temporary fp32 copy
+  kAvx512Bf16,  // our AVX512-BF16 kernel: operands rounded to bf16 when packed, fp32 accumulation
+};
+
+// A row-major matrix operand: element (r, c) of the stored matrix is at data[r * ld + c], fp32 or
+// bf16. trans: the product uses its transpose (op(X) = X^T).
+struct Matrix {
+  const void* data = nullptr;
+  memory::DType dtype = memory::DType::kF32;
+  int64_t ld = 0;
+  bool trans = false;
+
+  static Matrix f32(const float* p, int64_t ld, bool trans = false) { return {p, memory::DType::kF32, ld, trans}; }
+  // A contiguous fp32/bf16 tensor viewed as (numel / last dim, last dim).
+  static Matrix of(const memory::Tensor& t, bool trans = false) { return {t.raw(), t.dtype(), t.size(-1), trans}; }
+};
+
+// The path the library takes for products with a bf16 operand: kAvx512Bf16 when the CPU has
+// AVX512-BF16 and best_isa() is kAvx512, else kSgemm. Decided once per process.
+GemmPath bf16_gemm_path();
+// The path for a layer whose weight has dtype `weight`: bf16_gemm_path() for bf16, kSgemm otherwise.
+GemmPath gemm_path_for(memory::DType weight);
+bool gemm_path_supported(GemmPath path);
+std::string_view gemm_path_name(GemmPath path);  // "sgemm", "avx512bf16"
+
+// C = alpha * op(A) op(B) + beta * C on `path`: op(A) is (m, k), op(B) is (k, n), C is (m, n) fp32
+// with row stride ldc. Operands are fp32 or bf16 (fp16 is not supported). beta == 0 never reads C.
+// Runs on compute_threads() threads (serially when called from inside a parallel_for), does nothing
+// while kernels are off (Note [measuring run]). Path kAvx512Bf16 requires gemm_path_supported().
+// Thread-safe; buffers are per thread (a packed block of each operand, under 1 MiB).
+void gemm(GemmPath path, int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
+          float* c, int64_t ldc);
+
+}  // namespace zs::nn::detail

@@ -1,0 +1,169 @@
+// nn::detail::gemm on every path this CPU runs (the sgemm fallback everywhere, the AVX512-BF16 kernel
+// where the CPU has it) against a double-precision reference on shapes that hit every edge of the
+// kernel's blocking: row and column tails (12-row strips, 32-column panels), odd k, k across several
+// 256-deep slices, n across several 768-wide blocks, all four transpose combinations, padded row
+// strides, fp32 and bf16 operands, alpha, and beta zero (C not read: it holds NaN) or not.
+//
+// Bound (Note [bf16 products]): the bf16 path rounds each operand to bf16 (relative error <= u =
+// 2^-8 per element, 8 significant bits), so a product a_r b_r is within (2u + u^2) |a b| of a b, and is exact in fp32
+// (8 x 8 significant bits); the fp32 accumulation of k terms adds at most gamma_k = k 2^-24 / (1 -
+// k 2^-24) of sum |a b|, the alpha and beta steps one rounding each. Hence per element
+//   |C - C_ref| <= |alpha| (2u + u^2 + gamma_k + 2^-23) sum_p |a_ip b_pj| + 2^-23 |beta c_ij|.
+// The sgemm path rounds nothing on input (a bf16 operand widens exactly), so its bound drops 2u + u^2.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/parallel.h"
+#include "memory/cpu_features.h"
+#include "memory/dtype.h"
+#include "nn/detail/gemm.h"
+#include "nn/detail/parallel.h"
+
+namespace zs::nn::detail {
+namespace {
+
+using memory::DType;
+
+std::vector<GemmPath> paths_here() {
+  std::vector<GemmPath> out{GemmPath::kSgemm};
+  if (gemm_path_supported(GemmPath::kAvx512Bf16)) out.push_back(GemmPath::kAvx512Bf16);
+  return out;
+}
+
+// A stored operand: values as fp32 (exactly the bf16 values when dtype is bf16) and its bits.
+struct Stored {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  DType dtype;
+  int64_t ld;
+  bool trans;
+
+  Stored(int64_t rows, int64_t cols, int64_t pad, DType dt, bool tr, std::mt19937& rng) : dtype(dt), ld(cols + pad), trans(tr) {
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    f32.assign(static_cast<size_t>(rows * ld), std::numeric_limits<float>::quiet_NaN());  // padding is never read
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) f32[r * ld + c] = dist(rng);
+    }
+    if (dtype == DType::kBF16) {
+      bf16.resize(f32.size());
+      memory::convert_f32_to_bf16(f32, bf16);
+      memory::convert_bf16_to_f32(bf16, f32);
+    }
+  }
+  Matrix matrix() const {
+    return {dtype == DType::kBF16 ? static_cast<const void*>(bf16.data()) : f32.data(), dtype, ld, trans};
+  }
+  // op(X)(r, c)
+  double at(int64_t r, int64_t c) const { return trans ? f32[c * ld + r] : f32[r * ld + c]; }
+};
+
+struct Case {
+  int64_t m, n, k;
+};
+
+void check(GemmPath path, const Case& s, bool ta, bool tb, DType da, DType db, float alpha, float beta, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const Stored a(ta ? s.k : s.m, ta ? s.m : s.k, 3, da, ta, rng);
+  const Stored b(tb ? s.n : s.k, tb ? s.k : s.n, 5, db, tb, rng);
+  const int64_t ldc = s.n + 2;
+  std::vector<float> c0(static_cast<size_t>(s.m * ldc));
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : c0) v = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : dist(rng);
+  std::vector<float> c = c0;
+  gemm(path, s.m, s.n, s.k, alpha, a.matrix(), b.matrix(), beta, c.data(), ldc);
+
+  const double u = path == GemmPath::kAvx512Bf16 ? std::ldexp(1.0, -8) : 0.0;  // bf16: 8 significant bits
+  const double gamma = s.k * std::ldexp(1.0, -24) / (1.0 - s.k * std::ldexp(1.0, -24));
+  const double rel = 2 * u + u * u + gamma + std::ldexp(1.0, -23);
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      double ref = 0.0, mag = 0.0;
+      for (int64_t p = 0; p < s.k; ++p) {
+        ref += a.at(i, p) * b.at(p, j);
+        mag += std::abs(a.at(i, p) * b.at(p, j));
+      }
+      const double old = beta == 0.0f ? 0.0 : static_cast<double>(c0[i * ldc + j]);
+      const double want = alpha * ref + beta * old;
+      const double bound = std::abs(alpha) * rel * mag + std::ldexp(1.0, -23) * std::abs(beta * old) + 1e-30;
+      const double got = c[i * ldc + j];
+      ASSERT_LE(std::abs(got - want), bound)
+          << gemm_path_name(path) << " m " << s.m << " n " << s.n << " k " << s.k << " ta " << ta << " tb " << tb
+          << " A " << memory::dtype_name(da) << " B " << memory::dtype_name(db) << " at (" << i << ", " << j
+          << "): got " << got << " want " << want;
+    }
+    // Columns past n (the row padding of C) are untouched.
+    for (int64_t j = s.n; j < ldc; ++j) {
+      const float before = c0[i * ldc + j];
+      ASSERT_TRUE(std::isnan(before) ? std::isnan(c[i * ldc + j]) : c[i * ldc + j] == before);
+    }
+  }
+}
+
+TEST(Gemm, MatchesDoubleReferenceOnEveryPathShapeAndLayout) {
+  const Case cases[] = {{1, 1, 1}, {13, 33, 17}, {37, 65, 3}, {12, 32, 256}, {25, 70, 257}, {100, 97, 513}, {5, 800, 40}};
+  uint32_t seed = 1;
+  for (GemmPath path : paths_here()) {
+    for (const Case& s : cases) {
+      for (int t = 0; t < 4; ++t) {
+        const bool ta = t & 1, tb = t & 2;
+        check(path, s, ta, tb, DType::kF32, DType::kBF16, 1.0f, 0.0f, seed++);
+        check(path, s, ta, tb, DType::kBF16, DType::kF32, 0.75f, 1.0f, seed++);
+      }
+      check(path, s, false, false, DType::kF32, DType::kF32, -1.5f, 0.5f, seed++);
+      check(path, s, true, true, DType::kBF16, DType::kBF16, 1.0f, 0.0f, seed++);
+    }
+  }
+}
+
+TEST(Gemm, LargeBlocksAcrossThreadsAndSlices) {
+  // m over several 96-row blocks, n over two 768-column blocks, k over three slices.
+  for (GemmPath path : paths_here()) {
+    check(path, {203, 1000, 600}, false, true, DType::kF32, DType::kBF16, 1.0f, 0.0f, 7);
+    check(path, {300, 130, 515}, true, false, DType::kF32, DType::kF32, 1.0f, 1.0f, 8);
+  }
+}
+
+TEST(Gemm, ZeroDepthScalesC) {
+  for (GemmPath path : paths_here()) {
+    std::vector<float> c = {1.0f, 2.0f, 3.0f, 4.0f};
+    const std::vector<float> a(1), b(1);
+    gemm(path, 2, 2, 0, 1.0f, Matrix::f32(a.data(), 1), Matrix::f32(b.data(), 2), 0.5f, c.data(), 2);
+    EXPECT_EQ(c, (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f})) << gemm_path_name(path);
+  }
+}
+
+TEST(Gemm, NestedInsideAParallelRegionGivesTheSameResult) {
+  // Attention calls gemm from inside its own parallel loop (one head per thread): the kernel then runs
+  // on the calling thread, with that thread's buffers.
+  for (GemmPath path : paths_here()) {
+    std::mt19937 rng(3);
+    const Stored a(40, 70, 0, DType::kF32, false, rng);
+    const Stored b(70, 50, 0, DType::kBF16, false, rng);
+    std::vector<float> want(40 * 50);
+    gemm(path, 40, 50, 70, 1.0f, a.matrix(), b.matrix(), 0.0f, want.data(), 50);
+    std::vector<float> got(4 * 40 * 50);
+    zs::parallel_for_threads(4, 4, 1, [&](int64_t b0, int64_t b1, int) {
+      for (int64_t i = b0; i < b1; ++i) gemm(path, 40, 50, 70, 1.0f, a.matrix(), b.matrix(), 0.0f, got.data() + i * 2000, 50);
+    });
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), got.begin() + i * 2000)) << gemm_path_name(path) << " copy " << i;
+    }
+  }
+}
+
+TEST(Gemm, Bf16PathFollowsTheCpuAndTheIsaCap) {
+  // The choice this process made (the avx2 kernel variant of the model tests runs with the cap at
+  // avx2 and must take the fallback).
+  const bool native = memory::cpu_has_avx512_bf16() && memory::best_isa() >= memory::IsaLevel::kAvx512;
+  EXPECT_EQ(bf16_gemm_path(), native ? GemmPath::kAvx512Bf16 : GemmPath::kSgemm);
+  EXPECT_EQ(gemm_path_for(DType::kF32), GemmPath::kSgemm);
+  EXPECT_EQ(gemm_path_for(DType::kF16), GemmPath::kSgemm);
+  EXPECT_EQ(gemm_path_for(DType::kBF16), bf16_gemm_path());
+}
+
+}  // namespace
+}  // namespace zs::nn::detail
