@@ -5,8 +5,9 @@
 //   ... ctx.forward(*block, x) ...
 //   uint64_t block_flops = zs::nn::flops_performed() - before;   // this thread's view of all threads
 //
-// What counts: every matrix product as 2*m*n*k (nn's one sgemm chokepoint, nn/detail/ops.h, counts
-// itself; a module with kernels of its own adds its figure with add_flops). Elementwise work (GELU,
+// What counts: every matrix product as 2*m*n*k, counted where nn's products run (the sgemm wrapper in
+// nn/detail/ops.h and the bf16 kernel's entry in nn/detail/gemm.h count themselves; a module with
+// kernels of its own adds its figure with add_flops). Elementwise work (GELU,
 // layernorm, softmax, residual adds) is not counted: in a transformer it is well under 1% of the
 // products' FLOPs, and counting it would cost a call per loop. Products skipped because the run only
 // measures memory (Note [measuring run] in nn/detail/parallel.h) are not counted.

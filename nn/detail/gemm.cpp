@@ -8,6 +8,7 @@
 #include "nn/detail/gemm_kernels.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
+#include "nn/flops.h"
 
 namespace zs::nn::detail {
 namespace {
@@ -49,6 +50,7 @@ void gemm(GemmPath path, int64_t m, int64_t n, int64_t k, float alpha, const Mat
   if (path == GemmPath::kAvx512Bf16) {
     ZS_ASSERT(gemm_path_supported(path), "gemm: path avx512bf16 on a CPU without AVX512-BF16");
     gemm_avx512bf16(m, n, k, alpha, a, b, beta, c, ldc);
+    add_flops(2 * static_cast<uint64_t>(m) * static_cast<uint64_t>(n) * static_cast<uint64_t>(k));  // nn/flops.h
     return;
   }
   std::vector<float> a_keep, b_keep;

@@ -60,8 +60,8 @@ nn::Batch batch_of(int64_t rows, uint64_t step) {
 struct Profiled {
   nn::GptModel model{kGpt};
   FlopsProfiler profiler;
-  explicit Profiled(FlopsProfilerConfig c = {.enabled = true}) : profiler(c) {
-    nn::materialize(model, 3);
+  explicit Profiled(FlopsProfilerConfig c = {.enabled = true}, memory::DType dtype = memory::DType::kF32) : profiler(c) {
+    nn::materialize(model, 3, dtype);
     ProfilingContext ctx(profiler);
     profiler.window_started(1);
     EXPECT_TRUE(profiler.recording());
@@ -71,8 +71,12 @@ struct Profiled {
   }
 };
 
-TEST(FlopsProfiler, LinearFlopsAreExact) {
-  Profiled p;
+class FlopsProfilerDtype : public ::testing::TestWithParam<memory::DType> {};
+
+// In bf16 too: on a CPU with AVX512-BF16 the products take the bf16 kernel (nn/detail/gemm.h), which
+// counts itself like the sgemm path.
+TEST_P(FlopsProfilerDtype, LinearFlopsAreExact) {
+  Profiled p({.enabled = true}, GetParam());
   const uint64_t n = kMicroBatch * kGpt.seq_len;  // rows through every Linear
   int linears = 0;
   for (nn::Module* m : p.model.named_modules()) {
@@ -88,6 +92,7 @@ TEST(FlopsProfiler, LinearFlopsAreExact) {
   }
   EXPECT_EQ(linears, 4 * kGpt.n_layer);  // qkv, attention proj, fc, mlp proj
 }
+INSTANTIATE_TEST_SUITE_P(Dtypes, FlopsProfilerDtype, ::testing::Values(memory::DType::kF32, memory::DType::kBF16));
 
 TEST(FlopsProfiler, ParentsIncludeTheirChildren) {
   Profiled p;
