@@ -1,5 +1,6 @@
 #include "comm/group.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <numeric>
@@ -372,9 +373,36 @@ Work Group::broadcast_async(const Tensor& data, int root) const {
 // ---- all-to-all(v) ----
 
 namespace {
+// Note [alltoallv counts]: MPI_Alltoallv reports a receive count smaller than the matching send count
+// as a truncation error on the receiving rank only, and a larger one not at all (the tail of the
+// output is left as it was). So before the data moves, every rank gathers every rank's send and receive
+// counts (2 * size int32 each, one MPI_Allgather after the handshake, so it cannot hang) and checks the
+// whole matrix: every rank reaches the same verdict and a mismatch throws CommError on all of them,
+// naming the first pair, with no data moved.
+void check_alltoallv_counts(const Op& op, MPI_Comm comm, int rank, int size, const std::vector<int>& send,
+                            const std::vector<int>& recv) {
+  const size_t n = static_cast<size_t>(size);
+  std::vector<int32_t> mine(2 * n), all(2 * n * n);
+  std::copy(send.begin(), send.end(), mine.begin());
+  std::copy(recv.begin(), recv.end(), mine.begin() + static_cast<std::ptrdiff_t>(n));
+  ZS_MPI_CHECK(MPI_Allgather(mine.data(), 2 * size, MPI_INT32_T, all.data(), 2 * size, MPI_INT32_T, comm),
+               "{}: exchanging the counts", op.describe());
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      const int32_t sent = all[i * 2 * n + j], expected = all[j * 2 * n + n + i];
+      if (sent != expected) {
+        fail(op, fmt::format("mismatched counts: rank {} sends {} elements to rank {}, which expects {} from it "
+                             "(this is rank {}); recv_counts[i] on rank j must equal send_counts[j] on rank i "
+                             "(exchange the counts first, e.g. with alltoall)",
+                             i, sent, j, expected, rank));
+      }
+    }
+  }
+}
+
 std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
                                  std::vector<size_t> send, const memory::Tensor& output, std::vector<size_t> recv,
-                                 bool uneven_api) {
+                                 bool uneven_api, bool check_counts = true) {
   const DType t = input.dtype();
   const OpCode code = uneven_api ? OpCode::kAlltoallv : OpCode::kAlltoall;
   // Per-rank counts legitimately differ in alltoallv, so only alltoall's size enters the signature.
@@ -393,12 +421,14 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, c
   const size_t me = static_cast<size_t>(g->rank);
   op->bytes_sent = (s.total - send[me]) * es;
   op->bytes_received = (r.total - recv[me]) * es;
-  op->body = [g = g.get(), input, output, t, s = std::move(s), r = std::move(r), uneven_api, o = op.get()] {
+  op->body = [g = g.get(), input, output, t, s = std::move(s), r = std::move(r), uneven_api, check_counts,
+              o = op.get()] {
     if (g->local()) {
       if (s.total > 0) std::memmove(output.raw(), input.raw(), s.total * memory::dtype_size(t));
       return;
     }
     const MPI_Datatype type = mpi_type(t);
+    if (uneven_api && check_counts) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);
     if (!uneven_api) {
       ZS_MPI_CHECK(MPI_Alltoall(input.raw(), s.counts[0], type, output.raw(), r.counts[0], type, g->comm), "{}", o->describe());
     } else {
@@ -429,14 +459,15 @@ Work Group::alltoall_async(const Tensor& input, const Tensor& output) const {
   return state_->runtime->submit(alltoall_op(state_, input, output));
 }
 void Group::alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
-                      std::span<const size_t> recv_counts) const {
+                      std::span<const size_t> recv_counts, CountCheck check) const {
   state_->runtime->run(alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
-                                    {recv_counts.begin(), recv_counts.end()}, true));
+                                    {recv_counts.begin(), recv_counts.end()}, true, check == CountCheck::kVerify));
 }
 Work Group::alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
-                            std::span<const size_t> recv_counts) const {
+                            std::span<const size_t> recv_counts, CountCheck check) const {
   return state_->runtime->submit(alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
-                                              {recv_counts.begin(), recv_counts.end()}, true));
+                                              {recv_counts.begin(), recv_counts.end()}, true,
+                                              check == CountCheck::kVerify));
 }
 
 // ---- barrier ----

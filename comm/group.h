@@ -115,11 +115,15 @@ class Group {
   Work alltoall_async(const Tensor& input, const Tensor& output) const;
   // Uneven form: rank i sends send_counts[j] elements (consecutive, in j order) to rank j, which
   // receives them as its recv_counts[i] elements (in i order). send_counts[j] on rank i must equal
-  // recv_counts[i] on rank j (MPI reports a violation as a truncation error).
+  // recv_counts[i] on rank j: checked on every rank before any data moves (Note [alltoallv counts] in
+  // comm/group.cpp), a violation throws CommError on every rank naming the pair.
+  // check = kSkip leaves the check out (one small allgather less) where the counts agree by
+  // construction: recv_counts came from an alltoall of the send counts (moe/dispatch.h does this).
+  enum class CountCheck { kVerify, kSkip };
   void alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
-                 std::span<const size_t> recv_counts) const;
+                 std::span<const size_t> recv_counts, CountCheck check = CountCheck::kVerify) const;
   Work alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
-                       std::span<const size_t> recv_counts) const;
+                       std::span<const size_t> recv_counts, CountCheck check = CountCheck::kVerify) const;
 
   // Returns once every rank of the group has called barrier (timed like every collective).
   void barrier() const;

@@ -524,9 +524,9 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   }
   read_hint<bool>(root, "zero_allow_untested_optimizer", cfg.notes,
                   "every zeroshard optimizer runs at every ZeRO stage it accepts");
-  detail::read_monitor(root, cfg.monitor, cfg.notes);  // csv_monitor, tensorboard, comms_logger, memory_breakdown
+  detail::read_monitor(root, cfg.monitor, cfg.notes);  // csv_monitor, tensorboard, comms_logger, flops_profiler, memory_breakdown
   // Feature sections, accepted while disabled.
-  for (std::string_view key : {"wandb", "comet", "flops_profiler",
+  for (std::string_view key : {"wandb", "comet",
                                "torch_autocast", "hybrid_engine", "amp", "eigenvalue", "progressive_layer_drop",
                                "elasticity", "autotuning", "nebula", "curriculum_learning", "data_efficiency"}) {
     read_disabled_section(root, key);

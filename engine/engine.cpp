@@ -415,6 +415,10 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
   if (impl_->kernels()) {
     // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
     if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, group_.rank());
+    // DeepSpeed profiles on global rank 0 only.
+    if (config_.monitor.flops.enabled && group_.rank() == 0) {
+      impl_->profiler_ = std::make_unique<FlopsProfiler>(config_.monitor.flops);
+    }
     size_t buckets = 0;
     for (const auto& set : impl_->sets_) buckets += set->reducer->bucket_count();
     ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
@@ -464,6 +468,7 @@ float Engine::forward(const nn::Batch& batch) {
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
+  if (s.profiler_ && s.micro_step_ == 0) s.profiler_->window_started(global_step_);
   try {
     for (auto& set : s.sets_) {
       if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kForward);
@@ -532,6 +537,7 @@ void Engine::Impl::abandon_forward(nn::Model& model) {
     for (auto& set : sets_) {
       if (set->gatherer) set->gatherer->invalidate();  // gathered or in flight: released; a partial first order is re-recorded
     }
+    if (profiler_) profiler_->abandon_pass();
   } catch (...) {
   }
 }
@@ -543,6 +549,7 @@ void Engine::Impl::abandon_window(nn::Model& model) {
       set->reducer->abort();
       if (set->gatherer) set->gatherer->invalidate();
     }
+    if (profiler_) profiler_->abandon_pass();
     reductions_access_.reset();
     for (auto& set : sets_) {
       backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());

@@ -72,7 +72,9 @@
 //
 // Monitoring: the config's csv_monitor, tensorboard, memory_breakdown and comms_logger sections are
 // acted on by the engine itself at every optimizer step, on rank 0 (engine/monitor.h); the comms_logger
-// table of the whole run prints when the engine is destroyed (not while an exception unwinds).
+// table of the whole run prints when the engine is destroyed (not while an exception unwinds). With
+// flops_profiler enabled, the module hooks time each module of step `profile_step` on rank 0 and its
+// profile prints when that step ends (engine/flops_profiler.h).
 //
 // Thread-safety: one thread drives an Engine. Every rank of the group must make the same calls.
 #pragma once

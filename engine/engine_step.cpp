@@ -305,6 +305,13 @@ bool Engine::step() {
                     .memory = s.tracker_.snapshot()};
     s.monitor_->on_step(m, group_.op_stats());
   }
+  if (s.profiler_ && s.profiler_->window_finished()) {
+    s.profiler_->publish(model_, {.world_size = group_.size(),
+                                  .micro_batch = config_.batch.micro_batch_per_rank,
+                                  .accumulation = config_.batch.gradient_accumulation_steps,
+                                  .step_latency_s = report.optimizer_s,
+                                  .iter_latency_s = step_end - s.window_start_s_});
+  }
   return true;
 }
 

@@ -76,6 +76,23 @@ void read_monitor(ObjectReader& root, MonitorConfig& m, std::vector<std::string>
                                   r.path_of("debug")));
     }
   });
+  root.read_object("flops_profiler", [&](ObjectReader& r) {
+    FlopsProfilerConfig& c = m.flops;
+    r.read("enabled", c.enabled);
+    r.read("profile_step", c.profile_step, IntRange::non_negative());
+    r.read("module_depth", c.module_depth, IntRange{-1, 1000});
+    r.read("top_modules", c.top_modules, IntRange{1, 1000});
+    r.read("detailed", c.detailed);
+    if (const boost::json::value* v = r.find("output_file"); v != nullptr && !v->is_null()) {
+      from_json(*v, r.path_of("output_file"), c.output_file);
+    }
+    double recompute = 0.0;
+    if (r.read("recompute_fwd_factor", recompute, RealRange{0.0, 1.0}) && recompute != 0.0) {
+      notes.push_back(fmt::format("{}: accepted; has no effect in zeroshard: backward FLOPs are counted as the kernels "
+                                  "run them, recomputation included, not estimated from the forward's",
+                                  r.path_of("recompute_fwd_factor")));
+    }
+  });
 }
 
 }  // namespace zs::engine::detail

@@ -1,7 +1,8 @@
 // The monitoring sections of the config (DeepSpeed's names and defaults): csv_monitor, tensorboard,
-// comms_logger and the top-level memory_breakdown switch. What each writes: engine/monitor.h.
+// comms_logger, flops_profiler and the top-level memory_breakdown switch. What each writes: engine/monitor.h.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -29,15 +30,27 @@ struct CommsLoggerConfig {
   bool debug = false;                 // accepted; zeroshard has no call-site names to add
 };
 
+// flops_profiler (DeepSpeed's keys and defaults): per-module time and FLOPs of one optimizer step,
+// printed on rank 0 when that step ends (engine/flops_profiler.h).
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  int64_t profile_step = 1;  // profiles the step that starts after this many steps (DeepSpeed's global_steps)
+  int module_depth = -1;     // deepest level of the detailed profile (-1: all)
+  int top_modules = 1;       // the aggregated profile's top modules per depth
+  bool detailed = true;      // print the module tree
+  std::string output_file;   // "": the log (stderr)
+};
+
 struct MonitorConfig {
   MonitorOutputConfig csv;          // csv_monitor
   MonitorOutputConfig tensorboard;  // tensorboard
   CommsLoggerConfig comms;          // comms_logger
   bool memory_breakdown = false;    // the per-category memory line every steps_per_print steps
+  FlopsProfilerConfig flops;        // flops_profiler
 };
 
 namespace detail {
-// Reads the four monitor keys of the root object into `m` (declaring them known to `root`); notes get
+// Reads the five monitor keys of the root object into `m` (declaring them known to `root`); notes get
 // a line per accepted key that has no effect.
 void read_monitor(ObjectReader& root, MonitorConfig& m, std::vector<std::string>& notes);
 }  // namespace detail

@@ -59,6 +59,10 @@ bool Parameter::has_tag(std::string_view tag) const {
   return std::find(tags_.begin(), tags_.end(), tag) != tags_.end();
 }
 
+void Parameter::add_tag(std::string_view tag) {
+  if (!has_tag(tag)) tags_.emplace_back(tag);
+}
+
 void Parameter::set_data(memory::Tensor t) {
   ZS_ASSERT(!t.defined() || t.raw() == nullptr || t.shape() == shape_, "data {} for parameter '{}' of shape {}",
             memory::shape_string(t.shape()), full_name_, memory::shape_string(shape_));

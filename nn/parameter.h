@@ -72,6 +72,9 @@ class Parameter {
   const Init& init() const { return init_; }
   const std::vector<std::string>& tags() const { return tags_; }
   bool has_tag(std::string_view tag) const;
+  // Adds `tag` unless present. For a module that tags parameters it did not declare (moe::MoE marks
+  // every parameter of its experts with kTagExpert); call before the engine plans the model.
+  void add_tag(std::string_view tag);
 
   // Storage views (see the file comment). set_data/set_grad check the shape; undefined is allowed.
   const memory::Tensor& data() const { return data_; }

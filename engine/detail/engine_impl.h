@@ -22,6 +22,7 @@
 #include "memory/allocator.h"
 #include "memory/backend.h"
 #include "memory/tracker.h"
+#include "engine/flops_profiler.h"
 #include "engine/monitor.h"
 #include "offload/swap_space.h"
 #include "offload/swapper.h"
@@ -171,6 +172,7 @@ class Engine::Impl final : public ModuleHooks {
   double window_start_s_ = 0.0;  // now_seconds() at the accumulation window's first forward
   int64_t window_tokens_ = 0;    // token ids this rank fed in the window (integer inputs only)
   std::unique_ptr<TrainingMonitor> monitor_;  // when the config enables a monitor (engine/monitor.h)
+  std::unique_ptr<FlopsProfiler> profiler_;   // flops_profiler enabled, rank 0 (engine/flops_profiler.h)
   uint64_t bytes_sent_at_step_start_ = 0;
   memory::TransferStats transfers_at_step_start_;
   std::vector<float> scratch_;                  // initialisation and gathering, one thread
@@ -278,13 +280,17 @@ class Engine::Impl final : public ModuleHooks {
   // that the source filled exactly the rows it was asked for (UsageError otherwise).
   void fill_micro_batch(BatchSource& source, nn::Batch& batch, int64_t step, int64_t m);
 
-  // Each set's gatherer and reducer handle the modules whose own parameters are in its layout.
+  // Each set's gatherer and reducer handle the modules whose own parameters are in its layout. The
+  // profiler times a module from its gathered parameters to its release (evaluation excluded).
+  bool profiling() const { return profiler_ && profiler_->recording() && ctx_.training(); }
   void before_forward(nn::Module& m) override {
     for (auto& s : sets_) {
       if (s->gatherer) s->gatherer->fetch(m);
     }
+    if (profiling()) profiler_->enter(m);
   }
   void after_forward(nn::Module& m) override {
+    if (profiling()) profiler_->leave(m, FlopsProfiler::Pass::kForward);
     for (auto& s : sets_) {
       if (s->gatherer) s->gatherer->release(m);
     }
@@ -294,8 +300,10 @@ class Engine::Impl final : public ModuleHooks {
       if (s->gatherer) s->gatherer->fetch(m);
       s->reducer->module_starting(m);
     }
+    if (profiling()) profiler_->enter(m);
   }
   void after_backward(nn::Module& m) override {
+    if (profiling()) profiler_->leave(m, FlopsProfiler::Pass::kBackward);
     for (auto& s : sets_) {
       s->reducer->module_done(m);
       if (s->gatherer) s->gatherer->release(m);

@@ -323,7 +323,7 @@ TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
            R"({"train_batch_size": 4, "torch_autocast": {"enabled": true, "dtype": "bfloat16"}})",
            R"({"train_batch_size": 4, "hybrid_engine": {"enabled": true}})",
            R"({"train_batch_size": 4, "wandb": {"enabled": true}})",
-           R"({"train_batch_size": 4, "flops_profiler": {"enabled": true}})",
+           R"({"train_batch_size": 4, "comet": {"enabled": true}})",
        }) {
     EXPECT_CONTAINS(error_of(text), "not supported by zeroshard") << text;
   }
