@@ -7,6 +7,7 @@
 #include "engine/config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
+#include "estimate/estimate.h"
 #include "optim/adam.h"
 #include "moe/moe.h"
 #include "nn/data.h"
@@ -100,6 +101,28 @@ TEST(GptMoeEngine, ExpertParallelismTrainsLikeEpSize1) {
       const std::vector<float> expert = engine.fp32_param("blocks.1.moe.experts.3.fc.weight");
       for (size_t i = 0; i < ref.expert.size(); ++i) ASSERT_NEAR(expert[i], ref.expert[i], 1e-5);
     }
+  }
+}
+
+// Model states per rank with experts spread over ep_size 2: the engine allocates exactly what the
+// estimator's placement plans say (dense part over the ranks, experts over the edp group).
+TEST(GptMoeEngine, TheEstimatorCountsExpertsPerRank) {
+  const comm::World& world = test::world();
+  if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  comm::ExpertGroups groups = world.split_groups(2);
+  GptMoeModel model(tiny(2), &groups);
+  engine::DatasetSource source(nn::Dataset::builtin(16), 7);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const engine::EngineConfig cfg = config(stage, world.size());
+    const engine::EstimateInput in = engine::estimate_input_for_model(model, source, cfg, world.size(), "gpt-moe");
+    ASSERT_EQ(in.model.experts.size(), 1u);
+    EXPECT_EQ(in.model.experts[0].expert_parallel_size, 2);
+    const engine::StateBytes predicted = engine::tiered_state_bytes(in, stage, world.rank()).device;
+    engine::Engine engine(model, cfg, world.group());
+    const engine::ModelStateBytes real = engine.model_state_bytes();
+    EXPECT_EQ(predicted.params, real.params) << "stage " << stage;
+    EXPECT_EQ(predicted.grads, real.grads) << "stage " << stage;
+    EXPECT_EQ(predicted.optimizer, real.optimizer) << "stage " << stage;
   }
 }
 
