@@ -82,24 +82,47 @@ TEST(GptMoeEngine, ExpertParametersAreTagged) {
 }
 
 // The engine reduces expert gradients over the expert-data-parallel group scaled by 1/W (Note
-// [expert parameters] in engine/engine.h): ep_size 2 trains as ep_size 1, at every stage.
+// [expert parameters] in engine/engine.h): ep_size 2 trains as ep_size 1, at every stage. Adam's eps
+// is raised to 1e-6 here: at ep_size 2 an expert's gradient is one GEMM over the tokens the EP group
+// sent it, at ep_size 1 the average of two ranks' GEMMs, and with eps 1e-8 Adam turns that rounding
+// difference on a near-zero gradient element into a sizeable part of a step.
 TEST(GptMoeEngine, ExpertParallelismTrainsLikeEpSize1) {
   const comm::World& world = test::world();
   if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
-  const TrainRun ref = train(0);
+  auto cfg = [&](int stage) {
+    engine::EngineConfig c = config(stage, world.size());
+    c.optimizer = engine::OptimizerConfig("AdamW", optim::AdamConfig{.lr = 3e-3, .eps = 1e-6});
+    return c;
+  };
+  struct Run {
+    std::vector<double> losses;
+    std::vector<float> gate, expert;  // expert 3: on every rank at ep_size 1, on EP rank 1 at ep_size 2
+  };
+  auto run = [&](int ep_size, int stage) {
+    comm::ExpertGroups groups = world.split_groups(ep_size);
+    GptMoeModel model(tiny(ep_size), &groups);
+    engine::Engine engine(model, cfg(stage), world.group());
+    engine::DatasetSource source(nn::Dataset::builtin(16), 7);
+    Run r;
+    for (int i = 0; i < 8; ++i) r.losses.push_back(engine.train_batch(source).loss);
+    r.gate = engine.fp32_param("blocks.1.moe.gate.wg.weight");
+    if (ep_size == 1 || groups.ep.rank() == 1) r.expert = engine.fp32_param("blocks.1.moe.experts.3.fc.weight");
+    return r;
+  };
+  auto max_diff = [](const std::vector<float>& a, const std::vector<float>& b) {
+    double m = 0.0;
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, double(std::abs(a[i] - b[i])));
+    return m;
+  };
+  const Run ref = run(1, 0);
   for (int stage = 0; stage <= 3; ++stage) {
     SCOPED_TRACE(fmt::format("ep_size 2, stage {}", stage));
-    comm::ExpertGroups groups = world.split_groups(2);
-    GptMoeModel model(tiny(2), &groups);
-    engine::Engine engine(model, config(stage, world.size()), world.group());
-    engine::DatasetSource source(nn::Dataset::builtin(16), 7);
-    for (int i = 0; i < 8; ++i) EXPECT_NEAR(engine.train_batch(source).loss, ref.losses[i], 1e-5 * ref.losses[i]) << "step " << i;
-    // Expert 3 lives on the second rank of each expert-parallel group; the gate on every rank.
-    const std::vector<float> gate = engine.fp32_param("blocks.1.moe.gate.wg.weight");
-    for (size_t i = 0; i < ref.gate.size(); ++i) ASSERT_NEAR(gate[i], ref.gate[i], 1e-5);
-    if (groups.ep.rank() == 1) {
-      const std::vector<float> expert = engine.fp32_param("blocks.1.moe.experts.3.fc.weight");
-      for (size_t i = 0; i < ref.expert.size(); ++i) ASSERT_NEAR(expert[i], ref.expert[i], 1e-5);
+    const Run got = run(2, stage);  // collective: no ASSERT inside, every rank runs every stage
+    for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * ref.losses[i]) << "step " << i;
+    EXPECT_LE(max_diff(got.gate, ref.gate), 1e-5);
+    if (!got.expert.empty()) {
+      EXPECT_EQ(got.expert.size(), ref.expert.size());
+      EXPECT_LE(max_diff(got.expert, ref.expert), 1e-5);
     }
   }
 }
