@@ -68,6 +68,31 @@ TEST(Estimate, CategoriesFollowTheEngineRules) {
   EXPECT_EQ(model_state_bytes(f32, 3, 0), (StateBytes{4 * S, 4 * S, 8 * S}));
 }
 
+TEST(Estimate, ExpertLayoutsAreShardedOverTheirExpertDataParallelGroup) {
+  // Dense Ψ over R = 4 ranks, an expert layout Ψ_E with E = 2 over the 2 ranks {i, i+2} (rank r is
+  // its rank r / 2), bf16 + Adam (2 + 2 + 12 bytes per element, whole or shard as the stage says).
+  const uint64_t psi = 6400, psi_e = 3200;
+  const int R = 4, E = 2;
+  EstimateInput in = estimate_input_for_params(psi, R, Precision::kBf16);
+  in.model.experts.push_back({E, psi_e});
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (int r = 0; r < R; ++r) {
+      const uint64_t s = psi / R, s_e = memory::shard_of(psi_e, R / E, r / E, kAlign).size;
+      auto held = [&](bool sharded, uint64_t whole, uint64_t shard) { return sharded ? shard : whole; };
+      const StateBytes want{2 * (held(stage == 3, psi, s) + held(stage == 3, psi_e, s_e)),
+                            2 * (held(stage >= 2, psi, s) + held(stage >= 2, psi_e, s_e)),
+                            12 * (held(stage >= 1, psi, s) + held(stage >= 1, psi_e, s_e))};
+      EXPECT_EQ(model_state_bytes(in, stage, r), want) << "stage " << stage << " rank " << r;
+    }
+  }
+  const auto plans = placement_plans(in, 1, 3);
+  ASSERT_EQ(plans.size(), 2u);
+  EXPECT_EQ(plans[1].buffers.front().group, "edp");
+  EXPECT_EQ(plans[1].stepped, memory::shard_of(psi_e, R / E, 1, kAlign));
+  in.ranks = 3;  // E = 2 does not divide 3 ranks
+  EXPECT_THROW(model_state_bytes(in, 1, 0), ConfigError);
+}
+
 TEST(Estimate, UnevenShardsUseTheEnginePartition) {
   // Ψ = 1024 over 3 ranks: stride ceil(1024/3) = 342 -> 352 (a multiple of 32); shards 352, 352, 320.
   EstimateInput in = estimate_input_for_params(1000, 3, Precision::kBf16);
