@@ -13,6 +13,7 @@
 #include "estimate/measure.h"
 #include "engine/flat_layout.h"
 #include "memory/shard.h"
+#include "moe/gpt_moe.h"
 #include "nn/gpt.h"
 
 namespace zs::engine {
@@ -184,26 +185,51 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
   return in;
 }
 
+namespace {
+
+// The GPT-MoE as the estimator measures it: rank 0's experts (every rank holds as many, of the same
+// shapes) over simulated groups, where the MoE layer routes a balanced load (moe/moe_layer.h).
+struct MeasuredGptMoe {
+  MeasuredGptMoe(const moe::GptMoeConfig& c, int ranks)
+      : groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep"),
+               comm::Group::simulated(0, ranks / c.moe.ep_size, "edp")},
+        model(c, &groups) {}
+  comm::ExpertGroups groups;  // the model keeps a pointer: declared first, destroyed last
+  moe::GptMoeModel model;
+};
+
+std::shared_ptr<nn::Model> builtin_model(const EngineConfig& cfg, int ranks) {
+  if (!cfg.model_moe) return std::make_shared<nn::GptModel>(*cfg.model);
+  const int e = cfg.model_moe->moe.ep_size;
+  if (ranks % e != 0) {
+    throw ConfigError(fmt::format("model.moe.ep_size: {} does not divide the {} ranks estimated; estimate a multiple of "
+                                  "{} ranks",
+                                  e, ranks, e));
+  }
+  auto target = std::make_shared<MeasuredGptMoe>(*cfg.model_moe, ranks);
+  return std::shared_ptr<nn::Model>(target, &target->model);
+}
+
+}  // namespace
+
 EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
-  if (cfg.model_moe) {
-    // Each rank holds other experts, and routing decides the all-to-all buffers' sizes: the measuring
-    // run (simulated collectives that carry no counts) cannot replay it yet.
-    throw ConfigError("model.moe: zeroshard estimate does not model MoE layers yet; estimate the dense model (remove "
-                      "model.moe) and add the experts' states per rank: dense states / ranks + expert states / (ranks / "
-                      "ep_size) (docs/moe.md)");
-  }
   if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }
-    auto model = std::make_shared<nn::GptModel>(*cfg.model);  // declares the parameters; allocates nothing
+    std::shared_ptr<nn::Model> model = builtin_model(cfg, ranks);  // declares the parameters; allocates nothing
     in.model = model_facts(*model, in.zero);
     const auto& m = *cfg.model;
-    in.model.description = fmt::format("GPT n_layer {} d_model {} n_head {} seq_len {} vocab {}{}: {} parameters", m.n_layer,
-                                       m.d_model, m.n_head, m.seq_len, m.vocab_size,
-                                       m.tied_embeddings ? "" : " (untied head)", group_digits(in.model.param_elements));
+    const std::string moe_part =
+        cfg.model_moe ? fmt::format(", {} experts top-{} every {} block(s), ep_size {}", cfg.model_moe->moe.num_experts,
+                                    cfg.model_moe->moe.k, cfg.model_moe->every_n_layers, cfg.model_moe->moe.ep_size)
+                      : std::string();
+    in.model.description = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}{}{}: {} parameters",
+                                       cfg.model_moe ? "-MoE" : "", m.n_layer, m.d_model, m.n_head, m.seq_len,
+                                       m.vocab_size, m.tied_embeddings ? "" : " (untied head)", moe_part,
+                                       group_digits(in.model.param_elements));
     // Batches of the built-in corpus: their shapes are what counts (the arithmetic is skipped).
     auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(m.seq_len), cfg.seed);
     in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, cfg});
