@@ -73,6 +73,8 @@ const H5Z_class2_t kZstdClass = {
 
 }  // namespace
 
+const void* zstd_filter_class() { return &kZstdClass; }
+
 void register_zstd_filter() {
   if (H5Zfilter_avail(kZstdFilterId) > 0) return;
   if (H5Zregister(&kZstdClass) < 0) {
