@@ -10,7 +10,7 @@
 // Values are N(0, 0.02) floats, like weights: they compress little, which is the honest case.
 //
 //   checkpoint_bench [--size 1G] [--ranks 4] [--tensors 64] [--piece 64M] [--reps 3] [--checksum 1]
-//                    [--zstd-level 3] [--dir DIR] [--json FILE]
+//                    [--zstd-level 3] [--chunk 4M] [--dir DIR] [--json FILE]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -150,10 +150,16 @@ double load_plain(const Setup& s, const fs::path& dir, std::vector<float>& out, 
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     ZS_SYS_CHECK(fd, "open of '{}'", p.string());
     size_t n = rank_bytes(s, r).size() * 3;
-    // Into a buffer-sized target, as the load's: the bytes land in memory the caller owns.
-    for (size_t off = 0; off < n; off += piece) {
-      size_t want = std::min(piece, n - off);
-      ZS_SYS_CHECK(::read(fd, dst + off % (out.size() * sizeof(float) - want + 1), want), "read");
+    // Into the same caller-owned target as the load's (one buffer's size, reused for each buffer).
+    const size_t out_bytes = out.size() * sizeof(float);
+    size_t pos = 0;
+    for (size_t off = 0; off < n;) {
+      size_t want = std::min({piece, n - off, out_bytes - pos});
+      ssize_t got = ::read(fd, dst + pos, want);
+      ZS_SYS_CHECK(got, "read of '{}'", p.string());
+      if (got == 0) throw zs::IoError("short read of " + p.string());
+      off += static_cast<size_t>(got);
+      pos = (pos + static_cast<size_t>(got)) % out_bytes;
     }
     ::close(fd);
   }
@@ -170,13 +176,14 @@ int main(int argc, char** argv) try {
   const int reps = static_cast<int>(zs::bench::int_arg(argc, argv, "--reps", 3));
   const bool checksum = zs::bench::int_arg(argc, argv, "--checksum", 1, 0) != 0;
   const int level = static_cast<int>(zs::bench::int_arg(argc, argv, "--zstd-level", 3));
+  const size_t chunk = parse_size(zs::bench::arg_value(argc, argv, "--chunk", "4M"));
   const fs::path base = zs::bench::arg_value(argc, argv, "--dir", fs::path(argv[0]).parent_path().string());
   const fs::path work = base / "checkpoint_bench.tmp";
 
   Setup s = make_setup(size, ranks, tensors);
   const double bytes = 3.0 * static_cast<double>(s.values.size()) * sizeof(float);
   std::vector<float> out(s.values.size());
-  ck::WriteOptions plain_opt{.compression = ck::Compression::kNone, .checksum = checksum};
+  ck::WriteOptions plain_opt{.compression = ck::Compression::kNone, .checksum = checksum, .chunk_bytes = chunk};
   std::vector<double> ours_save, ours_load, raw_save, raw_load;
   for (int i = 0; i < reps; ++i) {
     raw_save.push_back(save_plain(s, work / "raw", piece));
@@ -189,7 +196,8 @@ int main(int argc, char** argv) try {
     throw zs::InternalError("checkpoint_bench: the loaded exp_avg_sq differs from the saved values");
   }
   fs::remove_all(work / "ours");
-  ck::WriteOptions z_opt{.compression = ck::Compression::kZstd, .zstd_level = level, .checksum = checksum};
+  ck::WriteOptions z_opt{
+      .compression = ck::Compression::kZstd, .zstd_level = level, .checksum = checksum, .chunk_bytes = chunk};
   double z_save = save_ours(s, work / "zstd", "global_step1", z_opt, piece);
   double z_load = load_ours(work / "zstd", out, piece);
   double z_stored = static_cast<double>(ck::CheckpointReader(work / "zstd").stored_bytes());
@@ -212,7 +220,7 @@ int main(int argc, char** argv) try {
     zs::bench::Report r;
     r.benchmark = "checkpoint_bench";
     r.config = {{"bytes", bytes}, {"ranks", ranks}, {"tensors", tensors}, {"piece_bytes", piece},
-                {"reps", reps}, {"checksum", checksum}, {"zstd_level", level}};
+                {"reps", reps}, {"checksum", checksum}, {"zstd_level", level}, {"chunk_bytes", chunk}};
     r.baseline = {{"save_gbps", gbps(rs)}, {"load_gbps", gbps(rl)}};
     r.results.push_back({{"name", "checkpoint"}, {"save_gbps", gbps(os)}, {"load_gbps", gbps(ol)}});
     r.results.push_back({{"name", "checkpoint_zstd"}, {"save_gbps", gbps(z_save)}, {"load_gbps", gbps(z_load)},
