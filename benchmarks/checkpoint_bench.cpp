@@ -10,7 +10,7 @@
 // Values are N(0, 0.02) floats, like weights: they compress little, which is the honest case.
 //
 //   checkpoint_bench [--size 1G] [--ranks 4] [--tensors 64] [--piece 64M] [--reps 3] [--checksum 1]
-//                    [--zstd-level 3] [--chunk 64K] [--dir DIR] [--json FILE]
+//                    [--zstd-level 3] [--chunk 0 (auto)] [--dir DIR] [--json FILE]
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -176,7 +176,7 @@ int main(int argc, char** argv) try {
   const int reps = static_cast<int>(zs::bench::int_arg(argc, argv, "--reps", 3));
   const bool checksum = zs::bench::int_arg(argc, argv, "--checksum", 1, 0) != 0;
   const int level = static_cast<int>(zs::bench::int_arg(argc, argv, "--zstd-level", 3));
-  const size_t chunk = parse_size(zs::bench::arg_value(argc, argv, "--chunk", "64K"));
+  const size_t chunk = parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
   const fs::path base = zs::bench::arg_value(argc, argv, "--dir", fs::path(argv[0]).parent_path().string());
   const fs::path work = base / "checkpoint_bench.tmp";
 

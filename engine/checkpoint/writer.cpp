@@ -104,7 +104,9 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
     b.elem_size = memory::dtype_size(bl.dtype);
     b.type = detail::h5_type(bl.dtype);
     b.total = offset;
-    b.chunk = std::clamp<uint64_t>(options.chunk_bytes / b.elem_size, 1, std::max<uint64_t>(offset, 1));
+    const bool filtered = options.checksum || options.compression != Compression::kNone;
+    const uint64_t chunk_bytes = options.chunk_bytes != 0 ? options.chunk_bytes : filtered ? 64u << 10 : 4u << 20;
+    b.chunk = std::clamp<uint64_t>(chunk_bytes / b.elem_size, 1, std::max<uint64_t>(offset, 1));
     hsize_t dims = offset, maxdims = H5S_UNLIMITED, chunk = b.chunk;
     h5::Handle space(ZS_H5_CHECK(H5Screate_simple(1, &dims, &maxdims), path_, "data dataspace"), H5Sclose);
     h5::Handle dcpl = h5::plist_create(H5P_DATASET_CREATE);
