@@ -11,6 +11,7 @@ packages=(
   libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev
   libzstd-dev liburing-dev libssl-dev
+  python3-h5py python3-hdf5plugin hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

@@ -3,6 +3,7 @@
 //   zeroshard train --config FILE [--steps N] [--summary FILE.json]
 //   mpirun -np 4 zeroshard train --config FILE
 //   zeroshard estimate --params 1.5B --ranks 8
+//   zeroshard checkpoint inspect DIR
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@ constexpr const char* kUsage =
     "  train --config FILE [--steps N] [--summary FILE.json]   train the config's model\n"
     "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
     "                                                          memory per rank at each ZeRO stage and tier\n"
+    "  checkpoint inspect|consolidate|compare ...              look into, merge and compare checkpoints\n"
     "\n"
     "Run `zeroshard <command> --help` for a command's options, `zeroshard --version` for the version.\n"
     "Multi-rank runs: mpirun -np R zeroshard train ...\n";
@@ -40,6 +42,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "train") return zs::tools::train_command(args);
   if (command == "estimate") return zs::tools::estimate_command(args);
+  if (command == "checkpoint") return zs::tools::checkpoint_command(args);
   std::fprintf(stderr, "zeroshard: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,235 @@
+// Question: how close do checkpoint save and load come to plain file I/O of the same bytes, and what
+// do zstd's ratio and speed look like? A synthetic model (--tensors tensors, --size bytes of fp32 per
+// buffer set in total: buffers fp32, exp_avg and exp_avg_sq, split unevenly over --ranks rank files)
+// is (a) saved through the storage layer (begin_save, ShardWriter::append in --piece pieces,
+// finish, write_metadata, commit_save: fsync'd, renamed) and loaded (CheckpointReader::read of every
+// tensor of every buffer into memory), and (b) written with plain sequential write() into the same
+// number of files in --piece pieces, fsync'd, and read back with read(). Both in the same directory,
+// interleaved, median of --reps. Ratios = plain time / ours (target >= 0.8, compression off). Then the
+// same save with zstd: ratio (raw / stored bytes) and GB/s of save and load. GB/s = 1e9 bytes / s.
+// Values are N(0, 0.02) floats, like weights: they compress little, which is the honest case.
+//
+//   checkpoint_bench [--size 1G] [--ranks 4] [--tensors 64] [--piece 64M] [--reps 3] [--checksum 1]
+//                    [--zstd-level 3] [--chunk 0 (auto)] [--dir DIR] [--json FILE]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "benchmarks/support/bench_args.h"
+#include "benchmarks/support/bench_json.h"
+#include "core/errors.h"
+#include "engine/checkpoint/checkpoint.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = zs::checkpoint;
+using zs::bench::now_seconds;
+
+size_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  unsigned long long v = std::stoull(s, &pos);
+  std::string unit = s.substr(pos);
+  if (unit == "K") v <<= 10;
+  else if (unit == "M") v <<= 20;
+  else if (unit == "G") v <<= 30;
+  else if (!unit.empty()) throw zs::ConfigError("size '" + s + "': use a suffix K, M or G");
+  return v;
+}
+
+struct Setup {
+  ck::Metadata meta;
+  std::vector<float> values;  // every buffer's elements of every rank, in file order
+};
+
+Setup make_setup(size_t bytes, int ranks, int tensors) {
+  Setup s;
+  s.meta.run_id = ck::new_run_id();
+  s.meta.layout.world_size = ranks;
+  const uint64_t per_buffer = bytes / 3 / sizeof(float);
+  std::mt19937 rng(7);
+  for (int t = 0; t < tensors; ++t) {
+    uint64_t n = per_buffer / tensors + (t == 0 ? per_buffer % tensors : 0);
+    s.meta.layout.tensors.push_back({"layers." + std::to_string(t) + ".w", {n}, zs::memory::DType::kF32});
+  }
+  std::vector<std::vector<ck::Segment>> segs(static_cast<size_t>(ranks));
+  uint64_t flat = 0, weights = static_cast<uint64_t>(ranks) * (ranks + 1) / 2;
+  std::vector<uint64_t> cuts{0};
+  for (int r = 0, acc = 0; r < ranks; ++r) cuts.push_back(per_buffer * (acc += r + 1) / weights);
+  for (uint32_t t = 0; t < s.meta.layout.tensors.size(); ++t) {
+    uint64_t n = s.meta.layout.tensors[t].numel();
+    for (int r = 0; r < ranks; ++r) {
+      uint64_t lo = std::max(flat, cuts[r]), hi = std::min(flat + n, cuts[r + 1]);
+      if (lo < hi) segs[r].push_back({t, lo - flat, hi - lo});
+    }
+    flat += n;
+  }
+  for (const char* name : {"fp32", "exp_avg", "exp_avg_sq"}) {
+    s.meta.layout.buffers.push_back({name, zs::memory::DType::kF32, segs});
+  }
+  s.values.resize(per_buffer);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (float& v : s.values) v = normal(rng);
+  return s;
+}
+
+// Rank r's slice of the flat values (the same for each buffer).
+std::span<const std::byte> rank_bytes(const Setup& s, int r) {
+  uint64_t off = 0;
+  for (int q = 0; q < r; ++q) off += s.meta.layout.buffers[0].rank_elements(q);
+  return std::as_bytes(std::span<const float>(s.values).subspan(off, s.meta.layout.buffers[0].rank_elements(r)));
+}
+
+double save_ours(const Setup& s, const fs::path& root, const std::string& tag, const ck::WriteOptions& opt,
+                 size_t piece) {
+  fs::remove_all(root);
+  ck::Metadata meta = s.meta;
+  meta.tag = tag;
+  double t0 = now_seconds();
+  fs::path dir = ck::begin_save(root, tag);
+  for (int r = 0; r < meta.layout.world_size; ++r) {
+    ck::ShardWriter w(dir, meta, r, opt);
+    auto bytes = rank_bytes(s, r);
+    for (const auto& b : meta.layout.buffers) {
+      for (size_t off = 0; off < bytes.size(); off += piece) w.append(b.name, bytes.subspan(off, std::min(piece, bytes.size() - off)));
+    }
+    w.finish();
+  }
+  ck::write_metadata(dir, meta);
+  ck::commit_save(root, tag, 0);
+  return now_seconds() - t0;
+}
+
+double load_ours(const fs::path& root, std::vector<float>& out, size_t piece) {
+  double t0 = now_seconds();
+  ck::CheckpointReader r(root);
+  const size_t step = piece / sizeof(float);
+  for (const auto& b : r.metadata().layout.buffers) {
+    uint64_t at = 0;
+    for (const auto& t : r.metadata().layout.tensors) {
+      for (uint64_t e = 0; e < t.numel(); e += step) {
+        uint64_t n = std::min<uint64_t>(step, t.numel() - e);
+        r.read(b.name, t.name, e, n, zs::memory::DType::kF32, out.data() + at + e);
+      }
+      at += t.numel();
+    }
+  }
+  return now_seconds() - t0;
+}
+
+double save_plain(const Setup& s, const fs::path& dir, size_t piece) {
+  fs::remove_all(dir);
+  double t0 = now_seconds();
+  fs::create_directories(dir);
+  for (int r = 0; r < s.meta.layout.world_size; ++r) {
+    fs::path p = dir / ("rank" + std::to_string(r));
+    int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ZS_SYS_CHECK(fd, "open of '{}'", p.string());
+    auto bytes = rank_bytes(s, r);
+    for (int b = 0; b < 3; ++b) {
+      for (size_t off = 0; off < bytes.size(); off += piece) {
+        ZS_SYS_CHECK(::write(fd, bytes.data() + off, std::min(piece, bytes.size() - off)), "write");
+      }
+    }
+    ZS_SYS_CHECK(::fsync(fd), "fsync");
+    ::close(fd);
+  }
+  ck::fsync_path(dir);
+  return now_seconds() - t0;
+}
+
+double load_plain(const Setup& s, const fs::path& dir, std::vector<float>& out, size_t piece) {
+  double t0 = now_seconds();
+  auto* dst = reinterpret_cast<std::byte*>(out.data());
+  for (int r = 0; r < s.meta.layout.world_size; ++r) {
+    fs::path p = dir / ("rank" + std::to_string(r));
+    int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    ZS_SYS_CHECK(fd, "open of '{}'", p.string());
+    size_t n = rank_bytes(s, r).size() * 3;
+    // Into the same caller-owned target as the load's (one buffer's size, reused for each buffer).
+    const size_t out_bytes = out.size() * sizeof(float);
+    size_t pos = 0;
+    for (size_t off = 0; off < n;) {
+      size_t want = std::min({piece, n - off, out_bytes - pos});
+      ssize_t got = ::read(fd, dst + pos, want);
+      ZS_SYS_CHECK(got, "read of '{}'", p.string());
+      if (got == 0) throw zs::IoError("short read of " + p.string());
+      off += static_cast<size_t>(got);
+      pos = (pos + static_cast<size_t>(got)) % out_bytes;
+    }
+    ::close(fd);
+  }
+  return now_seconds() - t0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const size_t size = parse_size(zs::bench::arg_value(argc, argv, "--size", "1G"));
+  const int ranks = static_cast<int>(zs::bench::int_arg(argc, argv, "--ranks", 4));
+  const int tensors = static_cast<int>(zs::bench::int_arg(argc, argv, "--tensors", 64));
+  const size_t piece = parse_size(zs::bench::arg_value(argc, argv, "--piece", "64M"));
+  const int reps = static_cast<int>(zs::bench::int_arg(argc, argv, "--reps", 3));
+  const bool checksum = zs::bench::int_arg(argc, argv, "--checksum", 1, 0) != 0;
+  const int level = static_cast<int>(zs::bench::int_arg(argc, argv, "--zstd-level", 3));
+  const size_t chunk = parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
+  const fs::path base = zs::bench::arg_value(argc, argv, "--dir", fs::path(argv[0]).parent_path().string());
+  const fs::path work = base / "checkpoint_bench.tmp";
+
+  Setup s = make_setup(size, ranks, tensors);
+  const double bytes = 3.0 * static_cast<double>(s.values.size()) * sizeof(float);
+  std::vector<float> out(s.values.size());
+  ck::WriteOptions plain_opt{.compression = ck::Compression::kNone, .checksum = checksum, .chunk_bytes = chunk};
+  std::vector<double> ours_save, ours_load, raw_save, raw_load;
+  for (int i = 0; i < reps; ++i) {
+    raw_save.push_back(save_plain(s, work / "raw", piece));
+    raw_load.push_back(load_plain(s, work / "raw", out, piece));
+    fs::remove_all(work / "raw");
+    ours_save.push_back(save_ours(s, work / "ours", "global_step1", plain_opt, piece));
+    ours_load.push_back(load_ours(work / "ours", out, piece));
+  }
+  if (std::memcmp(out.data(), s.values.data(), out.size() * sizeof(float)) != 0) {
+    throw zs::InternalError("checkpoint_bench: the loaded exp_avg_sq differs from the saved values");
+  }
+  fs::remove_all(work / "ours");
+  ck::WriteOptions z_opt{
+      .compression = ck::Compression::kZstd, .zstd_level = level, .checksum = checksum, .chunk_bytes = chunk};
+  double z_save = save_ours(s, work / "zstd", "global_step1", z_opt, piece);
+  double z_load = load_ours(work / "zstd", out, piece);
+  double z_stored = static_cast<double>(ck::CheckpointReader(work / "zstd").stored_bytes());
+  fs::remove_all(work);
+
+  auto gbps = [&](double t) { return bytes / t / 1e9; };
+  double rs = zs::bench::median(raw_save), rl = zs::bench::median(raw_load);
+  double os = zs::bench::median(ours_save), ol = zs::bench::median(ours_load);
+  std::printf("checkpoint_bench: %.2f GiB in %d rank files, %d tensors x 3 buffers, piece %zu MiB, checksum %s\n",
+              bytes / (1 << 30), ranks, tensors, piece >> 20, checksum ? "on" : "off");
+  std::printf("  %-22s %8s %8s\n", "", "save", "load");
+  std::printf("  %-22s %6.2f GB/s %6.2f GB/s\n", "plain write()/read()", gbps(rs), gbps(rl));
+  std::printf("  %-22s %6.2f GB/s %6.2f GB/s\n", "checkpoint (no zstd)", gbps(os), gbps(ol));
+  std::printf("  %-22s %8.2fx %8.2fx   (target >= 0.8x)\n", "ratio ours/plain", rs / os, rl / ol);
+  std::printf("  zstd level %d: ratio %.3f (raw/stored), save %.2f GB/s, load %.2f GB/s\n", level, bytes / z_stored,
+              gbps(z_save), gbps(z_load));
+
+  std::string json = zs::bench::json_path_arg(argc, argv);
+  if (!json.empty()) {
+    zs::bench::Report r;
+    r.benchmark = "checkpoint_bench";
+    r.config = {{"bytes", bytes}, {"ranks", ranks}, {"tensors", tensors}, {"piece_bytes", piece},
+                {"reps", reps}, {"checksum", checksum}, {"zstd_level", level}, {"chunk_bytes", chunk}};
+    r.baseline = {{"save_gbps", gbps(rs)}, {"load_gbps", gbps(rl)}};
+    r.results.push_back({{"name", "checkpoint"}, {"save_gbps", gbps(os)}, {"load_gbps", gbps(ol)}});
+    r.results.push_back({{"name", "checkpoint_zstd"}, {"save_gbps", gbps(z_save)}, {"load_gbps", gbps(z_load)},
+                         {"compression_ratio", bytes / z_stored}});
+    r.ratio = {{"save", rs / os}, {"load", rl / ol}};
+    r.write(json);
+  }
+  return 0;
+} catch (const zs::Error& e) {
+  std::fprintf(stderr, "checkpoint_bench: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,286 @@
+#include "engine/checkpoint/reader.h"
+
+#include <algorithm>
+#include <fstream>
+#include <list>
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "engine/checkpoint/detail/serialize.h"
+#include "engine/checkpoint/h5.h"
+
+namespace zs::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Where one segment of a tensor lies: rank file, element range of the tensor, offset in the data.
+struct Piece {
+  int rank;
+  uint64_t begin;
+  uint64_t count;
+  uint64_t offset;
+};
+
+constexpr size_t kMaxOpenFiles = 16;
+constexpr uint64_t kReadPieceBytes = 4u << 20;  // conversion staging per read call
+
+Metadata read_metadata_file(const fs::path& dir) {
+  fs::path path = dir / kMetadataFile;
+  h5::Handle file = h5::file_open(path);
+  hid_t f = file.get();
+  Metadata meta;
+  meta.version = h5::read_attr_int(f, "format_version", path);
+  if (meta.version != kFormatVersion) {
+    throw CheckpointError(fmt::format("checkpoint file '{}': format version {}, this zeroshard reads version {}",
+                                      path.string(), meta.version, kFormatVersion));
+  }
+  meta.run_id = h5::read_attr_string(f, "run_id", path);
+  meta.tag = h5::read_attr_string(f, "tag", path);
+  meta.saved_unix_ns = h5::read_attr_int(f, "saved_unix_ns", path);
+  meta.layout = detail::layout_from_json(h5::read_blob(f, "layout_json", path), path);
+  int64_t world = h5::read_attr_int(f, "world_size", path);
+  if (world != meta.layout.world_size) {
+    throw CheckpointError(fmt::format("checkpoint file '{}': world_size {} but the layout has {} ranks", path.string(),
+                                      world, meta.layout.world_size));
+  }
+  meta.config_json = h5::read_blob(f, "config_json", path);
+  h5::Handle scalars = h5::group_open(f, "scalars", path);
+  for (const std::string& key : h5::attr_names(scalars.get(), path)) {
+    switch (h5::attr_class(scalars.get(), key.c_str(), path)) {
+      case H5T_INTEGER: meta.scalars[key] = h5::read_attr_int(scalars.get(), key.c_str(), path); break;
+      case H5T_FLOAT: meta.scalars[key] = h5::read_attr_double(scalars.get(), key.c_str(), path); break;
+      default: meta.scalars[key] = h5::read_attr_string(scalars.get(), key.c_str(), path); break;
+    }
+  }
+  return meta;
+}
+
+}  // namespace
+
+struct CheckpointReader::Impl {
+  struct OpenFile {
+    int rank;
+    h5::Handle file;
+    std::map<std::string, h5::Handle, std::less<>> datasets;
+  };
+  // buffer -> tensor id -> pieces sorted by begin
+  std::map<std::string, std::vector<std::vector<Piece>>, std::less<>> pieces;
+  std::list<OpenFile> open;  // most recently used first, at most kMaxOpenFiles
+  std::vector<std::byte> staging;
+
+  OpenFile& file(const fs::path& dir, int rank) {
+    for (auto it = open.begin(); it != open.end(); ++it) {
+      if (it->rank == rank) {
+        open.splice(open.begin(), open, it);
+        return open.front();
+      }
+    }
+    if (open.size() >= kMaxOpenFiles) open.pop_back();
+    open.push_front(OpenFile{rank, h5::file_open(dir / rank_file_name(rank)), {}});
+    return open.front();
+  }
+
+  hid_t dataset(OpenFile& f, const fs::path& path, std::string_view buffer) {
+    auto it = f.datasets.find(buffer);
+    if (it != f.datasets.end()) return it->second.get();
+    std::string name = fmt::format("buffers/{}/data", buffer);
+    // No chunk cache: HDF5 then reads unfiltered chunks straight into the caller's memory (a cache
+    // sized for two chunks made whole-range loads 8x slower); a caller reads ranges in large pieces,
+    // so a filtered chunk is decoded twice at most (at the two ends of a piece).
+    if (!h5::exists(f.file.get(), name.c_str(), path)) {
+      throw CheckpointError(fmt::format("checkpoint file '{}' has no dataset '{}'", path.string(), name));
+    }
+    h5::Handle dapl = h5::plist_create(H5P_DATASET_ACCESS);
+    ZS_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), path, "chunk cache");
+    h5::Handle ds(ZS_H5_CHECK(H5Dopen2(f.file.get(), name.c_str(), dapl.get()), path, fmt::format("open of '{}'", name)),
+                  H5Dclose);
+    return f.datasets.emplace(std::string(buffer), std::move(ds)).first->second.get();
+  }
+};
+
+std::vector<TagInfo> list_tags(const fs::path& root) {
+  std::vector<TagInfo> tags;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return tags;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.empty() || name[0] == '.') continue;
+    if (!fs::exists(entry.path() / kMetadataFile)) continue;
+    try {
+      fs::path path = entry.path() / kMetadataFile;
+      h5::Handle file = h5::file_open(path);
+      tags.push_back(TagInfo{name, h5::read_attr_int(file.get(), "saved_unix_ns", path)});
+    } catch (const CheckpointError&) {
+      continue;  // not a complete tag: never listed, never pruned
+    }
+  }
+  std::sort(tags.begin(), tags.end(),
+            [](const TagInfo& a, const TagInfo& b) { return a.saved_unix_ns < b.saved_unix_ns; });
+  return tags;
+}
+
+std::string read_latest(const fs::path& root) {
+  std::ifstream in(root / kLatestFile);
+  if (!in) {
+    throw CheckpointError(
+        fmt::format("checkpoint directory '{}' has no '{}' file: no checkpoint was saved there (or give a tag)",
+                    root.string(), kLatestFile));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string tag = text.str();
+  while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+  if (tag.empty()) throw CheckpointError(fmt::format("'{}' is empty", (root / kLatestFile).string()));
+  return tag;
+}
+
+fs::path tag_dir(const fs::path& root, std::string_view tag) {
+  fs::path dir = root / std::string(tag);
+  if (fs::is_directory(dir)) return dir;
+  fs::path replaced = root / (std::string(tag) + ".replaced");
+  if (fs::is_directory(replaced)) return replaced;
+  throw CheckpointError(fmt::format("checkpoint tag '{}' not found in '{}'", tag, root.string()));
+}
+
+CheckpointReader::CheckpointReader(const fs::path& root, std::string_view tag)
+    : CheckpointReader(tag_dir(root, tag.empty() ? read_latest(root) : std::string(tag)), 0) {}
+
+CheckpointReader CheckpointReader::open_dir(const fs::path& dir) { return CheckpointReader(dir, 0); }
+
+CheckpointReader::~CheckpointReader() = default;
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+
+CheckpointReader::CheckpointReader(const fs::path& dir, int) : dir_(dir), impl_(std::make_unique<Impl>()) {
+  meta_ = read_metadata_file(dir_);
+  const Layout& layout = meta_.layout;
+  std::string names;
+  for (const TensorInfo& t : layout.tensors) names += t.name + '\n';
+  for (const BufferLayout& b : layout.buffers) impl_->pieces[b.name].resize(layout.tensors.size());
+
+  for (int r = 0; r < layout.world_size; ++r) {
+    fs::path path = dir_ / rank_file_name(r);
+    h5::Handle file = h5::file_open(path);
+    hid_t f = file.get();
+    auto mismatch = [&](std::string_view what) {
+      return CheckpointError(fmt::format("checkpoint file '{}': {} does not match '{}'", path.string(), what,
+                                         (dir_ / kMetadataFile).string()));
+    };
+    int64_t version = h5::read_attr_int(f, "format_version", path);
+    if (version != kFormatVersion) {
+      throw CheckpointError(fmt::format("checkpoint file '{}': format version {}, this zeroshard reads version {}",
+                                        path.string(), version, kFormatVersion));
+    }
+    std::string run_id = h5::read_attr_string(f, "run_id", path);
+    if (run_id != meta_.run_id) {
+      throw CheckpointError(fmt::format("checkpoint file '{}' is from another save (run id {}, the metadata's is {}): "
+                                        "a shard copied from another checkpoint?",
+                                        path.string(), run_id, meta_.run_id));
+    }
+    if (h5::read_attr_int(f, "rank", path) != r) throw mismatch("its rank");
+    if (h5::read_attr_int(f, "world_size", path) != layout.world_size) throw mismatch("its world_size");
+    if (h5::read_blob(f, "tensor_names", path) != names) throw mismatch("its tensor names");
+    for (const BufferLayout& b : layout.buffers) {
+      std::string group = fmt::format("buffers/{}", b.name);
+      h5::Handle g = h5::group_open(f, group.c_str(), path);
+      if (h5::read_attr_string(g.get(), "dtype", path) != memory::dtype_name(b.dtype)) {
+        throw mismatch(fmt::format("the dtype of buffer '{}'", b.name));
+      }
+      std::vector<uint64_t> index = h5::read_u64_table(g.get(), "index", 4, path);
+      const auto& segs = b.ranks[static_cast<size_t>(r)];
+      if (index.size() != segs.size() * 4) throw mismatch(fmt::format("the index of buffer '{}'", b.name));
+      uint64_t offset = 0;
+      for (size_t i = 0; i < segs.size(); ++i) {
+        const Segment& s = segs[i];
+        if (index[4 * i] != s.tensor || index[4 * i + 1] != s.begin || index[4 * i + 2] != s.count ||
+            index[4 * i + 3] != offset) {
+          throw mismatch(fmt::format("the index of buffer '{}' (row {})", b.name, i));
+        }
+        impl_->pieces[b.name][s.tensor].push_back(Piece{r, s.begin, s.count, offset});
+        offset += s.count;
+      }
+      h5::Handle ds = h5::dataset_open(g.get(), "data", path);
+      h5::Handle space = h5::dataset_space(ds.get(), path, "data");
+      hssize_t n = ZS_H5_CHECK(H5Sget_simple_extent_npoints(space.get()), path, "data length");
+      if (static_cast<uint64_t>(n) != offset) {
+        throw mismatch(fmt::format("the length of buffer '{}' ({} elements, the layout says {})", b.name, n, offset));
+      }
+    }
+  }
+  for (auto& [name, per_tensor] : impl_->pieces) {
+    for (auto& ps : per_tensor) {
+      std::sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+    }
+  }
+}
+
+bool CheckpointReader::holds(std::string_view buffer, std::string_view tensor) const {
+  auto it = impl_->pieces.find(buffer);
+  int t = meta_.layout.find_tensor(tensor);
+  if (it == impl_->pieces.end() || t < 0) return false;
+  uint64_t covered = 0;
+  for (const Piece& p : it->second[static_cast<size_t>(t)]) covered += p.count;
+  return covered == meta_.layout.tensors[static_cast<size_t>(t)].numel();
+}
+
+void CheckpointReader::read(std::string_view buffer, std::string_view tensor, uint64_t begin, uint64_t count,
+                            DType out_dtype, void* out) {
+  auto it = impl_->pieces.find(buffer);
+  if (it == impl_->pieces.end()) {
+    throw UsageError(fmt::format("checkpoint '{}' has no buffer '{}'", dir_.string(), buffer));
+  }
+  int t = meta_.layout.find_tensor(tensor);
+  if (t < 0) throw UsageError(fmt::format("checkpoint '{}' has no tensor '{}'", dir_.string(), tensor));
+  uint64_t numel = meta_.layout.tensors[static_cast<size_t>(t)].numel();
+  if (begin + count > numel) {
+    throw UsageError(fmt::format("read of '{}' [{}, {}): the tensor has {} elements", tensor, begin, begin + count, numel));
+  }
+  const DType stored = meta_.layout.find_buffer(buffer)->dtype;
+  const size_t in_size = memory::dtype_size(stored), out_size = memory::dtype_size(out_dtype);
+  auto* dst = static_cast<std::byte*>(out);
+  uint64_t covered = 0;
+  for (const Piece& p : it->second[static_cast<size_t>(t)]) {
+    uint64_t lo = std::max(begin, p.begin), hi = std::min(begin + count, p.begin + p.count);
+    if (lo >= hi) continue;
+    fs::path path = dir_ / rank_file_name(p.rank);
+    Impl::OpenFile& f = impl_->file(dir_, p.rank);
+    hid_t ds = impl_->dataset(f, path, buffer);
+    h5::Handle file_space = h5::dataset_space(ds, path, buffer);
+    uint64_t step = stored == out_dtype ? hi - lo : std::max<uint64_t>(1, kReadPieceBytes / in_size);
+    for (uint64_t e = lo; e < hi; e += step) {
+      hsize_t start = p.offset + (e - p.begin), n = std::min(step, hi - e);
+      ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
+                  "select hyperslab");
+      h5::Handle mem = h5::dataspace_simple({n});
+      std::byte* target = dst + (e - begin) * out_size;
+      void* read_into = target;
+      if (stored != out_dtype) {
+        impl_->staging.resize(n * in_size);
+        read_into = impl_->staging.data();
+      }
+      ZS_H5_CHECK(H5Dread(ds, detail::h5_type(stored), mem.get(), file_space.get(), H5P_DEFAULT, read_into), path,
+                  fmt::format("read of buffer '{}' elements [{}, {}) (a failed checksum means a corrupt file)", buffer,
+                              start, start + n));
+      if (stored != out_dtype) memory::convert(read_into, stored, target, out_dtype, n);
+    }
+    covered += hi - lo;
+  }
+  if (covered != count) {
+    throw CheckpointError(fmt::format("checkpoint '{}': buffer '{}' holds {} of the {} requested elements [{}, {}) of "
+                                      "'{}'",
+                                      dir_.string(), buffer, covered, count, begin, begin + count, tensor));
+  }
+}
+
+uint64_t CheckpointReader::stored_bytes() const {
+  uint64_t total = 0;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    if (entry.is_regular_file()) total += entry.file_size();
+  }
+  return total;
+}
+
+}  // namespace zs::checkpoint

@@ -1,0 +1,255 @@
+#include "engine/checkpoint/tools.h"
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "engine/checkpoint/h5.h"
+#include "engine/checkpoint/reader.h"
+
+namespace zs::checkpoint {
+
+namespace fs = std::filesystem;
+namespace json = boost::json;
+
+namespace {
+
+CheckpointReader open_any(const fs::path& path) {
+  if (fs::exists(path / kMetadataFile)) return CheckpointReader::open_dir(path);
+  return CheckpointReader(path);
+}
+
+std::string scalar_text(const Scalar& s) {
+  return std::visit([](const auto& v) { return fmt::format("{}", v); }, s);
+}
+
+std::string shape_text(const std::vector<uint64_t>& shape) { return fmt::format("({})", fmt::join(shape, ", ")); }
+
+void flatten(const json::value& v, const std::string& path, std::map<std::string, std::string>& out) {
+  if (v.is_object() && !v.as_object().empty()) {
+    for (const auto& [k, child] : v.as_object()) flatten(child, path.empty() ? std::string(k) : path + "." + std::string(k), out);
+  } else {
+    out[path.empty() ? "(root)" : path] = json::serialize(v);
+  }
+}
+
+std::map<std::string, std::string> flat_config(const std::string& text, const std::string& what) {
+  std::map<std::string, std::string> out;
+  if (text.empty()) return out;
+  try {
+    flatten(json::parse(text), "", out);
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("{} is not JSON: {}", what, e.what()));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string inspect(const fs::path& path, const std::optional<std::string>& config_json) {
+  std::ostringstream out;
+  std::vector<TagInfo> tags;
+  std::string latest;
+  bool single = fs::exists(path / kMetadataFile);
+  if (!single) {
+    tags = list_tags(path);
+    if (fs::exists(path / kLatestFile)) latest = read_latest(path);
+    out << fmt::format("checkpoint root {}: {} tag(s), latest: {}\n", path.string(), tags.size(),
+                       latest.empty() ? "(none)" : latest);
+    for (const TagInfo& t : tags) {
+      CheckpointReader r = CheckpointReader::open_dir(path / t.tag);
+      auto step = r.metadata().scalars.find("global_step");
+      out << fmt::format("  {}{}  step {}  world_size {}  {} bytes\n", t.tag, t.tag == latest ? " (latest)" : "",
+                         step == r.metadata().scalars.end() ? "-" : scalar_text(step->second),
+                         r.metadata().layout.world_size, r.stored_bytes());
+    }
+  }
+  CheckpointReader r = single ? CheckpointReader::open_dir(path) : CheckpointReader(path);
+  const Metadata& m = r.metadata();
+  out << fmt::format("tag {}: format version {}, run id {}, world size {}, {} bytes\n", m.tag, m.version, m.run_id,
+                     m.layout.world_size, r.stored_bytes());
+  for (const BufferLayout& b : m.layout.buffers) {
+    uint64_t n = 0;
+    for (int rank = 0; rank < m.layout.world_size; ++rank) n += b.rank_elements(rank);
+    out << fmt::format("  buffer {}: {}, {} elements, {} bytes\n", b.name, memory::dtype_name(b.dtype), n,
+                       n * memory::dtype_size(b.dtype));
+  }
+  uint64_t total = 0;
+  for (const TensorInfo& t : m.layout.tensors) {
+    out << fmt::format("  tensor {} {} {}\n", t.name, shape_text(t.shape), memory::dtype_name(t.dtype));
+    total += t.numel();
+  }
+  out << fmt::format("  {} tensors, {} elements\n", m.layout.tensors.size(), total);
+  for (const auto& [k, v] : m.scalars) out << fmt::format("  scalar {} = {}\n", k, scalar_text(v));
+  if (config_json) {
+    auto saved = flat_config(m.config_json, "the saved config");
+    auto given = flat_config(*config_json, "--config");
+    size_t diffs = 0;
+    for (const auto& [k, v] : saved) {
+      auto it = given.find(k);
+      if (it == given.end()) {
+        out << fmt::format("  config - {}: {} (only in the checkpoint)\n", k, v);
+        ++diffs;
+      } else if (it->second != v) {
+        out << fmt::format("  config ~ {}: {} -> {}\n", k, v, it->second);
+        ++diffs;
+      }
+    }
+    for (const auto& [k, v] : given) {
+      if (!saved.contains(k)) {
+        out << fmt::format("  config + {}: {} (only in --config)\n", k, v);
+        ++diffs;
+      }
+    }
+    out << fmt::format("  config: {} difference(s)\n", diffs);
+  }
+  return out.str();
+}
+
+size_t consolidate(const fs::path& path, const fs::path& out, uint64_t piece_bytes) {
+  CheckpointReader r = open_any(path);
+  const Metadata& m = r.metadata();
+  h5::Handle file = h5::file_create(out);
+  h5::Handle lcpl = h5::plist_create(H5P_LINK_CREATE);
+  ZS_H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), out, "link create list");
+  std::vector<float> piece(std::max<uint64_t>(1, piece_bytes / sizeof(float)));
+  size_t written = 0;
+  for (const TensorInfo& t : m.layout.tensors) {
+    const char* buffer = r.holds("fp32", t.name) ? "fp32" : r.holds("params", t.name) ? "params" : nullptr;
+    if (buffer == nullptr) continue;  // not a parameter (an optimizer-only tensor)
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    h5::Handle space = h5::dataspace_simple(dims);
+    h5::Handle ds(ZS_H5_CHECK(H5Dcreate2(file.get(), t.name.c_str(), H5T_NATIVE_FLOAT, space.get(), lcpl.get(),
+                                         H5P_DEFAULT, H5P_DEFAULT),
+                              out, fmt::format("create of dataset '{}'", t.name)),
+                  H5Dclose);
+    h5::write_attr(ds.get(), "source_buffer", std::string_view(buffer), out);
+    // Write through a flat view of the dataset: element e of the row-major flattening.
+    const uint64_t numel = t.numel();
+    hsize_t flat = numel;
+    h5::Handle flat_space = h5::dataspace_simple({flat});
+    for (uint64_t e = 0; e < numel; e += piece.size()) {
+      hsize_t n = std::min<uint64_t>(piece.size(), numel - e);
+      r.read(buffer, t.name, e, n, DType::kF32, piece.data());
+      h5::Handle mem = h5::dataspace_simple({n});
+      // Select elements [e, e+n) of the flattening in the N-d file space, point by row chunks.
+      h5::Handle fspace(ZS_H5_CHECK(H5Dget_space(ds.get()), out, "dataspace"), H5Sclose);
+      if (dims.size() <= 1) {
+        hsize_t start = e;
+        if (!dims.empty()) {
+          ZS_H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), out,
+                      "select");
+        }
+      } else {
+        // Row-major rows of the last dimension: the piece covers whole rows except at its ends.
+        const hsize_t row = dims.back();
+        ZS_H5_CHECK(H5Sselect_none(fspace.get()), out, "select none");
+        std::vector<hsize_t> start(dims.size()), count(dims.size(), 1);
+        for (uint64_t x = e; x < e + n;) {
+          uint64_t in_row = x % row, take = std::min<uint64_t>(row - in_row, e + n - x);
+          uint64_t rest = x / row;
+          for (size_t d = dims.size() - 1; d-- > 0;) {
+            start[d] = rest % dims[d];
+            rest /= dims[d];
+          }
+          start.back() = in_row;
+          count.back() = take;
+          ZS_H5_CHECK(H5Sselect_hyperslab(fspace.get(), H5S_SELECT_OR, start.data(), nullptr, count.data(), nullptr),
+                      out, "select");
+          x += take;
+        }
+      }
+      ZS_H5_CHECK(H5Dwrite(ds.get(), H5T_NATIVE_FLOAT, mem.get(), fspace.get(), H5P_DEFAULT, piece.data()), out,
+                  fmt::format("write of '{}'", t.name));
+    }
+    ++written;
+  }
+  for (const auto& [k, v] : m.scalars) {
+    std::visit([&](const auto& x) { h5::write_attr(file.get(), k.c_str(), x, out); }, v);
+  }
+  h5::write_attr(file.get(), "zeroshard_source_tag", std::string_view(m.tag), out);
+  file.close(out, "file");
+  return written;
+}
+
+CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double atol) {
+  CheckpointReader ra = open_any(a), rb = open_any(b);
+  const Layout &la = ra.metadata().layout, &lb = rb.metadata().layout;
+  CompareResult res;
+  std::ostringstream out;
+  auto differ = [&](const std::string& line) {
+    res.equal = false;
+    out << line << '\n';
+  };
+  size_t compared = 0;
+  std::vector<float> va, vb;
+  const uint64_t piece = 1u << 20;
+  for (const TensorInfo& t : la.tensors) {
+    int j = lb.find_tensor(t.name);
+    if (j < 0) {
+      differ(fmt::format("tensor {}: only in A", t.name));
+      continue;
+    }
+    const TensorInfo& u = lb.tensors[static_cast<size_t>(j)];
+    if (t.shape != u.shape) {
+      differ(fmt::format("tensor {}: shape {} in A, {} in B", t.name, shape_text(t.shape), shape_text(u.shape)));
+      continue;
+    }
+    for (const BufferLayout& buf : la.buffers) {
+      bool in_a = ra.holds(buf.name, t.name), in_b = rb.holds(buf.name, t.name);
+      if (!in_a && !in_b) continue;
+      if (in_a != in_b) {
+        differ(fmt::format("{}[{}]: only in {}", buf.name, t.name, in_a ? "A" : "B"));
+        continue;
+      }
+      double max_abs = 0;
+      uint64_t bad = 0, first_bad = 0;
+      for (uint64_t e = 0; e < t.numel(); e += piece) {
+        uint64_t n = std::min(piece, t.numel() - e);
+        va.resize(n);
+        vb.resize(n);
+        ra.read(buf.name, t.name, e, n, DType::kF32, va.data());
+        rb.read(buf.name, t.name, e, n, DType::kF32, vb.data());
+        for (uint64_t i = 0; i < n; ++i) {
+          double d = std::fabs(static_cast<double>(va[i]) - vb[i]);
+          bool same = d <= atol + rtol * std::fabs(static_cast<double>(vb[i])) ||
+                      (std::isnan(va[i]) && std::isnan(vb[i]));
+          if (!same) {
+            if (bad++ == 0) first_bad = e + i;
+          }
+          if (!std::isnan(d)) max_abs = std::max(max_abs, d);
+        }
+      }
+      ++compared;
+      if (bad > 0) {
+        differ(fmt::format("{}[{}]: {} of {} elements differ (first at {}: {} vs {}), max |a-b| {:g}", buf.name,
+                           t.name, bad, t.numel(), first_bad, "A", "B", max_abs));
+      }
+    }
+  }
+  for (const TensorInfo& u : lb.tensors) {
+    if (la.find_tensor(u.name) < 0) differ(fmt::format("tensor {}: only in B", u.name));
+  }
+  const auto &sa = ra.metadata().scalars, &sb = rb.metadata().scalars;
+  for (const auto& [k, v] : sa) {
+    auto it = sb.find(k);
+    if (it == sb.end()) {
+      differ(fmt::format("scalar {}: only in A", k));
+    } else if (scalar_text(it->second) != scalar_text(v)) {
+      differ(fmt::format("scalar {}: {} in A, {} in B", k, scalar_text(v), scalar_text(it->second)));
+    }
+  }
+  for (const auto& [k, v] : sb) {
+    if (!sa.contains(k)) differ(fmt::format("scalar {}: only in B", k));
+  }
+  out << fmt::format("{}: {} tensor buffers compared (rtol {:g}, atol {:g})\n", res.equal ? "equal" : "DIFFERENT",
+                     compared, rtol, atol);
+  res.report = out.str();
+  return res;
+}
+
+}  // namespace zs::checkpoint

@@ -1,0 +1,277 @@
+#include "engine/checkpoint/writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "core/errors.h"
+#include "engine/checkpoint/detail/serialize.h"
+#include "engine/checkpoint/h5.h"
+#include "engine/checkpoint/reader.h"
+#include "engine/checkpoint/zstd_filter.h"
+
+namespace zs::checkpoint {
+
+namespace fs = std::filesystem;
+
+void fsync_path(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ZS_SYS_CHECK(fd, "open of '{}' for fsync", path.string());
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc == -1) {
+    errno = err;
+    ZS_SYS_CHECK(rc, "fsync of '{}'", path.string());
+  }
+}
+
+namespace {
+
+std::string tensor_names_blob(const Layout& layout) {
+  std::string out;
+  for (const TensorInfo& t : layout.tensors) {
+    out += t.name;
+    out += '\n';
+  }
+  return out;
+}
+
+void write_common_attrs(hid_t file, const Metadata& meta, const fs::path& path) {
+  h5::write_attr(file, "format_version", meta.version, path);
+  h5::write_attr(file, "run_id", std::string_view(meta.run_id), path);
+  h5::write_attr(file, "tag", std::string_view(meta.tag), path);
+  h5::write_attr(file, "world_size", static_cast<int64_t>(meta.layout.world_size), path);
+}
+
+}  // namespace
+
+struct ShardWriter::Impl {
+  struct Buffer {
+    h5::Handle dataset;
+    size_t elem_size = 4;
+    hid_t type = H5T_NATIVE_FLOAT;
+    uint64_t total = 0;    // elements
+    uint64_t written = 0;  // elements on disk
+    uint64_t chunk = 1;    // elements per chunk
+    std::vector<std::byte> staging;  // < one chunk, not yet on disk
+  };
+  h5::Handle file;
+  std::map<std::string, Buffer, std::less<>> buffers;
+
+  void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
+    hsize_t start = b.written, n = count;
+    h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
+    ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
+                "select hyperslab");
+    h5::Handle mem_space = h5::dataspace_simple({n});
+    ZS_H5_CHECK(H5Dwrite(b.dataset.get(), b.type, mem_space.get(), file_space.get(), H5P_DEFAULT, data), path,
+                fmt::format("write of buffer '{}' elements [{}, {})", name, start, start + n));
+    b.written += count;
+  }
+};
+
+ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, const WriteOptions& options)
+    : path_(dir / rank_file_name(rank)), impl_(std::make_unique<Impl>()) {
+  const Layout& layout = meta.layout;
+  layout.validate();
+  if (rank < 0 || rank >= layout.world_size) {
+    throw UsageError(fmt::format("ShardWriter: rank {} outside world_size {}", rank, layout.world_size));
+  }
+  impl_->file = h5::file_create(path_);
+  hid_t f = impl_->file.get();
+  write_common_attrs(f, meta, path_);
+  h5::write_attr(f, "rank", static_cast<int64_t>(rank), path_);
+  h5::write_blob(f, "tensor_names", tensor_names_blob(layout), path_);
+  h5::Handle buffers = h5::group_create(f, "buffers", path_);
+  for (const BufferLayout& bl : layout.buffers) {
+    h5::Handle group = h5::group_create(buffers.get(), bl.name.c_str(), path_);
+    h5::write_attr(group.get(), "dtype", memory::dtype_name(bl.dtype), path_);
+    std::vector<uint64_t> index;
+    uint64_t offset = 0;
+    for (const Segment& s : bl.ranks[static_cast<size_t>(rank)]) {
+      index.insert(index.end(), {s.tensor, s.begin, s.count, offset});
+      offset += s.count;
+    }
+    h5::write_u64_table(group.get(), "index", index, 4, path_);
+
+    Impl::Buffer b;
+    b.elem_size = memory::dtype_size(bl.dtype);
+    b.type = detail::h5_type(bl.dtype);
+    b.total = offset;
+    const bool filtered = options.checksum || options.compression != Compression::kNone;
+    const uint64_t chunk_bytes = options.chunk_bytes != 0 ? options.chunk_bytes : filtered ? 64u << 10 : 4u << 20;
+    b.chunk = std::clamp<uint64_t>(chunk_bytes / b.elem_size, 1, std::max<uint64_t>(offset, 1));
+    hsize_t dims = offset, maxdims = H5S_UNLIMITED, chunk = b.chunk;
+    h5::Handle space(ZS_H5_CHECK(H5Screate_simple(1, &dims, &maxdims), path_, "data dataspace"), H5Sclose);
+    h5::Handle dcpl = h5::plist_create(H5P_DATASET_CREATE);
+    ZS_H5_CHECK(H5Pset_chunk(dcpl.get(), 1, &chunk), path_, "chunk size");
+    if (options.compression == Compression::kZstd) {
+      unsigned level = static_cast<unsigned>(options.zstd_level);
+      ZS_H5_CHECK(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level), path_, "zstd filter");
+    }
+    if (options.checksum) ZS_H5_CHECK(H5Pset_fletcher32(dcpl.get()), path_, "fletcher32");
+    // Never write fill values: every element is written by append.
+    ZS_H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), path_, "fill time");
+    ZS_H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_INCR), path_, "alloc time");
+    b.dataset = h5::Handle(ZS_H5_CHECK(H5Dcreate2(group.get(), "data", b.type, space.get(), H5P_DEFAULT, dcpl.get(),
+                                                  H5P_DEFAULT),
+                                       path_, fmt::format("create of buffer '{}'", bl.name)),
+                           H5Dclose);
+    impl_->buffers.emplace(bl.name, std::move(b));
+  }
+}
+
+ShardWriter::~ShardWriter() = default;
+
+void ShardWriter::append(std::string_view buffer, std::span<const std::byte> bytes) {
+  auto it = impl_->buffers.find(buffer);
+  if (it == impl_->buffers.end()) {
+    throw UsageError(fmt::format("ShardWriter::append: no buffer '{}' in the layout", buffer));
+  }
+  Impl::Buffer& b = it->second;
+  if (bytes.size() % b.elem_size != 0) {
+    throw UsageError(fmt::format("ShardWriter::append: {} bytes is not whole {}-byte elements of '{}'", bytes.size(),
+                                 b.elem_size, buffer));
+  }
+  uint64_t pending = b.staging.size() / b.elem_size;
+  if (b.written + pending + bytes.size() / b.elem_size > b.total) {
+    throw UsageError(fmt::format("ShardWriter::append: buffer '{}' of rank file '{}' holds {} elements; appended past "
+                                 "its end",
+                                 buffer, path_.string(), b.total));
+  }
+  const size_t chunk_bytes = b.chunk * b.elem_size;
+  // Top up a partial chunk first; then whole chunks straight from the caller's memory (no copy);
+  // then keep the tail. Writes stay chunk-aligned, so each chunk is filtered and written once.
+  if (!b.staging.empty()) {
+    size_t take = std::min(bytes.size(), chunk_bytes - b.staging.size());
+    b.staging.insert(b.staging.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(take));
+    bytes = bytes.subspan(take);
+    if (b.staging.size() == chunk_bytes) {
+      impl_->write_range(b, b.staging.data(), b.chunk, path_, buffer);
+      b.staging.clear();
+    }
+  }
+  size_t whole = bytes.size() / chunk_bytes * chunk_bytes;
+  if (whole > 0) {
+    impl_->write_range(b, bytes.data(), whole / b.elem_size, path_, buffer);
+    bytes = bytes.subspan(whole);
+  }
+  if (!bytes.empty()) {
+    b.staging.reserve(chunk_bytes);
+    b.staging.insert(b.staging.end(), bytes.begin(), bytes.end());
+  }
+  // The last, partial chunk of the dataset.
+  if (!b.staging.empty() && b.written + b.staging.size() / b.elem_size == b.total) {
+    impl_->write_range(b, b.staging.data(), b.staging.size() / b.elem_size, path_, buffer);
+    b.staging.clear();
+    b.staging.shrink_to_fit();
+  }
+}
+
+void ShardWriter::finish() {
+  for (auto& [name, b] : impl_->buffers) {
+    if (b.written != b.total) {
+      throw UsageError(fmt::format("ShardWriter::finish: buffer '{}' of '{}' got {} of its {} elements", name,
+                                   path_.string(), b.written + b.staging.size() / b.elem_size, b.total));
+    }
+    b.dataset.close(path_, fmt::format("buffer '{}'", name));
+  }
+  ZS_H5_CHECK(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), path_, "flush");
+  impl_->file.close(path_, "file");
+  fsync_path(path_);
+}
+
+void write_metadata(const fs::path& dir, const Metadata& meta) {
+  meta.layout.validate();
+  fs::path path = dir / kMetadataFile;
+  {
+    h5::Handle file = h5::file_create(path);
+    hid_t f = file.get();
+    write_common_attrs(f, meta, path);
+    int64_t saved = meta.saved_unix_ns != 0
+                        ? meta.saved_unix_ns
+                        : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count();
+    h5::write_attr(f, "saved_unix_ns", saved, path);
+    h5::write_blob(f, "layout_json", detail::layout_to_json(meta.layout), path);
+    h5::write_blob(f, "config_json", meta.config_json, path);
+    h5::Handle scalars = h5::group_create(f, "scalars", path);
+    for (const auto& [key, value] : meta.scalars) {
+      std::visit([&](const auto& v) { h5::write_attr(scalars.get(), key.c_str(), v, path); }, value);
+    }
+    scalars.reset();
+    ZS_H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL), path, "flush");
+    file.close(path, "file");
+  }
+  fsync_path(path);
+}
+
+namespace {
+
+std::string staging_prefix() { return ".staging."; }
+
+void write_latest(const fs::path& root, std::string_view tag) {
+  fs::path tmp = root / "latest.tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << tag;
+    out.close();
+    if (!out) throw IoError(fmt::format("write of '{}' failed", tmp.string()));
+  }
+  fsync_path(tmp);
+  fs::rename(tmp, root / kLatestFile);
+  fsync_path(root);
+}
+
+}  // namespace
+
+fs::path begin_save(const fs::path& root, std::string_view tag) {
+  if (tag.empty() || tag.find('/') != std::string_view::npos || tag.front() == '.' || tag == kLatestFile) {
+    throw UsageError(fmt::format("checkpoint tag '{}': must be a plain, non-hidden directory name", tag));
+  }
+  fs::create_directories(root);
+  // Staging directories left by crashed saves (any tag): only one save runs at a time per root.
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.path().filename().string().rfind(staging_prefix(), 0) == 0) fs::remove_all(entry.path());
+  }
+  fs::path staging = root / (staging_prefix() + std::string(tag));
+  fs::create_directory(staging);
+  return staging;
+}
+
+void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
+  fs::path staging = root / (staging_prefix() + std::string(tag));
+  for (const auto& entry : fs::directory_iterator(staging)) fsync_path(entry.path());
+  fsync_path(staging);
+  fs::path final_dir = root / std::string(tag);
+  fs::path replaced = root / (std::string(tag) + ".replaced");
+  if (fs::exists(final_dir)) {
+    fs::remove_all(replaced);
+    fs::rename(final_dir, replaced);
+    fsync_path(root);
+  }
+  fs::rename(staging, final_dir);
+  fsync_path(root);
+  write_latest(root, tag);
+  fs::remove_all(replaced);
+  if (keep_last > 0) {
+    std::vector<TagInfo> tags = list_tags(root);  // oldest first
+    int excess = static_cast<int>(tags.size()) - keep_last;
+    for (const TagInfo& t : tags) {
+      if (excess <= 0) break;
+      if (t.tag == tag) continue;
+      fs::remove_all(root / t.tag);
+      --excess;
+    }
+    fsync_path(root);
+  }
+}
+
+}  // namespace zs::checkpoint

@@ -1,0 +1,270 @@
+// Checkpoint storage: round trips at other "world sizes" (re-sliced reads), zstd, keep_last, atomic
+// save under SIGKILL, and the refusal of corrupt, truncated, foreign and mismatched files.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+#include "core/errors.h"
+#include "tests/checkpoint/synthetic.h"
+#include "tests/support/temp_dir.h"
+
+namespace zs::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using test::synthetic_value;
+
+// Reads every tensor of every buffer, whole and in odd ranges, and checks each element.
+void expect_synthetic(CheckpointReader& r) {
+  const Layout& layout = r.metadata().layout;
+  for (size_t b = 0; b < layout.buffers.size(); ++b) {
+    const BufferLayout& bl = layout.buffers[b];
+    for (uint32_t t = 0; t < layout.tensors.size(); ++t) {
+      const TensorInfo& info = layout.tensors[t];
+      std::vector<float> all(info.numel());
+      r.read(bl.name, info.name, 0, info.numel(), DType::kF32, all.data());
+      for (uint64_t e = 0; e < info.numel(); ++e) {
+        float want = synthetic_value(t, e, static_cast<int>(b));
+        if (bl.dtype == DType::kBF16) want = memory::bf16_to_f32(memory::f32_to_bf16(want));
+        ASSERT_EQ(all[e], want) << bl.name << " " << info.name << " element " << e;
+      }
+      // A requesting layout of 7 "ranks": ranges that cut across the writer's.
+      for (uint64_t lo = 0; lo < info.numel(); lo += 97) {
+        uint64_t n = std::min<uint64_t>(97 + lo % 13, info.numel() - lo);
+        std::vector<float> part(n);
+        r.read(bl.name, info.name, lo, n, DType::kF32, part.data());
+        for (uint64_t i = 0; i < n; ++i) ASSERT_EQ(part[i], all[lo + i]);
+      }
+    }
+  }
+}
+
+TEST(CheckpointStorage, RoundTripUnevenRanksAnyRequestingLayout) {
+  test::TempDir tmp;
+  for (int world : {1, 3, 4}) {
+    fs::path root = fs::path(tmp.path()) / fmt::format("w{}", world);
+    auto meta = test::synthetic_metadata(world, "global_step5", 5);
+    test::save_synthetic(root, meta, WriteOptions{.chunk_bytes = 1000});
+    EXPECT_EQ(read_latest(root), "global_step5");
+    CheckpointReader r(root);
+    EXPECT_EQ(r.metadata().run_id, meta.run_id);
+    EXPECT_EQ(std::get<int64_t>(r.metadata().scalars.at("global_step")), 5);
+    EXPECT_EQ(std::get<double>(r.metadata().scalars.at("loss_scaler.scale")), 65536.0);
+    EXPECT_EQ(std::get<std::string>(r.metadata().scalars.at("rng.state")), "seed=42;n=7");
+    EXPECT_EQ(r.metadata().config_json, meta.config_json);
+    ASSERT_EQ(r.metadata().layout.tensors.size(), meta.layout.tensors.size());
+    EXPECT_EQ(r.metadata().layout.tensors[0].shape, (std::vector<uint64_t>{50, 16}));
+    EXPECT_TRUE(r.holds("fp32", "ln_f.gain"));
+    expect_synthetic(r);
+    // bf16 out of an fp32 buffer: converted on the way.
+    std::vector<uint16_t> half(48);
+    r.read("fp32", "h.0.attn.b", 0, 48, DType::kBF16, half.data());
+    EXPECT_EQ(half[5], memory::f32_to_bf16(synthetic_value(2, 5, 1)));
+    EXPECT_THROW(r.read("fp32", "nope", 0, 1, DType::kF32, half.data()), UsageError);
+    EXPECT_THROW(r.read("fp32", "h.0.attn.b", 40, 9, DType::kF32, half.data()), UsageError);
+  }
+}
+
+TEST(CheckpointStorage, PartialBufferCoverageIsReportedByName) {
+  test::TempDir tmp;
+  auto meta = test::synthetic_metadata(2, "t", 1);
+  meta.layout.buffers[2].ranks[1].clear();  // exp_avg: rank 1's part missing from the layout
+  test::save_synthetic(tmp.path(), meta);
+  CheckpointReader r(tmp.path());
+  EXPECT_FALSE(r.holds("exp_avg", "ln_f.gain"));
+  float x = 0;
+  try {
+    r.read("exp_avg", "ln_f.gain", 0, 1, DType::kF32, &x);
+    FAIL() << "read of elements no rank holds";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("ln_f.gain"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointStorage, ZstdCompressesAndRoundTrips) {
+  test::TempDir tmp;
+  auto meta = test::synthetic_metadata(2, "z", 1, 64);
+  fs::path plain = fs::path(tmp.path()) / "plain", packed = fs::path(tmp.path()) / "zstd";
+  test::save_synthetic(plain, meta);
+  meta.run_id = new_run_id();
+  test::save_synthetic(packed, meta, WriteOptions{.compression = Compression::kZstd, .zstd_level = 3});
+  CheckpointReader a(plain), b(packed);
+  expect_synthetic(b);
+  EXPECT_LT(b.stored_bytes() * 2, a.stored_bytes()) << "the synthetic values repeat every 4096 elements";
+}
+
+TEST(CheckpointStorage, KeepLastAndLatest) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  for (int step = 1; step <= 4; ++step) {
+    test::save_synthetic(root, test::synthetic_metadata(2, fmt::format("global_step{}", step), step), {}, 2);
+  }
+  auto tags = list_tags(root);
+  ASSERT_EQ(tags.size(), 2u);
+  EXPECT_EQ(tags[0].tag, "global_step3");
+  EXPECT_EQ(tags[1].tag, "global_step4");
+  EXPECT_EQ(read_latest(root), "global_step4");
+  // Re-saving an existing tag replaces it whole.
+  auto again = test::synthetic_metadata(2, "global_step4", 4);
+  test::save_synthetic(root, again, {}, 2);
+  EXPECT_EQ(CheckpointReader(root).metadata().run_id, again.run_id);
+  EXPECT_FALSE(fs::exists(root / "global_step4.replaced"));
+  EXPECT_THROW(begin_save(root, "../x"), UsageError);
+}
+
+// Note [Crash test]: a child process saves tag B over a root whose latest is tag A and is SIGKILLed
+// after a random delay within the save's measured duration; the parent then loads A (always) and
+// `latest` (A or B, whichever it names, complete either way).
+TEST(CheckpointStorage, SigkillDuringSaveLeavesPreviousTagLoadable) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  auto a = test::synthetic_metadata(3, "global_step10", 10, 16);
+  test::save_synthetic(root, a);
+  auto t0 = std::chrono::steady_clock::now();
+  test::save_synthetic(root, test::synthetic_metadata(3, "probe", 0, 16));
+  auto save_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  fs::remove_all(root / "probe");
+  std::ofstream(root / "latest", std::ios::trunc) << "global_step10";
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 20; ++trial) {
+    auto b = test::synthetic_metadata(3, "global_step20", 20, 16);
+    pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      try {
+        test::save_synthetic(root, b);
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    ::usleep(static_cast<useconds_t>(std::uniform_int_distribution<int64_t>(0, save_us * 12 / 10)(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CheckpointReader prev(root, "global_step10");
+    EXPECT_EQ(prev.metadata().run_id, a.run_id) << "trial " << trial;
+    std::string latest = read_latest(root);
+    EXPECT_TRUE(latest == "global_step10" || latest == "global_step20") << latest;
+    CheckpointReader last(root);
+    expect_synthetic(last);
+    fs::remove_all(root / "global_step20");
+    fs::remove_all(root / "global_step20.replaced");
+    std::ofstream(root / "latest", std::ios::trunc) << "global_step10";
+  }
+}
+
+// --- corrupt, truncated, foreign and mismatched files --------------------------------------------
+
+std::string open_error(const fs::path& root) {
+  try {
+    CheckpointReader r(root);
+    expect_synthetic(r);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void flip_byte(const fs::path& file, uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.get(c);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(static_cast<char>(c ^ 0x5a));
+}
+
+uint64_t find_bytes(const fs::path& file, const std::string& needle) {
+  std::ifstream in(file, std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto pos = data.find(needle);
+  EXPECT_NE(pos, std::string::npos) << needle;
+  return pos;
+}
+
+class CheckpointCorrupt : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    meta_ = test::synthetic_metadata(3, "global_step7", 7, 8);
+    test::save_synthetic(root_, meta_, WriteOptions{.chunk_bytes = 512});
+    ASSERT_EQ(open_error(root_), "");
+  }
+  fs::path rank_file(int r) const { return root_ / "global_step7" / rank_file_name(r); }
+  fs::path meta_file() const { return root_ / "global_step7" / kMetadataFile; }
+  void expect_error(const std::string& file_part, const std::string& what) {
+    std::string err = open_error(root_);
+    EXPECT_NE(err.find(file_part), std::string::npos) << err;
+    EXPECT_NE(err.find(what), std::string::npos) << err;
+  }
+  test::TempDir tmp_;
+  fs::path root_ = tmp_.path();
+  Metadata meta_;
+};
+
+TEST_F(CheckpointCorrupt, BadVersion) {
+  auto newer = meta_;
+  newer.version = kFormatVersion + 1;
+  newer.tag = "v2";
+  test::save_synthetic(root_, newer);
+  expect_error(kMetadataFile, "format version 2");
+}
+
+TEST_F(CheckpointCorrupt, MissingRankFile) {
+  fs::remove(rank_file(1));
+  expect_error(rank_file_name(1), "missing");
+}
+
+TEST_F(CheckpointCorrupt, ShardOfAnotherRun) {
+  auto other = meta_;
+  other.run_id = new_run_id();
+  other.tag = "other";
+  test::save_synthetic(fs::path(tmp_.path()) / "elsewhere", other);
+  fs::copy_file(fs::path(tmp_.path()) / "elsewhere" / "other" / rank_file_name(2), rank_file(2),
+                fs::copy_options::overwrite_existing);
+  expect_error(rank_file_name(2), "another save");
+}
+
+TEST_F(CheckpointCorrupt, ShardOfAnotherLayout) {
+  auto other = test::synthetic_metadata(3, "global_step7", 7, 9);  // other shapes, same run id
+  other.run_id = meta_.run_id;
+  test::save_synthetic(fs::path(tmp_.path()) / "elsewhere", other);
+  fs::copy_file(fs::path(tmp_.path()) / "elsewhere" / "global_step7" / rank_file_name(0), rank_file(0),
+                fs::copy_options::overwrite_existing);
+  expect_error(rank_file_name(0), "does not match");
+}
+
+TEST_F(CheckpointCorrupt, TruncatedRankFile) {
+  fs::resize_file(rank_file(1), fs::file_size(rank_file(1)) / 2);
+  expect_error(rank_file_name(1), "");
+}
+
+TEST_F(CheckpointCorrupt, TruncatedMetadata) {
+  fs::resize_file(meta_file(), 100);
+  expect_error(kMetadataFile, "");
+}
+
+TEST_F(CheckpointCorrupt, FlippedDataBytesFailTheChecksum) {
+  // exp_avg is the last buffer written: its chunks fill the file's tail.
+  flip_byte(rank_file(2), fs::file_size(rank_file(2)) - 300);
+  expect_error(rank_file_name(2), "checksum");
+}
+
+TEST_F(CheckpointCorrupt, FlippedMetadataBytes) {
+  flip_byte(meta_file(), find_bytes(meta_file(), "\"tensors\"") + 3);  // inside layout_json
+  expect_error(kMetadataFile, "");
+  std::string err = open_error(root_);
+  EXPECT_FALSE(err.empty());
+}
+
+TEST_F(CheckpointCorrupt, FlippedAttributeBytes) {
+  flip_byte(rank_file(0), find_bytes(rank_file(0), meta_.run_id) + 2);  // the run id, in an object header
+  expect_error(rank_file_name(0), "");
+}
+
+}  // namespace
+}  // namespace zs::checkpoint
