@@ -8,6 +8,7 @@
 #include <chrono>
 #include <exception>
 
+#include "comm/detail/shm.h"
 #include "comm/mpi_check.h"
 #include "core/errors.h"
 
@@ -98,7 +99,11 @@ Runtime::~Runtime() {
   // Note [Finalize while unwinding]: MPI_Finalize waits for every rank, so a World destroyed by an
   // exception on one rank would hang there while the others sit in a collective. Leave MPI running
   // instead: the top-level catch calls World::abort, which then still reaches MPI_Abort.
-  if (owns_mpi_ && std::uncaught_exceptions() > 0) return;
+  if (owns_mpi_ && std::uncaught_exceptions() > 0) {
+    (void)shm_node_.release();  // MPI_Win_free would wait for the other ranks too: leave it to the OS
+    return;
+  }
+  shm_node_.reset();  // every rank is here, on its way to MPI_Finalize
   if (owns_mpi_) {
     {
       std::lock_guard lock(orphans_mu_);
@@ -110,6 +115,11 @@ Runtime::~Runtime() {
     }
     MPI_Finalize();
   }
+}
+
+void Runtime::init_shm(const CommConfig& config) {
+  if (!uses_mpi_ || config.shared_memory == SharedMemory::kOff) return;
+  shm_node_ = ShmNode::create(config.shared_memory_node_ranks, config.shared_memory == SharedMemory::kOn);
 }
 
 void Runtime::start_worker() {

@@ -71,6 +71,8 @@
 namespace zs::comm::detail {
 
 class Runtime;
+class ShmNode;
+struct ShmGroup;
 
 // One communicator (or a local group of one when `comm == MPI_COMM_NULL`).
 struct GroupState {
@@ -86,6 +88,9 @@ struct GroupState {
   std::string broken;  // non-empty once a timeout left this communicator unusable
   // Group::simulated: plays rank `rank` of `size` without communicating (the memory estimator).
   bool simulated = false;
+  // Its view of the node's shared-memory window, made by its first collective that may use one
+  // (comm/detail/shm.h); null until then. Touched only by the Op running on this group.
+  std::shared_ptr<ShmGroup> shm;
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }
@@ -124,6 +129,12 @@ class Runtime {
   bool uses_mpi() const { return uses_mpi_; }
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
+  // More ranks on this node than online CPUs (Note [Polling]).
+  bool oversubscribed() const { return oversubscribed_; }
+  // Collective over the world (World's constructor): makes the node's shared-memory window unless
+  // config.shared_memory is kOff (comm/detail/shm.h). shm_node() is null without one.
+  void init_shm(const CommConfig& config);
+  ShmNode* shm_node() const { return shm_node_.get(); }
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
   void run(std::shared_ptr<Op> op);
@@ -152,6 +163,7 @@ class Runtime {
   int world_rank_ = 0;
   int world_size_ = 1;
   bool oversubscribed_ = false;  // more ranks on this node than online CPUs (Note [Polling])
+  std::unique_ptr<ShmNode> shm_node_;  // freed right before MPI_Finalize (MPI_Win_free is collective)
   std::shared_ptr<WaitHint> hint_ = std::make_shared<WaitHint>();
 
   std::mutex mu_;
