@@ -47,6 +47,7 @@ struct CommCounters {
   uint64_t bytes_sent = 0;      // bytes
   uint64_t bytes_received = 0;  // bytes
   uint64_t collectives = 0;     // count of completed collectives (all groups)
+  uint64_t shared_memory_collectives = 0;  // count of those that ran through the node's shared memory
 };
 
 // One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's

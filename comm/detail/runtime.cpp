@@ -339,7 +339,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
 }
 
 CommCounters Runtime::counters() const {
-  return {bytes_sent_.load(), bytes_received_.load(), collectives_.load()};
+  return {bytes_sent_.load(), bytes_received_.load(), collectives_.load(), shm_collectives_.load()};
 }
 
 void Runtime::tally(const Op& op, double seconds) {
@@ -372,6 +372,7 @@ void Runtime::reset_counters() {
   bytes_sent_ = 0;
   bytes_received_ = 0;
   collectives_ = 0;
+  shm_collectives_ = 0;
 }
 
 }  // namespace zs::comm::detail

@@ -135,6 +135,8 @@ class Runtime {
   // config.shared_memory is kOff (comm/detail/shm.h). shm_node() is null without one.
   void init_shm(const CommConfig& config);
   ShmNode* shm_node() const { return shm_node_.get(); }
+  // Counts a collective that ran through shared memory (CommCounters::shared_memory_collectives).
+  void count_shared_memory() { shm_collectives_.fetch_add(1, std::memory_order_relaxed); }
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
   void run(std::shared_ptr<Op> op);
@@ -188,6 +190,7 @@ class Runtime {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> collectives_{0};
+  std::atomic<uint64_t> shm_collectives_{0};
   static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSplit) + 1;
   void tally(const Op& op, double seconds);
   mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)

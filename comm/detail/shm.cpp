@@ -269,6 +269,7 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
     reduce_sum(srcs, t, out + k * m * es, t, n, divisor);
   }
   barrier(g, *s, op);  // nobody still reads a slot when its owner leaves
+  g.runtime->count_shared_memory();
   return true;
 }
 
@@ -299,6 +300,7 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
     }
   }
   barrier(g, *s, op);
+  g.runtime->count_shared_memory();
   return true;
 }
 
@@ -358,6 +360,7 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
   if (s->nodes > 1) {
     allreduce_across_nodes(g, *s, op, d, t, n, divisor);
     barrier(g, *s, op);
+    g.runtime->count_shared_memory();
     return true;
   }
   const ShmNode& node = *g.runtime->shm_node();
@@ -384,6 +387,7 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
     }
   }
   barrier(g, *s, op);
+  g.runtime->count_shared_memory();
   return true;
 }
 

@@ -55,7 +55,7 @@ void reduce_sum_scalar(const void* const* srcs, size_t n_src, DType src_type, vo
 void reduce_sum(std::span<const void* const> srcs, DType src_type, void* dst, DType dst_type, size_t n,
                 float divisor, memory::IsaLevel isa) {
   ZS_ASSERT(!srcs.empty(), "reduce_sum needs at least one source");
-  ZS_ASSERT(dst_type == src_type || (dst_type == DType::kF32 && src_type != DType::kI32),
+  ZS_ASSERT(dst_type == src_type || (dst_type != DType::kI32 && (src_type == DType::kF32 || dst_type == DType::kF32)),
             "reduce_sum: {} sources into {}", memory::dtype_name(src_type), memory::dtype_name(dst_type));
   if (n == 0) return;
   if (src_type == DType::kI32) {

@@ -14,8 +14,9 @@
 namespace zs::comm::detail {
 
 // dst[i] = (((srcs[0][i] + srcs[1][i]) + srcs[2][i]) + ...) / divisor, for i < n.
-//  - `src_type` is that of every source; `dst_type` is src_type, or kF32 for a float src_type (partial
-//    sums kept in fp32 for a further level). kI32 only to kI32, with divisor 1 (wrapping sums).
+//  - `src_type` is that of every source; `dst_type` is src_type, or kF32 for a bf16/fp16 src_type
+//    (partial sums kept in fp32 for a further level), or bf16/fp16 for fp32 sources (those sums
+//    rounded back). kI32 only to kI32, with divisor 1 (wrapping sums).
 //  - divisor 1 skips the division (a sum); else the fp32 accumulator is divided once (kAverage).
 //  - dst may be one of the sources when both have the same type (each element is read before written);
 //    otherwise no overlap. srcs.size() >= 1.
