@@ -162,6 +162,7 @@ Group Group::dup(const std::string& name, const CommConfig& config) const {
   if (!(config.timeout_s > 0)) throw ConfigError(fmt::format("comm.timeout_s: expected a positive number of seconds, got {}", config.timeout_s));
   Group g = split(0, rank(), name);
   g.state_->config = config;
+  if (!g.state_->local()) detail::check_shm_config_agrees(g.state_->comm, config, g.state_->where());
   return g;
 }
 

@@ -209,7 +209,8 @@ int train_command(const std::vector<std::string>& args) {
   std::unique_ptr<engine::DatasetSource> eval_source;  // data.eval_interval > 0
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
-        dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s}));
+        dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s,
+                                                                                  .shared_memory = cfg.comm.shared_memory}));
         model = std::make_unique<nn::GptModel>(model_cfg);
         nn::Dataset data = cfg.data.path.empty() ? nn::Dataset::builtin(model_cfg.seq_len)
                                                  : nn::Dataset::open(cfg.data.path, model_cfg.seq_len);

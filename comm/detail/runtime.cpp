@@ -30,6 +30,7 @@ GroupState::~GroupState() {
 void GroupState::init_handshake_comm() {
   if (local() || handshake_comm != MPI_COMM_NULL) return;
   ZS_MPI_CHECK(MPI_Comm_dup(comm, &handshake_comm), "duplicating the communicator of {} for handshakes", where());
+  init_shm_group(*this);  // comm/detail/shm.h: with the group, so no collective body waits untimed
 }
 
 std::string GroupState::where() const {
@@ -118,7 +119,9 @@ Runtime::~Runtime() {
 }
 
 void Runtime::init_shm(const CommConfig& config) {
-  if (!uses_mpi_ || config.shared_memory == SharedMemory::kOff) return;
+  if (!uses_mpi_) return;
+  check_shm_config_agrees(MPI_COMM_WORLD, config, "the world");
+  if (config.shared_memory == SharedMemory::kOff) return;
   shm_node_ = ShmNode::create(config.shared_memory_node_ranks, config.shared_memory == SharedMemory::kOn);
 }
 

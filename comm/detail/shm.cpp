@@ -121,37 +121,42 @@ const char* mode_name(SharedMemory m) {
   return "?";
 }
 
-// Collective over the group (inside an Op's body, so every rank is here).
-ShmGroup& group_shm(GroupState& g, const Op& op) {
-  if (g.shm) return *g.shm;
-  ShmNode* node = g.runtime->shm_node();
-  auto s = std::make_shared<ShmGroup>();
-  s->mode = g.config.shared_memory;
-  const int mine[5] = {node ? node->node_id() : -1 - g.runtime->world_rank(), node ? node->node_rank() : 0,
-                       node ? 1 : 0, static_cast<int>(s->mode), node ? node->next_group_index : 0};
-  std::vector<int> all(static_cast<size_t>(g.size) * 5);
-  ZS_MPI_CHECK(MPI_Allgather(mine, 5, MPI_INT, all.data(), 5, MPI_INT, g.comm), "{}: setting up shared memory", op.describe());
-  auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank) * 5 + static_cast<size_t>(field)]; };
-  bool have_all = true;
-  for (int p = 0; p < g.size; ++p) {
-    if (at(p, 3) != at(0, 3)) {
-      throw CommError(fmt::format("{}: comm.shared_memory differs across the ranks of the group (rank 0: {}, rank {}: "
-                                  "{}); pass the same value on every rank",
-                                  op.describe(), mode_name(static_cast<SharedMemory>(at(0, 3))), p,
-                                  mode_name(static_cast<SharedMemory>(at(p, 3)))));
-    }
-    have_all = have_all && at(p, 2) == 1;
-    s->flag_index = std::max(s->flag_index, at(p, 4));
+}  // namespace
+
+void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where) {
+  const int mode = static_cast<int>(config.shared_memory), nr = config.shared_memory_node_ranks;
+  int v[4] = {mode, -mode, nr, -nr};
+  ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT, MPI_MAX, comm), "comparing comm.shared_memory across {}", where);
+  if (v[0] != -v[1]) {
+    throw CommError(fmt::format("comm.shared_memory differs across the ranks of {} (this rank: {}; others pass {} or "
+                                "{}); pass the same value on every rank",
+                                where, mode_name(config.shared_memory), mode_name(static_cast<SharedMemory>(v[0])),
+                                mode_name(static_cast<SharedMemory>(-v[1]))));
   }
-  if (node) node->next_group_index = s->flag_index + 1;
+  if (v[2] != -v[3]) {
+    throw CommError(fmt::format("comm shared_memory_node_ranks differs across the ranks of {} ({} to {}); pass the same "
+                                "value on every rank", where, -v[3], v[2]));
+  }
+}
+
+void init_shm_group(GroupState& g) {
+  ShmNode* node = g.runtime->shm_node();
+  if (g.local() || node == nullptr) return;
+  auto s = std::make_shared<ShmGroup>();
+  const int mine[3] = {node->node_id(), node->node_rank(), node->next_group_index};
+  std::vector<int> all(static_cast<size_t>(g.size) * 3);
+  ZS_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, g.comm), "setting up shared memory for {}", g.where());
+  auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank) * 3 + static_cast<size_t>(field)]; };
   std::vector<int> ids;
   for (int p = 0; p < g.size; ++p) {
-    if (at(p, 0) == at(g.rank, 0)) {
+    s->flag_index = std::max(s->flag_index, at(p, 2));
+    if (at(p, 0) == node->node_id()) {
       if (p == g.rank) s->me = static_cast<int>(s->local.size());
       s->local.push_back(at(p, 1));
     }
     ids.push_back(at(p, 0));
   }
+  node->next_group_index = s->flag_index + 1;
   std::sort(ids.begin(), ids.end());
   s->nodes = 0;
   for (size_t i = 0; i < ids.size();) {
@@ -161,35 +166,33 @@ ShmGroup& group_shm(GroupState& g, const Op& op) {
     s->max_local = std::max(s->max_local, static_cast<int>(j - i));
     i = j;
   }
-  if (s->mode == SharedMemory::kOff) {
-    s->disabled_reason = "comm.shared_memory is false";
-  } else if (!have_all) {
-    s->disabled_reason = "a rank of the group has no shared-memory window (its World was started with "
-                         "comm.shared_memory = false)";
-  } else if (s->flag_index >= ShmNode::kMaxGroups) {
-    s->disabled_reason = fmt::format("more than {} groups have used shared memory in this World", ShmNode::kMaxGroups);
-  } else {
-    s->enabled = true;
+  s->enabled = s->flag_index < ShmNode::kMaxGroups;
+  if (!s->enabled) {
+    s->disabled_reason = fmt::format("more than {} groups were made in this World", ShmNode::kMaxGroups);
   }
   if (s->enabled && s->nodes > 1 && s->max_local > 1) {
     ZS_MPI_CHECK(MPI_Comm_split(g.comm, s->me == 0 ? 0 : MPI_UNDEFINED, g.rank, &s->leaders),
-                 "{}: connecting the node leaders", op.describe());
+                 "connecting the node leaders of {}", g.where());
   }
   g.shm = std::move(s);
-  return *g.shm;
 }
 
+namespace {
+
 ShmGroup* usable(GroupState& g, const Op& op) {
-  if (g.local() || g.size < 2) return nullptr;
-  ShmGroup& s = group_shm(g, op);
-  if (!s.enabled) {
-    if (s.mode == SharedMemory::kOn) {
+  const SharedMemory mode = g.config.shared_memory;
+  if (g.local() || g.size < 2 || mode == SharedMemory::kOff) return nullptr;
+  ShmGroup* s = g.shm.get();
+  if (s == nullptr || !s->enabled) {
+    if (mode == SharedMemory::kOn) {
       throw CommError(fmt::format("{}: comm.shared_memory is true but {}; set it to \"auto\" to fall back to MPI's "
-                                  "collectives", op.describe(), s.disabled_reason));
+                                  "collectives", op.describe(),
+                                  s ? s->disabled_reason : std::string("the World has no shared-memory window (it was "
+                                                                       "started with comm.shared_memory = false)")));
     }
     return nullptr;
   }
-  return s.max_local > 1 ? &s : nullptr;
+  return s->max_local > 1 ? s : nullptr;
 }
 
 // Note [Shared-memory collectives]: flags, the same timeout as the handshake.

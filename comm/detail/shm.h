@@ -81,11 +81,10 @@ class ShmNode {
   std::vector<std::array<unsigned char*, 2>> slots_;
 };
 
-// A group's view of the node window, made by the group's first reduce-scatter, allgather(v) or
-// allreduce (collective over the group, inside that Op's body).
+// A group's view of the node window, made with the group (init_shm_group). Whether a collective uses
+// it is decided per call from the group's config (comm.shared_memory), the same on every rank.
 struct ShmGroup {
-  bool enabled = false;            // every member has the window and a flag line, and the mode allows
-  SharedMemory mode = SharedMemory::kAuto;
+  bool enabled = false;            // the group got a flag line
   std::string disabled_reason;     // why not, for comm.shared_memory = true
   std::vector<int> local;          // node ranks of this group's members on this node, in group order
   int me = 0;                      // this rank's index in `local`
@@ -97,8 +96,14 @@ struct ShmGroup {
   ~ShmGroup();
 };
 
-// Smallest message (bytes of the tensor) comm.shared_memory = "auto" sends through shared memory.
-inline constexpr size_t kShmAutoMinBytes = 0;
+// Collective over g.comm (blocking and untimed, like the MPI_Comm_split that made it; GroupState::
+// init_handshake_comm calls it): sets g.shm when the World has a node window. Made with the group,
+// not by its first collective, so that a collective's body never waits in an untimed MPI call: a rank
+// arriving after its peer timed out then fails at a (timed) shared-memory barrier instead of hanging.
+void init_shm_group(GroupState& g);
+// Collective over the world (World's constructor): CommError on every rank when the ranks passed
+// different comm.shared_memory or shared_memory_node_ranks values.
+void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where);
 
 // Each returns false, having done nothing, when this collective should use MPI (shared memory off,
 // unavailable, a single node rank per node, or a group spanning nodes for reduce-scatter and

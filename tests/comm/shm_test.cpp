@@ -197,7 +197,7 @@ TEST(Shm, AllreduceMatchesMpiAndReference) {
   comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_ar");
   const int n = shm.size(), me = shm.rank();
   for (DType t : kTypes) {
-    for (size_t size : {size_t{0}, size_t{1}, size_t{1000}, 2 * kSlot / memory::dtype_size(t) + 123}) {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{1000}, 3 * kSlot / 2 / memory::dtype_size(t) + 123}) {
       for (bool average : {false, true}) {
         if (t == DType::kI32 && average) continue;
         SCOPED_TRACE(std::string(memory::dtype_name(t)) + " " + std::to_string(size) + (average ? " average" : " sum"));
