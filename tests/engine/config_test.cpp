@@ -488,9 +488,6 @@ TEST(ConfigData, EvaluationKeys) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_intervall": 2}})"), "did you mean 'eval_interval'?");
 }
 
-}  // namespace
-}  // namespace zs::engine
-
 TEST(Config, CommSharedMemorySwitch) {
   EXPECT_EQ(parse(R"({"train_batch_size": 4})").comm.shared_memory, comm::SharedMemory::kAuto);
   EXPECT_EQ(parse(R"({"train_batch_size": 4, "comm": {"shared_memory": "auto"}})").comm.shared_memory, comm::SharedMemory::kAuto);
@@ -501,3 +498,6 @@ TEST(Config, CommSharedMemorySwitch) {
   EXPECT_CONTAINS(e, "\"auto\", true or false");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "comm": {"shared_memroy": true}})"), "did you mean 'shared_memory'");
 }
+
+}  // namespace
+}  // namespace zs::engine
