@@ -21,6 +21,7 @@ namespace {
 constexpr size_t kLine = 64;                                    // one barrier flag per cache line
 constexpr size_t kFlagBytes = ShmNode::kMaxGroups * kLine;
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
+constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -208,10 +209,15 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
     if (static_cast<int>(p) == s.me) continue;
     const std::atomic<uint64_t>& f = node.flag(s.local[p], s.flag_index);
     for (uint64_t polls = 0; f.load(std::memory_order_acquire) < e; ++polls) {
-      if (polls < 256 && !yield) {
+      // Note [Polling] in runtime.h: spin with a pause (a sched_yield per miss would hand the core to
+      // another process for a whole slice), yield only when the node runs more ranks than CPUs, and
+      // after kSpin sleep elapsed/32 (10 us to 1 ms).
+      if (yield) {
+        sched_yield();
+      } else {
         cpu_relax();
-        continue;
       }
+      if (polls % 64 != 63) continue;
       const auto now = Clock::now();
       if (now >= deadline) [[unlikely]] {
         {
@@ -224,10 +230,9 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
             "comm.timeout_s if a rank legitimately takes longer",
             op.describe(), g.config.timeout_s, g.config.timeout_s));
       }
-      if (now - start < std::chrono::milliseconds(5)) {
-        sched_yield();  // a peer is mid-copy, or was descheduled: give it the core
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (now - start > kSpin) {
+        const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
+        std::this_thread::sleep_for(std::chrono::microseconds(std::clamp(elapsed_us / 32, 10L, 1000L)));
       }
     }
   }
