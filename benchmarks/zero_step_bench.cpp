@@ -94,15 +94,15 @@ int main(int argc, char** argv) {
       bool mpi;
     };
     const std::vector<Variant> variants = {{0, false}, {1, false}, {2, false}, {3, false}, {0, true}, {3, true}};
-    const int kStages = static_cast<int>(variants.size());
+    const int n_variants = static_cast<int>(variants.size());
     auto label = [&](int s) {
       const Variant& v = variants[static_cast<size_t>(s)];
       return fmt::format("{}{}", v.stage, v.mpi ? " mpi" : "");
     };
-    std::vector<engine::EngineConfig> cfgs(static_cast<size_t>(kStages), base);
+    std::vector<engine::EngineConfig> cfgs(static_cast<size_t>(n_variants), base);
     std::vector<std::unique_ptr<nn::GptModel>> models;
     std::vector<std::unique_ptr<engine::Engine>> engines;
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < n_variants; ++s) {
       const Variant& v = variants[static_cast<size_t>(s)];
       cfgs[static_cast<size_t>(s)].zero.stage = v.stage;
       models.push_back(std::make_unique<nn::GptModel>(gcfg));
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
                                                          v.mpi ? mpi_group : group));
     }
     // Each engine steps on its own copy of the data order: all see the same batches.
-    std::vector<engine::DatasetSource> sources(static_cast<size_t>(kStages), engine::DatasetSource(nn::Dataset::builtin(gcfg.seq_len), 7));
+    std::vector<engine::DatasetSource> sources(static_cast<size_t>(n_variants), engine::DatasetSource(nn::Dataset::builtin(gcfg.seq_len), 7));
     const int64_t params = engines[0]->param_count();
     if (root) {
       std::printf("zero_step_bench: GPT n_layer %lld d_model %lld n_head %lld seq_len %lld vocab %lld (%lld params), "
@@ -122,13 +122,13 @@ int main(int argc, char** argv) {
                   (long long)base.zero.stage3_param_persistence_threshold, (long long)warmup, (long long)reps);
     }
     for (int64_t i = 0; i < warmup; ++i) {
-      for (int s = 0; s < kStages; ++s) engines[static_cast<size_t>(s)]->train_batch(sources[static_cast<size_t>(s)]);
+      for (int s = 0; s < n_variants; ++s) engines[static_cast<size_t>(s)]->train_batch(sources[static_cast<size_t>(s)]);
     }
 
-    std::vector<Series> series(static_cast<size_t>(kStages));
+    std::vector<Series> series(static_cast<size_t>(n_variants));
     for (int64_t r = 0; r < reps; ++r) {
-      for (int j = 0; j < kStages; ++j) {
-        const size_t s = static_cast<size_t>((r + j) % kStages);
+      for (int j = 0; j < n_variants; ++j) {
+        const size_t s = static_cast<size_t>((r + j) % n_variants);
         group.barrier();
         const double t0 = bench::now_seconds();
         const engine::StepReport rep = engines[s]->train_batch(sources[s]);
@@ -157,7 +157,7 @@ int main(int argc, char** argv) {
       std::printf("\n%6s %9s %9s %9s %9s %9s %10s %8s  %s\n", "stage", "step s", "fwd s", "bwd s", "optim s", "min s",
                   "tokens/s", "ratio", "losses (same batches)");
     }
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < n_variants; ++s) {
       const Series& x = series[static_cast<size_t>(s)];
       std::vector<double> paired;
       for (size_t i = 0; i < x.step.size(); ++i) paired.push_back(x.step[i] / series[0].step[i]);
