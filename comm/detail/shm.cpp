@@ -180,9 +180,10 @@ void init_shm_group(GroupState& g) {
 
 namespace {
 
-ShmGroup* usable(GroupState& g, const Op& op) {
+ShmGroup* usable(GroupState& g, const Op& op, size_t bytes) {
   const SharedMemory mode = g.config.shared_memory;
   if (g.local() || g.size < 2 || mode == SharedMemory::kOff) return nullptr;
+  if (mode == SharedMemory::kAuto && bytes < kShmAutoMinBytes) return nullptr;
   ShmGroup* s = g.shm.get();
   if (s == nullptr || !s->enabled) {
     if (mode == SharedMemory::kOn) {
@@ -246,7 +247,7 @@ unsigned char* bytes(const memory::Tensor& t) { return static_cast<unsigned char
 
 bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r) {
-  ShmGroup* s = usable(g, op);
+  ShmGroup* s = usable(g, op, static_cast<size_t>(input.numel()) * memory::dtype_size(input.dtype()));
   if (s == nullptr || s->nodes > 1) return false;
   const ShmNode& node = *g.runtime->shm_node();
   const DType t = input.dtype();
@@ -283,7 +284,7 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
 
 bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                     std::span<const int> counts, std::span<const int> displs) {
-  ShmGroup* s = usable(g, op);
+  ShmGroup* s = usable(g, op, static_cast<size_t>(output.numel()) * memory::dtype_size(output.dtype()));
   if (s == nullptr || s->nodes > 1) return false;
   const ShmNode& node = *g.runtime->shm_node();
   const size_t es = memory::dtype_size(input.dtype());
@@ -359,7 +360,7 @@ void allreduce_across_nodes(GroupState& g, ShmGroup& s, const Op& op, unsigned c
 }  // namespace
 
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r) {
-  ShmGroup* s = usable(g, op);
+  ShmGroup* s = usable(g, op, static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype()));
   if (s == nullptr) return false;
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());

@@ -105,9 +105,14 @@ void init_shm_group(GroupState& g);
 // different comm.shared_memory or shared_memory_node_ranks values.
 void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where);
 
+// comm.shared_memory "auto" leaves tensors smaller than this (bytes) to MPI: below it the flags
+// barrier's microsecond outweighs the copies saved (comm_bench, docs/benchmarks.md: 0.55-0.75x raw
+// OpenMPI at 1-4 KiB, 1.7-2.9x from 16 KiB). true uses shared memory at every size.
+inline constexpr size_t kShmAutoMinBytes = size_t{8} << 10;
+
 // Each returns false, having done nothing, when this collective should use MPI (shared memory off,
-// unavailable, a single node rank per node, or a group spanning nodes for reduce-scatter and
-// allgather(v)); the decision is the same on every rank. Throw CommError on a barrier timeout.
+// unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes for
+// reduce-scatter and allgather(v)); the decision is the same on every rank. Throw CommError on a barrier timeout.
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r);
 bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r);

@@ -247,6 +247,13 @@ TEST(Shm, ConfigSwitchForcesEitherPath) {
     g->allgather(part, x4);
     EXPECT_EQ(shm_count(), before + (n > 1 && single_node() ? 2 : 0)) << g->name();
   }
+  // "auto" leaves small tensors (< 8 KiB) to MPI; true takes them too.
+  Tensor small = make(DType::kF32, 256, on.rank());
+  before = shm_count();
+  autos.allreduce(small);
+  EXPECT_EQ(shm_count(), before);
+  on.allreduce(small);
+  EXPECT_EQ(shm_count(), before + (n > 1 ? 1 : 0));
 }
 
 TEST(Shm, MismatchThrowsOnEveryRank) {
