@@ -1,16 +1,19 @@
-// Question: what does zeroshard's collective layer (handshake + worker + Tensor API) cost over the raw
-// MPI calls on the same buffers? fp32 allreduce, reduce-scatter and allgather, 1 KiB .. 64 MiB.
+// Question: how fast are zeroshard's collectives against the raw MPI calls on the same buffers? fp32
+// allreduce, reduce-scatter and allgather, 1 KiB .. 64 MiB. Three paths per size: raw OpenMPI
+// (MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather), zeroshard as configured (comm.shared_memory
+// "auto": on one node, the shared-memory collectives of comm/detail/shm.h) and zeroshard with
+// comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
 //          [--max-mib 64] [--reps 15] [--warmup 3]
 //
 // Sizes are the full buffer (allreduce data, reduce-scatter input, allgather output), powers of 4.
 // Method (fair on a shared, noisy machine): per size `--warmup` untimed pairs, then `--reps` timed
-// pairs; each pair runs raw and zeroshard back to back, each after a barrier, in alternating order
-// (raw first on even reps, zeroshard first on odd ones) so neither always inherits the other's cache
-// or scheduling state. A call's time is the slowest rank's. The table shows the medians, the paired
-// ratio (median over reps of raw time / zeroshard time, so drift between reps cancels) and the noise
-// (the larger interquartile range of the two, relative to its median).
+// triples; each triple runs the three paths back to back, each after a barrier, in rotating order so
+// none always inherits another's cache or scheduling state. A call's time is the slowest rank's. The
+// table shows the medians, the paired ratios (median over reps of raw time / zeroshard time, so drift
+// between reps cancels; `ratio` for the configured path, `mpi_ratio` for the layer over OpenMPI) and
+// the noise (the largest interquartile range of the three, relative to its median).
 // Bandwidths follow NCCL-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce) or
 // algbw * (n-1)/n (reduce-scatter, allgather). ratio > 1: zeroshard faster.
 #include <mpi.h>
@@ -55,6 +58,9 @@ int main(int argc, char** argv) {
   try {
     auto world = comm::World::create();
     const auto& g = world.group();
+    comm::CommConfig off = world.config();
+    off.shared_memory = comm::SharedMemory::kOff;
+    const comm::Group g_mpi = g.dup("world_mpi", off);
     const int n = g.size();
     const size_t max_bytes = std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20;
     const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "15"));
@@ -65,13 +71,13 @@ int main(int argc, char** argv) {
     bench::Report report;
     report.benchmark = "comm_bench";
     report.config = {{"ranks", n}, {"dtype", "fp32"}, {"reps", reps}, {"warmup", warmup},
-                     {"max_bytes", max_bytes}};
+                     {"max_bytes", max_bytes}, {"shared_memory", "auto"}};
     boost::json::object ratios;
     if (g.rank() == 0) {
       std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d alternating pairs, medians (busbw in GB/s)\n", n,
                   warmup, reps);
-      std::printf("%-15s %10s %10s %10s %10s %10s %8s %7s\n", "collective", "bytes", "raw_ms", "zs_ms", "raw_busbw",
-                  "zs_busbw", "ratio", "noise%");
+      std::printf("%-15s %10s %10s %10s %10s %10s %10s %8s %9s %7s\n", "collective", "bytes", "raw_ms", "zs_ms",
+                  "zs_mpi_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "noise%");
     }
     const char* names[] = {"allreduce", "reduce_scatter", "allgather"};
     for (int c = 0; c < 3; ++c) {
@@ -88,43 +94,51 @@ int main(int argc, char** argv) {
           if (c == 1) MPI_Reduce_scatter_block(full.raw(), mine.raw(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           if (c == 2) MPI_Allgather(mine.raw(), ipart, MPI_FLOAT, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
         };
-        auto ours = [&] {
-          if (c == 0) g.allreduce(full);
-          if (c == 1) g.reduce_scatter(full, mine, counts);
-          if (c == 2) g.allgather(mine, full);
+        auto on = [&](const comm::Group& grp) {
+          return [&] {
+            if (c == 0) grp.allreduce(full);
+            if (c == 1) grp.reduce_scatter(full, mine, counts);
+            if (c == 2) grp.allgather(mine, full);
+          };
         };
+        auto ours = on(g);
+        auto ours_mpi = on(g_mpi);
         for (int r = 0; r < warmup; ++r) {
           timed(raw);
           timed(ours);
+          timed(ours_mpi);
         }
-        std::vector<double> t_raw, t_ours, paired;
+        std::vector<double> t_raw, t_ours, t_mpi, paired, paired_mpi;
         for (int r = 0; r < reps; ++r) {
-          double a = 0, z = 0;
-          if (r % 2 == 0) {
-            a = timed(raw);
-            z = timed(ours);
-          } else {
-            z = timed(ours);
-            a = timed(raw);
+          double a = 0, z = 0, zm = 0;
+          for (int k = 0; k < 3; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi first
+            switch ((r + k) % 3) {
+              case 0: a = timed(raw); break;
+              case 1: z = timed(ours); break;
+              default: zm = timed(ours_mpi); break;
+            }
           }
           t_raw.push_back(a);
           t_ours.push_back(z);
+          t_mpi.push_back(zm);
           paired.push_back(a / z);
+          paired_mpi.push_back(a / zm);
         }
-        const double tr = bench::median(t_raw), to = bench::median(t_ours);
-        const double noise = std::max(rel_iqr(t_raw), rel_iqr(t_ours));
+        const double tr = bench::median(t_raw), to = bench::median(t_ours), tm = bench::median(t_mpi);
+        const double noise = std::max({rel_iqr(t_raw), rel_iqr(t_ours), rel_iqr(t_mpi)});
         const double b = static_cast<double>(count) * 4;
         const double factor = c == 0 ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
         const double raw_bus = b / tr * factor / 1e9, ours_bus = b / to * factor / 1e9;
-        const double ratio = bench::median(paired);
+        const double ratio = bench::median(paired), mpi_ratio = bench::median(paired_mpi);
         if (g.rank() == 0) {
-          std::printf("%-15s %10zu %10.3f %10.3f %10.2f %10.2f %8.3f %7.0f\n", names[c], count * 4, tr * 1e3,
-                      to * 1e3, raw_bus, ours_bus, ratio, noise * 100);
+          std::printf("%-15s %10zu %10.3f %10.3f %10.3f %10.2f %10.2f %8.3f %9.3f %7.0f\n", names[c], count * 4,
+                      tr * 1e3, to * 1e3, tm * 1e3, raw_bus, ours_bus, ratio, mpi_ratio, noise * 100);
           std::fflush(stdout);
         }
         report.results.push_back(boost::json::object{{"collective", names[c]}, {"bytes", count * 4},
                                                       {"time_s", to}, {"algbw_gbps", b / to / 1e9},
                                                       {"busbw_gbps", ours_bus}, {"ratio", ratio},
+                                                      {"zs_mpi_time_s", tm}, {"mpi_ratio", mpi_ratio},
                                                       {"noise", noise}});
         report.baseline[std::string(names[c]) + "/" + std::to_string(count * 4)] =
             boost::json::object{{"time_s", tr}, {"algbw_gbps", b / tr / 1e9}, {"busbw_gbps", raw_bus}};

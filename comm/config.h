@@ -6,10 +6,26 @@
 
 namespace zs::comm {
 
+// Whether reduce-scatter, allgather(v) and allreduce between ranks of one node go through a shared-
+// memory window (Note [Shared-memory collectives] in comm/detail/shm.h) instead of MPI's collective.
+//   kAuto: when the group has ranks sharing a node, the window could be made (else MPI's) and the
+//          tensor has at least 8 KiB (kShmAutoMinBytes: smaller ones are faster through MPI).
+//   kOn:   at every size; a window that cannot be made is an error instead of a fallback.
+//   kOff:  always MPI's collectives (no window is made).
+enum class SharedMemory { kAuto, kOn, kOff };
+
 struct CommConfig {
   // Seconds a collective may wait for the other ranks of its group before it throws CommError
   // naming the collective, the group, the sizes and the rank. Must be > 0.
   double timeout_s = 300.0;
+  // Intra-node shared-memory collectives (comm.shared_memory: "auto", true, false). Read from the
+  // World's config when it starts (kOff there makes no window, so no group can use one); a group made
+  // by dup() with kOff uses MPI's collectives. Every rank of a group must pass the same value.
+  SharedMemory shared_memory = SharedMemory::kAuto;
+  // Ranks per "node" for the shared-memory path: 0 = the ranks MPI finds on one node; k > 0 splits
+  // them into blocks of k consecutive ranks treated as separate nodes joined by MPI (e.g. one block per
+  // socket; also how the tests exercise the multi-node path on one machine). World config only.
+  int shared_memory_node_ranks = 0;
 };
 
 // How a reduction combines the ranks' values. kAverage is the sum divided by the group size, done in
@@ -32,6 +48,7 @@ struct CommCounters {
   uint64_t bytes_sent = 0;      // bytes
   uint64_t bytes_received = 0;  // bytes
   uint64_t collectives = 0;     // count of completed collectives (all groups)
+  uint64_t shared_memory_collectives = 0;  // count of those that ran through the node's shared memory
 };
 
 // One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's

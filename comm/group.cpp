@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comm/detail/runtime.h"
+#include "comm/detail/shm.h"
 #include "comm/mpi_check.h"
 #include "comm/native.h"
 #include "memory/dtype.h"
@@ -162,6 +163,7 @@ Group Group::dup(const std::string& name, const CommConfig& config) const {
   if (!(config.timeout_s > 0)) throw ConfigError(fmt::format("comm.timeout_s: expected a positive number of seconds, got {}", config.timeout_s));
   Group g = split(0, rank(), name);
   g.state_->config = config;
+  if (!g.state_->local()) detail::check_shm_config_agrees(g.state_->comm, config, g.state_->where());
   return g;
 }
 
@@ -181,6 +183,7 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
   op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n * wire / static_cast<uint64_t>(size);
   op->body = [g = g.get(), data, r, t, n, count, size, o = op.get()] {
     if (g->local() || n == 0) return;  // a sum or average over one rank is the value itself
+    if (detail::shm_allreduce(*g, *o, data, r)) return;  // ranks on one node: comm/detail/shm.h
     if (t == DType::kF32 || t == DType::kI32) {
       ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data.raw(), count, mpi_type(t), MPI_SUM, g->comm), "{}", o->describe());
       if (r == ReduceOp::kAverage) scale(data.data<float>(), n, size);
@@ -231,6 +234,7 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
       if (in != out && own > 0) std::memmove(out, in, own * es);
       return;
     }
+    if (detail::shm_reduce_scatter(*g, *o, input, output, c.counts, c.displs, r)) return;  // comm/detail/shm.h
     auto reduce = [&](const void* send, void* recv, MPI_Datatype type) {
       if (equal) {
         ZS_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, c.counts[0], type, MPI_SUM, g->comm), "{}", o->describe());
@@ -304,6 +308,7 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
       if (!in_place && own > 0) std::memmove(out, in, own * es);
       return;
     }
+    if (detail::shm_allgatherv(*g, *o, input, output, c.counts, c.displs)) return;  // comm/detail/shm.h
     const void* send = in_place ? MPI_IN_PLACE : in;
     const MPI_Datatype type = mpi_type(t);
     if (equal) {

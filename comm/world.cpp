@@ -25,6 +25,10 @@ World::World(Launch launch, const CommConfig& config) {
   if (!(config.timeout_s > 0)) {
     throw ConfigError(fmt::format("comm.timeout_s: expected a positive number of seconds, got {}", config.timeout_s));
   }
+  if (config.shared_memory_node_ranks < 0) {
+    throw ConfigError(fmt::format("comm.shared_memory_node_ranks: expected 0 (the node as MPI finds it) or a positive "
+                                  "number of ranks, got {}", config.shared_memory_node_ranks));
+  }
   runtime_ = std::make_shared<detail::Runtime>(launch == Launch::kMpi);
   auto state = std::make_shared<detail::GroupState>();
   state->runtime = runtime_;
@@ -34,6 +38,7 @@ World::World(Launch launch, const CommConfig& config) {
     state->comm = MPI_COMM_WORLD;  // not owned: MPI_Finalize releases it
     state->rank = runtime_->world_rank();
     state->size = runtime_->world_size();
+    runtime_->init_shm(config);  // the node window first: init_handshake_comm sets up the group's view of it
     state->init_handshake_comm();
   }
   group_ = std::make_unique<Group>(std::move(state));

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 
+#include <boost/json/serialize.hpp>
+
 #include "core/json.h"
 #include "engine/detail/deepspeed_keys.h"
 #include "nn/gpt.h"
@@ -55,6 +57,7 @@ void read_disabled_section(ObjectReader& root, std::string_view key) {
 // Hugging Face's Trainer writes "auto" in the DeepSpeed configs it ships and replaces each with a value
 // from its own arguments before DeepSpeed sees the file; zeroshard reads the file as written.
 void reject_auto(const boost::json::value& v, const std::string& path) {
+  if (path == "comm.shared_memory") return;  // zeroshard's own section: "auto" is one of its values
   if (const boost::json::string* s = v.if_string(); s != nullptr && *s == "auto") {
     throw ConfigError(fmt::format("{}: \"auto\" is a Hugging Face placeholder (the Trainer fills it in from its own "
                                   "arguments before DeepSpeed reads the config); zeroshard reads the file as written, so "
@@ -533,7 +536,20 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
                                     fraction ? "eval_fraction" : "eval_batches"));
     }
   });
-  root.read_object("comm", [&](ObjectReader& r) { r.read("timeout_s", cfg.comm.timeout_s, RealRange::positive()); });
+  root.read_object("comm", [&](ObjectReader& r) {
+    r.read("timeout_s", cfg.comm.timeout_s, RealRange::positive());
+    if (const boost::json::value* v = r.find("shared_memory")) {
+      if (v->is_bool()) {
+        cfg.comm.shared_memory = v->as_bool() ? comm::SharedMemory::kOn : comm::SharedMemory::kOff;
+      } else if (v->is_string() && v->as_string() == "auto") {
+        cfg.comm.shared_memory = comm::SharedMemory::kAuto;
+      } else {
+        throw ConfigError(fmt::format("comm.shared_memory: expected \"auto\", true or false, got {}; \"auto\" uses the "
+                                      "node's shared memory for collectives when it can, false always MPI's",
+                                      boost::json::serialize(*v)));
+      }
+    }
+  });
   root.read_object("log", [&](ObjectReader& r) {
     r.read_choice("level", cfg.log.level, {"trace", "debug", "info", "warn", "error", "off"});
     r.read("all_ranks", cfg.log.all_ranks);

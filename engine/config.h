@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/config.h"
 #include "core/log.h"
 #include "engine/monitor_config.h"
 #include "memory/dtype.h"
@@ -122,6 +123,8 @@ struct DataConfig {
 
 struct CommSectionConfig {
   double timeout_s = 300.0;  // a collective not done within this raises CommError on that rank
+  // comm.shared_memory: "auto" (default), true, false (comm::SharedMemory, comm/config.h).
+  comm::SharedMemory shared_memory = comm::SharedMemory::kAuto;
 };
 
 struct EngineConfig {

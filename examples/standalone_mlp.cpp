@@ -144,7 +144,7 @@ int main(int argc, char** argv) {
 
   try {
     // The data-parallel group, with the config's collective timeout.
-    zs::comm::Group dp = world->group().dup("dp", zs::comm::CommConfig{.timeout_s = cfg.comm.timeout_s});
+    zs::comm::Group dp = world->group().dup("dp", zs::comm::CommConfig{.timeout_s = cfg.comm.timeout_s, .shared_memory = cfg.comm.shared_memory});
     Regressor model(mlp);                     // declares parameters; allocates nothing
     zs::engine::Engine engine(model, cfg, dp);  // places and initialises the parameters (cfg.seed)
     TeacherData data(mlp, cfg.data.seed.value_or(cfg.seed), cfg.batch.train_batch_size);

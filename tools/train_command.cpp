@@ -213,7 +213,8 @@ int train_command(const std::vector<std::string>& args) {
   std::unique_ptr<engine::DatasetSource> eval_source;  // data.eval_interval > 0
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
-        dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s}));
+        dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s,
+                                                                                  .shared_memory = cfg.comm.shared_memory}));
         if (cfg.model_moe) {
           const int e = cfg.model_moe->moe.ep_size, r = dp->rank();
           expert_groups.emplace(comm::ExpertGroups{dp->split(0, r, "moe_dp"), dp->split(r / e, r, "ep"),

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <exception>
 
+#include "comm/detail/shm.h"
 #include "comm/mpi_check.h"
 #include "core/errors.h"
 
@@ -29,6 +30,7 @@ GroupState::~GroupState() {
 void GroupState::init_handshake_comm() {
   if (local() || handshake_comm != MPI_COMM_NULL) return;
   ZS_MPI_CHECK(MPI_Comm_dup(comm, &handshake_comm), "duplicating the communicator of {} for handshakes", where());
+  init_shm_group(*this);  // comm/detail/shm.h: with the group, so no collective body waits untimed
 }
 
 std::string GroupState::where() const {
@@ -98,7 +100,11 @@ Runtime::~Runtime() {
   // Note [Finalize while unwinding]: MPI_Finalize waits for every rank, so a World destroyed by an
   // exception on one rank would hang there while the others sit in a collective. Leave MPI running
   // instead: the top-level catch calls World::abort, which then still reaches MPI_Abort.
-  if (owns_mpi_ && std::uncaught_exceptions() > 0) return;
+  if (owns_mpi_ && std::uncaught_exceptions() > 0) {
+    (void)shm_node_.release();  // MPI_Win_free would wait for the other ranks too: leave it to the OS
+    return;
+  }
+  shm_node_.reset();  // every rank is here, on its way to MPI_Finalize
   if (owns_mpi_) {
     {
       std::lock_guard lock(orphans_mu_);
@@ -110,6 +116,13 @@ Runtime::~Runtime() {
     }
     MPI_Finalize();
   }
+}
+
+void Runtime::init_shm(const CommConfig& config) {
+  if (!uses_mpi_) return;
+  check_shm_config_agrees(MPI_COMM_WORLD, config, "the world");
+  if (config.shared_memory == SharedMemory::kOff) return;
+  shm_node_ = ShmNode::create(config.shared_memory_node_ranks, config.shared_memory == SharedMemory::kOn);
 }
 
 void Runtime::start_worker() {
@@ -329,7 +342,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
 }
 
 CommCounters Runtime::counters() const {
-  return {bytes_sent_.load(), bytes_received_.load(), collectives_.load()};
+  return {bytes_sent_.load(), bytes_received_.load(), collectives_.load(), shm_collectives_.load()};
 }
 
 void Runtime::tally(const Op& op, double seconds) {
@@ -362,6 +375,7 @@ void Runtime::reset_counters() {
   bytes_sent_ = 0;
   bytes_received_ = 0;
   collectives_ = 0;
+  shm_collectives_ = 0;
 }
 
 }  // namespace zs::comm::detail

@@ -71,6 +71,8 @@
 namespace zs::comm::detail {
 
 class Runtime;
+class ShmNode;
+struct ShmGroup;
 
 // One communicator (or a local group of one when `comm == MPI_COMM_NULL`).
 struct GroupState {
@@ -86,6 +88,9 @@ struct GroupState {
   std::string broken;  // non-empty once a timeout left this communicator unusable
   // Group::simulated: plays rank `rank` of `size` without communicating (the memory estimator).
   bool simulated = false;
+  // Its view of the node's shared-memory window, made by its first collective that may use one
+  // (comm/detail/shm.h); null until then. Touched only by the Op running on this group.
+  std::shared_ptr<ShmGroup> shm;
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }
@@ -124,6 +129,14 @@ class Runtime {
   bool uses_mpi() const { return uses_mpi_; }
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
+  // More ranks on this node than online CPUs (Note [Polling]).
+  bool oversubscribed() const { return oversubscribed_; }
+  // Collective over the world (World's constructor): makes the node's shared-memory window unless
+  // config.shared_memory is kOff (comm/detail/shm.h). shm_node() is null without one.
+  void init_shm(const CommConfig& config);
+  ShmNode* shm_node() const { return shm_node_.get(); }
+  // Counts a collective that ran through shared memory (CommCounters::shared_memory_collectives).
+  void count_shared_memory() { shm_collectives_.fetch_add(1, std::memory_order_relaxed); }
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
   void run(std::shared_ptr<Op> op);
@@ -152,6 +165,7 @@ class Runtime {
   int world_rank_ = 0;
   int world_size_ = 1;
   bool oversubscribed_ = false;  // more ranks on this node than online CPUs (Note [Polling])
+  std::unique_ptr<ShmNode> shm_node_;  // freed right before MPI_Finalize (MPI_Win_free is collective)
   std::shared_ptr<WaitHint> hint_ = std::make_shared<WaitHint>();
 
   std::mutex mu_;
@@ -176,6 +190,7 @@ class Runtime {
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> collectives_{0};
+  std::atomic<uint64_t> shm_collectives_{0};
   static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSplit) + 1;
   void tally(const Op& op, double seconds);
   mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)

@@ -489,6 +489,17 @@ TEST(ConfigData, EvaluationKeys) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_intervall": 2}})"), "did you mean 'eval_interval'?");
 }
 
+TEST(Config, CommSharedMemorySwitch) {
+  EXPECT_EQ(parse(R"({"train_batch_size": 4})").comm.shared_memory, comm::SharedMemory::kAuto);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "comm": {"shared_memory": "auto"}})").comm.shared_memory, comm::SharedMemory::kAuto);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "comm": {"shared_memory": true}})").comm.shared_memory, comm::SharedMemory::kOn);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "comm": {"shared_memory": false}})").comm.shared_memory, comm::SharedMemory::kOff);
+  const std::string e = error_of(R"({"train_batch_size": 4, "comm": {"shared_memory": "yes"}})");
+  EXPECT_CONTAINS(e, "comm.shared_memory");
+  EXPECT_CONTAINS(e, "\"auto\", true or false");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "comm": {"shared_memroy": true}})"), "did you mean 'shared_memory'");
+}
+
 }  // namespace
 }  // namespace zs::engine
 

@@ -104,10 +104,12 @@ TEST_P(EveryOptimizer, MatchesItsSingleProcessRun) {
     expect_matches(got, ref, 1e-5, 1e-5, what);
   } else if (type == "CAdam" || type == "Lion") {
     // The sign of the interpolated momentum flips where it is within rounding of zero: summing the
-    // gradients in another order moves such an element by 2 lr. Everything else matches.
+    // gradients in another order moves such an element by 2 lr. Everything else matches. The bound
+    // depends on the order the ranks' gradients are summed in: OpenMPI's gave 0.2%, the shared-memory
+    // collectives' rank order (comm/detail/shm.h) gives up to 0.73% of qkv at np 3; both are fp32 sums.
     for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-4 * ref.losses[i]) << what;
-    EXPECT_LE(fraction_differing(got.wte, ref.wte, 1e-5), 2e-3) << what;
-    EXPECT_LE(fraction_differing(got.qkv, ref.qkv, 1e-5), 2e-3) << what;
+    EXPECT_LE(fraction_differing(got.wte, ref.wte, 1e-5), 1e-2) << what;
+    EXPECT_LE(fraction_differing(got.qkv, ref.qkv, 1e-5), 1e-2) << what;
   } else {
     // The one-bit optimizers compress what they average: with more ranks the compression error is a
     // different one. The exact steps before the first compressed one match like Adam's; after that

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <memory>
+#include <string>
 
 #include "comm/world.h"
 #include "memory/tensor.h"
@@ -43,7 +44,14 @@ comm::World& world() { return *g_world; }
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   try {
-    auto world = std::make_unique<zs::comm::World>(zs::comm::World::create(zs::comm::CommConfig{.timeout_s = 60}));
+    // --shm-node-ranks=K: the World treats blocks of K ranks as nodes (CommConfig::shared_memory_node_ranks),
+    // so a test can run the shared-memory collectives' multi-node path on one machine.
+    zs::comm::CommConfig config{.timeout_s = 60};
+    for (int i = 1; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if (arg.rfind("--shm-node-ranks=", 0) == 0) config.shared_memory_node_ranks = std::stoi(arg.substr(17));
+    }
+    auto world = std::make_unique<zs::comm::World>(zs::comm::World::create(config));
     zs::test::g_world = world.get();
     if (world->rank() != 0) {
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();

@@ -1,0 +1,122 @@
+// Intra-node collectives over an MPI-3 shared-memory window (Note [Shared-memory collectives]).
+// Internal to comm: Group's reduce-scatter, allgather(v) and allreduce call the shm_* functions below
+// first, inside the Op's body (after the handshake), and use MPI's collective when they return false.
+//
+// Note [Shared-memory collectives]
+// OpenMPI moves a large reduce-scatter between two ranks of one node at ~1.2 GB/s (its shared-memory
+// transport copies through small FIFO fragments and reduces with a scalar loop), while memcpy moves
+// ~35 GB/s. So on one node the ranks instead:
+//  - share one window per World (ShmNode, MPI_Win_allocate_shared over MPI_COMM_TYPE_SHARED, made
+//    when the World starts and freed just before MPI_Finalize): per node rank, a column of barrier
+//    flags (one 64-byte line per group) and two staging slots of kSlotBytes ("double-buffered").
+//    One window serves every group because a World runs one collective at a time (Note [Execution
+//    model]); each collective ends with a barrier, so no member still reads a slot when its owner
+//    moves on to another group's collective.
+//  - stream the tensor through the slots in rounds: each rank copies its next piece into its slot,
+//    a barrier, then each rank reads what it needs from every slot. Round k+1 uses the other slot, so
+//    one barrier per round suffices (a rank writes round k+2 into a slot only after the barrier of
+//    round k+1, which every rank reaches after finishing its reads of round k).
+//  - reduce in parallel: in a reduce-scatter rank r sums only its own shard; in an allreduce each
+//    rank sums 1/L of every round's piece, then everyone copies the L sums out (a second barrier).
+//    Sums run in rank order, in fp32 (bf16/fp16 widened and rounded once, as comm/group.h promises),
+//    with the SIMD kernels of comm/detail/shm_reduce.h: deterministic run to run, and bitwise equal to
+//    MPI's result on two ranks (a + b either way); on more ranks MPI's order is its algorithm's.
+//  - a rank's own piece is never staged: it reads it from its own tensor.
+// Groups spanning nodes (allreduce): ranks reduce through their node's slots into the node leader's
+// fp32 accumulator, the leaders (one per node) allreduce it over MPI, and every rank copies the result
+// out of the leader's slot. Reduce-scatter and allgather(v) spanning nodes use MPI's collective.
+// Barriers are flags: a rank stores its barrier count (release) and waits until every member's count
+// reaches it (acquire), spinning, yielding when the node is oversubscribed, then sleeping, and throws
+// CommError naming the collective after comm.timeout_s like the handshake (the group is then unusable).
+#pragma once
+
+#include <mpi.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/config.h"
+#include "memory/tensor.h"
+
+namespace zs::comm::detail {
+
+struct GroupState;
+struct Op;
+
+// The World's node window (Note [Shared-memory collectives]).
+class ShmNode {
+ public:
+  static constexpr size_t kSlotBytes = size_t{4} << 20;  // per rank and buffer; two buffers per rank
+  static constexpr int kMaxGroups = 1024;                 // flag lines per rank (groups ever using shm)
+
+  // Collective over the world's ranks (blocking, like MPI_Init). `ranks_per_node` > 0 splits MPI's
+  // node into consecutive blocks of that many ranks (CommConfig::shared_memory_node_ranks). Returns
+  // null when the window cannot be made and `required` is false; throws CommError when it is true.
+  static std::unique_ptr<ShmNode> create(int ranks_per_node, bool required);
+  ShmNode(const ShmNode&) = delete;
+  ShmNode& operator=(const ShmNode&) = delete;
+  ~ShmNode();  // MPI_Win_free: collective over the node; the Runtime frees it right before MPI_Finalize
+
+  int node_rank() const { return node_rank_; }
+  int node_size() const { return node_size_; }
+  int node_id() const { return node_id_; }  // world rank of the node's first rank: equal across the node
+  unsigned char* slot(int node_rank, int buffer) const { return slots_[static_cast<size_t>(node_rank)][buffer]; }
+  std::atomic<uint64_t>& flag(int node_rank, int group_index) const;
+  // Flag lines are handed out once, in the order groups first use shared memory (the same on every
+  // rank of a group: ShmGroup takes the max over its members).
+  int next_group_index = 0;
+
+ private:
+  ShmNode() = default;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // owned: this node's ranks
+  MPI_Win win_ = MPI_WIN_NULL;
+  int node_rank_ = 0, node_size_ = 1, node_id_ = 0;
+  std::vector<unsigned char*> flags_;
+  std::vector<std::array<unsigned char*, 2>> slots_;
+};
+
+// A group's view of the node window, made with the group (init_shm_group). Whether a collective uses
+// it is decided per call from the group's config (comm.shared_memory), the same on every rank.
+struct ShmGroup {
+  bool enabled = false;            // the group got a flag line
+  std::string disabled_reason;     // why not, for comm.shared_memory = true
+  std::vector<int> local;          // node ranks of this group's members on this node, in group order
+  int me = 0;                      // this rank's index in `local`
+  int nodes = 1;                   // nodes the group spans
+  int max_local = 1;               // most members on one node
+  int flag_index = -1;
+  uint64_t epoch = 0;              // barriers passed
+  MPI_Comm leaders = MPI_COMM_NULL;  // owned: each node's first member (groups spanning nodes)
+  ~ShmGroup();
+};
+
+// Collective over g.comm (blocking and untimed, like the MPI_Comm_split that made it; GroupState::
+// init_handshake_comm calls it): sets g.shm when the World has a node window. Made with the group,
+// not by its first collective, so that a collective's body never waits in an untimed MPI call: a rank
+// arriving after its peer timed out then fails at a (timed) shared-memory barrier instead of hanging.
+void init_shm_group(GroupState& g);
+// Collective over the world (World's constructor): CommError on every rank when the ranks passed
+// different comm.shared_memory or shared_memory_node_ranks values.
+void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where);
+
+// comm.shared_memory "auto" leaves tensors smaller than this (bytes) to MPI: below it the flags
+// barrier's microsecond outweighs the copies saved (comm_bench, docs/benchmarks.md: 0.55-0.75x raw
+// OpenMPI at 1-4 KiB, 1.7-2.9x from 16 KiB). true uses shared memory at every size.
+inline constexpr size_t kShmAutoMinBytes = size_t{8} << 10;
+
+// Each returns false, having done nothing, when this collective should use MPI (shared memory off,
+// unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes for
+// reduce-scatter and allgather(v)); the decision is the same on every rank. Throw CommError on a barrier timeout.
+bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r);
+bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
+                        std::span<const int> counts, std::span<const int> displs, ReduceOp r);
+bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
+                    std::span<const int> counts, std::span<const int> displs);
+
+}  // namespace zs::comm::detail

@@ -1,0 +1,40 @@
+// The element-wise sums of the shared-memory collectives (comm/detail/shm.h): dst = the sum of `srcs`
+// in source order, accumulated in fp32 (int32 for int32), optionally divided, rounded once to the
+// destination type. Per-ISA kernels (zs_isa_sources) chosen at run time like memory's conversions
+// (memory/cpu_features.h); every kernel gives the same bits as the scalar one (same order of additions,
+// one division, memory/simd_bf16.h's rounding). Internal to comm.
+#pragma once
+
+#include <cstddef>
+#include <span>
+
+#include "memory/cpu_features.h"
+#include "memory/dtype.h"
+
+namespace zs::comm::detail {
+
+// dst[i] = (((srcs[0][i] + srcs[1][i]) + srcs[2][i]) + ...) / divisor, for i < n.
+//  - `src_type` is that of every source; `dst_type` is src_type, or kF32 for a bf16/fp16 src_type
+//    (partial sums kept in fp32 for a further level), or bf16/fp16 for fp32 sources (those sums
+//    rounded back). kI32 only to kI32, with divisor 1 (wrapping sums).
+//  - divisor 1 skips the division (a sum); else the fp32 accumulator is divided once (kAverage).
+//  - dst may be one of the sources when both have the same type (each element is read before written);
+//    otherwise no overlap. srcs.size() >= 1.
+void reduce_sum(std::span<const void* const> srcs, memory::DType src_type, void* dst, memory::DType dst_type,
+                size_t n, float divisor);
+// The same with an explicit kernel (tests, benchmarks); `isa` must be supported here.
+void reduce_sum(std::span<const void* const> srcs, memory::DType src_type, void* dst, memory::DType dst_type,
+                size_t n, float divisor, memory::IsaLevel isa);
+
+// One kernel per ISA (raw arguments; float types only: the dispatcher handles int32). The avx2 kernel
+// covers whole vectors of 8 elements only (the dispatcher gives the tail to the scalar one).
+using ReduceKernel = void (*)(const void* const* srcs, size_t n_src, memory::DType src_type, void* dst,
+                              memory::DType dst_type, size_t n, float divisor);
+void reduce_sum_scalar(const void* const* srcs, size_t n_src, memory::DType src_type, void* dst,
+                       memory::DType dst_type, size_t n, float divisor);
+void reduce_sum_avx2(const void* const* srcs, size_t n_src, memory::DType src_type, void* dst,
+                     memory::DType dst_type, size_t n, float divisor);
+void reduce_sum_avx512(const void* const* srcs, size_t n_src, memory::DType src_type, void* dst,
+                       memory::DType dst_type, size_t n, float divisor);
+
+}  // namespace zs::comm::detail

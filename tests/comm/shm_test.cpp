@@ -1,0 +1,323 @@
+// The shared-memory collectives (comm/detail/shm.h) against OpenMPI's path and an fp64 reference:
+// data movement bitwise, sums within the bound of their defined order (rank order, fp32 accumulation,
+// one rounding) and bitwise equal to OpenMPI's on two ranks, deterministic run to run; uneven, zero and
+// chunk-straddling sizes; bf16/fp16/int32; the config switch; mismatches and a stalled rank.
+// Registered plain (one node) and with --shm-node-ranks=2 (blocks of two ranks as nodes: the
+// multi-node path of allreduce, the MPI fallback of reduce-scatter and allgather(v)).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <thread>
+
+#include "comm/comm.h"
+#include "tests/support/mpi_test_env.h"
+
+using namespace zs;
+using memory::DType;
+using memory::Tensor;
+
+namespace {
+
+constexpr size_t kSlot = size_t{4} << 20;  // ShmNode::kSlotBytes: sizes below straddle it on purpose
+
+comm::Group with_mode(comm::SharedMemory mode, const char* name, double timeout_s = 60) {
+  comm::CommConfig c = test::world().config();
+  c.shared_memory = mode;
+  c.timeout_s = timeout_s;
+  return test::world().group().dup(name, c);
+}
+
+// Deterministic values in [-1, 1), exactly representable in `t` (int32: small integers).
+float raw_value(int rank, size_t i) {
+  uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 7) * 0xC2B2AE3D27D4EB4Full;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+// raw_value as stored in `t`.
+double stored(DType t, int rank, size_t i) {
+  const float v = raw_value(rank, i);
+  switch (t) {
+    case DType::kF32: return v;
+    case DType::kBF16: return memory::bf16_to_f32(memory::f32_to_bf16(v));
+    case DType::kF16: return memory::f16_to_f32(memory::f32_to_f16(v));
+    case DType::kI32: return static_cast<int32_t>(v * 1000);
+  }
+  return 0;
+}
+
+Tensor make(DType t, size_t n, int rank, size_t offset = 0) {
+  Tensor x = Tensor::empty({static_cast<int64_t>(n)}, t);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = raw_value(rank, offset + i);
+    switch (t) {
+      case DType::kF32: x.data<float>()[i] = v; break;
+      case DType::kBF16: x.data<uint16_t>()[i] = memory::f32_to_bf16(v); break;
+      case DType::kF16: x.data<uint16_t>()[i] = memory::f32_to_f16(v); break;
+      case DType::kI32: x.data<int32_t>()[i] = static_cast<int32_t>(v * 1000); break;
+    }
+  }
+  return x;
+}
+
+double get(const Tensor& t, size_t i) {
+  switch (t.dtype()) {
+    case DType::kF32: return t.data<float>()[i];
+    case DType::kBF16: return memory::bf16_to_f32(t.data<uint16_t>()[i]);
+    case DType::kF16: return memory::f16_to_f32(t.data<uint16_t>()[i]);
+    case DType::kI32: return t.data<int32_t>()[i];
+  }
+  return 0;
+}
+
+Tensor empty(size_t n, DType t) { return Tensor::empty({static_cast<int64_t>(n)}, t); }
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * memory::dtype_size(a.dtype())) == 0;
+}
+
+// |got - exact| <= (N-1) 2^-24 sum|x| (fp32 sums in any order) + half an ulp of the result's type
+// (relative, plus fp16's subnormal spacing 2^-24 absolute).
+void expect_close_to_reference(const Tensor& got, DType t, size_t offset, int ranks, bool average) {
+  const double unit = t == DType::kBF16 ? std::ldexp(1.0, -8) : t == DType::kF16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -24);
+  size_t bad = 0;
+  for (size_t i = 0; i < static_cast<size_t>(got.numel()); ++i) {
+    double exact = 0, mag = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const double v = stored(t, r, offset + i);
+      exact += v;
+      mag += std::fabs(v);
+    }
+    if (average) {
+      exact /= ranks;
+      mag /= ranks;
+    }
+    const double bound = t == DType::kI32 ? 0.0 : (ranks - 1) * std::ldexp(1.0, -24) * mag + unit * std::fabs(exact) +
+                                                  (t == DType::kF16 ? std::ldexp(1.0, -24) : 1e-30);
+    if (std::fabs(get(got, i) - exact) > bound && ++bad < 5) {
+      ADD_FAILURE() << "element " << offset + i << ": got " << get(got, i) << ", exact " << exact << ", bound " << bound;
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+std::vector<size_t> uneven_counts(int n, size_t es) {
+  const size_t m = kSlot / static_cast<size_t>(n) / es;  // elements per destination per round
+  std::vector<size_t> c(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = r == 0 ? 2 * m + 7 : r % 3 == 1 ? 0 : m / 3 * static_cast<size_t>(r) + 13;
+  return c;
+}
+
+bool single_node() {
+  const int k = test::world().config().shared_memory_node_ranks;
+  return k == 0 || k >= test::world().size();
+}
+
+const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32};
+
+TEST(Shm, ReduceScatterMatchesMpiAndReference) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_rs");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_rs");
+  const int n = shm.size(), me = shm.rank();
+  for (DType t : kTypes) {
+    for (bool average : {false, true}) {
+      if (t == DType::kI32 && average) continue;
+      const comm::ReduceOp op = average ? comm::ReduceOp::kAverage : comm::ReduceOp::kSum;
+      // The large uneven counts (rounds, zero shards, partial pieces) for sums; averages on small ones.
+      std::vector<std::vector<size_t>> cases = {std::vector<size_t>(static_cast<size_t>(n), 1000)};
+      if (!average) cases.push_back(uneven_counts(n, memory::dtype_size(t)));
+      for (const auto& counts : cases) {
+        SCOPED_TRACE(std::string(memory::dtype_name(t)) + (average ? " average" : " sum"));
+        const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+        const size_t own = counts[static_cast<size_t>(me)];
+        const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+        Tensor a = empty(own, t), b = empty(own, t), c = empty(own, t);
+        shm.reduce_scatter(make(t, total, me), a, counts, op);
+        shm.reduce_scatter(make(t, total, me), b, counts, op);
+        mpi.reduce_scatter(make(t, total, me), c, counts, op);
+        EXPECT_TRUE(same_bits(a, b)) << "not deterministic run to run";
+        if (n <= 2 || t == DType::kI32) EXPECT_TRUE(same_bits(a, c)) << "differs from OpenMPI's result";
+        expect_close_to_reference(a, t, displ, n, average);
+      }
+    }
+  }
+}
+
+TEST(Shm, ReduceScatterInPlace) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_rs_inplace");
+  const int n = shm.size(), me = shm.rank();
+  const auto counts = uneven_counts(n, 4);
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+  Tensor in = make(DType::kF32, total, me);
+  Tensor own = in.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + counts[static_cast<size_t>(me)]));
+  shm.reduce_scatter(in, own, counts);
+  expect_close_to_reference(own, DType::kF32, displ, n, false);
+}
+
+TEST(Shm, AllgathervBitwiseEqualToMpi) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_ag");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_ag");
+  const int n = shm.size(), me = shm.rank();
+  for (DType t : kTypes) {
+    SCOPED_TRACE(memory::dtype_name(t));
+    std::vector<size_t> counts(static_cast<size_t>(n));
+    for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r % 3 == 1 ? 0 : kSlot / memory::dtype_size(t) + 5 + 17 * static_cast<size_t>(r);
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+    Tensor mine = make(t, counts[static_cast<size_t>(me)], me, displ);
+    Tensor a = empty(total, t), c = empty(total, t);
+    shm.allgatherv(mine, a, counts);
+    mpi.allgatherv(mine, c, counts);
+    EXPECT_TRUE(same_bits(a, c));
+    for (int r = 0; r < n; ++r) {  // and each block is its rank's data
+      const size_t d = std::accumulate(counts.begin(), counts.begin() + r, size_t{0});
+      const size_t cnt = counts[static_cast<size_t>(r)];
+      if (cnt > 0) EXPECT_EQ(get(a, d + cnt - 1), stored(t, r, d + cnt - 1)) << "rank " << r;
+    }
+    // In place (the input is the output's own block), and the even form.
+    Tensor b = Tensor::empty({static_cast<int64_t>(total)}, t);
+    std::memcpy(static_cast<char*>(b.raw()) + displ * memory::dtype_size(t), mine.raw(), counts[static_cast<size_t>(me)] * memory::dtype_size(t));
+    shm.allgatherv(b.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + counts[static_cast<size_t>(me)])), b, counts);
+    EXPECT_TRUE(same_bits(b, c));
+    Tensor e1 = empty(1001 * static_cast<size_t>(n), t), e2 = empty(1001 * static_cast<size_t>(n), t);
+    shm.allgather(make(t, 1001, me), e1);
+    mpi.allgather(make(t, 1001, me), e2);
+    EXPECT_TRUE(same_bits(e1, e2));
+  }
+}
+
+TEST(Shm, AllreduceMatchesMpiAndReference) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_ar");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_ar");
+  const int n = shm.size(), me = shm.rank();
+  for (DType t : kTypes) {
+    for (size_t size : {size_t{0}, size_t{1}, size_t{1000}, 3 * kSlot / 2 / memory::dtype_size(t) + 123}) {
+      for (bool average : {false, true}) {
+        if (t == DType::kI32 && average) continue;
+        if (average && size > 1000) continue;  // the rounds are the sum's; the average only divides
+        SCOPED_TRACE(std::string(memory::dtype_name(t)) + " " + std::to_string(size) + (average ? " average" : " sum"));
+        const comm::ReduceOp op = average ? comm::ReduceOp::kAverage : comm::ReduceOp::kSum;
+        Tensor a = make(t, size, me), b = make(t, size, me), c = make(t, size, me);
+        shm.allreduce(a, op);
+        shm.allreduce(b, op);
+        mpi.allreduce(c, op);
+        EXPECT_TRUE(same_bits(a, b)) << "not deterministic run to run";
+        if (n <= 2 || t == DType::kI32) EXPECT_TRUE(same_bits(a, c)) << "differs from OpenMPI's result";
+        if (size <= 1000) expect_close_to_reference(a, t, 0, n, average);
+        // Every rank holds the same bits.
+        Tensor all = Tensor::empty({static_cast<int64_t>(size) * n}, t);
+        shm.allgather(a, all);
+        for (int r = 1; r < n; ++r) {
+          EXPECT_EQ(0, std::memcmp(all.raw(), static_cast<char*>(all.raw()) + r * size * memory::dtype_size(t), size * memory::dtype_size(t)));
+        }
+      }
+    }
+  }
+}
+
+TEST(Shm, ConfigSwitchForcesEitherPath) {
+  comm::Group on = with_mode(comm::SharedMemory::kOn, "shm_on");
+  comm::Group off = with_mode(comm::SharedMemory::kOff, "shm_off");
+  comm::Group autos = with_mode(comm::SharedMemory::kAuto, "shm_auto");
+  const int n = on.size();
+  Tensor x = make(DType::kF32, 4096, on.rank());
+  Tensor part = Tensor::empty({4096 / n}, DType::kF32);
+  Tensor x4 = make(DType::kF32, 4096 / n * n, on.rank());
+  auto shm_count = [] { return test::world().counters().shared_memory_collectives; };
+  uint64_t before = shm_count();
+  off.allreduce(x);
+  off.reduce_scatter(x4, part, std::vector<size_t>(static_cast<size_t>(n), 4096 / n));
+  off.allgather(part, x4);
+  EXPECT_EQ(shm_count(), before) << "comm.shared_memory = false must use MPI's collectives";
+  for (const comm::Group* g : {&on, &autos}) {
+    before = shm_count();
+    g->allreduce(x);
+    EXPECT_EQ(shm_count(), before + (n > 1 ? 1 : 0)) << g->name();
+    before = shm_count();
+    g->reduce_scatter(x4, part, std::vector<size_t>(static_cast<size_t>(n), 4096 / n));
+    g->allgather(part, x4);
+    EXPECT_EQ(shm_count(), before + (n > 1 && single_node() ? 2 : 0)) << g->name();
+  }
+  // "auto" leaves small tensors (< 8 KiB) to MPI; true takes them too.
+  Tensor small = make(DType::kF32, 256, on.rank());
+  before = shm_count();
+  autos.allreduce(small);
+  EXPECT_EQ(shm_count(), before);
+  on.allreduce(small);
+  EXPECT_EQ(shm_count(), before + (n > 1 ? 1 : 0));
+}
+
+TEST(Shm, MismatchThrowsOnEveryRank) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_mismatch", 5);
+  const int n = shm.size(), me = shm.rank();
+  if (n < 2) GTEST_SKIP() << "needs two ranks";
+  std::vector<size_t> counts(static_cast<size_t>(n), 100);
+  if (me == 1) counts[0] = 101;  // rank 1 disagrees about rank 0's shard
+  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  Tensor out = Tensor::empty({static_cast<int64_t>(counts[static_cast<size_t>(me)])}, DType::kF32);
+  try {
+    shm.reduce_scatter(make(DType::kF32, total, me), out, counts);
+    FAIL() << "expected a mismatch";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("mismatched size"), std::string::npos) << e.what();
+  }
+  Tensor x = make(DType::kF32, 5000, me);
+  shm.allreduce(x);  // still usable after a detected mismatch
+  expect_close_to_reference(x, DType::kF32, 0, n, false);
+}
+
+// A rank frozen (SIGSTOP) in the middle of a stream of large allreduces: its peer must give up after
+// comm.timeout_s with the timeout message (normally at a shared-memory barrier), and the frozen rank,
+// once resumed, too; neither hangs.
+TEST(Shm, StalledRankTimesOutEverywhere) {
+  const auto& w = test::world().group();
+  if (w.size() < 2) GTEST_SKIP() << "needs two ranks";
+  Tensor pids = Tensor::empty({w.size()}, DType::kI32);
+  Tensor mine = Tensor::empty({1}, DType::kI32);
+  mine.data<int32_t>()[0] = static_cast<int32_t>(getpid());
+  w.allgather(mine, pids);
+  comm::CommConfig c = test::world().config();
+  c.shared_memory = comm::SharedMemory::kOn;
+  c.timeout_s = 1.0;
+  comm::Group pair = w.split(w.rank() < 2 ? 0 : 1 + w.rank(), w.rank(), "stallpair").dup("stallpair", c);
+  if (w.rank() < 2) {
+    const pid_t peer = static_cast<pid_t>(pids.data<int32_t>()[1]);
+    std::atomic<bool> stopped{false};
+    std::thread freezer;
+    if (w.rank() == 0) {
+      freezer = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        kill(peer, SIGSTOP);
+        stopped = true;
+      });
+    }
+    Tensor x = make(DType::kF32, 3 * kSlot / 4, w.rank());  // three rounds per allreduce
+    std::string message;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      for (int i = 0; i < 100000; ++i) pair.allreduce(x);
+      FAIL() << "expected a timeout";
+    } catch (const CommError& e) {
+      message = e.what();
+    }
+    if (freezer.joinable()) freezer.join();
+    if (w.rank() == 0 && stopped) kill(peer, SIGCONT);
+    EXPECT_NE(message.find("allreduce"), std::string::npos) << message;
+    EXPECT_NE(message.find("timed out"), std::string::npos) << message;
+    EXPECT_NE(message.find("group 'stallpair'"), std::string::npos) << message;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+    EXPECT_THROW(pair.allreduce(x), CommError);  // unusable afterwards
+  }
+  w.barrier();
+}
+
+}  // namespace
