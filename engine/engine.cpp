@@ -435,8 +435,9 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
                 buckets, config_.device.memory_mb);
     for (const auto& set : impl_->sets_) {
       if (!set->expert()) continue;
-      ZS_LOG_INFO("engine: {} expert parameters of expert_parallel_size {}, sharded over an expert-data-parallel group "
-                  "of {} rank(s)", set->layout.param_elements(), set->expert_parallel_size(), set->group.size());
+      ZS_LOG_INFO("engine: {} expert parameters on this rank (of expert_parallel_size {}), sharded over an "
+                  "expert-data-parallel group of {} rank(s)", set->layout.param_elements(), set->expert_parallel_size(),
+                  set->group.size());
     }
   } else {
     ZS_LOG_DEBUG("engine: measuring {} parameters at ZeRO stage {} as rank {} of {}", param_count(), config_.zero.stage,
@@ -473,7 +474,8 @@ Engine::~Engine() {
 
 int64_t Engine::param_count() const {
   size_t n = 0;
-  for (const auto& set : impl_->sets_) n += set->layout.param_elements();
+  // An expert set holds this rank's experts; the EP group's expert_parallel_size ranks hold one each.
+  for (const auto& set : impl_->sets_) n += set->layout.param_elements() * static_cast<size_t>(set->expert_parallel_size());
   return static_cast<int64_t>(n);
 }
 

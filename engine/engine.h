@@ -178,7 +178,8 @@ class Engine {
   const comm::Group& group() const { return group_; }
   nn::Model& model() const { return model_; }
 
-  // Total parameter elements of the model (padding excluded).
+  // Total parameter elements of the model (padding excluded), every expert counted once: a rank holds
+  // 1 / expert_parallel_size of an expert set's experts.
   int64_t param_count() const;
   // The full fp32 parameters of parameter `name` (the master weights), in its flattened order.
   // Collective at ZeRO stage >= 1 (the master weights are sharded): every rank must call it.

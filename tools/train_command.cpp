@@ -238,8 +238,8 @@ int train_command(const std::vector<std::string>& args) {
   }
 
   try {
-    ZS_LOG_INFO("model: GPT n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters); data: {} ({} bytes)",
-                model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
+    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters); data: {} ({} bytes)",
+                moe_model != nullptr ? "-MoE" : "", model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
                 engine->param_count(), source->data().origin(), source->data().bytes().size());
     if (moe_model != nullptr) {
       const moe::GptMoeConfig& mc = *cfg.model_moe;
