@@ -1,5 +1,5 @@
-# zs_check_summary(FILE NP): checks a `zeroshard train --summary` file against ARCHITECTURE.md
-# section 4 with CMake's string(JSON) (no python needed): every field present with a sensible value,
+# zs_check_summary(FILE NP): checks a `zeroshard train --summary` file against the summary fields of README.md
+# (section "Train with your own config") with CMake's string(JSON) (no python needed): every field present with a sensible value,
 # one memory and one comm entry per rank, and a loss that fell (last below first).
 
 # _zs_get(out json path...): a field, or a fatal error naming its path.

@@ -1,4 +1,4 @@
-// The core correctness property (ARCHITECTURE.md section 6): for every ZeRO stage, world size and
+// The core correctness property (docs/design.md): for every ZeRO stage, world size and
 // accumulation setting, training matches one process training on the whole global batch at stage 0.
 #include <gtest/gtest.h>
 
