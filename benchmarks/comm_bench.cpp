@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "benchmarks/support/bench_json.h"
+#include "benchmarks/support/bench_mpi.h"
 #include "comm/comm.h"
 #include "memory/tensor.h"
 
@@ -31,18 +32,7 @@ using namespace zs;
 
 namespace {
 
-double slowest(double t) {
-  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return t;
-}
-
-template <typename F>
-double timed(F&& f) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  double t0 = MPI_Wtime();
-  f();
-  return slowest(MPI_Wtime() - t0);
-}
+using bench::timed_in_world;
 
 // Interquartile range / median (0 for fewer than 4 values).
 double rel_iqr(std::vector<double> v) {
@@ -104,18 +94,18 @@ int main(int argc, char** argv) {
         auto ours = on(g);
         auto ours_mpi = on(g_mpi);
         for (int r = 0; r < warmup; ++r) {
-          timed(raw);
-          timed(ours);
-          timed(ours_mpi);
+          timed_in_world(raw);
+          timed_in_world(ours);
+          timed_in_world(ours_mpi);
         }
         std::vector<double> t_raw, t_ours, t_mpi, paired, paired_mpi;
         for (int r = 0; r < reps; ++r) {
           double a = 0, z = 0, zm = 0;
           for (int k = 0; k < 3; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi first
             switch ((r + k) % 3) {
-              case 0: a = timed(raw); break;
-              case 1: z = timed(ours); break;
-              default: zm = timed(ours_mpi); break;
+              case 0: a = timed_in_world(raw); break;
+              case 1: z = timed_in_world(ours); break;
+              default: zm = timed_in_world(ours_mpi); break;
             }
           }
           t_raw.push_back(a);

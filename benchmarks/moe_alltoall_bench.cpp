@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "benchmarks/support/bench_json.h"
+#include "benchmarks/support/bench_mpi.h"
 #include "comm/comm.h"
 #include "memory/tensor.h"
 #include "moe/moe.h"
@@ -29,18 +30,7 @@ using namespace zs;
 
 namespace {
 
-double slowest(double t) {
-  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return t;
-}
-
-template <typename F>
-double timed(F&& f) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  const double t0 = MPI_Wtime();
-  f();
-  return slowest(MPI_Wtime() - t0);
-}
+using bench::timed_in_world;
 
 // Serves tensors from one preallocated buffer, reset before each call: the engine's arena, not a fresh
 // heap block (and its page faults) per call, which the raw baseline does not pay either.
@@ -124,17 +114,17 @@ int main(int argc, char** argv) {
         auto per_expert = moe::to_experts(ctx, &groups.ep, p, in, nn::MemoryUse::kScratch);
       };
       for (int r = 0; r < warmup; ++r) {
-        timed(raw);
-        timed(a2av);
-        timed(dispatch);
+        timed_in_world(raw);
+        timed_in_world(a2av);
+        timed_in_world(dispatch);
       }
       std::vector<double> t_raw, t_a2av, t_disp, r_a2av, r_disp;
       for (int r = 0; r < reps; ++r) {
         double a = 0, b = 0, c = 0;
         if (r % 2 == 0) {
-          a = timed(raw), b = timed(a2av), c = timed(dispatch);
+          a = timed_in_world(raw), b = timed_in_world(a2av), c = timed_in_world(dispatch);
         } else {
-          c = timed(dispatch), b = timed(a2av), a = timed(raw);
+          c = timed_in_world(dispatch), b = timed_in_world(a2av), a = timed_in_world(raw);
         }
         t_raw.push_back(a), t_a2av.push_back(b), t_disp.push_back(c);
         r_a2av.push_back(a / b), r_disp.push_back(a / c);

@@ -246,14 +246,6 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kCallerSpin = std::chrono::milliseconds(20);
 constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 }  // namespace
 
 // Polls `requests` until all complete (true) or timeout_s after `start` passes (false); Note [Polling].

@@ -70,6 +70,16 @@
 
 namespace zs::comm::detail {
 
+// The pause between polls of a spin-wait (the handshake's and the shared-memory barriers'): it frees
+// the core's pipeline for a sibling hyperthread and saves power while the flag has not moved.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 class Runtime;
 class ShmNode;
 struct ShmGroup;

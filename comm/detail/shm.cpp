@@ -23,14 +23,6 @@ constexpr size_t kFlagBytes = ShmNode::kMaxGroups * kLine;
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
 constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 size_t piece(size_t count, size_t k, size_t m) { return count > k * m ? std::min(m, count - k * m) : 0; }
 
 size_t round_down(size_t x, size_t a) { return std::max(a, x / a * a); }

@@ -37,4 +37,26 @@ void reduce_sum_avx2(const void* const* srcs, size_t n_src, memory::DType src_ty
 void reduce_sum_avx512(const void* const* srcs, size_t n_src, memory::DType src_type, void* dst,
                        memory::DType dst_type, size_t n, float divisor);
 
+// The (source, destination) float type pairs reduce_sum takes, for the per-ISA kernels:
+// calls kernel.template operator()<S, D>() with the pair's types (fp32 -> bf16/fp16/fp32, bf16 -> fp32/bf16,
+// fp16 -> fp32/fp16); int32 is the dispatcher's. Each ISA's file passes a lambda over its own templates,
+// so every instantiation stays in the file compiled for that ISA.
+template <typename Kernel>
+void for_float_type_pair(memory::DType src_type, memory::DType dst_type, Kernel&& kernel) {
+  using memory::DType;
+  switch (src_type) {
+    case DType::kF32:
+      if (dst_type == DType::kBF16) return kernel.template operator()<DType::kF32, DType::kBF16>();
+      if (dst_type == DType::kF16) return kernel.template operator()<DType::kF32, DType::kF16>();
+      return kernel.template operator()<DType::kF32, DType::kF32>();
+    case DType::kBF16:
+      if (dst_type == DType::kF32) return kernel.template operator()<DType::kBF16, DType::kF32>();
+      return kernel.template operator()<DType::kBF16, DType::kBF16>();
+    case DType::kF16:
+      if (dst_type == DType::kF32) return kernel.template operator()<DType::kF16, DType::kF32>();
+      return kernel.template operator()<DType::kF16, DType::kF16>();
+    case DType::kI32: break;
+  }
+}
+
 }  // namespace zs::comm::detail

@@ -70,19 +70,7 @@ void kernel(const void* const* srcs, size_t n_src, void* dst, size_t n, float di
 
 void reduce_sum_avx512(const void* const* srcs, size_t n_src, DType src_type, void* dst, DType dst_type, size_t n,
                        float divisor) {
-  switch (src_type) {
-    case DType::kF32:
-      if (dst_type == DType::kBF16) return kernel<DType::kF32, DType::kBF16>(srcs, n_src, dst, n, divisor);
-      if (dst_type == DType::kF16) return kernel<DType::kF32, DType::kF16>(srcs, n_src, dst, n, divisor);
-      return kernel<DType::kF32, DType::kF32>(srcs, n_src, dst, n, divisor);
-    case DType::kBF16:
-      if (dst_type == DType::kF32) return kernel<DType::kBF16, DType::kF32>(srcs, n_src, dst, n, divisor);
-      return kernel<DType::kBF16, DType::kBF16>(srcs, n_src, dst, n, divisor);
-    case DType::kF16:
-      if (dst_type == DType::kF32) return kernel<DType::kF16, DType::kF32>(srcs, n_src, dst, n, divisor);
-      return kernel<DType::kF16, DType::kF16>(srcs, n_src, dst, n, divisor);
-    case DType::kI32: break;
-  }
+  for_float_type_pair(src_type, dst_type, [&]<DType S, DType D>() { kernel<S, D>(srcs, n_src, dst, n, divisor); });
 }
 
 }  // namespace zs::comm::detail
