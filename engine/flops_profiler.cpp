@@ -57,7 +57,22 @@ void collect(nn::Module& m, int depth, std::vector<Node>& out) {
 
 }  // namespace
 
-FlopsProfiler::FlopsProfiler(const FlopsProfilerConfig& config) : config_(config) {}
+namespace {
+
+[[noreturn]] void throw_unwritable(const std::string& file) {
+  throw IoError(fmt::format("flops_profiler.output_file: cannot write '{}' ({}); set flops_profiler.output_file to a "
+                            "writable file, or remove it to print the profile in the log",
+                            file, std::strerror(errno)));
+}
+
+}  // namespace
+
+FlopsProfiler::FlopsProfiler(const FlopsProfilerConfig& config) : config_(config) {
+  // Found now, before training, rather than when the profiled step ends (append: nothing is lost).
+  if (!config_.output_file.empty() && !std::ofstream(config_.output_file, std::ios::app)) {
+    throw_unwritable(config_.output_file);
+  }
+}
 
 void FlopsProfiler::window_started(int64_t steps_done) {
   stack_.clear();
@@ -225,11 +240,7 @@ void FlopsProfiler::publish(nn::Module& root, const ProfiledRun& run) const {
   std::ofstream f(config_.output_file, std::ios::trunc);
   f << text;
   f.flush();
-  if (!f) {
-    throw IoError(fmt::format("flops_profiler.output_file: cannot write '{}' ({}); set flops_profiler.output_file to a "
-                              "writable file, or remove it to print the profile in the log",
-                              config_.output_file, std::strerror(errno)));
-  }
+  if (!f) throw_unwritable(config_.output_file);
 }
 
 }  // namespace zs::engine

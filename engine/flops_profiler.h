@@ -43,6 +43,7 @@ class FlopsProfiler {
  public:
   enum class Pass : uint8_t { kForward, kBackward };
 
+  // Throws IoError naming config.output_file and its key when that file cannot be written.
   explicit FlopsProfiler(const FlopsProfilerConfig& config);
 
   // At an optimizer step's first forward, with the steps done before it: starts recording when it is
