@@ -47,10 +47,10 @@ if [[ "${REPLOT:-0}" != 1 ]]; then
   cmake --build "$build" --target zeroshard alloc_frag_bench
   rm -rf "$trace_dir" "$out_dir/configs" "$out_dir/nvme"
   mkdir -p "$trace_dir" "$out_dir/configs" "$out_dir/nvme"
-  # One config per trace, derived from the examples; prints "name mode" lines (mode: train|estimate).
-  python3 - "$root/examples/configs" "$out_dir" "$trace_dir" > "$out_dir/runs.txt" <<'PY'
+  # One config per trace, derived from the examples; prints "name mode ranks" lines (mode: train|estimate).
+  python3 - "$root/examples/configs" "$out_dir" "$trace_dir" "$np" > "$out_dir/runs.txt" <<'PY'
 import json, os, sys
-examples, out, traces = sys.argv[1:]
+examples, out, traces, np = sys.argv[1:]
 base = json.load(open(os.path.join(examples, "gpt_zero3.json")))
 nvme = os.path.join(out, "nvme")
 def variant(name, stage, opt=None, param=None):
@@ -63,25 +63,31 @@ def variant(name, stage, opt=None, param=None):
     c["steps_per_print"] = 1
     c["device"]["alloc_trace"] = os.path.join(traces, name + ".trace")
     json.dump(c, open(os.path.join(out, "configs", name + ".json"), "w"), indent=1)
-    print(name, "train")
+    print(name, "train", np)
 for s in range(4):
     variant(f"gpt_stage{s}", s)
 variant("gpt_stage2_opt_cpu", 2, opt="cpu")
 variant("gpt_stage3_opt_nvme", 3, opt="nvme")
 variant("gpt_stage3_param_cpu", 3, opt="cpu", param="cpu")
 variant("gpt_stage3_param_nvme", 3, opt="nvme", param="nvme")
+moe = json.load(open(os.path.join(examples, "gpt_moe.json")))  # ZeRO-3, 8 experts over ep_size 4 ranks
+moe["train_steps"] = 3
+moe["steps_per_print"] = 1
+moe.setdefault("device", {})["alloc_trace"] = os.path.join(traces, "gpt_moe.trace")
+json.dump(moe, open(os.path.join(out, "configs", "gpt_moe.json"), "w"), indent=1)
+print("gpt_moe train", moe["model"]["moe"]["ep_size"])
 big = json.load(open(os.path.join(examples, "gpt_2b_nvme.json")))
 for key in ("offload_optimizer", "offload_param"):
     big["zero_optimization"][key]["nvme_path"] = nvme
 big["device"]["alloc_trace"] = os.path.join(traces, "gpt_2b_nvme.trace")
 json.dump(big, open(os.path.join(out, "configs", "gpt_2b_nvme.json"), "w"), indent=1)
-print("gpt_2b_nvme estimate")
+print("gpt_2b_nvme estimate 1")
 PY
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  while read -r -u 3 name mode; do
-    echo "== $name ($mode) =="
+  while read -r -u 3 name mode ranks; do
+    echo "== $name ($mode, $ranks ranks) =="
     if [[ "$mode" == train ]]; then
-      mpirun --oversubscribe -np "$np" "$build/tools/zeroshard" train --config "$out_dir/configs/$name.json" \
+      mpirun --oversubscribe -np "$ranks" "$build/tools/zeroshard" train --config "$out_dir/configs/$name.json" \
         > "$out_dir/$name.log" 2>&1 || { tail -20 "$out_dir/$name.log"; exit 1; }
     else
       "$build/tools/zeroshard" estimate --config "$out_dir/configs/$name.json" --stage 3 > "$out_dir/$name.log" 2>&1 \

@@ -8,7 +8,14 @@
 
 namespace zs::memory {
 
-std::string_view lifetime_name(Lifetime l) { return l == Lifetime::kPersistent ? "persistent" : "transient"; }
+std::string_view lifetime_name(Lifetime l) {
+  switch (l) {
+    case Lifetime::kPersistent: return "persistent";
+    case Lifetime::kTransient: return "transient";
+    case Lifetime::kSaved: return "saved";
+  }
+  return "?";
+}
 
 namespace detail {
 
@@ -21,12 +28,22 @@ std::optional<size_t> PoolRegion::take_hole(size_t size) {
   size_t offset = key_offset(*it);
   holes_.erase(it);
   Block& hole = blocks_.at(offset);
-  // The block takes the hole's low end in both pools (Note [Two-ended pools]); the rest stays free above it.
-  hole.free = false;
+  // The block takes the hole's end nearest the pool's base (Note [Two-ended pools]); the rest stays
+  // free on the gap's side of it.
   if (hole_size != size) {
-    hole.size = size;
-    blocks_.emplace(offset + size, Block{hole_size - size, true});
-    add_hole(offset + size, hole_size - size);
+    if (grows_up_) {
+      hole.size = size;
+      hole.free = false;
+      blocks_.emplace(offset + size, Block{hole_size - size, true});
+      add_hole(offset + size, hole_size - size);
+    } else {
+      hole.size = hole_size - size;
+      add_hole(offset, hole_size - size);
+      offset += hole_size - size;
+      blocks_.emplace(offset, Block{size, false});
+    }
+  } else {
+    hole.free = false;
   }
   allocated_ += size;
   ++live_;
@@ -174,7 +191,7 @@ TwoEndedBestFit::TwoEndedBestFit(size_t capacity_bytes)
 
 std::optional<size_t> TwoEndedBestFit::allocate(size_t bytes, Lifetime lifetime) {
   ZS_ASSERT(bytes > 0, "zero-byte block requested from the {} pool", lifetime_name(lifetime));
-  detail::PoolRegion& pool = lifetime == Lifetime::kPersistent ? persistent_ : transient_;
+  detail::PoolRegion& pool = pool_of(lifetime) == Lifetime::kPersistent ? persistent_ : transient_;
   size_t size = align_up(bytes);
   if (size < bytes || size > capacity_) [[unlikely]] {
     pool.note_failure();
@@ -241,7 +258,7 @@ SinglePoolBestFit::SinglePoolBestFit(size_t capacity_bytes)
 
 std::optional<size_t> SinglePoolBestFit::allocate(size_t bytes, Lifetime lifetime) {
   ZS_ASSERT(bytes > 0, "zero-byte block requested");
-  PoolStats& by = by_lifetime_[static_cast<int>(lifetime)];
+  PoolStats& by = by_lifetime_[static_cast<int>(pool_of(lifetime))];
   size_t size = align_up(bytes);
   std::optional<size_t> offset;
   if (size >= bytes && size <= capacity_) {
@@ -268,7 +285,7 @@ void SinglePoolBestFit::free(size_t offset) {
   ZS_ASSERT(it != lifetimes_.end(), "free of offset {}: no live block starts there (double free?)", offset);
   bool released = pool_.release(offset);
   ZS_ASSERT(released, "free of offset {}: the block index and the pool disagree", offset);
-  PoolStats& by = by_lifetime_[static_cast<int>(it->second.second)];
+  PoolStats& by = by_lifetime_[static_cast<int>(pool_of(it->second.second))];
   by.allocated_bytes -= it->second.first;
   --by.live_blocks;
   ++by.free_count;
@@ -300,7 +317,7 @@ std::string SinglePoolBestFit::check_invariants() const {
   std::string err = pool_.check_invariants("single");
   if (!err.empty()) return err;
   size_t sums[2] = {0, 0};
-  for (const auto& [offset, v] : lifetimes_) sums[static_cast<int>(v.second)] += v.first;
+  for (const auto& [offset, v] : lifetimes_) sums[static_cast<int>(pool_of(v.second))] += v.first;
   if (sums[0] != by_lifetime_[0].allocated_bytes || sums[1] != by_lifetime_[1].allocated_bytes ||
       sums[0] + sums[1] != pool_.allocated_bytes()) {
     return "single pool: per-lifetime sums disagree with the blocks";

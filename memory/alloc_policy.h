@@ -5,20 +5,29 @@
 // policies on a real run's allocation sequence. To add a policy, implement AllocatorPolicy.
 //
 // Note [Two-ended pools]: model states (kPersistent) live for the whole run; activations and buffers
-// (kTransient) come and go every step. Mixed in one free list, a short-lived block between two
-// long-lived ones leaves a hole nothing else fits, and a long-lived block in the middle of the
-// activation area pins it. So persistent blocks grow up from offset 0 and transient ones grow down
-// from the capacity; the unreserved gap between the two regions is shared. Inside its region each pool
-// does best fit (smallest hole that fits; ties go to the hole nearest the pool's end of the arena) with
-// splitting and coalescing of neighbouring holes; a hole that reaches the gap is given back to the gap
-// at once. Holes are tried before the gap. A block placed in a hole takes the hole's low end: in the
-// persistent pool the end nearest its base, in the transient pool the end nearest the gap, beside the
-// younger neighbour, so the rest of the hole stays beside the older blocks. On the recorded GPT
-// traces (docs/memory.md, "Fragmentation on real traces") the transient pool's reserved peak is then
-// up to 2.7% lower than with the block at the hole's high end (2B NVMe run: 1.091x -> 1.076x of the
-// allocated peak); the persistent pool's holes are rare (model states live for the whole run).
-// Consequences the tests rely on: a pool's region ends exactly at its outermost live block, and with
-// no live transient blocks the transient region is empty.
+// come and go every step. Mixed in one free list, a short-lived block between two long-lived ones
+// leaves a hole nothing else fits, and a long-lived block in the middle of the activation area pins
+// it. So the arena has two pools growing towards each other: the low pool from offset 0 (persistent
+// and saved blocks, Note [Saved blocks]) and the high pool down from the capacity (kTransient); the
+// unreserved gap between the two regions is shared. Inside its region each pool does best fit
+// (smallest hole that fits; ties go to the hole nearest the pool's end of the arena) with splitting
+// and coalescing of neighbouring holes; a hole that reaches the gap is given back to the gap at once.
+// Holes are tried before the gap. A block placed in a hole takes the hole's end nearest the pool's
+// base, so what is left of the hole stays on the gap's side, where it can merge with the gap when
+// the younger blocks beyond it go. Consequences the tests rely on: a pool's region ends exactly at
+// its outermost live block, and with no live transient blocks the high pool's region is empty.
+//
+// Note [Saved blocks]: what forward saves for backward (kSaved) is freed in about the reverse order
+// of allocation, like a stack; scratch tensors, activation gradients, ZeRO-3's gathered parameters
+// and gradient staging buffers live for one layer or less, in no such order. In one pool the short
+// blocks land between saved ones and leave holes there, and a saved block placed beyond a short one
+// pins the region when the short one goes: on the recorded GPT traces (docs/memory.md,
+// "Fragmentation on real traces") the reserved peak was up to 7.5% above the allocated peak. So saved
+// blocks share the low pool with the model states, which are all allocated before the first forward
+// and never freed, so the saved blocks form a stack on top of them that backward unwinds, and the
+// high pool holds only short-lived blocks, whose holes the next layer's blocks of the same shapes
+// fill. The high pool's hole placement (nearest its base, not nearest the gap) was chosen by the same
+// traces: with the short blocks alone there, it keeps the larger remainders next to the gap.
 //
 //   TwoEndedBestFit policy(64 << 20);
 //   auto off = policy.allocate(4096, Lifetime::kTransient);   // nullopt when it does not fit
@@ -39,9 +48,18 @@
 
 namespace zs::memory {
 
-enum class Lifetime : uint8_t { kPersistent, kTransient };
-// "persistent", "transient".
+// How long a block lives, which decides where it goes (Note [Two-ended pools], Note [Saved blocks]):
+//   kPersistent  model states: allocated once, live for the whole run;
+//   kSaved       kept from a forward until its backward (nn::MemoryUse::kActivation): freed in about
+//                the reverse order of allocation, like a stack;
+//   kTransient   everything shorter or less ordered: scratch, activation gradients, gathered
+//                parameters, gradient staging, communication and offload buffers.
+enum class Lifetime : uint8_t { kPersistent, kTransient, kSaved };
+// "persistent", "transient", "saved".
 std::string_view lifetime_name(Lifetime l);
+// The pool a block of this lifetime goes to in TwoEndedBestFit: kPersistent for the low pool
+// (persistent and saved blocks), kTransient for the high one. Stats are kept per pool.
+constexpr Lifetime pool_of(Lifetime l) { return l == Lifetime::kTransient ? Lifetime::kTransient : Lifetime::kPersistent; }
 
 // Every block's offset and size are multiples of this (bytes).
 inline constexpr size_t kAllocAlignment = 64;

@@ -62,6 +62,8 @@ AllocTrace read_trace(std::istream& in, const std::string& source) {
         e.lifetime = Lifetime::kPersistent;
       } else if (lifetime == "transient") {
         e.lifetime = Lifetime::kTransient;
+      } else if (lifetime == "saved") {
+        e.lifetime = Lifetime::kSaved;
       } else {
         fail("unknown lifetime");
       }

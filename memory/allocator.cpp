@@ -131,12 +131,12 @@ void DeviceAllocator::throw_oom(size_t bytes, Category category, Lifetime lifeti
   ArenaStats s = policy_.stats();
   size_t gap = s.capacity_bytes - s.reserved_bytes;
   throw OutOfMemoryError(fmt::format(
-      "device out of memory: cannot allocate {} bytes ({}) for {} in the {} pool. Device capacity {} ({} B); "
+      "device out of memory: cannot allocate {} bytes ({}) for {} ({} block, {} pool). Device capacity {} ({} B); "
       "persistent pool: {}; transient pool: {}; unreserved gap {} B; largest free block {} B; free {} B in total "
       "(fragmentation {:.1f}%). Fix: raise device.memory_mb, use a higher ZeRO stage (zero_optimization.stage) to "
       "shard model states across ranks, or offload them (zero_optimization.offload_optimizer / offload_param); for "
       "activations, lower train_micro_batch_size_per_gpu or enable activation_checkpointing",
-      bytes, mib(bytes), category_name(category), lifetime_name(lifetime), mib(s.capacity_bytes), s.capacity_bytes,
+      bytes, mib(bytes), category_name(category), lifetime_name(lifetime), lifetime_name(pool_of(lifetime)), mib(s.capacity_bytes), s.capacity_bytes,
       pool_line(s.persistent), pool_line(s.transient), gap, s.largest_free_bytes, s.free_bytes,
       100.0 * s.fragmentation));
 }

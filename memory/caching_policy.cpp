@@ -267,7 +267,7 @@ void CachingAllocatorModel::release_cached_blocks() {
 
 std::optional<size_t> CachingAllocatorModel::allocate(size_t bytes, Lifetime lifetime) {
   ZS_ASSERT(bytes > 0, "zero-byte block requested");
-  PoolStats& by = by_lifetime_[static_cast<int>(lifetime)];
+  PoolStats& by = by_lifetime_[static_cast<int>(pool_of(lifetime))];
   const size_t size = round_size(bytes);
   const PoolId pool = size <= kSmallSize ? kSmall : kLarge;
   auto grow = [&] { return options_.expandable_segments ? alloc_expandable(pool, size) : alloc_segment(pool, size); };
@@ -309,7 +309,7 @@ void CachingAllocatorModel::free(size_t offset) {
   auto it = blocks_.find(offset);
   ZS_ASSERT(it != blocks_.end() && it->second.allocated, "free of address {}: no live block starts there", offset);
   Block& b = it->second;
-  PoolStats& by = by_lifetime_[static_cast<int>(b.lifetime)];
+  PoolStats& by = by_lifetime_[static_cast<int>(pool_of(b.lifetime))];
   b.allocated = false;
   allocated_ -= b.size;
   by.allocated_bytes -= b.size;

@@ -23,6 +23,7 @@ TEST(AllocTrace, TextRoundTrip) {
   t.capacity_bytes = 12345678;
   t.events = {{TraceEvent::Op::kAlloc, 1, 100, Lifetime::kPersistent, Category::kParams},
               {TraceEvent::Op::kAlloc, 2, 7, Lifetime::kTransient, Category::kCommBuffers},
+              {TraceEvent::Op::kAlloc, 3, 64, Lifetime::kSaved, Category::kActivations},
               {TraceEvent::Op::kFree, 1, 0, Lifetime::kPersistent, Category::kParams}};
   std::stringstream ss;
   write_trace(t, ss);
@@ -30,6 +31,7 @@ TEST(AllocTrace, TextRoundTrip) {
             "zeroshard-alloc-trace 1 12345678\n"
             "a 1 100 persistent params\n"
             "a 2 7 transient comm_buffers\n"
+            "a 3 64 saved activations\n"
             "f 1\n");
   EXPECT_EQ(read_trace(ss, "mem"), t);
 
@@ -158,6 +160,47 @@ TEST(AllocTrace, TwoEndedPoolsAvoidLifetimeFragmentation) {
   EXPECT_EQ(r1.failed_allocs, 1u);
   EXPECT_DOUBLE_EQ(r1.max_fragmentation, 1.0 - 18.0 / 48.0);
   EXPECT_EQ(r1.final_stats.reserved_bytes, 46 * kMiB);
+}
+
+// A forward whose layers each use a scratch buffer larger than the last (i MiB) and save 1 MiB for
+// backward, then a backward that frees the saved blocks newest first (Note [Saved blocks]).
+TEST(AllocTrace, SavedBlocksStackBesideTheModelStates) {
+  AllocTrace t;
+  t.capacity_bytes = 64 * kMiB;
+  uint64_t id = 1;
+  t.events.push_back({TraceEvent::Op::kAlloc, id++, 4 * kMiB, Lifetime::kPersistent, Category::kParams});
+  std::vector<uint64_t> saved;
+  for (int layer = 1; layer <= 4; ++layer) {
+    const uint64_t scratch = id++;
+    t.events.push_back({TraceEvent::Op::kAlloc, scratch, layer * kMiB, Lifetime::kTransient, Category::kActivations});
+    t.events.push_back({TraceEvent::Op::kAlloc, id, kMiB, Lifetime::kSaved, Category::kActivations});
+    saved.push_back(id++);
+    t.events.push_back({TraceEvent::Op::kFree, scratch, 0, Lifetime::kTransient, Category::kActivations});
+  }
+  for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+    t.events.push_back({TraceEvent::Op::kFree, *it, 0, Lifetime::kSaved, Category::kActivations});
+  }
+  TwoEndedBestFit pools(t.capacity_bytes);
+  ReplayResult r = replay(t, pools, true);
+  // The saved blocks stack on the parameters; each scratch buffer returns to the gap when freed, so
+  // nothing is reserved beyond the live bytes: 4 MiB params + 4 saved + the 4 MiB scratch.
+  EXPECT_EQ(r.failed_allocs, 0u);
+  EXPECT_EQ(r.peak_allocated_bytes, 12 * kMiB);
+  EXPECT_EQ(r.peak_reserved_bytes, 12 * kMiB);
+  EXPECT_EQ(r.final_stats.persistent.reserved_bytes, 4 * kMiB);
+  EXPECT_EQ(r.final_stats.transient.reserved_bytes, 0u);
+
+  // Saved blocks placed as transient ones (the pools before kSaved): the third layer's saved block
+  // lands beyond its 3 MiB scratch buffer, whose hole the next layer's 4 MiB scratch cannot use, so
+  // the region reaches 10 MiB with 8 live.
+  AllocTrace mixed = t;
+  for (TraceEvent& e : mixed.events) {
+    if (e.lifetime == Lifetime::kSaved) e.lifetime = Lifetime::kTransient;
+  }
+  TwoEndedBestFit old_pools(mixed.capacity_bytes);
+  ReplayResult m = replay(mixed, old_pools, true);
+  EXPECT_EQ(m.peak_allocated_bytes, 12 * kMiB);
+  EXPECT_EQ(m.peak_reserved_bytes, 14 * kMiB);
 }
 
 }  // namespace

@@ -31,10 +31,10 @@ class ReferenceModel {
     Lifetime lifetime;
   };
 
-  size_t top() const {  // end of the persistent region
+  size_t top() const {  // end of the low pool's region (persistent and saved blocks)
     size_t t = 0;
     for (const auto& [id, b] : live_) {
-      if (b.lifetime == Lifetime::kPersistent) t = std::max(t, b.offset + b.size);
+      if (pool_of(b.lifetime) == Lifetime::kPersistent) t = std::max(t, b.offset + b.size);
     }
     return t;
   }
@@ -45,11 +45,11 @@ class ReferenceModel {
     }
     return t;
   }
-  // Holes (offset, size) inside a pool's region, in address order.
+  // Holes (offset, size) inside a pool's region (l: kPersistent or kTransient), in address order.
   std::vector<std::pair<size_t, size_t>> holes(Lifetime l) const {
     std::vector<std::pair<size_t, size_t>> blocks;
     for (const auto& [id, b] : live_) {
-      if (b.lifetime == l) blocks.emplace_back(b.offset, b.size);
+      if (pool_of(b.lifetime) == l) blocks.emplace_back(b.offset, b.size);
     }
     std::sort(blocks.begin(), blocks.end());
     std::vector<std::pair<size_t, size_t>> out;
@@ -63,7 +63,8 @@ class ReferenceModel {
     return out;
   }
   // Where the policy must put a request of `size` aligned bytes, or nullopt when it must fail.
-  std::optional<size_t> predict(size_t size, Lifetime l) const {
+  std::optional<size_t> predict(size_t size, Lifetime lifetime) const {
+    const Lifetime l = pool_of(lifetime);
     std::optional<std::pair<size_t, size_t>> best;
     for (auto h : holes(l)) {
       if (h.second < size) continue;
@@ -72,22 +73,24 @@ class ReferenceModel {
                      (l == Lifetime::kPersistent ? h.first < best->first : h.first > best->first));
       if (better) best = h;
     }
-    if (best) return best->first;  // both pools place a block at the hole's low end
+    // A block takes the hole's end nearest its pool's base: the low end in the low pool, the high end
+    // in the high pool.
+    if (best) return l == Lifetime::kPersistent ? best->first : best->first + best->second - size;
     if (bottom() - top() < size) return std::nullopt;
     return l == Lifetime::kPersistent ? top() : bottom() - size;
   }
   void add(uint64_t id, Placed p) { live_.emplace(id, p); }
   void remove(uint64_t id) { live_.erase(id); }
-  size_t allocated(Lifetime l) const {
+  size_t allocated(Lifetime pool) const {
     size_t s = 0;
     for (const auto& [id, b] : live_) {
-      if (b.lifetime == l) s += b.size;
+      if (pool_of(b.lifetime) == pool) s += b.size;
     }
     return s;
   }
-  size_t count(Lifetime l) const {
+  size_t count(Lifetime pool) const {
     size_t n = 0;
-    for (const auto& [id, b] : live_) n += b.lifetime == l;
+    for (const auto& [id, b] : live_) n += pool_of(b.lifetime) == pool;
     return n;
   }
   size_t capacity() const { return capacity_; }
@@ -165,7 +168,8 @@ TEST_P(AllocatorStress, MatchesReferenceModel) {
     bool do_alloc = live.empty() || rng() % 100 < (filling ? 70u : 35u);
     if (do_alloc) {
       size_t bytes = random_size(rng);
-      Lifetime l = rng() % 10 < 3 ? Lifetime::kPersistent : Lifetime::kTransient;
+      const uint64_t draw = rng() % 10;
+      Lifetime l = draw < 2 ? Lifetime::kPersistent : draw < 4 ? Lifetime::kSaved : Lifetime::kTransient;
       Category c = kAllCategories[rng() % kNumCategories];
       std::optional<size_t> expect = ref.predict(align_up(bytes), l);
       try {
@@ -296,6 +300,30 @@ TEST(Allocator, PoolsGrowFromOppositeEnds) {
   DeviceBlock d = alloc.allocate(64, Category::kParams, Lifetime::kPersistent);
   EXPECT_EQ(d.offset(), 0u);
   a.release();  // idempotent
+}
+
+TEST(Allocator, SavedBlocksGoToTheLowPoolAndHolesFillFromTheBase) {
+  CpuBackend backend(kMiB);
+  DeviceAllocator alloc(backend, kMiB);
+  DeviceBlock p = alloc.allocate(128, Category::kParams, Lifetime::kPersistent);
+  DeviceBlock s1 = alloc.allocate(64, Category::kActivations, Lifetime::kSaved);
+  DeviceBlock s2 = alloc.allocate(64, Category::kActivations, Lifetime::kSaved);
+  EXPECT_EQ(s1.offset(), 128u);  // stacked on the model states
+  EXPECT_EQ(s2.offset(), 192u);
+  EXPECT_EQ(s1.lifetime(), Lifetime::kSaved);
+  ArenaStats s = alloc.stats();
+  EXPECT_EQ(s.persistent.live_blocks, 3u);  // the low pool's stats count saved blocks
+  EXPECT_EQ(s.persistent.reserved_bytes, 256u);
+  // In the high pool a block placed in a hole takes the hole's end nearest the capacity.
+  DeviceBlock t1 = alloc.allocate(256, Category::kParams, Lifetime::kTransient);
+  DeviceBlock t2 = alloc.allocate(64, Category::kGrads, Lifetime::kTransient);
+  EXPECT_EQ(t1.offset(), kMiB - 256);
+  EXPECT_EQ(t2.offset(), kMiB - 320);
+  t1.release();
+  DeviceBlock t3 = alloc.allocate(64, Category::kActivations, Lifetime::kTransient);
+  EXPECT_EQ(t3.offset(), kMiB - 64);
+  EXPECT_EQ(alloc.stats().transient.largest_free_bytes, 192u);  // the rest of the hole, beside t2
+  EXPECT_TRUE(alloc.is_valid()) << alloc.check_invariants();
 }
 
 TEST(Allocator, TensorViewsAndEmptyBlocks) {
