@@ -25,7 +25,8 @@
 // parameters and gradients in the compute dtype, and at the fp32 end the master weights (a separate
 // buffer in bf16/fp16, the parameters themselves in fp32) and the optimizer's states - carved from
 // the device arena (`device.memory_mb`) with the persistent lifetime; activations come from the same
-// arena's transient pool through the engine's nn::Context.
+// arena through the engine's nn::Context (saved ones with the saved lifetime, beside the model states;
+// scratch and gradients from the transient pool).
 //
 // ZeRO stages (Note [model-state placement] in engine/placement.h):
 //   0  every rank holds full replicas; at the last micro-batch of an accumulation window gradients are

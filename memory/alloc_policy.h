@@ -26,8 +26,12 @@
 // blocks share the low pool with the model states, which are all allocated before the first forward
 // and never freed, so the saved blocks form a stack on top of them that backward unwinds, and the
 // high pool holds only short-lived blocks, whose holes the next layer's blocks of the same shapes
-// fill. The high pool's hole placement (nearest its base, not nearest the gap) was chosen by the same
-// traces: with the short blocks alone there, it keeps the larger remainders next to the gap.
+// fill; on those traces the reserved peak is now at most 4.8% above the allocated one. The high
+// pool's hole placement (the end nearest its base, as in the low pool) was chosen on the same traces:
+// the end nearest the gap, the better choice while saved blocks shared the pool, gives 5.8% on the
+// 2B NVMe run against 4.7%. A persistent block allocated while saved blocks are live (the engine
+// allocates model states only at construction) takes a hole or the low region's edge like any other;
+// placement stays correct, only less compact.
 //
 //   TwoEndedBestFit policy(64 << 20);
 //   auto off = policy.allocate(4096, Lifetime::kTransient);   // nullopt when it does not fit

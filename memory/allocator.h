@@ -1,10 +1,11 @@
 // DeviceAllocator: carves blocks for tensors out of one device segment of fixed capacity.
 //
 // The capacity is the config's `"device": {"memory_mb": N}`. Placement is TwoEndedBestFit (see
-// Note [Two-ended pools] in memory/alloc_policy.h): persistent blocks (model states) grow up from the
-// low end, transient blocks (activations, communication and offload buffers) grow down from the high
-// end, each pool best fit with splitting and coalescing; every block is 64-byte aligned. A block is an
-// RAII handle: it frees itself when destroyed.
+// Note [Two-ended pools] in memory/alloc_policy.h): persistent blocks (model states) and saved ones
+// (activations kept for backward) grow up from the low end, transient blocks (scratch, gathered
+// parameters, communication and offload buffers) grow down from the high end, each pool best fit with
+// splitting and coalescing; every block is 64-byte aligned. A block is an RAII handle: it frees
+// itself when destroyed.
 //
 //   CpuBackend backend(capacity);
 //   MemoryTracker tracker;
