@@ -11,10 +11,11 @@
 #        REPLOT=1   reuse OUT_DIR/alloc_frag.json: draw and write the table only
 #
 # Traces (device.alloc_trace: rank 0's arena): examples/configs/gpt_zero3.json's GPT at ZeRO stages
-# 0-3, with optimizer offload to cpu and nvme, and with parameter offload (stage 3) to cpu and nvme,
-# 3 steps each at NP ranks; and examples/configs/gpt_2b_nvme.json through `zeroshard estimate`, whose
-# measured run is the engine's own allocation sequence without the arithmetic (a real 2B step takes
-# hours on a small CPU).
+# 0-3, with optimizer offload to cpu and nvme, with parameter offload (stage 3) to cpu and nvme, and
+# with sequence lengths varying per step (data.min_seq_len, stage 3), 3 steps each at NP ranks;
+# examples/configs/gpt_moe.json's GPT-MoE at its 4 ranks; and examples/configs/gpt_2b_nvme.json
+# through `zeroshard estimate`, whose measured run is the engine's own allocation sequence without
+# the arithmetic (a real 2B run takes minutes and 30 GB of disk).
 # Needs Debian's python3 with python3-matplotlib (Debian's; installed with apt-get when missing), mpirun.
 set -euo pipefail
 
@@ -53,8 +54,9 @@ import json, os, sys
 examples, out, traces, np = sys.argv[1:]
 base = json.load(open(os.path.join(examples, "gpt_zero3.json")))
 nvme = os.path.join(out, "nvme")
-def variant(name, stage, opt=None, param=None):
+def variant(name, stage, opt=None, param=None, min_seq_len=None):
     c = json.loads(json.dumps(base))
+    if min_seq_len: c.setdefault("data", {})["min_seq_len"] = min_seq_len
     z = c["zero_optimization"]
     z["stage"] = stage
     if opt: z["offload_optimizer"] = {"device": opt, **({"nvme_path": nvme} if opt == "nvme" else {})}
@@ -70,6 +72,7 @@ variant("gpt_stage2_opt_cpu", 2, opt="cpu")
 variant("gpt_stage3_opt_nvme", 3, opt="nvme")
 variant("gpt_stage3_param_cpu", 3, opt="cpu", param="cpu")
 variant("gpt_stage3_param_nvme", 3, opt="nvme", param="nvme")
+variant("gpt_stage3_varlen", 3, min_seq_len=16)  # each step's sequences 16..128 tokens long
 moe = json.load(open(os.path.join(examples, "gpt_moe.json")))  # ZeRO-3, 8 experts over ep_size 4 ranks
 moe["train_steps"] = 3
 moe["steps_per_print"] = 1

@@ -528,6 +528,11 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     uint64_t seed = 0;
     if (r.read("seed", seed)) cfg.data.seed = seed;
     r.read("eval_interval", cfg.data.eval_interval, IntRange::non_negative());
+    if (r.read("min_seq_len", cfg.data.min_seq_len, IntRange::positive()) && cfg.model &&
+        cfg.data.min_seq_len > cfg.model->seq_len) {
+      throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.seq_len = {}; choose a value from 1 to {}",
+                                    cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
+    }
     const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
     const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange::positive());
     if ((fraction || batches) && cfg.data.eval_interval == 0) {

@@ -119,6 +119,9 @@ struct DataConfig {
   int64_t eval_interval = 0;
   double eval_fraction = 0.1;
   int64_t eval_batches = 1;
+  // Varying sequence lengths: each training step's samples have a length drawn uniformly from
+  // [min_seq_len, model.seq_len] (nn::Dataset::seq_len_at); 0: every sample is model.seq_len long.
+  int64_t min_seq_len = 0;
 };
 
 struct CommSectionConfig {

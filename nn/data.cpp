@@ -129,10 +129,27 @@ uint64_t Dataset::window_start(uint64_t seed, uint64_t step, uint64_t global_sam
   return static_cast<uint64_t>((static_cast<unsigned __int128>(r) * num_windows()) >> 64);
 }
 
+int64_t Dataset::seq_len_at(uint64_t seed, uint64_t step, int64_t min_len) const {
+  ZS_ASSERT(min_len >= 1 && min_len <= seq_len_, "min_len {} outside [1, {}]", min_len, seq_len_);
+  if (min_len == seq_len_) return seq_len_;
+  // Its own key ("seqlen") and stream 3: apart from the window draws and the initialisation streams.
+  const CounterRng rng(splitmix64(seed) ^ splitmix64(step ^ 0x7365716c656eull));
+  const PhiloxCounter w = rng.block(0, 3);
+  const uint64_t r = (static_cast<uint64_t>(w[1]) << 32) | w[0];
+  const auto span = static_cast<uint64_t>(seq_len_ - min_len + 1);
+  return min_len + static_cast<int64_t>((static_cast<unsigned __int128>(r) * span) >> 64);
+}
+
 void Dataset::fill_batch(Batch& batch, uint64_t seed, uint64_t step, uint64_t first_global_sample,
                          int64_t batch_size) const {
+  fill_batch(batch, seed, step, first_global_sample, batch_size, seq_len_);
+}
+
+void Dataset::fill_batch(Batch& batch, uint64_t seed, uint64_t step, uint64_t first_global_sample, int64_t batch_size,
+                         int64_t length) const {
   ZS_ASSERT(batch_size > 0, "fill_batch with batch_size {}", batch_size);
-  const memory::Shape shape{batch_size, seq_len_};
+  ZS_ASSERT(length >= 1 && length <= seq_len_, "fill_batch with length {} outside [1, {}]", length, seq_len_);
+  const memory::Shape shape{batch_size, length};
   auto ready = [&](const Tensor& t) {
     return t.raw() != nullptr && t.dtype() == DType::kI32 && t.shape() == shape && t.is_contiguous();
   };
@@ -143,9 +160,9 @@ void Dataset::fill_batch(Batch& batch, uint64_t seed, uint64_t step, uint64_t fi
   const auto* text = reinterpret_cast<const unsigned char*>(bytes_.data());
   for (int64_t b = 0; b < batch_size; ++b) {
     const unsigned char* w = text + window_start(seed, step, first_global_sample + static_cast<uint64_t>(b));
-    int32_t* ib = in + b * seq_len_;
-    int32_t* tb = tg + b * seq_len_;
-    for (int64_t t = 0; t < seq_len_; ++t) {
+    int32_t* ib = in + b * length;
+    int32_t* tb = tg + b * length;
+    for (int64_t t = 0; t < length; ++t) {
       ib[t] = w[t];
       tb[t] = w[t + 1];
     }

@@ -65,6 +65,14 @@ class Dataset {
   // [first_global_sample, first_global_sample + batch_size) of `step`. Reuses the tensors when they
   // already have that shape and dtype; otherwise allocates owning host tensors.
   void fill_batch(Batch& batch, uint64_t seed, uint64_t step, uint64_t first_global_sample, int64_t batch_size) const;
+  // The same with samples of `length` tokens (1 <= length <= seq_len): each sample is the first
+  // `length` tokens of the window above, so (batch_size, length) tensors.
+  void fill_batch(Batch& batch, uint64_t seed, uint64_t step, uint64_t first_global_sample, int64_t batch_size,
+                  int64_t length) const;
+  // Varying sequence lengths (`data.min_seq_len`): the length of every sample of `step`, uniform in
+  // [min_len, seq_len], a pure function of (seed, step), so every rank and micro-batch of a step
+  // agrees. min_len == seq_len gives seq_len. Precondition: 1 <= min_len <= seq_len.
+  int64_t seq_len_at(uint64_t seed, uint64_t step, int64_t min_len) const;
 
  private:
   Dataset(std::shared_ptr<const void> owner, std::string_view bytes, int64_t seq_len, std::string origin);

@@ -231,7 +231,8 @@ int train_command(const std::vector<std::string>& args) {
           eval_source = std::make_unique<engine::DatasetSource>(split_held_out(data, cfg.data.eval_fraction),
                                                                 cfg.data.seed.value_or(cfg.seed));
         }
-        source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed));
+        source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed),
+                                                         cfg.data.min_seq_len);
         engine = std::make_unique<engine::Engine>(*model, cfg, *dp);
       })) {
     return 1;
@@ -249,15 +250,19 @@ int train_command(const std::vector<std::string>& args) {
                   mc.moe.ep_size, mc.moe.num_experts / mc.moe.ep_size, mc.aux_loss_coef);
     }
     MoeSummary moe_summary;
-    ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} rank(s); {} steps",
+    ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} rank(s); {} steps{}",
                 cfg.batch.train_batch_size, cfg.batch.micro_batch_per_rank, cfg.batch.gradient_accumulation_steps,
-                world.size(), cfg.train_steps);
+                world.size(), cfg.train_steps,
+                cfg.data.min_seq_len > 0 ? fmt::format("; sequences of {} to {} tokens, one length per step (data.min_seq_len)",
+                                                       cfg.data.min_seq_len, model_cfg.seq_len)
+                                         : std::string());
     engine::SummaryRecorder recorder(*engine);
-    const int64_t tokens_per_step = cfg.batch.train_batch_size * model_cfg.seq_len;
     for (int64_t i = 0; i < cfg.train_steps; ++i) {
       double t0 = now_seconds();
       const engine::StepReport& r = engine->train_batch(*source);
       double dt = now_seconds() - t0;
+      // r.step counts this step; its batch was filled as step index r.step - 1 (data.min_seq_len).
+      const int64_t tokens_per_step = cfg.batch.train_batch_size * source->seq_len_at(r.step - 1);
       recorder.record(r, dt, tokens_per_step);
       if (r.step == 1 || r.step % cfg.steps_per_print == 0 || r.step == cfg.train_steps) {
         auto mem = engine->memory_report();

@@ -489,6 +489,15 @@ TEST(ConfigData, EvaluationKeys) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"eval_intervall": 2}})"), "did you mean 'eval_interval'?");
 }
 
+TEST(ConfigData, MinSeqLen) {
+  const char* model = R"("model": {"type": "gpt", "n_layer": 1, "d_model": 32, "n_head": 2, "seq_len": 64})";
+  EXPECT_EQ(parse(std::string(R"({"train_batch_size": 4, )") + model + R"(, "data": {"min_seq_len": 16}})").data.min_seq_len, 16);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4})").data.min_seq_len, 0);  // fixed length by default
+  EXPECT_CONTAINS(error_of(std::string(R"({"train_batch_size": 4, )") + model + R"(, "data": {"min_seq_len": 65}})"),
+                  "data.min_seq_len: 65 exceeds model.seq_len = 64; choose a value from 1 to 64");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "data": {"min_seq_len": 0}})"), "data.min_seq_len: 0 is out of range");
+}
+
 TEST(Config, CommSharedMemorySwitch) {
   EXPECT_EQ(parse(R"({"train_batch_size": 4})").comm.shared_memory, comm::SharedMemory::kAuto);
   EXPECT_EQ(parse(R"({"train_batch_size": 4, "comm": {"shared_memory": "auto"}})").comm.shared_memory, comm::SharedMemory::kAuto);

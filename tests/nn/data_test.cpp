@@ -64,6 +64,32 @@ TEST(DataTest, SamplingIsAPureFunction) {
   EXPECT_NE(a.window_start(1, 7, 0), a.window_start(1, 8, 0)) << "step must matter";
 }
 
+TEST(DataTest, VaryingLengthsArePrefixesOfTheWindowsAndDrawnPerStep) {
+  Dataset ds = Dataset::from_bytes(sample_text(), 32);
+  std::set<int64_t> lengths;
+  for (uint64_t step = 0; step < 200; ++step) {
+    const int64_t n = ds.seq_len_at(5, step, 8);
+    ASSERT_GE(n, 8);
+    ASSERT_LE(n, 32);
+    ASSERT_EQ(n, ds.seq_len_at(5, step, 8)) << "a pure function of (seed, step)";
+    lengths.insert(n);
+  }
+  EXPECT_GT(lengths.size(), 20u) << "lengths should spread over [8, 32]";
+  EXPECT_TRUE(lengths.contains(8) && lengths.contains(32)) << "both ends are reachable";
+  EXPECT_EQ(ds.seq_len_at(5, 3, 32), 32);  // min_len == seq_len: fixed length
+  Batch full, part;
+  ds.fill_batch(full, 5, 3, 6, 3);
+  ds.fill_batch(part, 5, 3, 6, 3, 10);
+  ASSERT_EQ(part.inputs.shape(), (memory::Shape{3, 10}));
+  ASSERT_EQ(part.targets.shape(), (memory::Shape{3, 10}));
+  for (int64_t b = 0; b < 3; ++b) {
+    for (int64_t t = 0; t < 10; ++t) {
+      EXPECT_EQ(part.inputs.data<int32_t>()[b * 10 + t], full.inputs.data<int32_t>()[b * 32 + t]);
+      EXPECT_EQ(part.targets.data<int32_t>()[b * 10 + t], full.targets.data<int32_t>()[b * 32 + t]);
+    }
+  }
+}
+
 TEST(DataTest, GlobalBatchDoesNotDependOnHowItIsSplit) {
   Dataset ds = Dataset::from_bytes(sample_text(), 12);
   Batch whole;
