@@ -12,9 +12,7 @@
 //   counts            moe::plan_exchange alone: the alltoall of per-expert row counts
 //   dispatch          the MoE layer's forward exchange: plan_exchange, then moe::to_experts (the
 //                     alltoallv into the arena; with several experts per rank, the rows regrouped per
-//                     expert: one alltoallv per expert slot, straight into each expert's input)
-//   dispatch_regroup  the previous dispatch, as a same-run reference: one alltoallv of all slots into
-//                     scratch, then each expert's rows copied out of the P source blocks
+//                     expert: one more copy of the received bytes)
 // Method as comm_bench: warm-up, then timed repetitions, each call after a barrier, in a rotating
 // order that alternates direction; a call's time is the slowest rank's; ratio = median over
 // repetitions of raw time / our time (> 1: ours faster). The target (docs/moe.md) is alltoallv and
@@ -23,7 +21,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -83,8 +80,8 @@ int main(int argc, char** argv) {
     if (me == 0) {
       std::printf("moe_alltoall_bench: %d ranks, rows of %ld fp32, %d warm-up + %d alternating reps, medians\n", n,
                   static_cast<long>(d), warmup, reps);
-      std::printf("ms (raw / ours, median of per-repetition ratios)\n%10s %10s %18s %18s %18s %18s %18s\n", "bytes", "raw",
-                  "alltoallv", "alltoallv_agreed", "counts", "dispatch", "dispatch_regroup");
+      std::printf("ms (raw / ours, median of per-repetition ratios)\n%10s %10s %18s %18s %18s %18s\n", "bytes", "raw",
+                  "alltoallv", "alltoallv_agreed", "counts", "dispatch");
     }
     for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
       // Rows this rank sends to each rank (expert), proportional to 1 + (me + j) % 3.
@@ -141,32 +138,6 @@ int main(int argc, char** argv) {
                          ctx.reset();
                          const moe::ExchangePlan p = moe::plan_exchange(&groups.ep, expert_rows, d);
                          auto per_expert = moe::to_experts(ctx, &groups.ep, p, in, nn::MemoryUse::kScratch);
-                       }, {}, {}});
-      // The previous dispatch, kept as a same-run reference for Note [one exchange per local expert]
-      // (moe/dispatch.cpp): one alltoallv of all slots, then each expert's rows copied out of the
-      // P source blocks into an input of its own.
-      calls.push_back({"dispatch_regroup", [&] {
-                         ctx.reset();
-                         const moe::ExchangePlan p = moe::plan_exchange(&groups.ep, expert_rows, d);
-                         memory::Tensor received = ctx.allocate({p.rows_received(), d}, memory::DType::kF32, nn::MemoryUse::kScratch);
-                         groups.ep.alltoallv(in.flatten(), p.send_counts, received.flatten(), p.recv_counts,
-                                             comm::Group::CountCheck::kSkip);
-                         if (local == 1) return;
-                         std::vector<memory::Tensor> per_expert;
-                         std::vector<int64_t> filled(static_cast<size_t>(local), 0);
-                         for (int l = 0; l < local; ++l)
-                           per_expert.push_back(ctx.allocate({p.expert_rows(l), d}, memory::DType::kF32, nn::MemoryUse::kScratch));
-                         const float* src = received.data<float>();
-                         for (int q = 0; q < n; ++q) {
-                           for (int l = 0; l < local; ++l) {
-                             const int64_t rows_ql = p.recv_rows[static_cast<size_t>(q * local + l)];
-                             if (rows_ql > 0)
-                               std::memcpy(per_expert[static_cast<size_t>(l)].data<float>() + filled[static_cast<size_t>(l)] * d, src,
-                                           static_cast<size_t>(rows_ql * d) * sizeof(float));
-                             filled[static_cast<size_t>(l)] += rows_ql;
-                             src += rows_ql * d;
-                           }
-                         }
                        }, {}, {}});
       const size_t k = calls.size();
       for (int r = 0; r < warmup; ++r)

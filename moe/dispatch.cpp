@@ -51,15 +51,6 @@ ExchangePlan plan_exchange(const comm::Group* ep, std::span<const int64_t> rows_
           plan.recv_rows[static_cast<size_t>(q * L + l)] = plan.send_rows[static_cast<size_t>(ep->rank() * L + l)];
     }
   }
-  // Send order: local slot l major, then destination rank p (dispatch.h).
-  plan.send_offset.assign(static_cast<size_t>(E), 0);
-  int64_t at = 0;
-  for (int l = 0; l < L; ++l) {
-    for (int p = 0; p < P; ++p) {
-      plan.send_offset[static_cast<size_t>(p * L + l)] = at;
-      at += plan.send_rows[static_cast<size_t>(p * L + l)];
-    }
-  }
   plan.send_counts.assign(static_cast<size_t>(P), 0);
   plan.recv_counts.assign(static_cast<size_t>(P), 0);
   for (int p = 0; p < P; ++p) {
@@ -71,30 +62,6 @@ ExchangePlan plan_exchange(const comm::Group* ep, std::span<const int64_t> rows_
   return plan;
 }
 
-// Note [one exchange per local expert]
-// With L experts per rank, one alltoallv would deliver each source's rows for all L experts as one
-// block, and the rows of expert l would then be copied out of P blocks into its own input (and the
-// outputs packed back the same way): a copy of every byte received and sent, which costs more than
-// the exchange's fixed cost from about 1 MiB (benchmarks/moe_alltoall_bench, --experts-per-rank 2).
-// Instead the send order is slot-major (dispatch.h) and slot l's rows go in an alltoallv of their
-// own, straight into expert l's input; the outputs return the same way into slot l's rows. The
-// price is L - 1 more collectives (a handshake and a round each) per exchange, which only matters
-// for many local experts with little data each.
-
-namespace {
-// Element counts of local slot l to (or from) every rank.
-std::vector<size_t> slot_counts(const std::vector<int64_t>& rows, int P, int L, int l, int64_t d) {
-  std::vector<size_t> c(static_cast<size_t>(P));
-  for (int p = 0; p < P; ++p) c[static_cast<size_t>(p)] = static_cast<size_t>(rows[static_cast<size_t>(p * L + l)] * d);
-  return c;
-}
-int64_t slot_rows(const ExchangePlan& plan, int l) {
-  int64_t n = 0;
-  for (int p = 0; p < plan.ep_size; ++p) n += plan.send_rows[static_cast<size_t>(p * plan.local_experts + l)];
-  return n;
-}
-}  // namespace
-
 std::vector<Tensor> to_experts(nn::Context& ctx, const comm::Group* ep, const ExchangePlan& plan, const Tensor& rows,
                                nn::MemoryUse use) {
   const int P = plan.ep_size, L = plan.local_experts;
@@ -102,20 +69,30 @@ std::vector<Tensor> to_experts(nn::Context& ctx, const comm::Group* ep, const Ex
   ZS_ASSERT(rows.numel() == plan.rows_sent() * d, "to_experts: {} elements for {} rows of {}", rows.numel(),
             plan.rows_sent(), d);
   std::vector<Tensor> out;
-  const Tensor all = rows.view({plan.rows_sent(), d});
-  int64_t at = 0;
-  for (int l = 0; l < L; ++l) {
-    const int64_t n = slot_rows(plan, l);
-    const Tensor send = all.slice(0, at, at + n);
-    at += n;
-    if (P == 1) {  // rows are already grouped by expert: views, no copy
-      out.push_back(send);
-      continue;
+  if (P == 1) {  // rows are already grouped by expert: views, no copy
+    int64_t at = 0;
+    for (int l = 0; l < L; ++l) {
+      const int64_t n = plan.expert_rows(l);
+      out.push_back(rows.view({plan.rows_sent(), d}).slice(0, at, at + n));
+      at += n;
     }
-    Tensor in = ctx.allocate({plan.expert_rows(l), d}, DType::kF32, use);
-    ep->alltoallv(send.flatten(), slot_counts(plan.send_rows, P, L, l, d), in.flatten(),
-                  slot_counts(plan.recv_rows, P, L, l, d), comm::Group::CountCheck::kSkip);
-    out.push_back(std::move(in));
+    return out;
+  }
+  Tensor received = ctx.allocate({plan.rows_received(), d}, DType::kF32, L == 1 ? use : nn::MemoryUse::kScratch);
+  ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts, comm::Group::CountCheck::kSkip);
+  if (L == 1) return {received};  // one local expert: the received rows are its input as they are
+  // received holds [q][l] blocks; expert l wants its blocks of every q, in q order.
+  std::vector<int64_t> filled(static_cast<size_t>(L), 0);
+  for (int l = 0; l < L; ++l) out.push_back(ctx.allocate({plan.expert_rows(l), d}, DType::kF32, use));
+  const float* src = received.data<float>();
+  for (int q = 0; q < P; ++q) {
+    for (int l = 0; l < L; ++l) {
+      const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)];
+      if (n > 0) std::memcpy(out[static_cast<size_t>(l)].data<float>() + filled[static_cast<size_t>(l)] * d, src,
+                             static_cast<size_t>(n * d) * sizeof(float));
+      filled[static_cast<size_t>(l)] += n;
+      src += n * d;
+    }
   }
   return out;
 }
@@ -132,21 +109,28 @@ Tensor from_experts(nn::Context& ctx, const comm::Group* ep, const ExchangePlan&
                    "tensor {}",
                    d, d, l, memory::dtype_name(y.dtype()), memory::shape_string(y.shape()));
   }
-  if (P == 1 && L == 1) return outputs[0];  // already the rows in send order
-  Tensor back = ctx.allocate({plan.rows_sent(), d}, DType::kF32, use);
-  int64_t at = 0;
-  for (int l = 0; l < L; ++l) {
-    const int64_t n = slot_rows(plan, l);
-    const Tensor dst = back.slice(0, at, at + n);
-    at += n;
-    const Tensor& y = outputs[static_cast<size_t>(l)];
-    if (P == 1) {
-      if (n > 0) std::memcpy(dst.data<float>(), y.data<float>(), static_cast<size_t>(n * d) * sizeof(float));
-      continue;
-    }
-    ep->alltoallv(y.flatten(), slot_counts(plan.recv_rows, P, L, l, d), dst.flatten(),
-                  slot_counts(plan.send_rows, P, L, l, d), comm::Group::CountCheck::kSkip);
+  Tensor packed;
+  if (L == 1) {
+    packed = outputs[0];  // one local expert: its output is already in [q] order
+  } else {
+    packed = ctx.allocate({plan.rows_received(), d}, DType::kF32, P > 1 ? nn::MemoryUse::kScratch : use);
   }
+  std::vector<int64_t> taken(static_cast<size_t>(L), 0);
+  float* dst = packed.data<float>();
+  for (int q = 0; q < P && L > 1; ++q) {
+    for (int l = 0; l < L; ++l) {
+      const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)];
+      const Tensor& y = outputs[static_cast<size_t>(l)];
+      if (n > 0) std::memcpy(dst, y.data<float>() + taken[static_cast<size_t>(l)] * d,
+                             static_cast<size_t>(n * d) * sizeof(float));
+      taken[static_cast<size_t>(l)] += n;
+      dst += n * d;
+    }
+  }
+  if (P == 1) return packed;
+  Tensor back = ctx.allocate({plan.rows_sent(), d}, DType::kF32, use);
+  ep->alltoallv(packed.view({packed.numel()}), plan.recv_counts, back.flatten(), plan.send_counts,
+                comm::Group::CountCheck::kSkip);
   return back;
 }
 

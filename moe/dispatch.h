@@ -7,22 +7,17 @@
 //   Tensor back = moe::from_experts(ctx, ep, plan, ys);                    // rows in `rows`' order
 //
 // Layout. E experts over an EP group of P ranks: rank p holds experts p*L .. p*L+L-1 (L = E / P),
-// DeepSpeed's placement. This rank's `rows` (N, d) are in local-slot-major order: for l = 0..L-1, the
-// rows for expert p*L + l of rank p = 0, 1, ..., P-1 (rows_per_expert[e] of them each; plan.send_offset
-// gives each expert's first row). Compact: no padding to capacity, so a dropped or missing token moves
-// no bytes. Local expert l receives the rows of source rank 0 first, then rank 1, ...
+// DeepSpeed's placement. This rank's `rows` (N, d) hold the rows for expert 0 first, then expert 1,
+// ...: rows_per_expert[e] of them each (compact: no padding to capacity, so a dropped or missing token
+// moves no bytes). Local expert l receives the rows of source rank 0 first, then rank 1, ...
 //
 // Counts first. plan_exchange runs an all-to-all of the per-expert row counts (E int32 per rank) before
 // any data moves, so every rank knows how much it will receive: ranks that route different numbers of
 // tokens, or none, never hang or mismatch (the alltoallvs then skip their own count check: the counts
-// agree by construction). to_experts and from_experts each run one alltoallv per local slot l over
-// the EP group (the backward runs them again, with the same plan, for the gradients): slot l's rows
-// for every rank are contiguous on the sending side, and expert l's input (or output) is one
-// contiguous tensor on its rank, so the bytes land where the expert reads them, with no regrouping
-// copy (Note [one exchange per local expert] in dispatch.cpp). Collective: every rank of the EP group
-// calls these in the same order. ep == nullptr or a group of one moves rows locally (views); a
-// simulated group (comm::Group::simulated, the memory estimator) plans as if every rank routed like
-// this one.
+// agree by construction). to_experts and from_experts each run one alltoallv over the
+// EP group (the backward runs them again, with the same plan, for the gradients). Collective: every rank
+// of the EP group calls these in the same order. ep == nullptr or a group of one moves rows locally; a
+// simulated group (comm::Group::simulated, the memory estimator) plans as if every rank routed like this one.
 #pragma once
 
 #include <cstdint>
@@ -40,10 +35,9 @@ struct ExchangePlan {
   int local_experts = 0;  // L
   int64_t features = 0;   // d
   std::vector<int64_t> send_rows;  // (E) rows this rank sends to each global expert
-  std::vector<int64_t> send_offset;  // (E) first row of expert e's rows in the send order (see above)
   std::vector<int64_t> recv_rows;  // (P * L) rows source rank q sends to local expert l, at q * L + l
-  std::vector<size_t> send_counts;  // (P) elements sent to each rank, all local slots
-  std::vector<size_t> recv_counts;  // (P) elements received from each rank, all local slots
+  std::vector<size_t> send_counts;  // (P) elements sent to each rank (alltoallv)
+  std::vector<size_t> recv_counts;  // (P) elements received from each rank
   int64_t rows_sent() const;
   int64_t rows_received() const;
   int64_t expert_rows(int l) const;  // rows local expert l processes
@@ -52,8 +46,8 @@ struct ExchangePlan {
 // Collective over `ep` (see above). rows_per_expert: E entries, E divisible by ep's size.
 ExchangePlan plan_exchange(const comm::Group* ep, std::span<const int64_t> rows_per_expert, int64_t features);
 
-// rows: (plan.rows_sent(), d) fp32, in the send order above. Returns L tensors (expert_rows(l), d),
-// allocated from ctx as `use` (views of `rows` without exchange).
+// rows: (plan.rows_sent(), d) fp32, in global expert order. Returns L tensors (expert_rows(l), d),
+// allocated from ctx as `use`.
 std::vector<memory::Tensor> to_experts(nn::Context& ctx, const comm::Group* ep, const ExchangePlan& plan,
                                        const memory::Tensor& rows, nn::MemoryUse use);
 

@@ -214,9 +214,9 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
   }
   Gating& g = saved->gating = compute_gating(lg, S, gc, training, noise ? &*noise : nullptr, agree);
 
-  // Dispatch order: the plan's send order of experts (moe/dispatch.h), then slot. Counts first.
-  saved->plan = plan_exchange(ep, g.kept_counts, d_);
-  const std::vector<int64_t>& offset = saved->plan.send_offset;
+  // Dispatch order: by expert, then slot.
+  std::vector<int64_t> offset(static_cast<size_t>(E) + 1, 0);
+  for (int e = 0; e < E; ++e) offset[static_cast<size_t>(e) + 1] = offset[static_cast<size_t>(e)] + g.kept_counts[static_cast<size_t>(e)];
   std::vector<std::vector<std::pair<int32_t, int64_t>>> by_expert(static_cast<size_t>(E));
   for (int64_t i = 0; i < S * k; ++i)
     if (g.slot[i] >= 0) by_expert[static_cast<size_t>(g.expert[i])].push_back({g.slot[i], i});
@@ -226,7 +226,7 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
     std::sort(list.begin(), list.end());
     for (size_t r = 0; r < list.size(); ++r) saved->row[static_cast<size_t>(list[r].second)] = offset[static_cast<size_t>(e)] + static_cast<int64_t>(r);
   }
-  const int64_t N = saved->plan.rows_sent();
+  const int64_t N = offset.back();
   // kActivation: without expert parallelism the experts take views of these rows as their inputs.
   Tensor send = ctx.allocate({N, d_}, DType::kF32, MemoryUse::kActivation);
   for (int64_t i = 0; i < (computes ? S * k : 0); ++i) {
@@ -234,6 +234,7 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
     if (r >= 0) std::memcpy(send.data<float>() + r * d_, x.data<float>() + (i / k) * d_, static_cast<size_t>(d_) * sizeof(float));
   }
 
+  saved->plan = plan_exchange(ep, g.kept_counts, d_);
   std::vector<Tensor> inputs = to_experts(ctx, ep, saved->plan, send, MemoryUse::kActivation);
   send = {};
   std::vector<Tensor> outputs;
