@@ -1,22 +1,27 @@
 // Question: what does MoE's token exchange cost over the raw MPI_Alltoallv of the same bytes?
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/moe_alltoall_bench [--json out.json]
-//          [--min-kib 64] [--max-mib 64] [--reps 15] [--warmup 3] [--d 512]
+//          [--min-kib 64] [--max-mib 64] [--reps 15] [--warmup 3] [--d 512] [--experts-per-rank 1]
 //
 // Per size (bytes this rank sends, powers of 4), rows of --d fp32 features are routed unevenly: rank i
-// sends rank j a share proportional to 1 + (i + j) % 3 (every rank also keeps a share). Three calls move
-// the same bytes:
-//   raw       MPI_Alltoallv on MPI_COMM_WORLD with precomputed counts (the baseline)
-//   alltoallv zeroshard's Group::alltoallv (handshake, count check, counters, op stats)
-//   dispatch  the MoE layer's forward exchange: moe::plan_exchange (an alltoall of per-expert counts)
-//             then moe::to_experts (alltoallv, then the rows regrouped per local expert)
-// Method as comm_bench: warm-up, then alternating-order timed repetitions, each after a barrier; a
-// call's time is the slowest rank's; ratio = median over repetitions of raw time / our time (> 1:
-// ours faster). The target (docs/moe.md) is alltoallv and dispatch >= 0.95 from 1 MiB.
+// sends rank j a share proportional to 1 + (i + j) % 3 (every rank also keeps a share), split evenly
+// over rank j's --experts-per-rank experts. The calls:
+//   raw               MPI_Alltoallv on MPI_COMM_WORLD with precomputed counts (the baseline)
+//   alltoallv         zeroshard's Group::alltoallv (handshake, the count-matrix check, counters)
+//   alltoallv_agreed  the same with CountCheck::kSkip (counts known to agree): what the MoE layer calls
+//   counts            moe::plan_exchange alone: the alltoall of per-expert row counts
+//   dispatch          the MoE layer's forward exchange: plan_exchange, then moe::to_experts (the
+//                     alltoallv into the arena; with several experts per rank, the rows regrouped per
+//                     expert: one more copy of the received bytes)
+// Method as comm_bench: warm-up, then timed repetitions, each call after a barrier, in a rotating
+// order that alternates direction; a call's time is the slowest rank's; ratio = median over
+// repetitions of raw time / our time (> 1: ours faster). The target (docs/moe.md) is alltoallv and
+// dispatch >= 0.95 from 1 MiB.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,17 +69,19 @@ int main(int argc, char** argv) {
     const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "15"));
     const int warmup = std::stoi(bench::arg_value(argc, argv, "--warmup", "3"));
     const int64_t d = std::stol(bench::arg_value(argc, argv, "--d", "512"));
+    const int local = std::stoi(bench::arg_value(argc, argv, "--experts-per-rank", "1"));
     if (!world.is_mpi()) std::fprintf(stderr, "moe_alltoall_bench: run it under mpirun (a world of one moves no bytes)\n");
     comm::ExpertGroups groups = world.split_groups(n);  // one EP group of every rank: one expert per rank
     bench::Report report;
     report.benchmark = "moe_alltoall_bench";
-    report.config = {{"ranks", n}, {"dtype", "fp32"}, {"features", d}, {"reps", reps}, {"warmup", warmup}};
+    report.config = {{"ranks", n},     {"dtype", "fp32"},   {"features", d},
+                     {"reps", reps},   {"warmup", warmup},  {"experts_per_rank", local}};
     boost::json::object ratios;
     if (me == 0) {
       std::printf("moe_alltoall_bench: %d ranks, rows of %ld fp32, %d warm-up + %d alternating reps, medians\n", n,
                   static_cast<long>(d), warmup, reps);
-      std::printf("%10s %10s %12s %12s %14s %12s\n", "bytes", "raw_ms", "a2av_ms", "dispatch_ms", "a2av_ratio",
-                  "disp_ratio");
+      std::printf("ms (raw / ours, median of per-repetition ratios)\n%10s %10s %18s %18s %18s %18s\n", "bytes", "raw",
+                  "alltoallv", "alltoallv_agreed", "counts", "dispatch");
     }
     for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
       // Rows this rank sends to each rank (expert), proportional to 1 + (me + j) % 3.
@@ -88,8 +95,13 @@ int main(int argc, char** argv) {
         assigned += rows[static_cast<size_t>(j)];
       }
       rows[0] += total_rows - assigned;
+      // Each rank holds --experts-per-rank (L) experts: rank j's rows split evenly over its L experts.
+      std::vector<int64_t> expert_rows;
+      for (int j = 0; j < n; ++j)
+        for (int l = 0; l < local; ++l)
+          expert_rows.push_back(rows[static_cast<size_t>(j)] / local + (l == 0 ? rows[static_cast<size_t>(j)] % local : 0));
       ArenaContext ctx(4 * bytes + (1 << 20));
-      const moe::ExchangePlan plan = moe::plan_exchange(&groups.ep, rows, d);
+      const moe::ExchangePlan plan = moe::plan_exchange(&groups.ep, expert_rows, d);
       std::vector<int> sc(static_cast<size_t>(n)), sd(static_cast<size_t>(n)), rc(static_cast<size_t>(n)),
           rd(static_cast<size_t>(n));
       for (int j = 0, so = 0, ro = 0; j < n; ++j) {
@@ -107,41 +119,57 @@ int main(int argc, char** argv) {
         MPI_Alltoallv(in.raw(), sc.data(), sd.data(), MPI_FLOAT, out.raw(), rc.data(), rd.data(), MPI_FLOAT,
                       MPI_COMM_WORLD);
       };
-      auto a2av = [&] { groups.ep.alltoallv(in.flatten(), plan.send_counts, out.flatten(), plan.recv_counts); };
-      auto dispatch = [&] {
-        ctx.reset();
-        const moe::ExchangePlan p = moe::plan_exchange(&groups.ep, rows, d);
-        auto per_expert = moe::to_experts(ctx, &groups.ep, p, in, nn::MemoryUse::kScratch);
+      // The calls, each timed in every repetition (rotating start, alternating direction: each sees
+      // the machine's load drift alike). "counts" and "a2av_agreed" are the dispatch's two parts.
+      struct Call {
+        const char* name;
+        std::function<void()> f;
+        std::vector<double> t, ratio;
       };
-      for (int r = 0; r < warmup; ++r) {
-        timed_in_world(raw);
-        timed_in_world(a2av);
-        timed_in_world(dispatch);
-      }
-      std::vector<double> t_raw, t_a2av, t_disp, r_a2av, r_disp;
+      std::vector<Call> calls;
+      calls.push_back({"raw", raw, {}, {}});
+      calls.push_back({"alltoallv", [&] { groups.ep.alltoallv(in.flatten(), plan.send_counts, out.flatten(), plan.recv_counts); }, {}, {}});
+      calls.push_back({"alltoallv_agreed", [&] {
+                         groups.ep.alltoallv(in.flatten(), plan.send_counts, out.flatten(), plan.recv_counts,
+                                             comm::Group::CountCheck::kSkip);
+                       }, {}, {}});
+      calls.push_back({"counts", [&] { (void)moe::plan_exchange(&groups.ep, expert_rows, d); }, {}, {}});
+      calls.push_back({"dispatch", [&] {
+                         ctx.reset();
+                         const moe::ExchangePlan p = moe::plan_exchange(&groups.ep, expert_rows, d);
+                         auto per_expert = moe::to_experts(ctx, &groups.ep, p, in, nn::MemoryUse::kScratch);
+                       }, {}, {}});
+      const size_t k = calls.size();
+      for (int r = 0; r < warmup; ++r)
+        for (Call& c : calls) timed_in_world(c.f);
       for (int r = 0; r < reps; ++r) {
-        double a = 0, b = 0, c = 0;
-        if (r % 2 == 0) {
-          a = timed_in_world(raw), b = timed_in_world(a2av), c = timed_in_world(dispatch);
-        } else {
-          c = timed_in_world(dispatch), b = timed_in_world(a2av), a = timed_in_world(raw);
+        std::vector<double> t(k);
+        for (size_t i = 0; i < k; ++i) {
+          const size_t at = (static_cast<size_t>(r) + (r % 2 == 0 ? i : k - i)) % k;
+          t[at] = timed_in_world(calls[at].f);
         }
-        t_raw.push_back(a), t_a2av.push_back(b), t_disp.push_back(c);
-        r_a2av.push_back(a / b), r_disp.push_back(a / c);
+        for (size_t i = 0; i < k; ++i) calls[i].t.push_back(t[i]), calls[i].ratio.push_back(t[0] / t[i]);
       }
-      const double tr = bench::median(t_raw), ta = bench::median(t_a2av), td = bench::median(t_disp);
-      const double ra = bench::median(r_a2av), rd_ = bench::median(r_disp);
       const size_t sent = static_cast<size_t>(total_rows * d * 4);
+      const std::string key = std::to_string(sent);
+      boost::json::object row{{"bytes", sent}};
+      if (me == 0) std::printf("%10zu", sent);
+      for (size_t i = 0; i < k; ++i) {
+        const double tm = bench::median(calls[i].t), rt = bench::median(calls[i].ratio);
+        if (me == 0) std::printf(i == 0 ? " %10.3f" : " %10.3f (%5.3f)", tm * 1e3, rt);
+        if (i == 0) {
+          report.baseline[key] = boost::json::object{{"mpi_alltoallv_s", tm}};
+          continue;
+        }
+        row[std::string(calls[i].name) + "_s"] = tm;
+        row[std::string(calls[i].name) + "_ratio"] = rt;
+        if (std::string_view(calls[i].name) != "counts") ratios[std::string(calls[i].name) + "/" + key] = rt;
+      }
       if (me == 0) {
-        std::printf("%10zu %10.3f %12.3f %12.3f %14.3f %12.3f\n", sent, tr * 1e3, ta * 1e3, td * 1e3, ra, rd_);
+        std::printf("\n");
         std::fflush(stdout);
       }
-      const std::string key = std::to_string(sent);
-      report.results.push_back(boost::json::object{{"bytes", sent}, {"alltoallv_s", ta}, {"dispatch_s", td},
-                                                    {"alltoallv_ratio", ra}, {"dispatch_ratio", rd_}});
-      report.baseline[key] = boost::json::object{{"mpi_alltoallv_s", tr}};
-      ratios["alltoallv/" + key] = ra;
-      ratios["dispatch/" + key] = rd_;
+      report.results.push_back(row);
     }
     report.ratio = ratios;
     const std::string path = bench::json_path_arg(argc, argv);

@@ -331,6 +331,7 @@ moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptCo
   r.read("top2_2nd_expert_sampling", o.top2_2nd_expert_sampling);
   r.read("every_n_layers", c.every_n_layers, IntRange::positive());
   r.read("aux_loss_coef", c.aux_loss_coef, RealRange::non_negative());
+  r.read("expert_hidden", c.expert_hidden, IntRange::non_negative());
   if (world % o.ep_size != 0) {
     throw ConfigError(fmt::format("{}: {} does not divide the number of ranks ({}): expert-parallel groups are {} "
                                   "consecutive ranks; choose a divisor of {} or run on a multiple of {} ranks",

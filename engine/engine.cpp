@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 
 #include <fmt/ranges.h>
-#include <openssl/evp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -489,6 +488,7 @@ float Engine::forward(const nn::Batch& batch) {
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
   if (s.profiler_ && s.micro_step_ == 0) s.profiler_->window_started(global_step_);
+  s.set_position(global_step_, s.micro_step_, batch);
   try {
     for (auto& set : s.sets_) {
       if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kForward);
@@ -585,7 +585,7 @@ void Engine::Impl::abandon_window(nn::Model& model) {
 
 void Engine::Impl::fill_micro_batch(BatchSource& source, nn::Batch& batch, int64_t step, int64_t m) {
   const int64_t micro = cfg_.batch.micro_batch_per_rank;
-  const int64_t first = m * micro * group_.size() + group_.rank() * micro;
+  const int64_t first = first_sample(m, micro);
   source.fill(batch, step, first, micro);
   // The engine's global batch arithmetic (and the loss average) rests on every rank filling exactly
   // the samples it was given: a source that fills more or fewer would train on a different batch
@@ -600,6 +600,11 @@ void Engine::Impl::fill_micro_batch(BatchSource& source, nn::Batch& batch, int64
         "indices [first_sample, first_sample + count) of the step",
         step, first, micro, rows(batch.inputs), batch.targets.defined() ? std::to_string(rows(batch.targets)) : "none"));
   }
+}
+
+void Engine::Impl::set_position(int64_t step, int64_t m, const nn::Batch& batch) {
+  const int64_t rows = batch.inputs.defined() && batch.inputs.dim() > 0 ? batch.inputs.size(0) : 0;
+  ctx_.set_batch_position({.step = step, .first_sample = first_sample(m, rows), .samples = rows});
 }
 
 StepReport Engine::train_batch(BatchSource& source) {
@@ -641,6 +646,7 @@ double Engine::eval_batch(BatchSource& source, int64_t index) {
   double sum = 0.0;
   for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
     s.fill_micro_batch(source, batch, index, m);
+    s.set_position(index, m, batch);
     try {
       // ZeRO-3 gathers along the recorded forward order and releases after each module, as in training.
       for (auto& set : s.sets_) {
@@ -671,28 +677,6 @@ std::vector<float> Engine::fp32_param(const std::string& name) const {
   }
   const StateSet& set = *impl_->sets_[it->second.first];
   return impl_->gather_fp32(set, set.layout.slots()[it->second.second]);
-}
-
-std::string Engine::param_digest() const {
-  std::vector<std::pair<const StateSet*, const ParamSlot*>> order;
-  for (const auto& set : impl_->sets_) {
-    for (const ParamSlot& s : set->layout.slots()) order.emplace_back(set.get(), &s);
-  }
-  std::sort(order.begin(), order.end(),
-            [](const auto& a, const auto& b) { return a.second->param->full_name() < b.second->param->full_name(); });
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  ZS_ASSERT(md && EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1, "OpenSSL SHA-256 init failed");
-  for (const auto& [set, s] : order) {
-    // x86-64 is little-endian: the fp32 values' bytes are the digest's input as they are.
-    std::vector<float> values = impl_->gather_fp32(*set, *s);
-    EVP_DigestUpdate(md.get(), values.data(), values.size() * sizeof(float));
-  }
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(md.get(), out, &len);
-  std::string hex;
-  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", out[i]);
-  return hex;
 }
 
 ModelStateBytes Engine::model_state_bytes() const {

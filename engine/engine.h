@@ -65,8 +65,8 @@
 // Compressed optimizers (OneBitAdam, ZeroOneAdam) are refused with expert parameters (ConfigError):
 // their compressed allreduce averages one whole momentum over dp. Lamb's per-tensor sums are
 // allreduced over each layout's own group. fp32_param(name) of an expert parameter is collective over
-// its edp group and known only on the ranks that hold it; param_digest covers the experts this rank
-// holds.
+// its edp group and known only on the ranks that hold it; param_digest covers every expert of the
+// model once (it exchanges per-parameter digests over dp), so it is the same for every ep_size.
 //
 // Mixed precision follows DeepSpeed: bf16 and fp16 keep fp32 master weights; fp16 scales the loss
 // dynamically and skips a step whose gradients overflow (the schedule does not advance then).
@@ -185,9 +185,10 @@ class Engine {
   // The full fp32 parameters of parameter `name` (the master weights), in its flattened order.
   // Collective at ZeRO stage >= 1 (the master weights are sharded): every rank must call it.
   std::vector<float> fp32_param(const std::string& name) const;
-  // SHA-256 (hex) of the full fp32 parameters, parameters taken in name order (sorted by full name),
-  // each as little-endian fp32 bytes. Identical across ranks, world sizes and stages for equal models.
-  // Collective at ZeRO stage >= 1.
+  // SHA-256 (hex) over the whole model: the concatenated SHA-256 digests of every parameter's full
+  // fp32 values (little-endian bytes), parameters in name order (sorted by full name), each expert
+  // once whichever rank holds it. Identical across ranks, world sizes, ep_sizes and stages for equal
+  // models. Collective at ZeRO stage >= 1 and with expert parameters (engine/param_digest.cpp).
   std::string param_digest() const;
   ModelStateBytes model_state_bytes() const;
   // Optimizer-state bytes per parameter element this rank keeps, fp32 master excluded (Adam 8, CAdam

@@ -72,7 +72,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   mine[kTransfers] = transfers_.host_to_device_bytes;
   mine[kTransfers + 1] = transfers_.device_to_host_bytes;
   auto all = gather_u64(group, mine);
-  // Every rank computes the digest (it reads only local memory at stage 0); rank 0's goes in.
+  // Every rank computes the digest (collective at stages >= 1 and with experts); rank 0's goes in.
   std::string digest = engine_.param_digest();
 
   boost::json::object s;

@@ -73,8 +73,9 @@ struct GateConfig {
 // The random streams of one gating call (see the file comment).
 class GateNoise {
  public:
-  // `layer` names the MoE layer (its module path); `step` counts the layer's training passes (or its
-  // evaluation passes); `first_token` is the global index of this rank's first token.
+  // `layer` names the MoE layer (its module path); `step` is the optimizer step (or the evaluation
+  // batch's index, under another layer name); `first_token` is the global index of this rank's first
+  // token in that step (moe::MoE numbers tokens by sample: nn::BatchPosition).
   static GateNoise keyed(uint64_t seed, std::string_view layer, uint64_t step, int64_t first_token);
 
   // Uniform in [0, 1) for (token s, expert e): random token selection.

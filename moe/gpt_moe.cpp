@@ -22,6 +22,9 @@ void validate(const GptMoeConfig& cfg) {
     throw ConfigError(fmt::format("model.moe.every_n_layers: expected 1..n_layer ({}), got {}", cfg.gpt.n_layer,
                                   cfg.every_n_layers));
   }
+  if (cfg.expert_hidden < 0) {
+    throw ConfigError(fmt::format("model.moe.expert_hidden: expected >= 0 (0: 4 * d_model), got {}", cfg.expert_hidden));
+  }
   if (!(cfg.aux_loss_coef >= 0.0f) || !std::isfinite(cfg.aux_loss_coef)) {
     throw ConfigError(fmt::format("model.moe.aux_loss_coef: expected a finite number >= 0, got {}", cfg.aux_loss_coef));
   }
@@ -37,13 +40,14 @@ const GptMoeConfig& checked(const GptMoeConfig& cfg) {
 // The pre-LN block of nn::Block with its feed-forward part chosen by the builder (Mlp or MoE).
 class MoeBlock : public nn::Module {
  public:
-  MoeBlock(int64_t d, int64_t heads, float init_std, float proj_std, const MoEOptions* moe,
+  MoeBlock(int64_t d, int64_t heads, float init_std, float proj_std, const MoEOptions* moe, int64_t expert_hidden,
            const comm::ExpertGroups* groups)
       : ln1_(add_child<nn::LayerNorm>("ln1", d)),
         attn_(add_child<nn::CausalSelfAttention>("attn", d, heads, init_std, proj_std)),
         ln2_(add_child<nn::LayerNorm>("ln2", d)) {
     if (moe != nullptr) {
-      moe_ = &add_child<MoE>("moe", d, [=] { return std::make_unique<nn::Mlp>(d, init_std, proj_std); }, *moe, groups);
+      moe_ = &add_child<MoE>(
+          "moe", d, [=] { return std::make_unique<nn::Mlp>(d, init_std, proj_std, expert_hidden); }, *moe, groups);
       ffn_ = moe_;
     } else {
       ffn_ = &add_child<nn::Mlp>("mlp", d, init_std, proj_std);
@@ -100,7 +104,7 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
   for (int64_t i = 0; i < cfg.gpt.n_layer; ++i) {
     const bool is_moe = (i + 1) % cfg.every_n_layers == 0;
     auto& b = blocks_.append<MoeBlock>(cfg.gpt.d_model, cfg.gpt.n_head, cfg.gpt.init_std, proj_std,
-                                       is_moe ? &cfg_.moe : nullptr, groups);
+                                       is_moe ? &cfg_.moe : nullptr, cfg.expert_hidden, groups);
     if (b.moe() != nullptr) moe_.push_back(b.moe());
   }
   assign_names(*this);
@@ -129,7 +133,10 @@ float GptMoeModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   float loss = loss_.forward(ctx, logits, batch.targets);
   l_aux_ = 0.0f;
   for (const MoE* m : moe_) l_aux_ += m->l_aux();
-  if (!ctx.training()) positions_ = {};
+  if (!ctx.training()) {
+    positions_ = {};
+    return loss;  // evaluation: the language-model loss; the load-balancing term trains the gates only
+  }
   return loss + cfg_.aux_loss_coef * l_aux_;
 }
 

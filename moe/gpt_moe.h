@@ -8,9 +8,10 @@
 //
 // Layout: wte and wpe embeddings (Embedding modules), blocks "blocks.<i>" = ln1, attn, ln2, then "mlp"
 // (nn::Mlp) or "moe" (moe::MoE with nn::Mlp experts) for blocks i with (i + 1) % every_n_layers == 0
-// (every_n_layers 2: blocks 1, 3, ...), ln_f and an untied lm_head. loss = cross-entropy +
+// (every_n_layers 2: blocks 1, 3, ...), ln_f and an untied lm_head. Training loss = cross-entropy +
 // aux_loss_coef * (sum of the MoE layers' l_aux); each layer's l_aux gradient is aux_loss_coef *
-// grad_scale. Not in the config yet: build it in C++ (docs/moe.md).
+// grad_scale. Evaluation (Engine::eval_batch) returns the cross-entropy alone, comparable with a
+// dense GPT's. Built by `zeroshard train` from the config's `model.moe` too (docs/moe.md).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,9 @@ struct GptMoeConfig {
   MoEOptions moe;
   int every_n_layers = 2;
   float aux_loss_coef = 0.01f;
+  // Hidden width of each expert's MLP; 0: 4 * d_model as the dense blocks. A top-k MoE with experts of
+  // 4 * d_model / k does the dense MLP's FLOPs per token (benchmarks/moe_train_bench compares so).
+  int64_t expert_hidden = 0;
 };
 
 // ConfigErrors naming "model.*" / "model.moe.*" keys.

@@ -141,19 +141,25 @@ MoE::~MoE() = default;
 
 void MoE::clear_own_saved() { saved_.reset(); }
 
-int64_t MoE::first_global_token(int64_t tokens) const {
-  if (groups_ == nullptr || groups_->dp.size() == 1) return 0;
-  if (!groups_->dp.is_mpi()) return groups_->dp.rank() * tokens;  // simulated (estimator): nothing is received
-  // Rank r's tokens follow those of ranks 0..r-1 (the data loader gives rank r the r-th slice of the
-  // global batch), so a token's index over dp is its identity, whatever the world or ep size.
-  const comm::Group& dp = groups_->dp;
-  Tensor mine = Tensor::empty({1}, DType::kI32);
-  Tensor all = Tensor::empty({dp.size()}, DType::kI32);
-  mine.data<int32_t>()[0] = static_cast<int32_t>(tokens);
-  dp.allgather(mine, all);
-  int64_t first = 0;
-  for (int r = 0; r < dp.rank(); ++r) first += all.data<int32_t>()[r];
-  return first;
+int64_t MoE::first_global_token(const nn::Context& ctx, int64_t tokens) const {
+  // Tokens are numbered by sample: sample g's tokens are g * T .. g * T + T - 1 (T tokens per sample),
+  // so a token's index is its identity in the global batch stream, whatever the world size, the
+  // ep_size or the accumulation setting (nn::BatchPosition, set by the engine per micro-batch).
+  const nn::BatchPosition& at = ctx.batch_position();
+  if (at.samples < 0) {
+    throw UsageError(fmt::format(
+        "MoE '{}': its gate draws random numbers (random token selection, noisy gating or top-2 sampling), keyed by "
+        "the micro-batch's place in the global batch: the engine sets it; when driving an nn::Context yourself, call "
+        "ctx.set_batch_position({{step, first_sample, samples}}) before the forward",
+        display_name()));
+  }
+  if (at.samples == 0 || tokens == 0) return at.first_sample;  // nothing drawn
+  ZS_MODEL_CHECK(tokens % at.samples == 0,
+                 "MoE '{}': {} tokens for a micro-batch of {} samples; the layer numbers tokens per sample, so each "
+                 "sample must bring the same number of tokens (set samples in nn::BatchPosition to the token count to "
+                 "number tokens one by one)",
+                 display_name(), tokens, at.samples);
+  return at.first_sample * (tokens / at.samples);
 }
 
 Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
@@ -172,7 +178,8 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
   std::optional<GateNoise> noise;
   if (gc.uses_noise(training)) {
     const std::string key = training ? name() : name() + "/eval";
-    noise = GateNoise::keyed(options_.rng_seed, key, training ? train_passes_ : eval_passes_, first_global_token(S));
+    noise = GateNoise::keyed(options_.rng_seed, key, static_cast<uint64_t>(ctx.batch_position().step),
+                             first_global_token(ctx, S));
   }
 
   // Gate: logits = jitter(x) W_g^T in fp32.
@@ -278,7 +285,6 @@ Tensor MoE::forward(nn::Context& ctx, const Tensor& x) {
     saved_ = std::move(saved);
   } else {
     saved_.reset();
-    ++eval_passes_;
   }
   return y;
 }
@@ -378,7 +384,6 @@ Tensor MoE::backward(nn::Context& ctx, const Tensor& dy) {
 
   saved_.reset();
   aux_grad_set_ = false;
-  ++train_passes_;
   return dx;
 }
 

@@ -9,9 +9,8 @@
 //                Tensor dx = ctx.backward(moe, dy);
 //
 // Groups. The layer takes the comm::ExpertGroups of its ep_size (World::split_groups(ep_size)): it
-// routes tokens over `ep` and numbers tokens globally over `dp`; the engine reduces expert gradients
-// over `edp`. Without groups (nullptr) the layer runs on this process alone: ep_size must be 1 and
-// the tokens are numbered from 0. The groups must outlive the layer.
+// routes tokens over `ep`; the engine reduces expert gradients over `edp`. Without groups (nullptr)
+// the layer runs on this process alone: ep_size must be 1. The groups must outlive the layer.
 //
 // Parameters and names. Children: "gate.wg" (Linear(d, E), no bias, fp32 gating), "experts.<e>" for
 // the experts this rank holds, named by their GLOBAL index e (so an expert's initial values, a pure
@@ -26,13 +25,16 @@
 // backward (pass 0 when l_aux is not in the loss): the gate learns from both the output and l_aux.
 //
 // Randomness (random token selection, RSample, Jitter, top-2 sampling) is keyed by (rng_seed, this
-// layer's name, the pass number, the token's global index over dp): reproducible, the same for every
-// ep_size, and re-run identically by activation checkpointing (the pass number advances at backward).
+// layer's name, the optimizer step, the token's global index): the context's nn::BatchPosition gives
+// the step and the global index of this rank's first sample, and a sample's T tokens are numbered
+// first_sample * T + t (T = tokens / samples). Reproducible, the same for every world size, ep_size
+// and accumulation setting (the global batch is), and re-run identically by activation checkpointing
+// (backward leaves the position alone). The engine sets the position; a caller driving a Context
+// itself sets it (a UsageError names the call when a forward that draws finds none).
 //
 // Collectives: in training and eval, every rank of `ep` runs the layer the same number of times, with
-// any number of tokens (0 too); forward runs [an allgather over dp when noise is drawn], [an allreduce
-// MAX over ep when drop_tokens is false], an alltoall of counts and two alltoallv over ep; backward
-// runs two alltoallv over ep.
+// any number of tokens (0 too); forward runs [an allgather of loads over ep when drop_tokens is
+// false], an alltoall of counts and two alltoallv over ep; backward runs two alltoallv over ep.
 #pragma once
 
 #include <cstdint>
@@ -107,7 +109,7 @@ class MoE : public nn::Module {
   void clear_own_saved() override;
 
  private:
-  int64_t first_global_token(int64_t tokens) const;
+  int64_t first_global_token(const nn::Context& ctx, int64_t tokens) const;
   memory::Tensor run_experts(nn::Context& ctx, const memory::Tensor& x, int64_t rows);
 
   int64_t d_;
@@ -118,8 +120,6 @@ class MoE : public nn::Module {
   std::vector<nn::Module*> experts_;
   nn::Module* mlp_ = nullptr;
   nn::Linear* coefficient_ = nullptr;
-  uint64_t train_passes_ = 0;  // completed backwards: the noise key of the next training forward
-  uint64_t eval_passes_ = 0;
   float aux_grad_ = 0.0f;
   bool aux_grad_set_ = false;
   MoEStats stats_;

@@ -43,6 +43,17 @@ class Module;
 class Model;
 struct Batch;
 
+// Where the running micro-batch lies in the global batch stream: the optimizer step (in evaluation,
+// the evaluation batch's index), the global index of this rank's first sample in that step (its
+// position over every rank and micro-step: micro_step * micro_batch * ranks + rank * micro_batch) and
+// this rank's sample count. A layer whose random draws must not depend on the world size or the
+// accumulation setting keys them by it (moe::MoE's gate noise), the way nn/data.h picks samples.
+struct BatchPosition {
+  int64_t step = 0;
+  int64_t first_sample = 0;
+  int64_t samples = -1;  // this rank's samples in the micro-batch; -1: not set
+};
+
 enum class MemoryUse : uint8_t {
   kActivation,  // forward outputs and tensors saved for backward: live until the backward consumes them
   kGradient,    // activation gradients returned by backward: live until the previous module consumed them
@@ -70,6 +81,12 @@ class Context {
   // nullptr between calls. Layers check it before touching a parameter (nn/param_access.h).
   const Module* running() const { return running_; }
 
+  // The running micro-batch's position (see BatchPosition). The engine sets it before each forward
+  // (training and evaluation); whoever drives a Context directly sets it before a forward whose
+  // layers draw random numbers. Unchanged by backward, so a recomputed forward sees the same one.
+  const BatchPosition& batch_position() const { return position_; }
+  void set_batch_position(const BatchPosition& p) { position_ = p; }
+
   // A tensor for `use` (see above). May throw OutOfMemoryError.
   virtual memory::Tensor allocate(memory::Shape shape, memory::DType dtype, MemoryUse use) = 0;
   // Training mode: modules save activations for backward. Evaluation: they do not.
@@ -90,6 +107,7 @@ class Context {
 
  private:
   const Module* running_ = nullptr;
+  BatchPosition position_;
 };
 
 }  // namespace zs::nn

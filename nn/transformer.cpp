@@ -8,10 +8,10 @@ namespace zs::nn {
 using memory::DType;
 using memory::Tensor;
 
-Mlp::Mlp(int64_t d_model, float init_std, float proj_std)
-    : fc_(add_child<Linear>("fc", d_model, 4 * d_model, true, init_std)),
+Mlp::Mlp(int64_t d_model, float init_std, float proj_std, int64_t hidden)
+    : fc_(add_child<Linear>("fc", d_model, hidden > 0 ? hidden : 4 * d_model, true, init_std)),
       gelu_(add_child<Gelu>("gelu")),
-      proj_(add_child<Linear>("proj", 4 * d_model, d_model, true, proj_std)) {}
+      proj_(add_child<Linear>("proj", hidden > 0 ? hidden : 4 * d_model, d_model, true, proj_std)) {}
 
 Tensor Mlp::forward(Context& ctx, const Tensor& x) {
   Tensor h = ctx.forward(fc_, x);

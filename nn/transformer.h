@@ -1,6 +1,6 @@
 // Transformer pieces on (B, T, C) activations: the GPT-2 MLP and the pre-LN residual block.
 //
-//   Mlp:   y = proj(gelu(fc(x)))            fc = Linear(C, 4C), proj = Linear(4C, C)
+//   Mlp:   y = proj(gelu(fc(x)))            fc = Linear(C, H), proj = Linear(H, C), H = 4C by default
 //   Block: x1 = x + attn(ln1(x))            children in call order: ln1, attn, ln2, mlp
 //          y  = x1 + mlp(ln2(x1))
 // `proj_std` initialises the residual projections (attn.proj, mlp.proj); GPT-2 uses
@@ -18,7 +18,8 @@ namespace zs::nn {
 
 class Mlp : public Module {
  public:
-  Mlp(int64_t d_model, float init_std = 0.02f, float proj_std = 0.02f);
+  // hidden: H, 0 for GPT-2's 4 * d_model (an MoE expert may be narrower: moe/gpt_moe.h).
+  Mlp(int64_t d_model, float init_std = 0.02f, float proj_std = 0.02f, int64_t hidden = 0);
   std::string_view type_name() const override { return "Mlp"; }
 
  protected:

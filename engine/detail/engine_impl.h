@@ -279,6 +279,10 @@ class Engine::Impl final : public ModuleHooks {
   // Fills micro-batch `m` of optimizer step `step` from `source` (this rank's samples) and checks
   // that the source filled exactly the rows it was asked for (UsageError otherwise).
   void fill_micro_batch(BatchSource& source, nn::Batch& batch, int64_t step, int64_t m);
+  // Global index of this rank's first sample in micro-batch m of a step of `rows` samples per rank
+  // (BatchSource's numbering); sets the context's nn::BatchPosition for the forward about to run.
+  int64_t first_sample(int64_t m, int64_t rows) const { return (m * group_.size() + group_.rank()) * rows; }
+  void set_position(int64_t step, int64_t m, const nn::Batch& batch);
 
   // Each set's gatherer and reducer handle the modules whose own parameters are in its layout. The
   // profiler times a module from its gathered parameters to its release (evaluation excluded).

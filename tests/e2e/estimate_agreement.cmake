@@ -9,6 +9,8 @@
 # (host model states + the NVMe step's buffers; at stage 3 with NVMe parameters, up to the staging
 # bound above that). The summary's model_states_bytes (in-memory buffers at their requested size) are
 # not compared then.
+# With -DSTATES_ONLY=ON only the model_states_bytes are compared (a GPT-MoE: its activations and
+# device peak follow the routing, which the estimator takes as balanced).
 #   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=2 -DNP=3 -DWORK=dir [-DOFFLOAD=nvme]
 #         -P estimate_agreement.cmake
 file(READ ${CONFIG} text)
@@ -71,7 +73,7 @@ foreach(r RANGE ${last_rank})
       else()
         math(EXPR hi "${peak_got} * 105 / 100")
       endif()
-      if(peak_est LESS lo OR peak_est GREATER hi)
+      if(NOT STATES_ONLY AND (peak_est LESS lo OR peak_est GREATER hi))
         string(JSON peak_at GET "${est}" stages 0 per_shard_size ${g} device_peak formula)
         message(FATAL_ERROR "estimate agreement: stage ${STAGE} rank ${rank} device peak: run ${peak_got} bytes, "
                             "estimate ${peak_est} (allowed ${lo}..${hi}); estimate ${peak_at}")
@@ -112,7 +114,7 @@ foreach(r RANGE ${last_rank})
   endif()
   # Activations do not depend on communication: measured on rank 0, they are every rank's, exactly.
   string(JSON act GET "${sum}" memory per_rank ${r} activation_peak_bytes)
-  if(NOT act EQUAL act_est)
+  if(NOT STATES_ONLY AND NOT act EQUAL act_est)
     message(FATAL_ERROR "estimate agreement: rank ${rank} activation peak ${act} bytes vs estimate ${act_est}")
   endif()
 endforeach()

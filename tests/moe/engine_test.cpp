@@ -25,9 +25,9 @@ GptMoeConfig tiny(int ep_size) {
           .aux_loss_coef = 0.01f};
 }
 
-engine::EngineConfig config(int stage, int world) {
+engine::EngineConfig config(int stage, int world, int64_t accumulation = 1) {
   engine::EngineConfig c;
-  c.batch = engine::resolve_batch(8, 0, 1, world);
+  c.batch = engine::resolve_batch(8, 0, accumulation, world);
   c.zero.stage = stage;
   c.zero.reduce_bucket_size = 3000;
   c.zero.allgather_bucket_size = 5000;
@@ -83,26 +83,29 @@ TEST(GptMoeEngine, ExpertParametersAreTagged) {
 }
 
 // The engine reduces expert gradients over the expert-data-parallel group scaled by 1/W (Note
-// [expert parameters] in engine/engine.h): ep_size 2 and 4 train as ep_size 1, at every stage. Adam's eps
+// [expert parameters] in engine/engine.h): ep_size 2 and 4 train as ep_size 1, at every stage, with 2
+// accumulation steps, and with the optimizer (stages 2-3) and parameters (stage 3) offloaded. Adam's eps
 // is raised to 1e-6 here: at ep_size 2 an expert's gradient is one GEMM over the tokens the EP group
 // sent it, at ep_size 1 the average of two ranks' GEMMs, and with eps 1e-8 Adam turns that rounding
 // difference on a near-zero gradient element into a sizeable part of a step.
 TEST(GptMoeEngine, ExpertParallelismTrainsLikeEpSize1) {
   const comm::World& world = test::world();
   if (world.size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
-  auto cfg = [&](int stage) {
-    engine::EngineConfig c = config(stage, world.size());
+  auto cfg = [&](int stage, bool offload) {
+    engine::EngineConfig c = config(stage, world.size(), 2);
     c.optimizer = engine::OptimizerConfig("AdamW", optim::AdamConfig{.lr = 3e-3, .eps = 1e-6});
+    if (offload) c.zero.offload_optimizer.device = engine::OffloadDevice::kCpu;
+    if (offload && stage == 3) c.zero.offload_param.device = engine::OffloadDevice::kCpu;
     return c;
   };
   struct Run {
     std::vector<double> losses;
     std::vector<float> gate, expert;  // expert 3: on every rank at ep_size 1, on EP rank 3 E / 4 at ep_size E
   };
-  auto run = [&](int ep_size, int stage) {
+  auto run = [&](int ep_size, int stage, bool offload = false) {
     comm::ExpertGroups groups = world.split_groups(ep_size);
     GptMoeModel model(tiny(ep_size), &groups);
-    engine::Engine engine(model, cfg(stage), world.group());
+    engine::Engine engine(model, cfg(stage, offload), world.group());
     engine::DatasetSource source(nn::Dataset::builtin(16), 7);
     Run r;
     for (int i = 0; i < 8; ++i) r.losses.push_back(engine.train_batch(source).loss);
@@ -118,9 +121,9 @@ TEST(GptMoeEngine, ExpertParallelismTrainsLikeEpSize1) {
   const Run ref = run(1, 0);
   for (int ep : {2, 4}) {
     if (world.size() % ep != 0) continue;
-    for (int stage = 0; stage <= 3; ++stage) {
-      SCOPED_TRACE(fmt::format("ep_size {}, stage {}", ep, stage));
-      const Run got = run(ep, stage);  // collective: no ASSERT inside, every rank runs every stage
+    for (auto [stage, offload] : {std::pair{0, false}, {1, false}, {2, false}, {3, false}, {2, true}, {3, true}}) {
+      SCOPED_TRACE(fmt::format("ep_size {}, stage {}{}", ep, stage, offload ? ", cpu offload" : ""));
+      const Run got = run(ep, stage, offload);  // collective: no ASSERT inside, every rank runs every stage
       for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], 1e-5 * ref.losses[i]) << "step " << i;
       EXPECT_LE(max_diff(got.gate, ref.gate), 1e-5);
       if (!got.expert.empty()) {
@@ -129,6 +132,33 @@ TEST(GptMoeEngine, ExpertParallelismTrainsLikeEpSize1) {
       }
     }
   }
+}
+
+// The summary's param_digest covers the whole model, each expert once: freshly initialised (values a
+// pure function of seed and name), the model at ep_size 2 and 4 has ep_size 1's digest on every rank,
+// at stage 0 and 3 alike, and a trained step changes it.
+TEST(GptMoeEngine, ParamDigestCoversEveryExpertOnce) {
+  const comm::World& world = test::world();
+  auto digest = [&](int ep_size, int stage, bool step) {
+    comm::ExpertGroups groups = world.split_groups(ep_size);
+    GptMoeModel model(tiny(ep_size), &groups);
+    engine::Engine engine(model, config(stage, world.size()), world.group());
+    if (step) {
+      engine::DatasetSource source(nn::Dataset::builtin(16), 7);
+      engine.train_batch(source);
+    }
+    return engine.param_digest();
+  };
+  const std::string ref = digest(1, 0, false);
+  // Rank 0's digest on every rank.
+  std::vector<int32_t> chars(ref.begin(), ref.end());
+  world.group().broadcast(memory::Tensor(chars.data(), memory::DType::kI32, {static_cast<int64_t>(chars.size())}), 0);
+  EXPECT_EQ(std::string(chars.begin(), chars.end()), ref);
+  for (int ep : {1, 2, 4}) {
+    if (world.size() % ep != 0) continue;
+    for (int stage : {0, 3}) EXPECT_EQ(digest(ep, stage, false), ref) << "ep_size " << ep << ", stage " << stage;
+  }
+  EXPECT_NE(digest(world.size() % 2 == 0 ? 2 : 1, 3, true), ref);
 }
 
 // Model states per rank with experts spread over ep_size 2: the engine allocates exactly what the

@@ -71,6 +71,8 @@ Result run(const comm::ExpertGroups* groups, MoEOptions o, Tokens mode, int pass
   Result res;
   for (int pass = 0; pass < passes; ++pass) {
     nn::HostContext ctx;
+    // Each token its own sample: numbered over the ranks as the engine numbers samples.
+    ctx.set_batch_position({.step = pass, .first_sample = first_token(rank, mode), .samples = tokens_of(rank, mode)});
     Tensor x = tokens(rank, mode, "x", static_cast<uint64_t>(pass));
     Tensor r = tokens(rank, mode, "r", static_cast<uint64_t>(pass));
     Tensor y = ctx.forward(m, x);
@@ -155,6 +157,8 @@ TEST(ExpertParallel, SkewedRoutingDoesNotHang) {
     w.data<float>()[0] = 4.0f;
     Tensor x = tokens(test::world().rank(), Tokens::kSkewed, "x", 0);
     nn::HostContext ctx;
+    ctx.set_batch_position({.step = 0, .first_sample = first_token(test::world().rank(), Tokens::kSkewed),
+                            .samples = tokens_of(test::world().rank(), Tokens::kSkewed)});
     ctx.forward(m, x);
     if (test::world().rank() == 0) {
       EXPECT_EQ(m.stats().expert_counts[0], tokens_of(0, Tokens::kSkewed));

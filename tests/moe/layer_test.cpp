@@ -31,9 +31,15 @@ Tensor random_tensor(memory::Shape shape, uint64_t seed, float scale) {
   return t;
 }
 
-// Training-mode forward whose state is dropped again: the pass number (the noise key) stays put.
+// The position the engine sets for the first micro-batch of step 0 on one process: x's dim 0 samples.
+void at_start(nn::Context& ctx, const Tensor& x) {
+  ctx.set_batch_position({.step = 0, .first_sample = 0, .samples = x.size(0)});
+}
+
+// Training-mode forward whose state is dropped again (at the real pass's batch position: the same draws).
 double probe_loss(MoE& m, const Tensor& x, const Tensor& r, float a) {
   nn::HostContext ctx;
+  at_start(ctx, x);
   Tensor y = ctx.forward(m, x);
   double sum = a * m.l_aux();
   for (int64_t i = 0; i < y.numel(); ++i) sum += static_cast<double>(y.data<float>()[i]) * r.data<float>()[i];
@@ -54,7 +60,7 @@ void check_gradients(const MoEOptions& o, const std::string& what) {
   Tensor r = random_tensor({2, S / 2, kD}, 8, 1.0f);
   const float a = 0.5f;
 
-  // Finite differences first: probes leave the pass number (the noise key) where the real pass uses it.
+  // Finite differences first (each probe a forward at the same batch position as the real pass).
   const float h = 1e-3f;
   struct Probe {
     float* v;
@@ -81,6 +87,7 @@ void check_gradients(const MoEOptions& o, const std::string& what) {
   }
 
   nn::HostContext ctx;
+  at_start(ctx, x);
   nn::zero_grads(m);
   Tensor y = ctx.forward(m, x);
   EXPECT_EQ(y.shape(), x.shape());
@@ -130,8 +137,56 @@ TEST(MoELayer, BackwardNeedsTheAuxLossGradient) {
   nn::materialize(m, 1);
   nn::HostContext ctx;
   Tensor x = random_tensor({8, kD}, 1, 1.0f);
+  at_start(ctx, x);
   Tensor y = ctx.forward(m, x);
   EXPECT_THROW(ctx.backward(m, y), UsageError);
+}
+
+TEST(MoELayer, RandomDrawsNeedTheBatchPosition) {
+  Tensor x = random_tensor({8, kD}, 1, 1.0f);
+  {  // random token selection draws: the position keys them
+    MoE m(kD, mlp_factory(), {.num_experts = 2});
+    nn::materialize(m, 1);
+    nn::HostContext ctx;
+    EXPECT_THROW(ctx.forward(m, x), UsageError);
+  }
+  {  // no draws (no RTS, no noise, top-1): no position needed
+    MoE m(kD, mlp_factory(), {.num_experts = 2, .use_rts = false});
+    nn::materialize(m, 1);
+    nn::HostContext ctx;
+    Tensor y = ctx.forward(m, x);
+    EXPECT_EQ(y.numel(), x.numel());
+    m.clear_saved();
+  }
+  {  // tokens are numbered per sample: 8 tokens cannot be 3 samples
+    MoE m(kD, mlp_factory(), {.num_experts = 2});
+    nn::materialize(m, 1);
+    nn::HostContext ctx;
+    ctx.set_batch_position({.step = 0, .first_sample = 0, .samples = 3});
+    EXPECT_THROW(ctx.forward(m, x), ModelError);
+  }
+}
+
+// A token's draws depend on its global index and the step only: the second half of a batch drawn as a
+// micro-batch of its own (first_sample 2 of 4-token samples) routes exactly as within the whole batch.
+TEST(MoELayer, DrawsFollowTheGlobalSampleIndex) {
+  MoE m(kD, mlp_factory(), {.num_experts = 4, .k = 2, .drop_tokens = false});
+  nn::materialize(m, 1);
+  Tensor whole = random_tensor({4, 4, kD}, 9, 0.05f);  // small logits: the sampled second expert varies
+  nn::HostContext eval(false);
+  auto route = [&](const Tensor& x, int64_t step, int64_t first) {
+    eval.set_batch_position({.step = step, .first_sample = first, .samples = x.size(0)});
+    eval.forward(m, x);
+    return m.stats().expert_counts;
+  };
+  std::vector<int64_t> all = route(whole, 5, 0);
+  std::vector<int64_t> a = route(whole.slice(0, 0, 2), 5, 0);
+  std::vector<int64_t> b = route(whole.slice(0, 2, 4), 5, 2);
+  for (size_t e = 0; e < all.size(); ++e) EXPECT_EQ(all[e], a[e] + b[e]) << "expert " << e;
+  // Another step draws other numbers: some token's sampled second expert changes.
+  bool differs = false;
+  for (int64_t step = 6; step < 12 && !differs; ++step) differs = route(whole, step, 0) != all;
+  EXPECT_TRUE(differs);
 }
 
 TEST(MoELayer, EvalModeAndNoTokens) {
@@ -139,11 +194,13 @@ TEST(MoELayer, EvalModeAndNoTokens) {
   nn::materialize(m, 1);
   nn::HostContext eval(false);
   Tensor x = random_tensor({5, kD}, 2, 1.0f);
+  at_start(eval, x);
   Tensor y1 = eval.forward(m, x);
   Tensor y2 = eval.forward(m, x);
   EXPECT_EQ(y1.numel(), 5 * kD);
   nn::HostContext ctx;
   Tensor none = Tensor::empty({0, kD}, DType::kF32);
+  at_start(ctx, none);
   Tensor y = ctx.forward(m, none);
   EXPECT_EQ(y.numel(), 0);
   EXPECT_EQ(m.l_aux(), 0.0f);

@@ -1,0 +1,104 @@
+// Engine::param_digest: one SHA-256 of the whole model, the same on every rank and for every ep_size.
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "core/errors.h"
+#include "engine/detail/engine_impl.h"
+
+namespace zs::engine {
+
+// Note [whole-model digest]
+// A rank holds 1/ep_size of the experts, so a digest over its own parameters differs between ep
+// sizes. Hashing the parameters' values in one stream would need every expert's values on one rank;
+// instead each parameter gets its own SHA-256 (its full fp32 values, gathered over its partition
+// group at stages >= 1), and the model's digest is the SHA-256 of those 32-byte digests in name
+// order. With expert sets the ranks exchange (name, digest) pairs of their expert parameters over dp
+// (a few bytes per parameter) and keep each name once: the edp replicas of an expert hold the same
+// values. Dense and ep_size-1 models take the same definition without the exchange.
+
+namespace {
+
+using Sha256 = std::array<unsigned char, 32>;
+
+Sha256 sha256(const void* data, size_t bytes) {
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> md(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  ZS_ASSERT(md && EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) == 1, "OpenSSL SHA-256 init failed");
+  EVP_DigestUpdate(md.get(), data, bytes);
+  Sha256 out{};
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(md.get(), out.data(), &len);
+  ZS_ASSERT(len == out.size(), "SHA-256 of {} bytes", len);
+  return out;
+}
+
+// Entries as int32 words (the collectives move int32 as bytes): [name bytes, 0-padded to 4][32 bytes].
+// Each entry starts with its name's length in bytes.
+std::vector<int32_t> pack(const std::map<std::string, Sha256>& entries) {
+  std::vector<int32_t> words;
+  for (const auto& [name, hash] : entries) {
+    words.push_back(static_cast<int32_t>(name.size()));
+    const size_t at = words.size();
+    words.resize(at + (name.size() + 3) / 4 + hash.size() / 4, 0);
+    std::memcpy(words.data() + at, name.data(), name.size());
+    std::memcpy(words.data() + at + (name.size() + 3) / 4, hash.data(), hash.size());
+  }
+  return words;
+}
+
+void unpack(std::span<const int32_t> words, std::map<std::string, Sha256>& into) {
+  for (size_t i = 0; i < words.size();) {
+    const auto len = static_cast<size_t>(words[i++]);
+    std::string name(len, '\0');
+    std::memcpy(name.data(), words.data() + i, len);
+    i += (len + 3) / 4;
+    Sha256 hash{};
+    std::memcpy(hash.data(), words.data() + i, hash.size());
+    i += hash.size() / 4;
+    into.emplace(std::move(name), hash);  // an edp replica's copy of an expert already in: the same values
+  }
+}
+
+}  // namespace
+
+std::string Engine::param_digest() const {
+  // Set by set (each set's gathers are collective over its own group, in its slot order).
+  std::map<std::string, Sha256> dense, experts;
+  for (const auto& set : impl_->sets_) {
+    for (const ParamSlot& s : set->layout.slots()) {
+      std::vector<float> values = impl_->gather_fp32(*set, s);  // x86-64: little-endian bytes as they are
+      (set->expert() ? experts : dense)[s.param->full_name()] = sha256(values.data(), values.size() * sizeof(float));
+    }
+  }
+  const bool any_experts = std::any_of(impl_->sets_.begin(), impl_->sets_.end(), [](const auto& s) { return s->expert(); });
+  if (any_experts && group_.size() > 1 && group_.is_mpi()) {
+    // Every rank's expert entries to every rank (Note [whole-model digest]).
+    std::vector<int32_t> mine = pack(experts);
+    int32_t count = static_cast<int32_t>(mine.size());
+    std::vector<int32_t> counts(static_cast<size_t>(group_.size()));
+    group_.allgather(memory::Tensor(&count, memory::DType::kI32, {1}),
+                     memory::Tensor(counts.data(), memory::DType::kI32, {group_.size()}));
+    std::vector<size_t> sizes(counts.begin(), counts.end());
+    size_t total = 0;
+    for (size_t c : sizes) total += c;
+    std::vector<int32_t> all(std::max<size_t>(total, 1));
+    mine.resize(std::max<size_t>(mine.size(), 1));
+    group_.allgatherv(memory::Tensor(mine.data(), memory::DType::kI32, {static_cast<int64_t>(count)}),
+                      memory::Tensor(all.data(), memory::DType::kI32, {static_cast<int64_t>(total)}), sizes);
+    unpack(std::span<const int32_t>(all.data(), total), experts);
+  }
+  dense.merge(experts);
+  std::vector<unsigned char> stream;
+  stream.reserve(dense.size() * sizeof(Sha256));
+  for (const auto& [name, hash] : dense) stream.insert(stream.end(), hash.begin(), hash.end());
+  const Sha256 digest = sha256(stream.data(), stream.size());
+  std::string hex;
+  for (unsigned char b : digest) hex += fmt::format("{:02x}", b);
+  return hex;
+}
+
+}  // namespace zs::engine
