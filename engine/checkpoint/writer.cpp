@@ -10,6 +10,7 @@
 #include <map>
 
 #include "core/errors.h"
+#include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/detail/serialize.h"
 #include "engine/checkpoint/h5.h"
 #include "engine/checkpoint/reader.h"
@@ -59,13 +60,24 @@ struct ShardWriter::Impl {
     uint64_t total = 0;    // elements
     uint64_t written = 0;  // elements on disk
     uint64_t chunk = 1;    // elements per chunk
+    bool checksum = false;
+    std::vector<uint64_t> sums;      // per chunk written (Note [Chunk checksums])
     std::vector<std::byte> staging;  // < one chunk, not yet on disk
   };
   h5::Handle file;
   std::map<std::string, Buffer, std::less<>> buffers;
 
+  // Writes start on a chunk boundary (append keeps them chunk-aligned), so each chunk's checksum is
+  // one hash of the caller's bytes.
   void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
     hsize_t start = b.written, n = count;
+    ZS_ASSERT(start % b.chunk == 0);
+    if (b.checksum) {
+      for (uint64_t e = 0; e < count; e += b.chunk) {
+        b.sums.push_back(detail::chunk_checksum(data + e * b.elem_size,
+                                                std::min<uint64_t>(b.chunk, count - e) * b.elem_size));
+      }
+    }
     h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
     ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
                 "select hyperslab");
@@ -104,7 +116,7 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
     b.elem_size = memory::dtype_size(bl.dtype);
     b.type = detail::h5_type(bl.dtype);
     b.total = offset;
-    const bool filtered = options.checksum || options.compression != Compression::kNone;
+    const bool filtered = options.compression != Compression::kNone;
     const uint64_t chunk_bytes = options.chunk_bytes != 0 ? options.chunk_bytes : filtered ? 64u << 10 : 4u << 20;
     b.chunk = std::clamp<uint64_t>(chunk_bytes / b.elem_size, 1, std::max<uint64_t>(offset, 1));
     hsize_t dims = offset, maxdims = H5S_UNLIMITED, chunk = b.chunk;
@@ -115,7 +127,8 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
       unsigned level = static_cast<unsigned>(options.zstd_level);
       ZS_H5_CHECK(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level), path_, "zstd filter");
     }
-    if (options.checksum) ZS_H5_CHECK(H5Pset_fletcher32(dcpl.get()), path_, "fletcher32");
+    b.checksum = options.checksum;
+    if (b.checksum) h5::write_attr(group.get(), "checksum", std::string_view(detail::kChecksumAlgorithm), path_);
     // Never write fill values: every element is written by append.
     ZS_H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), path_, "fill time");
     ZS_H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_INCR), path_, "alloc time");
@@ -181,6 +194,12 @@ void ShardWriter::finish() {
                                    path_.string(), b.written + b.staging.size() / b.elem_size, b.total));
     }
     b.dataset.close(path_, fmt::format("buffer '{}'", name));
+    if (b.checksum) {
+      h5::Handle group = h5::group_open(impl_->file.get(), fmt::format("buffers/{}", name).c_str(), path_);
+      h5::write_u64_table(group.get(), "checksums", b.sums, 1, path_);
+      h5::Handle table = h5::dataset_open(group.get(), "checksums", path_);
+      h5::write_attr(table.get(), "chunk_elements", static_cast<int64_t>(b.chunk), path_);
+    }
   }
   ZS_H5_CHECK(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), path_, "flush");
   impl_->file.close(path_, "file");
