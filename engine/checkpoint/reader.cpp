@@ -28,6 +28,7 @@ struct Piece {
 
 constexpr size_t kMaxOpenFiles = 16;
 constexpr uint64_t kReadPieceBytes = 4u << 20;  // conversion staging per read call
+constexpr uint64_t kHotReadBytes = 1u << 20;    // verified reads: bytes per HDF5 read, hashed at once
 
 Metadata read_metadata_file(const fs::path& dir) {
   fs::path path = dir / kMetadataFile;
@@ -68,7 +69,7 @@ struct CheckpointReader::Impl {
   struct Data {
     h5::Handle dataset;
     uint64_t length = 0;  // elements
-    uint64_t chunk = 1;   // elements per chunk
+    uint64_t block = 1;   // elements per checksum block
     size_t elem = 4;
     hid_t type = H5T_NATIVE_FLOAT;
     std::vector<uint64_t> sums;
@@ -82,13 +83,14 @@ struct CheckpointReader::Impl {
   std::map<std::string, std::vector<std::vector<Piece>>, std::less<>> pieces;
   std::list<OpenFile> open;  // most recently used first, at most kMaxOpenFiles
   std::vector<std::byte> staging;
-  // The last chunk read whole for a partial read of it, verified: neighbouring segments and pieces
-  // share their boundary chunk, which is then read once.
+  // The last checksum block read whole for a partial read of it, verified: neighbouring segments and
+  // pieces share their boundary block, which is then read once.
   struct CachedChunk {
     int rank = -1;
     std::string buffer;
     uint64_t index = 0;
-    std::vector<std::byte> bytes;
+    std::unique_ptr<std::byte[]> bytes;  // not a vector: growing it would zero-fill a chunk
+    size_t capacity = 0;
   } cached;
 
   OpenFile& file(const fs::path& dir, int rank) {
@@ -112,9 +114,9 @@ struct CheckpointReader::Impl {
     if (!h5::exists(group.get(), "data", path)) {
       throw CheckpointError(fmt::format("checkpoint file '{}' has no dataset '{}'", path.string(), name));
     }
-    // No chunk cache: HDF5 then moves whole chunks straight between the file and the caller's memory
-    // (a cache sized for two chunks made whole-range loads 8x slower); partial chunks at the ends of
-    // a read go through `cached` instead.
+    // No chunk cache: HDF5 then moves unfiltered data straight between the file and the caller's
+    // memory (a cache sized for two chunks made whole-range loads 8x slower); partial checksum blocks
+    // at the ends of a read go through `cached` instead.
     h5::Handle dapl = h5::plist_create(H5P_DATASET_ACCESS);
     ZS_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), path, "chunk cache");
     Data d;
@@ -125,13 +127,6 @@ struct CheckpointReader::Impl {
     h5::Handle space = h5::dataset_space(d.dataset.get(), path, name);
     d.length = static_cast<uint64_t>(
         ZS_H5_CHECK(H5Sget_simple_extent_npoints(space.get()), path, fmt::format("length of '{}'", name)));
-    h5::Handle dcpl(ZS_H5_CHECK(H5Dget_create_plist(d.dataset.get()), path, "dataset creation list"), H5Pclose);
-    hsize_t chunk = 0;
-    if (ZS_H5_CHECK(H5Pget_chunk(dcpl.get(), 1, &chunk), path, fmt::format("chunk size of '{}'", name)) != 1 ||
-        chunk == 0) {
-      throw CheckpointError(fmt::format("checkpoint file '{}': '{}' is not a chunked 1-D dataset", path.string(), name));
-    }
-    d.chunk = chunk;
     if (h5::has_attr(group.get(), "checksum", path)) {
       std::string algorithm = h5::read_attr_string(group.get(), "checksum", path);
       if (algorithm != detail::kChecksumAlgorithm) {
@@ -141,19 +136,20 @@ struct CheckpointReader::Impl {
       }
       d.sums = h5::read_u64_table(group.get(), "checksums", 1, path);
       h5::Handle table = h5::dataset_open(group.get(), "checksums", path);
-      uint64_t chunks = (d.length + d.chunk - 1) / d.chunk;
-      if (h5::read_attr_int(table.get(), "chunk_elements", path) != static_cast<int64_t>(d.chunk) ||
-          d.sums.size() != chunks) {
+      int64_t block = h5::read_attr_int(table.get(), "block_elements", path);
+      uint64_t blocks = block > 0 ? (d.length + static_cast<uint64_t>(block) - 1) / static_cast<uint64_t>(block) : 0;
+      if (block <= 0 || d.sums.size() != blocks) {
         throw CheckpointError(fmt::format("checkpoint file '{}': the checksum table of buffer '{}' does not match its "
-                                          "data ({} checksums for {} chunks of {} elements)",
-                                          path.string(), buffer, d.sums.size(), chunks, d.chunk));
+                                          "data ({} checksums for {} elements in blocks of {})",
+                                          path.string(), buffer, d.sums.size(), d.length, block));
       }
+      d.block = static_cast<uint64_t>(block);
     }
     return f.datasets.emplace(std::string(buffer), std::move(d)).first->second;
   }
 
-  // Elements [start, start + n) of `d` as stored, into `into`, each chunk verified against its
-  // checksum: runs of whole chunks straight into `into`, partial chunks through `cached`.
+  // Elements [start, start + n) of `d` as stored, into `into`, each checksum block verified: runs of
+  // whole blocks straight into `into`, a partial block at either end read whole through `cached`.
   void read_range(int rank, Data& d, const fs::path& path, std::string_view buffer, uint64_t start, uint64_t n,
                   std::byte* into) {
     if (d.sums.empty()) {
@@ -162,27 +158,36 @@ struct CheckpointReader::Impl {
     }
     const uint64_t end = start + n;
     for (uint64_t pos = start; pos < end;) {
-      uint64_t c = pos / d.chunk, chunk_begin = c * d.chunk, chunk_end = std::min(chunk_begin + d.chunk, d.length);
-      if (pos == chunk_begin && chunk_end <= end) {
-        uint64_t run_end = end == d.length ? end : chunk_begin + (end - chunk_begin) / d.chunk * d.chunk;
-        std::byte* dst = into + (pos - start) * d.elem;
-        raw_read(d, path, buffer, pos, run_end - pos, dst);
-        for (uint64_t e = pos; e < run_end; e += d.chunk) {
-          verify(d, path, buffer, e / d.chunk, dst + (e - pos) * d.elem, std::min(d.chunk, run_end - e));
+      uint64_t c = pos / d.block, block_begin = c * d.block, block_end = std::min(block_begin + d.block, d.length);
+      if (pos == block_begin && block_end <= end) {
+        uint64_t run_end = end == d.length ? end : block_begin + (end - block_begin) / d.block * d.block;
+        // In sub-runs of about 1 MiB, each hashed while it is still in the CPU's cache (hashing a
+        // whole 64 MiB read afterwards fetched it from memory again: a third more time per load).
+        const uint64_t sub = std::max<uint64_t>(1, kHotReadBytes / (d.block * d.elem)) * d.block;
+        for (uint64_t s = pos; s < run_end; s += sub) {
+          uint64_t n_sub = std::min(sub, run_end - s);
+          std::byte* dst = into + (s - start) * d.elem;
+          raw_read(d, path, buffer, s, n_sub, dst);
+          for (uint64_t e = 0; e < n_sub; e += d.block) {
+            verify(d, path, buffer, (s + e) / d.block, dst + e * d.elem, std::min(d.block, n_sub - e));
+          }
         }
         pos = run_end;
       } else {
-        if (cached.rank != rank || cached.buffer != buffer || cached.index != c || cached.bytes.empty()) {
+        if (cached.rank != rank || cached.buffer != buffer || cached.index != c) {
           cached.rank = -1;
-          cached.bytes.resize((chunk_end - chunk_begin) * d.elem);
-          raw_read(d, path, buffer, chunk_begin, chunk_end - chunk_begin, cached.bytes.data());
-          verify(d, path, buffer, c, cached.bytes.data(), chunk_end - chunk_begin);
+          if (cached.capacity < d.block * d.elem) {
+            cached.bytes.reset(new std::byte[d.block * d.elem]);
+            cached.capacity = d.block * d.elem;
+          }
+          raw_read(d, path, buffer, block_begin, block_end - block_begin, cached.bytes.get());
+          verify(d, path, buffer, c, cached.bytes.get(), block_end - block_begin);
           cached.rank = rank;
           cached.buffer = std::string(buffer);
           cached.index = c;
         }
-        uint64_t take = std::min(chunk_end, end) - pos;
-        std::memcpy(into + (pos - start) * d.elem, cached.bytes.data() + (pos - chunk_begin) * d.elem, take * d.elem);
+        uint64_t take = std::min(block_end, end) - pos;
+        std::memcpy(into + (pos - start) * d.elem, cached.bytes.get() + (pos - block_begin) * d.elem, take * d.elem);
         pos += take;
       }
     }
@@ -200,12 +205,12 @@ struct CheckpointReader::Impl {
                             start, start + n));
   }
 
-  static void verify(const Data& d, const fs::path& path, std::string_view buffer, uint64_t chunk,
+  static void verify(const Data& d, const fs::path& path, std::string_view buffer, uint64_t block,
                      const std::byte* bytes, uint64_t elements) {
-    if (detail::chunk_checksum(bytes, elements * d.elem) != d.sums[chunk]) [[unlikely]] {
-      throw CheckpointError(fmt::format("checkpoint file '{}': buffer '{}' chunk {} (elements [{}, {})) fails its {} "
+    if (detail::block_checksum(bytes, elements * d.elem) != d.sums[block]) [[unlikely]] {
+      throw CheckpointError(fmt::format("checkpoint file '{}': buffer '{}' block {} (elements [{}, {})) fails its {} "
                                         "checksum: the file is corrupt",
-                                        path.string(), buffer, chunk, chunk * d.chunk, chunk * d.chunk + elements,
+                                        path.string(), buffer, block, block * d.block, block * d.block + elements,
                                         detail::kChecksumAlgorithm));
     }
   }
@@ -362,10 +367,10 @@ void CheckpointReader::read(std::string_view buffer, std::string_view tensor, ui
     if (stored == out_dtype) {
       impl_->read_range(p.rank, d, path, buffer, first, last - first, dst + (lo - begin) * out_size);
     } else {
-      // Converted in pieces that end on chunk boundaries, so no chunk is read twice.
-      const uint64_t step = std::max<uint64_t>(d.chunk, kReadPieceBytes / in_size);
+      // Converted in pieces that end on checksum block boundaries, so no block is read twice.
+      const uint64_t step = std::max<uint64_t>(d.block, kReadPieceBytes / in_size);
       for (uint64_t s = first; s < last;) {
-        uint64_t stop = std::min(last, std::max(s + 1, (s + step) / d.chunk * d.chunk));
+        uint64_t stop = std::min(last, std::max(s + 1, (s + step) / d.block * d.block));
         impl_->staging.resize((stop - s) * in_size);
         impl_->read_range(p.rank, d, path, buffer, s, stop - s, impl_->staging.data());
         memory::convert(impl_->staging.data(), stored, dst + (lo - begin + (s - first)) * out_size, out_dtype, stop - s);

@@ -61,21 +61,22 @@ struct ShardWriter::Impl {
     uint64_t written = 0;  // elements on disk
     uint64_t chunk = 1;    // elements per chunk
     bool checksum = false;
-    std::vector<uint64_t> sums;      // per chunk written (Note [Chunk checksums])
+    uint64_t block = 1;              // elements per checksum block
+    std::vector<uint64_t> sums;      // per block written (Note [Checksum blocks])
     std::vector<std::byte> staging;  // < one chunk, not yet on disk
   };
   h5::Handle file;
   std::map<std::string, Buffer, std::less<>> buffers;
 
-  // Writes start on a chunk boundary (append keeps them chunk-aligned), so each chunk's checksum is
-  // one hash of the caller's bytes.
+  // Writes start on a chunk boundary (append keeps them chunk-aligned), hence on a checksum block's:
+  // each block's checksum is one hash of the caller's bytes.
   void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
     hsize_t start = b.written, n = count;
-    ZS_ASSERT(start % b.chunk == 0);
+    ZS_ASSERT(start % b.chunk == 0 && start % b.block == 0);
     if (b.checksum) {
-      for (uint64_t e = 0; e < count; e += b.chunk) {
-        b.sums.push_back(detail::chunk_checksum(data + e * b.elem_size,
-                                                std::min<uint64_t>(b.chunk, count - e) * b.elem_size));
+      for (uint64_t e = 0; e < count; e += b.block) {
+        b.sums.push_back(detail::block_checksum(data + e * b.elem_size,
+                                                std::min<uint64_t>(b.block, count - e) * b.elem_size));
       }
     }
     h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
@@ -128,12 +129,17 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
       ZS_H5_CHECK(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level), path_, "zstd filter");
     }
     b.checksum = options.checksum;
+    b.block = detail::checksum_block_elements(b.chunk, b.elem_size, b.total);
     if (b.checksum) h5::write_attr(group.get(), "checksum", std::string_view(detail::kChecksumAlgorithm), path_);
     // Never write fill values: every element is written by append.
     ZS_H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), path_, "fill time");
     ZS_H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_INCR), path_, "alloc time");
+    // No chunk cache: a chunk that fits HDF5's default 1 MiB cache is copied through it (a fresh
+    // buffer per chunk) instead of going straight from the caller's memory to the file.
+    h5::Handle dapl = h5::plist_create(H5P_DATASET_ACCESS);
+    ZS_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), path_, "chunk cache");
     b.dataset = h5::Handle(ZS_H5_CHECK(H5Dcreate2(group.get(), "data", b.type, space.get(), H5P_DEFAULT, dcpl.get(),
-                                                  H5P_DEFAULT),
+                                                  dapl.get()),
                                        path_, fmt::format("create of buffer '{}'", bl.name)),
                            H5Dclose);
     impl_->buffers.emplace(bl.name, std::move(b));
@@ -198,7 +204,7 @@ void ShardWriter::finish() {
       h5::Handle group = h5::group_open(impl_->file.get(), fmt::format("buffers/{}", name).c_str(), path_);
       h5::write_u64_table(group.get(), "checksums", b.sums, 1, path_);
       h5::Handle table = h5::dataset_open(group.get(), "checksums", path_);
-      h5::write_attr(table.get(), "chunk_elements", static_cast<int64_t>(b.chunk), path_);
+      h5::write_attr(table.get(), "block_elements", static_cast<int64_t>(b.block), path_);
     }
   }
   ZS_H5_CHECK(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), path_, "flush");

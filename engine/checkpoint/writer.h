@@ -34,7 +34,7 @@ enum class Compression { kNone, kZstd };
 struct WriteOptions {
   Compression compression = Compression::kNone;
   int zstd_level = 3;
-  // An XXH3-64 checksum per chunk, computed while streaming and stored beside the data (Note [Chunk
+  // An XXH3-64 checksum per 64 KiB block, computed while streaming and stored beside the data (Note [Chunk
   // checksums] in detail/checksum.h): flipped data bytes are caught on load, with or without zstd
   // (zstd frames have their own checksum as well).
   bool checksum = true;
@@ -47,7 +47,7 @@ struct WriteOptions {
 };
 
 // Writes one rank's file. Memory: one chunk of staging per buffer being appended (chunk_bytes), and
-// 8 bytes of checksum per chunk written.
+// 8 bytes of checksum per 64 KiB written.
 // Not thread-safe; one writer per file.
 class ShardWriter {
  public:

@@ -5,12 +5,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <fstream>
 #include <random>
 
 #include "core/errors.h"
 #include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/h5.h"
+#include "memory/cpu_features.h"
 #include "tests/checkpoint/synthetic.h"
 #include "tests/support/temp_dir.h"
 
@@ -269,15 +272,15 @@ TEST_F(CheckpointCorrupt, FlippedDataBytesFailTheChecksum) {
   expect_error(rank_file_name(2), "fails its xxh3-64 checksum");
 }
 
-// Note [Chunk checksums]: whichever way a read touches a corrupt chunk (whole chunks straight into
-// the caller's memory, a partial chunk through the reader's one-chunk cache, with or without dtype
+// Note [Checksum blocks]: whichever way a read touches a corrupt block (whole blocks straight into
+// the caller's memory, a partial block through the reader's one-block cache, with or without dtype
 // conversion, under zstd) it fails; reads that do not touch it succeed.
 TEST(CheckpointChecksum, EveryReadTouchingACorruptChunkFails) {
   for (Compression compression : {Compression::kNone, Compression::kZstd}) {
     test::TempDir tmp;
     fs::path root = tmp.path();
     auto meta = test::synthetic_metadata(1, "global_step1", 1, 8);
-    test::save_synthetic(root, meta, WriteOptions{.compression = compression, .chunk_bytes = 256});  // 64 fp32
+    test::save_synthetic(root, meta, WriteOptions{.compression = compression, .chunk_bytes = 256});  // 64 fp32 blocks
     fs::path file = root / "global_step1" / rank_file_name(0);
     // embed.weight is tensor 0 and first in the data: its element e is data element e.
     flip_byte(file, chunk_address(file, "fp32", 640) + (compression == Compression::kNone ? 17 : 0));
@@ -300,7 +303,42 @@ TEST(CheckpointChecksum, EveryReadTouchingACorruptChunkFails) {
   }
 }
 
-TEST(CheckpointChecksum, TableMatchesXxh3OfEachChunkAndItsLossIsRefused) {
+// With the default 4 MiB chunks a checksum covers a 64 KiB block: a flipped byte fails the reads of
+// its block only, and a small read next to it reads no more than its own blocks.
+TEST(CheckpointChecksum, BlocksInsideLargeChunks) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  auto meta = test::synthetic_metadata(1, "global_step1", 1, 200);  // embed.weight: 160000 fp32
+  test::save_synthetic(root, meta);
+  fs::path file = root / "global_step1" / rank_file_name(0);
+  {
+    h5::Handle f = h5::file_open(file);
+    h5::Handle t = h5::dataset_open(f.get(), "buffers/fp32/checksums", file);
+    ASSERT_EQ(h5::read_attr_int(t.get(), "block_elements", file), 16384);
+  }
+  // Element 40000 is in block 2 ([32768, 49152)).
+  flip_byte(file, chunk_address(file, "fp32", 0) + 40000 * 4 + 1);
+  CheckpointReader r(root);
+  std::vector<float> out(160000);
+  auto fails = [&](uint64_t begin, uint64_t count) {
+    try {
+      r.read("fp32", "embed.weight", begin, count, DType::kF32, out.data());
+    } catch (const CheckpointError& e) {
+      return std::string(e.what()).find("block 2 ") != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(fails(0, 160000));
+  EXPECT_TRUE(fails(39990, 20));
+  EXPECT_TRUE(fails(49151, 1));
+  EXPECT_FALSE(fails(0, 32768));
+  EXPECT_FALSE(fails(49152, 100000));
+  EXPECT_FALSE(fails(20000, 12000));
+  r.read("fp32", "embed.weight", 100000, 50, DType::kF32, out.data());
+  for (uint64_t e = 0; e < 50; ++e) EXPECT_EQ(out[e], test::synthetic_value(0, 100000 + e, 1));
+}
+
+TEST(CheckpointChecksum, TableMatchesXxh3OfEachBlockAndItsLossIsRefused) {
   test::TempDir tmp;
   fs::path root = tmp.path();
   test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1, 8), WriteOptions{.chunk_bytes = 400});
@@ -317,7 +355,7 @@ TEST(CheckpointChecksum, TableMatchesXxh3OfEachChunkAndItsLossIsRefused) {
     ASSERT_EQ(sums.size(), (data.size() + 99) / 100);
     for (size_t c = 0; c < sums.size(); ++c) {
       size_t n = std::min<size_t>(100, data.size() - c * 100);
-      EXPECT_EQ(sums[c], detail::chunk_checksum(data.data() + c * 100, n * sizeof(float))) << c;
+      EXPECT_EQ(sums[c], detail::block_checksum(data.data() + c * 100, n * sizeof(float))) << c;
     }
   }
   {
@@ -333,6 +371,23 @@ TEST(CheckpointChecksum, TableMatchesXxh3OfEachChunkAndItsLossIsRefused) {
     err = e.what();
   }
   EXPECT_NE(err.find("checksums"), std::string::npos) << err;
+}
+
+// Both vector paths of block_checksum give Debian's libxxhash's XXH3_64bits at every length and
+// alignment, so a file written on an AVX2 machine verifies on any other.
+TEST(CheckpointChecksum, EveryPathIsXxh3) {
+  std::vector<unsigned char> bytes(5000 + 64);
+  std::mt19937 rng(5);
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  for (size_t n : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1000, 1024, 4999, 5000}) {
+    for (size_t align : {0, 1, 7}) {
+      const unsigned char* p = bytes.data() + align;
+      uint64_t want = XXH3_64bits(p, n);
+      EXPECT_EQ(detail::block_checksum(p, n), want) << n;
+      EXPECT_EQ(detail::block_checksum_sse2(p, n), want) << n;
+      if (memory::isa_supported(memory::IsaLevel::kAvx2)) EXPECT_EQ(detail::block_checksum_avx2(p, n), want) << n;
+    }
+  }
 }
 
 TEST(CheckpointChecksum, OffWritesNoTable) {
