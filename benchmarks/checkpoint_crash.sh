@@ -22,6 +22,7 @@ if [[ ! -f "$build/build.ninja" && ! -f "$build/Makefile" ]]; then
 fi
 cmake --build "$build" --target checkpoint_save_driver zeroshard
 driver="$build/tests/checkpoint/checkpoint_save_driver"
-read -r -a save_cmd <<< "${SAVE_CMD:-$driver {root} {tag} --ranks ${RANKS:-4} --scale ${SCALE:-200}}"
+default_cmd="$driver {root} {tag} --ranks ${RANKS:-4} --scale ${SCALE:-200}"
+read -r -a save_cmd <<< "${SAVE_CMD:-$default_cmd}"
 python3 tests/checkpoint/crash_harness.py --zeroshard "$build/tools/zeroshard" --workdir "${WORKDIR:-$build}" \
   --trials "${TRIALS:-100}" --json "${JSON:-$build/checkpoint_crash.json}" "$@" -- "${save_cmd[@]}"

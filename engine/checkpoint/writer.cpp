@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -84,7 +85,8 @@ struct ShardWriter::Impl {
                 "select hyperslab");
     h5::Handle mem_space = h5::dataspace_simple({n});
     ZS_H5_CHECK(H5Dwrite(b.dataset.get(), b.type, mem_space.get(), file_space.get(), H5P_DEFAULT, data), path,
-                fmt::format("write of buffer '{}' elements [{}, {})", name, start, start + n));
+                fmt::format("write of buffer '{}' elements [{}, {}) ({} bytes)", name, start, start + n,
+                            n * b.elem_size));
     b.written += count;
   }
 };
@@ -248,7 +250,7 @@ void write_latest(const fs::path& root, std::string_view tag) {
     std::ofstream out(tmp, std::ios::trunc);
     out << tag;
     out.close();
-    if (!out) throw IoError(fmt::format("write of '{}' failed", tmp.string()));
+    if (!out) throw IoError(fmt::format("write of '{}' ({} bytes) failed: {}", tmp.string(), tag.size(), std::strerror(errno)));
   }
   fsync_path(tmp);
   fs::rename(tmp, root / kLatestFile);
@@ -261,17 +263,24 @@ fs::path begin_save(const fs::path& root, std::string_view tag) {
   if (tag.empty() || tag.find('/') != std::string_view::npos || tag.front() == '.' || tag == kLatestFile) {
     throw UsageError(fmt::format("checkpoint tag '{}': must be a plain, non-hidden directory name", tag));
   }
-  fs::create_directories(root);
-  // Staging directories left by crashed saves (any tag): only one save runs at a time per root.
-  for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.path().filename().string().rfind(staging_prefix(), 0) == 0) fs::remove_all(entry.path());
-  }
   fs::path staging = root / (staging_prefix() + std::string(tag));
-  fs::create_directory(staging);
+  try {
+    fs::create_directories(root);
+    // Staging directories left by crashed saves (any tag): only one save runs at a time per root.
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (entry.path().filename().string().rfind(staging_prefix(), 0) == 0) fs::remove_all(entry.path());
+    }
+    fs::create_directory(staging);
+  } catch (const fs::filesystem_error& e) {
+    throw IoError(fmt::format("checkpoint directory '{}': cannot create the save's staging directory '{}': {}",
+                              root.string(), staging.string(), e.code().message()));
+  }
   return staging;
 }
 
-void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
+namespace {
+
+void commit_save_impl(const fs::path& root, std::string_view tag, int keep_last) {
   fs::path staging = root / (staging_prefix() + std::string(tag));
   for (const auto& entry : fs::directory_iterator(staging)) fsync_path(entry.path());
   fsync_path(staging);
@@ -296,6 +305,17 @@ void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
       --excess;
     }
     fsync_path(root);
+  }
+}
+
+}  // namespace
+
+void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
+  try {
+    commit_save_impl(root, tag, keep_last);
+  } catch (const fs::filesystem_error& e) {
+    throw IoError(fmt::format("checkpoint directory '{}': commit of tag '{}' failed at '{}': {}", root.string(), tag,
+                              e.path1().string(), e.code().message()));
   }
 }
 
