@@ -11,7 +11,7 @@ packages=(
   libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev
   libzstd-dev liburing-dev libssl-dev libxxhash-dev
-  python3-h5py python3-hdf5plugin hdf5-tools
+  python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -71,6 +72,13 @@ void Handle::close(const std::filesystem::path& file, std::string_view what) {
   if (id_ < 0) return;
   hid_t id = std::exchange(id_, H5I_INVALID_HID);
   ZS_H5_CHECK(close_(id), file, fmt::format("close of {}", what));
+}
+
+void discard_file(Handle& file, const std::filesystem::path& path) noexcept {
+  if (!file.valid()) return;
+  (void)::truncate(path.c_str(), 0);
+  file.reset();
+  H5Eclear2(H5E_DEFAULT);
 }
 
 Handle file_create(const std::filesystem::path& path) {

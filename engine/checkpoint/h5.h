@@ -67,6 +67,12 @@ class Handle {
   Closer close_ = nullptr;
 };
 
+// Closes a file being written that an error made worthless (a failed save's staging file): truncates
+// it first, so HDF5's closing flush of its few KiB of metadata finds space even on the device that
+// just filled up. (A file whose close fails stays half-open inside HDF5 1.10, which then crashes in
+// its exit handler.) Never throws.
+void discard_file(Handle& file, const std::filesystem::path& path) noexcept;
+
 // Typed constructors: each checks the id and names the file and the object on failure.
 Handle file_create(const std::filesystem::path& path);
 Handle file_open(const std::filesystem::path& path);

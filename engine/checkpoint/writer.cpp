@@ -148,7 +148,13 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
   }
 }
 
-ShardWriter::~ShardWriter() = default;
+ShardWriter::~ShardWriter() {
+  // Not finished: an error (or the caller's) ended this save, and its staging file will be removed.
+  if (impl_ != nullptr && impl_->file.valid()) {
+    impl_->buffers.clear();
+    h5::discard_file(impl_->file, path_);
+  }
+}
 
 void ShardWriter::append(std::string_view buffer, std::span<const std::byte> bytes) {
   auto it = impl_->buffers.find(buffer);
@@ -219,22 +225,28 @@ void write_metadata(const fs::path& dir, const Metadata& meta) {
   fs::path path = dir / kMetadataFile;
   {
     h5::Handle file = h5::file_create(path);
-    hid_t f = file.get();
-    write_common_attrs(f, meta, path);
-    int64_t saved = meta.saved_unix_ns != 0
-                        ? meta.saved_unix_ns
-                        : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-    h5::write_attr(f, "saved_unix_ns", saved, path);
-    h5::write_blob(f, "layout_json", detail::layout_to_json(meta.layout), path);
-    h5::write_blob(f, "config_json", meta.config_json, path);
-    h5::Handle scalars = h5::group_create(f, "scalars", path);
-    for (const auto& [key, value] : meta.scalars) {
-      std::visit([&](const auto& v) { h5::write_attr(scalars.get(), key.c_str(), v, path); }, value);
+    try {
+      hid_t f = file.get();
+      write_common_attrs(f, meta, path);
+      int64_t saved = meta.saved_unix_ns != 0
+                          ? meta.saved_unix_ns
+                          : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+      h5::write_attr(f, "saved_unix_ns", saved, path);
+      h5::write_blob(f, "layout_json", detail::layout_to_json(meta.layout), path);
+      h5::write_blob(f, "config_json", meta.config_json, path);
+      {
+        h5::Handle scalars = h5::group_create(f, "scalars", path);
+        for (const auto& [key, value] : meta.scalars) {
+          std::visit([&](const auto& v) { h5::write_attr(scalars.get(), key.c_str(), v, path); }, value);
+        }
+      }
+      ZS_H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL), path, "flush");
+    } catch (...) {
+      h5::discard_file(file, path);
+      throw;
     }
-    scalars.reset();
-    ZS_H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL), path, "flush");
     file.close(path, "file");
   }
   fsync_path(path);
