@@ -28,7 +28,7 @@ struct Piece {
 
 constexpr size_t kMaxOpenFiles = 16;
 constexpr uint64_t kReadPieceBytes = 4u << 20;  // conversion staging per read call
-constexpr uint64_t kHotReadBytes = 1u << 20;    // verified reads: bytes per HDF5 read, hashed at once
+constexpr uint64_t kHotReadBytes = 256u << 10;  // verified reads: bytes per HDF5 read, hashed at once
 
 Metadata read_metadata_file(const fs::path& dir) {
   fs::path path = dir / kMetadataFile;
@@ -161,7 +161,7 @@ struct CheckpointReader::Impl {
       uint64_t c = pos / d.block, block_begin = c * d.block, block_end = std::min(block_begin + d.block, d.length);
       if (pos == block_begin && block_end <= end) {
         uint64_t run_end = end == d.length ? end : block_begin + (end - block_begin) / d.block * d.block;
-        // In sub-runs of about 1 MiB, each hashed while it is still in the CPU's cache (hashing a
+        // In sub-runs of 256 KiB, each hashed while it is still in the CPU's cache (hashing a
         // whole 64 MiB read afterwards fetched it from memory again: a third more time per load).
         const uint64_t sub = std::max<uint64_t>(1, kHotReadBytes / (d.block * d.elem)) * d.block;
         for (uint64_t s = pos; s < run_end; s += sub) {

@@ -1,4 +1,4 @@
-// checkpoint_save_driver ROOT TAG [--ranks N] [--scale S] [--keep-last K] [--zstd]
+// checkpoint_save_driver ROOT TAG [--ranks N] [--scale S] [--keep-last K] [--zstd] [--no-checksum]
 //
 // One save through the real storage path from several processes, the way the engine's ranks save:
 // the coordinator (this process) calls begin_save, forks N writer processes that each stream their
@@ -23,7 +23,7 @@
 namespace {
 
 int usage() {
-  std::fprintf(stderr, "usage: checkpoint_save_driver ROOT TAG [--ranks N] [--scale S] [--keep-last K] [--zstd]\n");
+  std::fprintf(stderr, "usage: checkpoint_save_driver ROOT TAG [--ranks N] [--scale S] [--keep-last K] [--zstd] [--no-checksum]\n");
   return 2;
 }
 
@@ -46,6 +46,7 @@ int main(int argc, char** argv) try {
     else if (a == "--scale") scale = static_cast<uint64_t>(value());
     else if (a == "--keep-last") keep_last = static_cast<int>(value());
     else if (a == "--zstd") options.compression = zs::checkpoint::Compression::kZstd;
+    else if (a == "--no-checksum") options.checksum = false;
     else return usage();
   }
   // The step is the tag's trailing number (global_step12 -> 12), so `inspect` shows it.

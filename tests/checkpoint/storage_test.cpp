@@ -373,7 +373,7 @@ TEST(CheckpointChecksum, TableMatchesXxh3OfEachBlockAndItsLossIsRefused) {
   EXPECT_NE(err.find("checksums"), std::string::npos) << err;
 }
 
-// Both vector paths of block_checksum give Debian's libxxhash's XXH3_64bits at every length and
+// Every vector path of block_checksum gives Debian's libxxhash's XXH3_64bits at every length and
 // alignment, so a file written on an AVX2 machine verifies on any other.
 TEST(CheckpointChecksum, EveryPathIsXxh3) {
   std::vector<unsigned char> bytes(5000 + 64);
@@ -386,6 +386,9 @@ TEST(CheckpointChecksum, EveryPathIsXxh3) {
       EXPECT_EQ(detail::block_checksum(p, n), want) << n;
       EXPECT_EQ(detail::block_checksum_sse2(p, n), want) << n;
       if (memory::isa_supported(memory::IsaLevel::kAvx2)) EXPECT_EQ(detail::block_checksum_avx2(p, n), want) << n;
+      if (memory::isa_supported(memory::IsaLevel::kAvx512)) {
+        EXPECT_EQ(detail::block_checksum_avx512(p, n), want) << n;
+      }
     }
   }
 }

@@ -35,8 +35,10 @@ inline uint64_t checksum_block_elements(uint64_t chunk, size_t elem_size, uint64
 
 // XXH3-64 of `bytes` bytes (the widest vector path the CPU runs; every path gives the same value).
 uint64_t block_checksum(const void* data, size_t bytes);
-// The paths it picks from, for the tests: SSE2 (any x86-64) and AVX2 (only where the CPU has it).
+// The paths it picks from, for the tests: SSE2 (any x86-64), AVX2 and AVX-512 (only where
+// memory::isa_supported says the CPU has them).
 uint64_t block_checksum_sse2(const void* data, size_t bytes);
 uint64_t block_checksum_avx2(const void* data, size_t bytes);
+uint64_t block_checksum_avx512(const void* data, size_t bytes);
 
 }  // namespace zs::checkpoint::detail
