@@ -64,8 +64,8 @@ Metadata read_metadata_file(const fs::path& dir) {
 }  // namespace
 
 struct CheckpointReader::Impl {
-  // One buffer's data dataset in one rank file, with its per-chunk checksums (Note [Chunk
-  // checksums]; empty when the file was saved without them).
+  // One buffer's data dataset in one rank file, with its per-block checksums (Note [Checksum
+  // blocks] in detail/checksum.h; empty when the file was saved without them).
   struct Data {
     h5::Handle dataset;
     uint64_t length = 0;  // elements
@@ -85,11 +85,11 @@ struct CheckpointReader::Impl {
   std::vector<std::byte> staging;
   // The last checksum block read whole for a partial read of it, verified: neighbouring segments and
   // pieces share their boundary block, which is then read once.
-  struct CachedChunk {
+  struct CachedBlock {
     int rank = -1;
     std::string buffer;
     uint64_t index = 0;
-    std::unique_ptr<std::byte[]> bytes;  // not a vector: growing it would zero-fill a chunk
+    std::unique_ptr<std::byte[]> bytes;  // not a vector: growing it would zero-fill a block
     size_t capacity = 0;
   } cached;
 
@@ -161,8 +161,9 @@ struct CheckpointReader::Impl {
       uint64_t c = pos / d.block, block_begin = c * d.block, block_end = std::min(block_begin + d.block, d.length);
       if (pos == block_begin && block_end <= end) {
         uint64_t run_end = end == d.length ? end : block_begin + (end - block_begin) / d.block * d.block;
-        // In sub-runs of 256 KiB, each hashed while it is still in the CPU's cache (hashing a
-        // whole 64 MiB read afterwards fetched it from memory again: a third more time per load).
+        // In sub-runs of 256 KiB, each hashed right after it is read, while it is likely still in
+        // the CPU's cache rather than after a 64 MiB read has pushed it out (64 KiB to 1 MiB
+        // sub-runs measured the same).
         const uint64_t sub = std::max<uint64_t>(1, kHotReadBytes / (d.block * d.elem)) * d.block;
         for (uint64_t s = pos; s < run_end; s += sub) {
           uint64_t n_sub = std::min(sub, run_end - s);
