@@ -10,8 +10,8 @@ packages=(
   libhdf5-dev
   libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev
-  libzstd-dev liburing-dev libssl-dev
-  python3-h5py python3-hdf5plugin hdf5-tools
+  libzstd-dev liburing-dev libssl-dev libxxhash-dev
+  python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
 )
 

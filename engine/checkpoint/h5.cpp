@@ -5,6 +5,8 @@
 #include "engine/checkpoint/h5.h"
 
 #include <fmt/format.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -39,15 +41,44 @@ std::string error_stack_text() {
   return fmt::format("{}", fmt::join(messages, "; "));
 }
 
+// Note [Storage faults]: a full or read-only filesystem is the storage's fault, not the checkpoint's:
+// HDF5's POSIX driver puts errno into its innermost message ("errno = 28, error message = 'No space
+// left on device'"), and we raise that as an IoError naming the file, the operation (with its bytes)
+// and the space left, so the user knows to free space or save elsewhere; the save stops before its
+// commit, so `latest` still names the previous tag.
 void throw_h5_error(const std::filesystem::path& file, std::string_view operation, const char* src, int line) {
-  throw CheckpointError(fmt::format("checkpoint file '{}': {} failed: {} (hdf5 at {}:{})", file.string(), operation,
-                                    error_stack_text(), src, line));
+  std::string stack = error_stack_text();
+  auto has = [&](std::string_view s) { return stack.find(s) != std::string::npos; };
+  if (has("errno = 28,") || has("errno = 122,")) {
+    struct statvfs fs{};
+    std::filesystem::path dir = file.has_parent_path() ? file.parent_path() : std::filesystem::path(".");
+    std::string free_text = ::statvfs(dir.c_str(), &fs) == 0
+                                ? fmt::format("{} bytes free", static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize)
+                                : std::string("free space unknown");
+    throw IoError(fmt::format("checkpoint file '{}': {} failed: no space left on the device ({} on the filesystem "
+                              "of '{}'): free space or save elsewhere (hdf5: {}; at {}:{})",
+                              file.string(), operation, free_text, dir.string(), stack, src, line));
+  }
+  if (has("errno = 13,") || has("errno = 30,") || has("errno = 1,")) {
+    throw IoError(fmt::format("checkpoint file '{}': {} failed: the directory is not writable (permission denied or "
+                              "a read-only filesystem) (hdf5: {}; at {}:{})",
+                              file.string(), operation, stack, src, line));
+  }
+  throw CheckpointError(
+      fmt::format("checkpoint file '{}': {} failed: {} (hdf5 at {}:{})", file.string(), operation, stack, src, line));
 }
 
 void Handle::close(const std::filesystem::path& file, std::string_view what) {
   if (id_ < 0) return;
   hid_t id = std::exchange(id_, H5I_INVALID_HID);
   ZS_H5_CHECK(close_(id), file, fmt::format("close of {}", what));
+}
+
+void discard_file(Handle& file, const std::filesystem::path& path) noexcept {
+  if (!file.valid()) return;
+  (void)::truncate(path.c_str(), 0);
+  file.reset();
+  H5Eclear2(H5E_DEFAULT);
 }
 
 Handle file_create(const std::filesystem::path& path) {

@@ -3,7 +3,8 @@
 // HDF5 reports failure with a negative return and an error stack it would otherwise print to stderr.
 // H5Library (constructed once per process, before any call) turns the automatic printing off;
 // ZS_H5_CHECK turns a negative return into a CheckpointError naming the file and the operation, with
-// the innermost messages of HDF5's error stack folded into ours.
+// the innermost messages of HDF5's error stack folded into ours; an IoError instead when the cause is
+// the storage (a full device, a read-only or forbidden directory: Note [Storage faults] in h5.cpp).
 //
 //   H5Handle file(ZS_H5_CHECK(H5Fopen(p.c_str(), H5F_ACC_RDONLY, fapl.get()), p, "open"), H5Fclose);
 //   ZS_H5_CHECK(H5Dread(ds.get(), type, mem, file_space, H5P_DEFAULT, out), p, "read of /buffers/fp32");
@@ -65,6 +66,12 @@ class Handle {
   hid_t id_ = H5I_INVALID_HID;
   Closer close_ = nullptr;
 };
+
+// Closes a file being written that an error made worthless (a failed save's staging file): truncates
+// it first, so HDF5's closing flush of its few KiB of metadata finds space even on the device that
+// just filled up. (A file whose close fails stays half-open inside HDF5 1.10, which then crashes in
+// its exit handler.) Never throws.
+void discard_file(Handle& file, const std::filesystem::path& path) noexcept;
 
 // Typed constructors: each checks the id and names the file and the object on failure.
 Handle file_create(const std::filesystem::path& path);

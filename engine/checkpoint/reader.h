@@ -10,7 +10,7 @@
 // rank file, a shard of another save (run id), another world size, a rank file whose index does not
 // match the metadata. A read is one hyperslab read per overlapping segment, converted on the way in
 // small pieces: memory is bounded by the caller's output plus one chunk, never a whole file. Flipped
-// data bytes fail the chunk's Fletcher32 (or zstd) checksum on read.
+// data bytes fail the chunk's XXH3 checksum on read (Note [Checksum blocks] in detail/checksum.h).
 #pragma once
 
 #include <cstdint>

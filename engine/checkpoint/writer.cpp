@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
 
 #include "core/errors.h"
+#include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/detail/serialize.h"
 #include "engine/checkpoint/h5.h"
 #include "engine/checkpoint/reader.h"
@@ -59,19 +61,32 @@ struct ShardWriter::Impl {
     uint64_t total = 0;    // elements
     uint64_t written = 0;  // elements on disk
     uint64_t chunk = 1;    // elements per chunk
+    bool checksum = false;
+    uint64_t block = 1;              // elements per checksum block
+    std::vector<uint64_t> sums;      // per block written (Note [Checksum blocks])
     std::vector<std::byte> staging;  // < one chunk, not yet on disk
   };
   h5::Handle file;
   std::map<std::string, Buffer, std::less<>> buffers;
 
+  // Writes start on a chunk boundary (append keeps them chunk-aligned), hence on a checksum block's:
+  // each block's checksum is one hash of the caller's bytes.
   void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
     hsize_t start = b.written, n = count;
+    ZS_ASSERT(start % b.chunk == 0 && start % b.block == 0);
+    if (b.checksum) {
+      for (uint64_t e = 0; e < count; e += b.block) {
+        b.sums.push_back(detail::block_checksum(data + e * b.elem_size,
+                                                std::min<uint64_t>(b.block, count - e) * b.elem_size));
+      }
+    }
     h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
     ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
                 "select hyperslab");
     h5::Handle mem_space = h5::dataspace_simple({n});
     ZS_H5_CHECK(H5Dwrite(b.dataset.get(), b.type, mem_space.get(), file_space.get(), H5P_DEFAULT, data), path,
-                fmt::format("write of buffer '{}' elements [{}, {})", name, start, start + n));
+                fmt::format("write of buffer '{}' elements [{}, {}) ({} bytes)", name, start, start + n,
+                            n * b.elem_size));
     b.written += count;
   }
 };
@@ -104,7 +119,7 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
     b.elem_size = memory::dtype_size(bl.dtype);
     b.type = detail::h5_type(bl.dtype);
     b.total = offset;
-    const bool filtered = options.checksum || options.compression != Compression::kNone;
+    const bool filtered = options.compression != Compression::kNone;
     const uint64_t chunk_bytes = options.chunk_bytes != 0 ? options.chunk_bytes : filtered ? 64u << 10 : 4u << 20;
     b.chunk = std::clamp<uint64_t>(chunk_bytes / b.elem_size, 1, std::max<uint64_t>(offset, 1));
     hsize_t dims = offset, maxdims = H5S_UNLIMITED, chunk = b.chunk;
@@ -115,19 +130,31 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
       unsigned level = static_cast<unsigned>(options.zstd_level);
       ZS_H5_CHECK(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level), path_, "zstd filter");
     }
-    if (options.checksum) ZS_H5_CHECK(H5Pset_fletcher32(dcpl.get()), path_, "fletcher32");
+    b.checksum = options.checksum;
+    b.block = detail::checksum_block_elements(b.chunk, b.elem_size, b.total);
+    if (b.checksum) h5::write_attr(group.get(), "checksum", std::string_view(detail::kChecksumAlgorithm), path_);
     // Never write fill values: every element is written by append.
     ZS_H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER), path_, "fill time");
     ZS_H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_INCR), path_, "alloc time");
+    // No chunk cache: a chunk that fits HDF5's default 1 MiB cache is copied through it (a fresh
+    // buffer per chunk) instead of going straight from the caller's memory to the file.
+    h5::Handle dapl = h5::plist_create(H5P_DATASET_ACCESS);
+    ZS_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), path_, "chunk cache");
     b.dataset = h5::Handle(ZS_H5_CHECK(H5Dcreate2(group.get(), "data", b.type, space.get(), H5P_DEFAULT, dcpl.get(),
-                                                  H5P_DEFAULT),
+                                                  dapl.get()),
                                        path_, fmt::format("create of buffer '{}'", bl.name)),
                            H5Dclose);
     impl_->buffers.emplace(bl.name, std::move(b));
   }
 }
 
-ShardWriter::~ShardWriter() = default;
+ShardWriter::~ShardWriter() {
+  // Not finished: an error (or the caller's) ended this save, and its staging file will be removed.
+  if (impl_ != nullptr && impl_->file.valid()) {
+    impl_->buffers.clear();
+    h5::discard_file(impl_->file, path_);
+  }
+}
 
 void ShardWriter::append(std::string_view buffer, std::span<const std::byte> bytes) {
   auto it = impl_->buffers.find(buffer);
@@ -181,6 +208,12 @@ void ShardWriter::finish() {
                                    path_.string(), b.written + b.staging.size() / b.elem_size, b.total));
     }
     b.dataset.close(path_, fmt::format("buffer '{}'", name));
+    if (b.checksum) {
+      h5::Handle group = h5::group_open(impl_->file.get(), fmt::format("buffers/{}", name).c_str(), path_);
+      h5::write_u64_table(group.get(), "checksums", b.sums, 1, path_);
+      h5::Handle table = h5::dataset_open(group.get(), "checksums", path_);
+      h5::write_attr(table.get(), "block_elements", static_cast<int64_t>(b.block), path_);
+    }
   }
   ZS_H5_CHECK(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), path_, "flush");
   impl_->file.close(path_, "file");
@@ -192,22 +225,28 @@ void write_metadata(const fs::path& dir, const Metadata& meta) {
   fs::path path = dir / kMetadataFile;
   {
     h5::Handle file = h5::file_create(path);
-    hid_t f = file.get();
-    write_common_attrs(f, meta, path);
-    int64_t saved = meta.saved_unix_ns != 0
-                        ? meta.saved_unix_ns
-                        : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count();
-    h5::write_attr(f, "saved_unix_ns", saved, path);
-    h5::write_blob(f, "layout_json", detail::layout_to_json(meta.layout), path);
-    h5::write_blob(f, "config_json", meta.config_json, path);
-    h5::Handle scalars = h5::group_create(f, "scalars", path);
-    for (const auto& [key, value] : meta.scalars) {
-      std::visit([&](const auto& v) { h5::write_attr(scalars.get(), key.c_str(), v, path); }, value);
+    try {
+      hid_t f = file.get();
+      write_common_attrs(f, meta, path);
+      int64_t saved = meta.saved_unix_ns != 0
+                          ? meta.saved_unix_ns
+                          : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::system_clock::now().time_since_epoch())
+                                .count();
+      h5::write_attr(f, "saved_unix_ns", saved, path);
+      h5::write_blob(f, "layout_json", detail::layout_to_json(meta.layout), path);
+      h5::write_blob(f, "config_json", meta.config_json, path);
+      {
+        h5::Handle scalars = h5::group_create(f, "scalars", path);
+        for (const auto& [key, value] : meta.scalars) {
+          std::visit([&](const auto& v) { h5::write_attr(scalars.get(), key.c_str(), v, path); }, value);
+        }
+      }
+      ZS_H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL), path, "flush");
+    } catch (...) {
+      h5::discard_file(file, path);
+      throw;
     }
-    scalars.reset();
-    ZS_H5_CHECK(H5Fflush(f, H5F_SCOPE_GLOBAL), path, "flush");
     file.close(path, "file");
   }
   fsync_path(path);
@@ -223,7 +262,7 @@ void write_latest(const fs::path& root, std::string_view tag) {
     std::ofstream out(tmp, std::ios::trunc);
     out << tag;
     out.close();
-    if (!out) throw IoError(fmt::format("write of '{}' failed", tmp.string()));
+    if (!out) throw IoError(fmt::format("write of '{}' ({} bytes) failed: {}", tmp.string(), tag.size(), std::strerror(errno)));
   }
   fsync_path(tmp);
   fs::rename(tmp, root / kLatestFile);
@@ -236,17 +275,24 @@ fs::path begin_save(const fs::path& root, std::string_view tag) {
   if (tag.empty() || tag.find('/') != std::string_view::npos || tag.front() == '.' || tag == kLatestFile) {
     throw UsageError(fmt::format("checkpoint tag '{}': must be a plain, non-hidden directory name", tag));
   }
-  fs::create_directories(root);
-  // Staging directories left by crashed saves (any tag): only one save runs at a time per root.
-  for (const auto& entry : fs::directory_iterator(root)) {
-    if (entry.path().filename().string().rfind(staging_prefix(), 0) == 0) fs::remove_all(entry.path());
-  }
   fs::path staging = root / (staging_prefix() + std::string(tag));
-  fs::create_directory(staging);
+  try {
+    fs::create_directories(root);
+    // Staging directories left by crashed saves (any tag): only one save runs at a time per root.
+    for (const auto& entry : fs::directory_iterator(root)) {
+      if (entry.path().filename().string().rfind(staging_prefix(), 0) == 0) fs::remove_all(entry.path());
+    }
+    fs::create_directory(staging);
+  } catch (const fs::filesystem_error& e) {
+    throw IoError(fmt::format("checkpoint directory '{}': cannot create the save's staging directory '{}': {}",
+                              root.string(), staging.string(), e.code().message()));
+  }
   return staging;
 }
 
-void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
+namespace {
+
+void commit_save_impl(const fs::path& root, std::string_view tag, int keep_last) {
   fs::path staging = root / (staging_prefix() + std::string(tag));
   for (const auto& entry : fs::directory_iterator(staging)) fsync_path(entry.path());
   fsync_path(staging);
@@ -271,6 +317,17 @@ void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
       --excess;
     }
     fsync_path(root);
+  }
+}
+
+}  // namespace
+
+void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
+  try {
+    commit_save_impl(root, tag, keep_last);
+  } catch (const fs::filesystem_error& e) {
+    throw IoError(fmt::format("checkpoint directory '{}': commit of tag '{}' failed at '{}': {}", root.string(), tag,
+                              e.path1().string(), e.code().message()));
   }
 }
 

@@ -34,19 +34,20 @@ enum class Compression { kNone, kZstd };
 struct WriteOptions {
   Compression compression = Compression::kNone;
   int zstd_level = 3;
-  // HDF5's Fletcher32 checksum on every chunk: flipped data bytes are caught on load even without
-  // compression (zstd frames have their own checksum as well).
+  // An XXH3-64 checksum per 64 KiB block, computed while streaming and stored beside the data (Note [Chunk
+  // checksums] in detail/checksum.h): flipped data bytes are caught on load, with or without zstd
+  // (zstd frames have their own checksum as well).
   bool checksum = true;
   // Chunk size of the data datasets (the unit of writes, reads, checksums and compression); 0 picks:
-  // 64 KiB with a filter (checksum or zstd), below glibc's 128 KiB mmap threshold, so the buffers
-  // HDF5's filters allocate per chunk come from the heap rather than fresh mmaps that fault every page
-  // (with Fletcher32 on, 1 GiB saved at 0.04 GB/s with 256 KiB chunks, 0.7 GB/s with 64 KiB ones);
-  // 4 MiB without a filter, where HDF5 moves whole chunks straight between file and caller and fewer
-  // chunks cost less (benchmarks/checkpoint_bench --chunk).
+  // 64 KiB with zstd, below glibc's 128 KiB mmap threshold, so the buffers HDF5's filter allocates
+  // per chunk come from the heap rather than fresh mmaps that fault every page (256 KiB chunks ran
+  // 10-20x slower); 4 MiB without, where HDF5 moves whole chunks straight between file and caller and
+  // fewer chunks cost less (benchmarks/checkpoint_bench --chunk).
   uint64_t chunk_bytes = 0;
 };
 
-// Writes one rank's file. Memory: one chunk of staging per buffer being appended (chunk_bytes).
+// Writes one rank's file. Memory: one chunk of staging per buffer being appended (chunk_bytes), and
+// 8 bytes of checksum per 64 KiB written.
 // Not thread-safe; one writer per file.
 class ShardWriter {
  public:

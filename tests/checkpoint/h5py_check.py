@@ -1,7 +1,8 @@
 """Stock h5py (Debian's python3-h5py) reads a zstd shard file, through our filter plugin
 (HDF5_PLUGIN_PATH, set by ctest), and a consolidated file; with python3-hdf5plugin importable too,
-the same holds after `import hdf5plugin` (which must not get in the way). Exit 77 (ctest: skipped)
-when h5py is missing.
+the same holds after `import hdf5plugin` (which must not get in the way). The per-block XXH3
+checksums beside the data are checked against python3-xxhash when it is installed. Exit 77 (ctest:
+skipped) when h5py is missing.
 
 usage: h5py_check.py ZEROSHARD FIXTURE WORKDIR
 """
@@ -20,6 +21,10 @@ try:
     import hdf5plugin  # noqa: F401  pip's bundles a Zstd filter (id 32015); Debian's uses system plugins
 except ImportError:
     pass
+try:
+    import xxhash
+except ImportError:
+    xxhash = None
 
 zeroshard, fixture, work = sys.argv[1:4]
 root = os.path.join(work, "ckpt")
@@ -44,8 +49,17 @@ names = [t["name"] for t in layout["tensors"]]
 
 with h5py.File(os.path.join(root, tag, "zs_rank_00001.h5"), "r") as shard:
     data = shard["buffers/fp32/data"]
-    assert "32015" in data._filters and data.fletcher32, data._filters  # zstd, then Fletcher32
+    assert list(data._filters) == ["32015"] and not data.fletcher32, data._filters  # zstd only
     values = data[...]
+    # Note [Checksum blocks]: XXH3-64 of each block of the stored elements, beside the data.
+    assert shard["buffers/fp32"].attrs["checksum"] == b"xxh3-64" or shard["buffers/fp32"].attrs["checksum"] == "xxh3-64"
+    sums = shard["buffers/fp32/checksums"]
+    block = int(sums.attrs["block_elements"])
+    assert sums.shape == ((len(values) + block - 1) // block, 1), (sums.shape, block)
+    if xxhash is not None:
+        raw = values.astype("<f4").tobytes()
+        for i, (s,) in enumerate(sums[...]):
+            assert xxhash.xxh3_64_intdigest(raw[i * block * 4:(i + 1) * block * 4]) == int(s), i
     rows = shard["buffers/fp32/index"][...]
     checked = 0
     for tensor, begin, count, offset in rows:

@@ -5,10 +5,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <fstream>
 #include <random>
 
 #include "core/errors.h"
+#include "engine/checkpoint/detail/checksum.h"
+#include "engine/checkpoint/h5.h"
+#include "memory/cpu_features.h"
 #include "tests/checkpoint/synthetic.h"
 #include "tests/support/temp_dir.h"
 
@@ -248,10 +253,155 @@ TEST_F(CheckpointCorrupt, TruncatedMetadata) {
   expect_error(kMetadataFile, "");
 }
 
+// The file offset of the chunk of /buffers/<buffer>/data holding element `element`.
+uint64_t chunk_address(const fs::path& file, const std::string& buffer, uint64_t element) {
+  h5::Handle f = h5::file_open(file);
+  h5::Handle ds = h5::dataset_open(f.get(), ("buffers/" + buffer + "/data").c_str(), file);
+  h5::Handle dcpl(H5Dget_create_plist(ds.get()), H5Pclose);
+  hsize_t chunk = 0;
+  H5Pget_chunk(dcpl.get(), 1, &chunk);
+  hsize_t coord = element / chunk * chunk, size = 0;
+  haddr_t addr = 0;
+  unsigned mask = 0;
+  EXPECT_GE(H5Dget_chunk_info_by_coord(ds.get(), &coord, &mask, &addr, &size), 0);
+  return addr;
+}
+
 TEST_F(CheckpointCorrupt, FlippedDataBytesFailTheChecksum) {
-  // exp_avg is the last buffer written: its chunks fill the file's tail.
-  flip_byte(rank_file(2), fs::file_size(rank_file(2)) - 300);
-  expect_error(rank_file_name(2), "checksum");
+  flip_byte(rank_file(2), chunk_address(rank_file(2), "exp_avg", 1000) + 5);
+  expect_error(rank_file_name(2), "fails its xxh3-64 checksum");
+}
+
+// Note [Checksum blocks]: whichever way a read touches a corrupt block (whole blocks straight into
+// the caller's memory, a partial block through the reader's one-block cache, with or without dtype
+// conversion, under zstd) it fails; reads that do not touch it succeed.
+TEST(CheckpointChecksum, EveryReadTouchingACorruptChunkFails) {
+  for (Compression compression : {Compression::kNone, Compression::kZstd}) {
+    test::TempDir tmp;
+    fs::path root = tmp.path();
+    auto meta = test::synthetic_metadata(1, "global_step1", 1, 8);
+    test::save_synthetic(root, meta, WriteOptions{.compression = compression, .chunk_bytes = 256});  // 64 fp32 blocks
+    fs::path file = root / "global_step1" / rank_file_name(0);
+    // embed.weight is tensor 0 and first in the data: its element e is data element e.
+    flip_byte(file, chunk_address(file, "fp32", 640) + (compression == Compression::kNone ? 17 : 0));
+    CheckpointReader r(root);
+    std::vector<float> out(1000);
+    auto fails = [&](const char* buffer, uint64_t begin, uint64_t count, DType dtype) {
+      try {
+        r.read(buffer, "embed.weight", begin, count, dtype, out.data());
+      } catch (const CheckpointError& e) {
+        return std::string(e.what()).find(rank_file_name(0)) != std::string::npos;
+      }
+      return false;
+    };
+    EXPECT_TRUE(fails("fp32", 0, 1000, DType::kF32));    // whole chunks
+    EXPECT_TRUE(fails("fp32", 650, 3, DType::kF32));     // inside the chunk
+    EXPECT_TRUE(fails("fp32", 600, 100, DType::kBF16));  // converted
+    EXPECT_FALSE(fails("fp32", 0, 640, DType::kF32));    // the chunks before it
+    EXPECT_FALSE(fails("fp32", 704, 200, DType::kF32));  // after it
+    EXPECT_FALSE(fails("exp_avg", 0, 1000, DType::kF32));
+  }
+}
+
+// With the default 4 MiB chunks a checksum covers a 64 KiB block: a flipped byte fails the reads of
+// its block only, and a small read next to it reads no more than its own blocks.
+TEST(CheckpointChecksum, BlocksInsideLargeChunks) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  auto meta = test::synthetic_metadata(1, "global_step1", 1, 200);  // embed.weight: 160000 fp32
+  test::save_synthetic(root, meta);
+  fs::path file = root / "global_step1" / rank_file_name(0);
+  {
+    h5::Handle f = h5::file_open(file);
+    h5::Handle t = h5::dataset_open(f.get(), "buffers/fp32/checksums", file);
+    ASSERT_EQ(h5::read_attr_int(t.get(), "block_elements", file), 16384);
+  }
+  // Element 40000 is in block 2 ([32768, 49152)).
+  flip_byte(file, chunk_address(file, "fp32", 0) + 40000 * 4 + 1);
+  CheckpointReader r(root);
+  std::vector<float> out(160000);
+  auto fails = [&](uint64_t begin, uint64_t count) {
+    try {
+      r.read("fp32", "embed.weight", begin, count, DType::kF32, out.data());
+    } catch (const CheckpointError& e) {
+      return std::string(e.what()).find("block 2 ") != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(fails(0, 160000));
+  EXPECT_TRUE(fails(39990, 20));
+  EXPECT_TRUE(fails(49151, 1));
+  EXPECT_FALSE(fails(0, 32768));
+  EXPECT_FALSE(fails(49152, 100000));
+  EXPECT_FALSE(fails(20000, 12000));
+  r.read("fp32", "embed.weight", 100000, 50, DType::kF32, out.data());
+  for (uint64_t e = 0; e < 50; ++e) EXPECT_EQ(out[e], test::synthetic_value(0, 100000 + e, 1));
+}
+
+TEST(CheckpointChecksum, TableMatchesXxh3OfEachBlockAndItsLossIsRefused) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1, 8), WriteOptions{.chunk_bytes = 400});
+  fs::path file = root / "global_step1" / rank_file_name(1);
+  {
+    h5::Handle f = h5::file_open(file);
+    h5::Handle g = h5::group_open(f.get(), "buffers/fp32", file);
+    EXPECT_EQ(h5::read_attr_string(g.get(), "checksum", file), "xxh3-64");
+    std::vector<uint64_t> sums = h5::read_u64_table(g.get(), "checksums", 1, file);
+    h5::Handle ds = h5::dataset_open(g.get(), "data", file);
+    h5::Handle space = h5::dataset_space(ds.get(), file, "data");
+    std::vector<float> data(static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())));
+    ASSERT_GE(H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), 0);
+    ASSERT_EQ(sums.size(), (data.size() + 99) / 100);
+    for (size_t c = 0; c < sums.size(); ++c) {
+      size_t n = std::min<size_t>(100, data.size() - c * 100);
+      EXPECT_EQ(sums[c], detail::block_checksum(data.data() + c * 100, n * sizeof(float))) << c;
+    }
+  }
+  {
+    h5::Handle f(H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+    ASSERT_GE(H5Ldelete(f.get(), "buffers/fp32/checksums", H5P_DEFAULT), 0);
+  }
+  std::string err;
+  try {
+    CheckpointReader r(root);
+    std::vector<float> out(1);
+    r.read("fp32", "ln_f.gain", 0, 1, DType::kF32, out.data());
+  } catch (const CheckpointError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("checksums"), std::string::npos) << err;
+}
+
+// Every vector path of block_checksum gives Debian's libxxhash's XXH3_64bits at every length and
+// alignment, so a file written on an AVX2 machine verifies on any other.
+TEST(CheckpointChecksum, EveryPathIsXxh3) {
+  std::vector<unsigned char> bytes(5000 + 64);
+  std::mt19937 rng(5);
+  for (auto& b : bytes) b = static_cast<unsigned char>(rng());
+  for (size_t n : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1000, 1024, 4999, 5000}) {
+    for (size_t align : {0, 1, 7}) {
+      const unsigned char* p = bytes.data() + align;
+      uint64_t want = XXH3_64bits(p, n);
+      EXPECT_EQ(detail::block_checksum(p, n), want) << n;
+      EXPECT_EQ(detail::block_checksum_sse2(p, n), want) << n;
+      if (memory::isa_supported(memory::IsaLevel::kAvx2)) EXPECT_EQ(detail::block_checksum_avx2(p, n), want) << n;
+      if (memory::isa_supported(memory::IsaLevel::kAvx512)) {
+        EXPECT_EQ(detail::block_checksum_avx512(p, n), want) << n;
+      }
+    }
+  }
+}
+
+TEST(CheckpointChecksum, OffWritesNoTable) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1, 8), WriteOptions{.checksum = false});
+  fs::path file = root / "global_step1" / rank_file_name(0);
+  h5::Handle f = h5::file_open(file);
+  EXPECT_FALSE(h5::exists(f.get(), "buffers/fp32/checksums", file));
+  CheckpointReader r(root);
+  expect_synthetic(r);
 }
 
 TEST_F(CheckpointCorrupt, FlippedMetadataBytes) {
