@@ -1,0 +1,816 @@
+// Engine::save_checkpoint / load_checkpoint: the engine's model states through the storage layer of
+// engine/checkpoint (docs/checkpoints.md).
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/checkpoint/h5.h"
+#include "engine/detail/engine_impl.h"
+#include "moe/moe_layer.h"
+
+namespace zs::engine {
+
+namespace fs = std::filesystem;
+using memory::DType;
+using memory::ShardRange;
+using memory::Tier;
+
+// Note [checkpoint buffers]
+// What a save writes (each a buffer of the storage layout, every value under its parameter's full
+// name, so a load re-slices it for any world size, ZeRO stage, offload target or ep_size):
+//   - "fp32": the fp32 master weights (in fp32 training the parameters themselves);
+//   - "params": the parameters in the training dtype (bf16/fp16 only; in fp32 they are "fp32");
+//   - each optimizer state under its own name (Adam, Lamb: exp_avg, exp_avg_sq; Lion: exp_avg). A
+//     state of one fp32 value per element is stored like the parameter; any other (CAdam's int8
+//     exp_avg_q, its per-block exp_avg_scale) is a tensor of its own, "<param>.<state>", of the
+//     packed bytes as 32-bit words (fp32 when its values are fp32): blocks never straddle a
+//     parameter (parameters start on multiples of FlatLayout::kAlignElements) nor a shard boundary;
+//   - one-bit Adam / 0/1 Adam: exp_avg and exp_avg_sq as Adam's (so such a checkpoint loads into
+//     Adam), and their rank-local states, which only a load at the same world size can use: the
+//     error-feedback buffers ("error_feedback" buffer, tensors "error_feedback.worker.rank<R>" and
+//     "error_feedback.server.rank<R>") and, for 0/1 Adam at stage 0 whose ranks step their own copies
+//     between synchronisations, each rank's master, momentum and accumulator ("rank_local" buffer).
+// Each element is written once: by its owner at stages 1-3 (the rank's shard of its group), by the
+// group's rank 0 at stage 0. Expert parameters carry their global expert index in their names, so
+// the ranks of one expert-parallel group write different tensors.
+// Scalars: step counters, loss scaler, scheduler position, the MoE layers' pass counters (the keys of
+// their random draws), the optimizer schedule, the config (Engine::save_checkpoint in engine.h).
+
+namespace {
+
+constexpr uint64_t kIoPieceElements = uint64_t{1} << 20;  // elements moved at a time: 4 MiB of fp32
+constexpr const char* k16BitFile = "zs_model_16bit.h5";
+
+// One segment of one buffer: elements [begin, begin + count) of `tensor`, moved by `io`.
+struct Item {
+  std::string buffer;
+  DType buffer_dtype = DType::kF32;
+  std::string tensor;
+  std::vector<uint64_t> shape;
+  DType tensor_dtype = DType::kF32;
+  uint64_t begin = 0;
+  uint64_t count = 0;
+  // Moves elements [begin + at, begin + at + n) between the engine and `host` (n elements of
+  // buffer_dtype): save reads them out, load writes them in.
+  std::function<void(uint64_t at, uint64_t n, void* host)> io;
+};
+
+enum ErrorKind : int32_t { kNoError = 0, kCheckpointError, kIoError, kUsageError, kConfigError, kOtherError };
+
+std::vector<std::string> allgather_strings(const comm::Group& g, const std::string& mine) {
+  if (g.size() == 1) return {mine};
+  int32_t len = static_cast<int32_t>(mine.size());
+  std::vector<int32_t> lens(static_cast<size_t>(g.size()));
+  g.allgather(memory::Tensor(&len, DType::kI32, {1}), memory::Tensor(lens.data(), DType::kI32, {g.size()}));
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (int32_t l : lens) {
+    counts.push_back(static_cast<size_t>(l) / 4 + 1);
+    total += counts.back();
+  }
+  std::vector<int32_t> words(static_cast<size_t>(len) / 4 + 1, 0);
+  std::memcpy(words.data(), mine.data(), mine.size());
+  std::vector<int32_t> all(total);
+  g.allgatherv(memory::Tensor(words.data(), DType::kI32, {static_cast<int64_t>(words.size())}),
+               memory::Tensor(all.data(), DType::kI32, {static_cast<int64_t>(total)}), counts);
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t r = 0; r < lens.size(); ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + at), static_cast<size_t>(lens[r]));
+    at += counts[r];
+  }
+  return out;
+}
+
+// Runs `fn` on every rank and agrees on the outcome: when any rank threw, every rank throws the same
+// error (the lowest failing rank's, of its kind, its message prefixed with that rank), so no rank is
+// left waiting in a collective that the failed one never enters.
+template <typename F>
+void agreed(const comm::Group& g, F&& fn) {
+  int32_t kind = kNoError;
+  std::string message;
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    kind = kCheckpointError, message = e.what(), error = std::current_exception();
+  } catch (const IoError& e) {
+    kind = kIoError, message = e.what(), error = std::current_exception();
+  } catch (const UsageError& e) {
+    kind = kUsageError, message = e.what(), error = std::current_exception();
+  } catch (const ConfigError& e) {
+    kind = kConfigError, message = e.what(), error = std::current_exception();
+  } catch (const fs::filesystem_error& e) {
+    kind = kIoError, message = e.what(), error = std::current_exception();
+  } catch (const std::exception& e) {
+    kind = kOtherError, message = e.what(), error = std::current_exception();
+  }
+  if (g.size() == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::vector<int32_t> kinds(static_cast<size_t>(g.size()));
+  g.allgather(memory::Tensor(&kind, DType::kI32, {1}), memory::Tensor(kinds.data(), DType::kI32, {g.size()}));
+  auto first = std::find_if(kinds.begin(), kinds.end(), [](int32_t k) { return k != kNoError; });
+  if (first == kinds.end()) return;
+  const auto r = static_cast<size_t>(first - kinds.begin());
+  const std::string text = fmt::format("rank {}: {}", r, allgather_strings(g, message)[r]);
+  switch (*first) {
+    case kIoError: throw IoError(text);
+    case kUsageError: throw UsageError(text);
+    case kConfigError: throw ConfigError(text);
+    default: throw CheckpointError(text);
+  }
+}
+
+std::vector<uint64_t> shape_of(const memory::Shape& s) { return {s.begin(), s.end()}; }
+
+std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The description of this rank's items, for the layout every rank builds from all of them:
+//   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
+std::string describe(const std::vector<Item>& items) {
+  std::string out;
+  for (const Item& it : items) {
+    out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
+    out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+  }
+  return out;
+}
+
+DType dtype_named(const std::string& name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    if (memory::dtype_name(t) == name) return t;
+  }
+  ZS_ASSERT(false, "unknown dtype '{}' in a checkpoint description", name);
+  return DType::kF32;
+}
+
+checkpoint::Layout build_layout(const std::vector<std::string>& descriptions) {
+  checkpoint::Layout layout;
+  layout.world_size = static_cast<int>(descriptions.size());
+  std::map<std::string, uint32_t> tensor_ids;
+  std::map<std::string, size_t> buffer_ids;
+  for (size_t r = 0; r < descriptions.size(); ++r) {
+    std::istringstream in(descriptions[r]);
+    std::string kind;
+    while (in >> kind) {
+      if (kind == "T") {
+        std::string name, dtype, dims;
+        in >> name >> dtype >> dims;
+        std::vector<uint64_t> shape;
+        std::istringstream d(dims);
+        for (std::string v; std::getline(d, v, ',');) {
+          if (!v.empty()) shape.push_back(std::stoull(v));
+        }
+        if (tensor_ids.emplace(name, static_cast<uint32_t>(layout.tensors.size())).second) {
+          layout.tensors.push_back({name, shape, dtype_named(dtype)});
+        } else {
+          ZS_ASSERT(layout.tensors[tensor_ids[name]].shape == shape, "tensor '{}' has two shapes across ranks", name);
+        }
+      } else {
+        std::string buffer, dtype, tensor;
+        uint64_t begin = 0, count = 0;
+        in >> buffer >> dtype >> tensor >> begin >> count;
+        auto [it, fresh] = buffer_ids.emplace(buffer, layout.buffers.size());
+        if (fresh) {
+          layout.buffers.push_back({buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
+        }
+        layout.buffers[it->second].ranks[r].push_back({tensor_ids.at(tensor), begin, count});
+      }
+    }
+  }
+  return layout;
+}
+
+checkpoint::Scalar scalar_or(const checkpoint::Metadata& m, const std::string& key, checkpoint::Scalar fallback) {
+  auto it = m.scalars.find(key);
+  return it == m.scalars.end() ? fallback : it->second;
+}
+
+int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
+  auto it = m.scalars.find(key);
+  if (it == m.scalars.end() || !std::holds_alternative<int64_t>(it->second)) {
+    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not an integer: not a checkpoint "
+                                      "zeroshard's engine wrote",
+                                      dir.string(), key));
+  }
+  return std::get<int64_t>(it->second);
+}
+
+double real_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
+  auto it = m.scalars.find(key);
+  if (it == m.scalars.end() || !std::holds_alternative<double>(it->second)) {
+    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not a number", dir.string(), key));
+  }
+  return std::get<double>(it->second);
+}
+
+std::string string_scalar(const checkpoint::Metadata& m, const std::string& key) {
+  auto v = scalar_or(m, key, std::string());
+  return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
+}
+
+bool one_bit_family(std::string_view name) { return name == "OneBitAdam" || name == "ZeroOneAdam"; }
+bool adam_family(std::string_view name) { return name == "Adam" || name == "AdamW"; }
+
+}  // namespace
+
+// The engine's side of a checkpoint: which items this rank saves or loads, and the data movement of
+// each (a friend of Engine, so it reaches the Impl).
+class EngineCheckpoint {
+ public:
+  EngineCheckpoint(Engine& e) : e_(e), s_(*e.impl_) {}
+
+  std::string save(const fs::path& root, std::string tag);
+  std::string load(const fs::path& root, const std::string& tag);
+
+ private:
+  using Impl = Engine::Impl;
+  enum class Purpose { kSave, kLoad };
+
+  // Flat range of set `set` this rank writes (save) or holds (load).
+  ShardRange range_for(const StateSet& set, Purpose p, bool whole_state) const {
+    const ShardRange held = whole_state ? set.whole() : set.step_range();
+    if (p == Purpose::kLoad) return held;
+    if (s_.stage_ == 0) return set.group.rank() == 0 ? held : ShardRange{held.offset, 0};
+    return whole_state ? set.partition.mine : held;
+  }
+
+  // fn(slot, part) for each slot of `set` overlapping `range`, with the overlap.
+  template <typename F>
+  static void for_slots(const StateSet& set, ShardRange range, F&& fn) {
+    for (const ParamSlot& slot : set.layout.slots()) {
+      ShardRange part = slot.range().intersect(range);
+      if (!part.empty()) fn(slot, part);
+    }
+  }
+
+  std::vector<Item> items(Purpose p);
+  void add_param_items(std::vector<Item>& out, StateSet& set, Purpose p);
+  void add_state_items(std::vector<Item>& out, StateSet& set, Purpose p);
+  void add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local);
+  std::map<std::string, checkpoint::Scalar> scalars() const;
+
+  // Byte transfers between the engine's buffers and host memory.
+  void copy_out(void* host, const StateBuffer& b, const void* at, size_t bytes) const {
+    s_.backend_->copy(host, Tier::kHost, at, b.tier(), bytes);
+  }
+  void copy_in(const StateBuffer& b, void* at, const void* host, size_t bytes) const {
+    s_.backend_->copy(at, b.tier(), host, Tier::kHost, bytes);
+  }
+  void nvme_io(offload::SwapSpace& swap, const offload::SwapRegion& region, uint64_t offset, void* host, size_t bytes,
+               bool write) const;
+  void write_master(StateSet& set, ShardRange range, const float* src);
+
+  void check_compatible(const checkpoint::CheckpointReader& r) const;
+  void restore_scalars(const checkpoint::Metadata& m, const fs::path& dir);
+  void write_16bit(const fs::path& dir) const;
+
+  Engine& e_;
+  Impl& s_;
+  // Load: whether the checkpoint's rank-local states fit this run (same optimizer family and world).
+  bool rank_local_ok_ = false;
+  // Load: the checkpoint's compressed-optimizer states are read (else Adam-family states only).
+  bool compressed_source_ = false;
+};
+
+void EngineCheckpoint::nvme_io(offload::SwapSpace& swap, const offload::SwapRegion& region, uint64_t offset, void* host,
+                               size_t bytes, bool write) const {
+  // Swap-file transfers are 4096-aligned: a window around the range, read first (and written back
+  // with the range replaced). Bounded by kIoPieceElements per call.
+  const offload::IoWindow w = offload::io_window(offset, bytes);
+  offload::AlignedBuffer buf(w.bytes, &s_.tracker_);
+  swap.read(region, w.offset, buf.prefix(w.bytes));
+  if (!write) {
+    std::memcpy(host, buf.data() + w.skip, bytes);
+    return;
+  }
+  std::memcpy(buf.data() + w.skip, host, bytes);
+  swap.write(region, w.offset, buf.prefix(w.bytes));
+}
+
+void EngineCheckpoint::write_master(StateSet& set, ShardRange range, const float* src) {
+  Impl& s = s_;
+  const ShardRange stepped = set.step_range();
+  const size_t elem = s.elem_;
+  if (s.optimizer_on_nvme()) {
+    nvme_io(*set.nvme->optimizer_swap, set.nvme->master, (range.offset - stepped.offset) * sizeof(float),
+            const_cast<float*>(src), range.size * sizeof(float), true);
+  } else if (s.reuse_) {
+    // The master is the bf16 parameter (its upper half, rounded) plus a 16-bit residual.
+    std::vector<uint16_t> hi(range.size), lo(range.size);
+    encode_master(src, hi.data(), lo.data(), range.size);
+    copy_in(set.params, s.param_at(set, range.offset), hi.data(), range.size * sizeof(uint16_t));
+    copy_in(set.residual, static_cast<uint16_t*>(set.residual.data()) + (range.offset - stepped.offset), lo.data(),
+            range.size * sizeof(uint16_t));
+    return;
+  } else {
+    const StateBuffer& b = s.separate_master_ ? set.master : set.params;
+    copy_in(b, s.master_at(set, range.offset), src, range.size * sizeof(float));
+    if (!s.separate_master_) return;  // fp32 in memory: the master is the parameters
+  }
+  // The parameters in the training dtype: the master rounded, as every step writes them.
+  std::vector<std::byte> low(range.size * elem);
+  memory::convert(src, DType::kF32, low.data(), s.dtype_, range.size);
+  if (s.params_on_nvme()) {
+    nvme_io(*set.nvme->param_swap, set.nvme->params, (range.offset - stepped.offset) * elem, low.data(), low.size(), true);
+  } else {
+    copy_in(set.params, s.param_at(set, range.offset), low.data(), low.size());
+  }
+}
+
+void EngineCheckpoint::add_param_items(std::vector<Item>& out, StateSet& set, Purpose p) {
+  Impl& s = s_;
+  const ShardRange range = range_for(set, p, false);
+  for_slots(set, range, [&](const ParamSlot& slot, ShardRange part) {
+    const std::string name = slot.param->full_name();
+    Item master{.buffer = "fp32",
+                .buffer_dtype = DType::kF32,
+                .tensor = name,
+                .shape = shape_of(slot.param->shape()),
+                .tensor_dtype = s.dtype_,
+                .begin = part.offset - slot.offset,
+                .count = part.size};
+    StateSet* sp = &set;
+    master.io = [this, sp, base = part.offset, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) s_.read_master(*sp, {base + at, n}, static_cast<float*>(host));
+      else write_master(*sp, {base + at, n}, static_cast<const float*>(host));
+    };
+    out.push_back(master);
+    // The training-dtype parameters: written for consolidation and 16-bit tools; a load derives them
+    // from the master (bit-identical: each step writes the master rounded).
+    if (p == Purpose::kSave && s.mixed()) {
+      Item low = master;
+      low.buffer = "params";
+      low.buffer_dtype = s.dtype_;
+      low.io = [this, sp, base = part.offset](uint64_t at, uint64_t n, void* host) {
+        if (s_.params_on_nvme()) {
+          nvme_io(*sp->nvme->param_swap, sp->nvme->params, (base + at - sp->step_range().offset) * s_.elem_, host,
+                  n * s_.elem_, false);
+        } else {
+          copy_out(host, sp->params, s_.param_at(*sp, base + at), n * s_.elem_);
+        }
+      };
+      out.push_back(low);
+    }
+  });
+}
+
+void EngineCheckpoint::add_state_items(std::vector<Item>& out, StateSet& set, Purpose p) {
+  Impl& s = s_;
+  const auto specs = s.optimizer_->state_specs();
+  const ShardRange range = range_for(set, p, false);
+  const ShardRange stepped = set.step_range();
+  StateSet* sp = &set;
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const optim::StateSpec spec = specs[k];
+    const bool elementwise = spec.value_bytes == sizeof(float) && spec.elements_per_value == 1;
+    for_slots(set, range, [&](const ParamSlot& slot, ShardRange part) {
+      // Byte range of the state for `part`, from the state buffer's start (the stepped range's).
+      const size_t first_byte = (part.offset - stepped.offset) / spec.elements_per_value * spec.value_bytes;
+      Item it{.buffer = std::string(spec.name), .buffer_dtype = DType::kF32};
+      if (elementwise) {
+        it.tensor = slot.param->full_name();
+        it.shape = shape_of(slot.param->shape());
+        it.tensor_dtype = s.dtype_;
+        it.begin = part.offset - slot.offset;
+        it.count = part.size;
+      } else {
+        // Packed: the bytes of the slot's values as 32-bit words (whole blocks: slots and shards start
+        // on multiples of the block).
+        const uint64_t slot_bytes = spec.bytes_for(slot.numel);
+        const uint64_t rel = part.offset - slot.offset;
+        const uint64_t lo = rel / spec.elements_per_value * spec.value_bytes;
+        const uint64_t hi = part.offset + part.size == slot.offset + slot.numel
+                                ? slot_bytes
+                                : (rel + part.size) / spec.elements_per_value * spec.value_bytes;
+        ZS_ASSERT(lo % 4 == 0 && rel % spec.elements_per_value == 0, "state '{}' of '{}' split inside a word", spec.name,
+                  slot.param->full_name());
+        it.tensor = fmt::format("{}.{}", slot.param->full_name(), spec.name);
+        it.shape = {(slot_bytes + 3) / 4};
+        it.buffer_dtype = it.tensor_dtype = spec.value_bytes == sizeof(float) ? DType::kF32 : DType::kI32;
+        it.begin = lo / 4;
+        it.count = (hi + 3) / 4 - lo / 4;
+      }
+      it.io = [this, sp, k, first_byte, p](uint64_t at, uint64_t n, void* host) {
+        const size_t offset = first_byte + at * 4, bytes = n * 4;
+        if (sp->nvme && s_.optimizer_on_nvme()) {
+          nvme_io(*sp->nvme->optimizer_swap, sp->nvme->states[k], offset, host, bytes, p == Purpose::kLoad);
+          return;
+        }
+        char* at_ptr = static_cast<char*>(sp->states[k].data()) + offset;
+        if (p == Purpose::kSave) copy_out(host, sp->states[k], at_ptr, bytes);
+        else copy_in(sp->states[k], at_ptr, host, bytes);
+      };
+      out.push_back(std::move(it));
+    });
+  }
+}
+
+void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local) {
+  Impl& s = s_;
+  CompressedState& c = *s.compressed_;
+  StateSet& set = s.dense();
+  const ShardRange stepped = set.step_range();
+  auto f32_item = [&](std::string buffer, const ParamSlot& slot, ShardRange part, StateBuffer& b, size_t base_elem) {
+    Item it{.buffer = std::move(buffer),
+            .buffer_dtype = DType::kF32,
+            .tensor = slot.param->full_name(),
+            .shape = shape_of(slot.param->shape()),
+            .tensor_dtype = s.dtype_,
+            .begin = part.offset - slot.offset,
+            .count = part.size};
+    StateBuffer* bp = &b;
+    const size_t first = part.offset - base_elem;
+    it.io = [this, bp, first, p](uint64_t at, uint64_t n, void* host) {
+      float* ptr = static_cast<float*>(bp->data()) + first + at;
+      if (p == Purpose::kSave) copy_out(host, *bp, ptr, n * sizeof(float));
+      else copy_in(*bp, ptr, host, n * sizeof(float));
+    };
+    out.push_back(std::move(it));
+  };
+  // The momentum is whole on every rank: its owner's part on save; on load every rank reads it all
+  // (the checkpoint's owners tile it).
+  for_slots(set, range_for(set, p, true), [&](const ParamSlot& slot, ShardRange part) {
+    f32_item("exp_avg", slot, part, c.exp_avg, 0);
+  });
+  for_slots(set, range_for(set, p, false), [&](const ParamSlot& slot, ShardRange part) {
+    f32_item("exp_avg_sq", slot, part, c.exp_avg_sq, stepped.offset);
+  });
+  if (!rank_local) return;
+  // Rank-local states: this rank's own, whole (Note [checkpoint buffers]).
+  const int rank = s.group_.rank();
+  auto local = [&](std::string buffer, std::string name, uint64_t numel, std::function<void(uint64_t, uint64_t, void*)> io) {
+    if (numel == 0) return;
+    out.push_back(Item{.buffer = std::move(buffer),
+                       .buffer_dtype = DType::kF32,
+                       .tensor = fmt::format("{}.rank{}", name, rank),
+                       .shape = {numel},
+                       .tensor_dtype = DType::kF32,
+                       .begin = 0,
+                       .count = numel,
+                       .io = std::move(io)});
+  };
+  auto span_io = [p](std::span<float> v) {
+    return [v, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) std::memcpy(host, v.data() + at, n * sizeof(float));
+      else std::memcpy(v.data() + at, host, n * sizeof(float));
+    };
+  };
+  local("error_feedback", "error_feedback.worker", c.reduce->worker_error().size(), span_io(c.reduce->worker_error()));
+  local("error_feedback", "error_feedback.server", c.reduce->server_error().size(), span_io(c.reduce->server_error()));
+  // The whole flat momentum, padding included: the compressed allreduce gives the padding between
+  // parameters values too, and they take part in the next compressions' scales.
+  const uint64_t total = set.layout.total();
+  std::vector<std::pair<const char*, StateBuffer*>> flat = {{"rank_local.exp_avg", &c.exp_avg}};
+  if (!c.accumulator.empty()) {
+    // 0/1 Adam at stage 0: every rank steps its own copy between synchronisations.
+    StateSet* sp = &set;
+    local("rank_local", "rank_local.fp32", total, [this, sp, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) s_.read_master(*sp, {at, n}, static_cast<float*>(host));
+      else write_master(*sp, {at, n}, static_cast<const float*>(host));
+    });
+    flat.emplace_back("rank_local.accumulator", &c.accumulator);
+  }
+  for (auto [name, buf] : flat) {
+    local("rank_local", name, total, [this, buf, p](uint64_t at, uint64_t n, void* host) {
+      float* ptr = static_cast<float*>(buf->data()) + at;
+      if (p == Purpose::kSave) copy_out(host, *buf, ptr, n * sizeof(float));
+      else copy_in(*buf, ptr, host, n * sizeof(float));
+    });
+  }
+}
+
+std::vector<Item> EngineCheckpoint::items(Purpose p) {
+  std::vector<Item> out;
+  for (auto& set : s_.sets_) add_param_items(out, *set, p);
+  if (s_.compressed_) {
+    add_compressed_items(out, p, p == Purpose::kSave || rank_local_ok_);
+  } else {
+    for (auto& set : s_.sets_) add_state_items(out, *set, p);
+  }
+  return out;
+}
+
+std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
+  const EngineConfig& cfg = e_.config_;
+  std::map<std::string, checkpoint::Scalar> m;
+  m["global_step"] = e_.global_step_;
+  m["micro_step"] = s_.micro_step_;
+  m["samples"] = e_.global_step_ * cfg.batch.train_batch_size;
+  m["steps_taken"] = s_.steps_taken_;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
+  m["data.position"] = e_.global_step_;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
+  m["data.seed"] = static_cast<int64_t>(cfg.data.seed.value_or(cfg.seed));
+  m["rng.seed"] = static_cast<int64_t>(cfg.seed);
+  m["lr_scheduler.last_batch_iteration"] = s_.steps_taken_ - 1;  // DeepSpeed's name for the schedule position
+  m["lr_scheduler.lr"] = s_.schedule_.lr_at(s_.steps_taken_);
+  const optim::LossScaler::State ls = s_.scaler_.state();
+  m["loss_scaler.scale"] = ls.scale;
+  m["loss_scaler.hysteresis_left"] = ls.hysteresis_left;
+  m["loss_scaler.good_steps"] = ls.good_steps;
+  m["loss_scaler.overflows"] = ls.overflows;
+  m["optimizer.type"] = std::string(cfg.optimizer.name());
+  m["zero.stage"] = static_cast<int64_t>(s_.stage_);
+  m["precision"] = precision_name(cfg.precision);
+  m["world_size"] = static_cast<int64_t>(s_.group_.size());
+  m["offload_optimizer"] = offload_device_name(s_.offload_optimizer_);
+  m["offload_param"] = offload_device_name(s_.offload_param_);
+  for (nn::Module* mod : e_.model_.named_modules()) {
+    if (auto* moe = dynamic_cast<moe::MoE*>(mod)) {
+      m[fmt::format("rng.{}.train_passes", mod->name())] = static_cast<int64_t>(moe->train_passes());
+      m[fmt::format("rng.{}.eval_passes", mod->name())] = static_cast<int64_t>(moe->eval_passes());
+    }
+  }
+  if (s_.compressed_) {
+    const CompressedState& c = *s_.compressed_;
+    m["compressed.momentum_whole"] = static_cast<int64_t>(c.momentum_whole);
+    m["compressed.flat_elements"] = static_cast<int64_t>(s_.dense().layout.total());
+    m["compressed.rank_local_states"] = static_cast<int64_t>(!c.accumulator.empty());
+    if (c.schedule) {
+      const optim::ZeroOneSchedule::State& z = c.schedule->state();
+      m["zero_one.step"] = z.step;
+      m["zero_one.var_interval"] = z.var_interval;
+      m["zero_one.var_counter"] = z.var_counter;
+      m["zero_one.local_step_interval"] = z.local_step_interval;
+      m["zero_one.local_step_counter"] = z.local_step_counter;
+      m["zero_one.lrs"] = z.lrs;
+    }
+  }
+  return m;
+}
+
+std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
+  const comm::Group& g = s_.group_;
+  if (s_.micro_step_ != 0 || e_.model_.forward_pending()) {
+    throw UsageError(fmt::format("Engine::save_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
+                                 "run): save after step() has returned true",
+                                 s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
+  }
+  if (tag.empty()) tag = fmt::format("global_step{}", e_.global_step_);
+  const CheckpointConfig& cc = e_.config_.checkpoint;
+  std::vector<Item> mine = items(Purpose::kSave);
+  // One gather: every rank's items (the layout), rank 0's tag and run id, and each rank's tag.
+  std::string run_id = g.rank() == 0 ? checkpoint::new_run_id() : std::string();
+  const std::vector<std::string> all = allgather_strings(g, fmt::format("{}\n{}\n{}", tag, run_id, describe(mine)));
+  std::vector<std::string> descriptions;
+  std::vector<std::string> tags;
+  for (const std::string& d : all) {
+    const size_t a = d.find('\n'), b = d.find('\n', a + 1);
+    tags.push_back(d.substr(0, a));
+    if (run_id.empty() && &d == &all.front()) run_id = d.substr(a + 1, b - a - 1);
+    descriptions.push_back(d.substr(b + 1));
+  }
+  // checkpoint.tag_validation (DeepSpeed's): every rank must name the same tag; the save uses rank 0's.
+  auto differs = std::find_if(tags.begin(), tags.end(), [&](const std::string& t) { return t != tags.front(); });
+  if (differs != tags.end() && cc.tag_validation != TagValidation::kIgnore) {
+    const std::string what = fmt::format("checkpoint tag '{}' on rank {} differs from rank 0's '{}'", *differs,
+                                         differs - tags.begin(), tags.front());
+    if (cc.tag_validation == TagValidation::kFail) {
+      throw CheckpointError(fmt::format("{} (checkpoint.tag_validation is \"Fail\"): pass every rank the same tag", what));
+    }
+    if (g.rank() == 0) ZS_LOG_WARN("{}; saving under rank 0's tag (checkpoint.tag_validation \"Warn\")", what);
+  }
+  tag = tags.front();
+
+  checkpoint::Metadata meta;
+  meta.run_id = run_id;
+  meta.tag = tag;
+  meta.layout = build_layout(descriptions);
+  meta.scalars = scalars();
+  meta.config_json = e_.config_.json;
+  fs::path staging;
+  agreed(g, [&] {
+    if (g.rank() == 0) staging = checkpoint::begin_save(root, tag);
+  });
+  staging = allgather_strings(g, staging.string()).front();
+  agreed(g, [&] {
+    checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{});
+    std::vector<std::byte> piece;
+    memory::DeviceAccess access(*s_.backend_);
+    for (const Item& it : mine) {
+      const size_t elem = memory::dtype_size(it.buffer_dtype);
+      for (uint64_t at = 0; at < it.count; at += kIoPieceElements) {
+        const uint64_t n = std::min(kIoPieceElements, it.count - at);
+        piece.resize(n * elem);
+        it.io(at, n, piece.data());
+        w.append(it.buffer, piece);
+      }
+    }
+    w.finish();
+  });
+  agreed(g, [&] {
+    if (g.rank() != 0) return;
+    checkpoint::write_metadata(staging, meta);
+    if (cc.gather_16bit_weights) write_16bit(staging);
+    checkpoint::commit_save(root, tag, static_cast<int>(cc.keep_last));
+  });
+  ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", e_.global_step_, (root / tag).string(), tag,
+              g.size());
+  return tag;
+}
+
+void EngineCheckpoint::write_16bit(const fs::path& dir) const {
+  // DeepSpeed's 16-bit model file (stage3_gather_16bit_weights_on_model_save): every parameter whole,
+  // by name, in the training dtype, one parameter at a time (memory: the largest parameter).
+  checkpoint::CheckpointReader r = checkpoint::CheckpointReader::open_dir(dir);
+  const checkpoint::Layout& layout = r.metadata().layout;
+  const char* buffer = layout.find_buffer("params") != nullptr ? "params" : "fp32";
+  const DType dtype = layout.find_buffer(buffer)->dtype;
+  const fs::path path = dir / k16BitFile;
+  namespace h5 = checkpoint::h5;
+  h5::Handle file = h5::file_create(path);
+  h5::Handle lcpl = h5::plist_create(H5P_LINK_CREATE);
+  ZS_H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), path, "link create list");
+  h5::write_attr(file.get(), "dtype", memory::dtype_name(dtype), path);
+  std::vector<std::byte> values;
+  for (const checkpoint::TensorInfo& t : layout.tensors) {
+    if (!r.holds(buffer, t.name) || !r.holds("fp32", t.name)) continue;  // a parameter, not an optimizer state
+    values.resize(t.numel() * memory::dtype_size(dtype));
+    r.read(buffer, t.name, 0, t.numel(), dtype, values.data());
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    h5::Handle space = h5::dataspace_simple(dims);
+    const hid_t type = dtype == DType::kF32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT16;  // bf16/fp16: their bit patterns
+    h5::Handle ds(ZS_H5_CHECK(H5Dcreate2(file.get(), t.name.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+                              path, fmt::format("create of dataset '{}'", t.name)),
+                  H5Dclose);
+    ZS_H5_CHECK(H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), path,
+                fmt::format("write of '{}'", t.name));
+  }
+  file.close(path, "file");
+  checkpoint::fsync_path(path);
+}
+
+void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) const {
+  const checkpoint::Metadata& m = r.metadata();
+  const fs::path& dir = r.dir();
+  const checkpoint::Layout& layout = m.layout;
+  // Every parameter this rank holds: present, with the model's shape.
+  for (const auto& set : s_.sets_) {
+    for (const ParamSlot& slot : set->layout.slots()) {
+      const std::string name = slot.param->full_name();
+      const int t = layout.find_tensor(name);
+      if (t < 0 || !r.holds("fp32", name)) {
+        throw CheckpointError(fmt::format("checkpoint '{}' has no parameter '{}' of this model (it holds {} tensors, e.g. "
+                                          "'{}'): a checkpoint of another model?",
+                                          dir.string(), name, layout.tensors.size(),
+                                          layout.tensors.empty() ? "" : layout.tensors.front().name));
+      }
+      const std::vector<uint64_t> want = shape_of(slot.param->shape());
+      if (layout.tensors[static_cast<size_t>(t)].shape != want) {
+        throw CheckpointError(fmt::format("checkpoint '{}': parameter '{}' has shape {} there but {} in this model",
+                                          dir.string(), name, shape_text(layout.tensors[static_cast<size_t>(t)].shape),
+                                          shape_text(want)));
+      }
+    }
+  }
+  const std::string saved = string_scalar(m, "optimizer.type");
+  const std::string_view ours = e_.config_.optimizer.name();
+  const bool same = saved == ours || (adam_family(saved) && adam_family(ours));
+  const bool one_bit_to_adam = one_bit_family(saved) && adam_family(ours);
+  const bool adam_to_one_bit = adam_family(saved) && one_bit_family(ours);
+  if (!same && !one_bit_to_adam && !adam_to_one_bit && !(one_bit_family(saved) && one_bit_family(ours))) {
+    throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states, which {} cannot continue from (its "
+                                      "states differ); load it with optimizer.type {}",
+                                      dir.string(), saved.empty() ? "unknown" : saved, ours, saved));
+  }
+  // Every state this rank's optimizer needs, for every parameter it holds.
+  std::vector<std::string> needed;
+  if (s_.compressed_) {
+    needed = {"exp_avg", "exp_avg_sq"};
+  } else {
+    for (const auto& spec : s_.optimizer_->state_specs()) needed.emplace_back(spec.name);
+  }
+  for (const std::string& b : needed) {
+    if (layout.find_buffer(b) == nullptr) {
+      throw CheckpointError(fmt::format("checkpoint '{}' has no optimizer state '{}', which {} needs", dir.string(), b, ours));
+    }
+  }
+}
+
+void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::path& dir) {
+  e_.global_step_ = int_scalar(m, "global_step", dir);
+  s_.steps_taken_ = int_scalar(m, "steps_taken", dir);
+  if (e_.config_.precision == Precision::kFp16 && string_scalar(m, "precision") == "fp16") {
+    s_.scaler_.set_state({.scale = real_scalar(m, "loss_scaler.scale", dir),
+                          .hysteresis_left = int_scalar(m, "loss_scaler.hysteresis_left", dir),
+                          .good_steps = int_scalar(m, "loss_scaler.good_steps", dir),
+                          .overflows = int_scalar(m, "loss_scaler.overflows", dir)});
+  }
+  for (nn::Module* mod : e_.model_.named_modules()) {
+    if (auto* moe = dynamic_cast<moe::MoE*>(mod)) {
+      const std::string key = fmt::format("rng.{}.train_passes", mod->name());
+      if (m.scalars.count(key) == 0) continue;
+      moe->set_passes(static_cast<uint64_t>(int_scalar(m, key, dir)),
+                      static_cast<uint64_t>(int_scalar(m, fmt::format("rng.{}.eval_passes", mod->name()), dir)));
+    }
+  }
+  if (!s_.compressed_) return;
+  CompressedState& c = *s_.compressed_;
+  // A momentum gathered before the save (the compressed phase) is whole here too; one still sharded
+  // is gathered at the first compressed step, as in a run never interrupted.
+  const bool whole = compressed_source_ && int_scalar(m, "compressed.momentum_whole", dir) != 0;
+  c.momentum_whole = whole || s_.stage_ == 0 || s_.group_.size() == 1;
+  if (c.schedule) {
+    if (m.scalars.count("zero_one.step") != 0) {
+      c.schedule->set_state({.step = int_scalar(m, "zero_one.step", dir),
+                             .var_interval = int_scalar(m, "zero_one.var_interval", dir),
+                             .var_counter = int_scalar(m, "zero_one.var_counter", dir),
+                             .local_step_interval = int_scalar(m, "zero_one.local_step_interval", dir),
+                             .local_step_counter = int_scalar(m, "zero_one.local_step_counter", dir),
+                             .lrs = real_scalar(m, "zero_one.lrs", dir)});
+    } else {
+      // From Adam or one-bit Adam: the schedule restarts its bookkeeping at the loaded step.
+      c.schedule->set_state({.step = s_.steps_taken_});
+    }
+  }
+  if (!rank_local_ok_) c.reduce->reset_errors();
+}
+
+std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag) {
+  const comm::Group& g = s_.group_;
+  if (s_.micro_step_ != 0 || e_.model_.forward_pending()) {
+    throw UsageError(fmt::format("Engine::load_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
+                                 "run): load before training, or after step() has returned true",
+                                 s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
+  }
+  std::optional<checkpoint::CheckpointReader> reader;
+  // 1. Open and check (nothing in the engine changes yet).
+  agreed(g, [&] {
+    reader.emplace(root, tag);
+    check_compatible(*reader);
+    const checkpoint::Metadata& m = reader->metadata();
+    const std::string saved = string_scalar(m, "optimizer.type");
+    compressed_source_ = one_bit_family(saved);
+    rank_local_ok_ = s_.compressed_ && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
+                     std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
+                         static_cast<int64_t>(s_.dense().layout.total()) &&
+                     std::get<int64_t>(scalar_or(m, "compressed.rank_local_states", int64_t{0})) ==
+                         static_cast<int64_t>(!s_.compressed_->accumulator.empty());
+    // A rank file lost since the save: rank-local states need this rank's own tensors.
+    if (rank_local_ok_ && !reader->holds("error_feedback", fmt::format("error_feedback.worker.rank{}", g.rank()))) {
+      rank_local_ok_ = false;
+    }
+  });
+  const checkpoint::Metadata& m = reader->metadata();
+  const fs::path dir = reader->dir();
+  // 2. Read this rank's ranges of every state, re-sliced by name (Note [checkpoint buffers]).
+  agreed(g, [&] {
+    std::vector<Item> wanted = items(Purpose::kLoad);
+    std::vector<std::byte> piece;
+    memory::DeviceAccess access(*s_.backend_);
+    for (const Item& it : wanted) {
+      const size_t elem = memory::dtype_size(it.buffer_dtype);
+      for (uint64_t at = 0; at < it.count; at += kIoPieceElements) {
+        const uint64_t n = std::min(kIoPieceElements, it.count - at);
+        piece.resize(n * elem);
+        reader->read(it.buffer, it.tensor, it.begin + at, n, it.buffer_dtype, piece.data());
+        it.io(at, n, piece.data());
+      }
+    }
+  });
+  // The counters only once every rank has read its data, so that no rank moves on alone.
+  agreed(g, [&] { restore_scalars(m, dir); });
+  // 3. The parameters every rank holds: stages 1-2 allgather the loaded shards; stage 3 drops what
+  // its gatherer holds (persistent modules included), so the next pass gathers the loaded values.
+  for (auto& set : s_.sets_) {
+    if (s_.stage_ == 1 || s_.stage_ == 2) s_.allgather_params(*set);
+    if (set->gatherer) {
+      memory::DeviceAccess access(*s_.backend_);
+      set->gatherer->invalidate();
+    }
+    s_.backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
+    if (!set->grad32.empty()) s_.backend_->fill_zero(set->grad32.data(), set->grad32.tier(), set->grad32.size());
+  }
+  e_.last_ = StepReport{};
+  e_.last_.step = e_.global_step_;
+  const std::string saved_optimizer = string_scalar(m, "optimizer.type");
+  if (g.rank() == 0) {
+    if (compressed_source_ && !rank_local_ok_) {
+      ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers{} are not carried into this run ({} at {} rank(s)); they "
+                  "start at zero, as at the end of the warm-up",
+                  saved_optimizer, s_.compressed_ ? "" : " and rank-local states", e_.config_.optimizer.name(), g.size());
+    }
+    ZS_LOG_INFO("checkpoint: loaded {} (step {}, saved at {} rank(s), ZeRO stage {}) at {} rank(s), ZeRO stage {}",
+                dir.string(), e_.global_step_, int_scalar(m, "world_size", dir), int_scalar(m, "zero.stage", dir),
+                g.size(), s_.stage_);
+  }
+  return m.tag;
+}
+
+std::string Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  return EngineCheckpoint(*this).save(dir, tag);
+}
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return EngineCheckpoint(*this).load(dir, tag);
+}
+
+}  // namespace zs::engine
