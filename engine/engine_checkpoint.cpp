@@ -793,10 +793,15 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   e_.last_.step = e_.global_step_;
   const std::string saved_optimizer = string_scalar(m, "optimizer.type");
   if (g.rank() == 0) {
-    if (compressed_source_ && !rank_local_ok_) {
-      ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers{} are not carried into this run ({} at {} rank(s)); they "
-                  "start at zero, as at the end of the warm-up",
-                  saved_optimizer, s_.compressed_ ? "" : " and rank-local states", e_.config_.optimizer.name(), g.size());
+    if (compressed_source_ && !s_.compressed_) {
+      ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers are dropped: {} keeps none, and continues from the "
+                  "checkpoint's exp_avg and exp_avg_sq",
+                  saved_optimizer, e_.config_.optimizer.name());
+    } else if (compressed_source_ && !rank_local_ok_) {
+      ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers and rank-local momenta (saved at {} rank(s)) do not fit "
+                  "this run ({} at {} rank(s)): the error feedback restarts at zero and the momentum is the saved "
+                  "owners' copy",
+                  saved_optimizer, int_scalar(m, "world_size", dir), e_.config_.optimizer.name(), g.size());
     }
     ZS_LOG_INFO("checkpoint: loaded {} (step {}, saved at {} rank(s), ZeRO stage {}) at {} rank(s), ZeRO stage {}",
                 dir.string(), e_.global_step_, int_scalar(m, "world_size", dir), int_scalar(m, "zero.stage", dir),

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "core/errors.h"
+#include "engine/checkpoint/h5.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
 #include "nn/data.h"
@@ -279,6 +280,77 @@ TEST(CheckpointErrors, AgreedOnEveryRank) {
   expect_everywhere<Error>(g, [&] { engine.save_checkpoint((dir / "a_file").string()); }, "a_file");
   // The engine still trains and saves after the errors.
   EXPECT_EQ(engine.save_checkpoint((dir / "good").string(), "again"), "again");
+  g.barrier();
+  if (g.rank() == 0) fs::remove_all(dir);
+}
+
+TEST(CheckpointTags, ValidatedAcrossRanksAsDeepSpeed) {
+  const comm::Group& g = test::world().group();
+  if (g.size() != 2) GTEST_SKIP() << "needs two ranks";
+  const fs::path dir = shared_dir(g, "tags");
+  EngineConfig cfg = make_config(2, 1, "AdamW");
+  nn::GptModel model(*cfg.model);
+  cfg.checkpoint.tag_validation = TagValidation::kFail;
+  {
+    Engine engine(model, cfg, g);
+    expect_everywhere<CheckpointError>(g, [&] { engine.save_checkpoint(dir.string(), fmt::format("t{}", g.rank())); },
+                                       "checkpoint tag 't1' on rank 1 differs from rank 0's 't0'");
+  }
+  cfg.checkpoint.tag_validation = TagValidation::kWarn;  // warns and saves under rank 0's tag
+  Engine engine(model, cfg, g);
+  EXPECT_EQ(engine.save_checkpoint(dir.string(), fmt::format("t{}", g.rank())), "t0");
+  EXPECT_EQ(engine.load_checkpoint(dir.string()), "t0");
+  g.barrier();
+  if (g.rank() == 0) fs::remove_all(dir);
+}
+
+// stage3_gather_16bit_weights_on_model_save: <tag>/zs_model_16bit.h5 holds every parameter whole, by
+// name, in the training dtype, equal to the engine's (the master rounded).
+TEST(Checkpoint16Bit, WholeParametersByName) {
+  const comm::Group& g = test::world().group();
+  if (g.size() > 2) GTEST_SKIP();
+  const fs::path dir = shared_dir(g, "16bit");
+  EngineConfig cfg = make_config(g.size(), 3, "AdamW");
+  cfg.precision = Precision::kBf16;
+  cfg.checkpoint.gather_16bit_weights = true;
+  nn::GptModel model(*cfg.model);
+  Engine engine(model, cfg, g);
+  DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
+  for (int i = 0; i < 2; ++i) engine.train_batch(source);
+  engine.save_checkpoint(dir.string());
+  const std::vector<float> wte = engine.fp32_param("wte");
+  if (g.rank() == 0) {
+    namespace h5 = checkpoint::h5;
+    const fs::path path = dir / "global_step2" / "zs_model_16bit.h5";
+    h5::Handle file = h5::file_open(path);
+    EXPECT_EQ(h5::read_attr_string(file.get(), "dtype", path), "bf16");
+    h5::Handle ds = h5::dataset_open(file.get(), "wte", path);
+    std::vector<uint16_t> bits(wte.size());
+    ASSERT_GE(H5Dread(ds.get(), H5T_NATIVE_UINT16, H5S_ALL, H5S_ALL, H5P_DEFAULT, bits.data()), 0);
+    std::vector<uint16_t> want(wte.size());
+    memory::convert(wte.data(), memory::DType::kF32, want.data(), memory::DType::kBF16, wte.size());
+    EXPECT_EQ(bits, want);
+  }
+  g.barrier();
+  if (g.rank() == 0) fs::remove_all(dir);
+}
+
+// A one-bit Adam checkpoint (saved in its compressed phase) continues in AdamW: the moments map by
+// name, the error feedback is dropped.
+TEST(CheckpointOptimizers, OneBitAdamIntoAdam) {
+  const comm::Group& g = test::world().group();
+  if (g.size() > 2) GTEST_SKIP();
+  const fs::path dir = shared_dir(g, "onebit_adam");
+  const RunResult saved = train(g, make_config(g.size(), 1, "OneBitAdam"), 0, 5, {}, dir);
+  const EngineConfig adam = make_config(g.size(), 2, "AdamW");
+  nn::GptModel model(*adam.model);
+  Engine engine(model, adam, g);
+  engine.load_checkpoint(dir.string());
+  EXPECT_EQ(engine.param_digest(), saved.digest);
+  DatasetSource source(nn::Dataset::builtin(adam.model->seq_len), 7);
+  const double loss = engine.train_batch(source).loss;
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_EQ(engine.global_step(), 6);
   g.barrier();
   if (g.rank() == 0) fs::remove_all(dir);
 }
