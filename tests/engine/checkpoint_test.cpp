@@ -105,10 +105,13 @@ struct Case {
   int stage;
   std::string optimizer;
   OffloadDevice offload = OffloadDevice::kNone;
+  Precision precision = Precision::kFp32;
+  bool reuse_fp32_param = false;
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return fmt::format("stage{}_{}_{}", info.param.stage, info.param.optimizer, offload_device_name(info.param.offload));
+  return fmt::format("stage{}_{}_{}_{}{}", info.param.stage, info.param.optimizer, offload_device_name(info.param.offload),
+                     precision_name(info.param.precision), info.param.reuse_fp32_param ? "_reuse" : "");
 }
 
 class ResumeTest : public testing::TestWithParam<Case> {};
@@ -121,7 +124,10 @@ TEST_P(ResumeTest, TenStepsEqualFivePlusFive) {
   const std::string nvme = (dir / "swap").string();
   if (g.rank() == 0) fs::create_directories(nvme);
   g.barrier();
-  const EngineConfig cfg = make_config(g.size(), c.stage, c.optimizer, c.offload, nvme);
+  EngineConfig cfg = make_config(g.size(), c.stage, c.optimizer, c.offload, nvme);
+  cfg.precision = c.precision;
+  cfg.memory.reuse_fp32_param = c.reuse_fp32_param;
+  cfg.loss_scaler.initial_scale_power = 8;
   const RunResult whole = train(g, cfg, 0, 10);
   const RunResult first = train(g, cfg, 0, 5, {}, dir / "ckpt");
   const RunResult second = train(g, cfg, 5, 10, dir / "ckpt");
@@ -141,7 +147,11 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{2, "AdamW", OffloadDevice::kCpu}, Case{3, "AdamW", OffloadDevice::kNvme},
                     Case{1, "Lamb"}, Case{3, "Lamb", OffloadDevice::kCpu}, Case{2, "Lion"}, Case{3, "CAdam"},
                     Case{1, "CAdam", OffloadDevice::kNvme}, Case{0, "OneBitAdam"}, Case{2, "OneBitAdam"},
-                    Case{0, "ZeroOneAdam"}, Case{3, "ZeroOneAdam"}),
+                    Case{0, "ZeroOneAdam"}, Case{3, "ZeroOneAdam"},
+                    // The loss scaler's state; the master kept inside the bf16 parameters.
+                    Case{2, "AdamW", OffloadDevice::kNone, Precision::kFp16},
+                    Case{1, "AdamW", OffloadDevice::kNone, Precision::kBf16, true},
+                    Case{3, "AdamW", OffloadDevice::kNvme, Precision::kBf16}),
     case_name);
 
 // The fp32 parameters of an engine by name (collective).
