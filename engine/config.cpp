@@ -337,12 +337,7 @@ void read_checkpoint(ObjectReader& r, CheckpointConfig& c, Notes& notes) {
   r.read("dir", c.dir);
   r.read("save_interval", c.save_interval, IntRange::non_negative());
   r.read("keep_last", c.keep_last, IntRange::non_negative());
-  bool async = false;
-  if (r.read("async", async) && async) {
-    throw ConfigError(fmt::format("{}: asynchronous saving is not built in zeroshard yet (a save blocks the step it "
-                                  "follows); set it to false or remove it",
-                                  r.path_of("async")));
-  }
+  r.read("async", c.async);
 }
 
 void read_model(ObjectReader& r, nn::GptConfig& m) {

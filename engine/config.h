@@ -136,6 +136,9 @@ struct CheckpointConfig {
   std::string dir;            // `zeroshard train` saves here when --save is not given; empty: no saves
   int64_t save_interval = 0;  // `zeroshard train` saves every this many optimizer steps (0: at the end only)
   int64_t keep_last = 0;      // tags kept under the directory after a save (0: all)
+  // Engine::save_checkpoint snapshots this rank's states to host memory and writes its file on a
+  // background thread while training goes on; Engine::wait_checkpoint (or the next save or load) commits.
+  bool async = false;
   // zero_optimization.stage3_gather_16bit_weights_on_model_save: each save also writes the parameters
   // in the training dtype, whole and by name, to <tag>/zs_model_16bit.h5 (DeepSpeed's 16-bit model file).
   bool gather_16bit_weights = false;

@@ -93,6 +93,8 @@
 
 namespace zs::engine {
 
+struct PendingCheckpoint;  // engine_checkpoint.cpp: an asynchronous save not yet committed
+
 // Supplies micro-batches for train_batch and eval_batch: fills `batch` with the samples whose global
 // indices are [first_sample, first_sample + count) of optimizer step `step` (of evaluation batch `step`
 // for eval_batch). A pure function of its arguments, so the global batch is the same for every world
@@ -212,6 +214,13 @@ class Engine {
   // differs. After an error while reading data (a corrupt file) the engine's states are partly
   // overwritten: load again or rebuild the engine. Returns the tag loaded.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // With checkpoint.async, save_checkpoint returns once this rank's states are copied to host memory
+  // (a snapshot of its shard, taken in 4 MiB pieces); a background thread writes its file while
+  // training goes on, and the save is committed (metadata, `latest`, keep_last) by this call, which the
+  // next save_checkpoint and load_checkpoint make first. Collective; errors agreed as above. A save
+  // never committed (the engine destroyed first) leaves the previous checkpoint as `latest`. No-op
+  // when no save is pending.
+  void wait_checkpoint();
 
   // Memory accounting of this rank.
   struct MemoryReport {
@@ -255,6 +264,9 @@ class Engine {
   std::unique_ptr<Impl> impl_;
   StepReport last_;
   int64_t global_step_ = 0;
+  // Declared last, so destroyed first: joins the writer thread (shared_ptr: complete only in
+  // engine_checkpoint.cpp).
+  std::shared_ptr<PendingCheckpoint> pending_checkpoint_;
 };
 
 }  // namespace zs::engine

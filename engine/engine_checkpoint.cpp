@@ -7,7 +7,9 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <thread>
 
+#include "core/clock.h"
 #include "core/errors.h"
 #include "core/log.h"
 #include "engine/checkpoint/checkpoint.h"
@@ -223,6 +225,24 @@ bool adam_family(std::string_view name) { return name == "Adam" || name == "Adam
 
 }  // namespace
 
+// An asynchronous save (checkpoint.async): this rank's snapshot, written by `writer`; committed by
+// Engine::wait_checkpoint.
+struct PendingCheckpoint {
+  fs::path root;
+  fs::path staging;
+  checkpoint::Metadata meta;
+  int rank = 0;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> snapshot;  // (buffer, bytes) in file order
+  std::thread writer;
+  // Set by the writer thread, read after join (an exception crosses the thread as kind + message).
+  int32_t error_kind = kNoError;
+  std::string error;
+  double write_s = 0;
+  ~PendingCheckpoint() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
 // The engine's side of a checkpoint: which items this rank saves or loads, and the data movement of
 // each (a friend of Engine, so it reaches the Impl).
 class EngineCheckpoint {
@@ -231,6 +251,8 @@ class EngineCheckpoint {
 
   std::string save(const fs::path& root, std::string tag);
   std::string load(const fs::path& root, const std::string& tag);
+  // Commits an asynchronous save (collective); nothing when none is pending.
+  void finish_pending();
 
  private:
   using Impl = Engine::Impl;
@@ -273,6 +295,7 @@ class EngineCheckpoint {
   void check_compatible(const checkpoint::CheckpointReader& r) const;
   void restore_scalars(const checkpoint::Metadata& m, const fs::path& dir);
   void write_16bit(const fs::path& dir) const;
+  void commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta) const;
 
   Engine& e_;
   Impl& s_;
@@ -554,6 +577,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
                                  "run): save after step() has returned true",
                                  s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
   }
+  finish_pending();
   if (tag.empty()) tag = fmt::format("global_step{}", e_.global_step_);
   const CheckpointConfig& cc = e_.config_.checkpoint;
   std::vector<Item> mine = items(Purpose::kSave);
@@ -591,6 +615,48 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     if (g.rank() == 0) staging = checkpoint::begin_save(root, tag);
   });
   staging = allgather_strings(g, staging.string()).front();
+  if (cc.async) {
+    auto pending = std::make_shared<PendingCheckpoint>();
+    pending->root = root;
+    pending->staging = staging;
+    pending->meta = meta;
+    pending->rank = g.rank();
+    // The snapshot: the states may change as soon as this returns.
+    agreed(g, [&] {
+      memory::DeviceAccess access(*s_.backend_);
+      for (const Item& it : mine) {
+        const size_t elem = memory::dtype_size(it.buffer_dtype);
+        std::vector<std::byte> bytes(it.count * elem);
+        for (uint64_t at = 0; at < it.count; at += kIoPieceElements) {
+          it.io(at, std::min(kIoPieceElements, it.count - at), bytes.data() + at * elem);
+        }
+        pending->snapshot.emplace_back(it.buffer, std::move(bytes));
+      }
+    });
+    PendingCheckpoint* p = pending.get();
+    pending->writer = std::thread([p] {
+      const double t0 = now_seconds();
+      try {
+        checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{});
+        for (auto& [buffer, bytes] : p->snapshot) {
+          w.append(buffer, bytes);
+          std::vector<std::byte>().swap(bytes);  // written: its memory goes back now
+        }
+        w.finish();
+      } catch (const CheckpointError& e) {
+        p->error_kind = kCheckpointError, p->error = e.what();
+      } catch (const IoError& e) {
+        p->error_kind = kIoError, p->error = e.what();
+      } catch (const std::exception& e) {
+        p->error_kind = kIoError, p->error = e.what();
+      }
+      p->write_s = now_seconds() - t0;
+    });
+    e_.pending_checkpoint_ = std::move(pending);
+    ZS_LOG_INFO("checkpoint: step {} copied to host memory; writing {} in the background", e_.global_step_,
+                (root / tag).string());
+    return tag;
+  }
   agreed(g, [&] {
     checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{});
     std::vector<std::byte> piece;
@@ -606,15 +672,38 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     }
     w.finish();
   });
+  commit(root, staging, meta);
+  return tag;
+}
+
+void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta) const {
+  const comm::Group& g = s_.group_;
+  const CheckpointConfig& cc = e_.config_.checkpoint;
   agreed(g, [&] {
     if (g.rank() != 0) return;
     checkpoint::write_metadata(staging, meta);
     if (cc.gather_16bit_weights) write_16bit(staging);
-    checkpoint::commit_save(root, tag, static_cast<int>(cc.keep_last));
+    checkpoint::commit_save(root, meta.tag, static_cast<int>(cc.keep_last));
   });
-  ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", e_.global_step_, (root / tag).string(), tag,
-              g.size());
-  return tag;
+  ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", std::get<int64_t>(meta.scalars.at("global_step")),
+              (root / meta.tag).string(), meta.tag, g.size());
+}
+
+void EngineCheckpoint::finish_pending() {
+  std::shared_ptr<PendingCheckpoint> p = std::move(e_.pending_checkpoint_);
+  if (!p) return;
+  const double t0 = now_seconds();
+  p->writer.join();
+  agreed(s_.group_, [&] {
+    switch (p->error_kind) {
+      case kNoError: return;
+      case kCheckpointError: throw CheckpointError(p->error);
+      default: throw IoError(p->error);
+    }
+  });
+  ZS_LOG_DEBUG("checkpoint: background write took {:.3f} s, {:.3f} s of it waited for at the commit", p->write_s,
+               now_seconds() - t0);
+  commit(p->root, p->staging, p->meta);
 }
 
 void EngineCheckpoint::write_16bit(const fs::path& dir) const {
@@ -741,6 +830,7 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
                                  "run): load before training, or after step() has returned true",
                                  s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
   }
+  finish_pending();  // a save still being written is committed first: it may be the one to load
   std::optional<checkpoint::CheckpointReader> reader;
   // 1. Open and check (nothing in the engine changes yet).
   agreed(g, [&] {
@@ -817,5 +907,7 @@ std::string Engine::save_checkpoint(const std::string& dir, const std::string& t
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
   return EngineCheckpoint(*this).load(dir, tag);
 }
+
+void Engine::wait_checkpoint() { EngineCheckpoint(*this).finish_pending(); }
 
 }  // namespace zs::engine

@@ -306,6 +306,13 @@ int train_command(const std::vector<std::string>& args) {
         }
       }
     }
+    // checkpoint.async: the last save is committed before the job ends.
+    try {
+      engine->wait_checkpoint();
+    } catch (const std::exception& e) {
+      if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
+      return 1;
+    }
     if (!recorder.loss_history().empty()) {
       ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());
     }

@@ -96,7 +96,10 @@ RunResult train(const comm::Group& g, const EngineConfig& cfg, int from, int to,
   EXPECT_EQ(engine.global_step(), from);
   RunResult r;
   while (engine.global_step() < to) r.losses.push_back(engine.train_batch(source).loss);
-  if (!save.empty()) engine.save_checkpoint(save);
+  if (!save.empty()) {
+    engine.save_checkpoint(save);
+    engine.wait_checkpoint();  // checkpoint.async: commit before the engine goes
+  }
   r.digest = engine.param_digest();
   return r;
 }
@@ -107,11 +110,13 @@ struct Case {
   OffloadDevice offload = OffloadDevice::kNone;
   Precision precision = Precision::kFp32;
   bool reuse_fp32_param = false;
+  bool async = false;
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
   return fmt::format("stage{}_{}_{}_{}{}", info.param.stage, info.param.optimizer, offload_device_name(info.param.offload),
-                     precision_name(info.param.precision), info.param.reuse_fp32_param ? "_reuse" : "");
+                     precision_name(info.param.precision),
+                     std::string(info.param.reuse_fp32_param ? "_reuse" : "") + (info.param.async ? "_async" : ""));
 }
 
 class ResumeTest : public testing::TestWithParam<Case> {};
@@ -127,6 +132,7 @@ TEST_P(ResumeTest, TenStepsEqualFivePlusFive) {
   EngineConfig cfg = make_config(g.size(), c.stage, c.optimizer, c.offload, nvme);
   cfg.precision = c.precision;
   cfg.memory.reuse_fp32_param = c.reuse_fp32_param;
+  cfg.checkpoint.async = c.async;
   cfg.loss_scaler.initial_scale_power = 8;
   const RunResult whole = train(g, cfg, 0, 10);
   const RunResult first = train(g, cfg, 0, 5, {}, dir / "ckpt");
@@ -151,8 +157,42 @@ INSTANTIATE_TEST_SUITE_P(
                     // The loss scaler's state; the master kept inside the bf16 parameters.
                     Case{2, "AdamW", OffloadDevice::kNone, Precision::kFp16},
                     Case{1, "AdamW", OffloadDevice::kNone, Precision::kBf16, true},
-                    Case{3, "AdamW", OffloadDevice::kNvme, Precision::kBf16}),
+                    Case{3, "AdamW", OffloadDevice::kNvme, Precision::kBf16},
+                    Case{2, "AdamW", OffloadDevice::kCpu, Precision::kFp32, false, true},
+                    Case{0, "OneBitAdam", OffloadDevice::kNone, Precision::kFp32, false, true}),
     case_name);
+
+// checkpoint.async: training goes on while the file is written; what is committed is the snapshot
+// of the step the save was called at.
+TEST(CheckpointAsync, CommitsTheSnapshot) {
+  const comm::Group& g = test::world().group();
+  if (g.size() > 2) GTEST_SKIP();
+  const fs::path dir = shared_dir(g, "async");
+  EngineConfig cfg = make_config(g.size(), 3, "AdamW");
+  cfg.checkpoint.async = true;
+  std::string at_save;
+  {
+    nn::GptModel model(*cfg.model);
+    Engine engine(model, cfg, g);
+    DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
+    for (int i = 0; i < 3; ++i) engine.train_batch(source);
+    EXPECT_EQ(engine.save_checkpoint(dir.string()), "global_step3");
+    at_save = engine.param_digest();
+    for (int i = 0; i < 2; ++i) engine.train_batch(source);  // overlaps the write
+    EXPECT_FALSE(fs::exists(dir / "latest"));                 // not committed yet
+    engine.wait_checkpoint();
+    EXPECT_TRUE(fs::exists(dir / "global_step3" / "zs_metadata.h5"));
+    // A save pending when the engine goes is never committed: `latest` still names step 3.
+    engine.save_checkpoint(dir.string());
+  }
+  nn::GptModel model(*cfg.model);
+  Engine engine(model, cfg, g);
+  EXPECT_EQ(engine.load_checkpoint(dir.string()), "global_step3");
+  EXPECT_EQ(engine.global_step(), 3);
+  EXPECT_EQ(engine.param_digest(), at_save);
+  g.barrier();
+  if (g.rank() == 0) fs::remove_all(dir);
+}
 
 // The fp32 parameters of an engine by name (collective).
 std::map<std::string, std::vector<float>> all_params(Engine& e, nn::Model& m) {
