@@ -144,8 +144,10 @@ void read_scheduler(ObjectReader& r, optim::LrScheduleConfig& s) {
   const bool has_params = r.read_object("params", [&](ObjectReader& p) {
     int64_t last_batch_iteration = -1;  // DeepSpeed's default: a fresh schedule
     if (p.read("last_batch_iteration", last_batch_iteration) && last_batch_iteration != -1) {
-      throw ConfigError(fmt::format("{}: not supported by zeroshard yet (resuming a schedule comes with checkpoints); "
-                                    "remove it or set -1",
+      // The schedule is a function of the optimizer steps taken, which a checkpoint restores.
+      throw ConfigError(fmt::format("{}: a schedule resumes from a checkpoint in zeroshard (Engine::load_checkpoint, "
+                                    "`zeroshard train --load DIR`), which restores the step count it follows; remove "
+                                    "it or set -1",
                                     p.path_of("last_batch_iteration")));
     }
     if (s.type == optim::ScheduleType::kOneCycle) return read_one_cycle(p, s.one_cycle);
@@ -285,14 +287,57 @@ void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
   }
   // Switches whose false (off) is what zeroshard does; true asks for a DeepSpeed feature it lacks.
   for (std::string_view key :
-       {"memory_efficient_linear", "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-        "stage3_gather_fp16_weights_on_model_save", "elastic_checkpoint", "round_robin_gradients",
+       {"memory_efficient_linear", "elastic_checkpoint", "round_robin_gradients",
         "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
         "mics_hierarchical_params_gather", "legacy_stage1", "log_trace_cache_warnings", "enable_sanity_checks",
         "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
         "allgather_sequential", "pipeline_loading_checkpoint", "sdma_allgather"}) {
     read_false_only(r, key);
   }
+}
+
+// DeepSpeed's `checkpoint` section (runtime/checkpoint_engine and runtime/config.py) plus zeroshard's
+// own keys (docs/checkpoints.md).
+void read_checkpoint(ObjectReader& r, CheckpointConfig& c, Notes& notes) {
+  r.known_keys(detail::deepspeed_keys("checkpoint"), "DeepSpeed");
+  // DeepSpeed accepts the names in any case ("Warn", "WARN", "warn").
+  if (const boost::json::value* v = r.find("tag_validation")) {
+    std::string text = v->is_string() ? std::string(v->as_string()) : std::string();
+    std::transform(text.begin(), text.end(), text.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    if (text == "ignore") c.tag_validation = TagValidation::kIgnore;
+    else if (text == "warn") c.tag_validation = TagValidation::kWarn;
+    else if (text == "fail") c.tag_validation = TagValidation::kFail;
+    else {
+      throw ConfigError(fmt::format("{}: expected \"Ignore\", \"Warn\" or \"Fail\", got {}", r.path_of("tag_validation"),
+                                    boost::json::serialize(*v)));
+    }
+  }
+  bool universal = false;
+  if (r.read("load_universal", universal) && universal) {
+    notes.push_back(fmt::format("{}: accepted; every zeroshard checkpoint loads at any world size, ZeRO stage and "
+                                "offload target directly (it is stored by parameter name), so there is no separate "
+                                "universal format",
+                                r.path_of("load_universal")));
+  }
+  bool node_local = false;
+  if (r.read("use_node_local_storage", node_local) && node_local) {
+    throw ConfigError(fmt::format("{}: not supported by zeroshard: a load re-slices every rank's file by parameter name "
+                                  "(so it works at another world size), which needs one directory that every rank "
+                                  "sees; set it to false and put checkpoint.dir on a shared filesystem",
+                                  r.path_of("use_node_local_storage")));
+  }
+  r.read_object("parallel_write", [&](ObjectReader& p) {
+    bool pipeline_stage = false;
+    if (p.read("pipeline_stage", pipeline_stage) && pipeline_stage) {
+      throw ConfigError(fmt::format("{}: zeroshard has no pipeline parallelism; every rank already writes its own file in "
+                                    "parallel. Set it to false or remove it",
+                                    p.path_of("pipeline_stage")));
+    }
+  });
+  r.read("dir", c.dir);
+  r.read("save_interval", c.save_interval, IntRange::non_negative());
+  r.read("keep_last", c.keep_last, IntRange::non_negative());
+  r.read("async", c.async);
 }
 
 void read_model(ObjectReader& r, nn::GptConfig& m) {
@@ -492,7 +537,20 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
   note_defaults(cfg, has_optimizer);
   note_one_bit_freeze(cfg);
-  root.read_object("zero_optimization", [&](ObjectReader& r) { read_zero(r, cfg.zero, cfg.notes); });
+  root.read_object("zero_optimization", [&](ObjectReader& r) {
+    read_zero(r, cfg.zero, cfg.notes);
+    // DeepSpeed's name, its older fp16 spelling and the alias without the stage3_ prefix.
+    for (std::string_view key : {"stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+                                 "gather_16bit_weights_on_model_save"}) {
+      bool on = false;
+      if (r.read(key, on)) cfg.checkpoint.gather_16bit_weights = cfg.checkpoint.gather_16bit_weights || on;
+    }
+  });
+  root.read_object("checkpoint", [&](ObjectReader& r) {
+    const bool gather = cfg.checkpoint.gather_16bit_weights;
+    read_checkpoint(r, cfg.checkpoint, cfg.notes);
+    cfg.checkpoint.gather_16bit_weights = gather;
+  });
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });
   root.read_object("aio", [&](ObjectReader& r) {
@@ -611,6 +669,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   }
   // After finish(): a misspelled batch key is reported as unknown, with its did-you-mean.
   cfg.batch = resolve_batch(train, micro, accum, dp);
+  cfg.json = boost::json::serialize(doc);
   return cfg;
 }
 

@@ -130,6 +130,23 @@ struct CommSectionConfig {
   comm::SharedMemory shared_memory = comm::SharedMemory::kAuto;
 };
 
+// DeepSpeed's checkpoint.tag_validation: whether every rank must save under the same tag.
+enum class TagValidation { kIgnore, kWarn, kFail };
+
+// The `checkpoint` section: DeepSpeed's keys plus zeroshard's own (docs/checkpoints.md).
+struct CheckpointConfig {
+  TagValidation tag_validation = TagValidation::kWarn;  // DeepSpeed's default
+  std::string dir;            // `zeroshard train` saves here when --save is not given; empty: no saves
+  int64_t save_interval = 0;  // `zeroshard train` saves every this many optimizer steps (0: at the end only)
+  int64_t keep_last = 0;      // tags kept under the directory after a save (0: all)
+  // Engine::save_checkpoint snapshots this rank's states to host memory and writes its file on a
+  // background thread while training goes on; Engine::wait_checkpoint (or the next save or load) commits.
+  bool async = false;
+  // zero_optimization.stage3_gather_16bit_weights_on_model_save: each save also writes the parameters
+  // in the training dtype, whole and by name, to <tag>/zs_model_16bit.h5 (DeepSpeed's 16-bit model file).
+  bool gather_16bit_weights = false;
+};
+
 struct EngineConfig {
   BatchConfig batch;
   Precision precision = Precision::kFp32;
@@ -151,6 +168,7 @@ struct EngineConfig {
   DataConfig data;
   CommSectionConfig comm;
   LogConfig log;
+  CheckpointConfig checkpoint;  // Engine::save_checkpoint / load_checkpoint; `zeroshard train --save/--load`
   MonitorConfig monitor;      // csv_monitor, tensorboard, comms_logger, memory_breakdown (engine/monitor.h)
   uint64_t seed = 1234;       // parameter initialisation and data sampling
   int64_t train_steps = 100;  // optimizer steps `zeroshard train` runs (--steps overrides)
@@ -160,6 +178,8 @@ struct EngineConfig {
   // Also the optimizer a config without an `optimizer` section trains with ("optimizer: no ...").
   // parse_config logs nothing (it runs on every rank); the program logs these once, on rank 0.
   std::vector<std::string> notes;
+  // The config document as parsed (compact JSON), saved into checkpoints; empty for a config built in C++.
+  std::string json;
 
   // The storage dtype of parameters and gradients the model computes with.
   memory::DType compute_dtype() const;

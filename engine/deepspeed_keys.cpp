@@ -60,6 +60,10 @@ const std::vector<std::string_view>& deepspeed_keys(std::string_view section) {
   static const std::vector<std::string_view> aio = {"block_size",    "queue_depth",    "intra_op_parallelism",
                                                     "thread_count",  "single_submit",  "overlap_events",
                                                     "use_gds"};
+  // runtime/config.py (checkpoint section: CHECKPOINT_TAG_VALIDATION, LOAD_UNIVERSAL_CHECKPOINT,
+  // USE_NODE_LOCAL_STORAGE_CHECKPOINT, CHECKPOINT_PARALLEL_WRITE).
+  static const std::vector<std::string_view> checkpoint = {"tag_validation", "load_universal", "use_node_local_storage",
+                                                           "parallel_write"};
   static const std::vector<std::string_view> none;
   if (section.empty()) return top;
   if (section == "zero_optimization") return zero;
@@ -70,6 +74,7 @@ const std::vector<std::string_view>& deepspeed_keys(std::string_view section) {
   if (section == "optimizer") return optimizer;
   if (section == "scheduler") return scheduler;
   if (section == "aio") return aio;
+  if (section == "checkpoint") return checkpoint;
   return none;
 }
 

@@ -94,6 +94,8 @@
 
 namespace zs::engine {
 
+struct PendingCheckpoint;  // engine_checkpoint.cpp: an asynchronous save not yet committed
+
 // Supplies micro-batches for train_batch and eval_batch: fills `batch` with the samples whose global
 // indices are [first_sample, first_sample + count) of optimizer step `step` (of evaluation batch `step`
 // for eval_batch). A pure function of its arguments, so the global batch is the same for every world
@@ -196,6 +198,32 @@ class Engine {
   // the stepped elements.
   double optimizer_state_bytes_per_param() const;
 
+  // ---- Checkpoints (docs/checkpoints.md). Collective: every rank calls them, between optimizer steps
+  // (a UsageError in the middle of an accumulation window). An error on any rank (a file that cannot
+  // be written or read, a checkpoint of another model) is agreed: every rank throws the same
+  // CheckpointError, IoError or UsageError, naming the failing rank and the file; none hangs.
+  //
+  // Saves the model states under `dir`/`tag` (tag empty: "global_step<N>"): each rank writes its own
+  // file (its shard of the master weights, the optimizer states under their own names, the parameters
+  // in the training dtype), rank 0 the metadata (step counters, loss scaler, schedule position, the
+  // MoE layers' random-draw counters, the config) and commits atomically, then keeps the newest
+  // config.checkpoint.keep_last tags. Returns the tag.
+  std::string save_checkpoint(const std::string& dir, const std::string& tag = "");
+  // Loads `dir`/`tag` (tag empty: the one `dir`/latest names), re-sliced by parameter name for this
+  // engine's world size, ZeRO stage, offload target and ep_size; the next train_batch continues with
+  // the step and the data the saved run would have used next. A model of other parameters or shapes,
+  // or an optimizer whose states cannot continue from the saved ones, is a CheckpointError saying what
+  // differs. After an error while reading data (a corrupt file) the engine's states are partly
+  // overwritten: load again or rebuild the engine. Returns the tag loaded.
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+  // With checkpoint.async, save_checkpoint returns once this rank's states are copied to host memory
+  // (a snapshot of its shard, taken in 4 MiB pieces); a background thread writes its file while
+  // training goes on, and the save is committed (metadata, `latest`, keep_last) by this call, which the
+  // next save_checkpoint and load_checkpoint make first. Collective; errors agreed as above. A save
+  // never committed (the engine destroyed first) leaves the previous checkpoint as `latest`. No-op
+  // when no save is pending.
+  void wait_checkpoint();
+
   // Memory accounting of this rank.
   struct MemoryReport {
     ModelStateBytes model_states;
@@ -231,12 +259,16 @@ class Engine {
  private:
   class Impl;
   friend class EngineContext;
+  friend class EngineCheckpoint;  // engine_checkpoint.cpp
   nn::Model& model_;
   EngineConfig config_;
   const comm::Group& group_;
   std::unique_ptr<Impl> impl_;
   StepReport last_;
   int64_t global_step_ = 0;
+  // Declared last, so destroyed first: joins the writer thread (shared_ptr: complete only in
+  // engine_checkpoint.cpp).
+  std::shared_ptr<PendingCheckpoint> pending_checkpoint_;
 };
 
 }  // namespace zs::engine

@@ -31,6 +31,21 @@ class LossScaler {
   bool update(bool overflow);
   int64_t overflows() const { return overflows_; }
 
+  // Everything the scaler needs to resume (checkpoints save and restore it as scalars).
+  struct State {
+    double scale = 1.0;
+    int64_t hysteresis_left = 0;
+    int64_t good_steps = 0;
+    int64_t overflows = 0;
+  };
+  State state() const { return {scale_, hysteresis_left_, good_steps_, overflows_}; }
+  void set_state(const State& s) {
+    scale_ = s.scale;
+    hysteresis_left_ = static_cast<int>(s.hysteresis_left);
+    good_steps_ = s.good_steps;
+    overflows_ = s.overflows;
+  }
+
  private:
   LossScalerConfig config_;
   bool dynamic_;

@@ -34,12 +34,15 @@ namespace {
 
 namespace po = boost::program_options;
 
-constexpr const char* kTrainUsage = "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json]\n";
+constexpr const char* kTrainUsage =
+    "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR] [--load DIR]\n";
 
 struct TrainArgs {
   std::string config;
   std::optional<int64_t> steps;
   std::string summary;
+  std::string save;  // checkpoint directory to save to (else checkpoint.dir)
+  std::string load;  // checkpoint directory to resume from (its `latest` tag)
 };
 
 // Returns nullopt after printing usage (exit code in `code`).
@@ -48,8 +51,10 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   opts.add_options()("help,h", "show this help")("config", po::value<std::string>(), "DeepSpeed-style JSON config file")(
       "steps", po::value<int64_t>(), "optimizer steps to run (default: the config's train_steps)")(
       "summary", po::value<std::string>(), "write the run summary JSON here (rank 0)")(
-      "save", po::value<std::string>(), "not yet: arrives with checkpoints")("load", po::value<std::string>(),
-                                                                              "not yet: arrives with checkpoints");
+      "save", po::value<std::string>(),
+      "save checkpoints here every checkpoint.save_interval steps and at the end (default: checkpoint.dir)")(
+      "load", po::value<std::string>(),
+      "resume from the latest checkpoint here (any world size, ZeRO stage or offload); --steps stays the total");
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(args).options(opts).run(), vm);
@@ -65,15 +70,6 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
     std::printf("%s\n%s", kTrainUsage, o.str().c_str());
     code = 0;
     return std::nullopt;
-  }
-  // The command line's documented contract names them; say what they are waiting for, not "unknown option".
-  for (const char* flag : {"save", "load"}) {
-    if (vm.count(flag)) {
-      std::fprintf(stderr, "zeroshard train: --%s is not supported yet: checkpoints (HDF5 + zstd, with resume at any "
-                   "world size or stage) are the next feature; run without --%s\n", flag, flag);
-      code = 2;
-      return std::nullopt;
-    }
   }
   if (!vm.count("config")) {
     std::fprintf(stderr, "zeroshard train: --config FILE is required\n%s", kTrainUsage);
@@ -91,6 +87,8 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
     }
   }
   if (vm.count("summary")) a.summary = vm["summary"].as<std::string>();
+  if (vm.count("save")) a.save = vm["save"].as<std::string>();
+  if (vm.count("load")) a.load = vm["load"].as<std::string>();
   return a;
 }
 
@@ -237,6 +235,9 @@ int train_command(const std::vector<std::string>& args) {
       })) {
     return 1;
   }
+  // Resume: the engine agrees on a load error itself (every rank throws the same one).
+  if (!a->load.empty() && !agree(everyone, [&] { engine->load_checkpoint(a->load); })) return 1;
+  const std::string save_dir = !a->save.empty() ? a->save : cfg.checkpoint.dir;
 
   try {
     ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters); data: {} ({} bytes)",
@@ -257,7 +258,11 @@ int train_command(const std::vector<std::string>& args) {
                                                        cfg.data.min_seq_len, model_cfg.seq_len)
                                          : std::string());
     engine::SummaryRecorder recorder(*engine);
-    for (int64_t i = 0; i < cfg.train_steps; ++i) {
+    // --steps / train_steps count the run's total optimizer steps: a resumed run goes on to the same end.
+    if (engine->global_step() >= cfg.train_steps) {
+      ZS_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", engine->global_step(), cfg.train_steps);
+    }
+    while (engine->global_step() < cfg.train_steps) {
       double t0 = now_seconds();
       const engine::StepReport& r = engine->train_batch(*source);
       double dt = now_seconds() - t0;
@@ -295,8 +300,27 @@ int train_command(const std::vector<std::string>& args) {
         ZS_LOG_INFO("eval step {}/{} | eval loss {:.4f} | {} held-out batch(es) of {}", r.step, cfg.train_steps, eval_loss,
                     cfg.data.eval_batches, eval_source->data().origin());
       }
+      const int64_t every = cfg.checkpoint.save_interval;
+      if (!save_dir.empty() && ((every > 0 && r.step % every == 0) || r.step == cfg.train_steps)) {
+        // An agreed error (every rank throws the same one): the job ends cleanly, rank 0 says why.
+        try {
+          engine->save_checkpoint(save_dir);
+        } catch (const std::exception& e) {
+          if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
+          return 1;
+        }
+      }
     }
-    ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());
+    // checkpoint.async: the last save is committed before the job ends.
+    try {
+      engine->wait_checkpoint();
+    } catch (const std::exception& e) {
+      if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
+      return 1;
+    }
+    if (!recorder.loss_history().empty()) {
+      ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());
+    }
     if (!a->summary.empty()) {
       world.flush();
       boost::json::object extra;

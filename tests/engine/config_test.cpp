@@ -147,7 +147,7 @@ TEST(Config, SchedulerDefaultsAndLastBatchIterationAsDeepSpeed) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})"),
                   "scheduler.params.warmup_num_steps");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": 5}}})"),
-                  "not supported by zeroshard yet");
+                  "a schedule resumes from a checkpoint in zeroshard");
 }
 
 TEST(Config, OneBitAdamFreezeBeforeTheVarianceSettlesIsNoted) {
@@ -320,7 +320,6 @@ TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
            R"({"train_batch_size": 4, "fp16": {"fp16_master_weights_and_grads": true}})",
            R"({"train_batch_size": 4, "bf16": {"bf16_master_weights_and_grads": true}})",
            R"({"train_batch_size": 4, "zero_optimization": {"memory_efficient_linear": true}})",
-           R"({"train_batch_size": 4, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true}})",
            R"({"train_batch_size": 4, "torch_autocast": {"enabled": true, "dtype": "bfloat16"}})",
            R"({"train_batch_size": 4, "hybrid_engine": {"enabled": true}})",
            R"({"train_batch_size": 4, "wandb": {"enabled": true}})",
@@ -435,8 +434,6 @@ TEST(ConfigDeepSpeed, RealKeysZeroshardLacksAreNotSupportedNotUnknown) {
   };
   for (const Case& c : {
            Case{R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "zenflow": {}}})", "zero_optimization.zenflow"},
-           Case{R"({"train_batch_size": 4, "zero_optimization": {"gather_16bit_weights_on_model_save": true}})",
-                "zero_optimization.gather_16bit_weights_on_model_save"},
            Case{R"({"train_batch_size": 4, "zero_optimization": {"zeropp_loco_param": {}}})",
                 "zero_optimization.zeropp_loco_param"},
            Case{R"({"train_batch_size": 4, "tensor_parallel": {"autotp_size": 2}})", "tensor_parallel"},
@@ -564,6 +561,40 @@ TEST(ConfigMoe, MistakesNameTheKey) {
   EXPECT_CONTAINS(error_of(with(R"("num_experts": 2, "every_n_layers": 3)")), "model.moe.every_n_layers");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 8, "model": {"tied_embeddings": true, "moe": {"num_experts": 2}}})"),
                   "model.tied_embeddings");
+}
+
+}  // namespace
+}  // namespace zs::engine
+
+namespace zs::engine {
+namespace {
+
+TEST(ConfigCheckpoint, DeepSpeedKeysAndOurs) {
+  EngineConfig c = parse(R"({"train_batch_size": 4, "checkpoint": {"tag_validation": "FAIL", "load_universal": false,
+      "use_node_local_storage": false, "parallel_write": {"pipeline_stage": false}, "dir": "ckpt",
+      "save_interval": 50, "keep_last": 3, "async": false}})");
+  EXPECT_EQ(c.checkpoint.tag_validation, TagValidation::kFail);
+  EXPECT_EQ(c.checkpoint.dir, "ckpt");
+  EXPECT_EQ(c.checkpoint.save_interval, 50);
+  EXPECT_EQ(c.checkpoint.keep_last, 3);
+  EXPECT_FALSE(c.checkpoint.gather_16bit_weights);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4})").checkpoint.tag_validation, TagValidation::kWarn);  // DeepSpeed's default
+  EXPECT_TRUE(has_note(parse(R"({"train_batch_size": 4, "checkpoint": {"load_universal": true}})"),
+                       "checkpoint.load_universal: accepted"));
+  for (std::string_view key : {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                               "stage3_gather_fp16_weights_on_model_save"}) {
+    EngineConfig g = parse(fmt::format(R"({{"train_batch_size": 4, "zero_optimization": {{"stage": 3, "{}": true}}}})", key));
+    EXPECT_TRUE(g.checkpoint.gather_16bit_weights) << key;
+  }
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"tag_validation": "Maybe"}})"),
+                  "checkpoint.tag_validation: expected \"Ignore\", \"Warn\" or \"Fail\"");
+  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "checkpoint": {"async": true}})").checkpoint.async);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"use_node_local_storage": true}})"),
+                  "checkpoint.use_node_local_storage: not supported by zeroshard");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"parallel_write": {"pipeline_stage": true}}})"),
+                  "checkpoint.parallel_write.pipeline_stage: zeroshard has no pipeline parallelism");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"keep_lats": 2}})"), "did you mean 'keep_last'");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"save_interval": -1}})"), "checkpoint.save_interval");
 }
 
 }  // namespace

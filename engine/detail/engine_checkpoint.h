@@ -1,0 +1,123 @@
+// EngineCheckpoint: the engine's side of Engine::save_checkpoint / load_checkpoint, shared by
+// engine_checkpoint.cpp (save, commit, load, agreed errors) and engine_checkpoint_items.cpp (what each
+// rank saves or loads, and the data movement of each piece: Note [checkpoint buffers] there).
+// Internal: not installed.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "engine/checkpoint/checkpoint.h"
+#include "engine/detail/engine_impl.h"
+
+namespace zs::engine {
+
+// Elements a save or load moves at a time: 4 MiB of fp32.
+inline constexpr uint64_t kCheckpointPieceElements = uint64_t{1} << 20;
+
+// One segment of one buffer: elements [begin, begin + count) of `tensor`, moved by `io`.
+struct Item {
+  std::string buffer;
+  memory::DType buffer_dtype = memory::DType::kF32;
+  std::string tensor;
+  std::vector<uint64_t> shape;
+  memory::DType tensor_dtype = memory::DType::kF32;
+  uint64_t begin = 0;
+  uint64_t count = 0;
+  // Moves elements [begin + at, begin + at + n) between the engine and `host` (n elements of
+  // buffer_dtype): save reads them out, load writes them in.
+  std::function<void(uint64_t at, uint64_t n, void* host)> io;
+};
+
+// How an error crosses ranks (and the async writer's thread): its kind, then its message.
+enum CheckpointErrorKind : int32_t { kNoError = 0, kCheckpointError, kIoError, kUsageError, kConfigError, kOtherError };
+
+// An asynchronous save (checkpoint.async): this rank's snapshot, written by `writer`; committed by
+// Engine::wait_checkpoint.
+struct PendingCheckpoint {
+  std::filesystem::path root;
+  std::filesystem::path staging;
+  checkpoint::Metadata meta;
+  int rank = 0;
+  std::vector<std::pair<std::string, std::vector<std::byte>>> snapshot;  // (buffer, bytes) in file order
+  std::thread writer;
+  // Set by the writer thread, read after join (an exception crosses the thread as kind + message).
+  int32_t error_kind = kNoError;
+  std::string error;
+  double write_s = 0;
+  ~PendingCheckpoint() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
+// The engine's side of a checkpoint: which items this rank saves or loads, and the data movement of
+// each (a friend of Engine, so it reaches the Impl).
+class EngineCheckpoint {
+ public:
+  explicit EngineCheckpoint(Engine& e) : e_(e), s_(*e.impl_) {}
+
+  std::string save(const std::filesystem::path& root, std::string tag);
+  std::string load(const std::filesystem::path& root, const std::string& tag);
+  // Commits an asynchronous save (collective); nothing when none is pending.
+  void finish_pending();
+
+ private:
+  using Impl = Engine::Impl;
+  enum class Purpose { kSave, kLoad };
+
+  // Flat range of set `set` this rank writes (save) or holds (load).
+  memory::ShardRange range_for(const StateSet& set, Purpose p, bool whole_state) const {
+    const memory::ShardRange held = whole_state ? set.whole() : set.step_range();
+    if (p == Purpose::kLoad) return held;
+    if (s_.stage_ == 0) return set.group.rank() == 0 ? held : memory::ShardRange{held.offset, 0};
+    return whole_state ? set.partition.mine : held;
+  }
+
+  // fn(slot, part) for each slot of `set` overlapping `range`, with the overlap.
+  template <typename F>
+  static void for_slots(const StateSet& set, memory::ShardRange range, F&& fn) {
+    for (const ParamSlot& slot : set.layout.slots()) {
+      memory::ShardRange part = slot.range().intersect(range);
+      if (!part.empty()) fn(slot, part);
+    }
+  }
+
+  std::vector<Item> items(Purpose p);
+  void add_param_items(std::vector<Item>& out, StateSet& set, Purpose p);
+  void add_state_items(std::vector<Item>& out, StateSet& set, Purpose p);
+  void add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local);
+  static std::vector<uint64_t> shape_of(const memory::Shape& s) { return {s.begin(), s.end()}; }
+  std::map<std::string, checkpoint::Scalar> scalars() const;
+
+  // Byte transfers between the engine's buffers and host memory.
+  void copy_out(void* host, const StateBuffer& b, const void* at, size_t bytes) const {
+    s_.backend_->copy(host, memory::Tier::kHost, at, b.tier(), bytes);
+  }
+  void copy_in(const StateBuffer& b, void* at, const void* host, size_t bytes) const {
+    s_.backend_->copy(at, b.tier(), host, memory::Tier::kHost, bytes);
+  }
+  void nvme_io(offload::SwapSpace& swap, const offload::SwapRegion& region, uint64_t offset, void* host, size_t bytes,
+               bool write) const;
+  void write_master(StateSet& set, memory::ShardRange range, const float* src);
+
+  void check_compatible(const checkpoint::CheckpointReader& r) const;
+  void restore_scalars(const checkpoint::Metadata& m, const std::filesystem::path& dir);
+  void write_16bit(const std::filesystem::path& dir) const;
+  void commit(const std::filesystem::path& root, const std::filesystem::path& staging, const checkpoint::Metadata& meta) const;
+
+  Engine& e_;
+  Impl& s_;
+  // Load: whether the checkpoint's rank-local states fit this run (same optimizer family and world).
+  bool rank_local_ok_ = false;
+  // Load: the checkpoint's compressed-optimizer states are read (else Adam-family states only).
+  bool compressed_source_ = false;
+};
+
+
+}  // namespace zs::engine

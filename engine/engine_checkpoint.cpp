@@ -1,0 +1,526 @@
+// Engine::save_checkpoint / load_checkpoint / wait_checkpoint: the engine's model states through the
+// storage layer of engine/checkpoint (docs/checkpoints.md). What each rank writes and reads:
+// engine_checkpoint_items.cpp (Note [checkpoint buffers]).
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "core/clock.h"
+#include "core/errors.h"
+#include "core/log.h"
+#include "engine/checkpoint/h5.h"
+#include "engine/detail/engine_checkpoint.h"
+#include "moe/moe_layer.h"
+
+namespace zs::engine {
+
+namespace fs = std::filesystem;
+using memory::DType;
+using memory::ShardRange;
+using memory::Tier;
+
+namespace {
+
+constexpr const char* k16BitFile = "zs_model_16bit.h5";
+
+std::vector<std::string> allgather_strings(const comm::Group& g, const std::string& mine) {
+  if (g.size() == 1) return {mine};
+  int32_t len = static_cast<int32_t>(mine.size());
+  std::vector<int32_t> lens(static_cast<size_t>(g.size()));
+  g.allgather(memory::Tensor(&len, DType::kI32, {1}), memory::Tensor(lens.data(), DType::kI32, {g.size()}));
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (int32_t l : lens) {
+    counts.push_back(static_cast<size_t>(l) / 4 + 1);
+    total += counts.back();
+  }
+  std::vector<int32_t> words(static_cast<size_t>(len) / 4 + 1, 0);
+  std::memcpy(words.data(), mine.data(), mine.size());
+  std::vector<int32_t> all(total);
+  g.allgatherv(memory::Tensor(words.data(), DType::kI32, {static_cast<int64_t>(words.size())}),
+               memory::Tensor(all.data(), DType::kI32, {static_cast<int64_t>(total)}), counts);
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t r = 0; r < lens.size(); ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + at), static_cast<size_t>(lens[r]));
+    at += counts[r];
+  }
+  return out;
+}
+
+// Runs `fn` on every rank and agrees on the outcome: when any rank threw, every rank throws the same
+// error (the lowest failing rank's, of its kind, its message prefixed with that rank), so no rank is
+// left waiting in a collective that the failed one never enters.
+template <typename F>
+void agreed(const comm::Group& g, F&& fn) {
+  int32_t kind = kNoError;
+  std::string message;
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    kind = kCheckpointError, message = e.what(), error = std::current_exception();
+  } catch (const IoError& e) {
+    kind = kIoError, message = e.what(), error = std::current_exception();
+  } catch (const UsageError& e) {
+    kind = kUsageError, message = e.what(), error = std::current_exception();
+  } catch (const ConfigError& e) {
+    kind = kConfigError, message = e.what(), error = std::current_exception();
+  } catch (const fs::filesystem_error& e) {
+    kind = kIoError, message = e.what(), error = std::current_exception();
+  } catch (const std::exception& e) {
+    kind = kOtherError, message = e.what(), error = std::current_exception();
+  }
+  if (g.size() == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::vector<int32_t> kinds(static_cast<size_t>(g.size()));
+  g.allgather(memory::Tensor(&kind, DType::kI32, {1}), memory::Tensor(kinds.data(), DType::kI32, {g.size()}));
+  auto first = std::find_if(kinds.begin(), kinds.end(), [](int32_t k) { return k != kNoError; });
+  if (first == kinds.end()) return;
+  const auto r = static_cast<size_t>(first - kinds.begin());
+  const std::string text = fmt::format("rank {}: {}", r, allgather_strings(g, message)[r]);
+  switch (*first) {
+    case kIoError: throw IoError(text);
+    case kUsageError: throw UsageError(text);
+    case kConfigError: throw ConfigError(text);
+    default: throw CheckpointError(text);
+  }
+}
+
+
+std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The description of this rank's items, for the layout every rank builds from all of them:
+//   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
+std::string describe(const std::vector<Item>& items) {
+  std::string out;
+  for (const Item& it : items) {
+    out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
+    out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+  }
+  return out;
+}
+
+DType dtype_named(const std::string& name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    if (memory::dtype_name(t) == name) return t;
+  }
+  ZS_ASSERT(false, "unknown dtype '{}' in a checkpoint description", name);
+  return DType::kF32;
+}
+
+checkpoint::Layout build_layout(const std::vector<std::string>& descriptions) {
+  checkpoint::Layout layout;
+  layout.world_size = static_cast<int>(descriptions.size());
+  std::map<std::string, uint32_t> tensor_ids;
+  std::map<std::string, size_t> buffer_ids;
+  for (size_t r = 0; r < descriptions.size(); ++r) {
+    std::istringstream in(descriptions[r]);
+    std::string kind;
+    while (in >> kind) {
+      if (kind == "T") {
+        std::string name, dtype, dims;
+        in >> name >> dtype >> dims;
+        std::vector<uint64_t> shape;
+        std::istringstream d(dims);
+        for (std::string v; std::getline(d, v, ',');) {
+          if (!v.empty()) shape.push_back(std::stoull(v));
+        }
+        if (tensor_ids.emplace(name, static_cast<uint32_t>(layout.tensors.size())).second) {
+          layout.tensors.push_back({name, shape, dtype_named(dtype)});
+        } else {
+          ZS_ASSERT(layout.tensors[tensor_ids[name]].shape == shape, "tensor '{}' has two shapes across ranks", name);
+        }
+      } else {
+        std::string buffer, dtype, tensor;
+        uint64_t begin = 0, count = 0;
+        in >> buffer >> dtype >> tensor >> begin >> count;
+        auto [it, fresh] = buffer_ids.emplace(buffer, layout.buffers.size());
+        if (fresh) {
+          layout.buffers.push_back({buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
+        }
+        layout.buffers[it->second].ranks[r].push_back({tensor_ids.at(tensor), begin, count});
+      }
+    }
+  }
+  return layout;
+}
+
+checkpoint::Scalar scalar_or(const checkpoint::Metadata& m, const std::string& key, checkpoint::Scalar fallback) {
+  auto it = m.scalars.find(key);
+  return it == m.scalars.end() ? fallback : it->second;
+}
+
+int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
+  auto it = m.scalars.find(key);
+  if (it == m.scalars.end() || !std::holds_alternative<int64_t>(it->second)) {
+    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not an integer: not a checkpoint "
+                                      "zeroshard's engine wrote",
+                                      dir.string(), key));
+  }
+  return std::get<int64_t>(it->second);
+}
+
+double real_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
+  auto it = m.scalars.find(key);
+  if (it == m.scalars.end() || !std::holds_alternative<double>(it->second)) {
+    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not a number", dir.string(), key));
+  }
+  return std::get<double>(it->second);
+}
+
+std::string string_scalar(const checkpoint::Metadata& m, const std::string& key) {
+  auto v = scalar_or(m, key, std::string());
+  return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
+}
+
+bool one_bit_family(std::string_view name) { return name == "OneBitAdam" || name == "ZeroOneAdam"; }
+bool adam_family(std::string_view name) { return name == "Adam" || name == "AdamW"; }
+
+}  // namespace
+
+std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
+  const comm::Group& g = s_.group_;
+  if (s_.micro_step_ != 0 || e_.model_.forward_pending()) {
+    throw UsageError(fmt::format("Engine::save_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
+                                 "run): save after step() has returned true",
+                                 s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
+  }
+  finish_pending();
+  if (tag.empty()) tag = fmt::format("global_step{}", e_.global_step_);
+  const CheckpointConfig& cc = e_.config_.checkpoint;
+  std::vector<Item> mine = items(Purpose::kSave);
+  // One gather: every rank's items (the layout), rank 0's tag and run id, and each rank's tag.
+  std::string run_id = g.rank() == 0 ? checkpoint::new_run_id() : std::string();
+  const std::vector<std::string> all = allgather_strings(g, fmt::format("{}\n{}\n{}", tag, run_id, describe(mine)));
+  std::vector<std::string> descriptions;
+  std::vector<std::string> tags;
+  for (const std::string& d : all) {
+    const size_t a = d.find('\n'), b = d.find('\n', a + 1);
+    tags.push_back(d.substr(0, a));
+    if (run_id.empty() && &d == &all.front()) run_id = d.substr(a + 1, b - a - 1);
+    descriptions.push_back(d.substr(b + 1));
+  }
+  // checkpoint.tag_validation (DeepSpeed's): every rank must name the same tag; the save uses rank 0's.
+  auto differs = std::find_if(tags.begin(), tags.end(), [&](const std::string& t) { return t != tags.front(); });
+  if (differs != tags.end() && cc.tag_validation != TagValidation::kIgnore) {
+    const std::string what = fmt::format("checkpoint tag '{}' on rank {} differs from rank 0's '{}'", *differs,
+                                         differs - tags.begin(), tags.front());
+    if (cc.tag_validation == TagValidation::kFail) {
+      throw CheckpointError(fmt::format("{} (checkpoint.tag_validation is \"Fail\"): pass every rank the same tag", what));
+    }
+    if (g.rank() == 0) ZS_LOG_WARN("{}; saving under rank 0's tag (checkpoint.tag_validation \"Warn\")", what);
+  }
+  tag = tags.front();
+
+  checkpoint::Metadata meta;
+  meta.run_id = run_id;
+  meta.tag = tag;
+  meta.layout = build_layout(descriptions);
+  meta.scalars = scalars();
+  meta.config_json = e_.config_.json;
+  fs::path staging;
+  agreed(g, [&] {
+    if (g.rank() == 0) staging = checkpoint::begin_save(root, tag);
+  });
+  staging = allgather_strings(g, staging.string()).front();
+  if (cc.async) {
+    auto pending = std::make_shared<PendingCheckpoint>();
+    pending->root = root;
+    pending->staging = staging;
+    pending->meta = meta;
+    pending->rank = g.rank();
+    // The snapshot: the states may change as soon as this returns.
+    agreed(g, [&] {
+      memory::DeviceAccess access(*s_.backend_);
+      for (const Item& it : mine) {
+        const size_t elem = memory::dtype_size(it.buffer_dtype);
+        std::vector<std::byte> bytes(it.count * elem);
+        for (uint64_t at = 0; at < it.count; at += kCheckpointPieceElements) {
+          it.io(at, std::min(kCheckpointPieceElements, it.count - at), bytes.data() + at * elem);
+        }
+        pending->snapshot.emplace_back(it.buffer, std::move(bytes));
+      }
+    });
+    PendingCheckpoint* p = pending.get();
+    pending->writer = std::thread([p] {
+      const double t0 = now_seconds();
+      try {
+        checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{});
+        for (auto& [buffer, bytes] : p->snapshot) {
+          w.append(buffer, bytes);
+          std::vector<std::byte>().swap(bytes);  // written: its memory goes back now
+        }
+        w.finish();
+      } catch (const CheckpointError& e) {
+        p->error_kind = kCheckpointError, p->error = e.what();
+      } catch (const IoError& e) {
+        p->error_kind = kIoError, p->error = e.what();
+      } catch (const std::exception& e) {
+        p->error_kind = kIoError, p->error = e.what();
+      }
+      p->write_s = now_seconds() - t0;
+    });
+    e_.pending_checkpoint_ = std::move(pending);
+    ZS_LOG_INFO("checkpoint: step {} copied to host memory; writing {} in the background", e_.global_step_,
+                (root / tag).string());
+    return tag;
+  }
+  agreed(g, [&] {
+    checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{});
+    std::vector<std::byte> piece;
+    memory::DeviceAccess access(*s_.backend_);
+    for (const Item& it : mine) {
+      const size_t elem = memory::dtype_size(it.buffer_dtype);
+      for (uint64_t at = 0; at < it.count; at += kCheckpointPieceElements) {
+        const uint64_t n = std::min(kCheckpointPieceElements, it.count - at);
+        piece.resize(n * elem);
+        it.io(at, n, piece.data());
+        w.append(it.buffer, piece);
+      }
+    }
+    w.finish();
+  });
+  commit(root, staging, meta);
+  return tag;
+}
+
+void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta) const {
+  const comm::Group& g = s_.group_;
+  const CheckpointConfig& cc = e_.config_.checkpoint;
+  agreed(g, [&] {
+    if (g.rank() != 0) return;
+    checkpoint::write_metadata(staging, meta);
+    if (cc.gather_16bit_weights) write_16bit(staging);
+    checkpoint::commit_save(root, meta.tag, static_cast<int>(cc.keep_last));
+  });
+  ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", std::get<int64_t>(meta.scalars.at("global_step")),
+              (root / meta.tag).string(), meta.tag, g.size());
+}
+
+void EngineCheckpoint::finish_pending() {
+  std::shared_ptr<PendingCheckpoint> p = std::move(e_.pending_checkpoint_);
+  if (!p) return;
+  const double t0 = now_seconds();
+  p->writer.join();
+  agreed(s_.group_, [&] {
+    switch (p->error_kind) {
+      case kNoError: return;
+      case kCheckpointError: throw CheckpointError(p->error);
+      default: throw IoError(p->error);
+    }
+  });
+  ZS_LOG_DEBUG("checkpoint: background write took {:.3f} s, {:.3f} s of it waited for at the commit", p->write_s,
+               now_seconds() - t0);
+  commit(p->root, p->staging, p->meta);
+}
+
+void EngineCheckpoint::write_16bit(const fs::path& dir) const {
+  // DeepSpeed's 16-bit model file (stage3_gather_16bit_weights_on_model_save): every parameter whole,
+  // by name, in the training dtype, one parameter at a time (memory: the largest parameter).
+  checkpoint::CheckpointReader r = checkpoint::CheckpointReader::open_dir(dir);
+  const checkpoint::Layout& layout = r.metadata().layout;
+  const char* buffer = layout.find_buffer("params") != nullptr ? "params" : "fp32";
+  const DType dtype = layout.find_buffer(buffer)->dtype;
+  const fs::path path = dir / k16BitFile;
+  namespace h5 = checkpoint::h5;
+  h5::Handle file = h5::file_create(path);
+  h5::Handle lcpl = h5::plist_create(H5P_LINK_CREATE);
+  ZS_H5_CHECK(H5Pset_create_intermediate_group(lcpl.get(), 1), path, "link create list");
+  h5::write_attr(file.get(), "dtype", memory::dtype_name(dtype), path);
+  std::vector<std::byte> values;
+  for (const checkpoint::TensorInfo& t : layout.tensors) {
+    if (!r.holds(buffer, t.name) || !r.holds("fp32", t.name)) continue;  // a parameter, not an optimizer state
+    values.resize(t.numel() * memory::dtype_size(dtype));
+    r.read(buffer, t.name, 0, t.numel(), dtype, values.data());
+    std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
+    h5::Handle space = h5::dataspace_simple(dims);
+    const hid_t type = dtype == DType::kF32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_UINT16;  // bf16/fp16: their bit patterns
+    h5::Handle ds(ZS_H5_CHECK(H5Dcreate2(file.get(), t.name.c_str(), type, space.get(), lcpl.get(), H5P_DEFAULT, H5P_DEFAULT),
+                              path, fmt::format("create of dataset '{}'", t.name)),
+                  H5Dclose);
+    ZS_H5_CHECK(H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()), path,
+                fmt::format("write of '{}'", t.name));
+  }
+  file.close(path, "file");
+  checkpoint::fsync_path(path);
+}
+
+void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) const {
+  const checkpoint::Metadata& m = r.metadata();
+  const fs::path& dir = r.dir();
+  const checkpoint::Layout& layout = m.layout;
+  // Every parameter this rank holds: present, with the model's shape.
+  for (const auto& set : s_.sets_) {
+    for (const ParamSlot& slot : set->layout.slots()) {
+      const std::string name = slot.param->full_name();
+      const int t = layout.find_tensor(name);
+      if (t < 0 || !r.holds("fp32", name)) {
+        throw CheckpointError(fmt::format("checkpoint '{}' has no parameter '{}' of this model (it holds {} tensors, e.g. "
+                                          "'{}'): a checkpoint of another model?",
+                                          dir.string(), name, layout.tensors.size(),
+                                          layout.tensors.empty() ? "" : layout.tensors.front().name));
+      }
+      const std::vector<uint64_t> want = shape_of(slot.param->shape());
+      if (layout.tensors[static_cast<size_t>(t)].shape != want) {
+        throw CheckpointError(fmt::format("checkpoint '{}': parameter '{}' has shape {} there but {} in this model",
+                                          dir.string(), name, shape_text(layout.tensors[static_cast<size_t>(t)].shape),
+                                          shape_text(want)));
+      }
+    }
+  }
+  const std::string saved = string_scalar(m, "optimizer.type");
+  const std::string_view ours = e_.config_.optimizer.name();
+  const bool same = saved == ours || (adam_family(saved) && adam_family(ours));
+  const bool one_bit_to_adam = one_bit_family(saved) && adam_family(ours);
+  const bool adam_to_one_bit = adam_family(saved) && one_bit_family(ours);
+  if (!same && !one_bit_to_adam && !adam_to_one_bit && !(one_bit_family(saved) && one_bit_family(ours))) {
+    throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states, which {} cannot continue from (its "
+                                      "states differ); load it with optimizer.type {}",
+                                      dir.string(), saved.empty() ? "unknown" : saved, ours, saved));
+  }
+  // Every state this rank's optimizer needs, for every parameter it holds.
+  std::vector<std::string> needed;
+  if (s_.compressed_) {
+    needed = {"exp_avg", "exp_avg_sq"};
+  } else {
+    for (const auto& spec : s_.optimizer_->state_specs()) needed.emplace_back(spec.name);
+  }
+  for (const std::string& b : needed) {
+    if (layout.find_buffer(b) == nullptr) {
+      throw CheckpointError(fmt::format("checkpoint '{}' has no optimizer state '{}', which {} needs", dir.string(), b, ours));
+    }
+  }
+}
+
+void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::path& dir) {
+  e_.global_step_ = int_scalar(m, "global_step", dir);
+  s_.steps_taken_ = int_scalar(m, "steps_taken", dir);
+  if (e_.config_.precision == Precision::kFp16 && string_scalar(m, "precision") == "fp16") {
+    s_.scaler_.set_state({.scale = real_scalar(m, "loss_scaler.scale", dir),
+                          .hysteresis_left = int_scalar(m, "loss_scaler.hysteresis_left", dir),
+                          .good_steps = int_scalar(m, "loss_scaler.good_steps", dir),
+                          .overflows = int_scalar(m, "loss_scaler.overflows", dir)});
+  }
+  for (nn::Module* mod : e_.model_.named_modules()) {
+    if (auto* moe = dynamic_cast<moe::MoE*>(mod)) {
+      const std::string key = fmt::format("rng.{}.train_passes", mod->name());
+      if (m.scalars.count(key) == 0) continue;
+      moe->set_passes(static_cast<uint64_t>(int_scalar(m, key, dir)),
+                      static_cast<uint64_t>(int_scalar(m, fmt::format("rng.{}.eval_passes", mod->name()), dir)));
+    }
+  }
+  if (!s_.compressed_) return;
+  CompressedState& c = *s_.compressed_;
+  // A momentum gathered before the save (the compressed phase) is whole here too; one still sharded
+  // is gathered at the first compressed step, as in a run never interrupted.
+  const bool whole = compressed_source_ && int_scalar(m, "compressed.momentum_whole", dir) != 0;
+  c.momentum_whole = whole || s_.stage_ == 0 || s_.group_.size() == 1;
+  if (c.schedule) {
+    if (m.scalars.count("zero_one.step") != 0) {
+      c.schedule->set_state({.step = int_scalar(m, "zero_one.step", dir),
+                             .var_interval = int_scalar(m, "zero_one.var_interval", dir),
+                             .var_counter = int_scalar(m, "zero_one.var_counter", dir),
+                             .local_step_interval = int_scalar(m, "zero_one.local_step_interval", dir),
+                             .local_step_counter = int_scalar(m, "zero_one.local_step_counter", dir),
+                             .lrs = real_scalar(m, "zero_one.lrs", dir)});
+    } else {
+      // From Adam or one-bit Adam: the schedule restarts its bookkeeping at the loaded step.
+      c.schedule->set_state({.step = s_.steps_taken_});
+    }
+  }
+  if (!rank_local_ok_) c.reduce->reset_errors();
+}
+
+std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag) {
+  const comm::Group& g = s_.group_;
+  if (s_.micro_step_ != 0 || e_.model_.forward_pending()) {
+    throw UsageError(fmt::format("Engine::load_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
+                                 "run): load before training, or after step() has returned true",
+                                 s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
+  }
+  finish_pending();  // a save still being written is committed first: it may be the one to load
+  std::optional<checkpoint::CheckpointReader> reader;
+  // 1. Open and check (nothing in the engine changes yet).
+  agreed(g, [&] {
+    reader.emplace(root, tag);
+    check_compatible(*reader);
+    const checkpoint::Metadata& m = reader->metadata();
+    const std::string saved = string_scalar(m, "optimizer.type");
+    compressed_source_ = one_bit_family(saved);
+    rank_local_ok_ = s_.compressed_ && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
+                     std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
+                         static_cast<int64_t>(s_.dense().layout.total()) &&
+                     std::get<int64_t>(scalar_or(m, "compressed.rank_local_states", int64_t{0})) ==
+                         static_cast<int64_t>(!s_.compressed_->accumulator.empty());
+    // A rank file lost since the save: rank-local states need this rank's own tensors.
+    if (rank_local_ok_ && !reader->holds("error_feedback", fmt::format("error_feedback.worker.rank{}", g.rank()))) {
+      rank_local_ok_ = false;
+    }
+  });
+  const checkpoint::Metadata& m = reader->metadata();
+  const fs::path dir = reader->dir();
+  // 2. Read this rank's ranges of every state, re-sliced by name (Note [checkpoint buffers]).
+  agreed(g, [&] {
+    std::vector<Item> wanted = items(Purpose::kLoad);
+    std::vector<std::byte> piece;
+    memory::DeviceAccess access(*s_.backend_);
+    for (const Item& it : wanted) {
+      const size_t elem = memory::dtype_size(it.buffer_dtype);
+      for (uint64_t at = 0; at < it.count; at += kCheckpointPieceElements) {
+        const uint64_t n = std::min(kCheckpointPieceElements, it.count - at);
+        piece.resize(n * elem);
+        reader->read(it.buffer, it.tensor, it.begin + at, n, it.buffer_dtype, piece.data());
+        it.io(at, n, piece.data());
+      }
+    }
+  });
+  // The counters only once every rank has read its data, so that no rank moves on alone.
+  agreed(g, [&] { restore_scalars(m, dir); });
+  // 3. The parameters every rank holds: stages 1-2 allgather the loaded shards; stage 3 drops what
+  // its gatherer holds (persistent modules included), so the next pass gathers the loaded values.
+  for (auto& set : s_.sets_) {
+    if (s_.stage_ == 1 || s_.stage_ == 2) s_.allgather_params(*set);
+    if (set->gatherer) {
+      memory::DeviceAccess access(*s_.backend_);
+      set->gatherer->invalidate();
+    }
+    s_.backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
+    if (!set->grad32.empty()) s_.backend_->fill_zero(set->grad32.data(), set->grad32.tier(), set->grad32.size());
+  }
+  e_.last_ = StepReport{};
+  e_.last_.step = e_.global_step_;
+  const std::string saved_optimizer = string_scalar(m, "optimizer.type");
+  if (g.rank() == 0) {
+    if (compressed_source_ && !s_.compressed_) {
+      ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers are dropped: {} keeps none, and continues from the "
+                  "checkpoint's exp_avg and exp_avg_sq",
+                  saved_optimizer, e_.config_.optimizer.name());
+    } else if (compressed_source_ && !rank_local_ok_) {
+      ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers and rank-local momenta (saved at {} rank(s)) do not fit "
+                  "this run ({} at {} rank(s)): the error feedback restarts at zero and the momentum is the saved "
+                  "owners' copy",
+                  saved_optimizer, int_scalar(m, "world_size", dir), e_.config_.optimizer.name(), g.size());
+    }
+    ZS_LOG_INFO("checkpoint: loaded {} (step {}, saved at {} rank(s), ZeRO stage {}) at {} rank(s), ZeRO stage {}",
+                dir.string(), e_.global_step_, int_scalar(m, "world_size", dir), int_scalar(m, "zero.stage", dir),
+                g.size(), s_.stage_);
+  }
+  return m.tag;
+}
+
+std::string Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  return EngineCheckpoint(*this).save(dir, tag);
+}
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return EngineCheckpoint(*this).load(dir, tag);
+}
+
+void Engine::wait_checkpoint() { EngineCheckpoint(*this).finish_pending(); }
+
+}  // namespace zs::engine
