@@ -494,6 +494,9 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   root.read_object("zero_optimization", [&](ObjectReader& r) { read_zero(r, cfg.zero, cfg.notes); });
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });
+  root.read_object("activation_checkpointing", [&](ObjectReader& r) {
+    detail::read_activation_checkpointing(r, cfg.activation_checkpointing, cfg.notes);
+  });
   root.read_object("aio", [&](ObjectReader& r) {
     r.known_keys(detail::deepspeed_keys("aio"), "DeepSpeed");
     auto& a = cfg.aio;
