@@ -41,8 +41,9 @@ memory::Tensor CheckpointInputStore::keep(const memory::Tensor& input) {
   const size_t bytes = input.nbytes();
   auto host = std::make_shared<offload::AlignedBuffer>(std::max<size_t>(bytes, 1), &arena_->tracker,
                                                        memory::Category::kActivations);
-  backend.copy(host->data(), memory::Tier::kHost, input.raw(), memory::Tier::kDevice, bytes);
-  return memory::Tensor(host->data(), input.dtype(), input.shape(), input.strides(), std::move(host));
+  std::byte* data = host->data();
+  backend.copy(data, memory::Tier::kHost, input.raw(), memory::Tier::kDevice, bytes);
+  return memory::Tensor(data, input.dtype(), input.shape(), input.strides(), std::move(host));
 }
 
 memory::Tensor CheckpointInputStore::keep_in_slot(const memory::Tensor& input) {
