@@ -39,9 +39,14 @@ memory::Tensor CheckpointInputStore::keep(const memory::Tensor& input) {
   if (cfg_.contiguous_memory_optimization) return keep_in_slot(input);
   if (!cfg_.cpu_checkpointing) return input;
   const size_t bytes = input.nbytes();
-  auto host = std::make_shared<offload::AlignedBuffer>(std::max<size_t>(bytes, 1), &arena_->tracker,
-                                                       memory::Category::kActivations);
-  std::byte* data = host->data();
+  // The copy's owner keeps the arena, whose tracker counts its bytes (Note [engine memory lifetime]).
+  struct HostCopy {
+    std::shared_ptr<DeviceArena> arena;
+    offload::AlignedBuffer buffer;
+  };
+  auto host = std::make_shared<HostCopy>(HostCopy{
+      arena_, offload::AlignedBuffer(std::max<size_t>(bytes, 1), &arena_->tracker, memory::Category::kActivations)});
+  std::byte* data = host->buffer.data();
   backend.copy(data, memory::Tier::kHost, input.raw(), memory::Tier::kDevice, bytes);
   return memory::Tensor(data, input.dtype(), input.shape(), input.strides(), std::move(host));
 }
