@@ -7,17 +7,20 @@
 //
 //   build/release/benchmarks/activation_checkpointing_bench [--json out.json] [--steps 6] [--warmup 1]
 //          [--n-layer 4 --d-model 256 --n-head 4 --seq-len 128] [--micro-batch 8]
-//          [--fit-d-model 128 --fit-seq-len 256 --fit-micro-batch 8 --fit-memory-mb 1024] [--no-verify]
+//          [--fit-d-model 128 --fit-seq-len 256 --fit-micro-batch 8 --fit-memory-mb 1024] [--no-verify] [--no-fit]
 //   mpirun -np 2 --oversubscribe build/release/benchmarks/activation_checkpointing_bench   (part 1 only)
 //
 // Method (1): one engine per mode, all built up front, stepped round-robin (mode A step, mode B step,
 // ...) so a load change on a shared machine touches every mode alike; a step's time is the slowest
-// rank's, the figure the median over --steps after --warmup. Ratios are to the plain mode of the same
-// run. Device peak: rank 0's allocated peak of the arena (Engine::memory_report) and its activations.
+// rank's, the figure the median over --steps after --warmup; also the process's CPU seconds per step
+// (all threads), steadier than wall time on a machine shared with other jobs. Ratios are to the plain
+// mode of the same run. Device peak: rank 0's allocated peak of the arena (Engine::memory_report) and its activations.
 // Method (2): the estimator's step replay (estimate/measure.h: the engine's own code over the
 // measuring backend) predicts the reserved device peak of n layers; a binary search over n finds the
 // largest that fits the arena, for each mode; then one real training step of each largest model in an
 // arena of that size checks that it trains (skipped with --no-verify).
+#include <time.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -69,6 +72,13 @@ engine::EngineConfig make_config(const nn::GptConfig& g, int64_t micro, int worl
 
 double mib(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
 
+// CPU seconds of this process, all its threads (CLOCK_PROCESS_CPUTIME_ID).
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 // The reserved device peak the estimator predicts for `g` under `m` on one rank.
 uint64_t predicted_peak(const nn::GptConfig& g, int64_t micro, int64_t memory_mb, const Mode& m) {
   const engine::EngineConfig c = make_config(g, micro, 1, memory_mb, m);
@@ -106,37 +116,44 @@ int main(int argc, char** argv) {
       engines.push_back(std::make_unique<engine::Engine>(*models.back(), configs.back(), group));
       sources.push_back(std::make_unique<engine::DatasetSource>(nn::Dataset::builtin(gcfg.seq_len), 7));
     }
-    std::vector<std::vector<double>> times(kModes.size());
+    std::vector<std::vector<double>> times(kModes.size()), cpu(kModes.size());
     for (int64_t s = 0; s < warmup + steps; ++s) {
       for (size_t i = 0; i < kModes.size(); ++i) {
         group.barrier();
-        const double t0 = bench::now_seconds();
+        const double t0 = bench::now_seconds(), c0 = cpu_seconds();
         engines[i]->train_batch(*sources[i]);
+        const double dc = bench::slowest(group, cpu_seconds() - c0);
         const double dt = bench::slowest(group, bench::now_seconds() - t0);
-        if (s >= warmup) times[i].push_back(dt);
+        if (s >= warmup) {
+          times[i].push_back(dt);
+          cpu[i].push_back(dc);
+        }
       }
     }
     bench::Report report;
     report.benchmark = "activation_checkpointing_bench";
     const double plain_s = bench::median(times[0]);
+    const double plain_cpu = bench::median(cpu[0]);
     const uint64_t plain_peak = engines[0]->memory_report().device_peak_bytes;
     boost::json::object ratios;
     if (root) {
       std::printf("activation checkpointing, GPT n_layer %lld d_model %lld seq_len %lld, micro-batch %lld, %d rank(s), "
                   "%d BLAS thread(s) per rank\n", static_cast<long long>(gcfg.n_layer), static_cast<long long>(gcfg.d_model),
                   static_cast<long long>(gcfg.seq_len), static_cast<long long>(micro), ranks, threads);
-      std::printf("%-18s %14s %16s %12s %10s %12s %12s\n", "mode", "device peak", "activation peak", "step (s)",
-                  "x plain", "recompute s", "peak x plain");
+      std::printf("%-18s %14s %16s %10s %8s %12s %8s %12s %12s\n", "mode", "device peak", "activation peak", "step (s)",
+                  "x plain", "step cpu (s)", "x plain", "recompute s", "peak x plain");
     }
     for (size_t i = 0; i < kModes.size(); ++i) {
       const engine::Engine::MemoryReport mem = engines[i]->memory_report();
       const engine::Engine::RecomputeReport rc = engines[i]->recompute_report();
       const double t = bench::median(times[i]);
       const double step_ratio = t / plain_s;
+      const double c = bench::median(cpu[i]);
+      const double cpu_ratio = c / plain_cpu;
       const double peak_ratio = static_cast<double>(mem.device_peak_bytes) / static_cast<double>(plain_peak);
       if (root) {
-        std::printf("%-18s %10.1f MiB %12.1f MiB %12.3f %10.3f %12.3f %12.3f\n", kModes[i].name.c_str(),
-                    mib(mem.device_peak_bytes), mib(mem.activation_peak_bytes), t, step_ratio,
+        std::printf("%-18s %10.1f MiB %12.1f MiB %10.3f %8.3f %12.3f %8.3f %12.3f %12.3f\n", kModes[i].name.c_str(),
+                    mib(mem.device_peak_bytes), mib(mem.activation_peak_bytes), t, step_ratio, c, cpu_ratio,
                     rc.recompute_s / static_cast<double>(warmup + steps), peak_ratio);
       }
       report.results.push_back(boost::json::object{{"part", "modes"},
@@ -148,11 +165,19 @@ int main(int argc, char** argv) {
                                                    {"host_peak_bytes", mem.host_peak_bytes},
                                                    {"step_s_median", t},
                                                    {"step_time_vs_none", step_ratio},
+                                                   {"step_cpu_s_median", c},
+                                                   {"step_cpu_time_vs_none", cpu_ratio},
                                                    {"device_peak_vs_none", peak_ratio},
                                                    {"recompute_s_per_step", rc.recompute_s / static_cast<double>(warmup + steps)}});
-      if (i > 0) ratios[kModes[i].name + "_step_time_vs_none"] = step_ratio;
+      if (i > 0) {
+        ratios[kModes[i].name + "_step_time_vs_none"] = step_ratio;
+        ratios[kModes[i].name + "_step_cpu_time_vs_none"] = cpu_ratio;
+      }
     }
-    report.baseline = {{"what", "no recompute, same run, same model"}, {"step_s_median", plain_s}, {"device_peak_bytes", plain_peak}};
+    report.baseline = {{"what", "no recompute, same run, same model"},
+                       {"step_s_median", plain_s},
+                       {"step_cpu_s_median", plain_cpu},
+                       {"device_peak_bytes", plain_peak}};
     const double full = ratios["every_block_step_time_vs_none"].as_double();
     const double selective = ratios["selective_step_time_vs_none"].as_double();
     ratios["every_block_target_1_4_met"] = full <= 1.4;
@@ -173,7 +198,8 @@ int main(int argc, char** argv) {
     const int64_t fit_mb = bench::int_arg(argc, argv, "--fit-memory-mb", 1024);
     const bool verify = std::none_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--no-verify"; });
     boost::json::object largest;
-    if (ranks == 1) {
+    const bool fit = std::none_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--no-fit"; });
+    if (ranks == 1 && fit) {
       const uint64_t arena = static_cast<uint64_t>(fit_mb) << 20;
       for (const Mode& m : {kModes[0], kModes[1]}) {
         auto peak_of = [&](int64_t n) {
