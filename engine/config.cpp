@@ -58,6 +58,7 @@ void read_disabled_section(ObjectReader& root, std::string_view key) {
 // from its own arguments before DeepSpeed sees the file; zeroshard reads the file as written.
 void reject_auto(const boost::json::value& v, const std::string& path) {
   if (path == "comm.shared_memory") return;  // zeroshard's own section: "auto" is one of its values
+  if (path == "activation_checkpointing.device_budget_mb") return;  // zeroshard's own key: "auto" is the arena
   if (const boost::json::string* s = v.if_string(); s != nullptr && *s == "auto") {
     throw ConfigError(fmt::format("{}: \"auto\" is a Hugging Face placeholder (the Trainer fills it in from its own "
                                   "arguments before DeepSpeed reads the config); zeroshard reads the file as written, so "
@@ -553,6 +554,9 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });
+  root.read_object("activation_checkpointing", [&](ObjectReader& r) {
+    detail::read_activation_checkpointing(r, cfg.activation_checkpointing, cfg.notes);
+  });
   root.read_object("aio", [&](ObjectReader& r) {
     r.known_keys(detail::deepspeed_keys("aio"), "DeepSpeed");
     auto& a = cfg.aio;

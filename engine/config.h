@@ -25,6 +25,7 @@
 
 #include "comm/config.h"
 #include "core/log.h"
+#include "engine/activation_config.h"
 #include "engine/monitor_config.h"
 #include "memory/dtype.h"
 #include "moe/gpt_moe.h"
@@ -159,6 +160,7 @@ struct EngineConfig {
   offload::AioConfig aio;  // DeepSpeed's `aio` section (NVMe offload)
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;    // log forward/backward/step times every steps_per_print
+  ActivationCheckpointingConfig activation_checkpointing;  // engine/activation_config.h
 
   DeviceConfig device;
   std::optional<nn::GptConfig> model;  // the built-in GPT (`model` section); absent: the program brings its model

@@ -256,6 +256,17 @@ class Engine {
   };
   OffloadReport offload_report() const;
 
+  // Activation checkpointing on this rank (engine/activation_config.h): the modules marked checkpointed,
+  // their re-runs so far (counts) and the seconds the re-runs took (kept inputs' restore included).
+  struct RecomputeReport {
+    std::string blocks;                  // checkpoint_blocks as chosen ("none", "all", "first 3", ...)
+    int64_t checkpointed_modules = 0;
+    int64_t recomputes = 0;
+    double recompute_s = 0.0;
+    uint64_t contiguous_buffer_bytes = 0;  // contiguous_memory_optimization's buffer (0: none)
+  };
+  RecomputeReport recompute_report() const;
+
  private:
   class Impl;
   friend class EngineContext;

@@ -31,11 +31,11 @@ namespace {
 // Entries of P right of a row's panel are never written nor read.
 constexpr int64_t kPanel = 64;
 
-// Causal softmax of scores rows [r0, r1) (row stride T, already scaled): row i over j <= i, zeros for
-// i < j < r1.
-void causal_softmax_rows(float* p, int64_t T, int64_t r0, int64_t r1) {
+// Causal softmax of the panel of score rows [r0, r1) at `panel` (row stride T, already scaled): row i
+// over j <= i, zeros for i < j < r1.
+void causal_softmax_panel(float* panel, int64_t T, int64_t r0, int64_t r1) {
   for (int64_t i = r0; i < r1; ++i) {
-    float* row = p + i * T;
+    float* row = panel + (i - r0) * T;
     const int64_t n = i + 1;
     const float mx = detail::max_of(row, n);
     for (int64_t j = 0; j < n; ++j) row[j] = detail::fast_exp(row[j] - mx);
@@ -62,8 +62,9 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
   // small for OpenBLAS to split well (Note [compute threads], nn/detail/parallel.h).
   detail::SingleThreadedBlas blas;
   const int chunks = detail::parallel_chunks(blas.threads(), B * H, 1);
-  Tensor probs = train ? ctx.allocate({B, H, T, T}, DType::kF32, MemoryUse::kActivation)
-                       : ctx.allocate({chunks, T, T}, DType::kF32, MemoryUse::kScratch);
+  const bool keep = train && !recompute_scores_;  // P saved for backward
+  Tensor probs = keep ? ctx.allocate({B, H, T, T}, DType::kF32, MemoryUse::kActivation)
+                      : ctx.allocate({chunks, T, T}, DType::kF32, MemoryUse::kScratch);
   const float* qp = qkv.data<float>();
   float* pp = probs.data<float>();
   float* yp = y.data<float>();
@@ -73,21 +74,19 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
       const float* q = qp + b * T * C3 + h * hs;
       const float* k = q + C;
       const float* v = q + 2 * C;
-      float* p = pp + (train ? bh : chunk) * T * T;
+      float* p = pp + (keep ? bh : chunk) * T * T;
       float* yh = yp + b * T * C + h * hs;
       for (int64_t r0 = 0; r0 < T; r0 += kPanel) {
         const int64_t r1 = std::min(T, r0 + kPanel), rows = r1 - r0;
         detail::gemm(path, rows, r1, hs, scale, Matrix::f32(q + r0 * C3, C3), Matrix::f32(k, C3, true), 0.0f, p + r0 * T,
                      T);
-        causal_softmax_rows(p, T, r0, r1);
+        causal_softmax_panel(p + r0 * T, T, r0, r1);
         detail::gemm(path, rows, hs, r1, 1.0f, Matrix::f32(p + r0 * T, T), Matrix::f32(v, C3), 0.0f, yh + r0 * C, C);
       }
     }
   });
-  if (train) {
-    qkv_out_ = qkv;
-    probs_ = probs;
-  }
+  if (train) qkv_out_ = qkv;
+  if (keep) probs_ = probs;
   return ctx.forward(proj_, y);
 }
 
@@ -102,13 +101,18 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
   detail::SingleThreadedBlas blas;
   const int chunks = detail::parallel_chunks(blas.threads(), B * H, 1);
   Tensor dp_buf = ctx.allocate({chunks, kPanel, T}, DType::kF32, MemoryUse::kScratch);
+  // Selective recompute: one panel of P per chunk, recomputed as the forward computed it.
+  const bool recompute = probs_.raw() == nullptr;
+  Tensor p_buf = recompute ? ctx.allocate({chunks, kPanel, T}, DType::kF32, MemoryUse::kScratch) : Tensor();
   const float* qp = qkv_out_.data<float>();
-  const float* pp = probs_.data<float>();
+  const float* pp = recompute ? nullptr : probs_.data<float>();
+  float* pbp = recompute ? p_buf.data<float>() : nullptr;
   const float* dyp = dy.data<float>();
   float* dqkvp = dqkv.data<float>();
   float* dpp = dp_buf.data<float>();
   detail::parallel_for_threads(blas.threads(), B * H, 1, [=](int64_t bh0, int64_t bh1, int chunk) {
     float* dp = dpp + chunk * kPanel * T;  // one panel of dP / dS, row stride T
+    float* p_panel = recompute ? pbp + chunk * kPanel * T : nullptr;
     for (int64_t bh = bh0; bh < bh1; ++bh) {
       const int64_t b = bh / H, h = bh % H;
       const float* q = qp + b * T * C3 + h * hs;
@@ -117,7 +121,7 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
       float* dq = dqkvp + b * T * C3 + h * hs;
       float* dk = dq + C;
       float* dv = dq + 2 * C;
-      const float* p = pp + bh * T * T;
+      const float* p = recompute ? nullptr : pp + bh * T * T;
       const float* dyh = dyp + b * T * C + h * hs;
       // dK and dV accumulate over the panels (Note [causal panels]).
       for (int64_t t = 0; t < T; ++t) {
@@ -126,7 +130,12 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
       }
       for (int64_t r0 = 0; r0 < T; r0 += kPanel) {
         const int64_t r1 = std::min(T, r0 + kPanel), rows = r1 - r0;
-        const float* pr = p + r0 * T;
+        const float* pr = recompute ? p_panel : p + r0 * T;
+        if (recompute) {
+          detail::gemm(path, rows, r1, hs, scale, Matrix::f32(q + r0 * C3, C3), Matrix::f32(k, C3, true), 0.0f, p_panel,
+                       T);
+          causal_softmax_panel(p_panel, T, r0, r1);
+        }
         const float* dyr = dyh + r0 * C;
         detail::gemm(path, rows, r1, hs, 1.0f, Matrix::f32(dyr, C), Matrix::f32(v, C3, true), 0.0f, dp, T);  // dP = dY V^T
         detail::gemm(path, r1, hs, rows, 1.0f, Matrix::f32(pr, T, true), Matrix::f32(dyr, C), 1.0f, dv, C3);  // dV += P^T dY

@@ -10,6 +10,10 @@
 // bf16 weights the products take the bf16 path as the Linears do (Note [bf16 products]), so P, dS and
 // the q/k/v operands are rounded to bf16 as they are packed (as PyTorch's autocast rounds them).
 // Saves qkv and P (B*n_head*T*T floats; only the causal panels are written) for backward.
+// Selective recompute (set_recompute_scores(true), Megatron's "selective" activation recompute): P is
+// not saved; backward recomputes each row panel's scores and softmax from the saved qkv (the same
+// products on the same operands, so the same P) - the (B, n_head, T, T) activation, the largest of a
+// block at long sequences, for one extra q k^T product.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +31,8 @@ class CausalSelfAttention : public Module {
   std::string_view type_name() const override { return "CausalSelfAttention"; }
   Linear& qkv() { return qkv_; }
   Linear& proj() { return proj_; }
+  void set_recompute_scores(bool on) { recompute_scores_ = on; }
+  bool recompute_scores() const { return recompute_scores_; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;   // (B, T, C) -> (B, T, C)
@@ -40,7 +46,8 @@ class CausalSelfAttention : public Module {
   Linear& proj_;
   memory::Tensor qkv_out_;  // (B, T, 3C)
   memory::Tensor probs_;    // (B, n_head, T, T): rows' causal panels, zero above the diagonal within them
-  memory::DType compute_dtype_ = memory::DType::kF32;  // qkv's weight dtype in the forward: picks the products
+  memory::DType compute_dtype_ = memory::DType::kF32;
+  bool recompute_scores_ = false;  // qkv's weight dtype in the forward: picks the products
 };
 
 }  // namespace zs::nn

@@ -2,8 +2,9 @@
 //
 // Every module boundary goes through a Context, so whoever runs the model can act there: the engine
 // gathers a ZeRO-3 module's parameters in before_forward and releases them in after_forward,
-// marks gradient buckets ready in after_backward, and (a later feature) re-runs checkpointed
-// blocks. Modules never call a child's forward/backward directly (they are not public).
+// marks gradient buckets ready in after_backward, and re-runs checkpointed modules (Activation
+// checkpointing in nn/module.h). Modules never call a child's forward/backward directly (they are
+// not public).
 //
 //   Tensor h = ctx.forward(*ln1_, x);          // before_forward(ln1) ; ln1.forward ; after_forward(ln1)
 //   Tensor dx = ctx.backward(*ln1_, dh);       // before_backward(ln1); ln1.backward; after_backward(ln1)
@@ -77,6 +78,16 @@ class Context {
   float forward_loss(Model& model, const Batch& batch);
   void backward_loss(Model& model, float grad_scale);
 
+  // Activation checkpointing so far: checkpointed modules re-run, and the seconds their re-runs took
+  // (the kept input's restore included). Counts, and a sum of seconds.
+  struct RecomputeStats {
+    int64_t modules = 0;
+    double seconds = 0.0;
+  };
+  const RecomputeStats& recompute_stats() const { return recompute_; }
+  // True while a checkpointed module's forward re-runs inside its backward.
+  bool recomputing() const { return recompute_depth_ > 0; }
+
   // The module whose forward/backward is running through this Context (the innermost one), or
   // nullptr between calls. Layers check it before touching a parameter (nn/param_access.h).
   const Module* running() const { return running_; }
@@ -104,10 +115,21 @@ class Context {
   virtual void after_forward(Module& m) {}
   virtual void before_backward(Module& m) {}
   virtual void after_backward(Module& m) {}
+  // Activation checkpointing: where a checkpointed module's input waits from its forward to its
+  // backward. keep() gets the input when the module's forward returns; restore() gets what keep()
+  // returned and gives back a tensor of the same shape and values that the re-run reads. Default: the
+  // input tensor itself. The engine keeps it on the host tier (cpu_checkpointing) or in one
+  // preallocated buffer (contiguous_memory_optimization).
+  virtual memory::Tensor keep_checkpoint_input(const memory::Tensor& input) { return input; }
+  virtual memory::Tensor restore_checkpoint_input(memory::Tensor kept) { return kept; }
 
  private:
+  void recompute(Module& child);
+
   const Module* running_ = nullptr;
   BatchPosition position_;
+  int recompute_depth_ = 0;
+  RecomputeStats recompute_;
 };
 
 }  // namespace zs::nn

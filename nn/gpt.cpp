@@ -66,6 +66,49 @@ GptModel::GptModel(const GptConfig& cfg)
   assign_names(*this);
 }
 
+GptRecompute GptRecompute::every(int64_t n_layer, int64_t k) {
+  ZS_ASSERT(k > 0, "GptRecompute::every: k = {} must be positive", k);
+  GptRecompute r;
+  r.blocks.resize(static_cast<size_t>(n_layer));
+  for (int64_t i = 0; i < n_layer; ++i) r.blocks[static_cast<size_t>(i)] = i % k == 0;
+  return r;
+}
+
+GptRecompute GptRecompute::first(int64_t n_layer, int64_t m) {
+  GptRecompute r;
+  r.blocks.resize(static_cast<size_t>(n_layer));
+  for (int64_t i = 0; i < n_layer && i < m; ++i) r.blocks[static_cast<size_t>(i)] = true;
+  return r;
+}
+
+int64_t GptRecompute::count() const {
+  int64_t n = 0;
+  for (bool b : blocks) n += b ? 1 : 0;
+  return n;
+}
+
+std::string GptRecompute::describe() const {
+  std::string which;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i]) which += fmt::format("{}{}", which.empty() ? "" : ",", i);
+  }
+  if (which.empty()) return selective ? "selective" : "none";
+  return fmt::format("blocks {} of {}{}", which, blocks.size(), selective ? " + selective" : "");
+}
+
+void GptModel::set_recompute(const GptRecompute& r) {
+  ZS_ASSERT(!forward_pending(), "GptModel::set_recompute between a forward and its backward");
+  ZS_ASSERT(static_cast<int64_t>(r.blocks.size()) <= cfg_.n_layer, "GptRecompute names {} blocks of {}", r.blocks.size(),
+            cfg_.n_layer);
+  recompute_ = r;
+  auto blocks = blocks_.children();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto& block = static_cast<Block&>(*blocks[i]);
+    block.set_checkpointed(i < r.blocks.size() && r.blocks[i]);
+    block.attention().set_recompute_scores(r.selective);
+  }
+}
+
 void GptModel::clear_own_saved() {
   loss_.clear();
   ids_ = final_x_ = {};

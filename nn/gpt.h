@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "memory/tensor.h"
 #include "nn/cross_entropy.h"
@@ -57,11 +59,32 @@ int64_t gpt_param_count(const GptConfig& cfg);
 // training; it counts the full T x T scores our kernels compute (the causal mask is applied after).
 double gpt_train_flops_per_token(const GptConfig& cfg, int64_t seq_len);
 
+// Activation recompute of the blocks (Activation checkpointing in nn/module.h).
+struct GptRecompute {
+  std::vector<bool> blocks;  // blocks[i]: block i is checkpointed; empty or shorter: the rest are not
+  bool selective = false;    // every block's attention recomputes its scores (CausalSelfAttention)
+
+  static GptRecompute none() { return {}; }
+  // Blocks 0, k, 2k, ... (k = 1: every block).
+  static GptRecompute every(int64_t n_layer, int64_t k);
+  // The first m blocks: for m blocks the lowest peak (their re-runs come last in the backward, when the
+  // later blocks' activations are already freed).
+  static GptRecompute first(int64_t n_layer, int64_t m);
+  static GptRecompute scores_only() { return {.blocks = {}, .selective = true}; }
+  int64_t count() const;  // checkpointed blocks
+  std::string describe() const;  // "none", "blocks 0,2 of 4", "selective"
+};
+
 class GptModel : public Model {
  public:
   explicit GptModel(const GptConfig& cfg);
   std::string_view type_name() const override { return "Gpt"; }
   const GptConfig& config() const { return cfg_; }
+
+  // Which blocks recompute in backward (default none). Between steps only (not between a forward and
+  // its backward).
+  void set_recompute(const GptRecompute& r);
+  const GptRecompute& recompute() const { return recompute_; }
 
   Parameter& wte() { return wte_; }
   Parameter& wpe() { return wpe_; }
@@ -73,6 +96,7 @@ class GptModel : public Model {
 
  private:
   GptConfig cfg_;
+  GptRecompute recompute_;
   Parameter& wte_;
   Parameter& wpe_;
   Sequential& blocks_;

@@ -36,6 +36,7 @@ class Block : public Module {
  public:
   Block(int64_t d_model, int64_t n_head, float init_std = 0.02f, float proj_std = 0.02f);
   std::string_view type_name() const override { return "Block"; }
+  CausalSelfAttention& attention() { return attn_; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;

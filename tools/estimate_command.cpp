@@ -20,6 +20,7 @@
 #include "core/json.h"
 #include "engine/config.h"
 #include "estimate/estimate.h"
+#include "estimate/recompute_budget.h"
 #include "tools/commands.h"
 
 namespace zs::tools {
@@ -116,6 +117,13 @@ int run(const po::variables_map& vm) {
     engine::EngineConfig cfg = engine::parse_config(parse_json_file(vm["config"].as<std::string>()), ranks);
     for (const std::string& note : cfg.notes) ZS_LOG_WARN("config: {}", note);  // one process: logged once
     if (vm.count("dtype")) cfg.precision = parse_dtype(vm["dtype"].as<std::string>());
+    // activation_checkpointing.device_budget_mb: the blocks a run would recompute, at the config's stage.
+    const engine::RecomputeChoice rc = engine::resolve_recompute_budget(cfg, ranks);
+    if (rc.applies) {
+      ZS_LOG_INFO("activation_checkpointing: device budget {} MiB -> recompute the first {} of {} blocks (predicted "
+                  "device peak {} bytes at ZeRO stage {}); the estimate below uses that choice",
+                  rc.budget_bytes >> 20, rc.blocks, rc.n_layer, rc.predicted_peak_bytes, cfg.zero.stage);
+    }
     in = engine::estimate_input_for_config(cfg, ranks, n_params);
   } else {
     const std::string dtype = vm.count("dtype") ? vm["dtype"].as<std::string>() : "bf16";

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "launch/launch.h"
 #include "engine/summary.h"
+#include "estimate/recompute_budget.h"
 #include "nn/data.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
@@ -188,9 +189,11 @@ int train_command(const std::vector<std::string>& args) {
   launch::set_blas_threads(launch::local_rank_count());
 
   engine::EngineConfig cfg;
+  engine::RecomputeChoice recompute;  // activation_checkpointing.device_budget_mb
   if (!agree(everyone, [&] {
         std::string text = read_config_everywhere(everyone, a->config);
         cfg = engine::parse_config(parse_json_text(text, a->config), world.size());
+        recompute = engine::resolve_recompute_budget(cfg, world.size());  // before training: a too-small budget fails here
       })) {
     return 1;
   }
@@ -199,6 +202,12 @@ int train_command(const std::vector<std::string>& args) {
   // logs them (EngineConfig::notes).
   if (world.rank() == 0) {
     for (const std::string& note : cfg.notes) ZS_LOG_WARN("config: {}", note);
+  }
+  if (recompute.applies && world.rank() == 0) {
+    ZS_LOG_INFO("activation_checkpointing: device budget {} -> recompute the first {} of {} blocks (predicted device peak "
+                "{}; {} without recompute; {} estimator runs)",
+                mib(recompute.budget_bytes), recompute.blocks, recompute.n_layer, mib(recompute.predicted_peak_bytes),
+                mib(recompute.none_peak_bytes), recompute.measurements);
   }
   if (a->steps) cfg.train_steps = *a->steps;
   nn::GptConfig model_cfg = cfg.model.value_or(nn::GptConfig{});
@@ -285,6 +294,11 @@ int train_command(const std::vector<std::string>& args) {
           moe_summary.record(routing);
           ZS_LOG_INFO("  moe: {}", routing_line(routing));
         }
+        if (cfg.activation_checkpointing.profile) {
+          const engine::Engine::RecomputeReport rc = engine->recompute_report();
+          ZS_LOG_INFO("  recompute: {} checkpointed module(s), {} re-runs, {:.3f} s in all ({:.3f} s per step)", rc.checkpointed_modules,
+                      rc.recomputes, rc.recompute_s, rc.recompute_s / static_cast<double>(r.step));
+        }
         if (cfg.wall_clock_breakdown) {
           ZS_LOG_INFO("  time: forward {:.3f} s | backward {:.3f} s | optimizer {:.3f} s | grad norm {:.4f}{}", r.forward_s,
                       r.backward_s, r.optimizer_s, r.grad_norm,
@@ -325,6 +339,15 @@ int train_command(const std::vector<std::string>& args) {
       world.flush();
       boost::json::object extra;
       if (moe_model != nullptr) extra["moe"] = moe_summary.json();
+      if (recompute.applies) {
+        extra["recompute_budget"] = boost::json::object{{"budget_bytes", recompute.budget_bytes},
+                                                        {"blocks", recompute.blocks},
+                                                        {"n_layer", recompute.n_layer},
+                                                        {"predicted_peak_bytes", recompute.predicted_peak_bytes},
+                                                        {"none_peak_bytes", recompute.none_peak_bytes},
+                                                        {"all_peak_bytes", recompute.all_peak_bytes},
+                                                        {"measurements", recompute.measurements}};
+      }
       recorder.write(a->summary, world.counters(), extra);
       ZS_LOG_INFO("summary written to {}", a->summary);
     }

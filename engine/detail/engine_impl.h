@@ -270,6 +270,10 @@ class Engine::Impl final : public ModuleHooks {
   void gather_momentum();
   uint64_t compressed_state_bytes() const;
 
+  // activation_checkpointing.cpp: cfg_.activation_checkpointing applied to the model and ctx_.
+  void setup_activation_checkpointing(nn::Model& model);
+  int64_t checkpointed_modules_ = 0;
+
   // Note [a failed pass]: an exception inside a forward leaves the engine as before that forward
   // (abandon_forward); one inside a backward discards the accumulation window's gradients
   // (abandon_window): part of them may already be reduced into other buckets or shards, so the window

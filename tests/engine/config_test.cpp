@@ -96,7 +96,8 @@ TEST(Config, UnimplementedDeepSpeedFeaturesAreRefusedByName) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 4}})"), "zero_optimization.stage");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})"),
                   "zero_optimization.zero_quantized_weights");
-  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {}})"), "activation_checkpointing");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"partition_activations": true}})"),
+                  "activation_checkpointing.partition_activations: true splits each kept activation across tensor-parallel");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}})"),
                   "zero_optimization.offload_optimizer");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitLamb"}})"), "not implemented");
@@ -438,7 +439,6 @@ TEST(ConfigDeepSpeed, RealKeysZeroshardLacksAreNotSupportedNotUnknown) {
                 "zero_optimization.zeropp_loco_param"},
            Case{R"({"train_batch_size": 4, "tensor_parallel": {"autotp_size": 2}})", "tensor_parallel"},
            Case{R"({"train_batch_size": 4, "compile": {"deepcompile": true}})", "compile"},
-           Case{R"({"train_batch_size": 4, "activation_checkpointing": {}})", "activation_checkpointing"},
            Case{R"({"train_batch_size": 4, "fp16": {"enabled": true, "auto_cast": true}})", "fp16.auto_cast"},
            Case{R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
                 "ratio": 0.3}}})",
@@ -595,6 +595,47 @@ TEST(ConfigCheckpoint, DeepSpeedKeysAndOurs) {
                   "checkpoint.parallel_write.pipeline_stage: zeroshard has no pipeline parallelism");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"keep_lats": 2}})"), "did you mean 'keep_last'");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"save_interval": -1}})"), "checkpoint.save_interval");
+}
+
+TEST(Config, ActivationCheckpointingSection) {
+  using Blocks = ActivationCheckpointingConfig::Blocks;
+  EngineConfig c = parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {
+      "partition_activations": false, "cpu_checkpointing": true, "contiguous_memory_optimization": true,
+      "number_checkpoints": 6, "synchronize_checkpoint_boundary": true, "profile": true, "checkpoint_blocks": "all"}})"), 1);
+  const auto& a = c.activation_checkpointing;
+  EXPECT_TRUE(a.cpu_checkpointing && a.contiguous_memory_optimization && a.synchronize_checkpoint_boundary && a.profile);
+  EXPECT_EQ(a.number_checkpoints, 6);
+  EXPECT_EQ(a.blocks, Blocks::kEvery);
+  EXPECT_EQ(a.k, 1);
+  EXPECT_EQ(checkpoint_blocks_name(a), "all");
+  auto blocks = [](std::string_view v) {
+    return parse_config(parse_json_text(fmt::format(R"({{"train_batch_size": 4, "activation_checkpointing": {{"checkpoint_blocks": {}}}}})", v)), 1)
+        .activation_checkpointing;
+  };
+  EXPECT_EQ(blocks("3").blocks, Blocks::kEvery);
+  EXPECT_EQ(blocks("3").k, 3);
+  EXPECT_EQ(checkpoint_blocks_name(blocks("3")), "every 3");
+  EXPECT_EQ(blocks(R"("selective")").blocks, Blocks::kSelective);
+  EXPECT_EQ(blocks(R"("none")").blocks, Blocks::kNone);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"checkpoint_blocks": "some"}})"),
+                  "activation_checkpointing.checkpoint_blocks: expected \"none\", \"all\", \"selective\" or a positive integer");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"checkpoint_blocks": 0}})"),
+                  "activation_checkpointing.checkpoint_blocks");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"checkpint_blocks": 2}})"),
+                  "did you mean 'checkpoint_blocks'");
+  // The budget: MiB or "auto", and not beside checkpoint_blocks.
+  EngineConfig b = parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": 512}})"), 1);
+  EXPECT_EQ(b.activation_checkpointing.device_budget_mb, 512);
+  EXPECT_TRUE(parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": "auto"}})"), 1)
+                  .activation_checkpointing.budget_auto);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": "all"}})"),
+                  "activation_checkpointing.device_budget_mb: expected a number of MiB or \"auto\"");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": 64, "checkpoint_blocks": 2}})"),
+                  "give one of the two");
+  // number_checkpoints sizes the contiguous buffer only: without it, a note.
+  EngineConfig n = parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"number_checkpoints": 4}})"), 1);
+  ASSERT_EQ(n.notes.size(), 2u);  // and the default optimizer's note
+  EXPECT_CONTAINS(n.notes[0] + n.notes[1], "activation_checkpointing.number_checkpoints: accepted; has an effect only with");
 }
 
 }  // namespace

@@ -113,6 +113,70 @@ INSTANTIATE_TEST_SUITE_P(Stages, EstimateAgreement,
                            return fmt::format("stage{}_{}", std::get<0>(info.param), precision_name(std::get<1>(info.param)));
                          });
 
+// Activation checkpointing (engine/activation_config.h): the estimator runs the engine's own code, so
+// it predicts the device peak with recomputed blocks, kept inputs on the host or in the contiguous
+// buffer exactly as without: byte for byte on one rank, the activation peak at every world size.
+struct CheckpointCase {
+  std::string name;
+  ActivationCheckpointingConfig::Blocks blocks;
+  bool cpu = false;
+  bool contiguous = false;
+};
+
+class EstimateCheckpointAgreement : public ::testing::TestWithParam<std::tuple<int, CheckpointCase>> {};
+
+TEST_P(EstimateCheckpointAgreement, DevicePeakEqualsTheRun) {
+  const auto& [stage, c] = GetParam();
+  const comm::Group& world = test::world().group();
+  EngineConfig cfg = make_config(world.size(), Precision::kFp32, stage);
+  cfg.activation_checkpointing.blocks = c.blocks;
+  cfg.activation_checkpointing.cpu_checkpointing = c.cpu;
+  cfg.activation_checkpointing.contiguous_memory_optimization = c.contiguous;
+  nn::GptModel model(*cfg.model);
+  Engine engine(model, cfg, world);
+  DatasetSource source(nn::Dataset::builtin(tiny_gpt().seq_len), 7);
+  engine.train_batch(source);
+  engine.train_batch(source);
+  MemoryEstimate est = estimate_memory(estimate_input_for_config(cfg, world.size()), {stage});
+  expect_device_peak(engine.memory_report(), est.stages[0].group_of(world.rank()).device_peak, world.size(),
+                     fmt::format("stage {} {} rank {} of {}", stage, c.name, world.rank(), world.size()));
+}
+INSTANTIATE_TEST_SUITE_P(
+    Checkpointing, EstimateCheckpointAgreement,
+    ::testing::Combine(::testing::Values(0, 1, 2, 3),
+                       ::testing::Values(CheckpointCase{"all", ActivationCheckpointingConfig::Blocks::kEvery},
+                                         CheckpointCase{"all_cpu", ActivationCheckpointingConfig::Blocks::kEvery, true},
+                                         CheckpointCase{"first_contiguous", ActivationCheckpointingConfig::Blocks::kFirst,
+                                                        false, true},
+                                         CheckpointCase{"selective", ActivationCheckpointingConfig::Blocks::kSelective})),
+    [](const auto& info) { return fmt::format("stage{}_{}", std::get<0>(info.param), std::get<1>(info.param).name); });
+
+// Every block of an n-layer GPT checkpointed: the activation peak is the kept inputs plus one block's
+// activations, so one more layer adds exactly one kept input (micro-batch, seq_len, d_model) fp32, in
+// the run and in the prediction alike.
+TEST(EstimateCheckpointAgreement, EveryBlockCheckpointedPeakGrowsByOneInputPerLayer) {
+  const comm::Group& world = test::world().group();
+  std::vector<uint64_t> measured, predicted;
+  for (int64_t n_layer : {2, 3, 4}) {
+    EngineConfig cfg = make_config(world.size(), Precision::kFp32, 0);
+    cfg.model->n_layer = n_layer;
+    cfg.model->seq_len = 64;  // attention's (T, T) probabilities make a block's activations dominate the head's
+    cfg.activation_checkpointing.blocks = ActivationCheckpointingConfig::Blocks::kEvery;
+    nn::GptModel model(*cfg.model);
+    Engine engine(model, cfg, world);
+    DatasetSource source(nn::Dataset::builtin(64), 7);
+    engine.train_batch(source);
+    engine.train_batch(source);
+    measured.push_back(engine.memory_report().activation_peak_bytes);
+    predicted.push_back(
+        estimate_memory(estimate_input_for_config(cfg, world.size()), {0}).stages[0].group_of(world.rank()).device_peak.activation_peak);
+  }
+  const uint64_t input = 2 * 64 * tiny_gpt().d_model * 4;  // micro-batch 2 (64-byte blocks: 15360 is a multiple)
+  EXPECT_EQ(measured, predicted);
+  EXPECT_EQ(measured[1] - measured[0], input);
+  EXPECT_EQ(measured[2] - measured[1], input);
+}
+
 // d_model 60: Ψ about 104,000, so the NVMe step has several sub-groups (of 32768 elements) at 1-3
 // ranks, the last one shorter at 3.
 nn::GptConfig offload_gpt() { return {.n_layer = 2, .d_model = 60, .n_head = 3, .seq_len = 16, .vocab_size = 256}; }

@@ -1,0 +1,95 @@
+#include "engine/activation_config.h"
+
+#include <boost/json.hpp>
+
+#include "core/errors.h"
+#include "core/json.h"
+
+namespace zs::engine {
+
+nn::GptRecompute gpt_recompute(const ActivationCheckpointingConfig& c, int64_t n_layer) {
+  using B = ActivationCheckpointingConfig::Blocks;
+  switch (c.blocks) {
+    case B::kNone: return nn::GptRecompute::none();
+    case B::kEvery: return nn::GptRecompute::every(n_layer, c.k);
+    case B::kFirst: return nn::GptRecompute::first(n_layer, c.k);
+    case B::kSelective: return nn::GptRecompute::scores_only();
+  }
+  return {};
+}
+
+std::string checkpoint_blocks_name(const ActivationCheckpointingConfig& c) {
+  using B = ActivationCheckpointingConfig::Blocks;
+  switch (c.blocks) {
+    case B::kNone: return "none";
+    case B::kEvery: return c.k == 1 ? "all" : fmt::format("every {}", c.k);
+    case B::kFirst: return fmt::format("first {}", c.k);
+    case B::kSelective: return "selective";
+  }
+  return "none";
+}
+
+namespace detail {
+
+void read_activation_checkpointing(ObjectReader& r, ActivationCheckpointingConfig& c, std::vector<std::string>& notes) {
+  bool partition = false;
+  if (r.read("partition_activations", partition) && partition) {
+    throw ConfigError(fmt::format("{}: true splits each kept activation across tensor-parallel ranks (Megatron's model "
+                                  "parallelism), which zeroshard does not have: every rank holds whole activations of "
+                                  "its own micro-batch; set it to false (cpu_checkpointing moves kept inputs off the "
+                                  "device instead)",
+                                  r.path_of("partition_activations")));
+  }
+  r.read("cpu_checkpointing", c.cpu_checkpointing);
+  r.read("contiguous_memory_optimization", c.contiguous_memory_optimization);
+  if (const boost::json::value* v = r.find("number_checkpoints"); v != nullptr && !v->is_null()) {
+    from_json(*v, r.path_of("number_checkpoints"), c.number_checkpoints);
+    check_range(r.path_of("number_checkpoints"), c.number_checkpoints, IntRange::positive());
+    if (!c.contiguous_memory_optimization) {
+      notes.push_back(fmt::format("{}: accepted; has an effect only with contiguous_memory_optimization (it sizes that "
+                                  "buffer)", r.path_of("number_checkpoints")));
+    }
+  }
+  r.read("synchronize_checkpoint_boundary", c.synchronize_checkpoint_boundary);
+  r.read("profile", c.profile);
+  const std::string blocks_path = r.path_of("checkpoint_blocks");
+  if (const boost::json::value* v = r.find("checkpoint_blocks")) {
+    using B = ActivationCheckpointingConfig::Blocks;
+    if (v->is_string() && v->as_string() == "none") {
+      c.blocks = B::kNone;
+    } else if (v->is_string() && v->as_string() == "all") {
+      c.blocks = B::kEvery;
+      c.k = 1;
+    } else if (v->is_string() && v->as_string() == "selective") {
+      c.blocks = B::kSelective;
+    } else if (v->is_int64() || v->is_uint64() || v->is_double()) {
+      from_json(*v, blocks_path, c.k);
+      check_range(blocks_path, c.k, IntRange::positive());
+      c.blocks = B::kEvery;
+    } else {
+      throw ConfigError(fmt::format("{}: expected \"none\", \"all\", \"selective\" or a positive integer k (every k-th "
+                                    "block), got {}",
+                                    blocks_path, json_describe(*v)));
+    }
+  }
+  const std::string budget_path = r.path_of("device_budget_mb");
+  if (const boost::json::value* v = r.find("device_budget_mb")) {
+    if (v->is_string() && v->as_string() == "auto") {
+      c.budget_auto = true;
+    } else if (v->is_string()) {
+      throw ConfigError(fmt::format("{}: expected a number of MiB or \"auto\" (the device arena, device.memory_mb), got "
+                                    "{}", budget_path, json_describe(*v)));
+    } else {
+      from_json(*v, budget_path, c.device_budget_mb);
+      check_range(budget_path, c.device_budget_mb, IntRange::positive());
+    }
+    if (c.blocks != ActivationCheckpointingConfig::Blocks::kNone) {
+      throw ConfigError(fmt::format("{}: the budget chooses which blocks recompute, and checkpoint_blocks names them too; "
+                                    "give one of the two",
+                                    budget_path));
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace zs::engine
