@@ -210,7 +210,8 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
   const int count = to_int(*op, n);
   const int size = g->size;
   const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
-  op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n * wire / static_cast<uint64_t>(size);
+  // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
+  op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
   op->body = [g = g.get(), data, r, t, n, count, size, o = op.get()] {
     if (g->local() || n == 0) return;  // a sum or average over one rank is the value itself
     if (detail::shm_allreduce(*g, *o, data, r)) return;  // ranks on one node: comm/detail/shm.h

@@ -222,7 +222,8 @@ void Engine::Impl::make_reducer_and_gatherer(StateSet& s, const std::vector<nn::
   const EngineConfig& cfg = cfg_;
   GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
                           .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
-                          .grads_tier = s.grads.tier()};
+                          .grads_tier = s.grads.tier(),
+                          .comm_dtype = cfg.gradient_comm_dtype()};
   s.reducer.emplace(ro, s.layout, s.partition, s.group, *device_, dtype_, s.grads.data(), modules);
   if (stage_ != 3) return;
   ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
