@@ -431,9 +431,10 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
     }
     size_t buckets = 0;
     for (const auto& set : impl_->sets_) buckets += set->reducer->bucket_count();
-    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
+    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets averaged in {}, device "
+                "arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
-                buckets, config_.device.memory_mb);
+                buckets, memory::dtype_name(config_.gradient_comm_dtype()), config_.device.memory_mb);
     for (const auto& set : impl_->sets_) {
       if (!set->expert()) continue;
       ZS_LOG_INFO("engine: {} expert parameters on this rank (of expert_parallel_size {}), sharded over an "
