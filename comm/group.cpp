@@ -170,6 +170,8 @@ struct GroupAccess {
 
 MPI_Comm native_handle(const Group& group) { return detail::GroupAccess::state(group).comm; }
 
+detail::ShmNode* detail::shm_node_of(const Group& group) { return GroupAccess::state(group).runtime->shm_node(); }
+
 Group Group::split(int color, int key, const std::string& name) const {
   auto child = std::make_shared<detail::GroupState>();
   child->runtime = state_->runtime;
