@@ -3,12 +3,16 @@
 PRESET ?= release
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build demo test bench clean
+.PHONY: all deps bench-deps build demo test bench clean
 
 all: build
 
 deps:
 	bash scripts/install-deps.sh
+
+# Optional: what benchmarks/torch_compare.py needs (Debian's python3-torch); never part of `make test`.
+bench-deps:
+	bash scripts/install-deps.sh --bench
 
 build: deps
 	cmake --preset $(PRESET)

@@ -34,8 +34,9 @@ enum class ReduceOp { kSum, kAverage };
 
 // Per-rank byte sums since the World started (or reset_counters). Counting rule, chosen to match the
 // NCCL-tests bus-bandwidth definitions: the bytes a ring (or pipeline) algorithm moves, in the element
-// type put on the wire (fp32 for bf16/fp16 reductions, which accumulate in fp32), per collective:
-//   allreduce of B bytes on N ranks          sent = received = 2 (N-1)/N * B
+// type put on the wire (the tensor's: bf16/fp16 reductions send 16-bit values and accumulate in fp32 on
+// the receiving rank), per collective:
+//   allreduce of n elements on N ranks       sent = received = 2 (N-1)/N * n elements (rounded down) * size
 //   reduce-scatter, allgather(v)             sent = received = total bytes - this rank's own part
 //   broadcast of B bytes (a chain from root) sent = B except the last rank of the chain, received = B
 //                                            except the root

@@ -8,6 +8,7 @@
 
 #include "comm/detail/runtime.h"
 #include "comm/detail/shm.h"
+#include "comm/detail/shm_reduce.h"
 #include "comm/mpi_check.h"
 #include "comm/native.h"
 #include "memory/dtype.h"
@@ -60,8 +61,6 @@ std::shared_ptr<Op> make_op(const std::shared_ptr<detail::GroupState>& g, OpCode
   return op;
 }
 
-bool is_reduced_via_f32(DType t) { return t == DType::kBF16 || t == DType::kF16; }
-
 void check_reduce(const Op& op, DType t, ReduceOp r) {
   if (t == DType::kI32 && r == ReduceOp::kAverage) fail(op, "int32 supports ReduceOp::kSum only; average in fp32");
 }
@@ -102,6 +101,37 @@ bool all_equal(std::span<const size_t> c) {
   return std::all_of(c.begin(), c.end(), [&](size_t x) { return x == c[0]; });
 }
 
+// Note [16-bit reductions]
+// A bf16/fp16 reduction puts its 16-bit values on the wire (half the bytes of fp32: what
+// communication_data_type bf16/fp16 is for) and still sums in fp32, rounding once. MPI's own
+// reduce-scatter cannot: with MPI_FLOAT the wire carries fp32, and a user-defined MPI_Op on 16-bit
+// values rounds every partial sum of its ring to 16 bits (N-1 roundings). So the MPI path is a direct
+// reduce-scatter: one MPI_Alltoallv hands rank j every rank's block j (the bytes a ring moves, total -
+// own), then rank j sums the N blocks in rank order in fp32 with the shared-memory path's kernels
+// (comm/detail/shm_reduce.h) and rounds once; an allreduce follows it with an allgatherv of the
+// 16-bit results. Both paths therefore give the same bits, on any number of ranks.
+void reduce_scatter_16bit(const detail::GroupState& g, const Op& op, const char* in, char* out, DType t, const Counts& c,
+                          ReduceOp r) {
+  const size_t es = memory::dtype_size(t);
+  const size_t me = static_cast<size_t>(g.rank), ranks = static_cast<size_t>(g.size);
+  const int own = c.counts[me];
+  // Every other rank's copy of this rank's block, in rank order (this rank's own is read in place).
+  std::unique_ptr<char[]> recv(new char[static_cast<size_t>(own) * es * ranks]);
+  std::vector<int> send_counts = c.counts, recv_counts(ranks, own), recv_displs(ranks);
+  send_counts[me] = recv_counts[me] = 0;
+  for (size_t j = 0; j < ranks; ++j) recv_displs[j] = static_cast<int>(j) * own;
+  ZS_MPI_CHECK(MPI_Alltoallv(in, send_counts.data(), c.displs.data(), mpi_type(t), recv.get(), recv_counts.data(),
+                             recv_displs.data(), mpi_type(t), g.comm),
+               "{}", op.describe());
+  std::vector<const void*> srcs(ranks);
+  for (size_t j = 0; j < ranks; ++j) {
+    srcs[j] = j == me ? static_cast<const void*>(in + static_cast<size_t>(c.displs[me]) * es)
+                      : recv.get() + j * static_cast<size_t>(own) * es;
+  }
+  // out may be this rank's block of `in` (in place): reduce_sum reads each element before writing it.
+  detail::reduce_sum(srcs, t, out, t, static_cast<size_t>(own), r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f);
+}
+
 std::string reduce_name(ReduceOp r) { return r == ReduceOp::kSum ? "sum" : "average"; }
 
 // Ring/pipeline byte counting (CommCounters in comm/config.h).
@@ -139,6 +169,8 @@ struct GroupAccess {
 }  // namespace detail
 
 MPI_Comm native_handle(const Group& group) { return detail::GroupAccess::state(group).comm; }
+
+detail::ShmNode* detail::shm_node_of(const Group& group) { return GroupAccess::state(group).runtime->shm_node(); }
 
 Group Group::split(int color, int key, const std::string& name) const {
   auto child = std::make_shared<detail::GroupState>();
@@ -179,8 +211,9 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
   check_reduce(*op, t, r);
   const int count = to_int(*op, n);
   const int size = g->size;
-  const size_t wire = is_reduced_via_f32(t) ? 4 : memory::dtype_size(t);
-  op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n * wire / static_cast<uint64_t>(size);
+  const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
+  // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
+  op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
   op->body = [g = g.get(), data, r, t, n, count, size, o = op.get()] {
     if (g->local() || n == 0) return;  // a sum or average over one rank is the value itself
     if (detail::shm_allreduce(*g, *o, data, r)) return;  // ranks on one node: comm/detail/shm.h
@@ -189,11 +222,15 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
       if (r == ReduceOp::kAverage) scale(data.data<float>(), n, size);
       return;
     }
-    std::unique_ptr<float[]> acc(new float[n]);
-    memory::convert(data.raw(), t, acc.get(), DType::kF32, n);
-    ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, acc.get(), count, MPI_FLOAT, MPI_SUM, g->comm), "{}", o->describe());
-    if (r == ReduceOp::kAverage) scale(acc.get(), n, size);
-    memory::convert(acc.get(), DType::kF32, data.raw(), t, n);
+    // 16-bit: the values travel as they are, summed in fp32 per block (Note [16-bit reductions]).
+    const auto shards = memory::partition(n, size);
+    Counts c = int_counts(*o, counts_of(*o, shards));
+    const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);
+    char* base = static_cast<char*>(data.raw());
+    reduce_scatter_16bit(*g, *o, base, base + displ * memory::dtype_size(t), t, c, r);
+    ZS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base, c.counts.data(), c.displs.data(), mpi_type(t),
+                                g->comm),
+                 "{}", o->describe());
   };
   return op;
 }
@@ -223,8 +260,7 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
   if (static_cast<size_t>(output.numel()) != own) fail(*op, fmt::format("the output has {} elements but this rank's count is {}", output.numel(), own));
   if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   Counts c = int_counts(*op, counts);
-  const size_t wire = is_reduced_via_f32(t) ? 4 : memory::dtype_size(t);
-  count_block_bytes(*op, total, own, wire);
+  count_block_bytes(*op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
   op->body = [g = g.get(), input, output, r, t, own, c = std::move(c), equal = all_equal(counts), o = op.get()] {
     const size_t es = memory::dtype_size(t);
     const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);
@@ -252,12 +288,7 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
       if (r == ReduceOp::kAverage) scale(output.data<float>(), own, g->size);
       return;
     }
-    const size_t total = static_cast<size_t>(input.numel());
-    std::unique_ptr<float[]> acc(new float[total + own]);
-    memory::convert(in, t, acc.get(), DType::kF32, total);
-    reduce(acc.get(), acc.get() + total, MPI_FLOAT);
-    if (r == ReduceOp::kAverage) scale(acc.get() + total, own, g->size);
-    memory::convert(acc.get() + total, DType::kF32, out, t, own);
+    reduce_scatter_16bit(*g, *o, in, out, t, c, r);  // Note [16-bit reductions]
   };
   return op;
 }

@@ -13,8 +13,9 @@
 //     the sizes and the rank, and leaves the group unusable (end the job with World::abort).
 //   - Tensors are contiguous; element counts are in elements of the tensor's dtype. Supported dtypes:
 //     fp32, bf16, fp16 everywhere; int32 for sums and the data-movement collectives. bf16/fp16
-//     reductions convert to fp32, reduce in fp32 and round back once (so the sum of N bf16 values is
-//     rounded once, not N-1 times); the wire then carries fp32.
+//     reductions carry the 16-bit values on the wire (half fp32's bytes) and sum them in fp32, rounding
+//     once (so the sum of N bf16 values is rounded once, not N-1 times), in rank order: the same bits
+//     through shared memory and through MPI (Note [16-bit reductions] in comm/group.cpp).
 //   - The sync call returns when this rank's part is done. An async call returns a Work at once; the
 //     tensors (and the memory behind plain views) must stay alive and untouched until wait() returns.
 //     Collectives of one World run one at a time in submission order (sync calls wait for earlier

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -77,7 +78,8 @@ class WorkState {
 class Work {
  public:
   Work() = default;  // an empty handle: complete, nothing to wait for
-  explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
+  explicit Work(std::shared_ptr<detail::WorkState> state, uint64_t bytes_sent = 0)
+      : state_(std::move(state)), bytes_sent_(bytes_sent) {}
   Work(Work&&) noexcept = default;
   Work& operator=(Work&&) noexcept = default;
   Work(const Work&) = delete;
@@ -90,9 +92,13 @@ class Work {
   }
   // Non-blocking: true when finished (throws its error then), false while queued or running.
   bool test() const { return !state_ || state_->test(); }
+  // Bytes this collective adds to CommCounters::bytes_sent (comm/config.h's rule), known when it is
+  // submitted: what a caller tallies as its own share of the traffic (the engine's gradient bytes).
+  uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   std::shared_ptr<detail::WorkState> state_;
+  uint64_t bytes_sent_ = 0;
 };
 
 }  // namespace zs::comm

@@ -502,6 +502,41 @@ void note_one_bit_freeze(EngineConfig& cfg) {
       c->freeze_step, beta2, 100.0 * reached, 1.0 / std::sqrt(reached), settle));
 }
 
+// DeepSpeed's top-level `communication_data_type` (runtime/config.py get_communication_data_type:
+// "fp32", "fp16", "bf16", any letter case, or null for the default). Read after the precision and the
+// optimizer sections, which it depends on.
+void read_communication_data_type(ObjectReader& root, EngineConfig& cfg) {
+  const boost::json::value* v = root.find("communication_data_type");
+  if (v == nullptr || v->is_null()) return;
+  const std::string path = root.path_of("communication_data_type");
+  std::string name = v->is_string() ? std::string(v->as_string()) : std::string();
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (name == "fp32") {
+    cfg.communication_data_type = memory::DType::kF32;
+  } else if (name == "bf16") {
+    cfg.communication_data_type = memory::DType::kBF16;
+  } else if (name == "fp16") {
+    cfg.communication_data_type = memory::DType::kF16;
+  } else {
+    throw ConfigError(fmt::format("{}: expected \"fp32\", \"fp16\" or \"bf16\", got {}; the dtype gradients are "
+                                  "averaged in (remove the key for the compute dtype, DeepSpeed's default)",
+                                  path, boost::json::serialize(*v)));
+  }
+  // fp16 has no loss scale to keep fp32 or bf16 gradients in its range: small ones flush to zero and
+  // large ones overflow to inf without a skipped step to catch it.
+  if (cfg.communication_data_type == memory::DType::kF16 && cfg.precision != Precision::kFp16) {
+    throw ConfigError(fmt::format("{}: \"fp16\" needs fp16 training (fp16.enabled), whose loss scaling keeps gradients "
+                                  "in fp16's range; with {} training use \"bf16\" (the same half-size traffic with "
+                                  "fp32's range) or \"fp32\"",
+                                  path, precision_name(cfg.precision)));
+  }
+  if (cfg.optimizer.compressed()) {
+    cfg.notes.push_back(fmt::format("{}: applies to {}'s exact gradient averaging (its warm-up / variance steps); its "
+                                    "compressed steps send 1-bit signs and fp32 scales whatever this says",
+                                    path, cfg.optimizer.name()));
+  }
+}
+
 }  // namespace
 
 EngineConfig parse_config(const boost::json::value& doc, int dp) {
@@ -538,6 +573,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
   note_defaults(cfg, has_optimizer);
   note_one_bit_freeze(cfg);
+  read_communication_data_type(root, cfg);
   root.read_object("zero_optimization", [&](ObjectReader& r) {
     read_zero(r, cfg.zero, cfg.notes);
     // DeepSpeed's name, its older fp16 spelling and the alias without the stage3_ prefix.

@@ -185,6 +185,10 @@ struct EngineConfig {
 
   // The storage dtype of parameters and gradients the model computes with.
   memory::DType compute_dtype() const;
+  // DeepSpeed's `communication_data_type`: the dtype gradients are averaged in (put on the wire;
+  // comm sums 16-bit values in fp32). Absent: the compute dtype, as DeepSpeed.
+  std::optional<memory::DType> communication_data_type;
+  memory::DType gradient_comm_dtype() const { return communication_data_type.value_or(compute_dtype()); }
 };
 
 // Parses and validates a whole config document for a run with `data_parallel_size` ranks.

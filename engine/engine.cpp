@@ -222,7 +222,8 @@ void Engine::Impl::make_reducer_and_gatherer(StateSet& s, const std::vector<nn::
   const EngineConfig& cfg = cfg_;
   GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
                           .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
-                          .grads_tier = s.grads.tier()};
+                          .grads_tier = s.grads.tier(),
+                          .comm_dtype = cfg.gradient_comm_dtype()};
   s.reducer.emplace(ro, s.layout, s.partition, s.group, *device_, dtype_, s.grads.data(), modules);
   if (stage_ != 3) return;
   ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
@@ -430,9 +431,10 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
     }
     size_t buckets = 0;
     for (const auto& set : impl_->sets_) buckets += set->reducer->bucket_count();
-    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets, device arena {} MiB",
+    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets averaged in {}, device "
+                "arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
-                buckets, config_.device.memory_mb);
+                buckets, memory::dtype_name(config_.gradient_comm_dtype()), config_.device.memory_mb);
     for (const auto& set : impl_->sets_) {
       if (!set->expert()) continue;
       ZS_LOG_INFO("engine: {} expert parameters on this rank (of expert_parallel_size {}), sharded over an "

@@ -121,6 +121,8 @@ struct StepReport {
   bool compressed = false;    // one-bit Adam / 0/1 Adam: this step consumed local gradients and
                               // communicated compressed values instead of averaging gradients
   uint64_t comm_bytes_sent = 0;  // bytes this rank sent since the previous step ended (all collectives)
+  // Of those, the gradient reductions' (averaging in communication_data_type; 0 on compressed steps).
+  uint64_t grad_comm_bytes_sent = 0;
   // Bytes the backend moved between host and device during this step (offload's gradient and
   // parameter traffic; what a GPU user watches on PCIe).
   memory::TransferStats transfers;

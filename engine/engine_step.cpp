@@ -278,6 +278,10 @@ bool Engine::step() {
   const uint64_t sent = group_.counters().bytes_sent;
   report.comm_bytes_sent = sent - s.bytes_sent_at_step_start_;
   s.bytes_sent_at_step_start_ = sent;
+  uint64_t grad_sent = 0;
+  for (const auto& set : s.sets_) grad_sent += set->reducer->bytes_sent();
+  report.grad_comm_bytes_sent = grad_sent - s.grad_bytes_sent_at_step_start_;
+  s.grad_bytes_sent_at_step_start_ = grad_sent;
   const memory::TransferStats moved = s.backend_->transfers();
   report.transfers = {moved.host_to_device_bytes - s.transfers_at_step_start_.host_to_device_bytes,
                       moved.device_to_host_bytes - s.transfers_at_step_start_.device_to_host_bytes};

@@ -10,7 +10,8 @@ namespace zs::engine {
 GradReducer::GradReducer(const Options& options, const FlatLayout& layout, const Partition& partition,
                          const comm::Group& group, memory::DeviceAllocator& device, memory::DType dtype, void* grads,
                          const std::vector<nn::Module*>& modules)
-    : options_(options), layout_(layout), partition_(partition), group_(group), device_(device), dtype_(dtype), grads_(grads) {
+    : options_(options), layout_(layout), partition_(partition), group_(group), device_(device), dtype_(dtype),
+      comm_dtype_(options.comm_dtype.value_or(dtype)), grads_(grads) {
   for (const auto& plan : plan_buckets(layout_, options_.bucket_elements)) buckets_.push_back({plan, 0, false, {}, {}});
   auto slots = layout_.slots();
   bucket_of_slot_.resize(slots.size());
@@ -100,6 +101,13 @@ void GradReducer::launch(Bucket& b) {
   const memory::ShardRange owned = partition_.owned(b.plan.range);
   if (partitioned()) ensure_staging(b);
   memory::Tensor data = bucket_tensor(b);
+  if (group_.size() > 1 && comm_dtype_ != dtype_) {
+    const size_t n = b.plan.range.size;
+    b.wire = device_.allocate(n * memory::dtype_size(comm_dtype_), memory::Category::kGrads, memory::Lifetime::kTransient);
+    device_.backend().convert(b.wire.data(), memory::Tier::kDevice, comm_dtype_, data.raw(), memory::Tier::kDevice,
+                              dtype_, n);
+    data = b.wire.tensor(comm_dtype_, {static_cast<int64_t>(n)});
+  }
   // Average, not sum: comm reduces bf16/fp16 in fp32 and rounds once, so results stay in the range of
   // one rank's gradients (a sum of N loss-scaled fp16 gradients overflows N times sooner).
   if (group_.size() > 1) {
@@ -110,6 +118,7 @@ void GradReducer::launch(Bucket& b) {
       memory::Tensor out = data.range({owned.offset - b.plan.range.offset, owned.size});
       b.work = group_.reduce_scatter_async(data, out, partition_.counts(b.plan.range), comm::ReduceOp::kAverage);
     }
+    bytes_sent_ += b.work.bytes_sent();
   }
   if (partitioned()) {
     in_flight_.push_back(static_cast<size_t>(&b - buckets_.data()));
@@ -118,8 +127,22 @@ void GradReducer::launch(Bucket& b) {
   }
 }
 
-void GradReducer::retire(Bucket& b) {
+void GradReducer::finish(Bucket& b) {
   b.work.wait();
+  if (b.wire.empty()) return;
+  // Stages 1+ keep only their part (reduce-scatter leaves nothing valid elsewhere); stage 0 all of it.
+  const memory::ShardRange keep = options_.stage == 0 ? b.plan.range : partition_.owned(b.plan.range);
+  const size_t at = keep.offset - b.plan.range.offset;
+  if (keep.size > 0) {
+    auto* dst = static_cast<char*>(bucket_tensor(b).raw()) + at * memory::dtype_size(dtype_);
+    const auto* src = static_cast<const char*>(b.wire.data()) + at * memory::dtype_size(comm_dtype_);
+    device_.backend().convert(dst, memory::Tier::kDevice, dtype_, src, memory::Tier::kDevice, comm_dtype_, keep.size);
+  }
+  b.wire.release();
+}
+
+void GradReducer::retire(Bucket& b) {
+  finish(b);
   const memory::ShardRange owned = partition_.owned(b.plan.range);
   if (owned.size > 0) {
     const size_t elem = memory::dtype_size(dtype_);
@@ -150,13 +173,14 @@ void GradReducer::end_backward() {
 }
 
 void GradReducer::wait_all() {
-  for (auto& b : buckets_) b.work.wait();
+  for (auto& b : buckets_) finish(b);
 }
 
 void GradReducer::abort() {
   wait_all();
   auto slots = layout_.slots();
   for (auto& b : buckets_) {
+    b.wire.release();
     if (b.staging.empty()) continue;
     for (size_t s = b.plan.first_slot; s < b.plan.end_slot; ++s) slots[s].param->set_grad(memory::Tensor());
     staging_bytes_ -= b.staging.size();

@@ -13,7 +13,7 @@
 namespace zs::engine {
 namespace {
 
-constexpr size_t kFields = 18 + memory::kNumCategories + 2;  // + host->device, device->host transfer bytes
+constexpr size_t kFields = 18 + memory::kNumCategories + 3;  // + host->device, device->host transfer bytes, gradient bytes
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
 std::vector<std::array<uint64_t, kFields>> gather_u64(const comm::Group& group, const std::array<uint64_t, kFields>& mine) {
@@ -46,7 +46,8 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   // one that averaged gradients.
   auto& kind = report.compressed ? compressed_steps_ : exact_steps_;
   kind.steps += 1;
-  kind.bytes += report.comm_bytes_sent;  transfers_.host_to_device_bytes += report.transfers.host_to_device_bytes;
+  kind.bytes += report.comm_bytes_sent;
+  kind.grad_bytes += report.grad_comm_bytes_sent;  transfers_.host_to_device_bytes += report.transfers.host_to_device_bytes;
   transfers_.device_to_host_bytes += report.transfers.device_to_host_bytes;
 }
 
@@ -71,6 +72,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   constexpr size_t kTransfers = 18 + memory::kNumCategories;
   mine[kTransfers] = transfers_.host_to_device_bytes;
   mine[kTransfers + 1] = transfers_.device_to_host_bytes;
+  mine[kTransfers + 2] = exact_steps_.grad_bytes;
   auto all = gather_u64(group, mine);
   // Every rank computes the digest (collective at stages >= 1 and with experts); rank 0's goes in.
   std::string digest = engine_.param_digest();
@@ -80,6 +82,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   s["world_size"] = group.size();
   s["zero_stage"] = cfg.zero.stage;
   s["precision"] = precision_name(cfg.precision);
+  s["communication_data_type"] = memory::dtype_name(cfg.gradient_comm_dtype());
   s["steps"] = static_cast<int64_t>(losses_.size());
   s["skipped_steps"] = skipped_;
   s["params_total"] = engine_.param_count();
@@ -149,6 +152,9 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                              {"bytes_sent_per_step",
                                               {{"exact_steps", v[14]},
                                                {"exact_mean", mean(v[14], v[15])},
+                                              // the gradient averaging's share of exact_mean, in
+                                              // communication_data_type (half of fp32's for bf16/fp16)
+                                              {"exact_gradient_mean", mean(v[14], v[kTransfers + 2])},
                                                {"compressed_steps", v[16]},
                                                {"compressed_mean", mean(v[16], v[17])},
                                                {"compressed_over_exact", v[14] && v[16] ? mean(v[16], v[17]) / mean(v[14], v[15]) : 0.0}}}});

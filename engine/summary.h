@@ -47,6 +47,7 @@ class SummaryRecorder {
   struct StepBytes {
     uint64_t steps = 0;
     uint64_t bytes = 0;
+    uint64_t grad_bytes = 0;  // of `bytes`, the gradient reductions' (StepReport::grad_comm_bytes_sent)
   };
   StepBytes exact_steps_, compressed_steps_;  // this rank's bytes sent, by kind of step
   memory::TransferStats transfers_;           // this rank's host <-> device bytes over the steps

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages zeroshard needs to build, test and run its demo.
 # Idempotent: when every package is present it installs nothing and touches no network.
+#   --bench  also the optional benchmark dependencies (python3-torch, ~1 GB, for
+#            benchmarks/torch_compare.py); `make test` never needs them.
 set -euo pipefail
 
 packages=(
@@ -14,6 +16,9 @@ packages=(
   python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
 )
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -140,7 +140,7 @@ Work Runtime::simulate(const Op& op, bool async) {
   if (!async) return Work();
   auto state = std::make_shared<WorkState>();
   state->defer();
-  return Work(state);
+  return Work(state, op.bytes_sent);
 }
 
 void Runtime::run(std::shared_ptr<Op> op) {
@@ -179,7 +179,7 @@ void Runtime::run(std::shared_ptr<Op> op) {
 Work Runtime::submit(std::shared_ptr<Op> op) {
   if (op->group->simulated) return simulate(*op, true);
   op->work = std::make_shared<WorkState>(hint_);
-  Work work(op->work);
+  Work work(op->work, op->bytes_sent);
   {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(op));

@@ -1,6 +1,8 @@
 #include "comm/detail/shm.h"
 
 #include <sched.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -83,7 +85,32 @@ std::unique_ptr<ShmNode> ShmNode::create(int ranks_per_node, bool required) {
     node->slots_[static_cast<size_t>(r)] = {c + kFlagBytes, c + kFlagBytes + kSlotBytes};
   }
   ZS_MPI_CHECK(MPI_Barrier(node->comm_), "publishing the shared-memory window");
+  node->init_single_copy(base);
   return node;
+}
+
+// Note [Single-copy collectives]: can this rank read every peer's memory? Each rank's first slot holds
+// a marker (its pid and its window's address in its own process); every rank reads each peer's marker
+// through process_vm_readv at the address the peer reported and compares it with what the window shows.
+void ShmNode::init_single_copy(void* base) {
+  const uint64_t mine[2] = {static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(base)};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(node_size_));
+  ZS_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), "exchanging process ids");
+  std::memcpy(slots_[static_cast<size_t>(node_rank_)][0], mine, sizeof mine);
+  ZS_MPI_CHECK(MPI_Barrier(comm_), "publishing the single-copy markers");
+  int ok = 1;
+  for (int r = 0; r < node_size_; ++r) {
+    pids_.push_back(static_cast<int>(all[2 * static_cast<size_t>(r)]));
+    if (r == node_rank_) continue;
+    uint64_t seen[2] = {0, 0};
+    iovec local{seen, sizeof seen};
+    iovec remote{reinterpret_cast<void*>(all[2 * static_cast<size_t>(r) + 1] + kFlagBytes), sizeof seen};
+    const ssize_t got = process_vm_readv(pids_.back(), &local, 1, &remote, 1, 0);
+    if (got != static_cast<ssize_t>(sizeof seen) || std::memcmp(seen, slots_[static_cast<size_t>(r)][0], sizeof seen) != 0) ok = 0;
+  }
+  int all_ok = 0;
+  ZS_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_), "agreeing on single-copy reads");
+  single_copy_ = single_copy_works_ = all_ok == 1;
 }
 
 ShmNode::~ShmNode() {
@@ -95,6 +122,10 @@ std::atomic<uint64_t>& ShmNode::flag(int node_rank, int group_index) const {
   static_assert(std::atomic<uint64_t>::is_always_lock_free, "flags are shared between processes");
   return *reinterpret_cast<std::atomic<uint64_t>*>(flags_[static_cast<size_t>(node_rank)] +
                                                    static_cast<size_t>(group_index) * kLine);
+}
+
+uint64_t* ShmNode::published(int node_rank, int group_index) const {
+  return reinterpret_cast<uint64_t*>(flags_[static_cast<size_t>(node_rank)] + static_cast<size_t>(group_index) * kLine + 8);
 }
 
 ShmGroup::~ShmGroup() {
@@ -233,6 +264,46 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
 
 unsigned char* bytes(const memory::Tensor& t) { return static_cast<unsigned char*>(t.raw()); }
 
+// Copies `n` bytes at `remote` in process `pid` into `dst` (Note [Single-copy collectives]).
+void read_peer(const Op& op, int pid, void* dst, uint64_t remote, size_t n) {
+  auto* d = static_cast<unsigned char*>(dst);
+  while (n > 0) {
+    iovec local{d, n};
+    iovec far{reinterpret_cast<void*>(remote), n};
+    const ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
+    if (got <= 0) [[unlikely]] {
+      throw CommError(fmt::format("{}: reading {} bytes of process {} with process_vm_readv failed ({}); the other "
+                                  "ranks will time out; set comm.shared_memory to false to use MPI's collectives",
+                                  op.describe(), n, pid, got < 0 ? std::strerror(errno) : "no progress"));
+    }
+    d += got;
+    remote += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+}
+
+void publish(const ShmNode& node, const ShmGroup& s, const void* base) {
+  node.published(s.local[static_cast<size_t>(s.me)], s.flag_index)[0] = reinterpret_cast<uint64_t>(base);
+}
+
+uint64_t published_base(const ShmNode& node, const ShmGroup& s, size_t p) {
+  return node.published(s.local[p], s.flag_index)[0];
+}
+
+// Note [Single-copy collectives]: allgather(v) reading each peer's block straight into the output.
+void allgatherv_single_copy(GroupState& g, ShmGroup& s, const Op& op, unsigned char* out, size_t es,
+                            std::span<const int> counts, std::span<const int> displs) {
+  const ShmNode& node = *g.runtime->shm_node();
+  const size_t me = static_cast<size_t>(s.me);
+  publish(node, s, out);
+  barrier(g, s, op);
+  for (size_t p = 0; p < s.local.size(); ++p) {
+    const size_t n = static_cast<size_t>(counts[p]) * es, at = static_cast<size_t>(displs[p]) * es;
+    if (p != me && n > 0) read_peer(op, node.pid(s.local[p]), out + at, published_base(node, s, p) + at, n);
+  }
+  barrier(g, s, op);  // nobody still reads this rank's block when it returns
+}
+
 }  // namespace
 
 // ---- the collectives ----
@@ -290,6 +361,11 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
   const size_t own = static_cast<size_t>(counts[me]);
   unsigned char* own_out = out + static_cast<size_t>(displs[me]) * es;
   if (own_out != in && own > 0) std::memmove(own_out, in, own * es);
+  if (node.single_copy()) {
+    allgatherv_single_copy(g, *s, op, out, es, counts, displs);
+    g.runtime->count_shared_memory();
+    return true;
+  }
   for (size_t k = 0; k < rounds; ++k) {
     const int b = static_cast<int>(k & 1);
     const size_t n = piece(own, k, m);
@@ -349,6 +425,43 @@ void allreduce_across_nodes(GroupState& g, ShmGroup& s, const Op& op, unsigned c
   }
 }
 
+// Note [Single-copy collectives]: each rank sums its sub-slice from the peers' tensors (read in chunks
+// into s.scratch), then reads the other sub-slices' sums from their owners.
+void allreduce_single_copy(GroupState& g, ShmGroup& s, const Op& op, unsigned char* data, DType t, size_t n,
+                           float divisor) {
+  const ShmNode& node = *g.runtime->shm_node();
+  const size_t es = memory::dtype_size(t);
+  const size_t L = s.local.size();
+  const size_t me = static_cast<size_t>(s.me);
+  const auto [lo, hi] = sub_slice(n, L, me);
+  const size_t chunk = std::min(hi - lo, round_down(ShmNode::kSlotBytes / es / (L - 1), kAlign));
+  if (s.scratch.size() < chunk * es * (L - 1)) s.scratch.resize(chunk * es * (L - 1));
+  publish(node, s, data);
+  barrier(g, s, op);
+  std::vector<const void*> srcs(L);
+  for (size_t at = lo; at < hi; at += chunk) {
+    const size_t m = std::min(chunk, hi - at);
+    for (size_t p = 0, slot = 0; p < L; ++p) {
+      if (p == me) {
+        srcs[p] = data + at * es;
+        continue;
+      }
+      unsigned char* buf = s.scratch.data() + slot++ * chunk * es;
+      read_peer(op, node.pid(s.local[p]), buf, published_base(node, s, p) + at * es, m * es);
+      srcs[p] = buf;
+    }
+    reduce_sum(srcs, t, data + at * es, t, m, divisor);
+  }
+  barrier(g, s, op);
+  for (size_t p = 0; p < L; ++p) {
+    const auto [plo, phi] = sub_slice(n, L, p);
+    if (p != me && phi > plo) {
+      read_peer(op, node.pid(s.local[p]), data + plo * es, published_base(node, s, p) + plo * es, (phi - plo) * es);
+    }
+  }
+  barrier(g, s, op);  // nobody still reads this rank's sums when it returns
+}
+
 }  // namespace
 
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r) {
@@ -368,6 +481,11 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
   const size_t es = memory::dtype_size(t);
   const size_t L = s->local.size();
   const size_t me = static_cast<size_t>(s->me);
+  if (node.single_copy()) {
+    allreduce_single_copy(g, *s, op, d, t, n, divisor);
+    g.runtime->count_shared_memory();
+    return true;
+  }
   const size_t M = round_down(ShmNode::kSlotBytes / es, kAlign * L);
   std::vector<const void*> srcs(L);
   for (size_t k = 0; k * M < n; ++k) {

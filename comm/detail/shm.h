@@ -22,6 +22,24 @@
 //    with the SIMD kernels of comm/detail/shm_reduce.h: deterministic run to run, and bitwise equal to
 //    MPI's result on two ranks (a + b either way); on more ranks MPI's order is its algorithm's.
 //  - a rank's own piece is never staged: it reads it from its own tensor.
+//  - single copy where Linux allows it (Note [Single-copy collectives]): allgather(v) and allreduce on
+//    one node read the peers' tensors directly with process_vm_readv instead of staging through slots.
+//
+// Note [Single-copy collectives]
+// Staging costs two copies per byte (owner -> slot -> reader) and a barrier per 4 MiB round; OpenMPI's
+// allgather copies once (its vader transport reads the peer's buffer with CMA, process_vm_readv), so
+// the staged allgather was at best even with it. So when the node's ranks may read each other's memory
+// (checked once, when the window is made: every rank reads a known word of every peer's window with
+// process_vm_readv and compares it with what the window shows; any failure, e.g. ptrace restrictions,
+// turns it off on the whole node and the staged path is used), a collective publishes each member's
+// tensor address beside its barrier flag and:
+//   allgather(v): own block into place, publish, barrier, read every peer's block straight into the
+//                 output (one copy), barrier (no peer still reads this rank's block when it returns).
+//   allreduce:    publish, barrier, sum this rank's 1/L sub-slice: the peers' parts read in 4 MiB
+//                 chunks into a private buffer and summed in rank order into the tensor (as staged);
+//                 barrier; read the other sub-slices' sums straight from their owners; barrier.
+// Two or three barriers whatever the size instead of one or two per round, and for allgather half the
+// copies. Same results bit for bit as the staged path (the same sums in the same order).
 // Groups spanning nodes (allreduce): ranks reduce through their node's slots into the node leader's
 // fp32 accumulator, the leaders (one per node) allreduce it over MPI, and every rank copies the result
 // out of the leader's slot. Reduce-scatter and allgather(v) spanning nodes use MPI's collective.
@@ -43,6 +61,10 @@
 
 #include "comm/config.h"
 #include "memory/tensor.h"
+
+namespace zs::comm {
+class Group;
+}
 
 namespace zs::comm::detail {
 
@@ -68,17 +90,31 @@ class ShmNode {
   int node_id() const { return node_id_; }  // world rank of the node's first rank: equal across the node
   unsigned char* slot(int node_rank, int buffer) const { return slots_[static_cast<size_t>(node_rank)][buffer]; }
   std::atomic<uint64_t>& flag(int node_rank, int group_index) const;
+  // Two words beside each flag (same line) where a member publishes its tensor's address and byte
+  // count for the single-copy path; written before the barrier's release store, read after its
+  // acquire load (Note [Single-copy collectives]).
+  uint64_t* published(int node_rank, int group_index) const;
+  // Whether this node's ranks can read each other's memory (process_vm_readv), the same on every rank.
+  bool single_copy() const { return single_copy_; }
+  // Tests: false forces the staged path (true restores single copy where it was found to work). Call
+  // it on every rank of the node, between collectives.
+  void use_single_copy(bool on) { single_copy_ = on && single_copy_works_; }
+  int pid(int node_rank) const { return pids_[static_cast<size_t>(node_rank)]; }
   // Flag lines are handed out once, in the order groups first use shared memory (the same on every
   // rank of a group: ShmGroup takes the max over its members).
   int next_group_index = 0;
 
  private:
   ShmNode() = default;
+  void init_single_copy(void* base);  // collective over the node (create)
   MPI_Comm comm_ = MPI_COMM_NULL;  // owned: this node's ranks
   MPI_Win win_ = MPI_WIN_NULL;
   int node_rank_ = 0, node_size_ = 1, node_id_ = 0;
   std::vector<unsigned char*> flags_;
   std::vector<std::array<unsigned char*, 2>> slots_;
+  std::vector<int> pids_;
+  bool single_copy_ = false;
+  bool single_copy_works_ = false;
 };
 
 // A group's view of the node window, made with the group (init_shm_group). Whether a collective uses
@@ -93,6 +129,7 @@ struct ShmGroup {
   int flag_index = -1;
   uint64_t epoch = 0;              // barriers passed
   MPI_Comm leaders = MPI_COMM_NULL;  // owned: each node's first member (groups spanning nodes)
+  std::vector<unsigned char> scratch;  // single-copy allreduce: peers' chunks (at most kSlotBytes)
   ~ShmGroup();
 };
 
@@ -101,6 +138,8 @@ struct ShmGroup {
 // not by its first collective, so that a collective's body never waits in an untimed MPI call: a rank
 // arriving after its peer timed out then fails at a (timed) shared-memory barrier instead of hanging.
 void init_shm_group(GroupState& g);
+// The World's node window behind `group` (null without one), for tests that pick a path.
+ShmNode* shm_node_of(const Group& group);
 // Collective over the world (World's constructor): CommError on every rank when the ranks passed
 // different comm.shared_memory or shared_memory_node_ranks values.
 void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where);

@@ -174,6 +174,7 @@ class Engine::Impl final : public ModuleHooks {
   std::unique_ptr<TrainingMonitor> monitor_;  // when the config enables a monitor (engine/monitor.h)
   std::unique_ptr<FlopsProfiler> profiler_;   // flops_profiler enabled, rank 0 (engine/flops_profiler.h)
   uint64_t bytes_sent_at_step_start_ = 0;
+  uint64_t grad_bytes_sent_at_step_start_ = 0;  // the reducers' bytes_sent, summed over the sets
   memory::TransferStats transfers_at_step_start_;
   std::vector<float> scratch_;                  // initialisation and gathering, one thread
   std::vector<std::vector<float>> grad_scratch_;    // per thread, kPieceElements

@@ -15,10 +15,15 @@
 //            are in flight; a further one waits for the oldest, which bounds the staging memory.
 //            Without overlap_comm a full bucket is still reduced when it fills, synchronously.
 // With `reduce_scatter` off (DeepSpeed's flag), stages 1+ allreduce the bucket and keep their part.
+// With a comm_dtype other than the gradients' (communication_data_type), a launched bucket is first
+// converted into a transient "wire" buffer of comm_dtype, reduced there (comm sums 16-bit values in
+// fp32 and rounds once), and the part this rank keeps is converted back when its reduction is waited
+// for (wait_all, or retiring at stage 2+); the wire buffer then goes.
 #pragma once
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +45,7 @@ class GradReducer {
     bool reduce_scatter = true;
     size_t bucket_elements = 500'000'000;
     memory::Tier grads_tier = memory::Tier::kDevice;  // where `grads` lives (kHost: optimizer offloaded)
+    std::optional<memory::DType> comm_dtype;  // the dtype averaged on the wire; nullopt: the gradients' own
   };
 
   // `layout` is one partition group's layout (dense, or one expert_parallel_size's), reduced over
@@ -71,6 +77,8 @@ class GradReducer {
   size_t bucket_count() const { return buckets_.size(); }
   // Stage 2+: peak bytes of staging buffers alive at once.
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
+  // Bytes this rank's gradient reductions sent since construction (Work::bytes_sent, comm's rule).
+  uint64_t bytes_sent() const { return bytes_sent_; }
 
  private:
   struct Bucket {
@@ -78,6 +86,7 @@ class GradReducer {
     size_t pending = 0;
     bool launched = false;
     memory::DeviceBlock staging;  // stage 2+
+    memory::DeviceBlock wire;     // comm_dtype copy while reducing (only when it differs from dtype_)
     comm::Work work;
   };
   bool partitioned() const { return options_.stage >= 2; }
@@ -87,6 +96,7 @@ class GradReducer {
   void launch(Bucket& b);
   void retire(Bucket& b);
   void retire_finished();
+  void finish(Bucket& b);  // waits for b's reduction; converts the kept part back from the wire buffer
 
   Options options_;
   const FlatLayout& layout_;
@@ -94,6 +104,7 @@ class GradReducer {
   const comm::Group& group_;
   memory::DeviceAllocator& device_;
   memory::DType dtype_;
+  memory::DType comm_dtype_;
   void* grads_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_slot_;
@@ -102,6 +113,7 @@ class GradReducer {
   bool reducing_ = false;
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;
+  uint64_t bytes_sent_ = 0;
 };
 
 }  // namespace zs::engine

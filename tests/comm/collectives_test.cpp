@@ -53,6 +53,53 @@ TEST(Allreduce, Bf16AccumulatesInFp32) {
   EXPECT_EQ(test::as_float(x, 0), memory::bf16_to_f32(memory::f32_to_bf16(exact)));
 }
 
+// Note [16-bit reductions]: values whose sums round (unlike test::value's), reduced through shared
+// memory ("auto", 20000 elements) and through MPI (shared_memory false): the same bits either way, and
+// each the rank-order fp32 sum rounded once.
+TEST(Reduce16Bit, SharedMemoryAndMpiPathsGiveTheSameBits) {
+  const auto& g = group();
+  comm::CommConfig off = g.config();
+  off.shared_memory = comm::SharedMemory::kOff;
+  const comm::Group g_mpi = g.dup("mpi_16bit", off);
+  const size_t n = 20000;
+  auto make = [&](DType t, int rank) {
+    Tensor x = Tensor::empty({static_cast<int64_t>(n)}, t);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = 1.0f + 0.37f * static_cast<float>((i * 13 + static_cast<size_t>(rank) * 7) % 101) / 7.0f;
+      x.data<uint16_t>()[i] = t == DType::kBF16 ? memory::f32_to_bf16(v) : memory::f32_to_f16(v);
+    }
+    return x;
+  };
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    auto round16 = [t](float v) {
+      return t == DType::kBF16 ? memory::bf16_to_f32(memory::f32_to_bf16(v)) : memory::f16_to_f32(memory::f32_to_f16(v));
+    };
+    Tensor a = make(t, g.rank()), b = make(t, g.rank());
+    g.allreduce(a, comm::ReduceOp::kAverage);
+    g_mpi.allreduce(b, comm::ReduceOp::kAverage);
+    auto shards = memory::partition(n, g.size());
+    const auto& mine = shards[static_cast<size_t>(g.rank())];
+    Tensor c = make(t, g.rank()), d = make(t, g.rank());
+    Tensor c_out = Tensor::empty({static_cast<int64_t>(mine.size)}, t), d_out = Tensor::empty({static_cast<int64_t>(mine.size)}, t);
+    g.reduce_scatter(c, c_out, std::span<const memory::ShardRange>(shards));
+    g_mpi.reduce_scatter(d, d_out, std::span<const memory::ShardRange>(shards));
+    std::vector<Tensor> inputs;
+    for (int r = 0; r < g.size(); ++r) inputs.push_back(make(t, r));
+    for (size_t i = 0; i < n; ++i) {
+      float sum = 0;
+      for (int r = 0; r < g.size(); ++r) sum += test::as_float(inputs[static_cast<size_t>(r)], i);
+      ASSERT_EQ(a.data<uint16_t>()[i], b.data<uint16_t>()[i]) << memory::dtype_name(t) << " i=" << i;
+      ASSERT_EQ(test::as_float(a, i), round16(sum / static_cast<float>(g.size()))) << memory::dtype_name(t) << " i=" << i;
+    }
+    for (size_t i = 0; i < mine.size; ++i) {
+      float sum = 0;
+      for (int r = 0; r < g.size(); ++r) sum += test::as_float(inputs[static_cast<size_t>(r)], mine.offset + i);
+      ASSERT_EQ(c_out.data<uint16_t>()[i], d_out.data<uint16_t>()[i]) << memory::dtype_name(t) << " i=" << i;
+      ASSERT_EQ(test::as_float(c_out, i), round16(sum)) << memory::dtype_name(t) << " i=" << i;
+    }
+  }
+}
+
 std::vector<std::vector<size_t>> uneven_counts(int n) {
   std::vector<std::vector<size_t>> out;
   for (size_t total : {size_t{0}, size_t{1}, size_t{10}, size_t{1001}}) {
@@ -211,11 +258,11 @@ TEST(Counters, RingByteCounts) {
   EXPECT_EQ(c.bytes_received, c.bytes_sent);
   EXPECT_EQ(c.collectives, 1u);
 
-  // bf16 reductions travel as fp32.
+  // bf16 reductions travel as bf16 (Note [16-bit reductions]): half the bytes of fp32.
   world.reset_counters();
   Tensor h = test::filled(DType::kBF16, 1200, g.rank());
   g.allreduce(h);
-  EXPECT_EQ(world.counters().bytes_sent, 2 * (n - 1) * 1200 * 4 / n);
+  EXPECT_EQ(world.counters().bytes_sent, 2 * (n - 1) * 1200 * 2 / n);
 
   // reduce-scatter / allgatherv: everything but this rank's own block.
   world.reset_counters();

@@ -194,6 +194,35 @@ TEST(Config, Fp16AndBf16AreExclusiveAndFp16ReadsLossScaling) {
   EXPECT_EQ(c.loss_scaler.hysteresis, 3);
 }
 
+TEST(Config, CommunicationDataTypeDefaultsToTheComputeDtype) {
+  EXPECT_EQ(parse(R"({"train_batch_size": 4})").gradient_comm_dtype(), memory::DType::kF32);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "bf16": {"enabled": true}})").gradient_comm_dtype(), memory::DType::kBF16);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "fp16": {"enabled": true}})").gradient_comm_dtype(), memory::DType::kF16);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "bf16": {"enabled": true}, "communication_data_type": null})").gradient_comm_dtype(),
+            memory::DType::kBF16);
+  // Any letter case, as DeepSpeed.
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "communication_data_type": "BF16"})").gradient_comm_dtype(), memory::DType::kBF16);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "bf16": {"enabled": true}, "communication_data_type": "fp32"})").gradient_comm_dtype(),
+            memory::DType::kF32);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "fp16": {"enabled": true}, "communication_data_type": "bf16"})").gradient_comm_dtype(),
+            memory::DType::kBF16);
+  for (const char* bad : {R"("fp8")", R"("bfloat16")", "16", "true"}) {
+    const std::string err = error_of(fmt::format(R"({{"train_batch_size": 4, "communication_data_type": {}}})", bad));
+    EXPECT_CONTAINS(err, "communication_data_type");
+    EXPECT_CONTAINS(err, "\"fp32\", \"fp16\" or \"bf16\"");
+  }
+  // fp16 on the wire needs fp16's loss scaling.
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "bf16": {"enabled": true}, "communication_data_type": "fp16"})"),
+                  "communication_data_type: \"fp16\" needs fp16 training");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "communication_data_type": "fp16"})"), "needs fp16 training");
+  // One-bit Adam: applies to its exact warm-up steps, said once.
+  EngineConfig c = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true}, "communication_data_type": "bf16",
+                             "optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 400}}})");
+  int notes = 0;
+  for (const auto& n : c.notes) notes += n.starts_with("communication_data_type: applies to OneBitAdam's exact");
+  EXPECT_EQ(notes, 1);
+}
+
 TEST(Config, ModelAndRangeChecks) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "model": {"d_model": 65, "n_head": 4}})"), "model.n_head");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "scheduler": {"type": "WarmupCosineLR", "params": {}}})"),

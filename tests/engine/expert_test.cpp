@@ -66,6 +66,7 @@ struct Groups {
 
 struct TrainRun {
   std::vector<double> losses, norms;
+  std::vector<uint64_t> grad_bytes;  // StepReport::grad_comm_bytes_sent
   std::map<std::string, std::vector<float>> params;  // every parameter this rank holds
   ModelStateBytes states;
   std::string digest;
@@ -82,6 +83,7 @@ TrainRun train(const comm::Group& world, std::array<int, 2> e, const EngineConfi
       const StepReport& rep = engine.train_batch(data);
       r.losses.push_back(rep.loss);
       r.norms.push_back(rep.grad_norm);
+      r.grad_bytes.push_back(rep.grad_comm_bytes_sent);
     }
     // Names in canonical order: the same order on every rank of each group (dense over dp first,
     // then an EP rank's experts, which its edp peers share).
@@ -141,6 +143,27 @@ TEST(Experts, Bf16AndCpuOffloadMatchStage0) {
     cfg.zero.offload_optimizer.device = OffloadDevice::kCpu;
     if (stage == 3) cfg.zero.offload_param.device = OffloadDevice::kCpu;
     expect_same(train(world, e, cfg), stage0(e, Precision::kFp32), 1e-5, fmt::format("cpu offload stage {}", stage));
+  }
+}
+
+TEST(Experts, Bf16CommunicationHalvesDenseAndExpertGradientBytes) {
+  // communication_data_type bf16 on fp32 training: the dense set (over dp) and the expert sets (over
+  // their expert-data-parallel groups) all average in bf16.
+  const comm::Group& world = test::world().group();
+  const auto e = expert_sizes(world.size());
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string what = fmt::format("bf16 communication, stage {}", stage);
+    const EngineConfig full_cfg = make_config(world.size(), stage, 2, Precision::kFp32);
+    EngineConfig half_cfg = full_cfg;
+    half_cfg.communication_data_type = memory::DType::kBF16;
+    const TrainRun full = stage == 0 ? stage0(e, Precision::kFp32) : train(world, e, full_cfg);
+    const TrainRun half = train(world, e, half_cfg);
+    for (size_t i = 0; i < full.grad_bytes.size(); ++i) {
+      EXPECT_EQ(2 * half.grad_bytes[i], full.grad_bytes[i]) << what << ", step " << i + 1;
+      EXPECT_EQ(full.grad_bytes[i] > 0, world.size() > 1) << what;
+    }
+    // bf16 rounding of each averaged gradient: a few bf16 ulps, as Bf16AndCpuOffloadMatchStage0.
+    expect_same(half, stage0(e, Precision::kFp32), 2e-2, what);
   }
 }
 

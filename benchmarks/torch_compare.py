@@ -1,0 +1,204 @@
+#!/usr/bin/python3
+"""Question: is zeroshard's GPT training step faster than PyTorch's on the same model and batch?
+
+Runs benchmarks/train_bench (zeroshard) and the same GPT in PyTorch (Debian's python3-torch: an
+optional benchmark dependency, `bash scripts/install-deps.sh --bench`; never needed by `make test`),
+fp32 and bf16, one process each, and prints a markdown table of tokens/s with the ratio.
+
+  /usr/bin/python3 benchmarks/torch_compare.py [--bench build/release/benchmarks/train_bench]
+      [--cases small,large] [--precisions fp32,bf16] [--reps 5] [--steps 5] [--warmup 2]
+      [--threads N] [--torch-bf16 autocast|params] [--omp-wait passive|default]
+      [--json out.json] [--markdown out.md]
+
+The same GPT: GPT-2 pre-LN blocks (LayerNorm eps 1e-5, causal attention, tanh GELU, 4x MLP), learned
+position embeddings, tied output head, byte vocabulary 256; init normal(0, 0.02), the residual
+projections 0.02 / sqrt(2 n_layer), biases 0, LayerNorm weights 1 (nn/gpt.h). AdamW lr 1e-3, no
+weight decay, no clipping, as train_bench's engine config. Cases (the issue's table):
+  small  n_layer 4, d_model 256, n_head 4, seq 128, micro batch 8
+  large  n_layer 6, d_model 512, n_head 8, seq 256, micro batch 8
+Precision bf16: zeroshard keeps bf16 parameters and gradients with fp32 master weights; PyTorch runs
+either autocast(cpu, bf16) over fp32 parameters (default: PyTorch's mixed-precision recipe) or bf16
+parameters and AdamW on them (--torch-bf16 params).
+
+Method (a shared, noisy machine): every repetition runs each (case, precision) for both frameworks
+back to back in a fresh process, alternating which goes first; a run reports its median step time
+over --steps after --warmup steps. The table shows medians over --reps repetitions and the ratio of
+medians (zeroshard / PyTorch tokens/s; > 1: zeroshard faster). Both use the same thread count
+(--threads, default all cores). PyTorch's OpenMP threads spin after each parallel region by default,
+which on a loaded machine takes cores from everyone; OMP_WAIT_POLICY=PASSIVE (the default here,
+--omp-wait default to keep PyTorch's) measured 2.5x faster for PyTorch under load (issue 17).
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+CASES = {
+    "small": dict(n_layer=4, d_model=256, n_head=4, seq_len=128, micro_batch=8),
+    "large": dict(n_layer=6, d_model=512, n_head=8, seq_len=256, micro_batch=8),
+}
+VOCAB = 256
+
+
+def torch_run(case, precision, steps, warmup, threads, bf16_mode, seed=7):
+    """Trains the GPT in this process; returns tokens/s of the median step."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    L, C, H, T, B = case["n_layer"], case["d_model"], case["n_head"], case["seq_len"], case["micro_batch"]
+    std, proj_std = 0.02, 0.02 / math.sqrt(2 * L)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(C, eps=1e-5), nn.LayerNorm(C, eps=1e-5)
+            self.qkv, self.attn_proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.fc, self.mlp_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+            for lin, s in ((self.qkv, std), (self.attn_proj, proj_std), (self.fc, std), (self.mlp_proj, proj_std)):
+                nn.init.normal_(lin.weight, 0.0, s)
+                nn.init.zeros_(lin.bias)
+
+        def forward(self, x):
+            b, t, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, H, C // H).permute(2, 0, 3, 1, 4)
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+            mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+            att = att.masked_fill(mask, float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, C)
+            x = x + self.attn_proj(y)
+            return x + self.mlp_proj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class Gpt(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(VOCAB, C), nn.Embedding(T, C)
+            nn.init.normal_(self.wte.weight, 0.0, std)
+            nn.init.normal_(self.wpe.weight, 0.0, std)
+            self.blocks = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C, eps=1e-5)
+
+        def forward(self, idx, targets):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+            for blk in self.blocks:
+                x = blk(x)
+            logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
+            return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+
+    model = Gpt()
+    if precision == "bf16" and bf16_mode == "params":
+        model = model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    autocast = precision == "bf16" and bf16_mode == "autocast"
+    times = []
+    for i in range(warmup + steps):
+        data = torch.randint(0, VOCAB, (B, T + 1), generator=gen)
+        t0 = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(data[:, :-1], data[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return B * T / statistics.median(times)
+
+
+def zs_run(bench, case, precision, steps, warmup):
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [bench, "--n-layer", str(case["n_layer"]), "--d-model", str(case["d_model"]), "--n-head",
+               str(case["n_head"]), "--seq-len", str(case["seq_len"]), "--micro-batch", str(case["micro_batch"]),
+               "--vocab", str(VOCAB), "--steps", str(steps), "--warmup", str(warmup), "--precision", precision,
+               "--no-ceiling", "--json", out.name]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.load(open(out.name))["results"][0]["tokens_per_s"]
+
+
+def torch_subprocess(args, case_name, precision, env):
+    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", case_name, precision, "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--threads", str(args.threads), "--torch-bf16", args.torch_bf16]
+    out = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bench", default="build/release/benchmarks/train_bench")
+    p.add_argument("--cases", default="small,large")
+    p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--torch-bf16", choices=["autocast", "params"], default="autocast")
+    p.add_argument("--omp-wait", choices=["passive", "default"], default="passive")
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    p.add_argument("--torch-worker", nargs=2, metavar=("CASE", "PRECISION"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.torch_worker:
+        print(torch_run(CASES[args.torch_worker[0]], args.torch_worker[1], args.steps, args.warmup, args.threads,
+                        args.torch_bf16))
+        return
+    try:
+        import torch  # noqa: F401  (fail early, with the fix)
+    except ImportError:
+        sys.exit("torch_compare: PyTorch is missing: install Debian's python3-torch (bash scripts/install-deps.sh "
+                 "--bench) and run this script with /usr/bin/python3")
+    if not os.access(args.bench, os.X_OK):
+        sys.exit(f"torch_compare: {args.bench} is not built: cmake --build --preset release --target train_bench")
+    env = dict(os.environ)
+    if args.omp_wait == "passive":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    cases = [c for c in args.cases.split(",") if c]
+    precisions = [x for x in args.precisions.split(",") if x]
+    samples = {(c, pr): {"zeroshard": [], "pytorch": []} for c in cases for pr in precisions}
+    for rep in range(args.reps):
+        for c in cases:
+            for pr in precisions:
+                order = ["zeroshard", "pytorch"] if rep % 2 == 0 else ["pytorch", "zeroshard"]
+                for who in order:
+                    if who == "zeroshard":
+                        v = zs_run(args.bench, CASES[c], pr, args.steps, args.warmup)
+                    else:
+                        v = torch_subprocess(args, c, pr, env)
+                    samples[(c, pr)][who].append(v)
+                    print(f"rep {rep + 1}/{args.reps} {c} {pr} {who}: {v:.0f} tokens/s", file=sys.stderr, flush=True)
+    rows = []
+    for (c, pr), s in samples.items():
+        zs, pt = statistics.median(s["zeroshard"]), statistics.median(s["pytorch"])
+        rows.append({"case": c, **CASES[c], "precision": pr, "zeroshard_tokens_per_s": zs, "pytorch_tokens_per_s": pt,
+                     "ratio": zs / pt, "zeroshard_samples": s["zeroshard"], "pytorch_samples": s["pytorch"]})
+    lines = [f"| case (median of {args.reps} interleaved runs, {args.threads} threads) | zeroshard | PyTorch "
+             f"{torch.__version__} | ratio |", "|---|---|---|---|"]
+    for r in rows:
+        shape = f"{r['n_layer']}L d{r['d_model']} seq{r['seq_len']} mb{r['micro_batch']}"
+        torch_mode = f" ({args.torch_bf16})" if r["precision"] == "bf16" else ""
+        lines.append(f"| {r['precision']}{torch_mode}, 1 process, {r['case']} ({shape}) | "
+                     f"{r['zeroshard_tokens_per_s']:,.0f} | {r['pytorch_tokens_per_s']:,.0f} | {r['ratio']:.2f}x |")
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(table + "\n")
+    if args.json:
+        report = {"benchmark": "torch_compare",
+                  "config": {"reps": args.reps, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                             "torch_version": torch.__version__, "torch_bf16": args.torch_bf16,
+                             "omp_wait_policy": args.omp_wait},
+                  "baseline": {"what": "PyTorch, same GPT, batch and threads, in the same run"},
+                  "results": rows}
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
