@@ -13,6 +13,7 @@ packages=(
   libzstd-dev liburing-dev libssl-dev
   python3-h5py python3-hdf5plugin hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang-14 libclang-rt-14-dev
 )
 
 missing=()

@@ -97,6 +97,7 @@ struct CheckpointReader::Impl {
     ZS_H5_CHECK(H5Pset_chunk_cache(dapl.get(), 0, 0, 1.0), path, "chunk cache");
     h5::Handle ds(ZS_H5_CHECK(H5Dopen2(f.file.get(), name.c_str(), dapl.get()), path, fmt::format("open of '{}'", name)),
                   H5Dclose);
+    h5::check_chunk(ds.get(), name, path);
     return f.datasets.emplace(std::string(buffer), std::move(ds)).first->second.get();
   }
 };
