@@ -16,7 +16,7 @@ foreach(d ${SEEDS})
   endif()
 endforeach()
 if(SECONDS GREATER 0)
-  execute_process(COMMAND ${FUZZER} -max_total_time=${SECONDS} -timeout=10 -rss_limit_mb=4096 -print_final_stats=1
+  execute_process(COMMAND ${FUZZER} -max_total_time=${SECONDS} -timeout=30 -rss_limit_mb=4096 -print_final_stats=1
                           -artifact_prefix=${WORK}/artifacts/ ${WORK}/corpus ${dirs}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 else()

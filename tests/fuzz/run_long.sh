@@ -22,7 +22,7 @@ export ASAN_OPTIONS=fast_unwind_on_malloc=0 LSAN_OPTIONS="suppressions=$src/lsan
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 start=$(date +%s)
 set +e
-"$fuzzer" -runs="$runs" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
+"$fuzzer" -runs="$runs" -timeout="${FUZZ_TIMEOUT_S:-30}" -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
   "$work/corpus" "${seeds[@]}" >"$work/log.txt" 2>&1
 rc=$?
 set -e
