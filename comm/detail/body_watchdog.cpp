@@ -38,8 +38,8 @@ void BodyWatchdog::loop() {
       // Note [Stalled body]: nothing can unblock the thread inside MPI; end the job with the message.
       const std::string message = fmt::format(
           "{} timed out after {} s in its data exchange, after every rank of the group had joined it "
-          "(comm.timeout_s = {}): a rank stopped or failed mid-collective; ending the job",
-          e.describe(e.subject), e.timeout_s, e.timeout_s);
+          "(comm.timeout_s + {} s): a rank stopped or failed mid-collective; ending the job",
+          e.describe(e.subject), e.timeout_s, kGraceS);
       lock.unlock();
       World::abort(message, 1);
     }

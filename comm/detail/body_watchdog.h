@@ -6,11 +6,14 @@
 // does not see as a dead process) leaves its peers blocked inside MPI for ever, and a blocked MPI call
 // can be neither timed out nor cancelled. Fault injection found it (tests/faults/fault_trials.py: a
 // rank stopped during the GPT-MoE's all-to-all hung its peer). So each body is armed here with a
-// deadline of comm.timeout_s; a body still running past it cannot end any other way, and the watchdog
+// deadline of comm.timeout_s + kGraceS; a body still running past it cannot end any other way, and the watchdog
 // ends the job as World::abort does: one line "zeroshard: rank R: fatal: <collective> on <group> timed
 // out ..." on stderr, then MPI_Abort, which makes mpirun end every rank. A body that is merely slow (a
 // very large message on a slow link) needs a larger comm.timeout_s, as a slow peer does for the
-// handshake. Cost: a mutex and a list insert per collective; the thread wakes every 100 ms.
+// handshake. The grace of kGraceS (10 s) absorbs a loaded machine's scheduling: with 17 runnable
+// processes on 2 cores, the MPI_Comm_split of a 2-rank job took over 2 s after its handshake. A job
+// still ends within comm.timeout_s + 30 s of a rank's failure. Cost: a mutex and a list insert per
+// collective; the thread wakes every 100 ms.
 //
 // Thread-safety: arm/disarm from any thread; one thread per watchdog, started at construction.
 #pragma once
@@ -28,6 +31,7 @@ namespace zs::comm::detail {
 class BodyWatchdog {
  public:
   using Clock = std::chrono::steady_clock;
+  static constexpr double kGraceS = 10.0;
   BodyWatchdog();
   ~BodyWatchdog();
   BodyWatchdog(const BodyWatchdog&) = delete;

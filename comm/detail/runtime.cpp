@@ -234,7 +234,8 @@ void Runtime::execute(Op& op, bool on_worker) {
   if (!g.local()) {
     handshake(op, on_worker);
     const BodyWatchdog::Ticket ticket = watchdog_->arm(
-        g.config.timeout_s, [](const void* o) { return static_cast<const Op*>(o)->describe(); }, &op);
+        g.config.timeout_s + BodyWatchdog::kGraceS, [](const void* o) { return static_cast<const Op*>(o)->describe(); },
+        &op);
     try {
       op.body();
     } catch (...) {

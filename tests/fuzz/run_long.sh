@@ -3,6 +3,7 @@
 # going past a crash or hang (-fork with -ignore_crashes/-ignore_timeouts) so every finding is counted,
 # and prints the counts that docs/reliability.md records.
 #   tests/fuzz/run_long.sh BUILD_DIR config|checkpoint [INPUTS=10000]
+# Environment: FUZZ_TIMEOUT_S (default 30: an input running longer is a hang), FUZZ_MAX_TIME_S (stop early).
 # Needs a build whose ZS_LIBFUZZER is ON (clang++ and libclang-rt-14-dev installed).
 set -euo pipefail
 build="$1" name="$2" runs="${3:-10000}"
@@ -22,7 +23,7 @@ export ASAN_OPTIONS=fast_unwind_on_malloc=0 LSAN_OPTIONS="suppressions=$src/lsan
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 start=$(date +%s)
 set +e
-"$fuzzer" -runs="$runs" -timeout="${FUZZ_TIMEOUT_S:-30}" -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
+"$fuzzer" -runs="$runs" ${FUZZ_MAX_TIME_S:+-max_total_time=$FUZZ_MAX_TIME_S} -timeout="${FUZZ_TIMEOUT_S:-30}" -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$work/artifacts/" \
   "$work/corpus" "${seeds[@]}" >"$work/log.txt" 2>&1
 rc=$?
 set -e
