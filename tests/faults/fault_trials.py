@@ -137,7 +137,7 @@ def rank_trial(i, rng, args, work):
     result = {"trial": i, "scenario": scenario, "signal": sig.name, "np": args.np}
     try:
         if not out.wait_for(r"step 1/", 120):
-            result.update(outcome="did not start", passed=False)
+            result.update(outcome="did not start", passed=False, output_tail=out.text[-3000:])
             return result
         time.sleep(rng.uniform(0.0, args.max_delay_s))
         ranks = rank_pids(proc.pid)
