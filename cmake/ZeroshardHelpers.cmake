@@ -50,6 +50,9 @@ if(ZS_SANITIZE)
   list(APPEND ZS_UNIT_ENV "ASAN_OPTIONS=fast_unwind_on_malloc=0"
        "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/support/lsan_mpi.supp:print_suppressions=0")
 endif()
+if(ZS_TSAN)
+  list(APPEND ZS_UNIT_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${PROJECT_SOURCE_DIR}/tests/support/tsan.supp")
+endif()
 set(ZS_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;${ZS_UNIT_ENV}")
 
 # zs_add_test(NAME n SOURCES ... LIBS ... [LABELS unit] [TIMEOUT s] [KERNEL_VARIANTS]): one gtest
@@ -60,6 +63,14 @@ set(ZS_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_M
 #   n.avx512  OpenBLAS SkylakeX kernels, the library's AVX-512 path: an AVX-512 CPU (Intel or Zen 4/5)
 # The plain n runs whatever OpenBLAS and the library pick here. A variant the CPU cannot run exits 77
 # and is reported as skipped (tests/support/kernel_test_main.cpp).
+# zs_test_targets(LABEL l TARGETS t...): the tests labelled l run these targets, so the umbrella
+# target tests_<l> (tests/CMakeLists.txt) builds them; zs_add_test and zs_add_mpi_test call it themselves.
+# A sanitizer build (.ci/run) builds tests_unit, tests_mpi or tests_threads, not everything.
+function(zs_test_targets)
+  cmake_parse_arguments(L "" "LABEL" "TARGETS" ${ARGN})
+  set_property(GLOBAL APPEND PROPERTY ZS_TEST_TARGETS_${L_LABEL} ${L_TARGETS})
+endfunction()
+
 function(zs_add_test)
   cmake_parse_arguments(T "KERNEL_VARIANTS" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
@@ -74,6 +85,9 @@ function(zs_add_test)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
+  foreach(label ${T_LABELS})
+    zs_test_targets(LABEL ${label} TARGETS ${T_NAME})
+  endforeach()
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
   set_tests_properties(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
     ENVIRONMENT "${ZS_UNIT_ENV}")
@@ -88,8 +102,12 @@ function(zs_add_test)
   endif()
 endfunction()
 
+# OpenMPI forced onto TCP (the tcp-labelled MPI tests; docs/reliability.md).
+set(ZS_MPI_TCP_ENV "OMPI_MCA_pml=ob1;OMPI_MCA_btl=tcp,self;OMPI_MCA_btl_tcp_if_include=lo")
+
 # zs_add_mpi_test(NAME n SOURCES ... LIBS ... NP 1 2 3 4 [TIMEOUT s]): one gtest executable run
-# under mpirun once per world size, as tests n.np1, n.np2, ... labelled mpi. The run-as-root and
+# under mpirun once per world size, as tests n.np1, n.np2, ... labelled mpi, and the largest once more
+# over TCP as n.tcp.npN, labelled tcp. The run-as-root and
 # oversubscribe settings live here, not with the person running the tests.
 function(zs_add_mpi_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;NP;LABELS" ${ARGN})
@@ -101,12 +119,22 @@ function(zs_add_mpi_test)
   if(NOT T_LABELS)
     set(T_LABELS mpi)
   endif()
+  foreach(label ${T_LABELS})
+    zs_test_targets(LABEL ${label} TARGETS ${T_NAME})
+  endforeach()
   foreach(np ${T_NP})
     add_test(NAME ${T_NAME}.np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${np} $<TARGET_FILE:${T_NAME}>)
     set_tests_properties(${T_NAME}.np${np} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
       ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np})
   endforeach()
+  # Any transport: the largest world size once more with OpenMPI on TCP (ob1 over the tcp BTL on the
+  # loopback interface, no shared-memory BTL), the transport of a multi-node run. Label tcp.
+  list(GET T_NP -1 np)
+  add_test(NAME ${T_NAME}.tcp.np${np}
+    COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${np} $<TARGET_FILE:${T_NAME}>)
+  set_tests_properties(${T_NAME}.tcp.np${np} PROPERTIES LABELS "tcp" TIMEOUT ${T_TIMEOUT}
+    ENVIRONMENT "${ZS_MPI_ENV};${ZS_MPI_TCP_ENV}" PROCESSORS ${np})
 endfunction()
 
 function(zs_install_package)

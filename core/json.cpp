@@ -21,7 +21,8 @@ namespace {
 bool is_plain_key(std::string_view key) {
   if (key.empty()) return false;
   return std::none_of(key.begin(), key.end(), [](char c) {
-    return c == '.' || c == '[' || c == ']' || c == '"' || c == ' ' || static_cast<unsigned char>(c) < 0x20;
+    // ':' too, so a message "path: what is wrong" always splits at the path's end.
+    return c == '.' || c == '[' || c == ']' || c == '"' || c == ' ' || c == ':' || static_cast<unsigned char>(c) < 0x20;
   });
 }
 

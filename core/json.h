@@ -42,7 +42,8 @@ namespace zs {
 
 // ---- JSON paths --------------------------------------------------------------------------------
 // json_path_join("zero_optimization", "stage") == "zero_optimization.stage"; join("", "stage") ==
-// "stage". A key that is not a plain word (empty, or holding '.', '[', ']', '"' or a space) is
+// "stage". A key that is not a plain word (empty, or holding '.', '[', ']', '"', ':', a space or a
+// control character) is
 // written quoted: `model["a.b"]`.
 std::string json_path_join(std::string_view parent, std::string_view key);
 // json_path_index("optimizer.params.betas", 1) == "optimizer.params.betas[1]".

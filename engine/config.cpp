@@ -16,6 +16,20 @@ namespace {
 
 using Notes = std::vector<std::string>;
 
+// Note [bounded keys]
+// Integer keys that size a loop or the module tree have an upper bound far above any real run, so a
+// typo (`1e9` for `1e3`) is an immediate ConfigError instead of an endless step or a module tree that
+// takes minutes to declare before the arena's error (a GPT of 1e5 blocks: 44 s). What must fit in
+// memory is checked from the config's arithmetic before anything is built (estimate/config_fit.h).
+constexpr int64_t kMaxLayers = 4096;                 // GPT-3 has 96 blocks; 4096 declare in about a second
+constexpr int64_t kMaxDModel = int64_t{1} << 16;     // GPT-3's width is 12,288
+constexpr int64_t kMaxSeqLen = int64_t{1} << 20;     // one million positions
+constexpr int64_t kMaxAccumulation = int64_t{1} << 16;  // micro-batches per optimizer step
+constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;    // samples per rank per micro-batch
+constexpr int64_t kMaxTrainBatch = int64_t{1} << 40;
+constexpr int64_t kMaxEvalBatches = int64_t{1} << 16;
+constexpr int64_t kMaxExperts = 4096;
+
 // Note [DeepSpeed keys by verdict]
 // A DeepSpeed key gets one of four verdicts, decided here and documented in docs/config.md:
 //   - read: zeroshard does what it asks (stage, reduce_bucket_size, offload_optimizer, ...);
@@ -344,10 +358,10 @@ void read_checkpoint(ObjectReader& r, CheckpointConfig& c, Notes& notes) {
 void read_model(ObjectReader& r, nn::GptConfig& m) {
   std::string type = "gpt";
   r.read_choice("type", type, {"gpt"});
-  r.read("n_layer", m.n_layer, IntRange::positive());
-  r.read("d_model", m.d_model, IntRange::positive());
-  r.read("n_head", m.n_head, IntRange::positive());
-  r.read("seq_len", m.seq_len, IntRange::at_least(2));
+  r.read("n_layer", m.n_layer, IntRange{1, kMaxLayers});  // Note [bounded keys]
+  r.read("d_model", m.d_model, IntRange{1, kMaxDModel});
+  r.read("n_head", m.n_head, IntRange{1, kMaxDModel});
+  r.read("seq_len", m.seq_len, IntRange{2, kMaxSeqLen});
   r.read("vocab_size", m.vocab_size, IntRange{256, 1 << 24});
   r.read("tied_embeddings", m.tied_embeddings);
   r.read("init_std", m.init_std, RealRange::positive());
@@ -360,7 +374,7 @@ moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptCo
   moe::GptMoeConfig c;
   if (model.object().find("tied_embeddings") == model.object().end()) gpt.tied_embeddings = false;
   moe::MoEOptions& o = c.moe;
-  r.require("num_experts", o.num_experts, IntRange::positive());
+  r.require("num_experts", o.num_experts, IntRange{1, kMaxExperts});
   r.read("ep_size", o.ep_size, IntRange::positive());
   r.read("k", o.k, IntRange::positive());
   r.read("capacity_factor", o.capacity_factor, RealRange::positive());
@@ -545,9 +559,9 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   ObjectReader root(doc, "");
   root.known_keys(detail::deepspeed_keys(""), "DeepSpeed");
   int64_t train = 0, micro = 0, accum = 0;
-  root.read("train_batch_size", train, IntRange::positive());
-  root.read("train_micro_batch_size_per_gpu", micro, IntRange::positive());
-  root.read("gradient_accumulation_steps", accum, IntRange::positive());
+  root.read("train_batch_size", train, IntRange{1, kMaxTrainBatch});  // Note [bounded keys]
+  root.read("train_micro_batch_size_per_gpu", micro, IntRange{1, kMaxMicroBatch});
+  root.read("gradient_accumulation_steps", accum, IntRange{1, kMaxAccumulation});
 
   root.read("gradient_clipping", cfg.gradient_clipping, RealRange::non_negative());
   root.read("steps_per_print", cfg.steps_per_print, IntRange::positive());
@@ -633,7 +647,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
                                     cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
     }
     const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
-    const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange::positive());
+    const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange{1, kMaxEvalBatches});
     if ((fraction || batches) && cfg.data.eval_interval == 0) {
       throw ConfigError(fmt::format("data.{}: has an effect only with evaluation on; set data.eval_interval to the "
                                     "number of optimizer steps between evaluations, or remove it",
@@ -709,6 +723,16 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   }
   // After finish(): a misspelled batch key is reported as unknown, with its did-you-mean.
   cfg.batch = resolve_batch(train, micro, accum, dp);
+  // Inferred from train_batch_size, the other two are bounded as if written (Note [bounded keys]).
+  if (cfg.batch.gradient_accumulation_steps > kMaxAccumulation || cfg.batch.micro_batch_per_rank > kMaxMicroBatch) {
+    const bool accum_over = cfg.batch.gradient_accumulation_steps > kMaxAccumulation;
+    throw ConfigError(fmt::format("train_batch_size: {} over {} rank(s) makes {} {}, above its maximum {}; set "
+                                  "train_micro_batch_size_per_gpu and gradient_accumulation_steps within their ranges",
+                                  cfg.batch.train_batch_size, dp,
+                                  accum_over ? "gradient_accumulation_steps" : "train_micro_batch_size_per_gpu",
+                                  accum_over ? cfg.batch.gradient_accumulation_steps : cfg.batch.micro_batch_per_rank,
+                                  accum_over ? kMaxAccumulation : kMaxMicroBatch));
+  }
   cfg.json = boost::json::serialize(doc);
   return cfg;
 }

@@ -15,6 +15,7 @@ packages=(
   libzstd-dev liburing-dev libssl-dev libxxhash-dev
   python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang-14 libclang-rt-14-dev
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-torch)

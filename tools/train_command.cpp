@@ -24,6 +24,7 @@
 #include "launch/launch.h"
 #include "engine/summary.h"
 #include "estimate/recompute_budget.h"
+#include "estimate/config_fit.h"
 #include "nn/data.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
@@ -193,6 +194,8 @@ int train_command(const std::vector<std::string>& args) {
   if (!agree(everyone, [&] {
         std::string text = read_config_everywhere(everyone, a->config);
         cfg = engine::parse_config(parse_json_text(text, a->config), world.size());
+        // Before the model is built: a model that cannot fit is refused from the arithmetic alone.
+        engine::check_config_fits(cfg, world.size(), engine::FitCapacity::of_this_host());
         recompute = engine::resolve_recompute_budget(cfg, world.size());  // before training: a too-small budget fails here
       })) {
     return 1;

@@ -71,6 +71,7 @@ Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
     throw CommError(fmt::format("the MPI library provides thread level {} but zeroshard's comm worker needs MPI_THREAD_MULTIPLE ({}); use an MPI built with thread support (OpenMPI 4.1 from Debian has it)", provided, MPI_THREAD_MULTIPLE));
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  watchdog_ = std::make_unique<BodyWatchdog>();
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
   // Note [Polling]: yield while polling only when this node runs more ranks than it has CPUs.
@@ -230,8 +231,21 @@ void Runtime::execute(Op& op, bool on_worker) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
-  if (!g.local()) handshake(op, on_worker);
-  op.body();
+  if (!g.local()) {
+    handshake(op, on_worker);
+    const BodyWatchdog::Ticket ticket = watchdog_->arm(
+        g.config.timeout_s + BodyWatchdog::kGraceS, [](const void* o) { return static_cast<const Op*>(o)->describe(); },
+        &op);
+    try {
+      op.body();
+    } catch (...) {
+      watchdog_->disarm(ticket);
+      throw;
+    }
+    watchdog_->disarm(ticket);
+  } else {
+    op.body();
+  }
   if (g.size > 1) {
     bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
     bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);

@@ -25,7 +25,8 @@
 // against them and sees the other collective's signature, a mismatch, instead of hanging too.
 // Then the body runs MPI's blocking collective (OpenMPI's tuned algorithms, about twice as fast here
 // as the libnbc nonblocking ones for large messages). Once all ranks passed the handshake with equal
-// signatures the body can only stall if MPI itself does.
+// signatures the body stalls only if a rank stops or is cut off mid-collective: the body watchdog then
+// ends the job after timeout_s (Note [Stalled body] in comm/detail/body_watchdog.h).
 //
 // Note [Polling]
 // How the handshake waits decides whether the layer costs 5% or 50x. Measured on the 2-core machine
@@ -65,6 +66,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/detail/body_watchdog.h"
 #include "comm/config.h"
 #include "comm/work.h"
 
@@ -184,6 +186,7 @@ class Runtime {
   bool busy_ = false;
   bool stop_ = false;
   std::thread worker_;
+  std::unique_ptr<BodyWatchdog> watchdog_;  // with MPI only (Note [Stalled body])
 
   // Handshake requests abandoned by a timeout, with their buffers: MPI may still complete them.
   struct HandshakeBuffer {

@@ -7,9 +7,11 @@
 #include <fmt/format.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <mutex>
+#include <span>
 
 #include "engine/checkpoint/zstd_filter.h"
 
@@ -125,8 +127,48 @@ Handle dataset_open(hid_t loc, const char* name, const std::filesystem::path& fi
   if (!exists(loc, name, file)) {
     throw CheckpointError(fmt::format("checkpoint file '{}' has no dataset '{}'", file.string(), name));
   }
-  return Handle(ZS_H5_CHECK(H5Dopen2(loc, name, H5P_DEFAULT), file, fmt::format("open of dataset '{}'", name)),
-                H5Dclose);
+  Handle ds(ZS_H5_CHECK(H5Dopen2(loc, name, H5P_DEFAULT), file, fmt::format("open of dataset '{}'", name)), H5Dclose);
+  check_chunk(ds.get(), name, file);
+  return ds;
+}
+
+void check_chunk(hid_t dataset, std::string_view name, const std::filesystem::path& file) {
+  Handle dcpl(ZS_H5_CHECK(H5Dget_create_plist(dataset), file, fmt::format("creation properties of '{}'", name)),
+              H5Pclose);
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return;
+  hsize_t dims[H5S_MAX_RANK] = {};
+  const int rank = ZS_H5_CHECK(H5Pget_chunk(dcpl.get(), H5S_MAX_RANK, dims), file, fmt::format("chunk of '{}'", name));
+  Handle type(ZS_H5_CHECK(H5Dget_type(dataset), file, fmt::format("type of '{}'", name)), H5Tclose);
+  unsigned __int128 bytes = H5Tget_size(type.get());
+  for (int i = 0; i < rank; ++i) bytes *= dims[i];
+  std::error_code ec;
+  const uintmax_t file_bytes = std::filesystem::file_size(file, ec);
+  if (ec || bytes > std::max<uintmax_t>(file_bytes, kMaxChunkBytes)) {
+    throw CheckpointError(fmt::format("checkpoint file '{}': dataset '{}' has chunks of {} elements, more than the "
+                                      "file's {} bytes (and than any chunk zeroshard writes): the file is corrupt",
+                                      file.string(), name, fmt::join(std::span(dims, static_cast<size_t>(std::max(rank, 0))), " x "),
+                                      ec ? 0 : file_bytes));
+  }
+  // HDF5 also allocates a filtered chunk's stored size, taken from the chunk index, before reading it:
+  // every chunk must lie inside the file. Checked for datasets of up to kMaxCheckedChunks chunks (the
+  // metadata's, and small buffers); H5Dget_chunk_info is a lookup per chunk.
+  Handle space(ZS_H5_CHECK(H5Dget_space(dataset), file, fmt::format("dataspace of '{}'", name)), H5Sclose);
+  hsize_t chunks = 0;
+  ZS_H5_CHECK(H5Dget_num_chunks(dataset, space.get(), &chunks), file, fmt::format("chunks of '{}'", name));
+  if (chunks > kMaxCheckedChunks) return;
+  for (hsize_t i = 0; i < chunks; ++i) {
+    hsize_t offset[H5S_MAX_RANK] = {};
+    unsigned mask = 0;
+    haddr_t addr = 0;
+    hsize_t size = 0;
+    ZS_H5_CHECK(H5Dget_chunk_info(dataset, space.get(), i, offset, &mask, &addr, &size), file,
+                fmt::format("chunk {} of '{}'", i, name));
+    if (addr == HADDR_UNDEF || size > file_bytes || addr > file_bytes - size) {
+      throw CheckpointError(fmt::format("checkpoint file '{}': chunk {} of dataset '{}' ({} bytes at {}) lies outside the "
+                                        "file's {} bytes: the file is corrupt",
+                                        file.string(), i, name, size, addr, file_bytes));
+    }
+  }
 }
 
 Handle dataspace_simple(const std::vector<hsize_t>& dims) {
@@ -285,6 +327,22 @@ std::vector<hsize_t> read_dims(hid_t ds, const char* name, int rank, const std::
   return dims;
 }
 
+// The small datasets (write_small) are stored uncompressed, so their elements cannot outnumber the
+// file's bytes. A corrupt shape would otherwise ask for an allocation of up to 2^64 bytes before HDF5
+// could notice anything (found by tests/fuzz/checkpoint_fuzz.cpp).
+void check_small_shape(const std::vector<hsize_t>& dims, size_t element_bytes, const char* name,
+                       const std::filesystem::path& file) {
+  std::error_code ec;
+  const uintmax_t file_bytes = std::filesystem::file_size(file, ec);
+  unsigned __int128 bytes = element_bytes;
+  for (hsize_t d : dims) bytes *= d;
+  if (ec || bytes > file_bytes) {
+    throw CheckpointError(fmt::format("checkpoint file '{}': dataset '{}' claims {} elements, more than the file's {} bytes "
+                                      "hold (the file is corrupt)",
+                                      file.string(), name, fmt::join(dims, " x "), ec ? 0 : file_bytes));
+  }
+}
+
 }  // namespace
 
 void write_blob(hid_t loc, const char* name, std::string_view bytes, const std::filesystem::path& file) {
@@ -294,6 +352,7 @@ void write_blob(hid_t loc, const char* name, std::string_view bytes, const std::
 std::string read_blob(hid_t loc, const char* name, const std::filesystem::path& file) {
   Handle ds = dataset_open(loc, name, file);
   std::vector<hsize_t> dims = read_dims(ds.get(), name, 1, file);
+  check_small_shape(dims, 1, name, file);
   std::string out(dims[0], '\0');
   if (!out.empty()) {
     ZS_H5_CHECK(H5Dread(ds.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), file,
@@ -314,6 +373,7 @@ std::vector<uint64_t> read_u64_table(hid_t loc, const char* name, hsize_t cols, 
     throw CheckpointError(fmt::format("checkpoint file '{}': table '{}' has {} columns, expected {}", file.string(),
                                       name, dims[1], cols));
   }
+  check_small_shape(dims, sizeof(uint64_t), name, file);
   std::vector<uint64_t> out(dims[0] * dims[1]);
   if (!out.empty()) {
     ZS_H5_CHECK(H5Dread(ds.get(), H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), file,

@@ -79,6 +79,13 @@ Handle file_open(const std::filesystem::path& path);
 Handle group_create(hid_t loc, const char* name, const std::filesystem::path& file);
 Handle group_open(hid_t loc, const char* name, const std::filesystem::path& file);
 Handle dataset_open(hid_t loc, const char* name, const std::filesystem::path& file);
+// Refuses (CheckpointError) a chunked dataset whose chunk holds more bytes than the file and than
+// kMaxChunkBytes: HDF5 allocates a whole chunk before it reads a byte, so a corrupt chunk shape would ask
+// for up to 2^64 bytes (found by tests/fuzz/checkpoint_fuzz.cpp). dataset_open checks it; a reader that
+// opens datasets itself calls it.
+inline constexpr uint64_t kMaxChunkBytes = uint64_t{256} << 20;
+inline constexpr uint64_t kMaxCheckedChunks = 4096;
+void check_chunk(hid_t dataset, std::string_view name, const std::filesystem::path& file);
 Handle dataspace_simple(const std::vector<hsize_t>& dims);
 Handle dataset_space(hid_t dataset, const std::filesystem::path& file, std::string_view name);
 Handle plist_create(hid_t cls);

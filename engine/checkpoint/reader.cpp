@@ -122,6 +122,7 @@ struct CheckpointReader::Impl {
     Data d;
     d.dataset = h5::Handle(
         ZS_H5_CHECK(H5Dopen2(group.get(), "data", dapl.get()), path, fmt::format("open of '{}'", name)), H5Dclose);
+    h5::check_chunk(d.dataset.get(), name, path);
     d.elem = memory::dtype_size(dtype);
     d.type = detail::h5_type(dtype);
     h5::Handle space = h5::dataset_space(d.dataset.get(), path, name);
@@ -254,10 +255,19 @@ std::string read_latest(const fs::path& root) {
 }
 
 fs::path tag_dir(const fs::path& root, std::string_view tag) {
+  // A tag is one directory entry under root. The `latest` file's text arrives here unchecked, and a
+  // name the file system refuses (too long: ENAMETOOLONG) threw filesystem_error, not CheckpointError
+  // (found by tests/fuzz/checkpoint_fuzz.cpp).
+  if (tag.empty() || tag == "." || tag == ".." || tag.size() > 200 || tag.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
+    throw CheckpointError(fmt::format("checkpoint tag '{}' under '{}' is not a tag name (one directory name of at most "
+                                      "200 bytes); if it came from '{}', that file is corrupt",
+                                      tag.substr(0, 80), root.string(), (root / kLatestFile).string()));
+  }
+  std::error_code ec;
   fs::path dir = root / std::string(tag);
-  if (fs::is_directory(dir)) return dir;
+  if (fs::is_directory(dir, ec)) return dir;
   fs::path replaced = root / (std::string(tag) + ".replaced");
-  if (fs::is_directory(replaced)) return replaced;
+  if (fs::is_directory(replaced, ec)) return replaced;
   throw CheckpointError(fmt::format("checkpoint tag '{}' not found in '{}'", tag, root.string()));
 }
 

@@ -1,0 +1,301 @@
+#!/usr/bin/env python3
+"""Fault injection for `zeroshard train` under mpirun (docs/reliability.md).
+
+Rank trials: start an np-rank training job (one of four scenarios), wait until it has trained its first
+step, sleep a random moment, then SIGKILL or SIGSTOP one random rank. Passes when every process of the
+job is gone within comm.timeout_s + 30 s of the signal and the output names what failed:
+  SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R;
+  SIGSTOP  a surviving rank's CommError naming the collective and its group ("allreduce(...) on group dp
+           ... timed out").
+Scenarios: collectives (ZeRO-1: reduce-scatter/allgather), zero3 (ZeRO-3 parameter gathers), nvme (ZeRO-3
+with optimizer states and parameters swapped to NVMe files), moe (GPT-MoE, expert all-to-all).
+
+Storage trials (--storage; need `unshare -m` and mount, else skipped): the NVMe swap directory on a
+read-only file system, on a file system too small for the swap files (both must fail before training,
+naming the path and the bytes), and on tmpfs (no O_DIRECT on older kernels; training must still run).
+
+  fault_trials.py --zeroshard build/release/tools/zeroshard --trials 20 --timeout-s 3 --seed 1
+  fault_trials.py --zeroshard ... --trials 200 --storage --json out.json      # long mode
+Exit 0 when every trial passed.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SCENARIOS = ["collectives", "zero3", "nvme", "moe"]
+COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
+
+
+def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "train_steps": steps,
+        "steps_per_print": 1_000_000,
+        "comm": {"timeout_s": timeout_s},
+        "device": {"memory_mb": 256},
+        "model": {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 32},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {"stage": 1},
+    }
+    if scenario == "zero3":
+        cfg["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    elif scenario == "nvme":
+        cfg["zero_optimization"] = {
+            "stage": 3, "stage3_param_persistence_threshold": 0,
+            "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir},
+            "offload_param": {"device": "nvme", "nvme_path": nvme_dir}}
+    elif scenario == "moe":
+        cfg["zero_optimization"] = {"stage": 2}
+        cfg["model"]["tied_embeddings"] = False
+        cfg["model"]["moe"] = {"num_experts": 2, "ep_size": 2, "every_n_layers": 1}
+    return cfg
+
+
+def mpirun(np_, zeroshard, cfg_path, prefix=()):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    cmd = list(prefix) + ["mpirun", "--oversubscribe", "-np", str(np_), zeroshard, "train", "--config", cfg_path]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                            start_new_session=True)
+
+
+def rank_pids(root_pid):
+    """{rank: pid} of the job's processes: descendants of root_pid with OMPI_COMM_WORLD_RANK set."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+        except (OSError, IndexError, ValueError):
+            continue
+    ranks, todo = {}, [root_pid]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            todo.append(child)
+            try:
+                with open(f"/proc/{child}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            for kv in env:
+                if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    ranks[int(kv.split(b"=", 1)[1])] = child
+    return ranks
+
+
+class Output:
+    """Collects a process's output on a thread; wait_for(regex) blocks until it appears."""
+
+    def __init__(self, proc):
+        self.text, self.cond = "", threading.Condition()
+        self.thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        self.thread.start()
+
+    def _pump(self, proc):
+        for line in proc.stdout:
+            with self.cond:
+                self.text += line
+                self.cond.notify_all()
+
+    def wait_for(self, regex, timeout):
+        end = time.monotonic() + timeout
+        with self.cond:
+            while not re.search(regex, self.text):
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+        return True
+
+
+def rank_trial(i, rng, args, work):
+    scenario = SCENARIOS[i % len(SCENARIOS)] if args.cycle else rng.choice(SCENARIOS)
+    if args.cycle:  # every scenario with both signals in turn; the rank and the moment stay random
+        sig = [signal.SIGKILL, signal.SIGSTOP][(i // len(SCENARIOS)) % 2]
+    else:
+        sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
+    nvme = tempfile.mkdtemp(prefix="nvme-", dir=work)
+    cfg_path = os.path.join(work, f"trial{i}.json")
+    with open(cfg_path, "w") as f:
+        json.dump(config(scenario, args.timeout_s, nvme), f)
+    proc = mpirun(args.np, args.zeroshard, cfg_path)
+    out = Output(proc)
+    result = {"trial": i, "scenario": scenario, "signal": sig.name, "np": args.np}
+    try:
+        if not out.wait_for(r"step 1/", 120):
+            result.update(outcome="did not start", passed=False, output_tail=out.text[-3000:])
+            return result
+        time.sleep(rng.uniform(0.0, args.max_delay_s))
+        ranks = rank_pids(proc.pid)
+        if len(ranks) != args.np:
+            result.update(outcome=f"found {len(ranks)} of {args.np} ranks", passed=False)
+            return result
+        victim = rng.randrange(args.np)
+        result["rank"] = victim
+        os.kill(ranks[victim], sig)
+        t0 = time.monotonic()
+        limit = args.timeout_s + 30
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            pass
+        # Every rank gone too (mpirun could exit first and leave a rank behind).
+        while time.monotonic() - t0 < limit and any(os.path.exists(f"/proc/{p}") and not zombie(p) for p in ranks.values()):
+            time.sleep(0.1)
+        elapsed = time.monotonic() - t0
+        alive = [r for r, p in ranks.items() if os.path.exists(f"/proc/{p}") and not zombie(p)]
+        out.thread.join(5)
+        text = out.text
+        if sig == signal.SIGKILL:
+            named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None
+        else:
+            named = re.search(COLLECTIVE, text) is not None
+        hung = proc.poll() is None or alive != []
+        result.update(exit=proc.returncode, seconds=round(elapsed, 1), named=named,
+                      outcome="hang" if hung else "exited", passed=not hung and named and proc.returncode != 0)
+        if not result["passed"]:
+            result["output_tail"] = text[-3000:]
+        return result
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for p in rank_pids_safe(proc.pid):
+            kill_quiet(p)
+        shutil.rmtree(nvme, ignore_errors=True)
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def rank_pids_safe(root):
+    try:
+        return list(rank_pids(root).values())
+    except OSError:
+        return []
+
+
+def kill_quiet(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+STORAGE = [
+    # (name, mount options or None for a plain tmpfs, expected exit 0?, regex the output must match)
+    ("read-only", "size=64m,ro", False, r"nvme_path '[^']*/mnt'.*(read-only|not writable|cannot write)"),
+    ("too small", "size=64k", False, r"'[^']*/mnt'.*\d+ bytes"),
+    ("tmpfs", "size=256m", True, r"done: final loss"),
+]
+
+
+def storage_trial(name, options, expect_ok, regex, args, work):
+    mnt = os.path.join(work, "mnt")
+    os.makedirs(mnt, exist_ok=True)
+    cfg = config("nvme", args.timeout_s, mnt, steps=3)
+    cfg_path = os.path.join(work, f"storage-{name.replace(' ', '-')}.json")
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    script = (f"mount -t tmpfs -o {options} zs-fault {mnt} && exec mpirun --oversubscribe -np {args.np} "
+              f"{args.zeroshard} train --config {cfg_path}")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OPENBLAS_NUM_THREADS="1")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=args.timeout_s + 120)
+        text, code = p.stdout, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, code = (e.stdout or ""), None
+    ok = code is not None and (code == 0) == expect_ok and re.search(regex, text, re.S) is not None
+    errors = [line for line in text.splitlines() if "error:" in line or "fatal:" in line]
+    r = {"storage": name, "exit": code, "seconds": round(time.monotonic() - t0, 1), "passed": ok,
+         "message": errors[0] if errors else ""}
+    if not ok:
+        r["output_tail"] = text[-3000:]
+    return r
+
+
+def can_mount():
+    try:
+        return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               "mount -t tmpfs -o size=1m zs-probe /mnt"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--zeroshard", required=True)
+    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--np", type=int, default=2)
+    ap.add_argument("--timeout-s", type=float, default=3.0, help="comm.timeout_s of the jobs")
+    ap.add_argument("--max-delay-s", type=float, default=2.0, help="the signal comes up to this long after step 1")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--cycle", action="store_true", help="scenarios in turn instead of at random")
+    ap.add_argument("--storage", action="store_true", help="also the storage trials")
+    ap.add_argument("--json", help="write every trial's result here")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    work = tempfile.mkdtemp(prefix="zs-faults-")
+    results = []
+    try:
+        for i in range(args.trials):
+            r = rank_trial(i, rng, args, work)
+            results.append(r)
+            print(f"trial {i}: {r['scenario']} {r['signal']} rank {r.get('rank', '-')}: {r['outcome']}"
+                  f" in {r.get('seconds', '-')} s, exit {r.get('exit')}, named {r.get('named')}: "
+                  f"{'ok' if r['passed'] else 'FAILED'}", flush=True)
+            if not r["passed"]:
+                print(r.get("output_tail", ""), flush=True)
+        if args.storage:
+            if can_mount():
+                for name, options, expect_ok, regex in STORAGE:
+                    r = storage_trial(name, options, expect_ok, regex, args, work)
+                    results.append(r)
+                    print(f"storage {name}: exit {r['exit']} in {r['seconds']} s: {'ok' if r['passed'] else 'FAILED'}"
+                          f"{': ' + r['message'] if r['message'] else ''}", flush=True)
+                    if not r["passed"]:
+                        print(r.get("output_tail", ""), flush=True)
+            else:
+                print("storage trials skipped: cannot mount in a private mount namespace here", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rank = [r for r in results if "trial" in r]
+    summary = {"trials": len(rank), "passed": sum(r["passed"] for r in rank),
+               "hangs": sum(r.get("outcome") == "hang" for r in rank),
+               "max_seconds": max((r.get("seconds", 0) or 0 for r in rank), default=0),
+               "by": {}}
+    for r in rank:
+        key = f"{r['scenario']} {r['signal']}"
+        b = summary["by"].setdefault(key, {"trials": 0, "passed": 0})
+        b["trials"] += 1
+        b["passed"] += int(r["passed"])
+    print("summary: " + json.dumps(summary), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "results": results, "args": vars(args)}, f, indent=1)
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
