@@ -12,7 +12,6 @@
 #include "core/log.h"
 #include "engine/checkpoint/h5.h"
 #include "engine/detail/engine_checkpoint.h"
-#include "moe/moe_layer.h"
 
 namespace zs::engine {
 
@@ -405,14 +404,6 @@ void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::
                           .hysteresis_left = int_scalar(m, "loss_scaler.hysteresis_left", dir),
                           .good_steps = int_scalar(m, "loss_scaler.good_steps", dir),
                           .overflows = int_scalar(m, "loss_scaler.overflows", dir)});
-  }
-  for (nn::Module* mod : e_.model_.named_modules()) {
-    if (auto* moe = dynamic_cast<moe::MoE*>(mod)) {
-      const std::string key = fmt::format("rng.{}.train_passes", mod->name());
-      if (m.scalars.count(key) == 0) continue;
-      moe->set_passes(static_cast<uint64_t>(int_scalar(m, key, dir)),
-                      static_cast<uint64_t>(int_scalar(m, fmt::format("rng.{}.eval_passes", mod->name()), dir)));
-    }
   }
   if (!s_.compressed_) return;
   CompressedState& c = *s_.compressed_;

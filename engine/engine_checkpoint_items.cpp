@@ -5,7 +5,6 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "engine/detail/engine_checkpoint.h"
-#include "moe/moe_layer.h"
 
 namespace zs::engine {
 
@@ -275,12 +274,6 @@ std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
   m["world_size"] = static_cast<int64_t>(s_.group_.size());
   m["offload_optimizer"] = offload_device_name(s_.offload_optimizer_);
   m["offload_param"] = offload_device_name(s_.offload_param_);
-  for (nn::Module* mod : e_.model_.named_modules()) {
-    if (auto* moe = dynamic_cast<moe::MoE*>(mod)) {
-      m[fmt::format("rng.{}.train_passes", mod->name())] = static_cast<int64_t>(moe->train_passes());
-      m[fmt::format("rng.{}.eval_passes", mod->name())] = static_cast<int64_t>(moe->eval_passes());
-    }
-  }
   if (s_.compressed_) {
     const CompressedState& c = *s_.compressed_;
     m["compressed.momentum_whole"] = static_cast<int64_t>(c.momentum_whole);

@@ -102,14 +102,6 @@ class MoE : public nn::Module {
   const MoEStats& stats() const { return stats_; }
   // d(loss)/d(l_aux) for the next backward (see the file comment).
   void set_aux_loss_grad(float g) { aux_grad_ = g; aux_grad_set_ = true; }
-  // The pass counters that key the gate's random draws (see the file comment): a checkpoint saves and
-  // restores them so a resumed run draws what an uninterrupted one would.
-  uint64_t train_passes() const { return train_passes_; }
-  uint64_t eval_passes() const { return eval_passes_; }
-  void set_passes(uint64_t train, uint64_t eval) {
-    train_passes_ = train;
-    eval_passes_ = eval;
-  }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
