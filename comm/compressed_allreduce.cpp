@@ -72,7 +72,7 @@ uint64_t OneBitAllreduce::wire_bytes_per_call() const {
 
 uint64_t OneBitAllreduce::fp32_allreduce_bytes() const {
   const uint64_t n = static_cast<uint64_t>(size_);
-  return 2 * (n - 1) * numel_ * sizeof(float) / n;
+  return 2 * (n - 1) * numel_ / n * sizeof(float);  // whole elements first, as Group::allreduce counts
 }
 
 void OneBitAllreduce::allreduce(std::span<float> data) {

@@ -1,7 +1,7 @@
 // Activation checkpointing of GPT-MoE blocks (nn/module.h, "Activation checkpointing"): the gate's
-// random draws (RSample noise, random token selection, Jitter) are keyed by the layer's training-pass
-// count, which only a backward advances, so a checkpointed block's re-run inside its backward routes
-// every token as the forward did, and training is the same.
+// random draws (RSample noise, random token selection, Jitter) are keyed by the micro-batch's place in
+// the global batch (nn::BatchPosition), which the re-run inside a checkpointed block's backward shares
+// with its forward, so it routes every token as the forward did, and training is the same.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -31,9 +31,10 @@ Result train(NoisyGatePolicy policy, bool checkpointed) {
   nn::Dataset data = nn::Dataset::builtin(16);
   nn::HostContext ctx;
   Result r;
-  for (int pass = 0; pass < 3; ++pass) {  // the noise key changes every pass
+  for (int64_t pass = 0; pass < 3; ++pass) {  // the noise key changes every step
     nn::Batch batch;
     data.fill_batch(batch, 2, static_cast<uint64_t>(pass), 0, 4);
+    ctx.set_batch_position({.step = pass, .first_sample = 0, .samples = 4});
     r.losses.push_back(ctx.forward_loss(model, batch));
     ctx.backward_loss(model, 1.0f);
   }
