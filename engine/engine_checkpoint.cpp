@@ -239,9 +239,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       for (const Item& it : mine) {
         const size_t elem = memory::dtype_size(it.buffer_dtype);
         std::vector<std::byte> bytes(it.count * elem);
-        for (uint64_t at = 0; at < it.count; at += kCheckpointPieceElements) {
-          it.io(at, std::min(kCheckpointPieceElements, it.count - at), bytes.data() + at * elem);
-        }
+        for_each_piece(it.count, [&](uint64_t at, uint64_t n) { it.io(at, n, bytes.data() + at * elem); });
         pending->snapshot.emplace_back(it.buffer, std::move(bytes));
       }
     });
@@ -275,12 +273,11 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     memory::DeviceAccess access(*s_.backend_);
     for (const Item& it : mine) {
       const size_t elem = memory::dtype_size(it.buffer_dtype);
-      for (uint64_t at = 0; at < it.count; at += kCheckpointPieceElements) {
-        const uint64_t n = std::min(kCheckpointPieceElements, it.count - at);
+      for_each_piece(it.count, [&](uint64_t at, uint64_t n) {
         piece.resize(n * elem);
         it.io(at, n, piece.data());
         w.append(it.buffer, piece);
-      }
+      });
     }
     w.finish();
   });
@@ -462,12 +459,11 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
     memory::DeviceAccess access(*s_.backend_);
     for (const Item& it : wanted) {
       const size_t elem = memory::dtype_size(it.buffer_dtype);
-      for (uint64_t at = 0; at < it.count; at += kCheckpointPieceElements) {
-        const uint64_t n = std::min(kCheckpointPieceElements, it.count - at);
+      for_each_piece(it.count, [&](uint64_t at, uint64_t n) {
         piece.resize(n * elem);
         reader->read(it.buffer, it.tensor, it.begin + at, n, it.buffer_dtype, piece.data());
         it.io(at, n, piece.data());
-      }
+      });
     }
   });
   // The counters only once every rank has read its data, so that no rank moves on alone.

@@ -4,6 +4,7 @@
 // Internal: not installed.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -20,6 +21,14 @@ namespace zs::engine {
 
 // Elements a save or load moves at a time: 4 MiB of fp32.
 inline constexpr uint64_t kCheckpointPieceElements = uint64_t{1} << 20;
+
+// Calls f(at, n) for each piece [at, at + n) of `count` elements, in order, n <= kCheckpointPieceElements.
+template <class F>
+void for_each_piece(uint64_t count, F&& f) {
+  for (uint64_t at = 0; at < count; at += kCheckpointPieceElements) {
+    f(at, std::min(kCheckpointPieceElements, count - at));
+  }
+}
 
 // One segment of one buffer: elements [begin, begin + count) of `tensor`, moved by `io`.
 struct Item {
