@@ -42,17 +42,6 @@ double cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-size_t parse_size(const std::string& s) {
-  size_t pos = 0;
-  unsigned long long v = std::stoull(s, &pos);
-  std::string unit = s.substr(pos);
-  if (unit == "K") v <<= 10;
-  else if (unit == "M") v <<= 20;
-  else if (unit == "G") v <<= 30;
-  else if (!unit.empty()) throw zs::ConfigError("size '" + s + "': use a suffix K, M or G");
-  return v;
-}
-
 struct Setup {
   ck::Metadata meta;
   std::vector<float> values;  // every buffer's elements of every rank, in file order
@@ -181,15 +170,15 @@ double load_plain(const Setup& s, const fs::path& dir, std::vector<float>& out, 
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const size_t size = parse_size(zs::bench::arg_value(argc, argv, "--size", "1G"));
+  const size_t size = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--size", "1G"));
   const int ranks = static_cast<int>(zs::bench::int_arg(argc, argv, "--ranks", 4));
   const int tensors = static_cast<int>(zs::bench::int_arg(argc, argv, "--tensors", 64));
-  const size_t piece = parse_size(zs::bench::arg_value(argc, argv, "--piece", "64M"));
+  const size_t piece = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--piece", "64M"));
   const int reps = static_cast<int>(zs::bench::int_arg(argc, argv, "--reps", 3));
   const bool checksum = zs::bench::int_arg(argc, argv, "--checksum", 1, 0) != 0;
   const int level = static_cast<int>(zs::bench::int_arg(argc, argv, "--zstd-level", 3));
   const bool with_zstd = zs::bench::int_arg(argc, argv, "--zstd", 1, 0) != 0;
-  const size_t chunk = parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
+  const size_t chunk = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
   const fs::path base = zs::bench::arg_value(argc, argv, "--dir", fs::path(argv[0]).parent_path().string());
   const fs::path work = base / "checkpoint_bench.tmp";
 

@@ -34,17 +34,6 @@ namespace fs = std::filesystem;
 namespace ck = zs::checkpoint;
 using zs::bench::now_seconds;
 
-uint64_t parse_size(const std::string& s) {
-  size_t pos = 0;
-  unsigned long long v = std::stoull(s, &pos);
-  std::string unit = s.substr(pos);
-  if (unit == "K") v <<= 10;
-  else if (unit == "M") v <<= 20;
-  else if (unit == "G") v <<= 30;
-  else if (!unit.empty()) throw zs::ConfigError("size '" + s + "': use a suffix K, M or G");
-  return v;
-}
-
 // Element e of tensor t: exact in fp32, different across tensors and positions.
 float value(uint32_t t, uint64_t e) { return static_cast<float>((e * 7 + t * 1000003u) % 16777213u) - 8e6f; }
 
@@ -144,11 +133,11 @@ void check_output(const fs::path& out, const ck::Metadata& meta) {
 }  // namespace
 
 int main(int argc, char** argv) try {
-  const uint64_t size = parse_size(zs::bench::arg_value(argc, argv, "--size", "13G"));
+  const uint64_t size = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--size", "13G"));
   const int ranks = static_cast<int>(zs::bench::int_arg(argc, argv, "--ranks", 4));
   const int tensors = static_cast<int>(zs::bench::int_arg(argc, argv, "--tensors", 16));
   const uint64_t row = static_cast<uint64_t>(zs::bench::int_arg(argc, argv, "--row", 4096));
-  const uint64_t max_rss = parse_size(zs::bench::arg_value(argc, argv, "--max-rss", "1G"));
+  const uint64_t max_rss = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--max-rss", "1G"));
   const bool keep = zs::bench::int_arg(argc, argv, "--keep", 0, 0) != 0;
   const fs::path exe_dir = fs::canonical("/proc/self/exe").parent_path();
   const std::string zeroshard =

@@ -33,4 +33,15 @@ nn::GptConfig gpt_config_arg(int argc, char** argv, const nn::GptConfig& default
   return g;
 }
 
+uint64_t parse_size(const std::string& s) {
+  size_t pos = 0;
+  unsigned long long v = std::stoull(s, &pos);
+  std::string unit = s.substr(pos);
+  if (unit == "K") v <<= 10;
+  else if (unit == "M") v <<= 20;
+  else if (unit == "G") v <<= 30;
+  else if (!unit.empty()) throw ConfigError("size '" + s + "': use a suffix K, M or G");
+  return v;
+}
+
 }  // namespace zs::bench
