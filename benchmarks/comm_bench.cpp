@@ -5,7 +5,7 @@
 // comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
-//          [--max-mib 64] [--reps 15] [--warmup 3]
+//          [--min-kib 1] [--max-mib 64] [--reps 15] [--warmup 3]
 //
 // Sizes are the full buffer (allreduce data, reduce-scatter input, allgather output), powers of 4.
 // Method (fair on a shared, noisy machine): per size `--warmup` untimed pairs, then `--reps` timed
@@ -16,10 +16,16 @@
 // the noise (the largest interquartile range of the three, relative to its median).
 // Bandwidths follow NCCL-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce) or
 // algbw * (n-1)/n (reduce-scatter, allgather). ratio > 1: zeroshard faster.
+// Copy bound (`copy_ms`, timed in the same rotation): every rank at once memcpy's the bytes it must
+// receive (busbw's bytes: B(n-1)/n, or 2B(n-1)/n for allreduce) between two private buffers of its
+// own; copy_ms is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
+// move its data faster than that (a reduction also reads its own part); `raw/copy` and `zs/copy` say
+// how many copy times each path's median takes.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -53,6 +59,7 @@ int main(int argc, char** argv) {
     const comm::Group g_mpi = g.dup("world_mpi", off);
     const int n = g.size();
     const size_t max_bytes = std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20;
+    const size_t min_bytes = std::stoul(bench::arg_value(argc, argv, "--min-kib", "1")) << 10;
     const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "15"));
     const int warmup = std::stoi(bench::arg_value(argc, argv, "--warmup", "3"));
     if (!world.is_mpi()) {
@@ -64,20 +71,24 @@ int main(int argc, char** argv) {
                      {"max_bytes", max_bytes}, {"shared_memory", "auto"}};
     boost::json::object ratios;
     if (g.rank() == 0) {
-      std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d alternating pairs, medians (busbw in GB/s)\n", n,
+      std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s)\n", n,
                   warmup, reps);
-      std::printf("%-15s %10s %10s %10s %10s %10s %10s %8s %9s %7s\n", "collective", "bytes", "raw_ms", "zs_ms",
-                  "zs_mpi_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "noise%");
+      std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_ms",
+                  "zs_ms", "zs_mpi_ms", "copy_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
+                  "noise%");
     }
     const char* names[] = {"allreduce", "reduce_scatter", "allgather"};
     for (int c = 0; c < 3; ++c) {
-      for (size_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
+      for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
         const size_t count = bytes / 4 / static_cast<size_t>(n) * static_cast<size_t>(n);  // divisible by n
         const size_t part = count / static_cast<size_t>(n);
         auto full = memory::Tensor::empty({static_cast<int64_t>(count)}, memory::DType::kF32);
         auto mine = memory::Tensor::empty({static_cast<int64_t>(part)}, memory::DType::kF32);
         for (size_t i = 0; i < count; ++i) full.data<float>()[i] = 1.0f;
         std::vector<size_t> counts(static_cast<size_t>(n), part);
+        const size_t copy_bytes = (c == 0 ? 2 : 1) * (count - part) * 4;  // what each rank must receive
+        std::vector<unsigned char> copy_src(copy_bytes, 1), copy_dst(copy_bytes, 0);
+        auto copy = [&] { std::memcpy(copy_dst.data(), copy_src.data(), copy_bytes); };
         const int icount = static_cast<int>(count), ipart = static_cast<int>(part);
         auto raw = [&] {
           if (c == 0) MPI_Allreduce(MPI_IN_PLACE, full.raw(), icount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -97,17 +108,20 @@ int main(int argc, char** argv) {
           timed_in_world(raw);
           timed_in_world(ours);
           timed_in_world(ours_mpi);
+          timed_in_world(copy);
         }
-        std::vector<double> t_raw, t_ours, t_mpi, paired, paired_mpi;
+        std::vector<double> t_raw, t_ours, t_mpi, t_copy, paired, paired_mpi;
         for (int r = 0; r < reps; ++r) {
-          double a = 0, z = 0, zm = 0;
-          for (int k = 0; k < 3; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi first
-            switch ((r + k) % 3) {
+          double a = 0, z = 0, zm = 0, cp = 0;
+          for (int k = 0; k < 4; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi, copy
+            switch ((r + k) % 4) {
               case 0: a = timed_in_world(raw); break;
               case 1: z = timed_in_world(ours); break;
-              default: zm = timed_in_world(ours_mpi); break;
+              case 2: zm = timed_in_world(ours_mpi); break;
+              default: cp = timed_in_world(copy); break;
             }
           }
+          t_copy.push_back(cp);
           t_raw.push_back(a);
           t_ours.push_back(z);
           t_mpi.push_back(zm);
@@ -115,21 +129,23 @@ int main(int argc, char** argv) {
           paired_mpi.push_back(a / zm);
         }
         const double tr = bench::median(t_raw), to = bench::median(t_ours), tm = bench::median(t_mpi);
+        const double tc = *std::min_element(t_copy.begin(), t_copy.end());  // the bound: the best copy
         const double noise = std::max({rel_iqr(t_raw), rel_iqr(t_ours), rel_iqr(t_mpi)});
         const double b = static_cast<double>(count) * 4;
         const double factor = c == 0 ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
         const double raw_bus = b / tr * factor / 1e9, ours_bus = b / to * factor / 1e9;
         const double ratio = bench::median(paired), mpi_ratio = bench::median(paired_mpi);
         if (g.rank() == 0) {
-          std::printf("%-15s %10zu %10.3f %10.3f %10.3f %10.2f %10.2f %8.3f %9.3f %7.0f\n", names[c], count * 4,
-                      tr * 1e3, to * 1e3, tm * 1e3, raw_bus, ours_bus, ratio, mpi_ratio, noise * 100);
+          std::printf("%-15s %10zu %10.3f %10.3f %10.3f %10.3f %10.2f %10.2f %8.3f %9.3f %8.2f %8.2f %7.0f\n", names[c],
+                      count * 4, tr * 1e3, to * 1e3, tm * 1e3, tc * 1e3, raw_bus, ours_bus, ratio, mpi_ratio, tr / tc,
+                      to / tc, noise * 100);
           std::fflush(stdout);
         }
         report.results.push_back(boost::json::object{{"collective", names[c]}, {"bytes", count * 4},
                                                       {"time_s", to}, {"algbw_gbps", b / to / 1e9},
                                                       {"busbw_gbps", ours_bus}, {"ratio", ratio},
                                                       {"zs_mpi_time_s", tm}, {"mpi_ratio", mpi_ratio},
-                                                      {"noise", noise}});
+                                                      {"copy_time_s", tc}, {"noise", noise}});
         report.baseline[std::string(names[c]) + "/" + std::to_string(count * 4)] =
             boost::json::object{{"time_s", tr}, {"algbw_gbps", b / tr / 1e9}, {"busbw_gbps", raw_bus}};
         ratios[std::string(names[c]) + "/" + std::to_string(count * 4)] = ratio;

@@ -1,8 +1,6 @@
 #include "comm/detail/shm.h"
 
 #include <sched.h>
-#include <sys/uio.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -24,10 +22,14 @@ constexpr size_t kLine = 64;                                    // one barrier f
 constexpr size_t kFlagBytes = ShmNode::kMaxGroups * kLine;
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
 constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
+// Outputs from this size are written with streaming stores (copy_streaming): larger than the L2
+// caches, so the caller reads them from memory anyway, and the stores skip reading each line first.
+constexpr size_t kStreamMinBytes = size_t{4} << 20;
 
 size_t piece(size_t count, size_t k, size_t m) { return count > k * m ? std::min(m, count - k * m) : 0; }
 
 size_t round_down(size_t x, size_t a) { return std::max(a, x / a * a); }
+
 
 }  // namespace
 
@@ -85,32 +87,7 @@ std::unique_ptr<ShmNode> ShmNode::create(int ranks_per_node, bool required) {
     node->slots_[static_cast<size_t>(r)] = {c + kFlagBytes, c + kFlagBytes + kSlotBytes};
   }
   ZS_MPI_CHECK(MPI_Barrier(node->comm_), "publishing the shared-memory window");
-  node->init_single_copy(base);
   return node;
-}
-
-// Note [Single-copy collectives]: can this rank read every peer's memory? Each rank's first slot holds
-// a marker (its pid and its window's address in its own process); every rank reads each peer's marker
-// through process_vm_readv at the address the peer reported and compares it with what the window shows.
-void ShmNode::init_single_copy(void* base) {
-  const uint64_t mine[2] = {static_cast<uint64_t>(getpid()), reinterpret_cast<uint64_t>(base)};
-  std::vector<uint64_t> all(2 * static_cast<size_t>(node_size_));
-  ZS_MPI_CHECK(MPI_Allgather(mine, 2, MPI_UINT64_T, all.data(), 2, MPI_UINT64_T, comm_), "exchanging process ids");
-  std::memcpy(slots_[static_cast<size_t>(node_rank_)][0], mine, sizeof mine);
-  ZS_MPI_CHECK(MPI_Barrier(comm_), "publishing the single-copy markers");
-  int ok = 1;
-  for (int r = 0; r < node_size_; ++r) {
-    pids_.push_back(static_cast<int>(all[2 * static_cast<size_t>(r)]));
-    if (r == node_rank_) continue;
-    uint64_t seen[2] = {0, 0};
-    iovec local{seen, sizeof seen};
-    iovec remote{reinterpret_cast<void*>(all[2 * static_cast<size_t>(r) + 1] + kFlagBytes), sizeof seen};
-    const ssize_t got = process_vm_readv(pids_.back(), &local, 1, &remote, 1, 0);
-    if (got != static_cast<ssize_t>(sizeof seen) || std::memcmp(seen, slots_[static_cast<size_t>(r)][0], sizeof seen) != 0) ok = 0;
-  }
-  int all_ok = 0;
-  ZS_MPI_CHECK(MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm_), "agreeing on single-copy reads");
-  single_copy_ = single_copy_works_ = all_ok == 1;
 }
 
 ShmNode::~ShmNode() {
@@ -122,10 +99,6 @@ std::atomic<uint64_t>& ShmNode::flag(int node_rank, int group_index) const {
   static_assert(std::atomic<uint64_t>::is_always_lock_free, "flags are shared between processes");
   return *reinterpret_cast<std::atomic<uint64_t>*>(flags_[static_cast<size_t>(node_rank)] +
                                                    static_cast<size_t>(group_index) * kLine);
-}
-
-uint64_t* ShmNode::published(int node_rank, int group_index) const {
-  return reinterpret_cast<uint64_t*>(flags_[static_cast<size_t>(node_rank)] + static_cast<size_t>(group_index) * kLine + 8);
 }
 
 ShmGroup::~ShmGroup() {
@@ -264,46 +237,6 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
 
 unsigned char* bytes(const memory::Tensor& t) { return static_cast<unsigned char*>(t.raw()); }
 
-// Copies `n` bytes at `remote` in process `pid` into `dst` (Note [Single-copy collectives]).
-void read_peer(const Op& op, int pid, void* dst, uint64_t remote, size_t n) {
-  auto* d = static_cast<unsigned char*>(dst);
-  while (n > 0) {
-    iovec local{d, n};
-    iovec far{reinterpret_cast<void*>(remote), n};
-    const ssize_t got = process_vm_readv(pid, &local, 1, &far, 1, 0);
-    if (got <= 0) [[unlikely]] {
-      throw CommError(fmt::format("{}: reading {} bytes of process {} with process_vm_readv failed ({}); the other "
-                                  "ranks will time out; set comm.shared_memory to false to use MPI's collectives",
-                                  op.describe(), n, pid, got < 0 ? std::strerror(errno) : "no progress"));
-    }
-    d += got;
-    remote += static_cast<uint64_t>(got);
-    n -= static_cast<size_t>(got);
-  }
-}
-
-void publish(const ShmNode& node, const ShmGroup& s, const void* base) {
-  node.published(s.local[static_cast<size_t>(s.me)], s.flag_index)[0] = reinterpret_cast<uint64_t>(base);
-}
-
-uint64_t published_base(const ShmNode& node, const ShmGroup& s, size_t p) {
-  return node.published(s.local[p], s.flag_index)[0];
-}
-
-// Note [Single-copy collectives]: allgather(v) reading each peer's block straight into the output.
-void allgatherv_single_copy(GroupState& g, ShmGroup& s, const Op& op, unsigned char* out, size_t es,
-                            std::span<const int> counts, std::span<const int> displs) {
-  const ShmNode& node = *g.runtime->shm_node();
-  const size_t me = static_cast<size_t>(s.me);
-  publish(node, s, out);
-  barrier(g, s, op);
-  for (size_t p = 0; p < s.local.size(); ++p) {
-    const size_t n = static_cast<size_t>(counts[p]) * es, at = static_cast<size_t>(displs[p]) * es;
-    if (p != me && n > 0) read_peer(op, node.pid(s.local[p]), out + at, published_base(node, s, p) + at, n);
-  }
-  barrier(g, s, op);  // nobody still reads this rank's block when it returns
-}
-
 }  // namespace
 
 // ---- the collectives ----
@@ -317,7 +250,7 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
   const size_t es = memory::dtype_size(t);
   const size_t L = s->local.size();
   const size_t me = static_cast<size_t>(s->me);
-  const size_t m = round_down(ShmNode::kSlotBytes / L / es, kAlign);  // elements per destination per round
+  const size_t m = round_down(ShmNode::kRoundBytes / L / es, kAlign);  // elements per destination per round
   const size_t most = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
   const size_t rounds = (most + m - 1) / m;
   const float divisor = r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f;
@@ -353,27 +286,33 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
   const size_t es = memory::dtype_size(input.dtype());
   const size_t L = s->local.size();
   const size_t me = static_cast<size_t>(s->me);
-  const size_t m = round_down(ShmNode::kSlotBytes / es, kAlign);
+  const size_t m = round_down(ShmNode::kRoundBytes / es, kAlign);
   const size_t most = static_cast<size_t>(*std::max_element(counts.begin(), counts.end()));
   const size_t rounds = (most + m - 1) / m;
   const unsigned char* in = bytes(input);
   unsigned char* out = bytes(output);
   const size_t own = static_cast<size_t>(counts[me]);
   unsigned char* own_out = out + static_cast<size_t>(displs[me]) * es;
-  if (own_out != in && own > 0) std::memmove(own_out, in, own * es);
-  if (node.single_copy()) {
-    allgatherv_single_copy(g, *s, op, out, es, counts, displs);
-    g.runtime->count_shared_memory();
-    return true;
-  }
+  // Out of place, the own block goes to the output round by round from the piece just staged (still
+  // in cache: one read of the input instead of two); an input overlapping the output moves first.
+  const bool overlap = own_out != in && own_out < in + own * es && in < own_out + own * es;
+  if (overlap && own > 0) std::memmove(own_out, in, own * es);
+  const unsigned char* src = overlap ? own_out : in;
+  const bool stream = static_cast<size_t>(output.numel()) * es >= kStreamMinBytes;
+  auto copy_out = [stream](void* d, const void* from, size_t nbytes) {
+    stream ? copy_streaming(d, from, nbytes) : static_cast<void>(std::memcpy(d, from, nbytes));
+  };
   for (size_t k = 0; k < rounds; ++k) {
     const int b = static_cast<int>(k & 1);
     const size_t n = piece(own, k, m);
-    if (n > 0) std::memcpy(node.slot(s->local[me], b), own_out + k * m * es, n * es);
+    if (n > 0) {
+      std::memcpy(node.slot(s->local[me], b), src + k * m * es, n * es);
+      if (src != own_out) copy_out(own_out + k * m * es, src + k * m * es, n * es);
+    }
     barrier(g, *s, op);
     for (size_t p = 0; p < L; ++p) {
       const size_t np = piece(static_cast<size_t>(counts[p]), k, m);
-      if (p != me && np > 0) std::memcpy(out + (static_cast<size_t>(displs[p]) + k * m) * es, node.slot(s->local[p], b), np * es);
+      if (p != me && np > 0) copy_out(out + (static_cast<size_t>(displs[p]) + k * m) * es, node.slot(s->local[p], b), np * es);
     }
   }
   barrier(g, *s, op);
@@ -425,43 +364,6 @@ void allreduce_across_nodes(GroupState& g, ShmGroup& s, const Op& op, unsigned c
   }
 }
 
-// Note [Single-copy collectives]: each rank sums its sub-slice from the peers' tensors (read in chunks
-// into s.scratch), then reads the other sub-slices' sums from their owners.
-void allreduce_single_copy(GroupState& g, ShmGroup& s, const Op& op, unsigned char* data, DType t, size_t n,
-                           float divisor) {
-  const ShmNode& node = *g.runtime->shm_node();
-  const size_t es = memory::dtype_size(t);
-  const size_t L = s.local.size();
-  const size_t me = static_cast<size_t>(s.me);
-  const auto [lo, hi] = sub_slice(n, L, me);
-  const size_t chunk = std::min(hi - lo, round_down(ShmNode::kSlotBytes / es / (L - 1), kAlign));
-  if (s.scratch.size() < chunk * es * (L - 1)) s.scratch.resize(chunk * es * (L - 1));
-  publish(node, s, data);
-  barrier(g, s, op);
-  std::vector<const void*> srcs(L);
-  for (size_t at = lo; at < hi; at += chunk) {
-    const size_t m = std::min(chunk, hi - at);
-    for (size_t p = 0, slot = 0; p < L; ++p) {
-      if (p == me) {
-        srcs[p] = data + at * es;
-        continue;
-      }
-      unsigned char* buf = s.scratch.data() + slot++ * chunk * es;
-      read_peer(op, node.pid(s.local[p]), buf, published_base(node, s, p) + at * es, m * es);
-      srcs[p] = buf;
-    }
-    reduce_sum(srcs, t, data + at * es, t, m, divisor);
-  }
-  barrier(g, s, op);
-  for (size_t p = 0; p < L; ++p) {
-    const auto [plo, phi] = sub_slice(n, L, p);
-    if (p != me && phi > plo) {
-      read_peer(op, node.pid(s.local[p]), data + plo * es, published_base(node, s, p) + plo * es, (phi - plo) * es);
-    }
-  }
-  barrier(g, s, op);  // nobody still reads this rank's sums when it returns
-}
-
 }  // namespace
 
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r) {
@@ -481,13 +383,25 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
   const size_t es = memory::dtype_size(t);
   const size_t L = s->local.size();
   const size_t me = static_cast<size_t>(s->me);
-  if (node.single_copy()) {
-    allreduce_single_copy(g, *s, op, d, t, n, divisor);
+  std::vector<const void*> srcs(L);
+  if (L == 2) {  // both sum everything: one barrier per round (Note [Shared-memory collectives])
+    const size_t M = round_down(ShmNode::kRoundBytes / es, kAlign);
+    for (size_t k = 0; k * M < n; ++k) {
+      const int b = static_cast<int>(k & 1);
+      const size_t nk = std::min(M, n - k * M);
+      unsigned char* base = d + k * M * es;
+      std::memcpy(node.slot(s->local[me], b), base, nk * es);
+      barrier(g, *s, op);
+      srcs[me] = base;
+      srcs[1 - me] = node.slot(s->local[1 - me], b);
+      reduce_sum(srcs, t, base, t, nk, divisor);
+    }
+    barrier(g, *s, op);
     g.runtime->count_shared_memory();
     return true;
   }
-  const size_t M = round_down(ShmNode::kSlotBytes / es, kAlign * L);
-  std::vector<const void*> srcs(L);
+  const size_t M = round_down(ShmNode::kRoundBytes / es, kAlign * L);
+  const bool stream = n * es >= kStreamMinBytes;
   for (size_t k = 0; k * M < n; ++k) {
     const int b = static_cast<int>(k & 1);
     const size_t nk = std::min(M, n - k * M);
@@ -502,7 +416,12 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
     barrier(g, *s, op);
     for (size_t p = 0; p < L; ++p) {
       const auto [plo, phi] = sub_slice(nk, L, p);
-      if (phi > plo) std::memcpy(base + plo * es, node.slot(s->local[p], b) + plo * es, (phi - plo) * es);
+      if (phi <= plo) continue;
+      if (stream) {
+        copy_streaming(base + plo * es, node.slot(s->local[p], b) + plo * es, (phi - plo) * es);
+      } else {
+        std::memcpy(base + plo * es, node.slot(s->local[p], b) + plo * es, (phi - plo) * es);
+      }
     }
   }
   barrier(g, *s, op);

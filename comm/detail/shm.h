@@ -12,34 +12,26 @@
 //    One window serves every group because a World runs one collective at a time (Note [Execution
 //    model]); each collective ends with a barrier, so no member still reads a slot when its owner
 //    moves on to another group's collective.
-//  - stream the tensor through the slots in rounds: each rank copies its next piece into its slot,
-//    a barrier, then each rank reads what it needs from every slot. Round k+1 uses the other slot, so
-//    one barrier per round suffices (a rank writes round k+2 into a slot only after the barrier of
-//    round k+1, which every rank reaches after finishing its reads of round k).
+//  - stream the tensor through the slots in rounds of kRoundBytes: each rank copies its next piece
+//    into its slot, a barrier, then each rank reads what it needs from every slot. Round k+1 uses the
+//    other slot, so one barrier per round suffices (a rank writes round k+2 into a slot only after the
+//    barrier of round k+1, which every rank reaches after finishing its reads of round k). Rounds are
+//    small so that a piece is still in its writer's cache when the readers copy it, and the final
+//    writes of a large output use streaming stores (copy_streaming in shm_reduce.h, which skip the
+//    read a normal store makes of each line): a large allgather then costs about two memcpy's of its
+//    bytes (comm_bench's copy column) instead of three.
 //  - reduce in parallel: in a reduce-scatter rank r sums only its own shard; in an allreduce each
-//    rank sums 1/L of every round's piece, then everyone copies the L sums out (a second barrier).
+//    rank sums 1/L of every round's piece, then everyone copies the L sums out (a second barrier). On
+//    two ranks an allreduce instead has each rank stage its whole round and sum both pieces into its
+//    own tensor (the same sums: one barrier per round instead of two, no copy-out).
 //    Sums run in rank order, in fp32 (bf16/fp16 widened and rounded once, as comm/group.h promises),
 //    with the SIMD kernels of comm/detail/shm_reduce.h: deterministic run to run, and bitwise equal to
 //    MPI's result on two ranks (a + b either way); on more ranks MPI's order is its algorithm's.
-//  - a rank's own piece is never staged: it reads it from its own tensor.
-//  - single copy where Linux allows it (Note [Single-copy collectives]): allgather(v) and allreduce on
-//    one node read the peers' tensors directly with process_vm_readv instead of staging through slots.
-//
-// Note [Single-copy collectives]
-// Staging costs two copies per byte (owner -> slot -> reader) and a barrier per 4 MiB round; OpenMPI's
-// allgather copies once (its vader transport reads the peer's buffer with CMA, process_vm_readv), so
-// the staged allgather was at best even with it. So when the node's ranks may read each other's memory
-// (checked once, when the window is made: every rank reads a known word of every peer's window with
-// process_vm_readv and compares it with what the window shows; any failure, e.g. ptrace restrictions,
-// turns it off on the whole node and the staged path is used), a collective publishes each member's
-// tensor address beside its barrier flag and:
-//   allgather(v): own block into place, publish, barrier, read every peer's block straight into the
-//                 output (one copy), barrier (no peer still reads this rank's block when it returns).
-//   allreduce:    publish, barrier, sum this rank's 1/L sub-slice: the peers' parts read in 4 MiB
-//                 chunks into a private buffer and summed in rank order into the tensor (as staged);
-//                 barrier; read the other sub-slices' sums straight from their owners; barrier.
-// Two or three barriers whatever the size instead of one or two per round, and for allgather half the
-// copies. Same results bit for bit as the staged path (the same sums in the same order).
+//  - a rank's own piece is never staged when only it reads it.
+// Why no single copy: reading the peers' tensors with process_vm_readv (CMA, as OpenMPI's vader
+// transport does) was tried and removed. Quiet (docs/benchmarks.md), it moved 2.5-3 GB/s against
+// 13-15 GB/s for memcpy through the window, and staging (two copies, the second from cache) beat it
+// 1.5-2x at every size from 64 KiB.
 // Groups spanning nodes (allreduce): ranks reduce through their node's slots into the node leader's
 // fp32 accumulator, the leaders (one per node) allreduce it over MPI, and every rank copies the result
 // out of the leader's slot. Reduce-scatter and allgather(v) spanning nodes use MPI's collective.
@@ -75,6 +67,10 @@ struct Op;
 class ShmNode {
  public:
   static constexpr size_t kSlotBytes = size_t{4} << 20;  // per rank and buffer; two buffers per rank
+  // Bytes a rank stages per round (at most kSlotBytes): small enough that a round's pieces are still
+  // in the writer's cache when the readers copy them (comm_bench, docs/benchmarks.md: 512 KiB rounds
+  // beat 4 MiB ones by up to 1.5x from 16 MiB on a 1 MiB-L2 Zen 4).
+  static constexpr size_t kRoundBytes = size_t{512} << 10;
   static constexpr int kMaxGroups = 1024;                 // flag lines per rank (groups ever using shm)
 
   // Collective over the world's ranks (blocking, like MPI_Init). `ranks_per_node` > 0 splits MPI's
@@ -90,31 +86,17 @@ class ShmNode {
   int node_id() const { return node_id_; }  // world rank of the node's first rank: equal across the node
   unsigned char* slot(int node_rank, int buffer) const { return slots_[static_cast<size_t>(node_rank)][buffer]; }
   std::atomic<uint64_t>& flag(int node_rank, int group_index) const;
-  // Two words beside each flag (same line) where a member publishes its tensor's address and byte
-  // count for the single-copy path; written before the barrier's release store, read after its
-  // acquire load (Note [Single-copy collectives]).
-  uint64_t* published(int node_rank, int group_index) const;
-  // Whether this node's ranks can read each other's memory (process_vm_readv), the same on every rank.
-  bool single_copy() const { return single_copy_; }
-  // Tests: false forces the staged path (true restores single copy where it was found to work). Call
-  // it on every rank of the node, between collectives.
-  void use_single_copy(bool on) { single_copy_ = on && single_copy_works_; }
-  int pid(int node_rank) const { return pids_[static_cast<size_t>(node_rank)]; }
   // Flag lines are handed out once, in the order groups first use shared memory (the same on every
   // rank of a group: ShmGroup takes the max over its members).
   int next_group_index = 0;
 
  private:
   ShmNode() = default;
-  void init_single_copy(void* base);  // collective over the node (create)
   MPI_Comm comm_ = MPI_COMM_NULL;  // owned: this node's ranks
   MPI_Win win_ = MPI_WIN_NULL;
   int node_rank_ = 0, node_size_ = 1, node_id_ = 0;
   std::vector<unsigned char*> flags_;
   std::vector<std::array<unsigned char*, 2>> slots_;
-  std::vector<int> pids_;
-  bool single_copy_ = false;
-  bool single_copy_works_ = false;
 };
 
 // A group's view of the node window, made with the group (init_shm_group). Whether a collective uses
@@ -129,7 +111,6 @@ struct ShmGroup {
   int flag_index = -1;
   uint64_t epoch = 0;              // barriers passed
   MPI_Comm leaders = MPI_COMM_NULL;  // owned: each node's first member (groups spanning nodes)
-  std::vector<unsigned char> scratch;  // single-copy allreduce: peers' chunks (at most kSlotBytes)
   ~ShmGroup();
 };
 

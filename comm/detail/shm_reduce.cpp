@@ -1,7 +1,13 @@
 #include "comm/detail/shm_reduce.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "core/errors.h"
 
@@ -87,6 +93,30 @@ void reduce_sum(std::span<const void* const> srcs, DType src_type, void* dst, DT
       reduce_sum_scalar(srcs.data(), srcs.size(), src_type, dst, dst_type, n, divisor);
       return;
   }
+}
+
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
+  std::memcpy(d, s, head);  // up to the first destination cache line
+  d += head, s += head, bytes -= head;
+  for (; bytes >= 64; d += 64, s += 64, bytes -= 64) {  // whole lines: the write-combining buffers fill
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  std::memcpy(d, s, bytes);
+  _mm_sfence();  // streaming stores are weakly ordered: done before whatever follows (a barrier's flag)
+#else
+  std::memcpy(dst, src, bytes);
+#endif
 }
 
 void reduce_sum(std::span<const void* const> srcs, DType src_type, void* dst, DType dst_type, size_t n,

@@ -26,6 +26,13 @@ void reduce_sum(std::span<const void* const> srcs, memory::DType src_type, void*
 void reduce_sum(std::span<const void* const> srcs, memory::DType src_type, void* dst, memory::DType dst_type,
                 size_t n, float divisor, memory::IsaLevel isa);
 
+// memcpy of `bytes` to memory nobody reads soon: non-temporal (streaming) stores, which skip the read
+// for ownership a normal store makes of each destination line (a third of a copy's memory traffic)
+// and keep the destination out of the caches; fenced, so its stores are done when it returns. For
+// the shared-memory collectives' final writes of large outputs (comm_bench: the copy bound column).
+// No overlap.
+void copy_streaming(void* dst, const void* src, size_t bytes);
+
 // One kernel per ISA (raw arguments; float types only: the dispatcher handles int32). The avx2 kernel
 // covers whole vectors of 8 elements only (the dispatcher gives the tail to the scalar one).
 using ReduceKernel = void (*)(const void* const* srcs, size_t n_src, memory::DType src_type, void* dst,

@@ -1,9 +1,11 @@
 // The shared-memory collectives' sum kernels (comm/detail/shm_reduce.h): every ISA the CPU runs gives
 // the scalar kernel's bits, for every type pair, source count, divisor and tail length; the scalar
-// kernel itself sums in source order in fp32 and rounds once.
+// kernel itself sums in source order in fp32 and rounds once; the streaming copy copies exactly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -84,3 +86,22 @@ TEST(ShmReduce, InPlaceIntoTheFirstSource) {
 }
 
 }  // namespace
+
+// copy_streaming: every byte, for destinations on and off cache lines, whole lines or not, with the
+// bytes either side untouched.
+TEST(ShmReduce, StreamingCopyCopiesExactly) {
+  std::vector<unsigned char> src(3 * 4096 + 200), dst(src.size() + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+  for (size_t dst_off : {size_t{0}, size_t{1}, size_t{37}, size_t{64}}) {
+    for (size_t src_off : {size_t{0}, size_t{3}}) {
+      for (size_t bytes : {size_t{0}, size_t{5}, size_t{63}, size_t{64}, size_t{129}, size_t{3 * 4096 + 100}}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        auto* d = dst.data() + 64 - reinterpret_cast<uintptr_t>(dst.data()) % 64 + dst_off;  // offset from a line
+        comm::detail::copy_streaming(d, src.data() + src_off, bytes);
+        EXPECT_EQ(0, std::memcmp(d, src.data() + src_off, bytes)) << dst_off << " " << src_off << " " << bytes;
+        EXPECT_EQ(d[-1], 0xEE);
+        EXPECT_EQ(d[bytes], 0xEE);
+      }
+    }
+  }
+}

@@ -25,7 +25,8 @@ using memory::Tensor;
 
 namespace {
 
-constexpr size_t kSlot = size_t{4} << 20;  // ShmNode::kSlotBytes: sizes below straddle it on purpose
+constexpr size_t kSlot = comm::detail::ShmNode::kSlotBytes;  // sizes below straddle slots and rounds on purpose
+constexpr size_t kRound = comm::detail::ShmNode::kRoundBytes;
 
 comm::Group with_mode(comm::SharedMemory mode, const char* name, double timeout_s = 60) {
   comm::CommConfig c = test::world().config();
@@ -111,7 +112,7 @@ void expect_close_to_reference(const Tensor& got, DType t, size_t offset, int ra
 }
 
 std::vector<size_t> uneven_counts(int n, size_t es) {
-  const size_t m = kSlot / static_cast<size_t>(n) / es;  // elements per destination per round
+  const size_t m = kRound / static_cast<size_t>(n) / es;  // elements per destination per round
   std::vector<size_t> c(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) c[static_cast<size_t>(r)] = r == 0 ? 2 * m + 7 : r % 3 == 1 ? 0 : m / 3 * static_cast<size_t>(r) + 13;
   return c;
@@ -222,36 +223,6 @@ TEST(Shm, AllreduceMatchesMpiAndReference) {
         }
       }
     }
-  }
-}
-
-// Note [Single-copy collectives]: reading the peers' tensors (process_vm_readv) and staging through the
-// window give the same bits, for allgatherv (uneven, empty blocks, more than a slot) and allreduce
-// (more than one round, every dtype); the staged path is what a node without single copy runs.
-TEST(Shm, SingleCopyAndStagedPathsGiveTheSameBits) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_copy");
-  comm::detail::ShmNode* node = comm::detail::shm_node_of(shm);
-  if (node == nullptr || !node->single_copy()) GTEST_SKIP() << "no single-copy reads on this node";
-  const int n = shm.size(), me = shm.rank();
-  for (DType t : kTypes) {
-    SCOPED_TRACE(memory::dtype_name(t));
-    std::vector<size_t> counts(static_cast<size_t>(n));
-    for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r % 3 == 1 ? 0 : kSlot / memory::dtype_size(t) + 5 + 17 * static_cast<size_t>(r);
-    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
-    Tensor mine = make(t, counts[static_cast<size_t>(me)], me, displ);
-    const size_t size = 3 * kSlot / 2 / memory::dtype_size(t) + 123;
-    Tensor g[2] = {empty(total, t), empty(total, t)};
-    Tensor a[2] = {make(t, size, me), make(t, size, me)};
-    for (int staged = 0; staged < 2; ++staged) {
-      node->use_single_copy(staged == 0);
-      shm.allgatherv(mine, g[staged], counts);
-      shm.allreduce(a[staged], t == DType::kI32 ? comm::ReduceOp::kSum : comm::ReduceOp::kAverage);
-    }
-    node->use_single_copy(true);
-    EXPECT_TRUE(same_bits(g[0], g[1]));
-    EXPECT_TRUE(same_bits(a[0], a[1]));
-    if (counts[0] > 0) EXPECT_EQ(get(g[0], counts[0] - 1), stored(t, 0, counts[0] - 1));
   }
 }
 
