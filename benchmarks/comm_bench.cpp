@@ -8,12 +8,12 @@
 //          [--min-kib 1] [--max-mib 64] [--reps 15] [--warmup 3]
 //
 // Sizes are the full buffer (allreduce data, reduce-scatter input, allgather output), powers of 4.
-// Method (fair on a shared, noisy machine): per size `--warmup` untimed pairs, then `--reps` timed
-// triples; each triple runs the three paths back to back, each after a barrier, in rotating order so
-// none always inherits another's cache or scheduling state. A call's time is the slowest rank's. The
+// Method (fair on a shared, noisy machine): per size `--warmup` untimed rounds, then `--reps` timed
+// rounds; each runs the three paths and the copy bound back to back, each after a barrier, in rotating
+// order so none always inherits another's cache or scheduling state. A call's time is the slowest rank's. The
 // table shows the medians, the paired ratios (median over reps of raw time / zeroshard time, so drift
 // between reps cancels; `ratio` for the configured path, `mpi_ratio` for the layer over OpenMPI) and
-// the noise (the largest interquartile range of the three, relative to its median).
+// the noise (the largest interquartile range of the three paths, relative to its median).
 // Bandwidths follow NCCL-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce) or
 // algbw * (n-1)/n (reduce-scatter, allgather). ratio > 1: zeroshard faster.
 // Copy bound (`copy_ms`, timed in the same rotation): every rank at once memcpy's the bytes it must
