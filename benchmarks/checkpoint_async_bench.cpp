@@ -2,7 +2,8 @@
 // checkpoint.async (snapshot to host memory, file written on a background thread at SCHED_IDLE)?
 // Reports the mean wall time per optimizer step (train_batch plus the save call where one falls) of
 // three engines of the same model in the same process: no saves (the baseline), a synchronous save
-// every --every steps, an asynchronous one; ratios to the baseline.
+// every --every steps, an asynchronous one; ratios to the baseline. Also, per save, the time in the
+// save call (sync: the whole save; async: the snapshot and the setup) and in the commit's wait.
 //
 //   build/release/benchmarks/checkpoint_async_bench [--json out.json] [--dir DIR] [--rounds 6] [--every 4]
 //          [--n-layer 4] [--d-model 256] [--n-head 4] [--seq-len 64] [--micro-batch 8] [--memory-mb 1024]
@@ -44,6 +45,8 @@ struct Runner {
   engine::Engine engine;
   engine::DatasetSource source;
   double seconds = 0;
+  double save_s = 0;    // in save_checkpoint (sync: the whole save; async: snapshot and setup)
+  double commit_s = 0;  // in wait_checkpoint (async: waiting for the writer, then the commit)
 
   Runner(const comm::Group& group, engine::EngineConfig cfg, Mode m, std::string d)
       : mode(m), dir(std::move(d)), model(*cfg.model), engine(model, with_mode(std::move(cfg), m), group),
@@ -58,9 +61,14 @@ struct Runner {
   void segment(int64_t steps) {
     const double t0 = bench::now_seconds();
     if (mode != Mode::kNone) engine.save_checkpoint(dir);
+    const double t1 = bench::now_seconds();
     for (int64_t i = 0; i < steps; ++i) engine.train_batch(source);
+    const double t2 = bench::now_seconds();
     engine.wait_checkpoint();
-    seconds += bench::now_seconds() - t0;
+    const double t3 = bench::now_seconds();
+    seconds += t3 - t0;
+    save_s += t1 - t0;
+    commit_s += t3 - t2;
   }
 };
 
@@ -101,12 +109,17 @@ int main(int argc, char** argv) {
               static_cast<long long>(every), static_cast<long long>(steps));
   std::printf("  no saves      %8.4f s/step\n  sync saves    %8.4f s/step  %.3fx\n  async saves   %8.4f s/step  %.3fx\n",
               none, sync, sync / none, async, async / none);
+  std::printf("  per save: sync save call %.4f s; async save call %.4f s, commit wait %.4f s\n",
+              runners[1]->save_s / static_cast<double>(rounds), runners[2]->save_s / static_cast<double>(rounds),
+              runners[2]->commit_s / static_cast<double>(rounds));
   bench::Report r;
   r.benchmark = "checkpoint_async_bench";
   r.config = {{"params", params}, {"steps", steps}, {"rounds", rounds}, {"every", every}, {"n_layer", cfg.model->n_layer},
               {"d_model", cfg.model->d_model}, {"micro_batch", micro}};
-  r.results = {boost::json::object{{"mode", "sync"}, {"step_s", sync}},
-               boost::json::object{{"mode", "async"}, {"step_s", async}}};
+  const double n = static_cast<double>(rounds);
+  r.results = {boost::json::object{{"mode", "sync"}, {"step_s", sync}, {"save_call_s", runners[1]->save_s / n}},
+               boost::json::object{{"mode", "async"}, {"step_s", async}, {"save_call_s", runners[2]->save_s / n},
+                                   {"commit_wait_s", runners[2]->commit_s / n}}};
   r.baseline = {{"mode", "no saves"}, {"step_s", none}};
   r.ratio = boost::json::object{{"sync", sync / none}, {"async", async / none}};
   const std::string json = bench::json_path_arg(argc, argv);
