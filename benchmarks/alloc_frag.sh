@@ -12,7 +12,9 @@
 #
 # Traces (device.alloc_trace: rank 0's arena): examples/configs/gpt_zero3.json's GPT at ZeRO stages
 # 0-3, with optimizer offload to cpu and nvme, with parameter offload (stage 3) to cpu and nvme, and
-# with sequence lengths varying per step (data.min_seq_len, stage 3), 3 steps each at NP ranks;
+# with sequence lengths varying per step (data.min_seq_len, stage 3), and with every block's
+# activations recomputed (activation_checkpointing, stage 3; kept inputs on the device, and on the
+# host with cpu_checkpointing), 3 steps each at NP ranks;
 # examples/configs/gpt_moe.json's GPT-MoE at its 4 ranks; and examples/configs/gpt_2b_nvme.json
 # through `zeroshard estimate`, whose measured run is the engine's own allocation sequence without
 # the arithmetic (a real 2B run takes minutes and 30 GB of disk).
@@ -54,9 +56,10 @@ import json, os, sys
 examples, out, traces, np = sys.argv[1:]
 base = json.load(open(os.path.join(examples, "gpt_zero3.json")))
 nvme = os.path.join(out, "nvme")
-def variant(name, stage, opt=None, param=None, min_seq_len=None):
+def variant(name, stage, opt=None, param=None, min_seq_len=None, ac=None):
     c = json.loads(json.dumps(base))
     if min_seq_len: c.setdefault("data", {})["min_seq_len"] = min_seq_len
+    if ac: c["activation_checkpointing"] = ac
     z = c["zero_optimization"]
     z["stage"] = stage
     if opt: z["offload_optimizer"] = {"device": opt, **({"nvme_path": nvme} if opt == "nvme" else {})}
@@ -73,6 +76,8 @@ variant("gpt_stage3_opt_nvme", 3, opt="nvme")
 variant("gpt_stage3_param_cpu", 3, opt="cpu", param="cpu")
 variant("gpt_stage3_param_nvme", 3, opt="nvme", param="nvme")
 variant("gpt_stage3_varlen", 3, min_seq_len=16)  # each step's sequences 16..128 tokens long
+variant("gpt_stage3_recompute", 3, ac={"checkpoint_blocks": "all"})  # every block re-run in backward
+variant("gpt_stage3_recompute_cpu", 3, ac={"checkpoint_blocks": "all", "cpu_checkpointing": True})
 moe = json.load(open(os.path.join(examples, "gpt_moe.json")))  # ZeRO-3, 8 experts over ep_size 4 ranks
 moe["train_steps"] = 3
 moe["steps_per_print"] = 1

@@ -2,6 +2,8 @@
 // storage layer of engine/checkpoint (docs/checkpoints.md). What each rank writes and reads:
 // engine_checkpoint_items.cpp (Note [checkpoint buffers]).
 #include <fmt/ranges.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstring>
@@ -177,6 +179,24 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
   return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
 }
 
+// Note [async writer priority]: the background writer of an asynchronous save runs at SCHED_IDLE,
+// so it takes only CPU time the training threads leave idle (waits in communication, the optimizer's
+// memory-bound passes, the gaps between steps) instead of a fair share of the cores they use: on a
+// 2-core machine whose two training threads are busy, a normal-priority writer took a third of a
+// core from them for the whole write. If the training never leaves a core idle, the write finishes
+// when the next save (or wait_checkpoint) waits for it, and costs what a synchronous save costs at
+// that point, never more. Only this thread's policy changes (Linux applies it per thread); a system
+// that refuses it leaves the writer at normal priority. When the engine waits for the write (the
+// commit), the writer goes back to normal priority: the caller is blocked on it, and at SCHED_IDLE
+// it would get nothing while any other process wants the cores (on a shared machine, other users'
+// niced jobs starved it for seconds).
+void set_writer_priority(pthread_t thread, bool idle) {
+  sched_param param{};
+  if (pthread_setschedparam(thread, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0) {
+    ZS_LOG_DEBUG("checkpoint: could not change the async writer's scheduling policy");
+  }
+}
+
 bool one_bit_family(std::string_view name) { return name == "OneBitAdam" || name == "ZeroOneAdam"; }
 bool adam_family(std::string_view name) { return name == "Adam" || name == "AdamW"; }
 
@@ -238,9 +258,10 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       memory::DeviceAccess access(*s_.backend_);
       for (const Item& it : mine) {
         const size_t elem = memory::dtype_size(it.buffer_dtype);
-        std::vector<std::byte> bytes(it.count * elem);
-        for_each_piece(it.count, [&](uint64_t at, uint64_t n) { it.io(at, n, bytes.data() + at * elem); });
-        pending->snapshot.emplace_back(it.buffer, std::move(bytes));
+        PendingCheckpoint::Piece piece{it.buffer, std::unique_ptr<std::byte[]>(new std::byte[it.count * elem]),
+                                       it.count * elem};
+        for_each_piece(it.count, [&](uint64_t at, uint64_t n) { it.io(at, n, piece.bytes.get() + at * elem); });
+        pending->snapshot.push_back(std::move(piece));
       }
     });
     PendingCheckpoint* p = pending.get();
@@ -248,9 +269,9 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       const double t0 = now_seconds();
       try {
         checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{});
-        for (auto& [buffer, bytes] : p->snapshot) {
-          w.append(buffer, bytes);
-          std::vector<std::byte>().swap(bytes);  // written: its memory goes back now
+        for (PendingCheckpoint::Piece& piece : p->snapshot) {
+          w.append(piece.buffer, std::span<const std::byte>(piece.bytes.get(), piece.size));
+          piece.bytes.reset();  // written: its memory goes back now
         }
         w.finish();
       } catch (const CheckpointError& e) {
@@ -262,6 +283,8 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       }
       p->write_s = now_seconds() - t0;
     });
+    // Set here, not by the thread itself, so it cannot come after finish_pending's reset.
+    set_writer_priority(pending->writer.native_handle(), true);
     e_.pending_checkpoint_ = std::move(pending);
     ZS_LOG_INFO("checkpoint: step {} copied to host memory; writing {} in the background", e_.global_step_,
                 (root / tag).string());
@@ -302,6 +325,7 @@ void EngineCheckpoint::finish_pending() {
   std::shared_ptr<PendingCheckpoint> p = std::move(e_.pending_checkpoint_);
   if (!p) return;
   const double t0 = now_seconds();
+  set_writer_priority(p->writer.native_handle(), false);
   p->writer.join();
   agreed(s_.group_, [&] {
     switch (p->error_kind) {

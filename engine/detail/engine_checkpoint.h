@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -54,7 +55,13 @@ struct PendingCheckpoint {
   std::filesystem::path staging;
   checkpoint::Metadata meta;
   int rank = 0;
-  std::vector<std::pair<std::string, std::vector<std::byte>>> snapshot;  // (buffer, bytes) in file order
+  // (buffer, bytes) in file order. Not vectors: a vector zero-fills what the copy overwrites at once.
+  struct Piece {
+    std::string buffer;
+    std::unique_ptr<std::byte[]> bytes;
+    size_t size = 0;
+  };
+  std::vector<Piece> snapshot;
   std::thread writer;
   // Set by the writer thread, read after join (an exception crosses the thread as kind + message).
   int32_t error_kind = kNoError;
