@@ -3,17 +3,20 @@
 
 Runs benchmarks/train_bench (zeroshard) and the same GPT in PyTorch (Debian's python3-torch: an
 optional benchmark dependency, `bash scripts/install-deps.sh --bench`; never needed by `make test`),
-fp32 and bf16, one process each, and prints a markdown table of tokens/s with the ratio.
+fp32 and bf16, in one process or in two (--procs 2: `mpirun -np 2 train_bench` against two PyTorch
+processes in a DDP gloo group, the same global batch split over them), and prints a markdown table
+of tokens/s with the ratio.
 
   /usr/bin/python3 benchmarks/torch_compare.py [--bench build/release/benchmarks/train_bench]
-      [--cases small,large] [--precisions fp32,bf16] [--reps 5] [--steps 5] [--warmup 2]
+      [--cases small,large] [--precisions fp32,bf16] [--procs 1,2] [--reps 5] [--steps 5] [--warmup 2]
       [--threads N] [--torch-bf16 autocast|params] [--omp-wait passive|default]
       [--json out.json] [--markdown out.md]
 
 The same GPT: GPT-2 pre-LN blocks (LayerNorm eps 1e-5, causal attention, tanh GELU, 4x MLP), learned
 position embeddings, tied output head, byte vocabulary 256; init normal(0, 0.02), the residual
 projections 0.02 / sqrt(2 n_layer), biases 0, LayerNorm weights 1 (nn/gpt.h). AdamW lr 1e-3, no
-weight decay, no clipping, as train_bench's engine config. Cases (the issue's table):
+weight decay, no clipping, as train_bench's engine config. Cases (the issue's table; the micro batch
+is the global one: with --procs N each process takes micro batch / N sequences and threads / N threads):
   small  n_layer 4, d_model 256, n_head 4, seq 128, micro batch 8
   large  n_layer 6, d_model 512, n_head 8, seq 256, micro batch 8
 Precision bf16: zeroshard keeps bf16 parameters and gradients with fp32 master weights; PyTorch runs
@@ -45,15 +48,16 @@ CASES = {
 VOCAB = 256
 
 
-def torch_run(case, precision, steps, warmup, threads, bf16_mode, seed=7):
-    """Trains the GPT in this process; returns tokens/s of the median step."""
+def torch_run(case, precision, steps, warmup, threads, bf16_mode, rank=0, world=1, port=0, seed=7):
+    """Trains the GPT in this process (rank `rank` of a DDP gloo group of `world` when world > 1, each
+    rank micro_batch / world samples); returns tokens/s over all ranks of the median step."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    L, C, H, T, B = case["n_layer"], case["d_model"], case["n_head"], case["seq_len"], case["micro_batch"]
+    L, C, H, T, B = case["n_layer"], case["d_model"], case["n_head"], case["seq_len"], case["micro_batch"] // world
     std, proj_std = 0.02, 0.02 / math.sqrt(2 * L)
 
     class Block(nn.Module):
@@ -95,8 +99,12 @@ def torch_run(case, precision, steps, warmup, threads, bf16_mode, seed=7):
     model = Gpt()
     if precision == "bf16" and bf16_mode == "params":
         model = model.to(torch.bfloat16)
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model)  # gradients averaged over the ranks in backward
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + rank)
     autocast = precision == "bf16" and bf16_mode == "autocast"
     times = []
     for i in range(warmup + steps):
@@ -109,24 +117,53 @@ def torch_run(case, precision, steps, warmup, threads, bf16_mode, seed=7):
         opt.zero_grad(set_to_none=True)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+    if world > 1:
+        # A step's time is the slowest rank's (as train_bench's): DDP's allreduce keeps them in step.
+        import torch.distributed as dist
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.destroy_process_group()
+        return B * world * T / t.item()
     return B * T / statistics.median(times)
 
 
-def zs_run(bench, case, precision, steps, warmup):
+def zs_run(bench, case, precision, steps, warmup, procs):
+    """train_bench's tokens/s (all ranks); procs > 1: under mpirun, micro_batch / procs samples per rank."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [bench, "--n-layer", str(case["n_layer"]), "--d-model", str(case["d_model"]), "--n-head",
-               str(case["n_head"]), "--seq-len", str(case["seq_len"]), "--micro-batch", str(case["micro_batch"]),
-               "--vocab", str(VOCAB), "--steps", str(steps), "--warmup", str(warmup), "--precision", precision,
-               "--no-ceiling", "--json", out.name]
+        mpi = []
+        if procs > 1:
+            mpi = ["mpirun", "--oversubscribe", "-np", str(procs)]
+            if os.geteuid() == 0:
+                mpi += ["--allow-run-as-root"]
+        cmd = mpi + [bench, "--n-layer", str(case["n_layer"]), "--d-model", str(case["d_model"]), "--n-head",
+                     str(case["n_head"]), "--seq-len", str(case["seq_len"]),
+                     "--micro-batch", str(case["micro_batch"] // procs),
+                     "--vocab", str(VOCAB), "--steps", str(steps), "--warmup", str(warmup), "--precision", precision,
+                     "--no-ceiling", "--json", out.name]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         return json.load(open(out.name))["results"][0]["tokens_per_s"]
 
 
-def torch_subprocess(args, case_name, precision, env):
-    cmd = [sys.executable, os.path.abspath(__file__), "--torch-worker", case_name, precision, "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--threads", str(args.threads), "--torch-bf16", args.torch_bf16]
-    out = subprocess.run(cmd, check=True, env=env, capture_output=True, text=True).stdout
-    return float(out.strip().splitlines()[-1])
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torch_subprocess(args, case_name, precision, env, procs):
+    """PyTorch in fresh processes: one, or `procs` DDP ranks of threads / procs threads each (as mpirun
+    gives each zeroshard rank cores / ranks threads)."""
+    port = free_port()
+    cmds = [[sys.executable, os.path.abspath(__file__), "--torch-worker", case_name, precision, "--steps",
+             str(args.steps), "--warmup", str(args.warmup), "--threads", str(max(1, args.threads // procs)),
+             "--torch-bf16", args.torch_bf16, "--torch-rank", str(r), str(procs), str(port)] for r in range(procs)]
+    workers = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, text=True) for c in cmds]
+    outs = [w.communicate()[0] for w in workers]
+    for w, c in zip(workers, cmds):
+        if w.returncode != 0:
+            raise subprocess.CalledProcessError(w.returncode, c)
+    return float(outs[0].strip().splitlines()[-1])
 
 
 def main():
@@ -137,16 +174,19 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--procs", default="1", help="process counts, e.g. 1,2 (2: mpirun -np 2 against DDP gloo)")
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--torch-bf16", choices=["autocast", "params"], default="autocast")
     p.add_argument("--omp-wait", choices=["passive", "default"], default="passive")
     p.add_argument("--json")
     p.add_argument("--markdown")
     p.add_argument("--torch-worker", nargs=2, metavar=("CASE", "PRECISION"), help=argparse.SUPPRESS)
+    p.add_argument("--torch-rank", nargs=3, type=int, default=[0, 1, 0], help=argparse.SUPPRESS)  # rank world port
     args = p.parse_args()
     if args.torch_worker:
+        rank, world, port = args.torch_rank
         print(torch_run(CASES[args.torch_worker[0]], args.torch_worker[1], args.steps, args.warmup, args.threads,
-                        args.torch_bf16))
+                        args.torch_bf16, rank, world, port))
         return
     try:
         import torch  # noqa: F401  (fail early, with the fix)
@@ -160,29 +200,35 @@ def main():
         env["OMP_WAIT_POLICY"] = "PASSIVE"
     cases = [c for c in args.cases.split(",") if c]
     precisions = [x for x in args.precisions.split(",") if x]
-    samples = {(c, pr): {"zeroshard": [], "pytorch": []} for c in cases for pr in precisions}
+    procs_list = [int(x) for x in args.procs.split(",") if x]
+    for n in procs_list:
+        if n < 1 or any(CASES[c]["micro_batch"] % n for c in cases):
+            sys.exit(f"torch_compare: --procs {n}: each case's micro batch (8) must split evenly over the processes")
+    keys = [(c, pr, n) for c in cases for pr in precisions for n in procs_list]
+    samples = {k: {"zeroshard": [], "pytorch": []} for k in keys}
     for rep in range(args.reps):
-        for c in cases:
-            for pr in precisions:
-                order = ["zeroshard", "pytorch"] if rep % 2 == 0 else ["pytorch", "zeroshard"]
-                for who in order:
-                    if who == "zeroshard":
-                        v = zs_run(args.bench, CASES[c], pr, args.steps, args.warmup)
-                    else:
-                        v = torch_subprocess(args, c, pr, env)
-                    samples[(c, pr)][who].append(v)
-                    print(f"rep {rep + 1}/{args.reps} {c} {pr} {who}: {v:.0f} tokens/s", file=sys.stderr, flush=True)
+        for c, pr, n in keys:
+            order = ["zeroshard", "pytorch"] if rep % 2 == 0 else ["pytorch", "zeroshard"]
+            for who in order:
+                if who == "zeroshard":
+                    v = zs_run(args.bench, CASES[c], pr, args.steps, args.warmup, n)
+                else:
+                    v = torch_subprocess(args, c, pr, env, n)
+                samples[(c, pr, n)][who].append(v)
+                print(f"rep {rep + 1}/{args.reps} {c} {pr} np {n} {who}: {v:.0f} tokens/s", file=sys.stderr, flush=True)
     rows = []
-    for (c, pr), s in samples.items():
+    for (c, pr, n), s in samples.items():
         zs, pt = statistics.median(s["zeroshard"]), statistics.median(s["pytorch"])
-        rows.append({"case": c, **CASES[c], "precision": pr, "zeroshard_tokens_per_s": zs, "pytorch_tokens_per_s": pt,
-                     "ratio": zs / pt, "zeroshard_samples": s["zeroshard"], "pytorch_samples": s["pytorch"]})
+        rows.append({"case": c, **CASES[c], "precision": pr, "processes": n, "zeroshard_tokens_per_s": zs,
+                     "pytorch_tokens_per_s": pt, "ratio": zs / pt, "zeroshard_samples": s["zeroshard"],
+                     "pytorch_samples": s["pytorch"]})
     lines = [f"| case (median of {args.reps} interleaved runs, {args.threads} threads) | zeroshard | PyTorch "
              f"{torch.__version__} | ratio |", "|---|---|---|---|"]
     for r in rows:
         shape = f"{r['n_layer']}L d{r['d_model']} seq{r['seq_len']} mb{r['micro_batch']}"
         torch_mode = f" ({args.torch_bf16})" if r["precision"] == "bf16" else ""
-        lines.append(f"| {r['precision']}{torch_mode}, 1 process, {r['case']} ({shape}) | "
+        procs = "1 process" if r["processes"] == 1 else f"{r['processes']} processes (mpirun / DDP gloo)"
+        lines.append(f"| {r['precision']}{torch_mode}, {procs}, {r['case']} ({shape}) | "
                      f"{r['zeroshard_tokens_per_s']:,.0f} | {r['pytorch_tokens_per_s']:,.0f} | {r['ratio']:.2f}x |")
     table = "\n".join(lines)
     print(table)
@@ -191,7 +237,8 @@ def main():
             f.write(table + "\n")
     if args.json:
         report = {"benchmark": "torch_compare",
-                  "config": {"reps": args.reps, "steps": args.steps, "warmup": args.warmup, "threads": args.threads,
+                  "config": {"reps": args.reps, "procs": procs_list, "steps": args.steps,
+                             "warmup": args.warmup, "threads": args.threads,
                              "torch_version": torch.__version__, "torch_bf16": args.torch_bf16,
                              "omp_wait_policy": args.omp_wait},
                   "baseline": {"what": "PyTorch, same GPT, batch and threads, in the same run"},

@@ -1,18 +1,22 @@
 // The AVX512-BF16 product of nn/detail/gemm.h (Note [bf16 products]); compiled with -mavx512bf16
 // (zs_isa_sources) and only called where cpu_has_avx512_bf16().
 //
-// Note [bf16 kernel blocking]: the GotoBLAS/BLIS loop nest. C is cut into kMc x kNc blocks and k into
-// kKc slices; per (n block, k slice) a thread packs op(B) into panels of kNr = 32 columns, per m block
-// it packs op(A) into strips of kMr = 12 rows, and the micro-kernel multiplies a strip by a panel into
-// a 12 x 32 fp32 tile held in 24 zmm registers. vdpbf16ps multiplies bf16 pairs along k, so both
-// packings store k in pairs: a 32-bit word (op(X)[2q][j], op(X)[2q+1][j]) (an odd k is padded with a
-// zero), B words 32 per pair (two zmm loads), A words 12 per pair (broadcast to all lanes from memory).
-// Rounding to bf16 happens while packing (memory::simd::bf16_round, the library's one rounding rule).
-// Sizes: a B block is kKc/2 x kNc words (384 KiB, in L2 beside the A block), a B panel kKc/2 x 32
-// words (16 KiB, in L1 while the strips of the A block stream past it), an A block kMc x kKc bf16
-// (48 KiB). Threads split C's rows (or its columns when there are few rows), and each packs the
-// blocks it uses: a thread packs all of B for its rows, the cost of one pass over B per thread, small
-// against the product's m/threads multiplications per element of B.
+// Note [bf16 kernel blocking]: the GotoBLAS/BLIS loop nest, with op(B) packed once per product. k is
+// cut into kKc slices; all of op(B) is packed first (the threads split its panels), slice after
+// slice, into panels of kNr = 32 columns; then each thread takes whole strips of C's rows (or whole
+// panels of its columns when there are few rows), packs each kMc-row block of op(A) once per k slice
+// into strips of kMr = 12 rows, and multiplies it by every panel of the slice: the micro-kernel
+// multiplies a strip by a panel into a 12 x 32 fp32 tile held in 24 zmm registers. vdpbf16ps
+// multiplies bf16 pairs along k, so both packings store k in pairs: a 32-bit word
+// (op(X)[2q][j], op(X)[2q+1][j]) (an odd k is padded with a zero), B words 32 per pair (two zmm
+// loads), A words 12 per pair (broadcast to all lanes from memory). Rounding to bf16 happens while
+// packing (memory::simd::bf16_round, the library's one rounding rule); an operand stored with k along
+// its rows is packed 16 rows x 32 k at a time, loaded along k and transposed in registers.
+// Sizes: a B panel is kKc/2 x 32 words (16 KiB, in L1 while the strips of the A block stream past
+// it), an A block kMc x kKc bf16 (48 KiB, in L2), the packed op(B) k x n bf16 (8 MiB at k = n = 2048,
+// the calling thread's buffer, kept). Packing each operand once keeps packing at one pass over A and
+// one over B per product; packing B per thread and A per n block (the first version) took a fifth of
+// the large GPT's bf16 step (docs/benchmarks.md, "gemm_bench").
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,7 +41,6 @@ constexpr int kMr = 12;
 constexpr int kNr = 32;
 constexpr int64_t kKc = 256;  // k per slice (even)
 constexpr int64_t kMc = 96;   // multiple of kMr
-constexpr int64_t kNc = 768;  // multiple of kNr
 
 struct FreeDeleter {
   void operator()(uint32_t* p) const { std::free(p); }
@@ -46,7 +49,6 @@ struct FreeDeleter {
 // A thread's packing buffers, 64-byte aligned, allocated on first use and kept for the thread's life.
 struct PackBuffers {
   std::unique_ptr<uint32_t[], FreeDeleter> a{static_cast<uint32_t*>(std::aligned_alloc(64, kMc * kKc / 2 * 4))};
-  std::unique_ptr<uint32_t[], FreeDeleter> b{static_cast<uint32_t*>(std::aligned_alloc(64, kKc / 2 * kNc * 4))};
 };
 
 PackBuffers& pack_buffers() {
@@ -62,28 +64,66 @@ inline __m512i load_bf16_lanes(const void* p, bool bf16, int count) {
   return memory::simd::bf16_round(_mm512_maskz_loadu_ps(mask, p));
 }
 
+// Transposes a 16 x 16 matrix of 32-bit words held one row per register.
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  __m512i u[16];  // u[4g + c]: rows 4g..4g+3, column c of each 128-bit lane
+  for (int g = 0; g < 16; g += 4) {
+    u[g] = _mm512_unpacklo_epi64(t[g], t[g + 2]);
+    u[g + 1] = _mm512_unpackhi_epi64(t[g], t[g + 2]);
+    u[g + 2] = _mm512_unpacklo_epi64(t[g + 1], t[g + 3]);
+    u[g + 3] = _mm512_unpackhi_epi64(t[g + 1], t[g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i x0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512i x1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_i32x4(v0, x0, 0x88);
+    r[c + 4] = _mm512_shuffle_i32x4(v1, x1, 0x88);
+    r[c + 8] = _mm512_shuffle_i32x4(v0, x0, 0xDD);
+    r[c + 12] = _mm512_shuffle_i32x4(v1, x1, 0xDD);
+  }
+}
+
+// Up to 32 consecutive elements from p (fp32 or bf16) rounded to bf16, as 16 words of consecutive
+// pairs (element 2q in the low half of word q); elements past `count` are zero.
+inline __m512i load_bf16_pairs(const char* p, bool bf16, int64_t count) {
+  if (bf16) {
+    const __mmask32 mask = count >= 32 ? ~__mmask32(0) : (__mmask32(1) << count) - 1;
+    return _mm512_maskz_loadu_epi16(mask, p);
+  }
+  const int n0 = static_cast<int>(std::min<int64_t>(16, count));
+  const int n1 = static_cast<int>(std::max<int64_t>(0, count - 16));
+  const __m512i lo = load_bf16_lanes(p, false, n0);
+  const __m512i hi = n1 > 0 ? load_bf16_lanes(p + 64, false, n1) : _mm512_setzero_si512();
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo)), _mm512_cvtepi32_epi16(hi), 1);
+}
+
 // Packs rows [r0, r0 + rows) x k [p0, p0 + kc) of op(X), whose k runs along the stored rows' length
-// (A not transposed, B transposed), as words out[q * stride + r - r0].
+// (A not transposed, B transposed), as words out[q * stride + r - r0]: 16 rows x 16 pairs at a time,
+// loaded along k and transposed in registers.
 void pack_k_contiguous(const Matrix& x, int64_t r0, int64_t rows, int64_t p0, int64_t kc, uint32_t* out,
                        int64_t stride) {
   const bool bf16 = x.dtype == memory::DType::kBF16;
   const int64_t esize = bf16 ? 2 : 4;
   const int64_t kcp = (kc + 1) / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const char* src = static_cast<const char*>(x.data) + ((r0 + r) * x.ld + p0) * esize;
-    uint32_t* dst = out + r;
+  for (int64_t rg = 0; rg < rows; rg += 16) {
+    const int nr = static_cast<int>(std::min<int64_t>(16, rows - rg));
+    const __mmask16 store_mask = nr >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << nr) - 1);
+    const char* src = static_cast<const char*>(x.data) + ((r0 + rg) * x.ld + p0) * esize;
     for (int64_t p = 0; p < kc; p += 32) {
-      const int n0 = static_cast<int>(std::min<int64_t>(16, kc - p));
-      const int n1 = static_cast<int>(std::min<int64_t>(16, std::max<int64_t>(0, kc - p - 16)));
-      const __m512i lo = load_bf16_lanes(src + p * esize, bf16, n0);
-      const __m512i hi = n1 > 0 ? load_bf16_lanes(src + (p + 16) * esize, bf16, n1) : _mm512_setzero_si512();
-      // 32 bf16 in order = 16 words of consecutive pairs.
-      alignas(64) uint32_t words[16];
-      const __m512i packed = _mm512_castsi256_si512(_mm512_cvtepi32_epi16(lo));
-      _mm512_store_si512(words, _mm512_inserti64x4(packed, _mm512_cvtepi32_epi16(hi), 1));
+      __m512i w[16];
+      for (int i = 0; i < 16; ++i) {
+        w[i] = i < nr ? load_bf16_pairs(src + (i * x.ld + p) * esize, bf16, kc - p) : _mm512_setzero_si512();
+      }
+      transpose16(w);
       const int64_t q0 = p / 2;
       const int64_t nq = std::min<int64_t>(16, kcp - q0);
-      for (int64_t q = 0; q < nq; ++q) dst[(q0 + q) * stride] = words[q];
+      for (int64_t q = 0; q < nq; ++q) _mm512_mask_storeu_epi32(out + (q0 + q) * stride + rg, store_mask, w[q]);
     }
   }
 }
@@ -183,28 +223,54 @@ constexpr auto make_kernels(std::integer_sequence<int, R...>) {
 }
 constexpr auto kKernels = make_kernels(std::make_integer_sequence<int, kMr>{});  // kKernels[r - 1]: r rows
 
-// C rows [i0, i1) x columns [j0, j1) on this thread.
+// op(B) of the whole product, packed once and shared by the threads (Note [bf16 kernel blocking]):
+// k slice after k slice, each slice its panels of kNr columns side by side, so slice pc's panel jr
+// starts at data + (pc / 2) * npad + (jr / kNr) * kcp * kNr (kcp: the slice's k pairs).
+struct PackedB {
+  const uint32_t* data;
+  int64_t npad;  // n rounded up to whole panels
+  const uint32_t* panel(int64_t pc, int64_t kcp, int64_t jr) const { return data + (pc / 2) * npad + (jr / kNr) * kcp * kNr; }
+};
+
+// The calling thread's buffer for a packed op(B), grown to `words` and kept for the thread's life.
+uint32_t* packed_b_buffer(size_t words) {
+  static thread_local std::unique_ptr<uint32_t[], FreeDeleter> buffer;
+  static thread_local size_t capacity = 0;
+  if (words > capacity) {
+    buffer.reset(static_cast<uint32_t*>(std::aligned_alloc(64, (words * 4 + 63) / 64 * 64)));
+    capacity = words;
+  }
+  return buffer.get();
+}
+
+// Packs panels [t0, t1) of op(B) over every k slice.
+void pack_b_panels(const Matrix& b, int64_t n, int64_t k, int64_t t0, int64_t t1, uint32_t* out, int64_t npad) {
+  const int64_t j0 = t0 * kNr, cols = std::min(n, t1 * kNr) - j0;
+  for (int64_t pc = 0; pc < k; pc += kKc) {
+    const int64_t kc = std::min(kKc, k - pc);
+    pack_b(b, j0, cols, pc, kc, out + (pc / 2) * npad + t0 * ((kc + 1) / 2) * kNr);
+  }
+}
+
+// C rows [i0, i1) x columns [j0, j1) on this thread (j0 a multiple of kNr), B already packed.
+// Each A block is packed once per k slice and multiplied by every panel of the slice.
 void gemm_block(int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t k, float alpha, const Matrix& a,
-                const Matrix& b, float beta, float* c, int64_t ldc) {
+                const PackedB& b, float beta, float* c, int64_t ldc) {
   PackBuffers& buf = pack_buffers();
-  for (int64_t jc = j0; jc < j1; jc += kNc) {
-    const int64_t nc = std::min(kNc, j1 - jc);
-    for (int64_t pc = 0; pc < k; pc += kKc) {
-      const int64_t kc = std::min(kKc, k - pc);
-      const int64_t kcp = (kc + 1) / 2;
-      const float beta_here = pc == 0 ? beta : 1.0f;  // later k slices add to the first one's result
-      pack_b(b, jc, nc, pc, kc, buf.b.get());
-      for (int64_t ic = i0; ic < i1; ic += kMc) {
-        const int64_t mc = std::min(kMc, i1 - ic);
-        pack_a(a, ic, mc, pc, kc, buf.a.get());
-        for (int64_t jr = 0; jr < nc; jr += kNr) {
-          const uint32_t* panel = buf.b.get() + (jr / kNr) * kcp * kNr;
-          const int cols = static_cast<int>(std::min<int64_t>(kNr, nc - jr));
-          for (int64_t ir = 0; ir < mc; ir += kMr) {
-            const int rows = static_cast<int>(std::min<int64_t>(kMr, mc - ir));
-            kKernels[rows - 1](kcp, buf.a.get() + (ir / kMr) * kcp * kMr, panel, c + (ic + ir) * ldc + jc + jr, ldc,
-                               cols, alpha, beta_here);
-          }
+  for (int64_t pc = 0; pc < k; pc += kKc) {
+    const int64_t kc = std::min(kKc, k - pc);
+    const int64_t kcp = (kc + 1) / 2;
+    const float beta_here = pc == 0 ? beta : 1.0f;  // later k slices add to the first one's result
+    for (int64_t ic = i0; ic < i1; ic += kMc) {
+      const int64_t mc = std::min(kMc, i1 - ic);
+      pack_a(a, ic, mc, pc, kc, buf.a.get());
+      for (int64_t jr = j0; jr < j1; jr += kNr) {
+        const uint32_t* panel = b.panel(pc, kcp, jr);
+        const int cols = static_cast<int>(std::min<int64_t>(kNr, j1 - jr));
+        for (int64_t ir = 0; ir < mc; ir += kMr) {
+          const int rows = static_cast<int>(std::min<int64_t>(kMr, mc - ir));
+          kKernels[rows - 1](kcp, buf.a.get() + (ir / kMr) * kcp * kMr, panel, c + (ic + ir) * ldc + jr, ldc, cols,
+                             alpha, beta_here);
         }
       }
     }
@@ -221,17 +287,22 @@ void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix&
     }
     return;
   }
-  // Split C's rows in whole strips while every thread gets a few; else its columns in whole panels.
+  // op(B) is packed once, split by panels over the threads; then C's rows are split in whole strips
+  // while every thread gets a few, else its columns in whole panels.
   const int64_t strips = (m + kMr - 1) / kMr;
   const int64_t panels = (n + kNr - 1) / kNr;
+  const int64_t npad = panels * kNr;
+  uint32_t* packed = packed_b_buffer(static_cast<size_t>((k + 1) / 2 * npad));
+  parallel_for(panels, 4, [&](int64_t t0, int64_t t1, int) { pack_b_panels(b, n, k, t0, t1, packed, npad); });
+  const PackedB pb{packed, npad};
   const int threads = compute_threads();
   if (strips >= 4 * threads || strips >= panels) {
     parallel_for(strips, 4, [&](int64_t s0, int64_t s1, int) {
-      gemm_block(s0 * kMr, std::min(m, s1 * kMr), 0, n, k, alpha, a, b, beta, c, ldc);
+      gemm_block(s0 * kMr, std::min(m, s1 * kMr), 0, n, k, alpha, a, pb, beta, c, ldc);
     });
   } else {
     parallel_for(panels, 2, [&](int64_t t0, int64_t t1, int) {
-      gemm_block(0, m, t0 * kNr, std::min(n, t1 * kNr), k, alpha, a, b, beta, c, ldc);
+      gemm_block(0, m, t0 * kNr, std::min(n, t1 * kNr), k, alpha, a, pb, beta, c, ldc);
     });
   }
 }
