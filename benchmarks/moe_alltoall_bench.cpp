@@ -9,10 +9,11 @@
 //   raw               MPI_Alltoallv on MPI_COMM_WORLD with precomputed counts (the baseline)
 //   alltoallv         zeroshard's Group::alltoallv (handshake, the count-matrix check, counters)
 //   alltoallv_agreed  the same with CountCheck::kSkip (counts known to agree): what the MoE layer calls
-//   counts            moe::plan_exchange alone: the alltoall of per-expert row counts
+//   counts            moe::plan_exchange alone: the per-expert row counts, carried by the handshake
+//                     (Group::exchange_counts)
 //   dispatch          the MoE layer's forward exchange: plan_exchange, then moe::to_experts (the
-//                     alltoallv into the arena; with several experts per rank, the rows regrouped per
-//                     expert: one more copy of the received bytes)
+//                     alltoallv into the arena, without a handshake of its own after the counts; with
+//                     several experts per rank, the rows regrouped per expert: one more copy)
 // Method as comm_bench: warm-up, then timed repetitions, each call after a barrier, in a rotating
 // order that alternates direction; a call's time is the slowest rank's; ratio = median over
 // repetitions of raw time / our time (> 1: ours faster). The target (docs/moe.md) is alltoallv and

@@ -3,7 +3,8 @@
 #   moe_alltoall_bench   dispatch all-to-all(v) vs raw MPI_Alltoallv, np 2 and 4 (1 and 2 experts per rank)
 #   moe_train_bench      GPT-MoE (8 experts, top-2) vs the dense GPT of the same active FLOPs, np 2 and 4,
 #                        three seeds on CORPUS
-#   moe_memory_bench     GPT-MoE of 8x the parameters at np 4, ep_size 4, ZeRO-3 vs the dense GPT at stage 0
+#   moe_memory_bench     GPT-MoE of 8x the parameters at np 4, ep_size 4, ZeRO-3 (with offload, small buckets)
+#                        vs the dense GPT at stage 0, fp32 and bf16
 #
 #   benchmarks/moe_bench.sh CORPUS [BUILD_DIR]
 #       CORPUS     a text file to train on (the benchmark ships none), e.g. tinyshakespeare.txt
@@ -35,6 +36,8 @@ for np in $nps; do
   "${mpirun[@]}" -np "$np" "$build/benchmarks/moe_train_bench" --data "$corpus" --seeds "${SEEDS:-1,2,3}" \
     --steps "${STEPS:-150}" --json "$out_dir/train_np${np}.json"
 done
-"${mpirun[@]}" -np 4 "$build/benchmarks/moe_memory_bench" --json "$out_dir/memory_np4.json"
+for precision in fp32 bf16; do
+  "${mpirun[@]}" -np 4 "$build/benchmarks/moe_memory_bench" --precision "$precision" --json "$out_dir/memory_np4_$precision.json"
+done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "JSON in $out_dir"

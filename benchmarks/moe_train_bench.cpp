@@ -19,7 +19,8 @@
 // ratio = median over steps (after --warmup) of dense step time / MoE step time, per seed, and the
 // median over seeds (target >= 0.7). Quality: the held-out cross-entropy after the last step
 // (Engine::eval_batch over --eval-batches global batches; the MoE's evaluation loss is its language-
-// model loss, without the load-balancing term), per seed, side by side.
+// model loss, without the load-balancing term), per seed, side by side. a2a%: the share of the MoE's
+// step time rank 0 spent in its all-to-alls (count exchanges included; the op stats' wall time).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -70,7 +71,16 @@ struct SeedResult {
   double dense_tokens_s = 0, moe_tokens_s = 0;
   double ratio = 0;  // median of dense step time / MoE step time
   double moe_dropped = 0;
+  double moe_alltoall_share = 0;  // of the MoE's step time: its all-to-alls (count exchange included)
 };
+
+// Seconds this rank has spent in all-to-all(v) collectives so far (the World's op stats).
+double alltoall_seconds(const comm::Group& g) {
+  double s = 0;
+  for (const comm::OpStats& op : g.op_stats())
+    if (op.name == "alltoall" || op.name == "alltoallv") s += op.seconds;
+  return s;
+}
 
 }  // namespace
 
@@ -112,8 +122,8 @@ int main(int argc, char** argv) {
                   n, static_cast<long>(gpt.n_layer), static_cast<long>(gpt.d_model), static_cast<long>(gpt.seq_len),
                   static_cast<long>(micro), static_cast<long>(steps), experts, static_cast<long>(2 * gpt.d_model),
                   every, n);
-      std::printf("%6s %12s %12s %12s %12s %8s %10s\n", "seed", "dense_tok/s", "moe_tok/s", "dense_eval", "moe_eval",
-                  "ratio", "dropped%");
+      std::printf("%6s %12s %12s %12s %12s %8s %10s %10s\n", "seed", "dense_tok/s", "moe_tok/s", "dense_eval", "moe_eval",
+                  "ratio", "dropped%", "a2a%");
     }
     std::vector<SeedResult> results;
     int64_t dense_params = 0, moe_params = 0;
@@ -127,7 +137,7 @@ int main(int argc, char** argv) {
       moe_params = me.param_count();
       engine::DatasetSource dsrc(train_part, seed), msrc(train_part, seed);
       std::vector<double> ratios, t_dense, t_moe;
-      double dropped = 0, routed = 0;
+      double dropped = 0, routed = 0, a2a_s = 0, moe_s = 0;
       for (int64_t i = 0; i < steps; ++i) {
         auto timed = [&](engine::Engine& e, engine::DatasetSource& src) {
           g.barrier();
@@ -136,11 +146,13 @@ int main(int argc, char** argv) {
           return bench::slowest(g, bench::now_seconds() - t0);
         };
         double td = 0, tm = 0;
+        const double a2a_before = alltoall_seconds(g);  // only the MoE runs all-to-alls
         if (i % 2 == 0) {
           td = timed(de, dsrc), tm = timed(me, msrc);
         } else {
           tm = timed(me, msrc), td = timed(de, dsrc);
         }
+        if (i >= warmup) a2a_s += alltoall_seconds(g) - a2a_before, moe_s += tm;
         for (const moe::MoE* layer : moe_model.moe_layers()) {
           dropped += static_cast<double>(layer->stats().dropped);
           routed += static_cast<double>(layer->stats().tokens * layer->options().k);
@@ -158,9 +170,11 @@ int main(int argc, char** argv) {
       r.moe_tokens_s = tokens_per_step / bench::median(t_moe);
       r.ratio = bench::median(ratios);
       r.moe_dropped = routed > 0 ? dropped / routed : 0.0;
+      r.moe_alltoall_share = moe_s > 0 ? a2a_s / moe_s : 0.0;
       if (g.rank() == 0) {
-        std::printf("%6lu %12.0f %12.0f %12.4f %12.4f %8.3f %10.2f\n", static_cast<unsigned long>(seed),
-                    r.dense_tokens_s, r.moe_tokens_s, r.dense_eval, r.moe_eval, r.ratio, 100.0 * r.moe_dropped);
+        std::printf("%6lu %12.0f %12.0f %12.4f %12.4f %8.3f %10.2f %10.1f\n", static_cast<unsigned long>(seed),
+                    r.dense_tokens_s, r.moe_tokens_s, r.dense_eval, r.moe_eval, r.ratio, 100.0 * r.moe_dropped,
+                    100.0 * r.moe_alltoall_share);
         std::fflush(stdout);
       }
       results.push_back(r);
@@ -183,7 +197,8 @@ int main(int argc, char** argv) {
                                                    {"dense_eval_loss", r.dense_eval},
                                                    {"moe_eval_loss", r.moe_eval},
                                                    {"tokens_per_s_ratio", r.ratio},
-                                                   {"moe_dropped_fraction", r.moe_dropped}});
+                                                   {"moe_dropped_fraction", r.moe_dropped},
+                                                   {"moe_alltoall_time_fraction_rank0", r.moe_alltoall_share}});
       ratio_all.push_back(r.ratio), dense_eval.push_back(r.dense_eval), moe_eval.push_back(r.moe_eval);
     }
     double mean_dense = 0, mean_moe = 0;

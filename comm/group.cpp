@@ -488,7 +488,45 @@ std::shared_ptr<Op> alltoall_op(const std::shared_ptr<detail::GroupState>& g, co
   std::vector<size_t> blocks(size, n / size);
   return alltoallv_op(g, input, blocks, output, blocks, false);
 }
+
+// Note [Counts in the handshake] (comm/detail/runtime.h): every rank's whole send vector rides on the
+// handshake (an allgather of size * w values each), and each rank keeps its column. Past kMaxGathered
+// values per rank the allgather would outgrow an alltoall, so the body runs MPI_Alltoall instead.
+// Root -1 marks it apart from a plain alltoall of the same size.
+constexpr size_t kMaxGathered = 1024;
+
+std::shared_ptr<Op> exchange_counts_op(const std::shared_ptr<detail::GroupState>& g, std::span<const int64_t> send,
+                                       std::span<int64_t> recv) {
+  const size_t size = static_cast<size_t>(g->size), w = send.size() / size;
+  auto op = make_op(g, OpCode::kAlltoall, DType::kI32, static_cast<int64_t>(w), -1,
+                    fmt::format("counts, {} int64 per rank", w));
+  if (send.size() != w * size || recv.size() != send.size())
+    fail(*op, fmt::format("send ({}) and recv ({}) need size() = {} blocks of the same width", send.size(), recv.size(), size));
+  const bool in_handshake = send.size() <= kMaxGathered;
+  if (in_handshake && !g->local()) op->gather.assign(send.begin(), send.end());
+  op->agrees_next = true;
+  op->bytes_sent = op->bytes_received = (size - 1) * w * sizeof(int64_t);
+  const size_t me = static_cast<size_t>(g->rank);
+  op->body = [g = g.get(), send, recv, w, me, in_handshake, o = op.get()] {
+    if (g->local()) {
+      std::copy(send.begin(), send.end(), recv.begin());
+    } else if (in_handshake) {  // rank q's block for this rank: block me of its whole vector
+      for (size_t q = 0; q < static_cast<size_t>(g->size); ++q)
+        std::copy_n(o->gathered.begin() + static_cast<std::ptrdiff_t>((q * static_cast<size_t>(g->size) + me) * w), w,
+                    recv.begin() + static_cast<std::ptrdiff_t>(q * w));
+    } else {
+      ZS_MPI_CHECK(MPI_Alltoall(send.data(), to_int(*o, w), MPI_INT64_T, recv.data(), to_int(*o, w), MPI_INT64_T,
+                                g->comm),
+                   "{}", o->describe());
+    }
+  };
+  return op;
+}
 }  // namespace
+
+void Group::exchange_counts(std::span<const int64_t> send, std::span<int64_t> recv) const {
+  state_->runtime->run(exchange_counts_op(state_, send, recv));
+}
 
 void Group::alltoall(const Tensor& input, const Tensor& output) const { state_->runtime->run(alltoall_op(state_, input, output)); }
 Work Group::alltoall_async(const Tensor& input, const Tensor& output) const {
@@ -496,14 +534,17 @@ Work Group::alltoall_async(const Tensor& input, const Tensor& output) const {
 }
 void Group::alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                       std::span<const size_t> recv_counts, CountCheck check) const {
-  state_->runtime->run(alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
-                                    {recv_counts.begin(), recv_counts.end()}, true, check == CountCheck::kVerify));
+  auto op = alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
+                         {recv_counts.begin(), recv_counts.end()}, true, check == CountCheck::kVerify);
+  op->after_agreed = check == CountCheck::kExchanged;
+  state_->runtime->run(std::move(op));
 }
 Work Group::alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                             std::span<const size_t> recv_counts, CountCheck check) const {
-  return state_->runtime->submit(alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
-                                              {recv_counts.begin(), recv_counts.end()}, true,
-                                              check == CountCheck::kVerify));
+  auto op = alltoallv_op(state_, input, {send_counts.begin(), send_counts.end()}, output,
+                         {recv_counts.begin(), recv_counts.end()}, true, check == CountCheck::kVerify);
+  op->after_agreed = check == CountCheck::kExchanged;
+  return state_->runtime->submit(std::move(op));
 }
 
 // ---- barrier ----

@@ -120,11 +120,20 @@ class Group {
   // comm/group.cpp), a violation throws CommError on every rank naming the pair.
   // check = kSkip leaves the check out (one small allgather less) where the counts agree by
   // construction: recv_counts came from an alltoall of the send counts (moe/dispatch.h does this).
-  enum class CountCheck { kVerify, kSkip };
+  // kExchanged: the same, and the call comes right after exchange_counts on this group, from whose
+  // counts recv_counts came: it then runs without a handshake of its own (Note [Counts in the
+  // handshake] in comm/detail/runtime.h); if any collective ran in between it handshakes as usual.
+  enum class CountCheck { kVerify, kSkip, kExchanged };
   void alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                  std::span<const size_t> recv_counts, CountCheck check = CountCheck::kVerify) const;
   Work alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                        std::span<const size_t> recv_counts, CountCheck check = CountCheck::kVerify) const;
+
+  // An all-to-all of counts carried by the handshake itself (one message round, not a handshake and
+  // then an MPI_Alltoall): send holds size() blocks of w values (block j for rank j), recv receives
+  // block i from rank i; w the same on every rank. Synchronous; the counts for an alltoallv that
+  // follows with CountCheck::kExchanged.
+  void exchange_counts(std::span<const int64_t> send, std::span<int64_t> recv) const;
 
   // Returns once every rank of the group has called barrier (timed like every collective).
   void barrier() const;

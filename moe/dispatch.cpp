@@ -37,12 +37,9 @@ ExchangePlan plan_exchange(const comm::Group* ep, std::span<const int64_t> rows_
     plan.recv_rows = plan.send_rows;
   } else {
     // Counts first (see the header): rank q's block p of E/P counts lands as block q on rank p.
-    Tensor send = Tensor::empty({E}, DType::kI32);
-    Tensor recv = Tensor::empty({E}, DType::kI32);
-    for (int e = 0; e < E; ++e) send.data<int32_t>()[e] = static_cast<int32_t>(rows_per_expert[static_cast<size_t>(e)]);
-    ep->alltoall(send, recv);
-    plan.recv_rows.resize(static_cast<size_t>(E));
-    for (int i = 0; i < E; ++i) plan.recv_rows[static_cast<size_t>(i)] = recv.data<int32_t>()[i];
+    // The counts ride on the handshake (Group::exchange_counts): one message round before the data.
+    plan.recv_rows.assign(static_cast<size_t>(E), 0);
+    ep->exchange_counts(plan.send_rows, plan.recv_rows);
     if (!ep->is_mpi()) {
       // A simulated group (the memory estimator) receives nothing valid: assume every rank sends this
       // rank's experts what this rank sends them, the balanced case.
@@ -79,7 +76,10 @@ std::vector<Tensor> to_experts(nn::Context& ctx, const comm::Group* ep, const Ex
     return out;
   }
   Tensor received = ctx.allocate({plan.rows_received(), d}, DType::kF32, L == 1 ? use : nn::MemoryUse::kScratch);
-  ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts, comm::Group::CountCheck::kSkip);
+  // Right after plan_exchange's count exchange (the MoE layer allocates and nothing else in between):
+  // no handshake of its own (Group::CountCheck::kExchanged).
+  ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts,
+                comm::Group::CountCheck::kExchanged);
   if (L == 1) return {received};  // one local expert: the received rows are its input as they are
   // received holds [q][l] blocks; expert l wants its blocks of every q, in q order.
   std::vector<int64_t> filled(static_cast<size_t>(L), 0);

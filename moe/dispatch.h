@@ -11,10 +11,12 @@
 // ...: rows_per_expert[e] of them each (compact: no padding to capacity, so a dropped or missing token
 // moves no bytes). Local expert l receives the rows of source rank 0 first, then rank 1, ...
 //
-// Counts first. plan_exchange runs an all-to-all of the per-expert row counts (E int32 per rank) before
-// any data moves, so every rank knows how much it will receive: ranks that route different numbers of
-// tokens, or none, never hang or mismatch (the alltoallvs then skip their own count check: the counts
-// agree by construction). to_experts and from_experts each run one alltoallv over the
+// Counts first. plan_exchange exchanges the per-expert row counts (E per rank) before any data moves,
+// so every rank knows how much it will receive: ranks that route different numbers of tokens, or none,
+// never hang or mismatch (the alltoallvs then skip their own count check: the counts agree by
+// construction). The counts ride on the collective handshake (Group::exchange_counts: one message
+// round), and to_experts, called right after, skips its own handshake (CountCheck::kExchanged; Note
+// [Counts in the handshake] in comm/detail/runtime.h). to_experts and from_experts each run one alltoallv over the
 // EP group (the backward runs them again, with the same plan, for the gradients). Collective: every rank
 // of the EP group calls these in the same order. ep == nullptr or a group of one moves rows locally; a
 // simulated group (comm::Group::simulated, the memory estimator) plans as if every rank routed like this one.

@@ -34,7 +34,7 @@
 //
 // Collectives: in training and eval, every rank of `ep` runs the layer the same number of times, with
 // any number of tokens (0 too); forward runs [an allgather of loads over ep when drop_tokens is
-// false], an alltoall of counts and two alltoallv over ep; backward runs two alltoallv over ep.
+// false], a count exchange and two alltoallv over ep; backward runs two alltoallv over ep.
 #pragma once
 
 #include <cstdint>

@@ -231,8 +231,10 @@ void Runtime::execute(Op& op, bool on_worker) {
     }
   }
   const auto start = std::chrono::steady_clock::now();
+  const bool agreed = op.after_agreed && agreed_ == &g;  // Note [Counts in the handshake]
+  agreed_ = nullptr;
   if (!g.local()) {
-    handshake(op, on_worker);
+    if (!agreed) handshake(op, on_worker);
     const BodyWatchdog::Ticket ticket = watchdog_->arm(
         g.config.timeout_s + BodyWatchdog::kGraceS, [](const void* o) { return static_cast<const Op*>(o)->describe(); },
         &op);
@@ -244,8 +246,10 @@ void Runtime::execute(Op& op, bool on_worker) {
     }
     watchdog_->disarm(ticket);
   } else {
+    op.gathered = op.gather;
     op.body();
   }
+  if (op.agrees_next) agreed_ = &g;
   if (g.size > 1) {
     bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
     bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
@@ -301,13 +305,24 @@ void Runtime::handshake(Op& op, bool on_worker) {
     buffer->mine[4 + i] = -op.signature[i];
   }
   const auto start = Clock::now();
+  const size_t w = op.gather.size();  // Note [Counts in the handshake]
+  buffer->held = op.gather;
   for (int k = 1; k < g.size; k *= 2) {  // dissemination rounds (Note [Handshake]); tag = k
     std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    ZS_MPI_CHECK(MPI_Irecv(buffer->received.data(), 8, MPI_INT64_T, (g.rank - k + g.size) % g.size, k,
-                           g.handshake_comm, &requests[0]),
+    int64_t* recv_at = buffer->received.data();
+    const int64_t* send_at = buffer->mine.data();
+    int n = 8;
+    if (w > 0) {  // one message: the 8 values, then the k blocks held
+      n = static_cast<int>(8 + static_cast<size_t>(k) * w);
+      buffer->out.assign(buffer->mine.begin(), buffer->mine.end());
+      buffer->out.insert(buffer->out.end(), buffer->held.begin(), buffer->held.end());
+      buffer->in.assign(static_cast<size_t>(n), 0);
+      send_at = buffer->out.data();
+      recv_at = buffer->in.data();
+    }
+    ZS_MPI_CHECK(MPI_Irecv(recv_at, n, MPI_INT64_T, (g.rank - k + g.size) % g.size, k, g.handshake_comm, &requests[0]),
                  "{}: posting the handshake receive", op.describe());
-    ZS_MPI_CHECK(MPI_Isend(buffer->mine.data(), 8, MPI_INT64_T, (g.rank + k) % g.size, k, g.handshake_comm,
-                           &requests[1]),
+    ZS_MPI_CHECK(MPI_Isend(send_at, n, MPI_INT64_T, (g.rank + k) % g.size, k, g.handshake_comm, &requests[1]),
                  "{}: posting the handshake send", op.describe());
     if (!poll_until(requests, op, on_worker, start)) [[unlikely]] {
       std::string message = fmt::format(
@@ -324,6 +339,11 @@ void Runtime::handshake(Op& op, bool on_worker) {
         orphans_.push_back({requests, std::move(buffer)});
       }
       throw CommError(message);
+    }
+    if (w > 0) {  // rank - k's blocks (ranks rank-k, rank-k-1, ...): as many as are still missing
+      std::copy_n(buffer->in.begin(), 8, buffer->received.begin());
+      const size_t take = static_cast<size_t>(std::min(k, g.size - k)) * w;
+      buffer->held.insert(buffer->held.end(), buffer->in.begin() + 8, buffer->in.begin() + 8 + static_cast<std::ptrdiff_t>(take));
     }
     for (size_t i = 0; i < 8; ++i) buffer->mine[i] = std::max(buffer->mine[i], buffer->received[i]);
   }
@@ -343,6 +363,14 @@ void Runtime::handshake(Op& op, bool on_worker) {
           "mismatched {} across ranks: {} was called with {} {} here while other ranks passed values from {} "
           "to {}; every rank must pass the same {}",
           kField[i], op.describe(), kField[i], op.signature[i], lo(i), hi(i), kField[i]));
+    }
+  }
+  if (w > 0) {  // held[i] is rank (rank - i)'s block
+    op.gathered.resize(static_cast<size_t>(g.size) * w);
+    for (int q = 0; q < g.size; ++q) {
+      const size_t i = static_cast<size_t>((g.rank - q + g.size) % g.size);
+      std::copy_n(buffer->held.begin() + static_cast<std::ptrdiff_t>(i * w), w,
+                  op.gathered.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(q) * w));
     }
   }
 }

@@ -28,6 +28,18 @@
 // signatures the body stalls only if a rank stops or is cut off mid-collective: the body watchdog then
 // ends the job after timeout_s (Note [Stalled body] in comm/detail/body_watchdog.h).
 //
+// Note [Counts in the handshake]
+// An op may carry `gather`: w int64 from this rank (w the same on every rank, and in the signature's
+// size). The handshake's messages then carry them too, as a dissemination allgather in the same rounds
+// (round k sends the k blocks this rank holds, from ranks rank, rank-1, ..., to rank + k), and when it
+// ends `gathered` holds every rank's blocks in rank order: a count exchange costs no message round
+// beyond the handshake (Group::exchange_counts; MoE's dispatch, moe/dispatch.h). Such an op
+// `agrees_next`: the op executed right after it, if it is marked `after_agreed` and runs on the same
+// group, skips its own handshake, since every rank has just passed this one with equal signatures and
+// its counts came from it (an alltoallv with CountCheck::kExchanged). Any other op in between, on any
+// group, clears that, and the op then handshakes as usual. A rank that stops between the two leaves its
+// peers in the data exchange, which the body watchdog bounds (Note [Stalled body]).
+//
 // Note [Polling]
 // How the handshake waits decides whether the layer costs 5% or 50x. Measured on the 2-core machine
 // under load (benchmarks/comm_bench, docs/benchmarks.md): the first design yielded (sched_yield) on
@@ -126,6 +138,11 @@ struct Op {
   uint64_t bytes_received = 0;
   std::shared_ptr<GroupState> group;
   std::shared_ptr<WorkState> work = std::make_shared<WorkState>();
+  // Note [Counts in the handshake].
+  std::vector<int64_t> gather;    // this rank's block, carried by the handshake
+  std::vector<int64_t> gathered;  // every rank's block, in rank order, once the handshake is done
+  bool agrees_next = false;
+  bool after_agreed = false;
 
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
 };
@@ -187,11 +204,17 @@ class Runtime {
   bool stop_ = false;
   std::thread worker_;
   std::unique_ptr<BodyWatchdog> watchdog_;  // with MPI only (Note [Stalled body])
+  // The group of the last op executed when it agrees_next (Note [Counts in the handshake]), else null.
+  // Touched only by the executing thread (one op at a time).
+  const GroupState* agreed_ = nullptr;
 
   // Handshake requests abandoned by a timeout, with their buffers: MPI may still complete them.
   struct HandshakeBuffer {
     std::array<int64_t, 8> mine;      // running max: signature, then negated signature
     std::array<int64_t, 8> received;  // this round's message from rank - k
+    // With a gather (Note [Counts in the handshake]): the blocks held (ranks rank, rank-1, ...), and
+    // this round's outgoing and incoming messages (the 8 values above, then the blocks).
+    std::vector<int64_t> held, out, in;
   };
   struct Orphan {
     std::array<MPI_Request, 2> requests;

@@ -93,5 +93,40 @@ TEST(Alltoallv, MismatchedCountsFailOnEveryRank) {
   exchange(DType::kF32, [](int i, int j) { return static_cast<size_t>(i + j); }, false);
 }
 
+// exchange_counts: counts carried by the handshake (w per pair), and the fallback past its size limit
+// (1024 values per rank); then an alltoallv with those counts, with no handshake of its own right after
+// them and with one when another collective ran in between.
+TEST(Alltoallv, ExchangeCountsThenExchangedAlltoallv) {
+  const Group& g = group();
+  const int n = g.size(), me = g.rank();
+  for (size_t w : {size_t{1}, size_t{3}, size_t{700}}) {
+    std::vector<int64_t> send(static_cast<size_t>(n) * w), recv(send.size(), -1);
+    for (int j = 0; j < n; ++j)
+      for (size_t c = 0; c < w; ++c) send[static_cast<size_t>(j) * w + c] = (me * 7 + j * 3 + static_cast<int64_t>(c)) % 5;
+    g.exchange_counts(send, recv);
+    for (int i = 0; i < n; ++i)
+      for (size_t c = 0; c < w; ++c)
+        ASSERT_EQ(recv[static_cast<size_t>(i) * w + c], (i * 7 + me * 3 + static_cast<int64_t>(c)) % 5)
+            << "w " << w << " from rank " << i << " value " << c;
+  }
+  for (bool in_between : {false, true}) {
+    std::vector<int64_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+    for (int j = 0; j < n; ++j) send[static_cast<size_t>(j)] = (me + 2 * j) % 3 + (in_between ? 1 : 0);
+    g.exchange_counts(send, recv);
+    if (in_between) g.barrier();
+    std::vector<size_t> sc(send.begin(), send.end()), rc(recv.begin(), recv.end());
+    Tensor in = test::filled(DType::kF32, std::accumulate(sc.begin(), sc.end(), size_t{0}), me);
+    Tensor out = Tensor::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, DType::kF32);
+    g.alltoallv(in, sc, out, rc, Group::CountCheck::kExchanged);
+    size_t pos = 0;
+    for (int i = 0; i < n; ++i) {
+      size_t src_offset = 0;
+      for (int j = 0; j < me; ++j) src_offset += static_cast<size_t>((i + 2 * j) % 3 + (in_between ? 1 : 0));
+      for (size_t k = 0; k < rc[static_cast<size_t>(i)]; ++k, ++pos)
+        ASSERT_EQ(test::as_float(out, pos), test::stored(DType::kF32, i, src_offset + k)) << "from rank " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zs::comm
