@@ -19,6 +19,7 @@ static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-f
 std::atomic<int> g_count{0};  // watched signals received
 std::atomic<int> g_first{0};  // the first one's number
 std::atomic<bool> g_exists{false};
+void (*g_on_first)() noexcept = nullptr;  // set before the handlers are installed
 struct sigaction g_previous[kWatched];
 bool g_installed[kWatched] = {};
 
@@ -27,7 +28,10 @@ int slot_of(int sig) { return sig == SIGTERM ? 0 : 1; }
 void on_signal(int sig) {
   int expected = 0;
   g_first.compare_exchange_strong(expected, sig);
-  if (g_count.fetch_add(1) == 0) return;  // the first: the program stops at its next step boundary
+  if (g_count.fetch_add(1) == 0) {  // the first: the program stops at its next step boundary
+    if (g_on_first != nullptr) g_on_first();
+    return;
+  }
   // A second: end now, as the process would have without the watch (sigaction and raise are
   // async-signal-safe). The raised signal stays blocked until this handler returns, then the restored
   // action runs.
@@ -37,8 +41,9 @@ void on_signal(int sig) {
 
 }  // namespace
 
-PreemptionWatch::PreemptionWatch() {
+PreemptionWatch::PreemptionWatch(void (*on_first_signal)() noexcept) {
   if (g_exists.exchange(true)) throw UsageError("launch::PreemptionWatch: only one may exist at a time");
+  g_on_first = on_first_signal;
   g_count.store(0);
   g_first.store(0);
   for (int i = 0; i < kWatched; ++i) {

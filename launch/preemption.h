@@ -9,8 +9,12 @@
 //   }
 //
 // Note [Preemption signals]: the handler only counts the signal in a lock-free atomic (it runs on any
-// thread, between any two instructions: nothing else is async-signal-safe to do there). The first
-// SIGTERM or SIGINT sets the request; the program sees it at its next step boundary. A second one
+// thread, between any two instructions: little is async-signal-safe to do there) and, on the first,
+// calls the async-signal-safe hook it was given: `zeroshard train` passes offload's
+// unlink_swap_files_now, because the SIGKILL that follows a SIGTERM (mpirun's after
+// odls_base_sigkill_timeout, SLURM's after KillWait) cannot be caught, and a file already unlinked
+// but still open is freed by the kernel whenever the process ends. The first SIGTERM or SIGINT sets
+// the request; the program sees it at its next step boundary. A second one
 // restores the action that was installed before the watch and re-raises the signal, so the process
 // ends at once as it would have without the watch: when offload's swap files exist, that action is
 // offload's exit-cleanup handler, which unlinks them first (offload/detail/exit_cleanup.h), which is
@@ -29,7 +33,9 @@ namespace zs::launch {
 // copyable nor movable.
 class PreemptionWatch {
  public:
-  PreemptionWatch();
+  // `on_first_signal` (may be null) runs inside the handler on the first signal: it must be
+  // async-signal-safe.
+  explicit PreemptionWatch(void (*on_first_signal)() noexcept = nullptr);
   ~PreemptionWatch();
   PreemptionWatch(const PreemptionWatch&) = delete;
   PreemptionWatch& operator=(const PreemptionWatch&) = delete;

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "launch/launch.h"
 #include "launch/preemption.h"
+#include "offload/swap_space.h"
 #include "engine/summary.h"
 #include "estimate/recompute_budget.h"
 #include "estimate/config_fit.h"
@@ -272,8 +273,9 @@ int train_command(const std::vector<std::string>& args) {
                                          : std::string());
     engine::SummaryRecorder recorder(*engine);
     // After the engine (Note [Preemption signals] in launch/preemption.h): a first SIGTERM or SIGINT
-    // stops the run at the next step boundary, a second one ends it at once.
-    launch::PreemptionWatch preemption;
+    // stops the run at the next step boundary (and unlinks the swap files' names at once), a second
+    // one ends it at once.
+    launch::PreemptionWatch preemption(&offload::unlink_swap_files_now);
     // --summary: written at the end, and by a preempted run for the steps it trained.
     auto write_summary = [&] {
       if (a->summary.empty()) return;
@@ -355,6 +357,8 @@ int train_command(const std::vector<std::string>& args) {
                         "command plus --load {})",
                         launch::signal_name(sig), r.step, cfg.train_steps, tag, save_dir, save_dir);
           }
+        } catch (const CommError&) {
+          throw;  // not agreed (a rank stopped answering mid-save): the handler below ends the job, naming it
         } catch (const std::exception& e) {
           if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
           return 1;
@@ -375,6 +379,8 @@ int train_command(const std::vector<std::string>& args) {
     // checkpoint.async: the last save is committed before the job ends.
     try {
       engine->wait_checkpoint();
+    } catch (const CommError&) {
+      throw;
     } catch (const std::exception& e) {
       if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
       return 1;
