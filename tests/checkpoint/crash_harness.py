@@ -268,6 +268,9 @@ def train_main(a):
     rng = random.Random(a.seed)
     os.makedirs(a.workdir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="crash-train-", dir=a.workdir)
+    private = os.path.join(work, "zeroshard")  # a relink of the build's binary cannot touch the runs
+    shutil.copy2(a.zeroshard, private)
+    a.zeroshard = private
     # The uninterrupted run every trial ends against; its time from step 1 to the last step bounds the
     # random moment.
     nvme = os.path.join(work, "nvme")
