@@ -24,10 +24,10 @@ after it (latest moved), or after the command had already finished.
 
 Train mode (--train MODE[,MODE...], no COMMAND): a real `mpirun -np NP zeroshard train --save DIR` of a
 tiny GPT (ZeRO-3, optimizer states and parameters swapped to NVMe files, a save every --save-interval
-steps, --steps steps) is interrupted at a random moment after its first step, then resumed with the
-same command plus `--load DIR` (the same command without it when no checkpoint exists yet). Passes when
-the resumed run's losses equal the last --steps - k losses of an uninterrupted run bit for bit (k the
-step of the checkpoint it loaded) and its final parameter digest equals that run's, and:
+steps, --steps steps) is interrupted after a random step (a kill also a random part of a step later),
+then resumed with the same command plus `--load DIR` (without it when no checkpoint exists yet).
+Passes when the resumed run's losses equal the last --steps - k losses of an uninterrupted run bit for
+bit (k the step of the checkpoint it loaded), its final parameter digest equals that run's, and:
   kill        SIGKILL to mpirun and every rank, or to one random rank (mpirun then ends the others),
               before, during or after a save: `latest` names a complete tag (or none exists yet);
   term-all    SIGTERM to every rank (a scheduler's preemption): exit 0 within the bound, the
@@ -143,40 +143,48 @@ def delivered(pid, sig):
     return True
 
 
-def signal_moment(a, rng, mode, proc, out, run_s):
-    """Waits for step 1, sleeps a random moment, signals per `mode`; returns what was done."""
-    if not out.wait_for(r"step 1/", 120):
-        return None
-    # A kill lands anywhere up to the final save; a SIGTERM before the last steps, so it stops the run
-    # (a run without --save trains several times faster than the uninterrupted run, which saves).
-    time.sleep(rng.uniform(0, run_s * {"kill": 1.1, "term-nosave": 0.1}.get(mode, 0.7)))
+def send(pid, sig):
+    """os.kill that ignores a process already gone (a negative pid: the process group)."""
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def signal_moment(a, rng, mode, proc, out, step_s):
+    """Waits for a random step's log line (and, for a kill, a random part of a step and a save more),
+    signals per `mode`; returns what was done, None when the run never logged that step, or
+    "finished" when it had ended first. A SIGTERM comes no later than 60% into the run, so it stops
+    the run, however fast the run goes against the uninterrupted one."""
+    k = rng.randint(1, a.steps if mode == "kill" else max(1, int(0.6 * a.steps)))
+    if not out.wait_for(rf"step {k}/{a.steps} ", 120):
+        return "finished" if proc.poll() is not None else None
+    if mode == "kill":
+        time.sleep(rng.uniform(0, min(2 * step_s, 0.5)))
     ranks = rank_pids(proc.pid)
     if len(ranks) != a.np:
-        return f"found {len(ranks)} of {a.np} ranks (the run had ended)"
+        return "finished"
     if mode == "kill":
         if rng.random() < 0.5:
-            os.killpg(proc.pid, signal.SIGKILL)
+            send(-proc.pid, signal.SIGKILL)
             for p in ranks.values():
-                os.kill(p, signal.SIGKILL)
+                send(p, signal.SIGKILL)
             return "SIGKILL to every process"
         victim = rng.randrange(a.np)
-        os.kill(ranks[victim], signal.SIGKILL)
+        send(ranks[victim], signal.SIGKILL)
         return f"SIGKILL to rank {victim}"
     if mode == "term-one":
         victim = rng.randrange(a.np)
-        os.kill(ranks[victim], signal.SIGTERM)
+        send(ranks[victim], signal.SIGTERM)
         return f"SIGTERM to rank {victim}"
     for p in ranks.values():
-        os.kill(p, signal.SIGTERM)
+        send(p, signal.SIGTERM)
     if mode == "term-twice":
         end = time.monotonic() + 5
         while not all(delivered(p, signal.SIGTERM) for p in ranks.values()) and time.monotonic() < end:
             time.sleep(0.0005)
         for p in ranks.values():
-            try:
-                os.kill(p, signal.SIGTERM)
-            except OSError:
-                pass
+            send(p, signal.SIGTERM)
         return "SIGTERM to every rank, twice"
     return "SIGTERM to every rank"
 
@@ -200,14 +208,14 @@ def train_trial(a, rng, mode, trial, ref, run_s, work):
     save = [] if mode == "term-nosave" else ["--save", root]
     proc = start_train(a, cfg_path, os.path.join(d, "part.json"), save)
     out = Output(proc)
-    what = signal_moment(a, rng, mode, proc, out, run_s)
+    what = signal_moment(a, rng, mode, proc, out, run_s / a.steps)
     t0 = time.monotonic()
     code, text = finish(proc, out, 60)
     seconds = time.monotonic() - t0
     r = {"mode": mode, "trial": trial, "signal": what, "exit": code, "seconds": round(seconds, 2)}
     problems = []
-    if what is None or what.startswith("found"):
-        problems.append(f"not signalled: {what or 'no step 1 within 120 s'}")
+    if what is None or (what == "finished" and mode != "kill"):
+        problems.append(f"not signalled: {what or 'the chosen step not logged within 120 s'}")
     if code is None:
         problems.append("processes still running 60 s after the signal (a hang)")
     latest = read_latest(root)
