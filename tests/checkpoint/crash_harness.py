@@ -247,7 +247,8 @@ def train_trial(a, rng, mode, trial, ref, run_s, work):
         # The same command plus --load (without it when nothing was saved yet).
         load = ["--load", root] if latest else []
         proc = start_train(a, cfg_path, os.path.join(d, "resumed.json"), ["--save", root] + load)
-        code2, text2 = finish(proc, Output(proc), 120)
+        # A slow run is not a hang: the limit grows with the uninterrupted run's time (a loaded machine).
+        code2, text2 = finish(proc, Output(proc), 120 + 4 * run_s)
         k = int(latest[len("global_step"):]) if latest else 0
         got, digest = losses(os.path.join(d, "resumed.json"))
         r.update(resumed_from=k)

@@ -4,7 +4,9 @@
 Rank trials: start an np-rank training job (one of four scenarios), wait until it has trained its first
 step, sleep a random moment, then SIGKILL or SIGSTOP one random rank. Passes when every process of the
 job is gone within comm.timeout_s + 30 s of the signal and the output names what failed:
-  SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R;
+  SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R, or a survivor's fatal
+           error naming the collective and group whose peer process is gone ("allgatherv(...) on group
+           'dp' ...: reading ... with process_vm_readv failed (No such process)");
   SIGSTOP  a surviving rank's CommError naming the collective and its group ("allreduce(...) on group dp
            ... timed out").
 Scenarios: collectives (ZeRO-1: reduce-scatter/allgather), zero3 (ZeRO-3 parameter gathers), nvme (ZeRO-3
@@ -37,6 +39,7 @@ import time
 
 SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint"]
 COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
+PEER_GONE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on group '[^']+'.*?No such process"
 
 
 def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
@@ -172,7 +175,10 @@ def rank_trial(i, rng, args, work):
         out.thread.join(5)
         text = out.text
         if sig == signal.SIGKILL:
-            named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None
+            # mpirun names the killed rank, unless a survivor got there first: its shared-memory
+            # collective found the peer gone and ended the job naming the collective and group.
+            named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None or \
+                re.search(PEER_GONE, text) is not None
         else:
             named = re.search(COLLECTIVE, text) is not None
         hung = proc.poll() is None or alive != []
