@@ -228,4 +228,6 @@ Ticket SwapSpace::write_async(const SwapRegion& r, uint64_t offset, std::span<co
   return file_.write_async(r.offset + offset, src);
 }
 
+void unlink_swap_files_now() noexcept { detail::unlink_registered_files(); }
+
 }  // namespace zs::offload

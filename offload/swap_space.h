@@ -112,4 +112,10 @@ class SwapSpace {
   memory::TrackedBytes tracked_;
 };
 
+// Removes the names of every live swap file of this process now; each file stays usable through the
+// descriptors its SwapSpace opened (they never reopen it by name) and its blocks are freed when the
+// process ends, even by SIGKILL. Async-signal-safe (unlink only): for a preemption signal handler,
+// since the kill that follows a SIGTERM cannot be caught (launch/preemption.h).
+void unlink_swap_files_now() noexcept;
+
 }  // namespace zs::offload

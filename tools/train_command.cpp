@@ -22,6 +22,8 @@
 #include "engine/engine.h"
 #include "core/clock.h"
 #include "launch/launch.h"
+#include "launch/preemption.h"
+#include "offload/swap_space.h"
 #include "engine/summary.h"
 #include "estimate/recompute_budget.h"
 #include "estimate/config_fit.h"
@@ -270,6 +272,28 @@ int train_command(const std::vector<std::string>& args) {
                                                        cfg.data.min_seq_len, model_cfg.seq_len)
                                          : std::string());
     engine::SummaryRecorder recorder(*engine);
+    // After the engine (Note [Preemption signals] in launch/preemption.h): a first SIGTERM or SIGINT
+    // stops the run at the next step boundary (and unlinks the swap files' names at once), a second
+    // one ends it at once.
+    launch::PreemptionWatch preemption(&offload::unlink_swap_files_now);
+    // --summary: written at the end, and by a preempted run for the steps it trained.
+    auto write_summary = [&] {
+      if (a->summary.empty()) return;
+      world.flush();
+      boost::json::object extra;
+      if (moe_model != nullptr) extra["moe"] = moe_summary.json();
+      if (recompute.applies) {
+        extra["recompute_budget"] = boost::json::object{{"budget_bytes", recompute.budget_bytes},
+                                                        {"blocks", recompute.blocks},
+                                                        {"n_layer", recompute.n_layer},
+                                                        {"predicted_peak_bytes", recompute.predicted_peak_bytes},
+                                                        {"none_peak_bytes", recompute.none_peak_bytes},
+                                                        {"all_peak_bytes", recompute.all_peak_bytes},
+                                                        {"measurements", recompute.measurements}};
+      }
+      recorder.write(a->summary, world.counters(), extra);
+      ZS_LOG_INFO("summary written to {}", a->summary);
+    };
     // --steps / train_steps count the run's total optimizer steps: a resumed run goes on to the same end.
     if (engine->global_step() >= cfg.train_steps) {
       ZS_LOG_INFO("nothing to train: the checkpoint is at step {} of {}", engine->global_step(), cfg.train_steps);
@@ -318,19 +342,45 @@ int train_command(const std::vector<std::string>& args) {
                     cfg.data.eval_batches, eval_source->data().origin());
       }
       const int64_t every = cfg.checkpoint.save_interval;
-      if (!save_dir.empty() && ((every > 0 && r.step % every == 0) || r.step == cfg.train_steps)) {
+      const bool saved_here = !save_dir.empty() && ((every > 0 && r.step % every == 0) || r.step == cfg.train_steps);
+      // Every rank reaches this step boundary; one small allreduce makes them agree whether any rank
+      // was signalled, so all stop at this step, a rank signalled late included.
+      int sig = 0;
+      const bool preempted = launch::agree_preempted(preemption, *dp, &sig) && r.step < cfg.train_steps;
+      if (saved_here || (preempted && !save_dir.empty())) {
         // An agreed error (every rank throws the same one): the job ends cleanly, rank 0 says why.
         try {
-          engine->save_checkpoint(save_dir);
+          const std::string tag = engine->save_checkpoint(save_dir);
+          if (preempted) {
+            engine->wait_checkpoint();  // checkpoint.async: committed before the exit
+            ZS_LOG_INFO("preempted: {} at step {}/{}: saved checkpoint {} in {}; exiting 0 (resume with the same "
+                        "command plus --load {})",
+                        launch::signal_name(sig), r.step, cfg.train_steps, tag, save_dir, save_dir);
+          }
+        } catch (const CommError&) {
+          throw;  // not agreed (a rank stopped answering mid-save): the handler below ends the job, naming it
         } catch (const std::exception& e) {
           if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
           return 1;
         }
       }
+      if (preempted && save_dir.empty()) {
+        ZS_LOG_WARN("preempted: {} at step {}/{}: no checkpoint saved, as no checkpoint dir was configured (--save DIR "
+                    "or checkpoint.dir); exiting {}",
+                    launch::signal_name(sig), r.step, cfg.train_steps, 128 + sig);
+        write_summary();
+        return 128 + sig;
+      }
+      if (preempted) {
+        write_summary();
+        return 0;
+      }
     }
     // checkpoint.async: the last save is committed before the job ends.
     try {
       engine->wait_checkpoint();
+    } catch (const CommError&) {
+      throw;
     } catch (const std::exception& e) {
       if (world.rank() == 0) std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
       return 1;
@@ -338,22 +388,7 @@ int train_command(const std::vector<std::string>& args) {
     if (!recorder.loss_history().empty()) {
       ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());
     }
-    if (!a->summary.empty()) {
-      world.flush();
-      boost::json::object extra;
-      if (moe_model != nullptr) extra["moe"] = moe_summary.json();
-      if (recompute.applies) {
-        extra["recompute_budget"] = boost::json::object{{"budget_bytes", recompute.budget_bytes},
-                                                        {"blocks", recompute.blocks},
-                                                        {"n_layer", recompute.n_layer},
-                                                        {"predicted_peak_bytes", recompute.predicted_peak_bytes},
-                                                        {"none_peak_bytes", recompute.none_peak_bytes},
-                                                        {"all_peak_bytes", recompute.all_peak_bytes},
-                                                        {"measurements", recompute.measurements}};
-      }
-      recorder.write(a->summary, world.counters(), extra);
-      ZS_LOG_INFO("summary written to {}", a->summary);
-    }
+    write_summary();
   } catch (const std::exception& e) {
     comm::World::abort(e.what(), 1);
   }

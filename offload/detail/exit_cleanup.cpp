@@ -28,9 +28,7 @@ bool g_installed = false;
 constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
 
 void on_signal(int sig) {
-  for (Slot& s : g_slots) {
-    if (s.used.load(std::memory_order_acquire)) ::unlink(s.path);  // async-signal-safe
-  }
+  unlink_registered_files();
   ::signal(sig, SIG_DFL);
   ::raise(sig);
 }
@@ -49,6 +47,12 @@ void install_handlers() {
 }
 
 }  // namespace
+
+void unlink_registered_files() noexcept {
+  for (Slot& s : g_slots) {
+    if (s.used.load(std::memory_order_acquire)) ::unlink(s.path);  // async-signal-safe
+  }
+}
 
 void register_for_exit_cleanup(const std::string& path) {
   std::lock_guard<std::mutex> lock(g_mutex);

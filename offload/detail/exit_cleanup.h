@@ -14,5 +14,8 @@ namespace zs::offload::detail {
 void register_for_exit_cleanup(const std::string& path);
 // Removes `path` from the table (call before unlinking it normally).
 void unregister_for_exit_cleanup(const std::string& path);
+// Unlinks every registered path now, keeping them registered (a second unlink is a harmless ENOENT).
+// Async-signal-safe.
+void unlink_registered_files() noexcept;
 
 }  // namespace zs::offload::detail

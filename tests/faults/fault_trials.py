@@ -4,11 +4,17 @@
 Rank trials: start an np-rank training job (one of four scenarios), wait until it has trained its first
 step, sleep a random moment, then SIGKILL or SIGSTOP one random rank. Passes when every process of the
 job is gone within comm.timeout_s + 30 s of the signal and the output names what failed:
-  SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R;
+  SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R, or a survivor's fatal
+           error naming the collective and group whose peer process is gone ("allgatherv(...) on group
+           'dp' ...: reading ... with process_vm_readv failed (No such process)");
   SIGSTOP  a surviving rank's CommError naming the collective and its group ("allreduce(...) on group dp
            ... timed out").
 Scenarios: collectives (ZeRO-1: reduce-scatter/allgather), zero3 (ZeRO-3 parameter gathers), nvme (ZeRO-3
-with optimizer states and parameters swapped to NVMe files), moe (GPT-MoE, expert all-to-all).
+with optimizer states and parameters swapped to NVMe files), moe (GPT-MoE, expert all-to-all), checkpoint
+(ZeRO-2 saving a checkpoint after every step with `--save`, so most moments fall inside a save). After a
+checkpoint trial the tag `latest` names must load whole (`zeroshard checkpoint compare` reads every
+element of it) and no partial tag may be visible; the JSON records whether the signal left a save's
+staging directory behind (it landed inside a save).
 
 Storage trials (--storage; need `unshare -m` and mount, else skipped): the NVMe swap directory on a
 read-only file system, on a file system too small for the swap files (both must fail before training,
@@ -31,8 +37,9 @@ import tempfile
 import threading
 import time
 
-SCENARIOS = ["collectives", "zero3", "nvme", "moe"]
+SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint"]
 COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
+PEER_GONE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on group '[^']+'.*?No such process"
 
 
 def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
@@ -54,6 +61,9 @@ def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
             "stage": 3, "stage3_param_persistence_threshold": 0,
             "offload_optimizer": {"device": "nvme", "nvme_path": nvme_dir},
             "offload_param": {"device": "nvme", "nvme_path": nvme_dir}}
+    elif scenario == "checkpoint":
+        cfg["zero_optimization"] = {"stage": 2}
+        cfg["checkpoint"] = {"save_interval": 1, "keep_last": 2}
     elif scenario == "moe":
         cfg["zero_optimization"] = {"stage": 2}
         cfg["model"]["tied_embeddings"] = False
@@ -61,10 +71,11 @@ def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
     return cfg
 
 
-def mpirun(np_, zeroshard, cfg_path, prefix=()):
+def mpirun(np_, zeroshard, cfg_path, prefix=(), extra=()):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     cmd = list(prefix) + ["mpirun", "--oversubscribe", "-np", str(np_), zeroshard, "train", "--config", cfg_path]
+    cmd += list(extra)
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
                             start_new_session=True)
 
@@ -123,20 +134,23 @@ class Output:
 
 
 def rank_trial(i, rng, args, work):
-    scenario = SCENARIOS[i % len(SCENARIOS)] if args.cycle else rng.choice(SCENARIOS)
+    scenarios = args.scenarios.split(",")
+    scenario = scenarios[i % len(scenarios)] if args.cycle else rng.choice(scenarios)
     if args.cycle:  # every scenario with both signals in turn; the rank and the moment stay random
-        sig = [signal.SIGKILL, signal.SIGSTOP][(i // len(SCENARIOS)) % 2]
+        sig = [signal.SIGKILL, signal.SIGSTOP][(i // len(scenarios)) % 2]
     else:
         sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
     nvme = tempfile.mkdtemp(prefix="nvme-", dir=work)
     cfg_path = os.path.join(work, f"trial{i}.json")
     with open(cfg_path, "w") as f:
         json.dump(config(scenario, args.timeout_s, nvme), f)
-    proc = mpirun(args.np, args.zeroshard, cfg_path)
+    ckpt = os.path.join(nvme, "ckpt")  # checkpoint scenario: beside the (unused) swap directory
+    proc = mpirun(args.np, args.zeroshard, cfg_path, extra=["--save", ckpt] if scenario == "checkpoint" else [])
     out = Output(proc)
     result = {"trial": i, "scenario": scenario, "signal": sig.name, "np": args.np}
     try:
-        if not out.wait_for(r"step 1/", 120):
+        # The checkpoint scenario waits for its first committed save, so a complete one always exists.
+        if not out.wait_for(r"checkpoint: saved step 1 " if scenario == "checkpoint" else r"step 1/", 120):
             result.update(outcome="did not start", passed=False, output_tail=out.text[-3000:])
             return result
         time.sleep(rng.uniform(0.0, args.max_delay_s))
@@ -161,12 +175,20 @@ def rank_trial(i, rng, args, work):
         out.thread.join(5)
         text = out.text
         if sig == signal.SIGKILL:
-            named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None
+            # mpirun names the killed rank, unless a survivor got there first: its shared-memory
+            # collective found the peer gone and ended the job naming the collective and group.
+            named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None or \
+                re.search(PEER_GONE, text) is not None
         else:
             named = re.search(COLLECTIVE, text) is not None
         hung = proc.poll() is None or alive != []
-        result.update(exit=proc.returncode, seconds=round(elapsed, 1), named=named,
-                      outcome="hang" if hung else "exited", passed=not hung and named and proc.returncode != 0)
+        loads = True
+        if scenario == "checkpoint" and not hung:
+            loads = checkpoint_loads(args.zeroshard, ckpt, result)
+        failed = [line for line in text.splitlines() if re.search(r"error:|fatal:|exited on signal", line)]
+        result.update(exit=proc.returncode, seconds=round(elapsed, 1), named=named, message=failed[0][:300] if failed else "",
+                      outcome="hang" if hung else "exited",
+                      passed=not hung and named and loads and proc.returncode != 0)
         if not result["passed"]:
             result["output_tail"] = text[-3000:]
         return result
@@ -177,6 +199,33 @@ def rank_trial(i, rng, args, work):
         for p in rank_pids_safe(proc.pid):
             kill_quiet(p)
         shutil.rmtree(nvme, ignore_errors=True)
+
+
+def checkpoint_loads(zeroshard, root, result):
+    """The last complete checkpoint under `root` loads whole and no partial tag is visible; notes in
+    `result` which tag that is and whether a save's staging directory was left (the signal landed
+    inside a save)."""
+    entries = os.listdir(root) if os.path.isdir(root) else []
+    result["staging_left"] = any(e.startswith(".staging.") for e in entries)
+    partial = [e for e in entries if not e.startswith(".staging.") and e != "latest"
+               and not os.path.exists(os.path.join(root, e, "zs_metadata.h5"))]
+    try:
+        with open(os.path.join(root, "latest")) as f:
+            latest = f.read().strip()
+    except OSError:
+        latest = None
+    result["latest"] = latest
+    if partial:
+        result["load_error"] = f"partial tag(s) visible: {partial}"
+        return False
+    if latest is None:
+        return True  # killed before the first save committed: nothing to load
+    r = subprocess.run([zeroshard, "checkpoint", "compare", root, os.path.join(root, latest), "--rtol", "0"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        result["load_error"] = r.stdout.strip()[-500:]
+        return False
+    return True
 
 
 def zombie(pid):
@@ -253,17 +302,30 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cycle", action="store_true", help="scenarios in turn instead of at random")
     ap.add_argument("--storage", action="store_true", help="also the storage trials")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated subset of " + ",".join(SCENARIOS))
     ap.add_argument("--json", help="write every trial's result here")
     args = ap.parse_args()
+    unknown = [x for x in args.scenarios.split(",") if x not in SCENARIOS]
+    if unknown:
+        ap.error(f"--scenarios: unknown {unknown}; choose from {SCENARIOS}")
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix="zs-faults-")
+    # A private copy of the binary: a relink of the build's zeroshard during the trials (once the
+    # likely cause of a job that never reached step 1) cannot touch the jobs this script starts.
+    private = os.path.join(work, "zeroshard")
+    shutil.copy2(args.zeroshard, private)
+    args.zeroshard = private
     results = []
     try:
         for i in range(args.trials):
             r = rank_trial(i, rng, args, work)
             results.append(r)
+            ckpt = ""
+            if r["scenario"] == "checkpoint" and "latest" in r:
+                ckpt = (f", latest {r['latest']} {'does not load: ' + r['load_error'] if 'load_error' in r else 'loads'}"
+                        f"{' (inside a save)' if r.get('staging_left') else ''}")
             print(f"trial {i}: {r['scenario']} {r['signal']} rank {r.get('rank', '-')}: {r['outcome']}"
-                  f" in {r.get('seconds', '-')} s, exit {r.get('exit')}, named {r.get('named')}: "
+                  f" in {r.get('seconds', '-')} s, exit {r.get('exit')}, named {r.get('named')}{ckpt}: "
                   f"{'ok' if r['passed'] else 'FAILED'}", flush=True)
             if not r["passed"]:
                 print(r.get("output_tail", ""), flush=True)
@@ -284,6 +346,7 @@ def main():
     summary = {"trials": len(rank), "passed": sum(r["passed"] for r in rank),
                "hangs": sum(r.get("outcome") == "hang" for r in rank),
                "max_seconds": max((r.get("seconds", 0) or 0 for r in rank), default=0),
+               "checkpoint_signals_inside_a_save": sum(bool(r.get("staging_left")) for r in rank),
                "by": {}}
     for r in rank:
         key = f"{r['scenario']} {r['signal']}"

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "launch/preemption.h"
 #include "offload/swap_space.h"
 #include "tests/offload/offload_test_util.h"
 
@@ -97,6 +98,42 @@ TEST(SwapSpace, RemovedWhenSigtermEndsTheProcess) {
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "the signal's default action still ends it";
   EXPECT_EQ(files_in(dir.path()), 0u);
+}
+
+// Preemption (launch/preemption.h, as `zeroshard train` sets it up after the engine): the first SIGTERM
+// unlinks the file's name at once (the SIGKILL that may follow cannot be caught) and the process goes
+// on to its step boundary; a second ends it through offload's handler.
+TEST(SwapSpace, PreemptionUnlinksAtTheFirstSigtermAndTheSecondEnds) {
+  TempDir dir;
+  int up[2];
+  ASSERT_EQ(::pipe(up), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(up[0]);
+    SwapSpace s(dir.path(), 3, "optimizer", 8192, AioConfig{});
+    launch::PreemptionWatch watch(&unlink_swap_files_now);
+    char c = 'r';
+    (void)!::write(up[1], &c, 1);
+    while (watch.signal() == 0) ::usleep(1000);
+    c = watch.signal() == SIGTERM ? 's' : 'x';
+    (void)!::write(up[1], &c, 1);
+    for (;;) ::pause();  // until the second signal
+  }
+  ::close(up[1]);
+  char c = 0;
+  ASSERT_EQ(::read(up[0], &c, 1), 1);
+  EXPECT_EQ(files_in(dir.path()), 1u);
+  ::kill(child, SIGTERM);
+  ASSERT_EQ(::read(up[0], &c, 1), 1);
+  EXPECT_EQ(c, 's') << "the watch saw SIGTERM";
+  EXPECT_EQ(files_in(dir.path()), 0u) << "the first signal unlinks the swap file's name";
+  int status = 0;
+  EXPECT_EQ(::waitpid(child, &status, WNOHANG), 0) << "the first signal does not end the process";
+  ::kill(child, SIGTERM);
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::close(up[0]);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << "the second ends it by the signal";
 }
 
 TEST(SwapSpace, MissingDirectory) {
