@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "verdict": verdict, "samples": samples}, f, indent=1)
+    shutil.rmtree(work, ignore_errors=True)
     return 0 if passed else 1
 
 
