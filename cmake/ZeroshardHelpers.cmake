@@ -65,7 +65,7 @@ set(ZS_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_M
 # and is reported as skipped (tests/support/kernel_test_main.cpp).
 # zs_test_targets(LABEL l TARGETS t...): the tests labelled l run these targets, so the umbrella
 # target tests_<l> (tests/CMakeLists.txt) builds them; zs_add_test and zs_add_mpi_test call it themselves.
-# A sanitizer build (.ci/run) builds tests_unit, tests_mpi or tests_threads, not everything.
+# A sanitizer build (.ci/run) builds tests_asan or tests_threads, not everything.
 function(zs_test_targets)
   cmake_parse_arguments(L "" "LABEL" "TARGETS" ${ARGN})
   set_property(GLOBAL APPEND PROPERTY ZS_TEST_TARGETS_${L_LABEL} ${L_TARGETS})
