@@ -65,7 +65,7 @@ set(ZS_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_M
 # and is reported as skipped (tests/support/kernel_test_main.cpp).
 # zs_test_targets(LABEL l TARGETS t...): the tests labelled l run these targets, so the umbrella
 # target tests_<l> (tests/CMakeLists.txt) builds them; zs_add_test and zs_add_mpi_test call it themselves.
-# A sanitizer build (.ci/run) builds tests_unit, tests_mpi or tests_threads, not everything.
+# A sanitizer build (.ci/run) builds tests_asan or tests_threads, not everything.
 function(zs_test_targets)
   cmake_parse_arguments(L "" "LABEL" "TARGETS" ${ARGN})
   set_property(GLOBAL APPEND PROPERTY ZS_TEST_TARGETS_${L_LABEL} ${L_TARGETS})
@@ -105,12 +105,14 @@ endfunction()
 # OpenMPI forced onto TCP (the tcp-labelled MPI tests; docs/reliability.md).
 set(ZS_MPI_TCP_ENV "OMPI_MCA_pml=ob1;OMPI_MCA_btl=tcp,self;OMPI_MCA_btl_tcp_if_include=lo")
 
-# zs_add_mpi_test(NAME n SOURCES ... LIBS ... NP 1 2 3 4 [TIMEOUT s]): one gtest executable run
-# under mpirun once per world size, as tests n.np1, n.np2, ... labelled mpi, and the largest once more
-# over TCP as n.tcp.npN, labelled tcp. The run-as-root and
-# oversubscribe settings live here, not with the person running the tests.
+# zs_add_mpi_test(NAME n SOURCES ... LIBS ... NP 1 2 3 4 [TIMEOUT s] [KERNEL_VARIANTS np [args...]]):
+# one gtest executable run under mpirun once per world size, as tests n.np1, n.np2, ... labelled mpi,
+# and the largest once more over TCP as n.tcp.npN, labelled tcp. KERNEL_VARIANTS registers
+# n.avx2.np<np> and n.avx512.np<np> (as zs_add_test's; label kernels), at one world size and with the
+# test's extra arguments (a --gtest_filter to the numerically sensitive part, to keep make test short).
+# The run-as-root and oversubscribe settings live here, not with the person running the tests.
 function(zs_add_mpi_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;NP;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;NP;LABELS;KERNEL_VARIANTS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest zs_test_mpi_main)
   if(NOT T_TIMEOUT)
@@ -128,6 +130,18 @@ function(zs_add_mpi_test)
     set_tests_properties(${T_NAME}.np${np} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
       ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np})
   endforeach()
+  if(T_KERNEL_VARIANTS)
+    list(POP_FRONT T_KERNEL_VARIANTS np)
+    foreach(variant "avx2;Haswell" "avx512;SkylakeX")
+      list(GET variant 0 isa)
+      list(GET variant 1 core)
+      add_test(NAME ${T_NAME}.${isa}.np${np}
+        COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${np} $<TARGET_FILE:${T_NAME}> --isa=${isa}
+                --blas-core=${core} ${T_KERNEL_VARIANTS})
+      set_tests_properties(${T_NAME}.${isa}.np${np} PROPERTIES LABELS "${T_LABELS};kernels" TIMEOUT ${T_TIMEOUT}
+        ENVIRONMENT "${ZS_MPI_ENV};OPENBLAS_CORETYPE=${core}" PROCESSORS ${np} SKIP_RETURN_CODE 77)
+    endforeach()
+  endif()
   # Any transport: the largest world size once more with OpenMPI on TCP (ob1 over the tcp BTL on the
   # loopback interface, no shared-memory BTL), the transport of a multi-node run. Label tcp.
   list(GET T_NP -1 np)

@@ -306,7 +306,8 @@ bool Engine::step() {
                     .step_samples = config_.batch.train_batch_size,
                     // Every rank feeds micro-batches of the same shape (DeepSpeed's batch arithmetic).
                     .step_tokens = s.window_tokens_ * group_.size(),
-                    .memory = s.tracker_.snapshot()};
+                    .memory = s.tracker_.snapshot(),
+                    .device_reserved_bytes = s.device_->stats().reserved_bytes};
     s.monitor_->on_step(m, group_.op_stats());
   }
   if (s.profiler_ && s.profiler_->window_finished()) {

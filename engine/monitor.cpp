@@ -135,7 +135,12 @@ void TrainingMonitor::on_step(const MonitorSample& s, const std::vector<comm::Op
     }
   }
   if (s.step == 1 || s.step % config_.steps_per_print == 0 || s.step == config_.train_steps) {
-    if (m.memory_breakdown) ZS_LOG_INFO("step {} {}", s.step, memory_breakdown_line(s.memory));
+    // The arena's reserved bytes (allocated plus the holes inside its pools' regions): what a leak or
+    // fragmentation that grows over a long run shows up in (tests/faults/long_run.py).
+    if (m.memory_breakdown) {
+      ZS_LOG_INFO("step {} {}; device arena reserved {} bytes", s.step, memory_breakdown_line(s.memory),
+                  s.device_reserved_bytes);
+    }
     if (m.comms.enabled && m.comms.verbose) ZS_LOG_INFO("step {} collectives so far:\n{}", s.step, comms_table(ops, m.comms));
   }
 }

@@ -51,6 +51,7 @@ struct MonitorSample {
   int64_t step_samples = 0;     // samples in this step, all ranks
   int64_t step_tokens = 0;      // token ids in this step, all ranks; 0 when the inputs are not tokens
   memory::MemorySnapshot memory;
+  size_t device_reserved_bytes = 0;  // the device arena's reserved bytes now (its pools' regions)
 };
 
 class TrainingMonitor {

@@ -7,6 +7,7 @@
 
 #include "comm/world.h"
 #include "memory/tensor.h"
+#include "tests/support/kernel_flags.h"
 #include "tests/support/mpi_test_env.h"
 
 namespace zs::test {
@@ -43,6 +44,8 @@ comm::World& world() { return *g_world; }
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+  // Before the World: a kernel variant this CPU cannot run ends every rank with the same code.
+  if (const int code = zs::test::take_kernel_flags(argc, argv); code >= 0) return code;
   try {
     // --shm-node-ranks=K: the World treats blocks of K ranks as nodes (CommConfig::shared_memory_node_ranks),
     // so a test can run the shared-memory collectives' multi-node path on one machine.
