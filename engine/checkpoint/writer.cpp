@@ -257,7 +257,10 @@ namespace {
 std::string staging_prefix() { return ".staging."; }
 
 void write_latest(const fs::path& root, std::string_view tag) {
-  fs::path tmp = root / "latest.tmp";
+  // Named like a staging directory: a crash before the rename leaves it where the next save's
+  // begin_save clears stale staging entries, and no tool or scan takes it for a tag (tags never
+  // start with '.', and the tag "latest" is refused, so it never collides with a staging directory).
+  fs::path tmp = root / (staging_prefix() + std::string(kLatestFile));
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << tag;

@@ -11,7 +11,7 @@
 //
 // Note [Atomic save]: everything is written under <root>/.staging.<tag>, each file fsync'd, then the
 // directory is fsync'd and renamed to <root>/<tag>, the root fsync'd, and only then is `latest`
-// replaced (written to latest.tmp, fsync'd, renamed, root fsync'd). A crash before the tag rename
+// replaced (written to .staging.latest, fsync'd, renamed, root fsync'd). A crash before the tag rename
 // leaves a staging directory the next save removes; a crash after it leaves `latest` naming the
 // previous tag, which is untouched. Re-saving an existing tag first renames the old one to
 // <tag>.replaced (the reader falls back to it while <tag> is absent), so no instant lacks a loadable
