@@ -18,14 +18,7 @@ function(_zs_train np config steps summary extra out_var)
 endfunction()
 
 # Millionths of a plain decimal (CMake has integer math only).
-function(_zs_micro out text)
-  if(NOT text MATCHES "^([0-9]+)\\.([0-9]*)$")
-    message(FATAL_ERROR "loss '${text}' is not a plain decimal")
-  endif()
-  string(SUBSTRING "${CMAKE_MATCH_2}000000" 0 6 frac)
-  math(EXPR v "${CMAKE_MATCH_1} * 1000000 + 1${frac} - 1000000")
-  set(${out} ${v} PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/decimal_micro.cmake)
 
 set(i 0)
 foreach(case ${CASES})
