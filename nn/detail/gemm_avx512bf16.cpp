@@ -2,10 +2,9 @@
 // (zs_isa_sources) and only called where cpu_has_avx512_bf16().
 //
 // Note [bf16 kernel blocking]: the GotoBLAS/BLIS loop nest, with op(B) packed once per product. k is
-// cut into kKc slices; all of op(B) is packed first (the threads split its panels), slice after
-// slice, into panels of kNr = 32 columns; then each thread takes whole strips of C's rows (or whole
-// panels of its columns when there are few rows), packs each kMc-row block of op(A) once per k slice
-// into strips of kMr = 12 rows, and multiplies it by every panel of the slice: the micro-kernel
+// cut into kKc slices; op(B) is packed slice by slice into panels of kNr = 32 columns; C is cut into
+// tiles (Note [bf16 kernel scheduling]), and a tile packs its kMc-row block of op(A) once per k slice
+// into strips of kMr = 12 rows and multiplies it by every panel of its columns: the micro-kernel
 // multiplies a strip by a panel into a 12 x 32 fp32 tile held in 24 zmm registers. vdpbf16ps
 // multiplies bf16 pairs along k, so both packings store k in pairs: a 32-bit word
 // (op(X)[2q][j], op(X)[2q+1][j]) (an odd k is padded with a zero), B words 32 per pair (two zmm
@@ -17,10 +16,23 @@
 // the calling thread's buffer, kept). Packing each operand once keeps packing at one pass over A and
 // one over B per product; packing B per thread and A per n block (the first version) took a fifth of
 // the large GPT's bf16 step (docs/benchmarks.md, "gemm_bench").
+//
+// Note [bf16 kernel scheduling]: a product is one parallel region whose threads claim tasks from one
+// counter: first the packing of op(B), one task per (column block, k slice), then C's tiles, column
+// block after column block. The previous version ran two regions per product (pack B, then a fixed
+// half of C per thread), and on a loaded 2-core machine the second thread often woke after the
+// caller had finished its half (gemm_bench, instrumented: 0.1-2.4 ms late on 0.3-10 ms products), so
+// the caller then waited for, or did, the other half too. Now a late thread only takes fewer tiles.
+// Tiles span all of n where 4 per thread fit in the rows, so each A block is packed once; otherwise
+// they get shorter (to kMinMc rows) and only then narrower. A tile reads a B slice only after its
+// pack task has finished (a flag per task; the wait is for another thread's packing in progress).
+// Every element of C is computed by one tile in k-slice order, so results do not depend on the
+// thread count or on which thread took which tile (bit for bit).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -40,7 +52,8 @@ namespace {
 constexpr int kMr = 12;
 constexpr int kNr = 32;
 constexpr int64_t kKc = 256;  // k per slice (even)
-constexpr int64_t kMc = 96;   // multiple of kMr
+constexpr int64_t kMc = 96;     // rows per tile at most; kMc / 2 and kMc / 4 are multiples of kMr
+constexpr int64_t kMinMc = 24;  // rows per tile at least (but m), multiple of kMr
 
 struct FreeDeleter {
   void operator()(uint32_t* p) const { std::free(p); }
@@ -187,6 +200,7 @@ template <int MR>
 void micro_kernel(int64_t kcp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, int cols, float alpha,
                   float beta) {
   __m512 acc0[MR], acc1[MR];
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
   for (int64_t q = 0; q < kcp; ++q) {
     const __m512bh b0 = (__m512bh)_mm512_load_si512(b + q * kNr);
@@ -202,6 +216,7 @@ void micro_kernel(int64_t kcp, const uint32_t* a, const uint32_t* b, float* c, i
   const __mmask16 m1 = cols >= 32 ? __mmask16(0xFFFF) : cols > 16 ? __mmask16((1u << (cols - 16)) - 1) : __mmask16(0);
   const __m512 va = _mm512_set1_ps(alpha);
   const __m512 vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) {
     float* row = c + i * ldc;
     __m512 r0 = _mm512_mul_ps(acc0[i], va);
@@ -227,9 +242,9 @@ constexpr auto kKernels = make_kernels(std::make_integer_sequence<int, kMr>{}); 
 // k slice after k slice, each slice its panels of kNr columns side by side, so slice pc's panel jr
 // starts at data + (pc / 2) * npad + (jr / kNr) * kcp * kNr (kcp: the slice's k pairs).
 struct PackedB {
-  const uint32_t* data;
+  uint32_t* data;
   int64_t npad;  // n rounded up to whole panels
-  const uint32_t* panel(int64_t pc, int64_t kcp, int64_t jr) const { return data + (pc / 2) * npad + (jr / kNr) * kcp * kNr; }
+  uint32_t* panel(int64_t pc, int64_t kcp, int64_t jr) const { return data + (pc / 2) * npad + (jr / kNr) * kcp * kNr; }
 };
 
 // The calling thread's buffer for a packed op(B), grown to `words` and kept for the thread's life.
@@ -243,39 +258,88 @@ uint32_t* packed_b_buffer(size_t words) {
   return buffer.get();
 }
 
-// Packs panels [t0, t1) of op(B) over every k slice.
-void pack_b_panels(const Matrix& b, int64_t n, int64_t k, int64_t t0, int64_t t1, uint32_t* out, int64_t npad) {
-  const int64_t j0 = t0 * kNr, cols = std::min(n, t1 * kNr) - j0;
-  for (int64_t pc = 0; pc < k; pc += kKc) {
-    const int64_t kc = std::min(kKc, k - pc);
-    pack_b(b, j0, cols, pc, kc, out + (pc / 2) * npad + t0 * ((kc + 1) / 2) * kNr);
+// One product's work list (Note [bf16 kernel scheduling]). Threads claim tasks through next_ in
+// order; a tile waits (rarely: only while another thread is still packing it) until the B slices it
+// reads are packed.
+class Schedule {
+ public:
+  Schedule(int64_t m, int64_t n, int64_t k, int threads, const PackedB& b)
+      : m_(m), n_(n), k_(k), slices_((k + kKc - 1) / kKc), b_(b) {
+    // Enough tiles (4 per thread) for dynamic claiming to balance the threads. Tiles span all of n
+    // where they can, so each A block is packed once; they get shorter first (down to kMinMc rows:
+    // the B panel then serves fewer strips from L1, which costs little), and only then narrower
+    // (every column block packs the A block again).
+    const int64_t want = 4 * static_cast<int64_t>(threads);
+    mc_ = kMc;
+    while (mc_ > kMinMc && (m + mc_ - 1) / mc_ < want) mc_ /= 2;
+    const int64_t col_split = std::max<int64_t>(1, want / row_blocks());
+    const int64_t panels = b.npad / kNr;
+    nc_ = (panels + col_split - 1) / col_split * kNr;
+    col_blocks_ = (n + nc_ - 1) / nc_;
+    packs_ = col_blocks_ * slices_;
+    packed_ = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(packs_));
   }
-}
 
-// C rows [i0, i1) x columns [j0, j1) on this thread (j0 a multiple of kNr), B already packed.
-// Each A block is packed once per k slice and multiplied by every panel of the slice.
-void gemm_block(int64_t i0, int64_t i1, int64_t j0, int64_t j1, int64_t k, float alpha, const Matrix& a,
-                const PackedB& b, float beta, float* c, int64_t ldc) {
-  PackBuffers& buf = pack_buffers();
-  for (int64_t pc = 0; pc < k; pc += kKc) {
-    const int64_t kc = std::min(kKc, k - pc);
-    const int64_t kcp = (kc + 1) / 2;
-    const float beta_here = pc == 0 ? beta : 1.0f;  // later k slices add to the first one's result
-    for (int64_t ic = i0; ic < i1; ic += kMc) {
-      const int64_t mc = std::min(kMc, i1 - ic);
-      pack_a(a, ic, mc, pc, kc, buf.a.get());
+  // Claims and runs tasks until none is left; run by every thread of the region.
+  void run(float alpha, const Matrix& a, const Matrix& b, float beta, float* c, int64_t ldc) {
+    const int64_t tasks = packs_ + row_blocks() * col_blocks_;
+    for (int64_t t = next_.fetch_add(1, std::memory_order_relaxed); t < tasks; t = next_.fetch_add(1, std::memory_order_relaxed)) {
+      if (t < packs_) {
+        pack(b, t);
+      } else {
+        const int64_t tile = t - packs_, cb = tile / row_blocks(), rb = tile % row_blocks();
+        const int64_t i0 = rb * mc_, j0 = cb * nc_;
+        this->tile(cb, i0, std::min(m_, i0 + mc_), j0, std::min(n_, j0 + nc_), alpha, a, beta, c, ldc);
+      }
+    }
+  }
+
+ private:
+  int64_t row_blocks() const { return (m_ + mc_ - 1) / mc_; }
+
+  // Pack task t: column block t / slices_, k slice t % slices_.
+  void pack(const Matrix& b, int64_t t) {
+    const int64_t cb = t / slices_, pc = (t % slices_) * kKc;
+    const int64_t j0 = cb * nc_, kc = std::min(kKc, k_ - pc);
+    pack_b(b, j0, std::min(n_, j0 + nc_) - j0, pc, kc, b_.panel(pc, (kc + 1) / 2, j0));
+    packed_[t].store(1, std::memory_order_release);
+  }
+
+  void wait_packed(int64_t t) const {
+    while (packed_[t].load(std::memory_order_acquire) == 0) [[unlikely]] {
+      _mm_pause();
+    }
+  }
+
+  // C rows [i0, i1) x columns [j0, j1) of column block cb: each k slice's A block is packed once and
+  // multiplied by every panel of the block.
+  void tile(int64_t cb, int64_t i0, int64_t i1, int64_t j0, int64_t j1, float alpha, const Matrix& a, float beta,
+            float* c, int64_t ldc) const {
+    PackBuffers& buf = pack_buffers();
+    for (int64_t pc = 0; pc < k_; pc += kKc) {
+      const int64_t kc = std::min(kKc, k_ - pc);
+      const int64_t kcp = (kc + 1) / 2;
+      const float beta_here = pc == 0 ? beta : 1.0f;  // later k slices add to the first one's result
+      pack_a(a, i0, i1 - i0, pc, kc, buf.a.get());
+      wait_packed(cb * slices_ + pc / kKc);
       for (int64_t jr = j0; jr < j1; jr += kNr) {
-        const uint32_t* panel = b.panel(pc, kcp, jr);
+        const uint32_t* panel = b_.panel(pc, kcp, jr);
         const int cols = static_cast<int>(std::min<int64_t>(kNr, j1 - jr));
-        for (int64_t ir = 0; ir < mc; ir += kMr) {
-          const int rows = static_cast<int>(std::min<int64_t>(kMr, mc - ir));
-          kKernels[rows - 1](kcp, buf.a.get() + (ir / kMr) * kcp * kMr, panel, c + (ic + ir) * ldc + jr, ldc, cols,
+        for (int64_t ir = 0; ir < i1 - i0; ir += kMr) {
+          const int rows = static_cast<int>(std::min<int64_t>(kMr, i1 - i0 - ir));
+          kKernels[rows - 1](kcp, buf.a.get() + (ir / kMr) * kcp * kMr, panel, c + (i0 + ir) * ldc + jr, ldc, cols,
                              alpha, beta_here);
         }
       }
     }
   }
-}
+
+  int64_t m_, n_, k_, slices_;
+  PackedB b_;
+  int64_t nc_ = 0, col_blocks_ = 0, mc_ = 0, packs_ = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> packed_;  // per pack task: 1 once its panels are written
+  std::atomic<int64_t> next_{0};
+};
 
 }  // namespace
 
@@ -287,24 +351,13 @@ void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix&
     }
     return;
   }
-  // op(B) is packed once, split by panels over the threads; then C's rows are split in whole strips
-  // while every thread gets a few, else its columns in whole panels.
-  const int64_t strips = (m + kMr - 1) / kMr;
-  const int64_t panels = (n + kNr - 1) / kNr;
-  const int64_t npad = panels * kNr;
-  uint32_t* packed = packed_b_buffer(static_cast<size_t>((k + 1) / 2 * npad));
-  parallel_for(panels, 4, [&](int64_t t0, int64_t t1, int) { pack_b_panels(b, n, k, t0, t1, packed, npad); });
-  const PackedB pb{packed, npad};
+  const int64_t npad = (n + kNr - 1) / kNr * kNr;
+  const PackedB pb{packed_b_buffer(static_cast<size_t>((k + 1) / 2 * npad)), npad};
   const int threads = compute_threads();
-  if (strips >= 4 * threads || strips >= panels) {
-    parallel_for(strips, 4, [&](int64_t s0, int64_t s1, int) {
-      gemm_block(s0 * kMr, std::min(m, s1 * kMr), 0, n, k, alpha, a, pb, beta, c, ldc);
-    });
-  } else {
-    parallel_for(panels, 2, [&](int64_t t0, int64_t t1, int) {
-      gemm_block(0, m, t0 * kNr, std::min(n, t1 * kNr), k, alpha, a, pb, beta, c, ldc);
-    });
-  }
+  Schedule schedule(m, n, k, threads, pb);
+  // One region; every thread (the caller first) claims tasks until none is left, so a worker that
+  // wakes late only takes fewer tiles (Note [bf16 kernel scheduling]).
+  parallel_for(threads, 1, [&](int64_t, int64_t, int) { schedule.run(alpha, a, b, beta, c, ldc); });
 }
 
 }  // namespace zs::nn::detail

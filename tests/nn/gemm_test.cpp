@@ -120,10 +120,28 @@ TEST(Gemm, MatchesDoubleReferenceOnEveryPathShapeAndLayout) {
 }
 
 TEST(Gemm, LargeBlocksAcrossThreadsAndSlices) {
-  // m over several 96-row blocks, n over two 768-column blocks, k over three slices.
+  // m over several row tiles, k over three slices; the third has too few rows for 4 tiles per thread,
+  // so its tiles also split n (Note [bf16 kernel scheduling]).
   for (GemmPath path : paths_here()) {
     check(path, {203, 1000, 600}, false, true, DType::kF32, DType::kBF16, 1.0f, 0.0f, 7);
     check(path, {300, 130, 515}, true, false, DType::kF32, DType::kF32, 1.0f, 1.0f, 8);
+    check(path, {30, 700, 300}, true, true, DType::kF32, DType::kBF16, 1.0f, 0.0f, 9);
+  }
+}
+
+TEST(Gemm, ResultDoesNotDependOnTheThreadCount) {
+  // Tiles are claimed dynamically, but each element is computed by one tile in k-slice order: the
+  // product on the pool equals the one run serially inside a region, bit for bit.
+  for (GemmPath path : paths_here()) {
+    std::mt19937 rng(4);
+    const Stored a(650, 30, 0, DType::kF32, true, rng);  // op(A): 30 x 650, transposed
+    const Stored b(650, 900, 0, DType::kBF16, false, rng);
+    std::vector<float> pooled(30 * 900), serial(30 * 900);
+    gemm(path, 30, 900, 650, 1.0f, a.matrix(), b.matrix(), 0.0f, pooled.data(), 900);
+    zs::parallel_for_threads(2, 2, 1, [&](int64_t b0, int64_t, int) {
+      if (b0 == 0) gemm(path, 30, 900, 650, 1.0f, a.matrix(), b.matrix(), 0.0f, serial.data(), 900);
+    });
+    EXPECT_EQ(pooled, serial) << gemm_path_name(path);
   }
 }
 
