@@ -7,12 +7,16 @@
 //   onednn      oneDNN's matmul primitive (Debian's libdnnl, when the build found it), bf16 x bf16 ->
 //               fp32, primitives created before timing, operands already bf16 (the rounding pass an
 //               fp32 activation would need first is not timed: a generous figure for oneDNN)
+//   libxsmm     libxsmm's JIT bf16 kernels (Debian's libxsmm-dev, when the build found it), bf16 x
+//               bf16 -> fp32, one kernel per 64 x 64 block of C over all of k, dispatched before
+//               timing, called from the worker pool's threads (as a library would call them); op(B)
+//               already in libxsmm's VNNI pair layout and op(A) already bf16 (neither pass timed)
 // all in one run on the same threads. Linear shapes per block (tokens x d) x (d x 3d, d, 4d) and
 // (tokens x 4d) x (4d x d): forward Y = X W^T, dX = dY W, dW = dY^T X. Attention: one causal panel
 // of 64 query rows per (batch, head), every head on its own thread (as nn/attention.cpp runs them):
 // S = Q K^T (64 x T x hs), Y = P V (64 x hs x T), dP = dY V^T, dV = P^T dY.
 //
-//   gemm_bench [--models small,large] [--threads N] [--reps 5] [--paths sgemm,avx512bf16,onednn] [--json FILE]
+//   gemm_bench [--models small,large] [--threads N] [--reps 5] [--paths sgemm,avx512bf16,onednn,libxsmm] [--json FILE]
 //
 // small: 4 layers d 256 seq 128 micro-batch 8 (1,024 tokens); large: 6 layers d 512 seq 256 mb 8
 // (2,048 tokens); head size 64. Each figure is the median over --reps timed repetitions after a warm-up.
@@ -39,6 +43,10 @@
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+#ifdef ZS_HAVE_XSMM
+#include <libxsmm.h>
 #endif
 
 namespace {
@@ -162,13 +170,67 @@ struct DnnlRunner {
 };
 #endif
 
+#ifdef ZS_HAVE_XSMM
+// libxsmm's kernels compute column-major C = A B; row-major C = op(A) op(B) is column-major
+// C^T = op(B)^T op(A)^T, so libxsmm's A is op(B) (in its VNNI layout: k pairs interleaved, the layout
+// its bf16 kernels need) and its B is op(A) stored row-major (m x k). C is cut into 64 x 64 blocks,
+// each one kernel call over all of k; the pool's threads take whole rows of blocks.
+struct XsmmRunner {
+  int threads;
+  static constexpr int64_t kBlock = 64;
+
+  std::function<void(int64_t)> prepare(const Shape& s, Operands& o) {
+    if (s.k % 2 != 0) throw zs::ConfigError("libxsmm path: odd k " + std::to_string(s.k));
+    auto vnni = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(s.k * s.n));
+    auto a_rows = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(s.m * s.k));
+    for (int64_t p = 0; p < s.k; ++p) {
+      for (int64_t j = 0; j < s.n; ++j) {
+        (*vnni)[((p / 2) * s.n + j) * 2 + p % 2] = o.b16[s.tb ? j * o.b_cols + p : p * o.b_cols + j];
+      }
+    }
+    for (int64_t i = 0; i < s.m; ++i) {
+      for (int64_t p = 0; p < s.k; ++p) (*a_rows)[i * s.k + p] = o.a16[s.ta ? p * o.a_cols + i : i * o.a_cols + p];
+    }
+    // One kernel per block shape (full blocks and the edges), dispatched here, outside the timing.
+    auto kernels = std::make_shared<std::map<std::pair<int64_t, int64_t>, libxsmm_bsmmfunction>>();
+    for (int64_t bm : {kBlock, s.n % kBlock}) {
+      for (int64_t bn : {kBlock, s.m % kBlock}) {
+        if (bm == 0 || bn == 0 || kernels->count({bm, bn})) continue;
+        const libxsmm_blasint lda = s.n, ldb = s.k, ldc = s.n;
+        const float alpha = 1.0f, beta = 0.0f;
+        const int flags = LIBXSMM_GEMM_FLAG_VNNI_A, prefetch = LIBXSMM_GEMM_PREFETCH_NONE;
+        libxsmm_bsmmfunction f = libxsmm_bsmmdispatch(bm, bn, s.k, &lda, &ldb, &ldc, &alpha, &beta, &flags, &prefetch);
+        if (f == nullptr) throw zs::ConfigError("libxsmm path: no bf16 kernel for this CPU or shape");
+        (*kernels)[{bm, bn}] = f;
+      }
+    }
+    const int pool_threads = s.batch > 1 ? 1 : threads;  // a batch runs one product per pool thread
+    return [vnni, a_rows, kernels, &o, s, pool_threads](int64_t b) {
+      float* c = o.c.data() + b * s.m * s.n;
+      const int64_t row_blocks = (s.m + kBlock - 1) / kBlock;
+      zs::parallel_for_threads(pool_threads, row_blocks, 1, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; ++r) {
+          const int64_t i0 = r * kBlock, bn = std::min(kBlock, s.m - i0);
+          for (int64_t j0 = 0; j0 < s.n; j0 += kBlock) {
+            const int64_t bm = std::min(kBlock, s.n - j0);
+            kernels->at({bm, bn})(reinterpret_cast<const libxsmm_bfloat16*>(vnni->data()) + j0 * 2,
+                                  reinterpret_cast<const libxsmm_bfloat16*>(a_rows->data()) + i0 * s.k,
+                                  c + i0 * s.n + j0);
+          }
+        }
+      });
+    };
+  }
+};
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) try {
   const std::vector<std::string> models = split(zs::bench::arg_value(argc, argv, "--models", "small,large"));
   const int reps = std::stoi(zs::bench::arg_value(argc, argv, "--reps", "5"));
   const int threads = std::stoi(zs::bench::arg_value(argc, argv, "--threads", std::to_string(zs::nn::compute_threads())));
-  std::vector<std::string> paths = split(zs::bench::arg_value(argc, argv, "--paths", "sgemm,avx512bf16,onednn"));
+  std::vector<std::string> paths = split(zs::bench::arg_value(argc, argv, "--paths", "sgemm,avx512bf16,onednn,libxsmm"));
   if (!zs::nn::detail::gemm_path_supported(GemmPath::kAvx512Bf16)) {
     std::erase(paths, "avx512bf16");
     std::printf("note: no AVX512-BF16 on this CPU: the avx512bf16 path is skipped\n");
@@ -177,6 +239,11 @@ int main(int argc, char** argv) try {
   if (std::erase(paths, "onednn") > 0) std::printf("note: built without oneDNN (libdnnl-dev): onednn skipped\n");
 #else
   DnnlRunner dnnl_runner{threads};
+#endif
+#ifndef ZS_HAVE_XSMM
+  if (std::erase(paths, "libxsmm") > 0) std::printf("note: built without libxsmm (libxsmm-dev): libxsmm skipped\n");
+#else
+  XsmmRunner xsmm_runner{threads};
 #endif
   openblas_set_num_threads(threads);
 
@@ -216,8 +283,12 @@ int main(int argc, char** argv) try {
         } else if (path == "onednn") {
           one = dnnl_runner.prepare(s, o);
 #endif
+#ifdef ZS_HAVE_XSMM
+        } else if (path == "libxsmm") {
+          one = xsmm_runner.prepare(s, o);
+#endif
         } else {
-          throw zs::ConfigError("--paths: unknown path '" + path + "'; use sgemm, avx512bf16, onednn");
+          throw zs::ConfigError("--paths: unknown path '" + path + "'; use sgemm, avx512bf16, onednn, libxsmm");
         }
         // Batched shapes run one product per thread, each single-threaded inside (as attention does).
         const bool batched = s.batch > 1;

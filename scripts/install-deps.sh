@@ -2,8 +2,9 @@
 # Installs the Debian 12 packages zeroshard needs to build, test and run its demo.
 # Idempotent: when every package is present it installs nothing and touches no network.
 #   --bench  also the optional benchmark dependencies (python3-torch, ~1 GB, for
-#            benchmarks/torch_compare.py; libdnnl-dev, oneDNN, which gemm_bench compares the bf16
-#            kernel with when the build finds it); `make test` never needs them.
+#            benchmarks/torch_compare.py; libdnnl-dev, oneDNN, and libxsmm-dev, libxsmm, which
+#            gemm_bench compares the bf16 kernel with when the build finds them); `make test` never
+#            needs them.
 set -euo pipefail
 
 packages=(
@@ -19,7 +20,7 @@ packages=(
   clang-14 libclang-rt-14-dev
 )
 if [ "${1:-}" = "--bench" ]; then
-  packages+=(python3-torch libdnnl-dev)
+  packages+=(python3-torch libdnnl-dev libxsmm-dev)
 fi
 
 missing=()
