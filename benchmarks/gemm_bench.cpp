@@ -243,6 +243,10 @@ int main(int argc, char** argv) try {
 #ifndef ZS_HAVE_XSMM
   if (std::erase(paths, "libxsmm") > 0) std::printf("note: built without libxsmm (libxsmm-dev): libxsmm skipped\n");
 #else
+  // Compared where our kernel runs (libxsmm would emulate bf16 elsewhere, or find no kernel).
+  if (!zs::memory::cpu_has_avx512_bf16() && std::erase(paths, "libxsmm") > 0) {
+    std::printf("note: no AVX512-BF16 on this CPU: the libxsmm path is skipped\n");
+  }
   XsmmRunner xsmm_runner{threads};
 #endif
   openblas_set_num_threads(threads);
