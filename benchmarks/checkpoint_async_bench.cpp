@@ -3,9 +3,9 @@
 // Reports the mean wall time per optimizer step (train_batch plus the save call where one falls) of
 // three engines of the same model in the same process: no saves (the baseline), a synchronous save
 // every --every steps, an asynchronous one; ratios to the baseline (of the sums, and the median over
-// rounds of each round's ratio). Also, per save, the time in the
-// save call (sync: the whole save; async: the snapshot and the setup; the first async one apart, as it
-// maps the snapshot's memory that later saves reuse), in the commit's wait, and in the steps alone.
+// rounds of each round's ratio). Also, per save, the time in the save call (sync: the whole save;
+// async: the snapshot and the setup; the first async one apart, as it maps the snapshot's memory
+// that later saves reuse), in the commit's wait, and in the steps alone.
 //
 //   build/release/benchmarks/checkpoint_async_bench [--json out.json] [--dir DIR] [--rounds 6] [--every 4]
 //          [--n-layer 4] [--d-model 256] [--n-head 4] [--seq-len 64] [--micro-batch 8] [--memory-mb 1024]
@@ -132,19 +132,20 @@ int main(int argc, char** argv) {
               runners[2]->first_save_s, runners[2]->commit_s / static_cast<double>(rounds));
   // Whether the steps themselves slow down while a write is under way (the writer's CPU, the kernel's
   // writeback of its dirty pages), apart from the save call and the commit.
-  std::printf("  steps alone: no saves %.4f s/step, sync %.4f, async %.4f\n", runners[0]->steps_s / static_cast<double>(steps),
-              runners[1]->steps_s / static_cast<double>(steps), runners[2]->steps_s / static_cast<double>(steps));
+  const double k = static_cast<double>(steps);
+  std::printf("  steps alone: no saves %.4f s/step, sync %.4f, async %.4f\n", runners[0]->steps_s / k,
+              runners[1]->steps_s / k, runners[2]->steps_s / k);
   bench::Report r;
   r.benchmark = "checkpoint_async_bench";
   r.config = {{"params", params}, {"steps", steps}, {"rounds", rounds}, {"every", every}, {"n_layer", cfg.model->n_layer},
               {"d_model", cfg.model->d_model}, {"micro_batch", micro}};
   const double n = static_cast<double>(rounds);
-  const double k = static_cast<double>(steps);
   r.results = {boost::json::object{{"mode", "sync"}, {"step_s", sync}, {"save_call_s", runners[1]->save_s / n},
                                    {"steps_only_s", runners[1]->steps_s / k}},
                boost::json::object{{"mode", "async"}, {"step_s", async}, {"save_call_s", runners[2]->save_s / n},
                                    {"first_save_call_s", runners[2]->first_save_s},
-                                   {"commit_wait_s", runners[2]->commit_s / n}, {"steps_only_s", runners[2]->steps_s / k}}};
+                                   {"commit_wait_s", runners[2]->commit_s / n},
+                                   {"steps_only_s", runners[2]->steps_s / k}}};
   r.baseline = {{"mode", "no saves"}, {"step_s", none}, {"steps_only_s", runners[0]->steps_s / k}};
   r.ratio = boost::json::object{{"sync", sync / none}, {"async", async / none}, {"sync_round_median", sync_median},
                                 {"async_round_median", async_median}};

@@ -186,11 +186,13 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
 // 2-core machine whose two training threads are busy, a normal-priority writer took a third of a
 // core from them for the whole write. If the training never leaves a core idle, the write finishes
 // when the next save (or wait_checkpoint) waits for it, and costs what a synchronous save costs at
-// that point, never more. Only this thread's policy changes (Linux applies it per thread); a system
-// that refuses it leaves the writer at normal priority. When the engine waits for the write (the
-// commit), the writer goes back to normal priority: the caller is blocked on it, and at SCHED_IDLE
-// it would get nothing while any other process wants the cores (on a shared machine, other users'
-// niced jobs starved it for seconds).
+// that point, never more. A thread that polls with sched_yield stays runnable and so counts as busy:
+// the worker pool's caller no longer does (Note [pool waits] in core/parallel.cpp), OpenBLAS's
+// threads still do for a while after each product. Only this thread's policy changes (Linux applies
+// it per thread); a system that refuses it leaves the writer at normal priority. When the engine
+// waits for the write (the commit), the writer goes back to normal priority: the caller is blocked
+// on it, and at SCHED_IDLE it would get nothing while any other process wants the cores (on a shared
+// machine, other users' niced jobs starved it for seconds).
 void set_writer_priority(pthread_t thread, bool idle) {
   sched_param param{};
   if (pthread_setschedparam(thread, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0) {
