@@ -4,6 +4,7 @@
 //   json.h    strict JSON parsing (duplicate keys rejected) and ObjectReader for config structs
 //   parallel.h a small worker pool for data-parallel loops (explicit thread count)
 //   rng.h     counter-based Philox RNG keyed by (seed, parameter name) for shard-local initialisation
+//   spin.h    cpu_relax, the pause between polls of a spin-wait
 #pragma once
 
 #include "core/errors.h"
@@ -11,3 +12,4 @@
 #include "core/log.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "core/spin.h"

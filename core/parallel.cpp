@@ -2,13 +2,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
 
+#include "core/spin.h"
+
 namespace zs {
 namespace {
+
+constexpr std::chrono::microseconds kCallerSpin{50};  // Note [pool waits]
 
 // Note [worker pool]: OpenMP (libgomp) was tried first: its idle threads spin for milliseconds after
 // each parallel region (OMP_WAIT_POLICY, an environment setting library code must not depend on)
@@ -18,6 +23,16 @@ namespace {
 //
 // A region's chunks are claimed through one atomic word holding (generation << 32 | next chunk): a
 // worker that woke for an older region cannot claim a chunk of a newer one.
+//
+// Note [pool waits]: the caller, once its own chunks are done, waits for the workers' last chunks.
+// It used to poll with sched_yield until they were done. A yielding thread stays runnable, and the
+// Linux scheduler hardly ever picks a SCHED_IDLE thread over it: an asynchronous checkpoint's writer
+// (Note [async writer priority] in engine/engine_checkpoint.cpp), meant to fill the training's idle
+// moments, got none while the caller waited. The caller now polls with a CPU pause for up to
+// kCallerSpin (most waits end within it: the chunks are equal and started together, so the wait is
+// about a worker's wake-up) and then sleeps on done_ (a futex) until the last worker's chunk ends,
+// so a longer wait frees the core. The workers already sleep on a condition variable between
+// regions.
 class WorkerPool {
  public:
   static WorkerPool& instance() {
@@ -45,7 +60,7 @@ class WorkerPool {
     in_region_ = true;
     drain(gen, job_);
     in_region_ = false;
-    while (done_.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+    wait_done(chunks);
   }
 
   ~WorkerPool() {
@@ -65,6 +80,20 @@ class WorkerPool {
     int chunks = 0;
   };
 
+  // The caller's wait for the region's last chunks (Note [pool waits]).
+  void wait_done(int chunks) {
+    if (done_.load(std::memory_order_acquire) >= chunks) return;
+    const auto until = std::chrono::steady_clock::now() + kCallerSpin;
+    for (int polls = 1;; ++polls) {
+      if (done_.load(std::memory_order_acquire) >= chunks) return;
+      cpu_relax();
+      if (polls % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+    }
+    for (int d = done_.load(std::memory_order_acquire); d < chunks; d = done_.load(std::memory_order_acquire)) {
+      done_.wait(d, std::memory_order_acquire);
+    }
+  }
+
   // Claims and runs chunks of region `gen` until none is left.
   void drain(uint64_t gen, const Job& job) {
     uint64_t v = next_.load(std::memory_order_acquire);
@@ -73,7 +102,8 @@ class WorkerPool {
       if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;
       const int c = static_cast<int>(v & 0xffffffffu);
       job.fn(job.ctx, job.n * c / job.chunks, job.n * (c + 1) / job.chunks, c);
-      done_.fetch_add(1, std::memory_order_acq_rel);
+      // The last chunk wakes a caller asleep in wait_done (no system call when none sleeps).
+      if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == job.chunks) done_.notify_one();
       v = next_.load(std::memory_order_acquire);
     }
   }

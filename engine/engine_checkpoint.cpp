@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <pthread.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -185,17 +186,47 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
 // 2-core machine whose two training threads are busy, a normal-priority writer took a third of a
 // core from them for the whole write. If the training never leaves a core idle, the write finishes
 // when the next save (or wait_checkpoint) waits for it, and costs what a synchronous save costs at
-// that point, never more. Only this thread's policy changes (Linux applies it per thread); a system
-// that refuses it leaves the writer at normal priority. When the engine waits for the write (the
-// commit), the writer goes back to normal priority: the caller is blocked on it, and at SCHED_IDLE
-// it would get nothing while any other process wants the cores (on a shared machine, other users'
-// niced jobs starved it for seconds).
+// that point, never more. A thread that polls with sched_yield stays runnable and so counts as busy:
+// the worker pool's caller no longer does (Note [pool waits] in core/parallel.cpp), OpenBLAS's
+// threads still do for a while after each product. Only this thread's policy changes (Linux applies
+// it per thread); a system that refuses it leaves the writer at normal priority. When the engine
+// waits for the write (the commit), the writer goes back to normal priority: the caller is blocked
+// on it, and at SCHED_IDLE it would get nothing while any other process wants the cores (on a shared
+// machine, other users' niced jobs starved it for seconds).
 void set_writer_priority(pthread_t thread, bool idle) {
   sched_param param{};
   if (pthread_setschedparam(thread, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0) {
     ZS_LOG_DEBUG("checkpoint: could not change the async writer's scheduling policy");
   }
 }
+
+// Note [async snapshot]: an asynchronous save copies this rank's items into host memory before it
+// returns. That memory was allocated afresh at every save and freed piece by piece as the writer
+// went; on this project's paravirtualised VM the first touch of each fresh 4 KiB page (a fault, a
+// zeroed page) made the copy of a 37 MiB snapshot take 0.13-0.17 s on the training thread, ten times
+// the copy itself (benchmarks/checkpoint_async_bench, docs/benchmarks.md). The engine now keeps one
+// snapshot mapping from the first asynchronous save on and reuses it (host memory: this rank's share
+// of the saved states, held for the engine's life once an asynchronous save ran; a save that needs
+// more maps a larger one and drops the old), and asks for transparent huge pages on it so the first
+// save faults 2 MiB at a time. The next save can reuse it because it commits the previous one (and
+// so joins its writer) before it copies anything.
+constexpr size_t kSnapshotAlignment = 64;  // bytes: each item's copy starts on a cache line
+
+}  // namespace
+
+std::shared_ptr<CheckpointSnapshot> EngineCheckpoint::snapshot_memory(size_t bytes) {
+  std::shared_ptr<CheckpointSnapshot>& kept = s_.checkpoint_snapshot_;
+  if (kept && kept->bytes.capacity() >= bytes) return kept;
+  kept.reset();  // unmapped before the larger one is mapped
+  kept = std::make_shared<CheckpointSnapshot>();
+  kept->bytes = offload::AlignedBuffer(std::max<size_t>(bytes, 1));
+#ifdef MADV_HUGEPAGE
+  ::madvise(kept->bytes.data(), kept->bytes.capacity(), MADV_HUGEPAGE);  // advice: a refusal changes nothing
+#endif
+  return kept;
+}
+
+namespace {
 
 bool one_bit_family(std::string_view name) { return name == "OneBitAdam" || name == "ZeroOneAdam"; }
 bool adam_family(std::string_view name) { return name == "Adam" || name == "AdamW"; }
@@ -255,13 +286,19 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     pending->rank = g.rank();
     // The snapshot: the states may change as soon as this returns.
     agreed(g, [&] {
-      memory::DeviceAccess access(*s_.backend_);
+      size_t total = 0;
       for (const Item& it : mine) {
+        pending->snapshot.push_back({it.buffer, total, it.count * memory::dtype_size(it.buffer_dtype)});
+        total += (pending->snapshot.back().size + kSnapshotAlignment - 1) / kSnapshotAlignment * kSnapshotAlignment;
+      }
+      pending->host = snapshot_memory(total);
+      std::byte* base = pending->host->bytes.data();
+      memory::DeviceAccess access(*s_.backend_);
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const Item& it = mine[i];
         const size_t elem = memory::dtype_size(it.buffer_dtype);
-        PendingCheckpoint::Piece piece{it.buffer, std::unique_ptr<std::byte[]>(new std::byte[it.count * elem]),
-                                       it.count * elem};
-        for_each_piece(it.count, [&](uint64_t at, uint64_t n) { it.io(at, n, piece.bytes.get() + at * elem); });
-        pending->snapshot.push_back(std::move(piece));
+        std::byte* dst = base + pending->snapshot[i].offset;
+        for_each_piece(it.count, [&](uint64_t at, uint64_t n) { it.io(at, n, dst + at * elem); });
       }
     });
     PendingCheckpoint* p = pending.get();
@@ -269,9 +306,8 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       const double t0 = now_seconds();
       try {
         checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{});
-        for (PendingCheckpoint::Piece& piece : p->snapshot) {
-          w.append(piece.buffer, std::span<const std::byte>(piece.bytes.get(), piece.size));
-          piece.bytes.reset();  // written: its memory goes back now
+        for (const PendingCheckpoint::Piece& piece : p->snapshot) {
+          w.append(piece.buffer, std::span<const std::byte>(p->host->bytes.data() + piece.offset, piece.size));
         }
         w.finish();
       } catch (const CheckpointError& e) {

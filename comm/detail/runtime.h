@@ -81,18 +81,9 @@
 #include "comm/detail/body_watchdog.h"
 #include "comm/config.h"
 #include "comm/work.h"
+#include "core/spin.h"  // cpu_relax, for the handshake's and the barriers' spins
 
 namespace zs::comm::detail {
-
-// The pause between polls of a spin-wait (the handshake's and the shared-memory barriers'): it frees
-// the core's pipeline for a sibling hyperthread and saves power while the flag has not moved.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 class Runtime;
 class ShmNode;

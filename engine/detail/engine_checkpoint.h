@@ -17,6 +17,7 @@
 
 #include "engine/checkpoint/checkpoint.h"
 #include "engine/detail/engine_impl.h"
+#include "offload/aligned_buffer.h"
 
 namespace zs::engine {
 
@@ -48,6 +49,13 @@ struct Item {
 // How an error crosses ranks (and the async writer's thread): its kind, then its message.
 enum CheckpointErrorKind : int32_t { kNoError = 0, kCheckpointError, kIoError, kUsageError, kConfigError, kOtherError };
 
+// The host memory an asynchronous save copies this rank's items into: one mapping, allocated at the
+// first asynchronous save (grown when a later one needs more) and kept by the engine (its Impl) between saves,
+// so that a save's copy writes to pages already mapped (Note [async snapshot] in engine_checkpoint.cpp).
+struct CheckpointSnapshot {
+  offload::AlignedBuffer bytes;
+};
+
 // An asynchronous save (checkpoint.async): this rank's snapshot, written by `writer`; committed by
 // Engine::wait_checkpoint.
 struct PendingCheckpoint {
@@ -55,10 +63,12 @@ struct PendingCheckpoint {
   std::filesystem::path staging;
   checkpoint::Metadata meta;
   int rank = 0;
-  // (buffer, bytes) in file order. Not vectors: a vector zero-fills what the copy overwrites at once.
+  // The snapshot (shared with the engine, which reuses it once this save is committed) and its
+  // pieces: (buffer, bytes [offset, offset + size) of the snapshot) in file order.
+  std::shared_ptr<CheckpointSnapshot> host;
   struct Piece {
     std::string buffer;
-    std::unique_ptr<std::byte[]> bytes;
+    size_t offset = 0;
     size_t size = 0;
   };
   std::vector<Piece> snapshot;
@@ -126,6 +136,8 @@ class EngineCheckpoint {
   void restore_scalars(const checkpoint::Metadata& m, const std::filesystem::path& dir);
   void write_16bit(const std::filesystem::path& dir) const;
   void commit(const std::filesystem::path& root, const std::filesystem::path& staging, const checkpoint::Metadata& meta) const;
+  // The engine's kept snapshot memory when it holds at least `bytes`, else a new one it keeps instead.
+  std::shared_ptr<CheckpointSnapshot> snapshot_memory(size_t bytes);
 
   Engine& e_;
   Impl& s_;

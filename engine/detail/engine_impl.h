@@ -82,6 +82,8 @@ struct CompressedState {
 void allgather_in_place(const comm::Group& group, const Partition& partition, const memory::Tensor& all,
                         size_t bucket_elements);
 
+struct CheckpointSnapshot;  // engine/detail/engine_checkpoint.h
+
 // One flat layout's model states, sharded over one partition group (Note [expert parameters] in
 // engine/engine.h): the dense parameters over the data-parallel group, the parameters of each
 // expert_parallel_size E > 1 over their expert-data-parallel group. Each set has its own placement
@@ -185,6 +187,9 @@ class Engine::Impl final : public ModuleHooks {
   // Device access held from the boundary backward until step() has waited for its reductions:
   // nonblocking collectives write device memory in between (memory::DeviceAccess).
   std::optional<memory::DeviceAccess> reductions_access_;
+  // The host copy asynchronous checkpoint saves write from, kept between saves from the first one on
+  // (Note [async snapshot] in engine/engine_checkpoint.cpp).
+  std::shared_ptr<CheckpointSnapshot> checkpoint_snapshot_;
 
   bool mixed() const { return dtype_ != memory::DType::kF32; }
   // The step runs on the host (its master and states offloaded): it reaches device gradients and

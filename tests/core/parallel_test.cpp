@@ -72,5 +72,19 @@ TEST(Parallel, ConcurrentCallersTakeTurns) {
   EXPECT_EQ(total.load(), 3 * 50 * 1000);
 }
 
+// A worker's chunk that outlasts the caller's spin: the caller sleeps on the futex (Note [pool waits])
+// and must wake when the last chunk ends, seeing everything the chunks wrote; many regions in a row,
+// so a late wake-up of one region cannot leak into the next.
+TEST(Parallel, CallerWaitsPastItsSpinForSlowChunks) {
+  for (int r = 0; r < 30; ++r) {
+    std::vector<int64_t> out(4, -1);
+    parallel_for_threads(4, 4, 1, [&](int64_t b, int64_t e, int chunk) {
+      if (chunk % 2 == 1) std::this_thread::sleep_for(std::chrono::microseconds(300 + (100 * r) % 700));
+      for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = i * 10 + r;
+    });
+    for (int64_t i = 0; i < 4; ++i) ASSERT_EQ(out[static_cast<size_t>(i)], i * 10 + r) << "region " << r;
+  }
+}
+
 }  // namespace
 }  // namespace zs
