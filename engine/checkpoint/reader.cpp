@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "engine/checkpoint/detail/checksum.h"
+#include "engine/checkpoint/detail/direct_read.h"
 #include "engine/checkpoint/detail/serialize.h"
 #include "engine/checkpoint/h5.h"
 
@@ -73,6 +74,7 @@ struct CheckpointReader::Impl {
     size_t elem = 4;
     hid_t type = H5T_NATIVE_FLOAT;
     std::vector<uint64_t> sums;
+    std::unique_ptr<detail::DirectReader> direct;  // null: every read through H5Dread
   };
   struct OpenFile {
     int rank;
@@ -125,6 +127,7 @@ struct CheckpointReader::Impl {
     h5::check_chunk(d.dataset.get(), name, path);
     d.elem = memory::dtype_size(dtype);
     d.type = detail::h5_type(dtype);
+    d.direct = detail::DirectReader::open(d.dataset.get(), d.type, path, name);
     h5::Handle space = h5::dataset_space(d.dataset.get(), path, name);
     d.length = static_cast<uint64_t>(
         ZS_H5_CHECK(H5Sget_simple_extent_npoints(space.get()), path, fmt::format("length of '{}'", name)));
@@ -197,6 +200,7 @@ struct CheckpointReader::Impl {
 
   static void raw_read(Data& d, const fs::path& path, std::string_view buffer, uint64_t start, uint64_t n,
                        std::byte* into) {
+    if (d.direct != nullptr && d.direct->read(start, n, into)) return;  // Note [Direct reads]
     hsize_t first = start, count = n;
     h5::Handle file_space = h5::dataset_space(d.dataset.get(), path, buffer);
     ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &first, nullptr, &count, nullptr), path,

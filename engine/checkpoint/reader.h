@@ -8,7 +8,8 @@
 // Opening reads the metadata and every rank file's header and index (not its data) and refuses,
 // with a CheckpointError naming the file and the field, a bad format version, a missing or truncated
 // rank file, a shard of another save (run id), another world size, a rank file whose index does not
-// match the metadata. A read is one hyperslab read per overlapping segment, converted on the way in
+// match the metadata. A read is one read per overlapping segment (a pread of unfiltered data at its
+// chunk's address, Note [Direct reads] in detail/direct_read.h; else H5Dread), converted on the way in
 // small pieces: memory is bounded by the caller's output plus one chunk, never a whole file. Flipped
 // data bytes fail the chunk's XXH3 checksum on read (Note [Checksum blocks] in detail/checksum.h).
 #pragma once

@@ -12,6 +12,7 @@
 
 #include "core/errors.h"
 #include "engine/checkpoint/detail/checksum.h"
+#include "engine/checkpoint/detail/direct_read.h"
 #include "engine/checkpoint/h5.h"
 #include "memory/cpu_features.h"
 #include "tests/checkpoint/synthetic.h"
@@ -402,6 +403,58 @@ TEST(CheckpointChecksum, OffWritesNoTable) {
   EXPECT_FALSE(h5::exists(f.get(), "buffers/fp32/checksums", file));
   CheckpointReader r(root);
   expect_synthetic(r);
+}
+
+// Note [Direct reads]: unfiltered data in chunks of 64 KiB or more is read with pread at the chunk
+// addresses HDF5's index gives. Every range reads what H5Dread reads, across chunk boundaries and
+// rank files, with checksums and without; zstd data is left to HDF5.
+TEST(CheckpointDirectRead, ReadsWhatHdf5Reads) {
+  for (bool checksum : {true, false}) {
+    test::TempDir tmp;
+    fs::path root = tmp.path();
+    auto meta = test::synthetic_metadata(3, "global_step1", 1, 100);
+    test::save_synthetic(root, meta, WriteOptions{.checksum = checksum, .chunk_bytes = 64u << 10});
+    fs::path file = root / "global_step1" / rank_file_name(2);
+    h5::Handle f = h5::file_open(file);
+    for (auto [buffer, type] : {std::pair{"fp32", H5T_NATIVE_FLOAT}, std::pair{"params", H5T_NATIVE_UINT16}}) {
+      h5::Handle ds = h5::dataset_open(f.get(), fmt::format("buffers/{}/data", buffer).c_str(), file);
+      std::unique_ptr<detail::DirectReader> direct = detail::DirectReader::open(ds.get(), type, file, buffer);
+      ASSERT_NE(direct, nullptr) << buffer;
+      h5::Handle space = h5::dataset_space(ds.get(), file, buffer);
+      const size_t elem = H5Tget_size(type);
+      const hsize_t length = static_cast<hsize_t>(H5Sget_simple_extent_npoints(space.get()));
+      ASSERT_GT(length * elem, 2u * (64u << 10)) << "several chunks";
+      for (hsize_t start : {hsize_t{0}, hsize_t{12345}, length - 40000}) {
+        hsize_t n = std::min<hsize_t>(70000, length - start);
+        std::vector<std::byte> mine(n * elem), hdf5(n * elem);
+        ASSERT_TRUE(direct->read(start, n, mine.data()));
+        h5::Handle sel = h5::dataset_space(ds.get(), file, buffer);
+        H5Sselect_hyperslab(sel.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr);
+        h5::Handle mem = h5::dataspace_simple({n});
+        ASSERT_GE(H5Dread(ds.get(), type, mem.get(), sel.get(), H5P_DEFAULT, hdf5.data()), 0);
+        EXPECT_EQ(mine, hdf5) << buffer << " [" << start << ", " << start + n << ")";
+      }
+    }
+    CheckpointReader r(root);
+    expect_synthetic(r);
+  }
+  test::TempDir tmp;
+  auto meta = test::synthetic_metadata(1, "global_step1", 1, 100);
+  test::save_synthetic(tmp.path(), meta, WriteOptions{.compression = Compression::kZstd});
+  fs::path file = fs::path(tmp.path()) / "global_step1" / rank_file_name(0);
+  h5::Handle f = h5::file_open(file);
+  h5::Handle ds = h5::dataset_open(f.get(), "buffers/fp32/data", file);
+  EXPECT_EQ(detail::DirectReader::open(ds.get(), H5T_NATIVE_FLOAT, file, "fp32"), nullptr);
+}
+
+TEST(CheckpointDirectRead, TruncatedFileIsRefusedByName) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1, 100));  // 4 MiB chunks
+  fs::path file = root / "global_step1" / rank_file_name(1);
+  fs::resize_file(file, fs::file_size(file) * 2 / 3);
+  std::string err = open_error(root);
+  EXPECT_NE(err.find(rank_file_name(1)), std::string::npos) << err;
 }
 
 TEST_F(CheckpointCorrupt, FlippedMetadataBytes) {
