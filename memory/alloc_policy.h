@@ -8,10 +8,11 @@
 // come and go every step. Mixed in one free list, a short-lived block between two long-lived ones
 // leaves a hole nothing else fits, and a long-lived block in the middle of the activation area pins
 // it. So the arena has two pools growing towards each other: the low pool from offset 0 (persistent
-// and saved blocks, Note [Saved blocks]) and the high pool down from the capacity (kTransient); the
-// unreserved gap between the two regions is shared. Inside its region each pool does best fit
-// (smallest hole that fits; ties go to the hole nearest the pool's end of the arena) with splitting
-// and coalescing of neighbouring holes; a hole that reaches the gap is given back to the gap at once.
+// and saved blocks, Note [Saved blocks]) and the high pool down from the capacity (transient and
+// spanning blocks, Note [Spanning blocks]); the unreserved gap between the two regions is shared.
+// Inside its region each pool does best fit (the smallest hole that fits; ties go to the hole nearest
+// the pool's end of the arena; spanning blocks excepted) with splitting and coalescing of
+// neighbouring holes; a hole that reaches the gap is given back to the gap at once.
 // Holes are tried before the gap. A block placed in a hole takes the hole's end nearest the pool's
 // base, so what is left of the hole stays on the gap's side, where it can merge with the gap when
 // the younger blocks beyond it go. Consequences the tests rely on: a pool's region ends exactly at
