@@ -58,7 +58,8 @@ void GradReducer::begin_backward(bool boundary, bool reduce) {
 void GradReducer::ensure_staging(Bucket& b) {
   if (!b.staging.empty()) return;
   const size_t bytes = b.plan.range.size * memory::dtype_size(dtype_);
-  b.staging = device_.allocate(bytes, memory::Category::kGrads, memory::Lifetime::kTransient);
+  // Alive across several modules' backward: the transient pool's deepest hole (Note [Spanning blocks]).
+  b.staging = device_.allocate(bytes, memory::Category::kGrads, memory::Lifetime::kSpanning);
   device_.backend().fill_zero(b.staging.data(), memory::Tier::kDevice, bytes);
   staging_bytes_ += bytes;
   staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);

@@ -13,6 +13,7 @@ std::string_view lifetime_name(Lifetime l) {
     case Lifetime::kPersistent: return "persistent";
     case Lifetime::kTransient: return "transient";
     case Lifetime::kSaved: return "saved";
+    case Lifetime::kSpanning: return "spanning";
   }
   return "?";
 }
@@ -44,6 +45,40 @@ std::optional<size_t> PoolRegion::take_hole(size_t size) {
     }
   } else {
     hole.free = false;
+  }
+  allocated_ += size;
+  ++live_;
+  ++allocs_;
+  return offset;
+}
+
+std::optional<size_t> PoolRegion::take_deepest_hole(size_t size) {
+  auto fits = [&](const auto& entry) { return entry.second.free && entry.second.size >= size; };
+  // Blocks tile the region from the base: the low end for the low pool, the high end for the high one.
+  std::map<size_t, Block>::iterator it;
+  if (grows_up_) {
+    it = std::find_if(blocks_.begin(), blocks_.end(), fits);
+  } else {
+    auto r = std::find_if(blocks_.rbegin(), blocks_.rend(), fits);
+    it = r == blocks_.rend() ? blocks_.end() : std::prev(r.base());
+  }
+  if (it == blocks_.end()) return std::nullopt;
+  size_t offset = it->first;
+  const size_t hole_size = it->second.size;
+  holes_.erase(key(offset, hole_size));
+  if (hole_size == size) {
+    it->second.free = false;
+  } else if (grows_up_) {
+    // The gap is above: the block takes the hole's top, the rest stays free below it.
+    it->second.size = hole_size - size;
+    add_hole(offset, hole_size - size);
+    offset += hole_size - size;
+    blocks_.emplace(offset, Block{size, false});
+  } else {
+    it->second.size = size;
+    it->second.free = false;
+    blocks_.emplace(offset + size, Block{hole_size - size, true});
+    add_hole(offset + size, hole_size - size);
   }
   allocated_ += size;
   ++live_;
@@ -197,7 +232,7 @@ std::optional<size_t> TwoEndedBestFit::allocate(size_t bytes, Lifetime lifetime)
     pool.note_failure();
     return std::nullopt;
   }
-  std::optional<size_t> offset = pool.take_hole(size);
+  std::optional<size_t> offset = lifetime == Lifetime::kSpanning ? pool.take_deepest_hole(size) : pool.take_hole(size);
   if (!offset) {
     if (transient_.edge() - persistent_.edge() < size) {
       pool.note_failure();

@@ -64,6 +64,8 @@ AllocTrace read_trace(std::istream& in, const std::string& source) {
         e.lifetime = Lifetime::kTransient;
       } else if (lifetime == "saved") {
         e.lifetime = Lifetime::kSaved;
+      } else if (lifetime == "spanning") {
+        e.lifetime = Lifetime::kSpanning;
       } else {
         fail("unknown lifetime");
       }

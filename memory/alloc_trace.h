@@ -7,7 +7,7 @@
 //
 // File format (text, one event per line, '#' starts a comment line, fields separated by one space):
 //   zeroshard-alloc-trace 1 <capacity_bytes>          first line: magic, version, arena capacity
-//   a <id> <bytes> <persistent|transient|saved> <category>   allocation (bytes as requested, unaligned)
+//   a <id> <bytes> <persistent|transient|saved|spanning> <category>   allocation (bytes as requested, unaligned)
 //   f <id>                                             free of the block allocated as <id>
 // ids are unique per trace (the allocator's block ids); category is a category_name() ("grads").
 // Requests that failed with OutOfMemoryError are not recorded.

@@ -9,7 +9,8 @@
 //   stage 1  reduce-scatter (average) in place in the full gradient buffer, at the boundary; only this
 //            rank's shard of the result is kept
 //   stage 2+ gradients are partitioned: layers write a module's gradients into a staging buffer for
-//            its bucket, allocated just before the module's backward (transient pool, "grads"); every
+//            its bucket, allocated just before the module's backward (transient pool, lifetime
+//            kSpanning: Note [Spanning blocks] in memory/alloc_policy.h; category "grads"); every
 //            micro-batch, a full bucket is reduce-scattered and this rank's part is added into its
 //            gradient shard, after which the staging buffer is freed. At most kMaxInFlight buckets
 //            are in flight; a further one waits for the oldest, which bounds the staging memory.

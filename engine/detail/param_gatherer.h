@@ -15,7 +15,9 @@
 // Persistence. A module whose own parameters number fewer than stage3_param_persistence_threshold
 // elements is not released after use; its gathered copy goes stale when the optimizer step changes
 // the shards (invalidate) and is gathered again at its next use - once per step instead of twice per
-// micro-batch.
+// micro-batch. Its buffer is a persistent block of the arena, allocated by the constructor and kept
+// for the whole run (Note [persistent gathered parameters] in engine/param_gatherer.cpp); the others'
+// are transient blocks, allocated at each gather and freed at release.
 //
 // Live bound (documented and tested): gathered non-persistent parameters never exceed the parameters
 // of the modules currently running (a module and its running ancestors) plus the prefetch window;
@@ -69,6 +71,7 @@ class ParamGatherer {
   size_t live_bytes() const { return live_elements_ * memory::dtype_size(dtype_); }
   size_t live_peak_bytes() const { return live_peak_elements_ * memory::dtype_size(dtype_); }
   size_t persistent_bytes() const;
+  uint64_t gathers() const { return gathers_; }  // count of gathers started (fetches and prefetches)
   // offload_param nvme: bytes read from the swap file so far, and the peak of staging bytes alive.
   uint64_t nvme_bytes_read() const { return nvme_bytes_read_; }
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
@@ -113,6 +116,7 @@ class ParamGatherer {
   size_t live_peak_elements_ = 0;
   size_t prefetched_elements_ = 0;
   size_t max_chain_elements_ = 0;
+  uint64_t gathers_ = 0;
   uint64_t nvme_bytes_read_ = 0;
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;

@@ -381,11 +381,14 @@ TEST(ParamGathererPersistence, PersistentModulesStayGatheredAfterRelease) {
   for (nn::Parameter* p : linear.params()) EXPECT_FALSE(p->data().defined()) << p->full_name();
   EXPECT_EQ(rig.gatherer().live_bytes(), Tree::kNormRange * kElem);
   EXPECT_EQ(rig.gatherer().persistent_bytes(), Tree::kNormRange * kElem);
+  // Its copy is a persistent block of the arena (allocated with the gatherer), not a transient one.
+  EXPECT_EQ(rig.gathered().live_blocks, 0u);
+  const void* copy = norm.params().front()->data().raw();
   // A persistent module is gathered once per step, not once per use.
-  const uint64_t gathers = rig.gathered().alloc_count;
+  const uint64_t gathers = rig.gatherer().gathers();
   rig.gatherer().fetch(norm);
   rig.gatherer().release(norm);
-  EXPECT_EQ(rig.gathered().alloc_count, gathers);
+  EXPECT_EQ(rig.gatherer().gathers(), gathers);
   rig.gatherer().end_pass();
 
   // The step changed the shards: the stale copy goes, and the next use gathers it again.
@@ -394,7 +397,9 @@ TEST(ParamGathererPersistence, PersistentModulesStayGatheredAfterRelease) {
   EXPECT_EQ(rig.gatherer().live_bytes(), 0u);
   rig.gatherer().begin_pass(ParamGatherer::Pass::kForward);
   rig.gatherer().fetch(norm);
-  EXPECT_EQ(rig.gathered().alloc_count, gathers + 1);
+  EXPECT_EQ(rig.gatherer().gathers(), gathers + 1);
+  EXPECT_EQ(norm.params().front()->data().raw(), copy) << "gathered again into the same persistent block";
+  EXPECT_EQ(rig.gathered().alloc_count, 1u) << "only the Linear's gather allocated a transient block";
   const ParamSlot* slot = nullptr;
   for (const ParamSlot& s : tree.layout().slots()) {
     if (s.param == norm.params().front()) slot = &s;

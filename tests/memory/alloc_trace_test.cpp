@@ -24,6 +24,7 @@ TEST(AllocTrace, TextRoundTrip) {
   t.events = {{TraceEvent::Op::kAlloc, 1, 100, Lifetime::kPersistent, Category::kParams},
               {TraceEvent::Op::kAlloc, 2, 7, Lifetime::kTransient, Category::kCommBuffers},
               {TraceEvent::Op::kAlloc, 3, 64, Lifetime::kSaved, Category::kActivations},
+              {TraceEvent::Op::kAlloc, 4, 640, Lifetime::kSpanning, Category::kGrads},
               {TraceEvent::Op::kFree, 1, 0, Lifetime::kPersistent, Category::kParams}};
   std::stringstream ss;
   write_trace(t, ss);
@@ -32,6 +33,7 @@ TEST(AllocTrace, TextRoundTrip) {
             "a 1 100 persistent params\n"
             "a 2 7 transient comm_buffers\n"
             "a 3 64 saved activations\n"
+            "a 4 640 spanning grads\n"
             "f 1\n");
   EXPECT_EQ(read_trace(ss, "mem"), t);
 

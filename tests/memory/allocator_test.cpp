@@ -41,7 +41,7 @@ class ReferenceModel {
   size_t bottom() const {  // start of the transient region
     size_t t = capacity_;
     for (const auto& [id, b] : live_) {
-      if (b.lifetime == Lifetime::kTransient) t = std::min(t, b.offset);
+      if (pool_of(b.lifetime) == Lifetime::kTransient) t = std::min(t, b.offset);
     }
     return t;
   }
@@ -65,6 +65,16 @@ class ReferenceModel {
   // Where the policy must put a request of `size` aligned bytes, or nullopt when it must fail.
   std::optional<size_t> predict(size_t size, Lifetime lifetime) const {
     const Lifetime l = pool_of(lifetime);
+    if (lifetime == Lifetime::kSpanning) {
+      // The deepest fitting hole (the high pool's base is the capacity), at its end nearest the gap.
+      std::optional<size_t> deepest;
+      for (auto h : holes(l)) {
+        if (h.second >= size) deepest = h.first;
+      }
+      if (deepest) return deepest;
+      if (bottom() - top() < size) return std::nullopt;
+      return bottom() - size;
+    }
     std::optional<std::pair<size_t, size_t>> best;
     for (auto h : holes(l)) {
       if (h.second < size) continue;
@@ -169,7 +179,10 @@ TEST_P(AllocatorStress, MatchesReferenceModel) {
     if (do_alloc) {
       size_t bytes = random_size(rng);
       const uint64_t draw = rng() % 10;
-      Lifetime l = draw < 2 ? Lifetime::kPersistent : draw < 4 ? Lifetime::kSaved : Lifetime::kTransient;
+      Lifetime l = draw < 2   ? Lifetime::kPersistent
+                   : draw < 4 ? Lifetime::kSaved
+                   : draw < 5 ? Lifetime::kSpanning
+                              : Lifetime::kTransient;
       Category c = kAllCategories[rng() % kNumCategories];
       std::optional<size_t> expect = ref.predict(align_up(bytes), l);
       try {
@@ -323,6 +336,34 @@ TEST(Allocator, SavedBlocksGoToTheLowPoolAndHolesFillFromTheBase) {
   DeviceBlock t3 = alloc.allocate(64, Category::kActivations, Lifetime::kTransient);
   EXPECT_EQ(t3.offset(), kMiB - 64);
   EXPECT_EQ(alloc.stats().transient.largest_free_bytes, 192u);  // the rest of the hole, beside t2
+  EXPECT_TRUE(alloc.is_valid()) << alloc.check_invariants();
+}
+
+TEST(Allocator, SpanningBlocksTakeTheDeepestHoleAtItsGapEnd) {
+  CpuBackend backend(kMiB);
+  DeviceAllocator alloc(backend, kMiB);
+  // The high pool from the capacity down: a (512) b (64) c (256) d (64) e (128).
+  DeviceBlock a = alloc.allocate(512, Category::kParams, Lifetime::kTransient);
+  DeviceBlock b = alloc.allocate(64, Category::kActivations, Lifetime::kTransient);
+  DeviceBlock c = alloc.allocate(256, Category::kActivations, Lifetime::kTransient);
+  DeviceBlock d = alloc.allocate(64, Category::kActivations, Lifetime::kTransient);
+  DeviceBlock e = alloc.allocate(128, Category::kActivations, Lifetime::kTransient);
+  a.release();  // a 512-byte hole at the base
+  c.release();  // a 256-byte hole nearer the gap
+  // Best fit would take c's hole for 192 bytes; a spanning block takes the deepest hole that fits,
+  // at its end nearest the gap...
+  DeviceBlock s1 = alloc.allocate(192, Category::kGrads, Lifetime::kSpanning);
+  EXPECT_EQ(s1.offset(), kMiB - 512);
+  EXPECT_EQ(s1.lifetime(), Lifetime::kSpanning);
+  // ... so the rest of that hole stays whole at the base.
+  DeviceBlock t = alloc.allocate(320, Category::kActivations, Lifetime::kTransient);
+  EXPECT_EQ(t.offset(), kMiB - 320);
+  // One too large for every hole extends the region.
+  DeviceBlock s2 = alloc.allocate(1024, Category::kGrads, Lifetime::kSpanning);
+  EXPECT_EQ(s2.offset(), kMiB - 1024 - 1024);
+  ArenaStats st = alloc.stats();
+  EXPECT_EQ(st.transient.live_blocks, 6u);  // spanning blocks count in the transient pool
+  EXPECT_EQ(st.persistent.live_blocks, 0u);
   EXPECT_TRUE(alloc.is_valid()) << alloc.check_invariants();
 }
 
