@@ -465,6 +465,7 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, c
     }
     const MPI_Datatype type = mpi_type(t);
     if (uneven_api && check_counts) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);
+    if (detail::shm_alltoallv(*g, *o, input, s.counts, s.displs, output, r.counts, r.displs)) return;  // comm/detail/shm.h
     if (!uneven_api) {
       ZS_MPI_CHECK(MPI_Alltoall(input.raw(), s.counts[0], type, output.raw(), r.counts[0], type, g->comm), "{}", o->describe());
     } else {

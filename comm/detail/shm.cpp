@@ -95,10 +95,12 @@ ShmNode::~ShmNode() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-std::atomic<uint64_t>& ShmNode::flag(int node_rank, int group_index) const {
+std::atomic<uint64_t>& ShmNode::word(int node_rank, int group_index, int w) const {
   static_assert(std::atomic<uint64_t>::is_always_lock_free, "flags are shared between processes");
+  static_assert(kLine / sizeof(uint64_t) == 8, "eight words per flag line");
   return *reinterpret_cast<std::atomic<uint64_t>*>(flags_[static_cast<size_t>(node_rank)] +
-                                                   static_cast<size_t>(group_index) * kLine);
+                                                   static_cast<size_t>(group_index) * kLine +
+                                                   static_cast<size_t>(w) * sizeof(uint64_t));
 }
 
 ShmGroup::~ShmGroup() {
@@ -315,6 +317,59 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
       if (p != me && np > 0) copy_out(out + (static_cast<size_t>(displs[p]) + k * m) * es, node.slot(s->local[p], b), np * es);
     }
   }
+  barrier(g, *s, op);
+  g.runtime->count_shared_memory();
+  return true;
+}
+
+bool shm_alltoallv(GroupState& g, const Op& op, const memory::Tensor& input, std::span<const int> send_counts,
+                   std::span<const int> send_displs, const memory::Tensor& output, std::span<const int> recv_counts,
+                   std::span<const int> recv_displs) {
+  ShmGroup* s = usable(g, op, kShmAutoMinBytes);  // every size (see the header)
+  if (s == nullptr || s->nodes > 1) return false;
+  const ShmNode& node = *g.runtime->shm_node();
+  const size_t es = memory::dtype_size(input.dtype());
+  const size_t L = s->local.size();
+  const size_t me = static_cast<size_t>(s->me);
+  const size_t m = round_down(ShmNode::kRoundBytes / (L - 1) / es, kAlign);  // elements per peer per round
+  auto region = [](size_t peer, size_t owner) { return peer - (peer > owner ? 1 : 0); };  // peer's region in owner's slot
+  uint64_t need = 0;
+  for (size_t j = 0; j < L; ++j) {
+    if (j == me) continue;
+    need = std::max<uint64_t>(need, (static_cast<size_t>(send_counts[j]) + m - 1) / m);
+    need = std::max<uint64_t>(need, (static_cast<size_t>(recv_counts[j]) + m - 1) / m);
+  }
+  node.word(s->local[me], s->flag_index, 1).store(need, std::memory_order_relaxed);  // published by barrier 1
+  const unsigned char* in = bytes(input);
+  unsigned char* out = bytes(output);
+  const bool stream = static_cast<size_t>(output.numel()) * es >= kStreamMinBytes;
+  auto copy_out = [stream](void* d, const void* from, size_t nbytes) {
+    stream ? copy_streaming(d, from, nbytes) : static_cast<void>(std::memcpy(d, from, nbytes));
+  };
+  uint64_t rounds = 1;  // at least the barrier that publishes `need`
+  for (uint64_t k = 0; k < rounds; ++k) {
+    const int b = static_cast<int>(k & 1);
+    unsigned char* mine = node.slot(s->local[me], b);
+    for (size_t j = 0; j < L; ++j) {
+      const size_t n = piece(static_cast<size_t>(send_counts[j]), k, m);
+      if (j != me && n > 0)
+        std::memcpy(mine + region(j, me) * m * es, in + (static_cast<size_t>(send_displs[j]) + k * m) * es, n * es);
+    }
+    barrier(g, *s, op);
+    if (k == 0) {
+      rounds = 0;
+      for (size_t p = 0; p < L; ++p)
+        rounds = std::max(rounds, node.word(s->local[p], s->flag_index, 1).load(std::memory_order_relaxed));
+    }
+    for (size_t p = 0; p < L; ++p) {
+      const size_t n = piece(static_cast<size_t>(recv_counts[p]), k, m);
+      if (p != me && n > 0)
+        copy_out(out + (static_cast<size_t>(recv_displs[p]) + k * m) * es, node.slot(s->local[p], b) + region(me, p) * m * es,
+                 n * es);
+    }
+  }
+  const size_t own = static_cast<size_t>(std::min(send_counts[me], recv_counts[me]));
+  if (own > 0) copy_out(out + static_cast<size_t>(recv_displs[me]) * es, in + static_cast<size_t>(send_displs[me]) * es, own * es);
   barrier(g, *s, op);
   g.runtime->count_shared_memory();
   return true;

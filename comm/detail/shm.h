@@ -32,6 +32,15 @@
 // transport does) was tried and removed. Quiet (docs/benchmarks.md), it moved 2.5-3 GB/s against
 // 13-15 GB/s for memcpy through the window, and staging (two copies, the second from cache) beat it
 // 1.5-2x at every size from 64 KiB.
+// Note [Shared-memory all-to-all]
+// An alltoallv stages the same way: in round k each rank copies piece k of each peer's block into
+// that peer's region of its slot (kRoundBytes / (L-1) per peer), a barrier, then each rank copies
+// its pieces out of every peer's region; its own block goes from input to output directly, never
+// staged. Only a rank's own row and column of the count matrix are known to it, so the round count
+// is agreed inside the first barrier: each rank writes the rounds it needs into a second word of its
+// flag line before that barrier's release store and reads the others' after it (no extra round
+// trip). Ranks that route nothing still take part in every round, so skewed or zero routing cannot
+// hang; the counts themselves were exchanged before (moe/dispatch.h) or checked by the caller.
 // Groups spanning nodes (allreduce): ranks reduce through their node's slots into the node leader's
 // fp32 accumulator, the leaders (one per node) allreduce it over MPI, and every rank copies the result
 // out of the leader's slot. Reduce-scatter and allgather(v) spanning nodes use MPI's collective.
@@ -85,7 +94,10 @@ class ShmNode {
   int node_size() const { return node_size_; }
   int node_id() const { return node_id_; }  // world rank of the node's first rank: equal across the node
   unsigned char* slot(int node_rank, int buffer) const { return slots_[static_cast<size_t>(node_rank)][buffer]; }
-  std::atomic<uint64_t>& flag(int node_rank, int group_index) const;
+  std::atomic<uint64_t>& flag(int node_rank, int group_index) const { return word(node_rank, group_index, 0); }
+  // Word w (0..7) of a rank's flag line for a group: word 0 is the barrier flag; the others carry
+  // small values a collective publishes with its next barrier (an alltoallv's rounds).
+  std::atomic<uint64_t>& word(int node_rank, int group_index, int w) const;
   // Flag lines are handed out once, in the order groups first use shared memory (the same on every
   // rank of a group: ShmGroup takes the max over its members).
   int next_group_index = 0;
@@ -138,5 +150,11 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r);
 bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                     std::span<const int> counts, std::span<const int> displs);
+// All-to-all(v) on one node (Note [Shared-memory all-to-all]). Unlike the others it takes every size
+// under "auto": the ranks' byte counts differ, and a size rule would split them between the two paths.
+// The counts must agree pairwise (the caller has checked, or they agree by construction).
+bool shm_alltoallv(GroupState& g, const Op& op, const memory::Tensor& input, std::span<const int> send_counts,
+                   std::span<const int> send_displs, const memory::Tensor& output, std::span<const int> recv_counts,
+                   std::span<const int> recv_displs);
 
 }  // namespace zs::comm::detail
