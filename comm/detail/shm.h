@@ -141,6 +141,9 @@ void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std:
 // barrier's microsecond outweighs the copies saved (comm_bench, docs/benchmarks.md: 0.55-0.75x raw
 // OpenMPI at 1-4 KiB, 1.7-2.9x from 16 KiB). true uses shared memory at every size.
 inline constexpr size_t kShmAutoMinBytes = size_t{8} << 10;
+// Outputs from this size are written with streaming stores (copy_streaming): larger than the L2
+// caches, so the caller reads them from memory anyway, and the stores skip reading each line first.
+inline constexpr size_t kShmStreamMinBytes = size_t{4} << 20;
 
 // Each returns false, having done nothing, when this collective should use MPI (shared memory off,
 // unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes for
@@ -150,11 +153,23 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r);
 bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                     std::span<const int> counts, std::span<const int> displs);
-// All-to-all(v) on one node (Note [Shared-memory all-to-all]). Unlike the others it takes every size
-// under "auto": the ranks' byte counts differ, and a size rule would split them between the two paths.
-// The counts must agree pairwise (the caller has checked, or they agree by construction).
-bool shm_alltoallv(GroupState& g, const Op& op, const memory::Tensor& input, std::span<const int> send_counts,
-                   std::span<const int> send_displs, const memory::Tensor& output, std::span<const int> recv_counts,
-                   std::span<const int> recv_displs);
+// One rank's block of an all-to-all(v) as the caller holds it: one piece in the contiguous form, or
+// several (Group::alltoallv with pieces: rows of different experts, moe/dispatch.h), in order.
+struct BlockPiece {
+  unsigned char* data = nullptr;
+  size_t bytes = 0;
+};
+using Block = std::vector<BlockPiece>;
+// Bytes [at, at + n) of `block` to `dst` / from `src` (memcpy, or `copy` when given).
+using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy = nullptr);
+void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy = nullptr);
+
+// All-to-all(v) on one node (Note [Shared-memory all-to-all]): send[j] is this rank's block for rank
+// j, recv[i] the block from rank i (the pieces' bytes sum to the pairwise counts, which must agree:
+// the caller has checked, or they agree by construction). Unlike the others it takes every size under
+// "auto": the ranks' byte counts differ, and a size rule would split them between the two paths.
+// `stream`: write received bytes with streaming stores (a large output nobody reads soon).
+bool shm_alltoallv(GroupState& g, const Op& op, std::span<const Block> send, std::span<const Block> recv, bool stream);
 
 }  // namespace zs::comm::detail

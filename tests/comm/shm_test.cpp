@@ -277,6 +277,41 @@ TEST(Shm, AlltoallvBitwiseEqualToMpi) {
   }
 }
 
+// The piece form (moe/dispatch.h): blocks split over several tensors, on both sides, through shared
+// memory and through MPI's packing, equal to the contiguous exchange.
+TEST(Shm, AlltoallvPiecesEqualContiguous) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_a2a_pieces");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_a2a_pieces");
+  const int n = shm.size(), me = shm.rank();
+  const size_t big = kRound / 4 + 77;  // crosses rounds and piece boundaries
+  auto f = [&](int i, int j) -> size_t { return (i + j) % 3 == 2 ? 0 : big * static_cast<size_t>(1 + (i + j) % 2) + 5 * static_cast<size_t>(i); };
+  std::vector<size_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) send[static_cast<size_t>(j)] = f(me, j), recv[static_cast<size_t>(j)] = f(j, me);
+  const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
+  const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
+  Tensor in = make(DType::kF32, ns, me), expected = empty(nr, DType::kF32);
+  mpi.alltoallv(in, send, expected, recv);
+  // Each block cut into three pieces (one may be empty), the receive side in a scrambled buffer.
+  auto cut = [](const Tensor& flat, size_t at, size_t cnt) {
+    const int64_t a = static_cast<int64_t>(at), c = static_cast<int64_t>(cnt);
+    return std::vector<Tensor>{flat.slice(0, a, a + c / 3), flat.slice(0, a + c / 3, a + c / 3), flat.slice(0, a + c / 3, a + c)};
+  };
+  for (const comm::Group* g : {&shm, &mpi}) {
+    SCOPED_TRACE(g->name());
+    Tensor got = empty(nr, DType::kF32);
+    std::vector<std::vector<Tensor>> sp, rp;
+    size_t at = 0, rt = 0;
+    for (int j = 0; j < n; ++j) {
+      sp.push_back(cut(in, at, send[static_cast<size_t>(j)]));
+      rp.push_back(cut(got, rt, recv[static_cast<size_t>(j)]));
+      at += send[static_cast<size_t>(j)];
+      rt += recv[static_cast<size_t>(j)];
+    }
+    g->alltoallv(sp, rp);
+    EXPECT_TRUE(same_bits(got, expected));
+  }
+}
+
 TEST(Shm, ConfigSwitchForcesEitherPath) {
   comm::Group on = with_mode(comm::SharedMemory::kOn, "shm_on");
   comm::Group off = with_mode(comm::SharedMemory::kOff, "shm_off");
