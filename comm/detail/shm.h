@@ -1,5 +1,5 @@
 // Intra-node collectives over an MPI-3 shared-memory window (Note [Shared-memory collectives]).
-// Internal to comm: Group's reduce-scatter, allgather(v) and allreduce call the shm_* functions below
+// Internal to comm: Group's reduce-scatter, allgather(v), allreduce and all-to-all(v) call the shm_* functions below
 // first, inside the Op's body (after the handshake), and use MPI's collective when they return false.
 //
 // Note [Shared-memory collectives]
