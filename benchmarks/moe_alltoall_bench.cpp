@@ -13,7 +13,8 @@
 //                     (Group::exchange_counts)
 //   dispatch          the MoE layer's forward exchange: plan_exchange, then moe::to_experts (the
 //                     alltoallv into the arena, without a handshake of its own after the counts; with
-//                     several experts per rank, the rows regrouped per expert: one more copy)
+//                     several experts per rank, straight into each expert's tensor: Group::alltoallv
+//                     with pieces, no regrouping copy on one node's shared-memory path)
 // Method as comm_bench: warm-up, then timed repetitions, each call after a barrier, in a rotating
 // order that alternates direction; a call's time is the slowest rank's; ratio = median over
 // repetitions of raw time / our time (> 1: ours faster). The target (docs/moe.md) is alltoallv and

@@ -6,10 +6,13 @@
 
 namespace zs::comm {
 
-// Whether reduce-scatter, allgather(v) and allreduce between ranks of one node go through a shared-
-// memory window (Note [Shared-memory collectives] in comm/detail/shm.h) instead of MPI's collective.
+// Whether reduce-scatter, allgather(v), allreduce and all-to-all(v) between ranks of one node go
+// through a shared-memory window (Note [Shared-memory collectives] in comm/detail/shm.h) instead of
+// MPI's collective.
 //   kAuto: when the group has ranks sharing a node, the window could be made (else MPI's) and the
-//          tensor has at least 8 KiB (kShmAutoMinBytes: smaller ones are faster through MPI).
+//          tensor has at least 8 KiB (kShmAutoMinBytes: smaller ones are faster through MPI); an
+//          all-to-all(v) of a group on one node at every size (its ranks' sizes differ, and the
+//          choice must be the same on all of them).
 //   kOn:   at every size; a window that cannot be made is an error instead of a fallback.
 //   kOff:  always MPI's collectives (no window is made).
 enum class SharedMemory { kAuto, kOn, kOff };

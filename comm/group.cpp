@@ -436,44 +436,132 @@ void check_alltoallv_counts(const Op& op, MPI_Comm comm, int rank, int size, con
   }
 }
 
-std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
-                                 std::vector<size_t> send, const memory::Tensor& output, std::vector<size_t> recv,
-                                 bool uneven_api, bool check_counts = true) {
-  const DType t = input.dtype();
+// One side of an alltoallv: a contiguous tensor with per-rank counts (`whole` defined), or per-rank
+// piece lists (Group::alltoallv with pieces). `keep` holds the tensors alive until the op has run.
+struct Side {
+  memory::Tensor whole;
+  std::vector<detail::Block> blocks;
+  std::vector<memory::Tensor> keep;
+};
+
+Side contiguous_side(const memory::Tensor& t, const Counts& c, size_t es) {
+  Side side{t, {}, {}};
+  auto* base = static_cast<unsigned char*>(t.raw());
+  for (size_t j = 0; j < c.counts.size(); ++j) {
+    side.blocks.push_back({{base + static_cast<size_t>(c.displs[j]) * es, static_cast<size_t>(c.counts[j]) * es}});
+  }
+  return side;
+}
+
+std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, DType t, Side in, std::vector<size_t> send,
+                                 Side out, std::vector<size_t> recv, bool uneven_api, bool check_counts) {
   const OpCode code = uneven_api ? OpCode::kAlltoallv : OpCode::kAlltoall;
+  const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
+  const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
   // Per-rank counts legitimately differ in alltoallv, so only alltoall's size enters the signature.
-  auto op = make_op(g, code, t, uneven_api ? 0 : input.numel(), 0,
-                    fmt::format("{}, send {} / receive {} elements", memory::dtype_name(t), input.numel(), output.numel()));
-  check_tensor(*op, input, "input");
-  check_tensor(*op, output, "output");
-  if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  auto op = make_op(g, code, t, uneven_api ? 0 : static_cast<int64_t>(ns), 0,
+                    fmt::format("{}, send {} / receive {} elements", memory::dtype_name(t), ns, nr));
   if (send.size() != static_cast<size_t>(g->size) || recv.size() != static_cast<size_t>(g->size))
     fail(*op, fmt::format("got {} send and {} receive counts for a group of {} ranks; pass one count per rank", send.size(), recv.size(), g->size));
   Counts s = int_counts(*op, send);
   Counts r = int_counts(*op, recv);
-  if (s.total != static_cast<size_t>(input.numel())) fail(*op, fmt::format("the send counts sum to {} but the input has {} elements", s.total, input.numel()));
-  if (r.total != static_cast<size_t>(output.numel())) fail(*op, fmt::format("the receive counts sum to {} but the output has {} elements", r.total, output.numel()));
   const size_t es = memory::dtype_size(t);
+  if (in.whole.defined()) in = contiguous_side(in.whole, s, es);
+  if (out.whole.defined()) out = contiguous_side(out.whole, r, es);
   const size_t me = static_cast<size_t>(g->rank);
   op->bytes_sent = (s.total - send[me]) * es;
   op->bytes_received = (r.total - recv[me]) * es;
-  op->body = [g = g.get(), input, output, t, s = std::move(s), r = std::move(r), uneven_api, check_counts,
-              o = op.get()] {
+  op->body = [g = g.get(), t, es, s = std::move(s), r = std::move(r), in = std::move(in), out = std::move(out), uneven_api,
+              check_counts, o = op.get()] {
+    const size_t me = static_cast<size_t>(g->rank);
     if (g->local()) {
-      if (s.total > 0) std::memmove(output.raw(), input.raw(), s.total * memory::dtype_size(t));
+      std::vector<unsigned char> own(static_cast<size_t>(s.counts[me]) * es);
+      detail::copy_from_block(in.blocks[me], 0, own.size(), own.data());
+      detail::copy_to_block(out.blocks[me], 0, own.size(), own.data());
       return;
     }
-    const MPI_Datatype type = mpi_type(t);
     if (uneven_api && check_counts) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);
+    if (detail::shm_alltoallv(*g, *o, in.blocks, out.blocks, r.total * es >= detail::kShmStreamMinBytes)) return;  // comm/detail/shm.h
+    // MPI's: pieces packed into (and unpacked from) a contiguous buffer; the contiguous form as it is.
+    std::vector<unsigned char> packed_in, packed_out;
+    const void* send_buf = in.whole.defined() ? in.whole.raw() : nullptr;
+    void* recv_buf = out.whole.defined() ? out.whole.raw() : nullptr;
+    if (send_buf == nullptr) {
+      packed_in.resize(s.total * es);
+      for (size_t j = 0; j < in.blocks.size(); ++j)
+        detail::copy_from_block(in.blocks[j], 0, static_cast<size_t>(s.counts[j]) * es, packed_in.data() + static_cast<size_t>(s.displs[j]) * es);
+      send_buf = packed_in.data();
+    }
+    if (recv_buf == nullptr) {
+      packed_out.resize(r.total * es);
+      recv_buf = packed_out.data();
+    }
+    const MPI_Datatype type = mpi_type(t);
     if (!uneven_api) {
-      ZS_MPI_CHECK(MPI_Alltoall(input.raw(), s.counts[0], type, output.raw(), r.counts[0], type, g->comm), "{}", o->describe());
+      ZS_MPI_CHECK(MPI_Alltoall(send_buf, s.counts[0], type, recv_buf, r.counts[0], type, g->comm), "{}", o->describe());
     } else {
-      ZS_MPI_CHECK(MPI_Alltoallv(input.raw(), s.counts.data(), s.displs.data(), type, output.raw(), r.counts.data(),
+      ZS_MPI_CHECK(MPI_Alltoallv(send_buf, s.counts.data(), s.displs.data(), type, recv_buf, r.counts.data(),
                                  r.displs.data(), type, g->comm),
                    "{}", o->describe());
     }
+    if (!packed_out.empty()) {
+      for (size_t j = 0; j < out.blocks.size(); ++j)
+        detail::copy_to_block(out.blocks[j], 0, static_cast<size_t>(r.counts[j]) * es, packed_out.data() + static_cast<size_t>(r.displs[j]) * es);
+    }
   };
   return op;
+}
+
+// The contiguous form: input and output tensors with per-rank counts.
+std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
+                                 std::vector<size_t> send, const memory::Tensor& output, std::vector<size_t> recv,
+                                 bool uneven_api, bool check_counts = true) {
+  const DType t = input.dtype();
+  auto probe = make_op(g, uneven_api ? OpCode::kAlltoallv : OpCode::kAlltoall, t, 0, 0,
+                       fmt::format("{}, send {} / receive {} elements", memory::dtype_name(t), input.numel(), output.numel()));
+  check_tensor(*probe, input, "input");
+  check_tensor(*probe, output, "output");
+  if (output.dtype() != t) fail(*probe, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
+  const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
+  if (ns != static_cast<size_t>(input.numel())) fail(*probe, fmt::format("the send counts sum to {} but the input has {} elements", ns, input.numel()));
+  if (nr != static_cast<size_t>(output.numel())) fail(*probe, fmt::format("the receive counts sum to {} but the output has {} elements", nr, output.numel()));
+  return alltoallv_op(g, t, Side{input, {}, {}}, std::move(send), Side{output, {}, {}}, std::move(recv), uneven_api,
+                      check_counts);
+}
+
+// The piece form: per-rank lists of contiguous tensors of one dtype.
+std::shared_ptr<Op> alltoallv_pieces_op(const std::shared_ptr<detail::GroupState>& g,
+                                        std::span<const std::vector<memory::Tensor>> send,
+                                        std::span<const std::vector<memory::Tensor>> recv, bool check_counts) {
+  auto probe = make_op(g, OpCode::kAlltoallv, DType::kF32, 0, 0, "pieces");
+  if (send.size() != static_cast<size_t>(g->size) || recv.size() != static_cast<size_t>(g->size))
+    fail(*probe, fmt::format("got {} send and {} receive blocks for a group of {} ranks; pass one piece list per rank", send.size(), recv.size(), g->size));
+  DType t = DType::kF32;
+  bool typed = false;
+  auto side = [&](std::span<const std::vector<memory::Tensor>> lists, std::vector<size_t>& counts, const char* role) {
+    Side sd;
+    for (const auto& list : lists) {
+      detail::Block block;
+      size_t n = 0;
+      for (const memory::Tensor& p : list) {
+        check_tensor(*probe, p, role);
+        if (typed && p.dtype() != t) fail(*probe, fmt::format("a {} piece is {} but another is {}; pass one dtype", role, memory::dtype_name(p.dtype()), memory::dtype_name(t)));
+        t = p.dtype();
+        typed = true;
+        n += static_cast<size_t>(p.numel());
+        if (p.numel() > 0) block.push_back({static_cast<unsigned char*>(p.raw()), static_cast<size_t>(p.numel()) * memory::dtype_size(p.dtype())});
+        sd.keep.push_back(p);
+      }
+      counts.push_back(n);
+      sd.blocks.push_back(std::move(block));
+    }
+    return sd;
+  };
+  std::vector<size_t> sc, rc;
+  Side in = side(send, sc, "input");
+  Side out = side(recv, rc, "output");
+  return alltoallv_op(g, t, std::move(in), std::move(sc), std::move(out), std::move(rc), true, check_counts);
 }
 
 std::shared_ptr<Op> alltoall_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
@@ -531,6 +619,12 @@ void Group::exchange_counts(std::span<const int64_t> send, std::span<int64_t> re
 void Group::alltoall(const Tensor& input, const Tensor& output) const { state_->runtime->run(alltoall_op(state_, input, output)); }
 Work Group::alltoall_async(const Tensor& input, const Tensor& output) const {
   return state_->runtime->submit(alltoall_op(state_, input, output));
+}
+void Group::alltoallv(std::span<const std::vector<Tensor>> send, std::span<const std::vector<Tensor>> recv,
+                      CountCheck check) const {
+  auto op = alltoallv_pieces_op(state_, send, recv, check == CountCheck::kVerify);
+  op->after_agreed = check == CountCheck::kExchanged;
+  state_->runtime->run(std::move(op));
 }
 void Group::alltoallv(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                       std::span<const size_t> recv_counts, CountCheck check) const {

@@ -129,6 +129,13 @@ class Group {
   Work alltoallv_async(const Tensor& input, std::span<const size_t> send_counts, const Tensor& output,
                        std::span<const size_t> recv_counts, CountCheck check = CountCheck::kVerify) const;
 
+  // The same exchange with blocks in pieces: send[j] lists the contiguous tensors that, concatenated
+  // in order, form the block for rank j; recv[i] those the block from rank i fills. One dtype; counts
+  // are the pieces' element sums. The shared-memory path reads and writes the pieces in place (no
+  // packing copy: MoE's rows grouped per expert, moe/dispatch.h); MPI's packs through a buffer.
+  void alltoallv(std::span<const std::vector<Tensor>> send, std::span<const std::vector<Tensor>> recv,
+                 CountCheck check = CountCheck::kVerify) const;
+
   // An all-to-all of counts carried by the handshake itself (one message round, not a handshake and
   // then an MPI_Alltoall): send holds size() blocks of w values (block j for rank j), recv receives
   // block i from rank i; w the same on every rank. Synchronous; the counts for an alltoallv that

@@ -75,25 +75,33 @@ std::vector<Tensor> to_experts(nn::Context& ctx, const comm::Group* ep, const Ex
     }
     return out;
   }
-  Tensor received = ctx.allocate({plan.rows_received(), d}, DType::kF32, L == 1 ? use : nn::MemoryUse::kScratch);
   // Right after plan_exchange's count exchange (the MoE layer allocates and nothing else in between):
   // no handshake of its own (Group::CountCheck::kExchanged).
-  ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts,
-                comm::Group::CountCheck::kExchanged);
-  if (L == 1) return {received};  // one local expert: the received rows are its input as they are
-  // received holds [q][l] blocks; expert l wants its blocks of every q, in q order.
-  std::vector<int64_t> filled(static_cast<size_t>(L), 0);
-  for (int l = 0; l < L; ++l) out.push_back(ctx.allocate({plan.expert_rows(l), d}, DType::kF32, use));
-  const float* src = received.data<float>();
-  for (int q = 0; q < P; ++q) {
-    for (int l = 0; l < L; ++l) {
-      const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)];
-      if (n > 0) std::memcpy(out[static_cast<size_t>(l)].data<float>() + filled[static_cast<size_t>(l)] * d, src,
-                             static_cast<size_t>(n * d) * sizeof(float));
-      filled[static_cast<size_t>(l)] += n;
-      src += n * d;
+  if (L == 1) {  // one local expert: the received rows are its input as they are
+    Tensor received = ctx.allocate({plan.rows_received(), d}, DType::kF32, use);
+    ep->alltoallv(rows.flatten(), plan.send_counts, received.flatten(), plan.recv_counts,
+                  comm::Group::CountCheck::kExchanged);
+    return {received};
+  }
+  // Several: the rows from rank q for expert l land straight in expert l's input, after those of ranks
+  // < q (Group::alltoallv with pieces: no regrouping copy on the shared-memory path).
+  std::vector<std::vector<Tensor>> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
+  const Tensor flat = rows.flatten();
+  for (int64_t q = 0, at = 0; q < P; ++q) {
+    const int64_t n = static_cast<int64_t>(plan.send_counts[static_cast<size_t>(q)]);
+    send[static_cast<size_t>(q)].push_back(flat.slice(0, at, at + n));
+    at += n;
+  }
+  for (int l = 0; l < L; ++l) {
+    out.push_back(ctx.allocate({plan.expert_rows(l), d}, DType::kF32, use));
+    const Tensor into = out.back().flatten();
+    for (int64_t q = 0, at = 0; q < P; ++q) {
+      const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)] * d;
+      if (n > 0) recv[static_cast<size_t>(q)].push_back(into.slice(0, at, at + n));
+      at += n;
     }
   }
+  ep->alltoallv(send, recv, comm::Group::CountCheck::kExchanged);
   return out;
 }
 
@@ -109,28 +117,40 @@ Tensor from_experts(nn::Context& ctx, const comm::Group* ep, const ExchangePlan&
                    "tensor {}",
                    d, d, l, memory::dtype_name(y.dtype()), memory::shape_string(y.shape()));
   }
-  Tensor packed;
-  if (L == 1) {
-    packed = outputs[0];  // one local expert: its output is already in [q] order
-  } else {
-    packed = ctx.allocate({plan.rows_received(), d}, DType::kF32, P > 1 ? nn::MemoryUse::kScratch : use);
+  if (P == 1) {
+    if (L == 1) return outputs[0];  // already in [q] order
+    Tensor packed = ctx.allocate({plan.rows_received(), d}, DType::kF32, use);
+    for (int64_t l = 0, at = 0; l < L; ++l) {
+      const int64_t n = outputs[static_cast<size_t>(l)].numel();
+      if (n > 0) std::memcpy(packed.data<float>() + at, outputs[static_cast<size_t>(l)].data<float>(), static_cast<size_t>(n) * sizeof(float));
+      at += n;
+    }
+    return packed;
   }
+  Tensor back = ctx.allocate({plan.rows_sent(), d}, DType::kF32, use);
+  if (L == 1) {
+    ep->alltoallv(outputs[0].flatten(), plan.recv_counts, back.flatten(), plan.send_counts, comm::Group::CountCheck::kSkip);
+    return back;
+  }
+  // Rank q's block is expert 0's rows from q, then expert 1's, ...: pieces of the outputs, sent in
+  // place (Group::alltoallv with pieces), into `back` in the order to_experts took them.
+  std::vector<std::vector<Tensor>> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
   std::vector<int64_t> taken(static_cast<size_t>(L), 0);
-  float* dst = packed.data<float>();
-  for (int q = 0; q < P && L > 1; ++q) {
+  for (int q = 0; q < P; ++q) {
     for (int l = 0; l < L; ++l) {
-      const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)];
-      const Tensor& y = outputs[static_cast<size_t>(l)];
-      if (n > 0) std::memcpy(dst, y.data<float>() + taken[static_cast<size_t>(l)] * d,
-                             static_cast<size_t>(n * d) * sizeof(float));
+      const int64_t n = plan.recv_rows[static_cast<size_t>(q * L + l)] * d;
+      const int64_t t0 = taken[static_cast<size_t>(l)];
+      if (n > 0) send[static_cast<size_t>(q)].push_back(outputs[static_cast<size_t>(l)].flatten().slice(0, t0, t0 + n));
       taken[static_cast<size_t>(l)] += n;
-      dst += n * d;
     }
   }
-  if (P == 1) return packed;
-  Tensor back = ctx.allocate({plan.rows_sent(), d}, DType::kF32, use);
-  ep->alltoallv(packed.view({packed.numel()}), plan.recv_counts, back.flatten(), plan.send_counts,
-                comm::Group::CountCheck::kSkip);
+  const Tensor flat = back.flatten();
+  for (int64_t q = 0, at = 0; q < P; ++q) {
+    const int64_t n = static_cast<int64_t>(plan.send_counts[static_cast<size_t>(q)]);
+    recv[static_cast<size_t>(q)].push_back(flat.slice(0, at, at + n));
+    at += n;
+  }
+  ep->alltoallv(send, recv, comm::Group::CountCheck::kSkip);
   return back;
 }
 

@@ -17,7 +17,8 @@
 // construction). The counts ride on the collective handshake (Group::exchange_counts: one message
 // round), and to_experts, called right after, skips its own handshake (CountCheck::kExchanged; Note
 // [Counts in the handshake] in comm/detail/runtime.h). to_experts and from_experts each run one alltoallv over the
-// EP group (the backward runs them again, with the same plan, for the gradients). Collective: every rank
+// EP group (with several local experts, its blocks given as pieces of the experts' own tensors: no
+// regrouping copy where the transport writes them in place, comm/group.h) (the backward runs them again, with the same plan, for the gradients). Collective: every rank
 // of the EP group calls these in the same order. ep == nullptr or a group of one moves rows locally; a
 // simulated group (comm::Group::simulated, the memory estimator) plans as if every rank routed like this one.
 #pragma once

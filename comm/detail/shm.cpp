@@ -22,9 +22,6 @@ constexpr size_t kLine = 64;                                    // one barrier f
 constexpr size_t kFlagBytes = ShmNode::kMaxGroups * kLine;
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
 constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
-// Outputs from this size are written with streaming stores (copy_streaming): larger than the L2
-// caches, so the caller reads them from memory anyway, and the stores skip reading each line first.
-constexpr size_t kStreamMinBytes = size_t{4} << 20;
 
 size_t piece(size_t count, size_t k, size_t m) { return count > k * m ? std::min(m, count - k * m) : 0; }
 
@@ -95,10 +92,12 @@ ShmNode::~ShmNode() {
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
-std::atomic<uint64_t>& ShmNode::flag(int node_rank, int group_index) const {
+std::atomic<uint64_t>& ShmNode::word(int node_rank, int group_index, int w) const {
   static_assert(std::atomic<uint64_t>::is_always_lock_free, "flags are shared between processes");
+  static_assert(kLine / sizeof(uint64_t) == 8, "eight words per flag line");
   return *reinterpret_cast<std::atomic<uint64_t>*>(flags_[static_cast<size_t>(node_rank)] +
-                                                   static_cast<size_t>(group_index) * kLine);
+                                                   static_cast<size_t>(group_index) * kLine +
+                                                   static_cast<size_t>(w) * sizeof(uint64_t));
 }
 
 ShmGroup::~ShmGroup() {
@@ -298,7 +297,7 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
   const bool overlap = own_out != in && own_out < in + own * es && in < own_out + own * es;
   if (overlap && own > 0) std::memmove(own_out, in, own * es);
   const unsigned char* src = overlap ? own_out : in;
-  const bool stream = static_cast<size_t>(output.numel()) * es >= kStreamMinBytes;
+  const bool stream = static_cast<size_t>(output.numel()) * es >= kShmStreamMinBytes;
   auto copy_out = [stream](void* d, const void* from, size_t nbytes) {
     stream ? copy_streaming(d, from, nbytes) : static_cast<void>(std::memcpy(d, from, nbytes));
   };
@@ -314,6 +313,95 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
       const size_t np = piece(static_cast<size_t>(counts[p]), k, m);
       if (p != me && np > 0) copy_out(out + (static_cast<size_t>(displs[p]) + k * m) * es, node.slot(s->local[p], b), np * es);
     }
+  }
+  barrier(g, *s, op);
+  g.runtime->count_shared_memory();
+  return true;
+}
+
+void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy) {
+  for (const BlockPiece& p : block) {
+    if (n == 0) return;
+    if (at >= p.bytes) {
+      at -= p.bytes;
+      continue;
+    }
+    const size_t c = std::min(n, p.bytes - at);
+    copy ? copy(dst, p.data + at, c) : static_cast<void>(std::memcpy(dst, p.data + at, c));
+    dst += c;
+    n -= c;
+    at = 0;
+  }
+  ZS_ASSERT(n == 0, "copy_from_block: {} bytes past the block's end", n);
+}
+
+void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy) {
+  for (const BlockPiece& p : block) {
+    if (n == 0) return;
+    if (at >= p.bytes) {
+      at -= p.bytes;
+      continue;
+    }
+    const size_t c = std::min(n, p.bytes - at);
+    copy ? copy(p.data + at, src, c) : static_cast<void>(std::memcpy(p.data + at, src, c));
+    src += c;
+    n -= c;
+    at = 0;
+  }
+  ZS_ASSERT(n == 0, "copy_to_block: {} bytes past the block's end", n);
+}
+
+namespace {
+size_t block_bytes(const Block& b) {
+  size_t n = 0;
+  for (const BlockPiece& p : b) n += p.bytes;
+  return n;
+}
+}  // namespace
+
+bool shm_alltoallv(GroupState& g, const Op& op, std::span<const Block> send, std::span<const Block> recv, bool stream) {
+  ShmGroup* s = usable(g, op, kShmAutoMinBytes);  // every size (see the header)
+  if (s == nullptr || s->nodes > 1) return false;
+  const ShmNode& node = *g.runtime->shm_node();
+  const size_t L = s->local.size();
+  const size_t me = static_cast<size_t>(s->me);
+  const size_t m = round_down(ShmNode::kRoundBytes / (L - 1), 4096);  // bytes per peer per round
+  auto region = [m](size_t peer, size_t owner) { return (peer - (peer > owner ? 1 : 0)) * m; };  // peer's, in owner's slot
+  std::vector<size_t> send_bytes(L), recv_bytes(L);
+  uint64_t need = 0;
+  for (size_t j = 0; j < L; ++j) {
+    send_bytes[j] = block_bytes(send[j]);
+    recv_bytes[j] = block_bytes(recv[j]);
+    if (j != me) need = std::max<uint64_t>({need, (send_bytes[j] + m - 1) / m, (recv_bytes[j] + m - 1) / m});
+  }
+  node.word(s->local[me], s->flag_index, 1).store(need, std::memory_order_relaxed);  // published by barrier 1
+  const CopyFn out_copy = stream ? copy_streaming : nullptr;
+  uint64_t rounds = 1;  // at least the barrier that publishes `need`
+  for (uint64_t k = 0; k < rounds; ++k) {
+    const int b = static_cast<int>(k & 1);
+    unsigned char* mine = node.slot(s->local[me], b);
+    for (size_t j = 0; j < L; ++j) {
+      const size_t n = piece(send_bytes[j], k, m);
+      if (j != me && n > 0) copy_from_block(send[j], k * m, n, mine + region(j, me));
+    }
+    barrier(g, *s, op);
+    if (k == 0) {
+      rounds = 0;
+      for (size_t p = 0; p < L; ++p)
+        rounds = std::max(rounds, node.word(s->local[p], s->flag_index, 1).load(std::memory_order_relaxed));
+    }
+    for (size_t p = 0; p < L; ++p) {
+      const size_t n = piece(recv_bytes[p], k, m);
+      if (p != me && n > 0) copy_to_block(recv[p], k * m, n, node.slot(s->local[p], b) + region(me, p), out_copy);
+    }
+  }
+  // This rank's own block, piece to piece (never staged).
+  size_t at = 0;
+  const size_t own = std::min(send_bytes[me], recv_bytes[me]);
+  for (const BlockPiece& p : send[me]) {
+    const size_t c = std::min(p.bytes, own - std::min(own, at));
+    if (c > 0) copy_to_block(recv[me], at, c, p.data, out_copy);
+    at += c;
   }
   barrier(g, *s, op);
   g.runtime->count_shared_memory();
@@ -401,7 +489,7 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
     return true;
   }
   const size_t M = round_down(ShmNode::kRoundBytes / es, kAlign * L);
-  const bool stream = n * es >= kStreamMinBytes;
+  const bool stream = n * es >= kShmStreamMinBytes;
   for (size_t k = 0; k * M < n; ++k) {
     const int b = static_cast<int>(k & 1);
     const size_t nk = std::min(M, n - k * M);

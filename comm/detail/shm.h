@@ -1,5 +1,5 @@
 // Intra-node collectives over an MPI-3 shared-memory window (Note [Shared-memory collectives]).
-// Internal to comm: Group's reduce-scatter, allgather(v) and allreduce call the shm_* functions below
+// Internal to comm: Group's reduce-scatter, allgather(v), allreduce and all-to-all(v) call the shm_* functions below
 // first, inside the Op's body (after the handshake), and use MPI's collective when they return false.
 //
 // Note [Shared-memory collectives]
@@ -32,6 +32,15 @@
 // transport does) was tried and removed. Quiet (docs/benchmarks.md), it moved 2.5-3 GB/s against
 // 13-15 GB/s for memcpy through the window, and staging (two copies, the second from cache) beat it
 // 1.5-2x at every size from 64 KiB.
+// Note [Shared-memory all-to-all]
+// An alltoallv stages the same way: in round k each rank copies piece k of each peer's block into
+// that peer's region of its slot (kRoundBytes / (L-1) per peer), a barrier, then each rank copies
+// its pieces out of every peer's region; its own block goes from input to output directly, never
+// staged. Only a rank's own row and column of the count matrix are known to it, so the round count
+// is agreed inside the first barrier: each rank writes the rounds it needs into a second word of its
+// flag line before that barrier's release store and reads the others' after it (no extra round
+// trip). Ranks that route nothing still take part in every round, so skewed or zero routing cannot
+// hang; the counts themselves were exchanged before (moe/dispatch.h) or checked by the caller.
 // Groups spanning nodes (allreduce): ranks reduce through their node's slots into the node leader's
 // fp32 accumulator, the leaders (one per node) allreduce it over MPI, and every rank copies the result
 // out of the leader's slot. Reduce-scatter and allgather(v) spanning nodes use MPI's collective.
@@ -85,7 +94,10 @@ class ShmNode {
   int node_size() const { return node_size_; }
   int node_id() const { return node_id_; }  // world rank of the node's first rank: equal across the node
   unsigned char* slot(int node_rank, int buffer) const { return slots_[static_cast<size_t>(node_rank)][buffer]; }
-  std::atomic<uint64_t>& flag(int node_rank, int group_index) const;
+  std::atomic<uint64_t>& flag(int node_rank, int group_index) const { return word(node_rank, group_index, 0); }
+  // Word w (0..7) of a rank's flag line for a group: word 0 is the barrier flag; the others carry
+  // small values a collective publishes with its next barrier (an alltoallv's rounds).
+  std::atomic<uint64_t>& word(int node_rank, int group_index, int w) const;
   // Flag lines are handed out once, in the order groups first use shared memory (the same on every
   // rank of a group: ShmGroup takes the max over its members).
   int next_group_index = 0;
@@ -129,6 +141,9 @@ void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std:
 // barrier's microsecond outweighs the copies saved (comm_bench, docs/benchmarks.md: 0.55-0.75x raw
 // OpenMPI at 1-4 KiB, 1.7-2.9x from 16 KiB). true uses shared memory at every size.
 inline constexpr size_t kShmAutoMinBytes = size_t{8} << 10;
+// Outputs from this size are written with streaming stores (copy_streaming): larger than the L2
+// caches, so the caller reads them from memory anyway, and the stores skip reading each line first.
+inline constexpr size_t kShmStreamMinBytes = size_t{4} << 20;
 
 // Each returns false, having done nothing, when this collective should use MPI (shared memory off,
 // unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes for
@@ -138,5 +153,23 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r);
 bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                     std::span<const int> counts, std::span<const int> displs);
+// One rank's block of an all-to-all(v) as the caller holds it: one piece in the contiguous form, or
+// several (Group::alltoallv with pieces: rows of different experts, moe/dispatch.h), in order.
+struct BlockPiece {
+  unsigned char* data = nullptr;
+  size_t bytes = 0;
+};
+using Block = std::vector<BlockPiece>;
+// Bytes [at, at + n) of `block` to `dst` / from `src` (memcpy, or `copy` when given).
+using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
+void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy = nullptr);
+void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy = nullptr);
+
+// All-to-all(v) on one node (Note [Shared-memory all-to-all]): send[j] is this rank's block for rank
+// j, recv[i] the block from rank i (the pieces' bytes sum to the pairwise counts, which must agree:
+// the caller has checked, or they agree by construction). Unlike the others it takes every size under
+// "auto": the ranks' byte counts differ, and a size rule would split them between the two paths.
+// `stream`: write received bytes with streaming stores (a large output nobody reads soon).
+bool shm_alltoallv(GroupState& g, const Op& op, std::span<const Block> send, std::span<const Block> recv, bool stream);
 
 }  // namespace zs::comm::detail

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -223,6 +224,91 @@ TEST(Shm, AllreduceMatchesMpiAndReference) {
         }
       }
     }
+  }
+}
+
+// Rank i sends rank j `f(i, j)` elements: zero for some pairs, several rounds for others, and a
+// rank that sends everything to one peer next to one that sends nothing (MoE's skewed routing).
+TEST(Shm, AlltoallvBitwiseEqualToMpi) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_a2a");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_a2a");
+  const int n = shm.size(), me = shm.rank();
+  const size_t per_round = kRound / static_cast<size_t>(std::max(1, n - 1)) / 4;  // fp32 elements per peer per round
+  auto uneven = [&](int i, int j) -> size_t { return (i + 2 * j) % 3 == 0 ? 0 : per_round * static_cast<size_t>(i + j) + 13 * static_cast<size_t>(j) + 1; };
+  auto skewed = [&](int i, int j) -> size_t { return i == 0 ? (j == n - 1 ? 2 * per_round + 5 : 0) : 0; };
+  auto small = [&](int i, int j) -> size_t { return static_cast<size_t>(1 + i + 3 * j); };
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (const auto& f : {std::function<size_t(int, int)>(uneven), std::function<size_t(int, int)>(skewed),
+                          std::function<size_t(int, int)>(small)}) {
+      SCOPED_TRACE(memory::dtype_name(t));
+      std::vector<size_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+      for (int j = 0; j < n; ++j) send[static_cast<size_t>(j)] = f(me, j), recv[static_cast<size_t>(j)] = f(j, me);
+      const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
+      const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
+      Tensor in = make(t, ns, me), a = empty(nr, t), c = empty(nr, t);
+      const uint64_t before = test::world().counters().shared_memory_collectives;
+      shm.alltoallv(in, send, a, recv, comm::Group::CountCheck::kSkip);
+      EXPECT_EQ(test::world().counters().shared_memory_collectives, before + (n > 1 && single_node() ? 1 : 0));
+      mpi.alltoallv(in, send, c, recv);
+      EXPECT_TRUE(same_bits(a, c));
+      size_t at = 0;  // block j comes from rank j: its first elements are rank j's send displacement to me
+      for (int j = 0; j < n; ++j) {
+        size_t displ = 0;
+        for (int q = 0; q < me; ++q) displ += f(j, q);
+        if (recv[static_cast<size_t>(j)] > 0) {
+          EXPECT_EQ(get(a, at), stored(t, j, displ)) << "from rank " << j;
+        }
+        at += recv[static_cast<size_t>(j)];
+      }
+    }
+  }
+  // The even form, and a mismatch of the counts is still caught by the verified form on every rank.
+  Tensor x = make(DType::kF32, 4096 * static_cast<size_t>(n), me), y1 = empty(4096 * static_cast<size_t>(n), DType::kF32),
+         y2 = empty(4096 * static_cast<size_t>(n), DType::kF32);
+  shm.alltoall(x, y1);
+  mpi.alltoall(x, y2);
+  EXPECT_TRUE(same_bits(y1, y2));
+  if (n >= 2) {
+    std::vector<size_t> send(static_cast<size_t>(n), 10), recv(static_cast<size_t>(n), 10);
+    if (me == 1) recv[0] = 11;
+    const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
+    Tensor o = empty(nr, DType::kF32);
+    EXPECT_THROW(shm.alltoallv(make(DType::kF32, 10 * static_cast<size_t>(n), me), send, o, recv), CommError);
+  }
+}
+
+// The piece form (moe/dispatch.h): blocks split over several tensors, on both sides, through shared
+// memory and through MPI's packing, equal to the contiguous exchange.
+TEST(Shm, AlltoallvPiecesEqualContiguous) {
+  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_a2a_pieces");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_a2a_pieces");
+  const int n = shm.size(), me = shm.rank();
+  const size_t big = kRound / 4 + 77;  // crosses rounds and piece boundaries
+  auto f = [&](int i, int j) -> size_t { return (i + j) % 3 == 2 ? 0 : big * static_cast<size_t>(1 + (i + j) % 2) + 5 * static_cast<size_t>(i); };
+  std::vector<size_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+  for (int j = 0; j < n; ++j) send[static_cast<size_t>(j)] = f(me, j), recv[static_cast<size_t>(j)] = f(j, me);
+  const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
+  const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
+  Tensor in = make(DType::kF32, ns, me), expected = empty(nr, DType::kF32);
+  mpi.alltoallv(in, send, expected, recv);
+  // Each block cut into three pieces (one may be empty), the receive side in a scrambled buffer.
+  auto cut = [](const Tensor& flat, size_t at, size_t cnt) {
+    const int64_t a = static_cast<int64_t>(at), c = static_cast<int64_t>(cnt);
+    return std::vector<Tensor>{flat.slice(0, a, a + c / 3), flat.slice(0, a + c / 3, a + c / 3), flat.slice(0, a + c / 3, a + c)};
+  };
+  for (const comm::Group* g : {&shm, &mpi}) {
+    SCOPED_TRACE(g->name());
+    Tensor got = empty(nr, DType::kF32);
+    std::vector<std::vector<Tensor>> sp, rp;
+    size_t at = 0, rt = 0;
+    for (int j = 0; j < n; ++j) {
+      sp.push_back(cut(in, at, send[static_cast<size_t>(j)]));
+      rp.push_back(cut(got, rt, recv[static_cast<size_t>(j)]));
+      at += send[static_cast<size_t>(j)];
+      rt += recv[static_cast<size_t>(j)];
+    }
+    g->alltoallv(sp, rp);
+    EXPECT_TRUE(same_bits(got, expected));
   }
 }
 
