@@ -266,7 +266,7 @@ bool Engine::step() {
     for (auto& set : s.sets_) {
       if (s.stage_ == 1 || s.stage_ == 2) s.allgather_params(*set);
       if (set->gatherer) {
-        memory::DeviceAccess access(*s.backend_);  // waits for prefetches still writing device memory
+        memory::DeviceAccess access(*s.backend_);  // drops gathered buffers in device memory
         set->gatherer->invalidate();
       }
     }

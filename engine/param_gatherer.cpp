@@ -69,7 +69,6 @@ ParamGatherer::ParamGatherer(const Options& options, const FlatLayout& layout, c
 ParamGatherer::~ParamGatherer() {
   for (auto& e : entries_) {
     try {
-      e.work.wait();
       if (!e.staging.empty()) options_.nvme->wait(e.read);  // a read must not land in freed memory
     } catch (...) {
     }
@@ -120,8 +119,9 @@ void ParamGatherer::start_gather(Entry& e) {
   if (group_.size() == 1) {
     device_.backend().copy(out.raw(), memory::Tier::kDevice, src, options_.shard_tier, e.range.size * elem);
   } else {
+    // On the calling thread (Note [synchronous gathers] in the header).
     memory::Tensor in(const_cast<char*>(src), dtype_, {static_cast<int64_t>(owned.size)});
-    e.work = group_.allgatherv_async(in, out, partition_.counts(e.range));
+    group_.allgatherv(in, out, partition_.counts(e.range));
   }
 }
 
@@ -142,7 +142,6 @@ void ParamGatherer::finish_gather(Entry& e) {
     e.staging.reset();
     e.read = {};
   }
-  e.work.wait();
   e.state = State::kAvailable;
   auto slots = layout_.slots();
   for (size_t s = e.first_slot; s < e.end_slot; ++s) {
@@ -152,7 +151,6 @@ void ParamGatherer::finish_gather(Entry& e) {
 }
 
 void ParamGatherer::drop(Entry& e) {
-  e.work.wait();
   if (!e.staging.empty()) {
     // A prefetch read still in flight (the step invalidated it): the buffer must outlive the read.
     options_.nvme->wait(e.read);

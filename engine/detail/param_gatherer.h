@@ -9,8 +9,19 @@
 // Prefetch. The first forward and the first backward record the order in which modules fetch their
 // parameters; later passes must follow it (a different order is a ModelError naming the module
 // expected and the one met - never a hang). After each fetch, the next modules of the recorded order
-// are gathered asynchronously while their total stays within stage3_prefetch_bucket_size elements and
-// the live total within stage3_max_live_parameters.
+// are gathered ahead while their total stays within stage3_prefetch_bucket_size elements and the live
+// total within stage3_max_live_parameters.
+//
+// Note [synchronous gathers]
+// Every gather's collective runs on the calling thread (Group::allgatherv, which runs on the caller
+// when no async collective is queued), prefetches included; only NVMe reads are started ahead
+// asynchronously. The CPU device has no copy engine: an async allgather runs on the comm worker
+// thread, which shares the cores with the rank's compute threads (the launcher gives every core to
+// compute), so it overlaps nothing and adds, per module, a hand-off to the worker and a meeting of
+// both ranks' workers, each of which must first preempt a compute thread. Measured with
+// zero_step_bench at np 2 on 2 cores (docs/benchmarks.md): async gathers cost stage 3 about 5-7% of
+// its step against the same gathers on the calling thread, where both ranks' compute threads are
+// already running and meet at once. A device with a copy engine would start them asynchronously here.
 //
 // Persistence. A module whose own parameters number fewer than stage3_param_persistence_threshold
 // elements is not released after use; its gathered copy goes stale when the optimizer step changes
@@ -79,6 +90,7 @@ class ParamGatherer {
   size_t live_bound_bytes() const;
 
  private:
+  // kInFlight: gathered (or, with NVMe, its read started) but its views not yet set.
   enum class State { kReleased, kInFlight, kAvailable };
   struct Entry {
     nn::Module* module = nullptr;
@@ -89,7 +101,6 @@ class ParamGatherer {
     State state = State::kReleased;
     bool prefetched = false;
     memory::DeviceBlock buffer;
-    comm::Work work;
     offload::AlignedBuffer staging;  // nvme: the owned part read from the swap file
     offload::Ticket read;
     size_t staging_skip = 0;         // bytes before the owned part in `staging` (window alignment)
