@@ -47,8 +47,11 @@ endfunction()
 set(ZS_UNIT_ENV "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
 if(ZS_SANITIZE)
   # Full unwinding, so the suppressions (OpenMPI's own start-up leaks) match whole stacks.
+  # UBSan is built with -fno-sanitize-recover (CMakeLists.txt), so a report stops the test; halt_on_error
+  # says so again for code built without it, and the stack names the caller.
   list(APPEND ZS_UNIT_ENV "ASAN_OPTIONS=fast_unwind_on_malloc=0"
-       "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/support/lsan_mpi.supp:print_suppressions=0")
+       "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/support/lsan.supp:print_suppressions=0"
+       "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
 endif()
 if(ZS_TSAN)
   list(APPEND ZS_UNIT_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${PROJECT_SOURCE_DIR}/tests/support/tsan.supp")
