@@ -47,8 +47,11 @@ endfunction()
 set(ZS_UNIT_ENV "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
 if(ZS_SANITIZE)
   # Full unwinding, so the suppressions (OpenMPI's own start-up leaks) match whole stacks.
+  # UBSan is built with -fno-sanitize-recover (CMakeLists.txt), so a report stops the test; halt_on_error
+  # says so again for code built without it, and the stack names the caller.
   list(APPEND ZS_UNIT_ENV "ASAN_OPTIONS=fast_unwind_on_malloc=0"
-       "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/support/lsan_mpi.supp:print_suppressions=0")
+       "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/support/lsan.supp:print_suppressions=0"
+       "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
 endif()
 if(ZS_TSAN)
   list(APPEND ZS_UNIT_ENV "TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=${PROJECT_SOURCE_DIR}/tests/support/tsan.supp")
@@ -85,6 +88,11 @@ function(zs_add_test)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
+  if(ZS_SANITIZE)
+    # ASan+UBSan runs 2-4x slower: memory_allocator_test and comm_collectives_test.np2 ran past their
+    # release limits of 120 s on a loaded 2-core machine.
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 3")
+  endif()
   foreach(label ${T_LABELS})
     zs_test_targets(LABEL ${label} TARGETS ${T_NAME})
   endforeach()
@@ -117,6 +125,10 @@ function(zs_add_mpi_test)
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest zs_test_mpi_main)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 180)
+  endif()
+  if(ZS_SANITIZE)
+    # As in zs_add_test: ASan+UBSan is slower.
+    math(EXPR T_TIMEOUT "${T_TIMEOUT} * 3")
   endif()
   if(NOT T_LABELS)
     set(T_LABELS mpi)
