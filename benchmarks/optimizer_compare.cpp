@@ -6,7 +6,7 @@
 //
 //   mpirun -np 2 build/release/benchmarks/optimizer_compare [--json out.json]
 //          [--config examples/configs/gpt_small.json] [--steps 150] [--tail 10]
-//          [--data ../shared/data/tinyshakespeare.txt] [--seeds 1234,1,2]
+//          [--data CORPUS.txt] [--seeds 1234,1,2]
 //          [--precision fp32|bf16] [--stage 0] [--types AdamW,OneBitAdam,ZeroOneAdam,CAdam,Lion]
 //          [--sign-lr-div 3] [--sign-wd-mul 3] [--sign-betas 0.9,0.99]
 //          [--var-freeze-step N] [--var-update-scaler 16] [--local-step-clipper 2]
