@@ -319,36 +319,37 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
   return true;
 }
 
-void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy) {
+namespace {
+// Calls fn(piece_bytes, linear_offset, c) for each run of the block's bytes [at, at + n): the one walk
+// both copy directions share.
+template <typename Fn>
+void for_each_block_run(const Block& block, size_t at, size_t n, const char* what, Fn&& fn) {
+  size_t done = 0;
   for (const BlockPiece& p : block) {
-    if (n == 0) return;
+    if (done == n) return;
     if (at >= p.bytes) {
       at -= p.bytes;
       continue;
     }
-    const size_t c = std::min(n, p.bytes - at);
-    copy ? copy(dst, p.data + at, c) : static_cast<void>(std::memcpy(dst, p.data + at, c));
-    dst += c;
-    n -= c;
+    const size_t c = std::min(n - done, p.bytes - at);
+    fn(p.data + at, done, c);
+    done += c;
     at = 0;
   }
-  ZS_ASSERT(n == 0, "copy_from_block: {} bytes past the block's end", n);
+  ZS_ASSERT(done == n, "{}: {} bytes past the block's end", what, n - done);
+}
+}  // namespace
+
+void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy) {
+  if (copy == nullptr) copy = [](void* d, const void* s, size_t c) { std::memcpy(d, s, c); };
+  for_each_block_run(block, at, n, "copy_from_block",
+                     [&](unsigned char* piece, size_t off, size_t c) { copy(dst + off, piece, c); });
 }
 
 void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy) {
-  for (const BlockPiece& p : block) {
-    if (n == 0) return;
-    if (at >= p.bytes) {
-      at -= p.bytes;
-      continue;
-    }
-    const size_t c = std::min(n, p.bytes - at);
-    copy ? copy(p.data + at, src, c) : static_cast<void>(std::memcpy(p.data + at, src, c));
-    src += c;
-    n -= c;
-    at = 0;
-  }
-  ZS_ASSERT(n == 0, "copy_to_block: {} bytes past the block's end", n);
+  if (copy == nullptr) copy = [](void* d, const void* s, size_t c) { std::memcpy(d, s, c); };
+  for_each_block_run(block, at, n, "copy_to_block",
+                     [&](unsigned char* piece, size_t off, size_t c) { copy(piece, src + off, c); });
 }
 
 namespace {
