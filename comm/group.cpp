@@ -475,9 +475,9 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, D
               check_counts, o = op.get()] {
     const size_t me = static_cast<size_t>(g->rank);
     if (g->local()) {
-      std::vector<unsigned char> own(static_cast<size_t>(s.counts[me]) * es);
-      detail::copy_from_block(in.blocks[me], 0, own.size(), own.data());
-      detail::copy_to_block(out.blocks[me], 0, own.size(), own.data());
+      // memmove: the contiguous form may pass one tensor as input and output.
+      detail::copy_block(in.blocks[me], out.blocks[me], static_cast<size_t>(s.counts[me]) * es,
+                         [](void* d, const void* from, size_t n) { std::memmove(d, from, n); });
       return;
     }
     if (uneven_api && check_counts) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);

@@ -352,6 +352,11 @@ void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char*
                      [&](unsigned char* piece, size_t off, size_t c) { copy(piece, src + off, c); });
 }
 
+void copy_block(const Block& from, const Block& to, size_t n, CopyFn copy) {
+  for_each_block_run(from, 0, n, "copy_block",
+                     [&](unsigned char* piece, size_t off, size_t c) { copy_to_block(to, off, c, piece, copy); });
+}
+
 namespace {
 size_t block_bytes(const Block& b) {
   size_t n = 0;
@@ -397,13 +402,7 @@ bool shm_alltoallv(GroupState& g, const Op& op, std::span<const Block> send, std
     }
   }
   // This rank's own block, piece to piece (never staged).
-  size_t at = 0;
-  const size_t own = std::min(send_bytes[me], recv_bytes[me]);
-  for (const BlockPiece& p : send[me]) {
-    const size_t c = std::min(p.bytes, own - std::min(own, at));
-    if (c > 0) copy_to_block(recv[me], at, c, p.data, out_copy);
-    at += c;
-  }
+  copy_block(send[me], recv[me], std::min(send_bytes[me], recv_bytes[me]), out_copy);
   barrier(g, *s, op);
   g.runtime->count_shared_memory();
   return true;

@@ -164,6 +164,8 @@ using Block = std::vector<BlockPiece>;
 using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
 void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy = nullptr);
 void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy = nullptr);
+// The first n bytes of `from` into `to`, piece to piece, with no staging buffer.
+void copy_block(const Block& from, const Block& to, size_t n, CopyFn copy = nullptr);
 
 // All-to-all(v) on one node (Note [Shared-memory all-to-all]): send[j] is this rank's block for rank
 // j, recv[i] the block from rank i (the pieces' bytes sum to the pairwise counts, which must agree:
