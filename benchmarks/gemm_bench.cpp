@@ -25,7 +25,8 @@
 // S = Q K^T (64 x T x hs), Y = P V (64 x hs x T), dP = dY V^T, dV = P^T dY.
 //
 //   gemm_bench [--models small,large] [--threads N] [--reps 5]
-//              [--paths sgemm,avx512bf16,onednn,onednn_layer,libxsmm,libxsmm_layer] [--json FILE]
+//              [--paths sgemm,avx512bf16,onednn,onednn_layer,libxsmm,libxsmm_layer] [--shapes qkv.dw,...]
+//              [--json FILE]
 //
 // small: 4 layers d 256 seq 128 micro-batch 8 (1,024 tokens); large: 6 layers d 512 seq 256 mb 8
 // (2,048 tokens); head size 64. Each figure is the median over --reps timed repetitions after a warm-up.
@@ -357,6 +358,7 @@ struct XsmmRunner {
 int main(int argc, char** argv) try {
   const std::vector<std::string> models = split(zs::bench::arg_value(argc, argv, "--models", "small,large"));
   const int reps = std::stoi(zs::bench::arg_value(argc, argv, "--reps", "5"));
+  const std::vector<std::string> only = split(zs::bench::arg_value(argc, argv, "--shapes", ""));  // empty: all
   const int threads = std::stoi(zs::bench::arg_value(argc, argv, "--threads", std::to_string(zs::nn::compute_threads())));
   std::vector<std::string> paths = split(zs::bench::arg_value(argc, argv, "--paths", "sgemm,avx512bf16,onednn,onednn_layer,libxsmm,libxsmm_layer"));
   if (!zs::nn::detail::gemm_path_supported(GemmPath::kAvx512Bf16)) {
@@ -398,6 +400,7 @@ int main(int argc, char** argv) try {
     double flops_total = 0;
     std::map<std::string, double> seconds_total;
     for (const Shape& s : shapes_for(model)) {
+      if (!only.empty() && std::find(only.begin(), only.end(), s.name) == only.end()) continue;
       Operands o(s);
       const double flops = 2.0 * static_cast<double>(s.m * s.n * s.k * s.batch);
       std::map<std::string, double> gflops;
