@@ -175,7 +175,6 @@ void run_batched(const Shape& s, int threads, const std::function<void(int64_t)>
 struct DnnlRunner {
   int threads;
   dnnl::engine eng{dnnl::engine::kind::cpu, 0};
-  dnnl::stream strm{eng};
 
   // Returns a callable that runs the product once (primitives built here, outside the timing). layer:
   // start from the layer's operands (fp32 where the layer holds fp32), reordering them to bf16 first.
@@ -199,6 +198,9 @@ struct DnnlRunner {
     auto b_buf = std::make_shared<std::vector<uint16_t>>(convert_b ? o.b16.size() * s.batch : 0);
     return [=, this, &o](int64_t b) {
       omp_set_num_threads(omp_threads);  // this thread's OpenMP team size
+      // A stream per thread: the heads of a batch run on the pool's threads concurrently, and a
+      // oneDNN stream is not to be shared between threads.
+      static thread_local dnnl::stream strm(eng);
       void* a16 = o.a16.data();
       void* b16 = o.b16.data();
       if (convert_a) {

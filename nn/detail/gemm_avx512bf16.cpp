@@ -10,7 +10,12 @@
 // (op(X)[2q][j], op(X)[2q+1][j]) (an odd k is padded with a zero), B words 32 per pair (two zmm
 // loads), A words 12 per pair (broadcast to all lanes from memory). Rounding to bf16 happens while
 // packing (memory::simd::bf16_round, the library's one rounding rule); an operand stored with k along
-// its rows is packed 16 rows x 32 k at a time, loaded along k and transposed in registers.
+// its rows is packed 16 rows x 32 k at a time, loaded along k and transposed in registers; one stored
+// with k across its rows (dW's two operands, attention's P^T and V) a pair of stored rows at a time,
+// each read whole across the block (all strips or panels at once) with the pair 4 ahead prefetched:
+// such rows lie ld apart (2-8 KiB in the GPTs, often the same L1 set), which the hardware prefetcher
+// does not follow, and packing them one 12-column strip at a time re-fetched every line per strip
+// (one-thread dW shapes 1.1-1.5x faster with this order and the prefetch, docs/benchmarks.md).
 // Sizes: a B panel is kKc/2 x 32 words (16 KiB, in L1 while the strips of the A block stream past
 // it), an A block kMc x kKc bf16 (48 KiB, in L2), the packed op(B) k x n bf16 (8 MiB at k = n = 2048,
 // the calling thread's buffer, kept). Packing each operand once keeps packing at one pass over A and
