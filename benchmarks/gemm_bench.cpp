@@ -185,15 +185,22 @@ struct DnnlRunner {
     const dims a_strides = s.ta ? dims{1, s.m} : dims{s.k, 1}, b_strides = s.tb ? dims{1, s.k} : dims{s.n, 1};
     dnnl::memory::desc a_md(dims{s.m, s.k}, dt::bf16, a_strides), b_md(dims{s.k, s.n}, dt::bf16, b_strides);
     dnnl::memory::desc c_md(dims{s.m, s.n}, dt::f32, dims{s.n, 1});
-    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng);
+    // Scratchpads are the caller's, one per thread: the heads of a batch run the same primitives on the
+    // pool's threads concurrently, and the library's own scratchpad is shared (wrong C seen).
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, eng);
     auto prim = std::make_shared<dnnl::matmul>(pd);
     const int omp_threads = s.batch > 1 ? 1 : threads;  // a batch runs one product per pool thread
     // The layer's fp32 operands: reordered into bf16 buffers of their own per batch item (heads run
     // concurrently), with oneDNN's reorder primitive.
     const bool convert_a = layer, convert_b = layer && !s.b_weight;
     dnnl::memory::desc a32_md(dims{s.m, s.k}, dt::f32, a_strides), b32_md(dims{s.k, s.n}, dt::f32, b_strides);
-    auto a_reorder = std::make_shared<dnnl::reorder>(dnnl::reorder::primitive_desc(eng, a32_md, eng, a_md));
-    auto b_reorder = std::make_shared<dnnl::reorder>(dnnl::reorder::primitive_desc(eng, b32_md, eng, b_md));
+    const auto a_pd = dnnl::reorder::primitive_desc(eng, a32_md, eng, a_md, attr);
+    const auto b_pd = dnnl::reorder::primitive_desc(eng, b32_md, eng, b_md, attr);
+    auto a_reorder = std::make_shared<dnnl::reorder>(a_pd);
+    auto b_reorder = std::make_shared<dnnl::reorder>(b_pd);
+    const dnnl::memory::desc sp_mm = pd.scratchpad_desc(), sp_a = a_pd.scratchpad_desc(), sp_b = b_pd.scratchpad_desc();
     auto a_buf = std::make_shared<std::vector<uint16_t>>(convert_a ? o.a16.size() * s.batch : 0);
     auto b_buf = std::make_shared<std::vector<uint16_t>>(convert_b ? o.b16.size() * s.batch : 0);
     return [=, this, &o](int64_t b) {
@@ -201,20 +208,25 @@ struct DnnlRunner {
       // A stream per thread: the heads of a batch run on the pool's threads concurrently, and a
       // oneDNN stream is not to be shared between threads.
       static thread_local dnnl::stream strm(eng);
+      static thread_local std::vector<uint8_t> scratch;
+      scratch.resize(std::max({scratch.size(), sp_mm.get_size(), sp_a.get_size(), sp_b.get_size(), size_t{1}}));
       void* a16 = o.a16.data();
       void* b16 = o.b16.data();
       if (convert_a) {
         a16 = a_buf->data() + b * o.a16.size();
         dnnl::memory src(a32_md, eng, o.a32.data()), dst(a_md, eng, a16);
-        a_reorder->execute(strm, src, dst);
+        a_reorder->execute(strm, {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst},
+                                  {DNNL_ARG_SCRATCHPAD, dnnl::memory(sp_a, eng, scratch.data())}});
       }
       if (convert_b) {
         b16 = b_buf->data() + b * o.b16.size();
         dnnl::memory src(b32_md, eng, o.b32.data()), dst(b_md, eng, b16);
-        b_reorder->execute(strm, src, dst);
+        b_reorder->execute(strm, {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, dst},
+                                  {DNNL_ARG_SCRATCHPAD, dnnl::memory(sp_b, eng, scratch.data())}});
       }
       dnnl::memory a(a_md, eng, a16), bm(b_md, eng, b16), c(c_md, eng, o.c.data() + b * s.m * s.n);
-      prim->execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, c}});
+      prim->execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, c},
+                           {DNNL_ARG_SCRATCHPAD, dnnl::memory(sp_mm, eng, scratch.data())}});
       strm.wait();
     };
   }
