@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fault injection for `zeroshard train` under mpirun (docs/reliability.md).
 
-Rank trials: start an np-rank training job (one of four scenarios), wait until it has trained its first
+Rank trials: start an np-rank training job (one of five scenarios), wait until it has trained its first
 step, sleep a random moment, then SIGKILL or SIGSTOP one random rank. Passes when every process of the
 job is gone within comm.timeout_s + 30 s of the signal and the output names what failed:
   SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R, or a survivor's fatal
@@ -25,7 +25,7 @@ read-only file system, on a file system too small for the swap files (both must 
 naming the path and the bytes), and on tmpfs (no O_DIRECT on older kernels; training must still run).
 
   fault_trials.py --zeroshard build/release/tools/zeroshard --trials 20 --timeout-s 3 --seed 1
-  fault_trials.py --zeroshard ... --trials 200 --storage --json out.json      # long mode
+  fault_trials.py --zeroshard ... --trials 200 --cycle --timeout-s 3 --seed 2 --storage --json out.json  # long mode
 Exit 0 when every trial passed.
 """
 import argparse
