@@ -316,10 +316,17 @@ void commit_save_impl(const fs::path& root, std::string_view tag, int keep_last)
     for (const TagInfo& t : tags) {
       if (excess <= 0) break;
       if (t.tag == tag) continue;
-      fs::remove_all(root / t.tag);
+      // Renamed out of sight first (one atomic step), then removed: remove_all deletes file by file,
+      // so a crash inside it left a tag directory missing its metadata or rank files under the tag's
+      // name (the fault trials' checkpoint scenario caught it). A crash after the rename leaves a
+      // staging directory, which the next begin_save removes.
+      fs::path doomed = root / (staging_prefix() + "pruned." + t.tag);
+      fs::remove_all(doomed);
+      fs::rename(root / t.tag, doomed);
+      fsync_path(root);
+      fs::remove_all(doomed);
       --excess;
     }
-    fsync_path(root);
   }
 }
 

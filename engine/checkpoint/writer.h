@@ -15,7 +15,8 @@
 // leaves a staging directory the next save removes; a crash after it leaves `latest` naming the
 // previous tag, which is untouched. Re-saving an existing tag first renames the old one to
 // <tag>.replaced (the reader falls back to it while <tag> is absent), so no instant lacks a loadable
-// copy of the tag `latest` names.
+// copy of the tag `latest` names. Pruning (keep_last) renames a tag to .staging.pruned.<tag> before
+// removing it, so a crash while pruning never leaves part of a tag under its name.
 #pragma once
 
 #include <cstddef>
