@@ -2,14 +2,12 @@
 // storage layer of engine/checkpoint (docs/checkpoints.md). What each rank writes and reads:
 // engine_checkpoint_items.cpp (Note [checkpoint buffers]).
 #include <fmt/ranges.h>
-#include <sys/resource.h>
-#include <unistd.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/mman.h>
-
 #include <time.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <sstream>
 
@@ -184,47 +182,29 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
 }
 
 // Note [async writer priority]: the background writer of an asynchronous save (and the prune
-// thread, Note [background prune]) runs at nice 19, so it takes almost nothing from busy training
-// threads (CFS weight 15 against 1024 for each nice-0 thread: under 1.5% of a core) and runs mostly
-// in the CPU time they leave idle (waits in communication, the optimizer's memory-bound passes, the
-// gaps between steps). It ran at SCHED_IDLE before (weight 3), which on a machine shared with other
-// users' niced jobs gave it a fifth of what each of those jobs got: a 37 MiB write that needs
-// 0.03-0.04 s of CPU stretched over 0.5-0.8 s and, at a save every 4 steps, was not done when the
-// commit came (docs/benchmarks.md, checkpoint_async_bench). When the engine waits for the thread (the
-// commit), it goes back to the caller's priority: the caller is blocked on it. A thread that polls
-// with sched_yield stays runnable and so counts as busy: the worker pool's caller no longer does
-// (Note [pool waits] in core/parallel.cpp), OpenBLAS's threads still do for a while after each
-// product. Only that thread's nice value changes (Linux keeps one per thread); raising it back needs
-// the right to (root, CAP_SYS_NICE or RLIMIT_NICE), and without it the write finishes at nice 19.
-constexpr int kWriterNice = 19;
-
-int thread_nice() {
-  errno = 0;
-  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()));
-  return errno == 0 ? nice : 0;
-}
-
-// First thing on the background thread.
-void lower_own_priority(PendingCheckpoint& p) {
-  std::lock_guard lock(p.priority_mutex);
-  p.thread_id = ::gettid();
-  if (!p.waited_for && ::setpriority(PRIO_PROCESS, static_cast<id_t>(p.thread_id), std::max(kWriterNice, p.caller_nice)) != 0) {
-    ZS_LOG_DEBUG("checkpoint: could not lower the background writer's priority");
-  }
-}
-
-// Last thing on the background thread: its id may be reused once it ends.
-void thread_done(PendingCheckpoint& p) {
-  std::lock_guard lock(p.priority_mutex);
-  p.thread_id = -1;
-}
-
-// Before the engine waits for the thread.
-void restore_priority(PendingCheckpoint& p) {
-  std::lock_guard lock(p.priority_mutex);
-  p.waited_for = true;
-  if (p.thread_id > 0 && ::setpriority(PRIO_PROCESS, static_cast<id_t>(p.thread_id), p.caller_nice) != 0) {
-    ZS_LOG_DEBUG("checkpoint: could not restore the background writer's priority (no right to raise it)");
+// thread, Note [background prune]) runs at SCHED_IDLE, so it takes only CPU time the training
+// threads leave idle (waits in communication, the optimizer's memory-bound passes, the gaps between
+// steps) instead of a fair share of the cores they use: on a 2-core machine whose two training
+// threads are busy, a normal-priority writer took a third of a core from them for the whole write.
+// Tried and dropped: nice 19 instead (so that other users' niced jobs, which come before a
+// SCHED_IDLE thread, no longer stretch the write to 0.7-1.0 s on a shared machine): the write was
+// done before every commit, but in two of three runs the steps it overlapped ran 11-12% slower
+// (paired rounds of benchmarks/checkpoint_async_bench; the third 0.99x), as the kernel's EEVDF
+// scheduler preempts a SCHED_IDLE thread at once when a training thread wakes, while a nice-19 one
+// may keep the core for the rest of its slice, at every wake-up of the worker pool. If the training
+// never leaves a core idle, the write finishes when the commit waits for it and costs what a
+// synchronous save costs at that point, never more. A thread that polls with sched_yield stays
+// runnable and so counts as busy: the worker pool's caller no longer does (Note [pool waits] in
+// core/parallel.cpp), OpenBLAS's threads still do for a while after each product. Only this
+// thread's policy changes (Linux applies it per thread); a system that refuses it leaves the writer
+// at normal priority. When the engine waits for the thread (the commit), it goes back to normal
+// priority: the caller is blocked on it, and at SCHED_IDLE it would get nothing while any other
+// process wants the cores (where the process may: leaving SCHED_IDLE needs root, CAP_SYS_NICE or
+// RLIMIT_NICE).
+void set_writer_priority(pthread_t thread, bool idle) {
+  sched_param param{};
+  if (pthread_setschedparam(thread, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0) {
+    ZS_LOG_DEBUG("checkpoint: could not change the background writer's scheduling policy");
   }
 }
 
@@ -341,9 +321,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     // Rank 0's metadata file needs no other rank's file: its writer writes it too, off the
     // training thread (the commit's part is then the renames and `latest`).
     p->metadata_written = p->rank == 0;
-    p->caller_nice = thread_nice();
     pending->writer = std::thread([p] {
-      lower_own_priority(*p);
       Engine::AsyncSaveTimes& t = p->times;
       try {
         double at = now_seconds();
@@ -366,8 +344,9 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
         p->error_kind = kIoError, p->error = e.what();
       }
       t.writer_cpu_s = thread_cpu_seconds();
-      thread_done(*p);
     });
+    // Set here, not by the thread itself, so it cannot come after finish_pending's reset.
+    set_writer_priority(pending->writer.native_handle(), true);
     pending->times.save_call_s = now_seconds() - call_t0;
     pending->times.save_call_cpu_s = thread_cpu_seconds() - call_cpu0;
     e_.pending_checkpoint_ = std::move(pending);
@@ -412,16 +391,14 @@ void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, con
     auto prune = std::make_shared<PendingCheckpoint>();
     prune->prune_only = true;
     PendingCheckpoint* p = prune.get();
-    p->caller_nice = thread_nice();
     prune->writer = std::thread([p, pruned = std::move(pruned)] {
-      lower_own_priority(*p);
       for (const fs::path& dir : pruned) {
         std::error_code ec;
         fs::remove_all(dir, ec);
         if (ec && p->error.empty()) p->error = fmt::format("removal of '{}': {}", dir.string(), ec.message());
       }
-      thread_done(*p);
     });
+    set_writer_priority(prune->writer.native_handle(), true);
     e_.pending_checkpoint_ = std::move(prune);
   }
   ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", std::get<int64_t>(meta.scalars.at("global_step")),
@@ -432,13 +409,13 @@ void EngineCheckpoint::finish_pending() {
   std::shared_ptr<PendingCheckpoint> p = std::move(e_.pending_checkpoint_);
   if (!p) return;
   if (p->prune_only) {  // Note [background prune]
-    restore_priority(*p);
+    set_writer_priority(p->writer.native_handle(), false);
     p->writer.join();
     if (!p->error.empty()) ZS_LOG_WARN("checkpoint: an old tag beyond keep_last was not removed: {}", p->error);
     return;
   }
   const double t0 = now_seconds(), cpu0 = thread_cpu_seconds();
-  restore_priority(*p);
+  set_writer_priority(p->writer.native_handle(), false);
   p->writer.join();
   const double t1 = now_seconds();
   agreed(s_.group_, [&] {

@@ -4,15 +4,12 @@
 // Internal: not installed.
 #pragma once
 
-#include <sys/types.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -82,12 +79,6 @@ struct PendingCheckpoint {
   // Engine::AsyncSaveTimes: the save call's part, then the writer's (set by it, read after join).
   Engine::AsyncSaveTimes times;
   bool metadata_written = false;  // rank 0's writer also wrote the metadata file
-  // Note [async writer priority] in engine_checkpoint.cpp: the thread's id while it runs (0 before,
-  // -1 after), whether the engine waits for it, and the priority it returns to then.
-  std::mutex priority_mutex;
-  pid_t thread_id = 0;
-  bool waited_for = false;
-  int caller_nice = 0;
   // Not a save: `writer` removes the tags a commit pruned (Note [background prune]), on rank 0 only.
   bool prune_only = false;
   ~PendingCheckpoint() {
