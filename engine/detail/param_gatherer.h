@@ -35,6 +35,7 @@
 // persistent ones add their total.
 #pragma once
 
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -82,7 +83,10 @@ class ParamGatherer {
   size_t live_bytes() const { return live_elements_ * memory::dtype_size(dtype_); }
   size_t live_peak_bytes() const { return live_peak_elements_ * memory::dtype_size(dtype_); }
   size_t persistent_bytes() const;
-  uint64_t gathers() const { return gathers_; }  // count of gathers started (fetches and prefetches)
+  uint64_t gathers() const { return gathers_; }  // count of modules gathered (fetches and prefetches)
+  // Count of collectives (or, on one rank, copy batches) those gathers took: a batch is one
+  // (Note [coalesced gathers]); with NVMe parameters one per module.
+  uint64_t collectives() const { return collectives_; }
   // offload_param nvme: bytes read from the swap file so far, and the peak of staging bytes alive.
   uint64_t nvme_bytes_read() const { return nvme_bytes_read_; }
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
@@ -105,10 +109,15 @@ class ParamGatherer {
     offload::Ticket read;
     size_t staging_skip = 0;         // bytes before the owned part in `staging` (window alignment)
   };
+  // Allocates and accounts e's buffer (and with NVMe starts its read); the data comes with
+  // gather_now, or with NVMe in finish_gather.
   void start_gather(Entry& e);
+  void gather_now(std::span<Entry* const> batch);  // one collective for the batch's modules
   void finish_gather(Entry& e);
   void drop(Entry& e);
-  void prefetch_after(size_t position);
+  // Starts the modules after `position` in the recorded order that fit the window; adds them to
+  // `batch` when given (their collective is then the caller's).
+  void prefetch_after(size_t position, std::vector<Entry*>* batch);
 
   Options options_;
   const FlatLayout& layout_;
@@ -128,6 +137,8 @@ class ParamGatherer {
   size_t prefetched_elements_ = 0;
   size_t max_chain_elements_ = 0;
   uint64_t gathers_ = 0;
+  uint64_t collectives_ = 0;
+  bool persistent_stale_ = true;  // some persistent module is not gathered (since construction or invalidate)
   uint64_t nvme_bytes_read_ = 0;
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;
