@@ -8,9 +8,10 @@
 //
 // Prefetch. The first forward and the first backward record the order in which modules fetch their
 // parameters; later passes must follow it (a different order is a ModelError naming the module
-// expected and the one met - never a hang). After each fetch, the next modules of the recorded order
-// are gathered ahead while their total stays within stage3_prefetch_bucket_size elements and the live
-// total within stage3_max_live_parameters.
+// expected and the one met - never a hang). The next modules of the recorded order are gathered ahead
+// while their total stays within stage3_prefetch_bucket_size elements and the live total within
+// stage3_max_live_parameters: at a miss (Note [coalesced gathers]), or with NVMe parameters after
+// each fetch.
 //
 // Note [synchronous gathers]
 // Every gather's collective runs on the calling thread (Group::allgatherv, which runs on the caller
@@ -23,10 +24,27 @@
 // its step against the same gathers on the calling thread, where both ranks' compute threads are
 // already running and meet at once. A device with a copy engine would start them asynchronously here.
 //
+// Note [coalesced gathers]
+// Without NVMe, gathers happen only at a miss (a fetch of a module not gathered yet), and that one
+// collective (Group::allgatherv with pieces: each rank's owned part of every member, landing in each
+// member's own buffer) gathers the module, every persistent module that is stale (so they cost one
+// collective per step, not one each) and the modules after it in the recorded order that fit the
+// window - the modules a continuous prefetch would have gathered one collective at a time. With
+// synchronous gathers a collective overlaps nothing; what each costs is the meeting of the ranks,
+// which waits for the slower one (on 2 cores, for a compute thread the scheduler preempted). On the
+// zero_step_bench GPT at np 2 (window 1e6 elements, 17 modules gathered twice and 9 persistent once
+// per step) a step took 43 allgathers and now takes 14, the same bytes (comms_logger counts;
+// docs/benchmarks.md, zero_step_bench). Each member keeps its own transient block, released on its
+// own, so the live bound, the window and the estimator's agreement hold as before; what changed is
+// which gathers share a collective, and that modules ahead are gathered at the next miss rather than
+// as soon as the window has room (the same window and live checks, tests/engine/param_gatherer_test).
+// A batch of one is a plain allgatherv. With NVMe parameters each module's read is started ahead (real overlap)
+// and its collective runs at its fetch, as before.
+//
 // Persistence. A module whose own parameters number fewer than stage3_param_persistence_threshold
 // elements is not released after use; its gathered copy goes stale when the optimizer step changes
-// the shards (invalidate) and is gathered again at its next use - once per step instead of twice per
-// micro-batch. Its buffer is a persistent block of the arena, allocated by the constructor and kept
+// the shards (invalidate) and is gathered again with the next miss (with NVMe, at its next use) -
+// once per step instead of twice per micro-batch. Its buffer is a persistent block of the arena, allocated by the constructor and kept
 // for the whole run (Note [persistent gathered parameters] in engine/param_gatherer.cpp); the others'
 // are transient blocks, allocated at each gather and freed at release.
 //
