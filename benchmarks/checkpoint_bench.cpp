@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -108,6 +109,7 @@ double save_ours(const Setup& s, const fs::path& root, const std::string& tag, c
 double load_ours(const fs::path& root, std::vector<float>& out, size_t piece) {
   double t0 = now_seconds();
   ck::CheckpointReader r(root);
+  if (std::getenv("ZS_BENCH_DEBUG")) std::fprintf(stderr, "open %.4f s\n", now_seconds() - t0);
   const size_t step = piece / sizeof(float);
   for (const auto& b : r.metadata().layout.buffers) {
     uint64_t at = 0;
@@ -181,6 +183,7 @@ int main(int argc, char** argv) try {
   const size_t chunk = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
   const fs::path base = zs::bench::arg_value(argc, argv, "--dir", fs::path(argv[0]).parent_path().string());
   const fs::path work = base / "checkpoint_bench.tmp";
+  const bool verbose = zs::bench::int_arg(argc, argv, "--verbose", 0, 0) != 0;
 
   Setup s = make_setup(size, ranks, tensors);
   const double bytes = 3.0 * static_cast<double>(s.values.size()) * sizeof(float);
@@ -203,6 +206,10 @@ int main(int argc, char** argv) try {
     load_ratio.push_back(raw_load.back() / ours_load.back());
     save_cpu.push_back((c1 - c0) / (c4 - c3));
     load_cpu.push_back((c2 - c1) / (c5 - c4));
+    if (verbose) {
+      std::fprintf(stderr, "round %d: save plain %.3f ours %.3f s, load plain %.3f ours %.3f s\n", i, raw_save.back(),
+                   ours_save.back(), raw_load.back(), ours_load.back());
+    }
   }
   if (std::memcmp(out.data(), s.values.data(), out.size() * sizeof(float)) != 0) {
     throw zs::InternalError("checkpoint_bench: the loaded exp_avg_sq differs from the saved values");
