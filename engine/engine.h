@@ -225,6 +225,18 @@ class Engine {
   // never committed (the engine destroyed first) leaves the previous checkpoint as `latest`. No-op
   // when no save is pending.
   void wait_checkpoint();
+  // Where this rank's last committed asynchronous save spent its time (all zero before the first):
+  // wall seconds unless named cpu, the calling thread's unless named write or writer.
+  struct AsyncSaveTimes {
+    double save_call_s = 0, save_call_cpu_s = 0;  // save_checkpoint: the snapshot and the setup
+    double write_create_s = 0;  // the writer thread: the file and its datasets created
+    double write_data_s = 0;    // the writer thread: HDF5 writes and checksums (writeback started)
+    double write_finish_s = 0;  // the writer thread: close, fsync (and rank 0's metadata file)
+    double writer_cpu_s = 0;    // the writer thread's CPU time, all of it
+    double commit_wait_s = 0;   // wait_checkpoint (or the next save) waiting for the writer
+    double commit_s = 0, commit_cpu_s = 0;  // then the commit: agreement, renames, fsyncs, keep_last
+  };
+  const AsyncSaveTimes& last_async_save() const { return last_async_save_; }
 
   // Memory accounting of this rank.
   struct MemoryReport {
@@ -279,6 +291,7 @@ class Engine {
   std::unique_ptr<Impl> impl_;
   StepReport last_;
   int64_t global_step_ = 0;
+  AsyncSaveTimes last_async_save_;
   // Declared last, so destroyed first: joins the writer thread (shared_ptr: complete only in
   // engine_checkpoint.cpp).
   std::shared_ptr<PendingCheckpoint> pending_checkpoint_;

@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cstring>
@@ -180,23 +181,30 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
   return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
 }
 
-// Note [async writer priority]: the background writer of an asynchronous save runs at SCHED_IDLE,
-// so it takes only CPU time the training threads leave idle (waits in communication, the optimizer's
-// memory-bound passes, the gaps between steps) instead of a fair share of the cores they use: on a
-// 2-core machine whose two training threads are busy, a normal-priority writer took a third of a
-// core from them for the whole write. If the training never leaves a core idle, the write finishes
-// when the next save (or wait_checkpoint) waits for it, and costs what a synchronous save costs at
-// that point, never more. A thread that polls with sched_yield stays runnable and so counts as busy:
-// the worker pool's caller no longer does (Note [pool waits] in core/parallel.cpp), OpenBLAS's
-// threads still do for a while after each product. Only this thread's policy changes (Linux applies
-// it per thread); a system that refuses it leaves the writer at normal priority. When the engine
-// waits for the write (the commit), the writer goes back to normal priority: the caller is blocked
-// on it, and at SCHED_IDLE it would get nothing while any other process wants the cores (on a shared
-// machine, other users' niced jobs starved it for seconds).
+// Note [async writer priority]: the background writer of an asynchronous save (and the prune
+// thread, Note [background prune]) runs at SCHED_IDLE, so it takes only CPU time the training
+// threads leave idle (waits in communication, the optimizer's memory-bound passes, the gaps between
+// steps) instead of a fair share of the cores they use: on a 2-core machine whose two training
+// threads are busy, a normal-priority writer took a third of a core from them for the whole write.
+// Tried and dropped: nice 19 instead (so that other users' niced jobs, which come before a
+// SCHED_IDLE thread, no longer stretch the write to 0.7-1.0 s on a shared machine): the write was
+// done before every commit, but in two of three runs the steps it overlapped ran 11-12% slower
+// (paired rounds of benchmarks/checkpoint_async_bench; the third 0.99x), as the kernel's EEVDF
+// scheduler preempts a SCHED_IDLE thread at once when a training thread wakes, while a nice-19 one
+// may keep the core for the rest of its slice, at every wake-up of the worker pool. If the training
+// never leaves a core idle, the write finishes when the commit waits for it and costs what a
+// synchronous save costs at that point, never more. A thread that polls with sched_yield stays
+// runnable and so counts as busy: the worker pool's caller no longer does (Note [pool waits] in
+// core/parallel.cpp), OpenBLAS's threads still do for a while after each product. Only this
+// thread's policy changes (Linux applies it per thread); a system that refuses it leaves the writer
+// at normal priority. When the engine waits for the thread (the commit), it goes back to normal
+// priority: the caller is blocked on it, and at SCHED_IDLE it would get nothing while any other
+// process wants the cores (where the process may: leaving SCHED_IDLE needs root, CAP_SYS_NICE or
+// RLIMIT_NICE).
 void set_writer_priority(pthread_t thread, bool idle) {
   sched_param param{};
   if (pthread_setschedparam(thread, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0) {
-    ZS_LOG_DEBUG("checkpoint: could not change the async writer's scheduling policy");
+    ZS_LOG_DEBUG("checkpoint: could not change the background writer's scheduling policy");
   }
 }
 
@@ -211,6 +219,13 @@ void set_writer_priority(pthread_t thread, bool idle) {
 // save faults 2 MiB at a time. The next save can reuse it because it commits the previous one (and
 // so joins its writer) before it copies anything.
 constexpr size_t kSnapshotAlignment = 64;  // bytes: each item's copy starts on a cache line
+
+// CPU seconds the calling thread has run (Engine::AsyncSaveTimes).
+double thread_cpu_seconds() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
 
 }  // namespace
 
@@ -241,6 +256,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
                                  s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
   }
   finish_pending();
+  const double call_t0 = now_seconds(), call_cpu0 = thread_cpu_seconds();
   if (tag.empty()) tag = fmt::format("global_step{}", e_.global_step_);
   const CheckpointConfig& cc = e_.config_.checkpoint;
   std::vector<Item> mine = items(Purpose::kSave);
@@ -302,14 +318,24 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       }
     });
     PendingCheckpoint* p = pending.get();
+    // Rank 0's metadata file needs no other rank's file: its writer writes it too, off the
+    // training thread (the commit's part is then the renames and `latest`).
+    p->metadata_written = p->rank == 0;
     pending->writer = std::thread([p] {
-      const double t0 = now_seconds();
+      Engine::AsyncSaveTimes& t = p->times;
       try {
+        double at = now_seconds();
         checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{});
+        t.write_create_s = now_seconds() - at;
+        at = now_seconds();
         for (const PendingCheckpoint::Piece& piece : p->snapshot) {
           w.append(piece.buffer, std::span<const std::byte>(p->host->bytes.data() + piece.offset, piece.size));
         }
+        t.write_data_s = now_seconds() - at;
+        at = now_seconds();
         w.finish();
+        if (p->metadata_written) checkpoint::write_metadata(p->staging, p->meta);
+        t.write_finish_s = now_seconds() - at;
       } catch (const CheckpointError& e) {
         p->error_kind = kCheckpointError, p->error = e.what();
       } catch (const IoError& e) {
@@ -317,10 +343,12 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       } catch (const std::exception& e) {
         p->error_kind = kIoError, p->error = e.what();
       }
-      p->write_s = now_seconds() - t0;
+      t.writer_cpu_s = thread_cpu_seconds();
     });
     // Set here, not by the thread itself, so it cannot come after finish_pending's reset.
     set_writer_priority(pending->writer.native_handle(), true);
+    pending->times.save_call_s = now_seconds() - call_t0;
+    pending->times.save_call_cpu_s = thread_cpu_seconds() - call_cpu0;
     e_.pending_checkpoint_ = std::move(pending);
     ZS_LOG_INFO("checkpoint: step {} copied to host memory; writing {} in the background", e_.global_step_,
                 (root / tag).string());
@@ -340,19 +368,39 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     }
     w.finish();
   });
-  commit(root, staging, meta);
+  commit(root, staging, meta, false);
   return tag;
 }
 
-void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta) const {
+void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta,
+                              bool metadata_written) {
   const comm::Group& g = s_.group_;
   const CheckpointConfig& cc = e_.config_.checkpoint;
+  std::vector<fs::path> pruned;
   agreed(g, [&] {
     if (g.rank() != 0) return;
-    checkpoint::write_metadata(staging, meta);
+    if (!metadata_written) checkpoint::write_metadata(staging, meta);
     if (cc.gather_16bit_weights) write_16bit(staging);
-    checkpoint::commit_save(root, meta.tag, static_cast<int>(cc.keep_last));
+    checkpoint::commit_save(root, meta.tag, static_cast<int>(cc.keep_last), &pruned);
   });
+  // Note [background prune]: the tags beyond keep_last are out of sight (renamed); a thread of rank
+  // 0 removes their files while training goes on, joined like a writer by the next save, load or
+  // wait_checkpoint (no collective: only rank 0 has one) or the engine's end. A removal that fails
+  // is a warning: the save it follows is committed, and the next begin_save clears what is left.
+  if (!pruned.empty()) {
+    auto prune = std::make_shared<PendingCheckpoint>();
+    prune->prune_only = true;
+    PendingCheckpoint* p = prune.get();
+    prune->writer = std::thread([p, pruned = std::move(pruned)] {
+      for (const fs::path& dir : pruned) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+        if (ec && p->error.empty()) p->error = fmt::format("removal of '{}': {}", dir.string(), ec.message());
+      }
+    });
+    set_writer_priority(prune->writer.native_handle(), true);
+    e_.pending_checkpoint_ = std::move(prune);
+  }
   ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", std::get<int64_t>(meta.scalars.at("global_step")),
               (root / meta.tag).string(), meta.tag, g.size());
 }
@@ -360,9 +408,16 @@ void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, con
 void EngineCheckpoint::finish_pending() {
   std::shared_ptr<PendingCheckpoint> p = std::move(e_.pending_checkpoint_);
   if (!p) return;
-  const double t0 = now_seconds();
+  if (p->prune_only) {  // Note [background prune]
+    set_writer_priority(p->writer.native_handle(), false);
+    p->writer.join();
+    if (!p->error.empty()) ZS_LOG_WARN("checkpoint: an old tag beyond keep_last was not removed: {}", p->error);
+    return;
+  }
+  const double t0 = now_seconds(), cpu0 = thread_cpu_seconds();
   set_writer_priority(p->writer.native_handle(), false);
   p->writer.join();
+  const double t1 = now_seconds();
   agreed(s_.group_, [&] {
     switch (p->error_kind) {
       case kNoError: return;
@@ -370,9 +425,15 @@ void EngineCheckpoint::finish_pending() {
       default: throw IoError(p->error);
     }
   });
-  ZS_LOG_DEBUG("checkpoint: background write took {:.3f} s, {:.3f} s of it waited for at the commit", p->write_s,
-               now_seconds() - t0);
-  commit(p->root, p->staging, p->meta);
+  commit(p->root, p->staging, p->meta, p->metadata_written);
+  Engine::AsyncSaveTimes& t = p->times;
+  t.commit_wait_s = t1 - t0;
+  t.commit_s = now_seconds() - t1;
+  t.commit_cpu_s = thread_cpu_seconds() - cpu0;
+  e_.last_async_save_ = t;
+  ZS_LOG_DEBUG("checkpoint: background write: create {:.3f} s, data {:.3f} s, close and fsync {:.3f} s, {:.3f} s of "
+               "CPU; waited for {:.3f} s at the commit, which took {:.3f} s",
+               t.write_create_s, t.write_data_s, t.write_finish_s, t.writer_cpu_s, t.commit_wait_s, t.commit_s);
 }
 
 void EngineCheckpoint::write_16bit(const fs::path& dir) const {

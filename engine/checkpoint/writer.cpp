@@ -73,7 +73,20 @@ struct ShardWriter::Impl {
     size_t segment = 0;         // the segment `appended` lies in
   };
   h5::Handle file;
+  int fd = -1;  // HDF5's descriptor of the file (its default sec2 driver), for start_writeback
   std::map<std::string, Buffer, std::less<>> buffers;
+
+  // Note [early writeback]: each data write asks the kernel to start writing the file's dirty pages
+  // now (sync_file_range, which does not wait for them), so by finish() most of the file is on disk
+  // and its fsync waits only for the last pieces and the metadata. Without it the kernel kept the
+  // whole file dirty until the fsync, which then waited 35-75 ms for 37 MiB on this project's VM
+  // disk (the save's latency, on the training thread when a commit waits for it). Advice only: a
+  // failure here is caught by the fsync.
+  void start_writeback() const {
+#ifdef SYNC_FILE_RANGE_WRITE
+    if (fd >= 0) (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#endif
+  }
 
   // Writes start on a chunk boundary (append keeps them chunk-aligned), hence on a checksum block's:
   // each block's checksum is one hash of the caller's bytes.
@@ -94,6 +107,7 @@ struct ShardWriter::Impl {
                 fmt::format("write of buffer '{}' elements [{}, {}) ({} bytes)", name, start, start + n,
                             n * b.elem_size));
     b.written += count;
+    start_writeback();
   }
   // Appends `bytes` to the data as stored (gaps included), writing every whole chunk.
   void push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
@@ -138,6 +152,11 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
   }
   impl_->file = h5::file_create(path_);
   hid_t f = impl_->file.get();
+  if (void* handle = nullptr; H5Fget_vfd_handle(f, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
+    impl_->fd = *static_cast<int*>(handle);
+  } else {
+    H5Eclear2(H5E_DEFAULT);
+  }
   write_common_attrs(f, meta, path_);
   h5::write_attr(f, "rank", static_cast<int64_t>(rank), path_);
   h5::write_blob(f, "tensor_names", tensor_names_blob(layout), path_);
@@ -330,7 +349,7 @@ fs::path begin_save(const fs::path& root, std::string_view tag) {
 
 namespace {
 
-void commit_save_impl(const fs::path& root, std::string_view tag, int keep_last) {
+void commit_save_impl(const fs::path& root, std::string_view tag, int keep_last, std::vector<fs::path>* remove_later) {
   fs::path staging = root / (staging_prefix() + std::string(tag));
   for (const auto& entry : fs::directory_iterator(staging)) fsync_path(entry.path());
   fsync_path(staging);
@@ -351,18 +370,30 @@ void commit_save_impl(const fs::path& root, std::string_view tag, int keep_last)
     for (const TagInfo& t : tags) {
       if (excess <= 0) break;
       if (t.tag == tag) continue;
-      fs::remove_all(root / t.tag);
+      // Renamed out of sight first (one atomic step), then removed: remove_all deletes file by file,
+      // so a crash inside it left a tag directory missing its metadata or rank files under the tag's
+      // name (the fault trials' checkpoint scenario caught it). A crash after the rename leaves a
+      // staging directory, which the next begin_save removes. With `remove_later` the caller removes
+      // the renamed directory's files later (the engine, on a background thread).
+      fs::path doomed = root / (staging_prefix() + "pruned." + t.tag);
+      fs::remove_all(doomed);
+      fs::rename(root / t.tag, doomed);
+      fsync_path(root);
+      if (remove_later != nullptr) {
+        remove_later->push_back(doomed);
+      } else {
+        fs::remove_all(doomed);
+      }
       --excess;
     }
-    fsync_path(root);
   }
 }
 
 }  // namespace
 
-void commit_save(const fs::path& root, std::string_view tag, int keep_last) {
+void commit_save(const fs::path& root, std::string_view tag, int keep_last, std::vector<fs::path>* remove_later) {
   try {
-    commit_save_impl(root, tag, keep_last);
+    commit_save_impl(root, tag, keep_last, remove_later);
   } catch (const fs::filesystem_error& e) {
     throw IoError(fmt::format("checkpoint directory '{}': commit of tag '{}' failed at '{}': {}", root.string(), tag,
                               e.path1().string(), e.code().message()));

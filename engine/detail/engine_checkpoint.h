@@ -76,7 +76,11 @@ struct PendingCheckpoint {
   // Set by the writer thread, read after join (an exception crosses the thread as kind + message).
   int32_t error_kind = kNoError;
   std::string error;
-  double write_s = 0;
+  // Engine::AsyncSaveTimes: the save call's part, then the writer's (set by it, read after join).
+  Engine::AsyncSaveTimes times;
+  bool metadata_written = false;  // rank 0's writer also wrote the metadata file
+  // Not a save: `writer` removes the tags a commit pruned (Note [background prune]), on rank 0 only.
+  bool prune_only = false;
   ~PendingCheckpoint() {
     if (writer.joinable()) writer.join();
   }
@@ -135,7 +139,10 @@ class EngineCheckpoint {
   void check_compatible(const checkpoint::CheckpointReader& r) const;
   void restore_scalars(const checkpoint::Metadata& m, const std::filesystem::path& dir);
   void write_16bit(const std::filesystem::path& dir) const;
-  void commit(const std::filesystem::path& root, const std::filesystem::path& staging, const checkpoint::Metadata& meta) const;
+  // Rank 0 writes the metadata file (unless `metadata_written`: an async writer did), then commits;
+  // the tags beyond keep_last are removed in the background (Note [background prune]).
+  void commit(const std::filesystem::path& root, const std::filesystem::path& staging, const checkpoint::Metadata& meta,
+              bool metadata_written);
   // The engine's kept snapshot memory when it holds at least `bytes`, else a new one it keeps instead.
   std::shared_ptr<CheckpointSnapshot> snapshot_memory(size_t bytes);
 

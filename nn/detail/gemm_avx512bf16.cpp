@@ -10,7 +10,12 @@
 // (op(X)[2q][j], op(X)[2q+1][j]) (an odd k is padded with a zero), B words 32 per pair (two zmm
 // loads), A words 12 per pair (broadcast to all lanes from memory). Rounding to bf16 happens while
 // packing (memory::simd::bf16_round, the library's one rounding rule); an operand stored with k along
-// its rows is packed 16 rows x 32 k at a time, loaded along k and transposed in registers.
+// its rows is packed 16 rows x 32 k at a time, loaded along k and transposed in registers; one stored
+// with k across its rows (dW's two operands, attention's P^T and V) a pair of stored rows at a time,
+// each read whole across the block (all strips or panels at once) with the pair 4 ahead prefetched:
+// such rows lie ld apart (2-8 KiB in the GPTs, often the same L1 set), which the hardware prefetcher
+// does not follow, and packing them one 12-column strip at a time re-fetched every line per strip
+// (one-thread dW shapes 1.1-1.5x faster with this order and the prefetch, docs/benchmarks.md).
 // Sizes: a B panel is kKc/2 x 32 words (16 KiB, in L1 while the strips of the A block stream past
 // it), an A block kMc x kKc bf16 (48 KiB, in L2), the packed op(B) k x n bf16 (8 MiB at k = n = 2048,
 // the calling thread's buffer, kept). Packing each operand once keeps packing at one pass over A and
@@ -54,6 +59,7 @@ constexpr int kNr = 32;
 constexpr int64_t kKc = 256;  // k per slice (even)
 constexpr int64_t kMc = 96;     // rows per tile at most; kMc / 2 and kMc / 4 are multiples of kMr
 constexpr int64_t kMinMc = 24;  // rows per tile at least (but m), multiple of kMr
+constexpr int64_t kPrefetchPairs = 4;  // strided packing: k pairs read ahead
 
 struct FreeDeleter {
   void operator()(uint32_t* p) const { std::free(p); }
@@ -142,23 +148,45 @@ void pack_k_contiguous(const Matrix& x, int64_t r0, int64_t rows, int64_t p0, in
 }
 
 // Packs columns [c0, c0 + cols) x k [p0, p0 + kc) of op(X), whose columns run along the stored rows
-// (A transposed, B not transposed), as words out[q * stride + c - c0]; cols <= stride.
-void pack_k_strided(const Matrix& x, int64_t c0, int64_t cols, int64_t p0, int64_t kc, uint32_t* out,
-                    int64_t stride) {
+// (A transposed, B not transposed), into groups of `width` columns (A's strips, B's panels): pair q,
+// column c at out[(c / width) * kcp * width + q * width + c % width]. Each pair of stored rows is read
+// once, whole, left to right (Note [bf16 kernel blocking]); a row's 16-column chunk lands in one group
+// or, where width is not a multiple of 16, is split between groups by masked stores.
+template <int64_t Width>
+void pack_k_strided(const Matrix& x, int64_t c0, int64_t cols, int64_t p0, int64_t kc, uint32_t* out) {
+  constexpr int64_t width = Width;  // a compile-time constant: no division per chunk
   const bool bf16 = x.dtype == memory::DType::kBF16;
   const int64_t esize = bf16 ? 2 : 4;
+  const int64_t kcp = (kc + 1) / 2;
+  const int64_t group = kcp * width;  // words per group
   const char* base = static_cast<const char*>(x.data);
-  for (int64_t q = 0; q < (kc + 1) / 2; ++q) {
+  for (int64_t q = 0; q < kcp; ++q) {
     const int64_t p = p0 + 2 * q;
     const bool has_hi = 2 * q + 1 < kc;
     const char* row0 = base + (p * x.ld + c0) * esize;
     const char* row1 = row0 + x.ld * esize;
+    uint32_t* out_q = out + q * width;
+    // The pair kPrefetchPairs ahead: stored rows lie ld apart, too far for the hardware prefetcher.
+    if (q + kPrefetchPairs < kcp) {
+      const char* ahead = row0 + 2 * kPrefetchPairs * x.ld * esize;
+      for (int64_t off = 0; off < cols * esize; off += 64) {
+        _mm_prefetch(ahead + off, _MM_HINT_T0);
+        _mm_prefetch(ahead + x.ld * esize + off, _MM_HINT_T0);
+      }
+    }
     for (int64_t c = 0; c < cols; c += 16) {
       const int n = static_cast<int>(std::min<int64_t>(16, cols - c));
       const __m512i lo = load_bf16_lanes(row0 + c * esize, bf16, n);
       const __m512i hi = has_hi ? load_bf16_lanes(row1 + c * esize, bf16, n) : _mm512_setzero_si512();
       const __m512i w = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-      _mm512_mask_storeu_epi32(out + q * stride + c, n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1), w);
+      // Lanes [l, l + take) go to group g from offset o; the store's base is moved back by l lanes.
+      for (int l = 0; l < n;) {
+        const int64_t col = c + l, g = col / width, o = col % width;
+        const int take = static_cast<int>(std::min<int64_t>(n - l, width - o));
+        const __mmask16 mask = static_cast<__mmask16>(((1u << take) - 1) << l);
+        _mm512_mask_storeu_epi32(out_q + g * group + o - l, mask, w);
+        l += take;
+      }
     }
   }
 }
@@ -167,15 +195,13 @@ void pack_k_strided(const Matrix& x, int64_t c0, int64_t cols, int64_t p0, int64
 // out[(s * kcp + q) * kMr + r]; rows past the end are zero.
 void pack_a(const Matrix& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, uint32_t* out) {
   const int64_t kcp = (kc + 1) / 2;
+  if (rows % kMr != 0) std::fill_n(out + rows / kMr * kcp * kMr, kcp * kMr, 0u);  // the last strip's padding
+  if (a.trans) {
+    pack_k_strided<kMr>(a, i0, rows, p0, kc, out);
+    return;
+  }
   for (int64_t s = 0; s * kMr < rows; ++s) {
-    const int64_t r = std::min<int64_t>(kMr, rows - s * kMr);
-    uint32_t* strip = out + s * kcp * kMr;
-    if (r < kMr) std::fill_n(strip, kcp * kMr, 0u);
-    if (a.trans) {
-      pack_k_strided(a, i0 + s * kMr, r, p0, kc, strip, kMr);
-    } else {
-      pack_k_contiguous(a, i0 + s * kMr, r, p0, kc, strip, kMr);
-    }
+    pack_k_contiguous(a, i0 + s * kMr, std::min<int64_t>(kMr, rows - s * kMr), p0, kc, out + s * kcp * kMr, kMr);
   }
 }
 
@@ -183,15 +209,13 @@ void pack_a(const Matrix& a, int64_t i0, int64_t rows, int64_t p0, int64_t kc, u
 // out[(t * kcp + q) * kNr + c]; columns past the end are zero.
 void pack_b(const Matrix& b, int64_t j0, int64_t cols, int64_t p0, int64_t kc, uint32_t* out) {
   const int64_t kcp = (kc + 1) / 2;
+  if (cols % kNr != 0) std::fill_n(out + cols / kNr * kcp * kNr, kcp * kNr, 0u);  // the last panel's padding
+  if (!b.trans) {
+    pack_k_strided<kNr>(b, j0, cols, p0, kc, out);
+    return;
+  }
   for (int64_t t = 0; t * kNr < cols; ++t) {
-    const int64_t c = std::min<int64_t>(kNr, cols - t * kNr);
-    uint32_t* panel = out + t * kcp * kNr;
-    if (c < kNr) std::fill_n(panel, kcp * kNr, 0u);
-    if (b.trans) {
-      pack_k_contiguous(b, j0 + t * kNr, c, p0, kc, panel, kNr);
-    } else {
-      pack_k_strided(b, j0 + t * kNr, c, p0, kc, panel, kNr);
-    }
+    pack_k_contiguous(b, j0 + t * kNr, std::min<int64_t>(kNr, cols - t * kNr), p0, kc, out + t * kcp * kNr, kNr);
   }
 }
 

@@ -7,8 +7,10 @@
 
 #include <xxhash.h>
 
+#include <atomic>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "core/errors.h"
 #include "engine/checkpoint/detail/checksum.h"
@@ -120,6 +122,48 @@ TEST(CheckpointStorage, KeepLastAndLatest) {
   EXPECT_EQ(CheckpointReader(root).metadata().run_id, again.run_id);
   EXPECT_FALSE(fs::exists(root / "global_step4.replaced"));
   EXPECT_THROW(begin_save(root, "../x"), UsageError);
+}
+
+// Pruning (keep_last) must never show part of a tag under its name: a crash inside the removal left
+// a tag missing its metadata or rank files (the fault trials caught one). The old tag gets thousands
+// of extra files, so removing them takes a while, and this thread watches it while another commits a
+// newer tag with keep_last 1: whenever the old tag's name is there before and after a count, all of
+// its entries are there.
+TEST(CheckpointStorage, PruningNeverShowsPartOfATag) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1), {}, 1);
+  const fs::path old_tag = root / "global_step1";
+  constexpr int kExtra = 5000;
+  for (int i = 0; i < kExtra; ++i) std::ofstream(old_tag / fmt::format("extra{}", i));
+  const auto count = [&] {
+    std::error_code ec;
+    size_t n = 0;
+    for (fs::directory_iterator it(old_tag, ec), end; !ec && it != end; it.increment(ec)) ++n;
+    return n;
+  };
+  const size_t whole = count();
+  std::atomic<bool> done{false};
+  std::thread saver([&] {
+    test::save_synthetic(root, test::synthetic_metadata(2, "global_step2", 2), {}, 1);
+    done = true;
+  });
+  int looks = 0, partial = 0;
+  while (!done) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));  // leaves the saver a core on 2 cores
+    if (!fs::exists(old_tag)) continue;
+    size_t n = count();
+    if (!fs::exists(old_tag)) continue;  // renamed away during the count: inconclusive
+    ++looks;
+    if (n != whole) ++partial;
+  }
+  saver.join();
+  EXPECT_EQ(partial, 0) << looks << " looks at the tag being pruned, " << whole << " entries when whole";
+  EXPECT_FALSE(fs::exists(old_tag));
+  EXPECT_EQ(read_latest(root), "global_step2");
+  for (const auto& e : fs::directory_iterator(root)) {
+    EXPECT_NE(e.path().filename().string().rfind(".staging.", 0), 0u) << e.path() << " left behind";
+  }
 }
 
 // Note [Crash test]: a child process saves tag B over a root whose latest is tag A and is SIGKILLed

@@ -8,6 +8,7 @@
 //     unwritable directory: the same error on every rank, never a hang.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -190,6 +191,43 @@ TEST(CheckpointAsync, CommitsTheSnapshot) {
   EXPECT_EQ(engine.load_checkpoint(dir.string()), "global_step3");
   EXPECT_EQ(engine.global_step(), 3);
   EXPECT_EQ(engine.param_digest(), at_save);
+  g.barrier();
+  if (g.rank() == 0) fs::remove_all(dir);
+}
+
+// checkpoint.async with keep_last: the tag pruned at a commit is out of sight at once and its files
+// are gone once the prune thread is joined (Note [background prune]); the engine reports where the
+// save's time went.
+TEST(CheckpointAsync, PrunesInTheBackground) {
+  const comm::Group& g = test::world().group();
+  if (g.size() > 2) GTEST_SKIP();
+  const fs::path dir = shared_dir(g, "async_prune");
+  EngineConfig cfg = make_config(g.size(), 1, "AdamW");
+  cfg.checkpoint.async = true;
+  cfg.checkpoint.keep_last = 1;
+  {
+    nn::GptModel model(*cfg.model);
+    Engine engine(model, cfg, g);
+    DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
+    engine.train_batch(source);
+    engine.save_checkpoint(dir.string());
+    engine.wait_checkpoint();
+    const Engine::AsyncSaveTimes t = engine.last_async_save();
+    EXPECT_GT(t.writer_cpu_s, 0);
+    EXPECT_GT(t.write_data_s, 0);
+    EXPECT_GT(t.commit_s, 0);
+    engine.train_batch(source);
+    engine.save_checkpoint(dir.string());
+    engine.wait_checkpoint();
+    g.barrier();
+    EXPECT_FALSE(fs::exists(dir / "global_step1"));  // renamed out of sight by the commit
+    EXPECT_TRUE(fs::exists(dir / "global_step2" / "zs_metadata.h5"));
+  }
+  g.barrier();  // every engine gone: rank 0's prune thread joined
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"global_step2", "latest"}));
   g.barrier();
   if (g.rank() == 0) fs::remove_all(dir);
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fault injection for `zeroshard train` under mpirun (docs/reliability.md).
 
-Rank trials: start an np-rank training job (one of four scenarios), wait until it has trained its first
+Rank trials: start an np-rank training job (one of five scenarios), wait until it has trained its first
 step, sleep a random moment, then SIGKILL or SIGSTOP one random rank. Passes when every process of the
 job is gone within comm.timeout_s + 30 s of the signal and the output names what failed:
   SIGKILL  mpirun's "process rank R ... exited on signal 9" for the killed rank R, or a survivor's fatal
@@ -16,12 +16,16 @@ checkpoint trial the tag `latest` names must load whole (`zeroshard checkpoint c
 element of it) and no partial tag may be visible; the JSON records whether the signal left a save's
 staging directory behind (it landed inside a save).
 
+Start-up: a job that exits before its first step, or has not reached it after --start-limit-s (600),
+fails its trial (with its ranks' states, CPU seconds and gdb stacks); one that takes more than
+--slow-start-s (120) still runs its trial but is counted apart as a slow start (wait_for_start).
+
 Storage trials (--storage; need `unshare -m` and mount, else skipped): the NVMe swap directory on a
 read-only file system, on a file system too small for the swap files (both must fail before training,
 naming the path and the bytes), and on tmpfs (no O_DIRECT on older kernels; training must still run).
 
   fault_trials.py --zeroshard build/release/tools/zeroshard --trials 20 --timeout-s 3 --seed 1
-  fault_trials.py --zeroshard ... --trials 200 --storage --json out.json      # long mode
+  fault_trials.py --zeroshard ... --trials 200 --cycle --timeout-s 3 --seed 2 --storage --json out.json  # long mode
 Exit 0 when every trial passed.
 """
 import argparse
@@ -109,10 +113,11 @@ def rank_pids(root_pid):
 
 
 class Output:
-    """Collects a process's output on a thread; wait_for(regex) blocks until it appears."""
+    """Collects a process's output on a thread; wait_for(regex) blocks until it appears, the output ends
+    (the job exited) or the time is up."""
 
     def __init__(self, proc):
-        self.text, self.cond = "", threading.Condition()
+        self.text, self.ended, self.cond = "", False, threading.Condition()
         self.thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
         self.thread.start()
 
@@ -121,16 +126,98 @@ class Output:
             with self.cond:
                 self.text += line
                 self.cond.notify_all()
+        with self.cond:
+            self.ended = True
+            self.cond.notify_all()
 
     def wait_for(self, regex, timeout):
         end = time.monotonic() + timeout
         with self.cond:
             while not re.search(regex, self.text):
                 left = end - time.monotonic()
-                if left <= 0:
+                if left <= 0 or self.ended:
                     return False
                 self.cond.wait(left)
         return True
+
+
+def cpu_seconds(pids):
+    """User + system CPU seconds the processes have used so far (processes gone count 0)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def start_snapshot(root_pid):
+    """What a job that has not reached step 1 is doing: per rank its state, kernel wait channel and CPU
+    seconds, and the machine's load average."""
+    ranks = rank_pids_safe_map(root_pid)
+    snap = {"load": os.getloadavg()[0], "cpu_s": round(cpu_seconds(ranks.values()), 2), "ranks": {}}
+    for rank, pid in sorted(ranks.items()):
+        info = {}
+        for name in ("wchan",):
+            try:
+                with open(f"/proc/{pid}/{name}") as f:
+                    info[name] = f.read().strip()
+            except OSError:
+                pass
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                info["state"] = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            pass
+        info["cpu_s"] = round(cpu_seconds([pid]), 2)
+        snap["ranks"][rank] = info
+    return snap
+
+
+def backtraces(root_pid):
+    """Every rank's threads' stacks (gdb, where installed): the evidence a start-up hang needs."""
+    if shutil.which("gdb") is None:
+        return "gdb not installed"
+    out = []
+    for rank, pid in sorted(rank_pids_safe_map(root_pid).items()):
+        try:
+            r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+            frames = [line for line in r.stdout.splitlines() if line.startswith(("#", "Thread "))]
+            out.append(f"rank {rank} (pid {pid}):\n" + "\n".join(frames))
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(f"rank {rank} (pid {pid}): gdb failed: {e}")
+    return "\n".join(out)[-12000:]
+
+
+def wait_for_start(out, proc, regex, args, result):
+    """Waits until the job reaches `regex` (its first step, or its first save). A job that exits first, or
+    has not got there after --start-limit-s, fails the trial. One that gets there after more than
+    --slow-start-s still runs its trial, but counts as a slow start (result["slow_start"]) with a
+    snapshot of its ranks taken at --slow-start-s: on this shared 2-core machine a niced job next to a
+    benchmark at normal priority gets ~1.5% of a core, so an MPI start and model build of a few CPU
+    seconds can take minutes. The CPU seconds in the snapshots tell a starved job (still using CPU) from
+    a stuck one (none used). Returns True when the job started."""
+    t0 = time.monotonic()
+    started = out.wait_for(regex, args.slow_start_s)
+    if not started and not out.ended:
+        result["slow_start"] = start_snapshot(proc.pid)
+        started = out.wait_for(regex, max(0.0, args.start_limit_s - args.slow_start_s))
+    result["start_s"] = round(time.monotonic() - t0, 1)
+    if started:
+        return True
+    if out.ended:
+        proc.wait()
+        result.update(outcome="exited before step 1", exit=proc.returncode, passed=False)
+    else:
+        result.update(outcome="did not start", passed=False, at_limit=start_snapshot(proc.pid),
+                      backtraces=backtraces(proc.pid))
+    out.thread.join(1)
+    result["output_tail"] = out.text[-3000:]
+    return False
 
 
 def rank_trial(i, rng, args, work):
@@ -150,8 +237,7 @@ def rank_trial(i, rng, args, work):
     result = {"trial": i, "scenario": scenario, "signal": sig.name, "np": args.np}
     try:
         # The checkpoint scenario waits for its first committed save, so a complete one always exists.
-        if not out.wait_for(r"checkpoint: saved step 1 " if scenario == "checkpoint" else r"step 1/", 120):
-            result.update(outcome="did not start", passed=False, output_tail=out.text[-3000:])
+        if not wait_for_start(out, proc, r"checkpoint: saved step 1 " if scenario == "checkpoint" else r"step 1/", args, result):
             return result
         time.sleep(rng.uniform(0.0, args.max_delay_s))
         ranks = rank_pids(proc.pid)
@@ -236,11 +322,15 @@ def zombie(pid):
         return True
 
 
-def rank_pids_safe(root):
+def rank_pids_safe_map(root):
     try:
-        return list(rank_pids(root).values())
+        return rank_pids(root)
     except OSError:
-        return []
+        return {}
+
+
+def rank_pids_safe(root):
+    return list(rank_pids_safe_map(root).values())
 
 
 def kill_quiet(pid):
@@ -299,6 +389,10 @@ def main():
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--timeout-s", type=float, default=3.0, help="comm.timeout_s of the jobs")
     ap.add_argument("--max-delay-s", type=float, default=2.0, help="the signal comes up to this long after step 1")
+    ap.add_argument("--slow-start-s", type=float, default=120.0,
+                    help="a job that reaches step 1 later than this counts as a slow start (reported apart)")
+    ap.add_argument("--start-limit-s", type=float, default=600.0,
+                    help="a job that has not reached step 1 after this long fails its trial (start-up hang)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cycle", action="store_true", help="scenarios in turn instead of at random")
     ap.add_argument("--storage", action="store_true", help="also the storage trials")
@@ -324,11 +418,14 @@ def main():
             if r["scenario"] == "checkpoint" and "latest" in r:
                 ckpt = (f", latest {r['latest']} {'does not load: ' + r['load_error'] if 'load_error' in r else 'loads'}"
                         f"{' (inside a save)' if r.get('staging_left') else ''}")
-            print(f"trial {i}: {r['scenario']} {r['signal']} rank {r.get('rank', '-')}: {r['outcome']}"
-                  f" in {r.get('seconds', '-')} s, exit {r.get('exit')}, named {r.get('named')}{ckpt}: "
+            slow = f" (slow start: at {args.slow_start_s:.0f} s {json.dumps(r['slow_start'])})" if "slow_start" in r else ""
+            print(f"trial {i}: {r['scenario']} {r['signal']} rank {r.get('rank', '-')}: started in {r.get('start_s')} s"
+                  f"{slow}, {r['outcome']} in {r.get('seconds', '-')} s, exit {r.get('exit')}, named {r.get('named')}{ckpt}: "
                   f"{'ok' if r['passed'] else 'FAILED'}", flush=True)
             if not r["passed"]:
-                print(r.get("output_tail", ""), flush=True)
+                for key in ("at_limit", "backtraces", "output_tail"):
+                    if key in r:
+                        print(r[key] if isinstance(r[key], str) else f"{key}: {json.dumps(r[key])}", flush=True)
         if args.storage:
             if can_mount():
                 for name, options, expect_ok, regex in STORAGE:
@@ -343,16 +440,29 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rank = [r for r in results if "trial" in r]
+    starts = sorted(r["start_s"] for r in rank if "start_s" in r)
     summary = {"trials": len(rank), "passed": sum(r["passed"] for r in rank),
                "hangs": sum(r.get("outcome") == "hang" for r in rank),
+               "not_started": sum(r.get("outcome") in ("did not start", "exited before step 1") for r in rank),
+               "slow_starts": sum("slow_start" in r for r in rank),
+               "start_s": {"median": starts[len(starts) // 2], "max": starts[-1]} if starts else {},
                "max_seconds": max((r.get("seconds", 0) or 0 for r in rank), default=0),
+               "limit_seconds": args.timeout_s + 30,
+               "checkpoint_loads": sum(r.get("scenario") == "checkpoint" and "latest" in r and "load_error" not in r
+                                       for r in rank),
                "checkpoint_signals_inside_a_save": sum(bool(r.get("staging_left")) for r in rank),
                "by": {}}
     for r in rank:
         key = f"{r['scenario']} {r['signal']}"
-        b = summary["by"].setdefault(key, {"trials": 0, "passed": 0})
+        b = summary["by"].setdefault(key, {"trials": 0, "passed": 0, "hangs": 0, "seconds": []})
         b["trials"] += 1
         b["passed"] += int(r["passed"])
+        b["hangs"] += int(r.get("outcome") == "hang")
+        if "seconds" in r:
+            b["seconds"].append(r["seconds"])
+    for b in summary["by"].values():  # exit time after the signal: min, median, max
+        t = sorted(b.pop("seconds"))
+        b["seconds"] = [t[0], t[len(t) // 2], t[-1]] if t else []
     print("summary: " + json.dumps(summary), flush=True)
     if args.json:
         with open(args.json, "w") as f:
