@@ -4,8 +4,11 @@
 // is (a) saved through the storage layer (begin_save, ShardWriter::append in --piece pieces,
 // finish, write_metadata, commit_save: fsync'd, renamed) and loaded (CheckpointReader::read of every
 // tensor of every buffer into memory), and (b) written with plain sequential write() into the same
-// number of files in --piece pieces, fsync'd, and read back with read(). Both in the same directory,
-// back to back in each of --reps rounds. Ratio = the median over rounds of plain time / ours in that
+// number of files in --piece pieces, fsync'd, and read back with read(), each file front to back,
+// every byte into the same address as the load puts it (--dest: each tensor in memory of its own
+// at a page + 16 bytes, or all packed end to end; where the bytes land within a page sets the speed
+// of the kernel's copy, Note [Page phase] in engine/checkpoint/format.h). Both in the same directory,
+// back to back in each of --reps rounds, after --warmup uncounted rounds. Ratio = the median over rounds of plain time / ours in that
 // round (target >= 0.8, compression off): on a shared machine whose load drifts, a round's pair sees
 // the same load, where medians of each side taken apart mix rounds. GB/s are medians. Then the same
 // save with zstd (--zstd 0 skips it): ratio (raw / stored bytes) and GB/s of save and load.
@@ -15,7 +18,8 @@
 // Values are N(0, 0.02) floats, like weights: they compress little, which is the honest case.
 //
 //   checkpoint_bench [--size 1G] [--ranks 4] [--tensors 64] [--piece 64M] [--reps 3] [--checksum 1]
-//                    [--zstd 1] [--zstd-level 3] [--chunk 0 (auto)] [--dir DIR] [--json FILE]
+//                    [--zstd 1] [--zstd-level 3] [--chunk 0 (auto)] [--dest tensor|packed] [--warmup 1]
+//                    [--verbose 0] [--dir DIR] [--json FILE]
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,6 +82,29 @@ Setup make_setup(size_t bytes, int ranks, int tensors) {
   return s;
 }
 
+// Where a load puts each tensor (the same for ours and the plain baseline, Note [Page phase] in
+// engine/checkpoint/format.h): "tensor", each tensor in memory of its own at a page + 16 bytes,
+// where malloc puts a large allocation (a tensor's own buffer, the engine's staging piece); "packed",
+// the tensors end to end from a page + 16 bytes (one flat buffer of the whole model, no padding).
+struct Destination {
+  std::vector<float> storage;
+  float* base = nullptr;
+  std::vector<uint64_t> at;  // per tensor: its element 0 is base[at[t]]
+
+  Destination(const ck::Layout& layout, bool packed) {
+    uint64_t n = 0;
+    for (const auto& t : layout.tensors) {
+      if (!packed) n = (n + 1023) / 1024 * 1024;
+      at.push_back(n);
+      n += t.numel();
+    }
+    storage.resize(n + 2048);
+    auto addr = reinterpret_cast<uintptr_t>(storage.data());
+    base = storage.data() + ((addr + 4095) / 4096 * 4096 + 16 - addr) / sizeof(float);
+  }
+  float* tensor(uint32_t t) { return base + at[t]; }
+};
+
 // Rank r's slice of the flat values (the same for each buffer).
 std::span<const std::byte> rank_bytes(const Setup& s, int r) {
   uint64_t off = 0;
@@ -105,18 +132,17 @@ double save_ours(const Setup& s, const fs::path& root, const std::string& tag, c
   return now_seconds() - t0;
 }
 
-double load_ours(const fs::path& root, std::vector<float>& out, size_t piece) {
+double load_ours(const fs::path& root, Destination& out, size_t piece) {
   double t0 = now_seconds();
   ck::CheckpointReader r(root);
   const size_t step = piece / sizeof(float);
+  const auto& tensors = r.metadata().layout.tensors;
   for (const auto& b : r.metadata().layout.buffers) {
-    uint64_t at = 0;
-    for (const auto& t : r.metadata().layout.tensors) {
-      for (uint64_t e = 0; e < t.numel(); e += step) {
-        uint64_t n = std::min<uint64_t>(step, t.numel() - e);
-        r.read(b.name, t.name, e, n, zs::memory::DType::kF32, out.data() + at + e);
+    for (uint32_t t = 0; t < tensors.size(); ++t) {
+      for (uint64_t e = 0; e < tensors[t].numel(); e += step) {
+        uint64_t n = std::min<uint64_t>(step, tensors[t].numel() - e);
+        r.read(b.name, tensors[t].name, e, n, zs::memory::DType::kF32, out.tensor(t) + e);
       }
-      at += t.numel();
     }
   }
   return now_seconds() - t0;
@@ -143,24 +169,25 @@ double save_plain(const Setup& s, const fs::path& dir, size_t piece) {
   return now_seconds() - t0;
 }
 
-double load_plain(const Setup& s, const fs::path& dir, std::vector<float>& out, size_t piece) {
+// The same bytes with read(), each rank file front to back, each segment into the same place as
+// the load puts it (a read per segment or per piece of it).
+double load_plain(const Setup& s, const fs::path& dir, Destination& out, size_t piece) {
   double t0 = now_seconds();
-  auto* dst = reinterpret_cast<std::byte*>(out.data());
   for (int r = 0; r < s.meta.layout.world_size; ++r) {
     fs::path p = dir / ("rank" + std::to_string(r));
     int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
     ZS_SYS_CHECK(fd, "open of '{}'", p.string());
-    size_t n = rank_bytes(s, r).size() * 3;
-    // Into the same caller-owned target as the load's (one buffer's size, reused for each buffer).
-    const size_t out_bytes = out.size() * sizeof(float);
-    size_t pos = 0;
-    for (size_t off = 0; off < n;) {
-      size_t want = std::min({piece, n - off, out_bytes - pos});
-      ssize_t got = ::read(fd, dst + pos, want);
-      ZS_SYS_CHECK(got, "read of '{}'", p.string());
-      if (got == 0) throw zs::IoError("short read of " + p.string());
-      off += static_cast<size_t>(got);
-      pos = (pos + static_cast<size_t>(got)) % out_bytes;
+    for (const auto& b : s.meta.layout.buffers) {
+      for (const ck::Segment& seg : b.ranks[static_cast<size_t>(r)]) {
+        auto* dst = reinterpret_cast<std::byte*>(out.tensor(seg.tensor) + seg.begin);
+        const size_t n = seg.count * sizeof(float);
+        for (size_t off = 0; off < n;) {
+          ssize_t got = ::read(fd, dst + off, std::min(piece, n - off));
+          ZS_SYS_CHECK(got, "read of '{}'", p.string());
+          if (got == 0) throw zs::IoError("short read of " + p.string());
+          off += static_cast<size_t>(got);
+        }
+      }
     }
     ::close(fd);
   }
@@ -181,12 +208,26 @@ int main(int argc, char** argv) try {
   const size_t chunk = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
   const fs::path base = zs::bench::arg_value(argc, argv, "--dir", fs::path(argv[0]).parent_path().string());
   const fs::path work = base / "checkpoint_bench.tmp";
+  const bool verbose = zs::bench::int_arg(argc, argv, "--verbose", 0, 0) != 0;
 
   Setup s = make_setup(size, ranks, tensors);
   const double bytes = 3.0 * static_cast<double>(s.values.size()) * sizeof(float);
-  std::vector<float> out(s.values.size());
+  const std::string dest = zs::bench::arg_value(argc, argv, "--dest", "tensor");
+  if (dest != "tensor" && dest != "packed") throw zs::UsageError("--dest is tensor or packed, not '" + dest + "'");
+  const int warmup = static_cast<int>(zs::bench::int_arg(argc, argv, "--warmup", 1, 0));
+  Destination out(s.meta.layout, dest == "packed");
   ck::WriteOptions plain_opt{.compression = ck::Compression::kNone, .checksum = checksum, .chunk_bytes = chunk};
   std::vector<double> ours_save, ours_load, raw_save, raw_load, save_ratio, load_ratio, save_cpu, load_cpu;
+  // Warm-up rounds, not counted: the first touches of fresh memory in this VM cost several times
+  // a steady round's (the first plain load ran 5-8x slower than later ones), and fell on the plain
+  // side, which runs first.
+  for (int i = 0; i < warmup; ++i) {
+    save_plain(s, work / "raw", piece);
+    load_plain(s, work / "raw", out, piece);
+    fs::remove_all(work / "raw");
+    save_ours(s, work / "ours", "global_step1", ck::WriteOptions{.checksum = checksum, .chunk_bytes = chunk}, piece);
+    load_ours(work / "ours", out, piece);
+  }
   for (int i = 0; i < reps; ++i) {
     double c0 = cpu_seconds();
     raw_save.push_back(save_plain(s, work / "raw", piece));
@@ -203,9 +244,18 @@ int main(int argc, char** argv) try {
     load_ratio.push_back(raw_load.back() / ours_load.back());
     save_cpu.push_back((c1 - c0) / (c4 - c3));
     load_cpu.push_back((c2 - c1) / (c5 - c4));
+    if (verbose) {
+      std::fprintf(stderr, "round %d: save plain %.3f ours %.3f s, load plain %.3f ours %.3f s\n", i, raw_save.back(),
+                   ours_save.back(), raw_load.back(), ours_load.back());
+    }
   }
-  if (std::memcmp(out.data(), s.values.data(), out.size() * sizeof(float)) != 0) {
-    throw zs::InternalError("checkpoint_bench: the loaded exp_avg_sq differs from the saved values");
+  uint64_t flat = 0;
+  for (uint32_t t = 0; t < s.meta.layout.tensors.size(); ++t) {
+    const uint64_t n = s.meta.layout.tensors[t].numel();
+    if (std::memcmp(out.tensor(t), s.values.data() + flat, n * sizeof(float)) != 0) {
+      throw zs::InternalError("checkpoint_bench: the loaded exp_avg_sq differs from the saved values");
+    }
+    flat += n;
   }
   fs::remove_all(work / "ours");
   ck::WriteOptions z_opt{
@@ -221,8 +271,9 @@ int main(int argc, char** argv) try {
   auto gbps = [&](double t) { return bytes / t / 1e9; };
   double rs = zs::bench::median(raw_save), rl = zs::bench::median(raw_load);
   double os = zs::bench::median(ours_save), ol = zs::bench::median(ours_load);
-  std::printf("checkpoint_bench: %.2f GiB in %d rank files, %d tensors x 3 buffers, piece %zu MiB, checksum %s\n",
-              bytes / (1 << 30), ranks, tensors, piece >> 20, checksum ? "on" : "off");
+  std::printf("checkpoint_bench: %.2f GiB in %d rank files, %d tensors x 3 buffers, piece %zu MiB, checksum %s, "
+              "destination %s\n",
+              bytes / (1 << 30), ranks, tensors, piece >> 20, checksum ? "on" : "off", dest.c_str());
   std::printf("  %-22s %8s %8s\n", "", "save", "load");
   std::printf("  %-22s %6.2f GB/s %6.2f GB/s\n", "plain write()/read()", gbps(rs), gbps(rl));
   std::printf("  %-22s %6.2f GB/s %6.2f GB/s\n", "checkpoint (no zstd)", gbps(os), gbps(ol));
@@ -241,7 +292,7 @@ int main(int argc, char** argv) try {
     zs::bench::Report r;
     r.benchmark = "checkpoint_bench";
     r.config = {{"bytes", bytes}, {"ranks", ranks}, {"tensors", tensors}, {"piece_bytes", piece},
-                {"reps", reps}, {"checksum", checksum}, {"zstd_level", level}, {"chunk_bytes", chunk}};
+                {"reps", reps}, {"warmup", warmup}, {"dest", dest}, {"checksum", checksum}, {"zstd_level", level}, {"chunk_bytes", chunk}};
     r.baseline = {{"save_gbps", gbps(rs)}, {"load_gbps", gbps(rl)}};
     r.results.push_back({{"name", "checkpoint"}, {"save_gbps", gbps(os)}, {"load_gbps", gbps(ol)}});
     if (with_zstd) {

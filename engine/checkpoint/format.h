@@ -27,8 +27,29 @@ namespace zs::checkpoint {
 
 using memory::DType;
 
-// Format version written into every file; a reader accepts exactly the versions it knows.
-inline constexpr int64_t kFormatVersion = 1;
+// Format version written into every file; a reader accepts the versions it knows, [kMinFormatVersion,
+// kFormatVersion]. Version 2 added the gaps of Note [Page phase]; a version 1 file has none (its
+// index offsets are the running sum of the counts).
+inline constexpr int64_t kFormatVersion = 2;
+inline constexpr int64_t kMinFormatVersion = 1;
+
+// Note [Page phase]: the kernel copies a read out of the page cache fastest when the destination
+// and the file offset fall at nearly the same place in their pages ((destination - offset) mod 4096
+// in [1, 63], which a malloc'd buffer, at a page plus 16 bytes, meets for a page-aligned offset): on
+// this project's Zen VM 5-15% faster than other phases (docs/checkpoints.md, "Benchmarks"). Callers
+// read a tensor's elements into memory where the tensor's element 0 is at a fixed page phase (a
+// tensor's own allocation, a staging buffer filled from a tensor offset), whatever the world size
+// that wrote the file, so a format 2 rank file keeps the tensor's phase: in an unfiltered data
+// dataset, a segment of at least kPagePhaseMinBytes starts at a data offset congruent to its `begin`
+// modulo a page's worth of elements, after a gap of zeros (less than a page; the index's offset
+// column says where each segment starts, and the checksums cover the gaps as stored). The files are
+// written with HDF5's alignment (h5::file_create: objects of kPageAlignMinBytes or more, so every
+// 4 MiB data chunk, start on a page), so element e of such a tensor lies at a file offset congruent to
+// e * element size modulo a page. Small segments and zstd data carry no gaps (their reads are short,
+// or not direct copies). The waste: below one page per large segment, at most 1/64 of the data.
+inline constexpr uint64_t kPageBytes = 4096;
+inline constexpr uint64_t kPagePhaseMinBytes = 256u << 10;
+inline constexpr uint64_t kPageAlignMinBytes = 256u << 10;
 inline constexpr const char* kMetadataFile = "zs_metadata.h5";
 inline constexpr const char* kLatestFile = "latest";
 

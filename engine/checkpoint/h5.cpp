@@ -13,6 +13,7 @@
 #include <mutex>
 #include <span>
 
+#include "engine/checkpoint/format.h"
 #include "engine/checkpoint/zstd_filter.h"
 
 namespace zs::checkpoint::h5 {
@@ -89,6 +90,8 @@ Handle file_create(const std::filesystem::path& path) {
   // flipped byte in an index or an attribute is caught as well as one in the chunked data.
   Handle fapl(ZS_H5_CHECK(H5Pcreate(H5P_FILE_ACCESS), path, "file access list"), H5Pclose);
   ZS_H5_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), path, "set format bounds");
+  // Large objects (the data chunks) on page boundaries: Note [Page phase] in format.h.
+  ZS_H5_CHECK(H5Pset_alignment(fapl.get(), kPageAlignMinBytes, kPageBytes), path, "set alignment");
   return Handle(ZS_H5_CHECK(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), path, "create"),
                 H5Fclose);
 }

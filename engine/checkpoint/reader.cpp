@@ -37,9 +37,9 @@ Metadata read_metadata_file(const fs::path& dir) {
   hid_t f = file.get();
   Metadata meta;
   meta.version = h5::read_attr_int(f, "format_version", path);
-  if (meta.version != kFormatVersion) {
-    throw CheckpointError(fmt::format("checkpoint file '{}': format version {}, this zeroshard reads version {}",
-                                      path.string(), meta.version, kFormatVersion));
+  if (meta.version < kMinFormatVersion || meta.version > kFormatVersion) {
+    throw CheckpointError(fmt::format("checkpoint file '{}': format version {}, this zeroshard reads versions {} to {}",
+                                      path.string(), meta.version, kMinFormatVersion, kFormatVersion));
   }
   meta.run_id = h5::read_attr_string(f, "run_id", path);
   meta.tag = h5::read_attr_string(f, "tag", path);
@@ -300,9 +300,9 @@ CheckpointReader::CheckpointReader(const fs::path& dir, int) : dir_(dir), impl_(
                                          (dir_ / kMetadataFile).string()));
     };
     int64_t version = h5::read_attr_int(f, "format_version", path);
-    if (version != kFormatVersion) {
-      throw CheckpointError(fmt::format("checkpoint file '{}': format version {}, this zeroshard reads version {}",
-                                        path.string(), version, kFormatVersion));
+    if (version != meta_.version) {
+      throw CheckpointError(fmt::format("checkpoint file '{}': format version {}, the metadata's is {}", path.string(),
+                                        version, meta_.version));
     }
     std::string run_id = h5::read_attr_string(f, "run_id", path);
     if (run_id != meta_.run_id) {
@@ -322,15 +322,19 @@ CheckpointReader::CheckpointReader(const fs::path& dir, int) : dir_(dir), impl_(
       std::vector<uint64_t> index = h5::read_u64_table(g.get(), "index", 4, path);
       const auto& segs = b.ranks[static_cast<size_t>(r)];
       if (index.size() != segs.size() * 4) throw mismatch(fmt::format("the index of buffer '{}'", b.name));
+      // Segments in order, end to end; format 2 allows a gap of less than a page before each (Note
+      // [Page phase] in format.h).
+      const uint64_t max_gap = version >= 2 ? kPageBytes / memory::dtype_size(b.dtype) : 1;
       uint64_t offset = 0;
       for (size_t i = 0; i < segs.size(); ++i) {
         const Segment& s = segs[i];
-        if (index[4 * i] != s.tensor || index[4 * i + 1] != s.begin || index[4 * i + 2] != s.count ||
-            index[4 * i + 3] != offset) {
+        const uint64_t at = index[4 * i + 3];
+        if (index[4 * i] != s.tensor || index[4 * i + 1] != s.begin || index[4 * i + 2] != s.count || at < offset ||
+            at - offset >= max_gap) {
           throw mismatch(fmt::format("the index of buffer '{}' (row {})", b.name, i));
         }
-        impl_->pieces[b.name][s.tensor].push_back(Piece{r, s.begin, s.count, offset});
-        offset += s.count;
+        impl_->pieces[b.name][s.tensor].push_back(Piece{r, s.begin, s.count, at});
+        offset = at + s.count;
       }
       h5::Handle ds = h5::dataset_open(g.get(), "data", path);
       h5::Handle space = h5::dataset_space(ds.get(), path, "data");

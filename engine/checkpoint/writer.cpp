@@ -65,6 +65,12 @@ struct ShardWriter::Impl {
     uint64_t block = 1;              // elements per checksum block
     std::vector<uint64_t> sums;      // per block written (Note [Checksum blocks])
     std::vector<std::byte> staging;  // < one chunk, not yet on disk
+    // Where each segment starts: in the caller's stream (its segments end to end) and in the data,
+    // which may hold a gap before it (Note [Page phase]).
+    std::vector<uint64_t> seg_stream, seg_data;
+    uint64_t stream_total = 0;  // elements the caller appends
+    uint64_t appended = 0;      // of those, appended so far
+    size_t segment = 0;         // the segment `appended` lies in
   };
   h5::Handle file;
   int fd = -1;  // HDF5's descriptor of the file (its default sec2 driver), for start_writeback
@@ -103,7 +109,39 @@ struct ShardWriter::Impl {
     b.written += count;
     start_writeback();
   }
+  // Appends `bytes` to the data as stored (gaps included), writing every whole chunk.
+  void push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
 };
+
+void ShardWriter::Impl::push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes) {
+  const size_t chunk_bytes = b.chunk * b.elem_size;
+  // Top up a partial chunk first; then whole chunks straight from the caller's memory (no copy);
+  // then keep the tail. Writes stay chunk-aligned, so each chunk is filtered and written once.
+  if (!b.staging.empty()) {
+    size_t take = std::min(bytes.size(), chunk_bytes - b.staging.size());
+    b.staging.insert(b.staging.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(take));
+    bytes = bytes.subspan(take);
+    if (b.staging.size() == chunk_bytes) {
+      write_range(b, b.staging.data(), b.chunk, path, buffer);
+      b.staging.clear();
+    }
+  }
+  size_t whole = bytes.size() / chunk_bytes * chunk_bytes;
+  if (whole > 0) {
+    write_range(b, bytes.data(), whole / b.elem_size, path, buffer);
+    bytes = bytes.subspan(whole);
+  }
+  if (!bytes.empty()) {
+    b.staging.reserve(chunk_bytes);
+    b.staging.insert(b.staging.end(), bytes.begin(), bytes.end());
+  }
+  // The last, partial chunk of the dataset.
+  if (!b.staging.empty() && b.written + b.staging.size() / b.elem_size == b.total) {
+    write_range(b, b.staging.data(), b.staging.size() / b.elem_size, path, buffer);
+    b.staging.clear();
+    b.staging.shrink_to_fit();
+  }
+}
 
 ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, const WriteOptions& options)
     : path_(dir / rank_file_name(rank)), impl_(std::make_unique<Impl>()) {
@@ -126,19 +164,28 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
   for (const BufferLayout& bl : layout.buffers) {
     h5::Handle group = h5::group_create(buffers.get(), bl.name.c_str(), path_);
     h5::write_attr(group.get(), "dtype", memory::dtype_name(bl.dtype), path_);
-    std::vector<uint64_t> index;
-    uint64_t offset = 0;
-    for (const Segment& s : bl.ranks[static_cast<size_t>(rank)]) {
-      index.insert(index.end(), {s.tensor, s.begin, s.count, offset});
-      offset += s.count;
-    }
-    h5::write_u64_table(group.get(), "index", index, 4, path_);
-
+    const bool filtered = options.compression != Compression::kNone;
     Impl::Buffer b;
     b.elem_size = memory::dtype_size(bl.dtype);
     b.type = detail::h5_type(bl.dtype);
+    std::vector<uint64_t> index;
+    uint64_t offset = 0;
+    for (const Segment& s : bl.ranks[static_cast<size_t>(rank)]) {
+      // Note [Page phase]: unfiltered data of format 2 puts each large segment's first element at a
+      // data offset congruent to its tensor offset, modulo a page.
+      if (meta.version >= 2 && !filtered && s.count * b.elem_size >= kPagePhaseMinBytes &&
+          kPageBytes % b.elem_size == 0) {
+        const uint64_t page = kPageBytes / b.elem_size;
+        offset += (s.begin % page + page - offset % page) % page;
+      }
+      b.seg_stream.push_back(b.stream_total);
+      b.seg_data.push_back(offset);
+      index.insert(index.end(), {s.tensor, s.begin, s.count, offset});
+      offset += s.count;
+      b.stream_total += s.count;
+    }
+    h5::write_u64_table(group.get(), "index", index, 4, path_);
     b.total = offset;
-    const bool filtered = options.compression != Compression::kNone;
     const uint64_t chunk_bytes = options.chunk_bytes != 0 ? options.chunk_bytes : filtered ? 64u << 10 : 4u << 20;
     b.chunk = std::clamp<uint64_t>(chunk_bytes / b.elem_size, 1, std::max<uint64_t>(offset, 1));
     hsize_t dims = offset, maxdims = H5S_UNLIMITED, chunk = b.chunk;
@@ -185,46 +232,34 @@ void ShardWriter::append(std::string_view buffer, std::span<const std::byte> byt
     throw UsageError(fmt::format("ShardWriter::append: {} bytes is not whole {}-byte elements of '{}'", bytes.size(),
                                  b.elem_size, buffer));
   }
-  uint64_t pending = b.staging.size() / b.elem_size;
-  if (b.written + pending + bytes.size() / b.elem_size > b.total) {
+  if (b.appended + bytes.size() / b.elem_size > b.stream_total) {
     throw UsageError(fmt::format("ShardWriter::append: buffer '{}' of rank file '{}' holds {} elements; appended past "
                                  "its end",
-                                 buffer, path_.string(), b.total));
+                                 buffer, path_.string(), b.stream_total));
   }
-  const size_t chunk_bytes = b.chunk * b.elem_size;
-  // Top up a partial chunk first; then whole chunks straight from the caller's memory (no copy);
-  // then keep the tail. Writes stay chunk-aligned, so each chunk is filtered and written once.
-  if (!b.staging.empty()) {
-    size_t take = std::min(bytes.size(), chunk_bytes - b.staging.size());
-    b.staging.insert(b.staging.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(take));
-    bytes = bytes.subspan(take);
-    if (b.staging.size() == chunk_bytes) {
-      impl_->write_range(b, b.staging.data(), b.chunk, path_, buffer);
-      b.staging.clear();
+  // Segment by segment, a segment's gap (zeros, Note [Page phase]) before its first element.
+  static constexpr std::byte kZeros[kPageBytes] = {};
+  while (!bytes.empty()) {
+    while (b.segment + 1 < b.seg_stream.size() && b.seg_stream[b.segment + 1] <= b.appended) ++b.segment;
+    const uint64_t at = b.written + b.staging.size() / b.elem_size;
+    const uint64_t in_segment = b.appended - b.seg_stream[b.segment];
+    if (in_segment == 0 && at < b.seg_data[b.segment]) {
+      impl_->push(b, path_, buffer, std::span<const std::byte>(kZeros, (b.seg_data[b.segment] - at) * b.elem_size));
     }
-  }
-  size_t whole = bytes.size() / chunk_bytes * chunk_bytes;
-  if (whole > 0) {
-    impl_->write_range(b, bytes.data(), whole / b.elem_size, path_, buffer);
-    bytes = bytes.subspan(whole);
-  }
-  if (!bytes.empty()) {
-    b.staging.reserve(chunk_bytes);
-    b.staging.insert(b.staging.end(), bytes.begin(), bytes.end());
-  }
-  // The last, partial chunk of the dataset.
-  if (!b.staging.empty() && b.written + b.staging.size() / b.elem_size == b.total) {
-    impl_->write_range(b, b.staging.data(), b.staging.size() / b.elem_size, path_, buffer);
-    b.staging.clear();
-    b.staging.shrink_to_fit();
+    const uint64_t segment_end =
+        b.segment + 1 < b.seg_stream.size() ? b.seg_stream[b.segment + 1] : b.stream_total;
+    const size_t take = std::min<size_t>(bytes.size(), (segment_end - b.appended) * b.elem_size);
+    impl_->push(b, path_, buffer, bytes.first(take));
+    b.appended += take / b.elem_size;
+    bytes = bytes.subspan(take);
   }
 }
 
 void ShardWriter::finish() {
   for (auto& [name, b] : impl_->buffers) {
-    if (b.written != b.total) {
+    if (b.written != b.total || b.appended != b.stream_total) {
       throw UsageError(fmt::format("ShardWriter::finish: buffer '{}' of '{}' got {} of its {} elements", name,
-                                   path_.string(), b.written + b.staging.size() / b.elem_size, b.total));
+                                   path_.string(), b.appended, b.stream_total));
     }
     b.dataset.close(path_, fmt::format("buffer '{}'", name));
     if (b.checksum) {

@@ -259,9 +259,10 @@ class CheckpointCorrupt : public ::testing::Test {
 TEST_F(CheckpointCorrupt, BadVersion) {
   auto newer = meta_;
   newer.version = kFormatVersion + 1;
-  newer.tag = "v2";
+  newer.tag = "vnext";
   test::save_synthetic(root_, newer);
-  expect_error(kMetadataFile, "format version 2");
+  expect_error(kMetadataFile, fmt::format("format version {}, this zeroshard reads versions 1 to {}",
+                                          kFormatVersion + 1, kFormatVersion));
 }
 
 TEST_F(CheckpointCorrupt, MissingRankFile) {
@@ -511,6 +512,74 @@ TEST_F(CheckpointCorrupt, FlippedMetadataBytes) {
 TEST_F(CheckpointCorrupt, FlippedAttributeBytes) {
   flip_byte(rank_file(0), find_bytes(rank_file(0), meta_.run_id) + 2);  // the run id, in an object header
   expect_error(rank_file_name(0), "");
+}
+
+// Note [Page phase] in format.h: in format 2, every large segment of unfiltered data starts at a file
+// offset congruent to its tensor offset modulo a page; small segments, zstd data and format 1 carry no
+// gaps; every layout reads back the same values.
+TEST(CheckpointFormat, LargeSegmentsKeepTheirTensorsPagePhase) {
+  for (int64_t version : {int64_t{1}, kFormatVersion}) {
+    for (Compression compression : {Compression::kNone, Compression::kZstd}) {
+      test::TempDir tmp;
+      fs::path root = tmp.path();
+      auto meta = test::synthetic_metadata(3, "global_step1", 1, 128);  // segments of 2 KiB to 400 KiB
+      meta.version = version;
+      test::save_synthetic(root, meta, WriteOptions{.compression = compression});
+      const bool phased = version >= 2 && compression == Compression::kNone;
+      int large = 0, gaps = 0;
+      for (int rank = 0; rank < 3; ++rank) {
+        fs::path file = root / "global_step1" / rank_file_name(rank);
+        h5::Handle f = h5::file_open(file);
+        EXPECT_EQ(h5::read_attr_int(f.get(), "format_version", file), version);
+        for (const BufferLayout& bl : meta.layout.buffers) {
+          const uint64_t elem = memory::dtype_size(bl.dtype);
+          h5::Handle g = h5::group_open(f.get(), fmt::format("buffers/{}", bl.name).c_str(), file);
+          std::vector<uint64_t> index = h5::read_u64_table(g.get(), "index", 4, file);
+          h5::Handle ds = h5::dataset_open(g.get(), "data", file);
+          uint64_t end = 0;
+          for (size_t i = 0; i < index.size() / 4; ++i) {
+            const uint64_t begin = index[4 * i + 1], count = index[4 * i + 2], offset = index[4 * i + 3];
+            EXPECT_LT((offset - end) * elem, kPageBytes);
+            gaps += offset != end;
+            if (!phased || count * elem < kPagePhaseMinBytes) {
+              EXPECT_EQ(offset, end) << bl.name << " row " << i;
+            } else {
+              ++large;
+              // The file offset of the segment's first element: its chunk's address (page-aligned) plus
+              // its place in the chunk.
+              hsize_t chunk = 0;
+              h5::Handle dcpl(H5Dget_create_plist(ds.get()), H5Pclose);
+              ASSERT_EQ(H5Pget_chunk(dcpl.get(), 1, &chunk), 1);
+              hsize_t coord = offset / chunk * chunk;
+              unsigned mask = 0;
+              haddr_t addr = HADDR_UNDEF;
+              hsize_t size = 0;
+              ASSERT_GE(H5Dget_chunk_info_by_coord(ds.get(), &coord, &mask, &addr, &size), 0);
+              EXPECT_EQ(addr % kPageBytes, 0u) << bl.name;
+              EXPECT_EQ((addr + (offset - coord) * elem) % kPageBytes, begin * elem % kPageBytes)
+                  << bl.name << " row " << i;
+            }
+            end = offset + count;
+          }
+        }
+      }
+      EXPECT_EQ(large > 0, phased);
+      EXPECT_EQ(gaps > 0, phased);
+      CheckpointReader r(root);
+      EXPECT_EQ(r.metadata().version, version);
+      expect_synthetic(r);
+    }
+  }
+}
+
+// A checkpoint saved by zeroshard in format 1 (tests/checkpoint/data/format_v1, made by main's
+// checkpoint_save_driver before format 2) loads, every element checked.
+TEST(CheckpointFormat, Version1CheckpointLoads) {
+  CheckpointReader r(fs::path(ZS_CHECKPOINT_TEST_DATA) / "format_v1");
+  EXPECT_EQ(r.metadata().version, 1);
+  EXPECT_EQ(r.metadata().tag, "global_step7");
+  EXPECT_EQ(r.metadata().layout.world_size, 2);
+  expect_synthetic(r);
 }
 
 }  // namespace
