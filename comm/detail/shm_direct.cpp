@@ -112,8 +112,9 @@ void direct_allgatherv(GroupState& g, ShmGroup& s, const Op& op, const memory::T
     const size_t n = static_cast<size_t>(counts[p]) * es;
     unsigned char* dst = out + static_cast<size_t>(displs[p]) * es;
     if (n == 0 || dst == src[p]) continue;  // in place: this rank's own block is already there
-    if (p == me) {
-      std::memmove(dst, src[p], n);  // own input may overlap the output
+    const bool overlap = p == me && dst < src[p] + n && src[p] < dst + n;
+    if (overlap) {
+      std::memmove(dst, src[p], n);  // own input inside the output, shifted
     } else if (stream) {
       copy_streaming(dst, src[p], n);
     } else {
