@@ -4,7 +4,6 @@
 #include <climits>
 #include <cstring>
 #include <numeric>
-#include <optional>
 #include <vector>
 
 #include "comm/detail/runtime.h"
@@ -358,68 +357,6 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
   return op;
 }
 
-// The piece form (Group::allgatherv with pieces). Its signature is allgatherv's with the same counts:
-// a rank calling one form meets a rank calling the other as a plain allgatherv of those counts.
-std::shared_ptr<Op> allgatherv_pieces_op(const std::shared_ptr<detail::GroupState>& g, std::span<const memory::Tensor> input,
-                                         std::span<const std::vector<memory::Tensor>> output) {
-  auto probe = make_op(g, OpCode::kAllgatherv, DType::kF32, 0, 0, "pieces");
-  if (output.size() != static_cast<size_t>(g->size))
-    fail(*probe, fmt::format("got {} output piece lists for a group of {} ranks; pass one per rank", output.size(), g->size));
-  std::optional<DType> dtype;
-  std::vector<memory::Tensor> keep;
-  auto block_of = [&](std::span<const memory::Tensor> pieces, const char* role, size_t& n) {
-    detail::Block block;
-    n = 0;
-    for (const memory::Tensor& p : pieces) {
-      check_tensor(*probe, p, role);
-      if (dtype && p.dtype() != *dtype)
-        fail(*probe, fmt::format("a {} piece is {} but another is {}; pass one dtype", role, memory::dtype_name(p.dtype()), memory::dtype_name(*dtype)));
-      dtype = p.dtype();
-      n += static_cast<size_t>(p.numel());
-      if (p.numel() > 0) block.push_back({static_cast<unsigned char*>(p.raw()), static_cast<size_t>(p.numel()) * memory::dtype_size(p.dtype())});
-      keep.push_back(p);
-    }
-    return block;
-  };
-  size_t own = 0;
-  detail::Block in = block_of(input, "input", own);
-  std::vector<detail::Block> out;
-  std::vector<size_t> counts;
-  for (const auto& list : output) {
-    size_t n = 0;
-    out.push_back(block_of(list, "output", n));
-    counts.push_back(n);
-  }
-  const DType t = dtype.value_or(DType::kF32);
-  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  auto op = make_op(g, OpCode::kAllgatherv, t, static_cast<int64_t>(hash_counts(counts)), 0,
-                    fmt::format("{}, {} counts, in pieces", memory::dtype_name(t), fmt::join(counts, "/")));
-  const size_t me = static_cast<size_t>(g->rank);
-  if (own != counts[me]) fail(*op, fmt::format("the input pieces hold {} elements but this rank's output pieces {}", own, counts[me]));
-  Counts c = int_counts(*op, counts);
-  count_block_bytes(*op, total, own, memory::dtype_size(t));
-  op->body = [g = g.get(), t, in = std::move(in), out = std::move(out), c = std::move(c), keep = std::move(keep), o = op.get()] {
-    const size_t es = memory::dtype_size(t);
-    const size_t me = static_cast<size_t>(g->rank);
-    const size_t own_bytes = static_cast<size_t>(c.counts[me]) * es;
-    if (g->local()) {
-      detail::copy_block(in, out[me], own_bytes);
-      return;
-    }
-    // An allgather is the all-to-all whose blocks for every rank are the same.
-    const std::vector<detail::Block> send(static_cast<size_t>(g->size), in);
-    if (detail::shm_alltoallv(*g, *o, send, out, c.total * es >= detail::kShmStreamMinBytes)) return;  // comm/detail/shm.h
-    std::vector<unsigned char> packed_in(own_bytes), packed_out(c.total * es);
-    detail::copy_from_block(in, 0, own_bytes, packed_in.data());
-    ZS_MPI_CHECK(MPI_Allgatherv(packed_in.data(), c.counts[me], mpi_type(t), packed_out.data(), c.counts.data(),
-                                c.displs.data(), mpi_type(t), g->comm),
-                 "{}", o->describe());
-    for (size_t r = 0; r < out.size(); ++r)
-      detail::copy_to_block(out[r], 0, static_cast<size_t>(c.counts[r]) * es, packed_out.data() + static_cast<size_t>(c.displs[r]) * es);
-  };
-  return op;
-}
-
 std::vector<size_t> equal_counts(const memory::Tensor& input, int size) {
   return std::vector<size_t>(static_cast<size_t>(size), static_cast<size_t>(input.numel()));
 }
@@ -444,9 +381,6 @@ Work Group::allgatherv_async(const Tensor& input, const Tensor& output, std::spa
 Work Group::allgatherv_async(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards) const {
   auto probe = make_op(state_, OpCode::kAllgatherv, input.dtype(), 0, 0, "shards");
   return state_->runtime->submit(allgatherv_op(state_, input, output, counts_of(*probe, shards), true));
-}
-void Group::allgatherv(std::span<const Tensor> input, std::span<const std::vector<Tensor>> output) const {
-  state_->runtime->run(allgatherv_pieces_op(state_, input, output));
 }
 
 // ---- broadcast ----

@@ -105,13 +105,6 @@ class Group {
   void allgatherv(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards) const;
   Work allgatherv_async(const Tensor& input, const Tensor& output, std::span<const size_t> counts) const;
   Work allgatherv_async(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards) const;
-  // The same with the blocks in pieces: `input` lists this rank's contiguous tensors (concatenated in
-  // order, its block), output[r] those rank r's block fills (one list per rank; their element sums
-  // are the counts, which must agree on every rank). One dtype. Several gathers into separate buffers
-  // as one collective (ZeRO-3's coalesced parameter gathers, engine/detail/param_gatherer.h). The
-  // shared-memory path reads and writes the pieces in place (as the all-to-all with pieces does); MPI's
-  // packs through a buffer.
-  void allgatherv(std::span<const Tensor> input, std::span<const std::vector<Tensor>> output) const;
 
   // Copies root's `data` into every rank's `data` (same numel and dtype everywhere).
   void broadcast(const Tensor& data, int root) const;

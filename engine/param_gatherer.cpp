@@ -99,54 +99,30 @@ void ParamGatherer::start_gather(Entry& e) {
   ++gathers_;
   live_elements_ += e.range.size;
   live_peak_elements_ = std::max(live_peak_elements_, live_elements_);
-  e.state = State::kInFlight;
-  if (options_.nvme == nullptr) return;  // the caller gathers it (gather_now), with the rest of its batch
-  // The read is started now (prefetch); the collective waits for it in finish_gather.
   const memory::ShardRange owned = partition_.owned(e.range);
-  const offload::IoWindow w = offload::io_window((owned.offset - partition_.mine.offset) * elem, owned.size * elem);
-  e.staging_skip = w.skip;
-  if (owned.size > 0) {
-    e.staging = offload::AlignedBuffer(w.bytes, options_.tracker);
-    staging_bytes_ += w.bytes;
-    staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);
-    e.read = options_.nvme->read_async(options_.nvme_region, w.offset, e.staging.prefix(w.bytes));
-    nvme_bytes_read_ += w.bytes;
+  e.state = State::kInFlight;
+  if (options_.nvme != nullptr) {
+    // The read is started now (prefetch); the collective waits for it in finish_gather.
+    const offload::IoWindow w = offload::io_window((owned.offset - partition_.mine.offset) * elem, owned.size * elem);
+    e.staging_skip = w.skip;
+    if (owned.size > 0) {
+      e.staging = offload::AlignedBuffer(w.bytes, options_.tracker);
+      staging_bytes_ += w.bytes;
+      staging_peak_bytes_ = std::max(staging_peak_bytes_, staging_bytes_);
+      e.read = options_.nvme->read_async(options_.nvme_region, w.offset, e.staging.prefix(w.bytes));
+      nvme_bytes_read_ += w.bytes;
+    }
+    return;
   }
-}
-
-void ParamGatherer::gather_now(std::span<Entry* const> batch) {
-  const size_t elem = memory::dtype_size(dtype_);
-  auto owned_part = [&](const Entry& e) {
-    const memory::ShardRange owned = partition_.owned(e.range);
-    auto* src = static_cast<char*>(const_cast<void*>(shard_)) + (owned.offset - partition_.mine.offset) * elem;
-    return memory::Tensor(src, dtype_, {static_cast<int64_t>(owned.size)});
-  };
-  auto out = [&](const Entry& e) { return e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)}); };
+  const auto* src = static_cast<const char*>(shard_) + (owned.offset - partition_.mine.offset) * elem;
+  memory::Tensor out = e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)});
   if (group_.size() == 1) {
-    for (Entry* e : batch) {
-      device_.backend().copy(out(*e).raw(), memory::Tier::kDevice, owned_part(*e).raw(), options_.shard_tier,
-                             e->range.size * elem);
-    }
-  } else if (batch.size() == 1) {
-    group_.allgatherv(owned_part(*batch[0]), out(*batch[0]), partition_.counts(batch[0]->range));
+    device_.backend().copy(out.raw(), memory::Tier::kDevice, src, options_.shard_tier, e.range.size * elem);
   } else {
-    // One collective for the batch (Note [coalesced gathers] in the header): rank r's block is its
-    // owned part of every member, in batch order, landing in each member's own buffer.
-    std::vector<memory::Tensor> mine;
-    std::vector<std::vector<memory::Tensor>> blocks(static_cast<size_t>(group_.size()));
-    for (Entry* e : batch) {
-      mine.push_back(owned_part(*e));
-      const memory::Tensor whole = out(*e);
-      size_t at = 0;
-      const std::vector<size_t> counts = partition_.counts(e->range);
-      for (size_t r = 0; r < counts.size(); ++r) {
-        if (counts[r] > 0) blocks[r].push_back(whole.slice(0, static_cast<int64_t>(at), static_cast<int64_t>(at + counts[r])));
-        at += counts[r];
-      }
-    }
-    group_.allgatherv(mine, blocks);
+    // On the calling thread (Note [synchronous gathers] in the header).
+    memory::Tensor in(const_cast<char*>(src), dtype_, {static_cast<int64_t>(owned.size)});
+    group_.allgatherv(in, out, partition_.counts(e.range));
   }
-  ++collectives_;
 }
 
 void ParamGatherer::finish_gather(Entry& e) {
@@ -162,7 +138,6 @@ void ParamGatherer::finish_gather(Entry& e) {
       memory::Tensor in(src, dtype_, {static_cast<int64_t>(owned.size)});
       group_.allgatherv(in, out, partition_.counts(e.range));
     }
-    ++collectives_;
     staging_bytes_ -= e.staging.size();
     e.staging.reset();
     e.read = {};
@@ -208,34 +183,16 @@ void ParamGatherer::fetch(nn::Module& m) {
         position_, m.display_name()));
   }
   ++position_;
-  const bool recorded = recorded_[static_cast<int>(pass_)];
-  if (e.state == State::kReleased && options_.nvme == nullptr) {
-    // A miss: this module, every stale persistent one and (recorded passes) the modules ahead within
-    // the window, in one collective (Note [coalesced gathers] in the header).
-    std::vector<Entry*> batch{&e};
-    start_gather(e);
-    if (persistent_stale_) {
-      for (Entry& p : entries_) {
-        if (p.persistent && p.state == State::kReleased) {
-          start_gather(p);
-          batch.push_back(&p);
-        }
-      }
-      persistent_stale_ = false;
-    }
-    if (recorded) prefetch_after(position_, &batch);
-    gather_now(batch);
-  }
-  if (e.state == State::kReleased) start_gather(e);  // NVMe: its read; the collective in finish_gather
+  if (e.state == State::kReleased) start_gather(e);
   if (e.state == State::kInFlight) finish_gather(e);
   if (e.prefetched) {
     prefetched_elements_ -= e.range.size;
     e.prefetched = false;
   }
-  if (recorded && options_.nvme != nullptr) prefetch_after(position_, nullptr);
+  if (recorded_[static_cast<int>(pass_)]) prefetch_after(position_);
 }
 
-void ParamGatherer::prefetch_after(size_t position, std::vector<Entry*>* batch) {
+void ParamGatherer::prefetch_after(size_t position) {
   const auto& trace = trace_[static_cast<int>(pass_)];
   for (size_t i = position; i < trace.size(); ++i) {
     Entry& next = entries_[trace[i]];
@@ -245,7 +202,6 @@ void ParamGatherer::prefetch_after(size_t position, std::vector<Entry*>* batch) 
     start_gather(next);
     next.prefetched = true;
     prefetched_elements_ += next.range.size;
-    if (batch != nullptr) batch->push_back(&next);
   }
 }
 
@@ -273,7 +229,6 @@ void ParamGatherer::invalidate() {
     e.prefetched = false;
   }
   prefetched_elements_ = 0;
-  persistent_stale_ = true;
 }
 
 }  // namespace zs::engine

@@ -8,10 +8,9 @@
 //
 // Prefetch. The first forward and the first backward record the order in which modules fetch their
 // parameters; later passes must follow it (a different order is a ModelError naming the module
-// expected and the one met - never a hang). The next modules of the recorded order are gathered ahead
-// while their total stays within stage3_prefetch_bucket_size elements and the live total within
-// stage3_max_live_parameters: at a miss (Note [coalesced gathers]), or with NVMe parameters after
-// each fetch.
+// expected and the one met - never a hang). After each fetch, the next modules of the recorded order
+// are gathered ahead while their total stays within stage3_prefetch_bucket_size elements and the live
+// total within stage3_max_live_parameters.
 //
 // Note [synchronous gathers]
 // Every gather's collective runs on the calling thread (Group::allgatherv, which runs on the caller
@@ -24,27 +23,10 @@
 // its step against the same gathers on the calling thread, where both ranks' compute threads are
 // already running and meet at once. A device with a copy engine would start them asynchronously here.
 //
-// Note [coalesced gathers]
-// Without NVMe, gathers happen only at a miss (a fetch of a module not gathered yet), and that one
-// collective (Group::allgatherv with pieces: each rank's owned part of every member, landing in each
-// member's own buffer) gathers the module, every persistent module that is stale (so they cost one
-// collective per step, not one each) and the modules after it in the recorded order that fit the
-// window - the modules a continuous prefetch would have gathered one collective at a time. With
-// synchronous gathers a collective overlaps nothing; what each costs is the meeting of the ranks,
-// which waits for the slower one (on 2 cores, for a compute thread the scheduler preempted). On the
-// zero_step_bench GPT at np 2 (window 1e6 elements, 17 modules gathered twice and 9 persistent once
-// per step) a step took 43 allgathers and now takes 14, the same bytes (comms_logger counts;
-// docs/benchmarks.md, zero_step_bench). Each member keeps its own transient block, released on its
-// own, so the live bound, the window and the estimator's agreement hold as before; what changed is
-// which gathers share a collective, and that modules ahead are gathered at the next miss rather than
-// as soon as the window has room (the same window and live checks, tests/engine/param_gatherer_test).
-// A batch of one is a plain allgatherv. With NVMe parameters each module's read is started ahead (real overlap)
-// and its collective runs at its fetch, as before.
-//
 // Persistence. A module whose own parameters number fewer than stage3_param_persistence_threshold
 // elements is not released after use; its gathered copy goes stale when the optimizer step changes
-// the shards (invalidate) and is gathered again with the next miss (with NVMe, at its next use) -
-// once per step instead of twice per micro-batch. Its buffer is a persistent block of the arena, allocated by the constructor and kept
+// the shards (invalidate) and is gathered again at its next use - once per step instead of twice per
+// micro-batch. Its buffer is a persistent block of the arena, allocated by the constructor and kept
 // for the whole run (Note [persistent gathered parameters] in engine/param_gatherer.cpp); the others'
 // are transient blocks, allocated at each gather and freed at release.
 //
@@ -53,7 +35,6 @@
 // persistent ones add their total.
 #pragma once
 
-#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -101,10 +82,7 @@ class ParamGatherer {
   size_t live_bytes() const { return live_elements_ * memory::dtype_size(dtype_); }
   size_t live_peak_bytes() const { return live_peak_elements_ * memory::dtype_size(dtype_); }
   size_t persistent_bytes() const;
-  uint64_t gathers() const { return gathers_; }  // count of modules gathered (fetches and prefetches)
-  // Count of collectives (or, on one rank, copy batches) those gathers took: a batch is one
-  // (Note [coalesced gathers]); with NVMe parameters one per module.
-  uint64_t collectives() const { return collectives_; }
+  uint64_t gathers() const { return gathers_; }  // count of gathers started (fetches and prefetches)
   // offload_param nvme: bytes read from the swap file so far, and the peak of staging bytes alive.
   uint64_t nvme_bytes_read() const { return nvme_bytes_read_; }
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
@@ -127,15 +105,10 @@ class ParamGatherer {
     offload::Ticket read;
     size_t staging_skip = 0;         // bytes before the owned part in `staging` (window alignment)
   };
-  // Allocates and accounts e's buffer (and with NVMe starts its read); the data comes with
-  // gather_now, or with NVMe in finish_gather.
   void start_gather(Entry& e);
-  void gather_now(std::span<Entry* const> batch);  // one collective for the batch's modules
   void finish_gather(Entry& e);
   void drop(Entry& e);
-  // Starts the modules after `position` in the recorded order that fit the window; adds them to
-  // `batch` when given (their collective is then the caller's).
-  void prefetch_after(size_t position, std::vector<Entry*>* batch);
+  void prefetch_after(size_t position);
 
   Options options_;
   const FlatLayout& layout_;
@@ -155,8 +128,6 @@ class ParamGatherer {
   size_t prefetched_elements_ = 0;
   size_t max_chain_elements_ = 0;
   uint64_t gathers_ = 0;
-  uint64_t collectives_ = 0;
-  bool persistent_stale_ = true;  // some persistent module is not gathered (since construction or invalidate)
   uint64_t nvme_bytes_read_ = 0;
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;

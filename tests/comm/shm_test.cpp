@@ -314,52 +314,6 @@ TEST(Shm, AlltoallvPiecesEqualContiguous) {
   }
 }
 
-// The piece form of allgatherv (ZeRO-3's coalesced parameter gathers): each rank's block cut into
-// three pieces of its own input (one empty), the output pieces scattered over two buffers; shared
-// memory, OpenMPI's path and the world's (node blocks under --shm-node-ranks) all equal the
-// contiguous allgatherv bit for bit.
-TEST(Shm, AllgathervPiecesEqualContiguous) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_ag_pieces");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_ag_pieces");
-  const int n = shm.size(), me = shm.rank();
-  std::vector<size_t> counts(static_cast<size_t>(n));
-  for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r % 3 == 1 ? 0 : kRound / 4 + 77 + 9 * static_cast<size_t>(r);
-  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
-  const size_t own = counts[static_cast<size_t>(me)];
-  Tensor mine = make(DType::kBF16, own, me, displ), expected = empty(total, DType::kBF16);
-  mpi.allgatherv(mine, expected, counts);
-  auto cut = [](const Tensor& flat, size_t at, size_t cnt) {
-    const int64_t a = static_cast<int64_t>(at), c = static_cast<int64_t>(cnt);
-    return std::vector<Tensor>{flat.slice(0, a, a + c / 3), flat.slice(0, a + c / 3, a + c / 3), flat.slice(0, a + c / 3, a + c)};
-  };
-  for (const comm::Group* g : std::vector<const comm::Group*>{&shm, &mpi, &test::world().group()}) {
-    SCOPED_TRACE(g->name());
-    // Output: the first half of each rank's block in one buffer, the rest in another (as separate
-    // modules' buffers are).
-    Tensor first = empty(total, DType::kBF16), second = empty(total, DType::kBF16);
-    std::vector<std::vector<Tensor>> out;
-    size_t at = 0;
-    for (int r = 0; r < n; ++r) {
-      const size_t c = counts[static_cast<size_t>(r)];
-      std::vector<Tensor> pieces = cut(first, at, c / 2);
-      for (const Tensor& p : cut(second, at + c / 2, c - c / 2)) pieces.push_back(p);
-      out.push_back(std::move(pieces));
-      at += c;
-    }
-    const std::vector<Tensor> in = cut(mine, 0, own);
-    g->allgatherv(in, out);
-    at = 0;
-    for (int r = 0; r < n; ++r) {
-      const size_t c = counts[static_cast<size_t>(r)], es = memory::dtype_size(DType::kBF16);
-      EXPECT_EQ(std::memcmp(static_cast<char*>(first.raw()) + at * es, static_cast<char*>(expected.raw()) + at * es, c / 2 * es), 0) << "rank " << r;
-      EXPECT_EQ(std::memcmp(static_cast<char*>(second.raw()) + (at + c / 2) * es,
-                            static_cast<char*>(expected.raw()) + (at + c / 2) * es, (c - c / 2) * es), 0) << "rank " << r;
-      at += c;
-    }
-  }
-}
-
 TEST(Shm, ConfigSwitchForcesEitherPath) {
   comm::Group on = with_mode(comm::SharedMemory::kOn, "shm_on");
   comm::Group off = with_mode(comm::SharedMemory::kOff, "shm_off");

@@ -364,48 +364,6 @@ TEST(ParamGathererLive, MaxLiveParametersLimitsPrefetch) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Coalescing (Note [coalesced gathers]).
-
-// Per step (after the recording step): the modules gathered and the collectives they took. Forward
-// order 0, 1, 1.inner, 2, 3, 4; the LayerNorm "3" persistent, gathered once per step.
-struct Counts {
-  uint64_t gathers, collectives;
-};
-Counts step_counts(size_t prefetch, const comm::Group& group) {
-  Tree tree;
-  Rig rig(tree, group, options(prefetch, /*persistence=*/50));
-  rig.step();
-  rig.gatherer().invalidate();
-  const uint64_t g0 = rig.gatherer().gathers(), c0 = rig.gatherer().collectives();
-  rig.step();
-  EXPECT_LE(rig.gatherer().live_peak_bytes(), rig.gatherer().live_bound_bytes());
-  return {rig.gatherer().gathers() - g0, rig.gatherer().collectives() - c0};
-}
-
-TEST(ParamGathererCoalescing, AMissGathersTheWindowAndThePersistentModulesInOneCollective) {
-  for (int ranks : {1, 3}) {
-    SCOPED_TRACE(ranks);
-    const comm::Group group = comm::Group::simulated(0, ranks);
-    // 5 non-persistent modules in each pass plus the LayerNorm once: 11 gathers whatever the window.
-    // A window holding everything: the first miss of each pass gathers the whole pass (the forward's
-    // with the LayerNorm).
-    Counts all = step_counts(/*prefetch=*/1000, group);
-    EXPECT_EQ(all.gathers, 11u);
-    EXPECT_EQ(all.collectives, 2u);
-    // No window: one collective per miss, the LayerNorm riding with the forward's first.
-    Counts none = step_counts(/*prefetch=*/0, group);
-    EXPECT_EQ(none.gathers, 11u);
-    EXPECT_EQ(none.collectives, 10u);
-    // A window of two Linears' ranges (144): forward misses at 0 (with the LayerNorm and 1's 100;
-    // 1.inner would pass 144) and 1.inner (with 2 and 4); backward at 4 (with 2; 1 would pass 144)
-    // and 1 (with 1.inner and 0).
-    Counts some = step_counts(/*prefetch=*/144, group);
-    EXPECT_EQ(some.gathers, 11u);
-    EXPECT_EQ(some.collectives, 4u);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------
 // Persistence and invalidation.
 
 TEST(ParamGathererPersistence, PersistentModulesStayGatheredAfterRelease) {
