@@ -136,14 +136,6 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
       ctx_(arena_, *this),
       scratch_(kChunkElements) {
-  if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
-    // Fail now, not after the run, when the trace cannot be written.
-    if (!std::ofstream(cfg.device.alloc_trace)) {
-      throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
-                                    cfg.device.alloc_trace));
-    }
-    arena_->record_trace();
-  }
   if (wants_shared_arena(cfg, group)) {  // collective over the group; the same condition on every rank
     shared_arena_ = comm::SharedArena(group, backend_->shared_mapping(device_->base()));
     if (group.rank() == 0 && shared_arena_.active()) {
@@ -152,6 +144,17 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       ZS_LOG_INFO("comm.shared_arena: collectives stay staged through the shared-memory window: {}",
                   shared_arena_.inactive_reason());
     }
+  }
+  if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
+    // Fail now, not after the run, when the trace cannot be written. After the shared arena's
+    // registration, whose collectives every rank must enter: rank 0 failing before them left rank 1
+    // waiting in them while rank 0 waited in the caller's error agreement (a hang until
+    // comm.timeout_s, e2e_bad_alloc_trace_unwritable). The allocations so far are the arena's own.
+    if (!std::ofstream(cfg.device.alloc_trace)) {
+      throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
+                                    cfg.device.alloc_trace));
+    }
+    arena_->record_trace();
   }
   const int threads = std::max(1, nn::compute_threads());
   backend_->set_threads(threads);
