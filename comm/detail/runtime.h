@@ -13,7 +13,8 @@
 // root) and of the negated signature, polled with MPI_Testall (Note [Polling]) until `timeout_s`. It
 // finishes only when every rank of the group has reached a collective, so a rank that never arrives
 // raises CommError (timeout) naming the collective instead of hanging, and max != min means the ranks
-// called different collectives (or sizes): CommError naming both, on every rank.
+// called different collectives (or sizes): CommError naming both, on every rank. Ranks waiting in
+// collectives of different groups never exchange a message; Note [Waits across groups] finds them.
 // The allreduce is a dissemination exchange of nonblocking point-to-point messages (64 bytes): in
 // round k = 1, 2, 4, ... < size each rank sends its running max to rank + k and takes the max with
 // what rank - k sent. MAX is idempotent, so after ceil(log2 size) rounds every rank holds the max over
