@@ -82,8 +82,7 @@ Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
   int* tag_ub = nullptr;
   int has_tag_ub = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);
-  ZS_ASSERT(has_tag_ub && *tag_ub >= (1 << 21), "MPI_TAG_UB {} is below the handshake's tags (Note [Handshake lengths])",
-            has_tag_ub ? *tag_ub : 0);
+  gather_tags_ = has_tag_ub && *tag_ub >= (1 << 21) - 1;  // Note [Handshake lengths]
   // Note [Polling]: yield while polling only when this node runs more ranks than it has CPUs.
   MPI_Comm node = MPI_COMM_NULL;
   ZS_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node),
@@ -273,15 +272,17 @@ void Runtime::execute(Op& op, bool on_worker) {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr auto kCallerSpin = std::chrono::milliseconds(20);
+constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 
 // Note [Handshake lengths]: a round carrying w gathered values has its own tag, above every plain
 // round's tag k (a power of two below the group size), so messages of different lengths never match.
+// Below 2^21 - 1, the tag bound of the strictest MPI in use (Cray MPICH's MPI_TAG_UB).
 int gather_tag(int k, size_t w) {
+  ZS_ASSERT(w < (1u << 15), "{} values gathered in a handshake; Group keeps it to kMaxGathered", w);
   const int log2k = std::countr_zero(static_cast<unsigned>(k));
   return (1 << 20) | (static_cast<int>(w) << 5) | log2k;
 }
-constexpr auto kCallerSpin = std::chrono::milliseconds(20);
-constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 
 }  // namespace
 
@@ -335,7 +336,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
   const size_t w = op.gather.size();  // Note [Counts in the handshake]
   buffer->held = op.gather;
   if (++handshakes_ % WaitNotices::kDrainEvery == 0) notices_->drain();  // Note [Waits across groups]
-  for (int k = 1; k < g.size; k *= 2) {  // dissemination rounds (Note [Handshake]); tag = k
+  for (int k = 1; k < g.size; k *= 2) {  // dissemination rounds (Note [Handshake]); tag k, or gather_tag
     std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int64_t* recv_at = buffer->received.data();
     const int64_t* send_at = buffer->mine.data();
@@ -348,7 +349,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
       buffer->in.assign(static_cast<size_t>(n), 0);
       send_at = buffer->out.data();
       recv_at = buffer->in.data();
-      tag = gather_tag(k, w);  // Note [Handshake lengths]
+      if (gather_tags_) tag = gather_tag(k, w);  // Note [Handshake lengths]
     }
     ZS_MPI_CHECK(MPI_Irecv(recv_at, n, MPI_INT64_T, (g.rank - k + g.size) % g.size, tag, g.handshake_comm, &requests[0]),
                  "{}: posting the handshake receive", op.describe());

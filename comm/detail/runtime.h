@@ -49,7 +49,9 @@
 // tag is k), and messages of different lengths never match. Two ranks in the same op whose rounds
 // differ so then wait, each for its own tag; their wait notices tell them apart from two ranks waiting
 // for a slow third within WaitNotices::kAnnounceAfter (Note [Waits across groups]), so the mismatch
-// still throws on both, naming both collectives. Matching rounds are unchanged.
+// still throws on both, naming both collectives. Matching rounds are unchanged. An MPI whose
+// MPI_TAG_UB is below 2^21 - 1 (the standard asks only 32767) keeps tag k for every round: there a
+// mismatch of lengths is an MPI error (or the crash) as before.
 //
 // Note [Polling]
 // How the handshake waits decides whether the layer costs 5% or 50x. Measured on the 2-core machine
@@ -203,6 +205,7 @@ class Runtime {
   int world_rank_ = 0;
   int world_size_ = 1;
   bool oversubscribed_ = false;  // more ranks on this node than online CPUs (Note [Polling])
+  bool gather_tags_ = false;     // MPI_TAG_UB admits gather_tag (Note [Handshake lengths])
   std::unique_ptr<ShmNode> shm_node_;  // freed right before MPI_Finalize (MPI_Win_free is collective)
   std::shared_ptr<WaitHint> hint_ = std::make_shared<WaitHint>();
 
