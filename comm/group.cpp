@@ -317,7 +317,8 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
   const DType t = input.dtype();
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   const OpCode code = uneven_api ? OpCode::kAllgatherv : OpCode::kAllgather;
-  auto op = make_op(g, code, t, static_cast<int64_t>(hash_counts(counts)), 0,
+  // allgather's counts are all input.numel(): its size, readable in a mismatch's message.
+  auto op = make_op(g, code, t, uneven_api ? static_cast<int64_t>(hash_counts(counts)) : input.numel(), 0,
                     uneven_api ? fmt::format("{}, {} counts", memory::dtype_name(t), fmt::join(counts, "/"))
                                : fmt::format("{}, {} elements per rank", memory::dtype_name(t), input.numel()));
   check_tensor(*op, input, "input");

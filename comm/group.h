@@ -9,6 +9,8 @@
 // Contract, for every collective:
 //   - Every rank of the group calls the same collectives in the same order with matching sizes, dtype
 //     and root. A mismatch throws CommError on every rank (Note [Handshake] in comm/detail/runtime.h);
+//     ranks in collectives of two groups, each waiting for the other, throw it too (Note [Waits across
+//     groups] in comm/detail/wait_notices.h: call every group's collectives in one order on every rank);
 //     a rank not arriving within config.timeout_s throws CommError naming the collective, the group,
 //     the sizes and the rank, and leaves the group unusable (end the job with World::abort).
 //   - Tensors are contiguous; element counts are in elements of the tensor's dtype. Supported dtypes:

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <exception>
 
 #include "comm/detail/shm.h"
 #include "comm/mpi_check.h"
 #include "core/errors.h"
+#include "memory/dtype.h"
 
 namespace zs::comm::detail {
 
@@ -23,6 +25,7 @@ std::string mpi_error_text(int code) {
 
 GroupState::~GroupState() {
   // MPI_Comm_free is local and lets pending operations finish; the Runtime (held above) outlives it.
+  if (id != 0 && runtime->notices() != nullptr) runtime->notices()->remove(*this);
   if (handshake_comm != MPI_COMM_NULL) MPI_Comm_free(&handshake_comm);
   if (owns_comm && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
 }
@@ -30,6 +33,7 @@ GroupState::~GroupState() {
 void GroupState::init_handshake_comm() {
   if (local() || handshake_comm != MPI_COMM_NULL) return;
   ZS_MPI_CHECK(MPI_Comm_dup(comm, &handshake_comm), "duplicating the communicator of {} for handshakes", where());
+  runtime->notices()->add(*this);  // Note [Waits across groups]
   init_shm_group(*this);  // comm/detail/shm.h: with the group, so no collective body waits untimed
 }
 
@@ -74,6 +78,11 @@ Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
   watchdog_ = std::make_unique<BodyWatchdog>();
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
+  notices_ = std::make_unique<WaitNotices>(world_rank_);
+  int* tag_ub = nullptr;
+  int has_tag_ub = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);
+  gather_tags_ = has_tag_ub && *tag_ub >= (1 << 21) - 1;  // Note [Handshake lengths]
   // Note [Polling]: yield while polling only when this node runs more ranks than it has CPUs.
   MPI_Comm node = MPI_COMM_NULL;
   ZS_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node),
@@ -115,6 +124,7 @@ Runtime::~Runtime() {
         if (!done) new std::shared_ptr<HandshakeBuffer>(o.buffer);  // MPI may still write it: never free
       }
     }
+    notices_.reset();
     MPI_Finalize();
   }
 }
@@ -234,6 +244,7 @@ void Runtime::execute(Op& op, bool on_worker) {
   const bool agreed = op.after_agreed && agreed_ == &g;  // Note [Counts in the handshake]
   agreed_ = nullptr;
   if (!g.local()) {
+    ++g.entered;  // Note [Waits across groups]: every op on the group counts, handshake or not
     if (!agreed) handshake(op, on_worker);
     const BodyWatchdog::Ticket ticket = watchdog_->arm(
         g.config.timeout_s + BodyWatchdog::kGraceS, [](const void* o) { return static_cast<const Op*>(o)->describe(); },
@@ -264,13 +275,25 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kCallerSpin = std::chrono::milliseconds(20);
 constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 
+// Note [Handshake lengths]: a round carrying w gathered values has its own tag, above every plain
+// round's tag k (a power of two below the group size), so messages of different lengths never match.
+// Below 2^21 - 1, the tag bound of the strictest MPI in use (Cray MPICH's MPI_TAG_UB).
+int gather_tag(int k, size_t w) {
+  ZS_ASSERT(w < (1u << 15), "{} values gathered in a handshake; Group keeps it to kMaxGathered", w);
+  const int log2k = std::countr_zero(static_cast<unsigned>(k));
+  return (1 << 20) | (static_cast<int>(w) << 5) | log2k;
+}
+
 }  // namespace
 
-// Polls `requests` until all complete (true) or timeout_s after `start` passes (false); Note [Polling].
-bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker, Clock::time_point start) {
+// Polls `requests` until all complete (true) or timeout_s after `start` passes (false, `failure`
+// empty) or another rank's notice shows they never will (false, `failure` says why); Note [Polling].
+bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker, Clock::time_point start,
+                         std::string& failure) {
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(op.group->config.timeout_s));
   const auto spin_until = start + (on_worker ? Clock::duration(kWorkerSpin) : Clock::duration(kCallerSpin));
+  auto check_at = start + WaitNotices::kAnnounceAfter;  // Note [Waits across groups]
   while (true) {
     int done = 0;
     ZS_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
@@ -278,6 +301,11 @@ bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_
     if (done) return true;
     const auto now = Clock::now();
     if (now >= deadline) [[unlikely]] return false;
+    if (now >= check_at) [[unlikely]] {
+      check_at = now + WaitNotices::kCheckEvery;
+      failure = notices_->find_deadlock(op);
+      if (!failure.empty()) return false;
+    }
     if (now < spin_until || (on_worker && hint_->waited())) {
       if (oversubscribed_) {
         sched_yield();
@@ -307,11 +335,13 @@ void Runtime::handshake(Op& op, bool on_worker) {
   const auto start = Clock::now();
   const size_t w = op.gather.size();  // Note [Counts in the handshake]
   buffer->held = op.gather;
-  for (int k = 1; k < g.size; k *= 2) {  // dissemination rounds (Note [Handshake]); tag = k
+  if (++handshakes_ % WaitNotices::kDrainEvery == 0) notices_->drain();  // Note [Waits across groups]
+  for (int k = 1; k < g.size; k *= 2) {  // dissemination rounds (Note [Handshake]); tag k, or gather_tag
     std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int64_t* recv_at = buffer->received.data();
     const int64_t* send_at = buffer->mine.data();
     int n = 8;
+    int tag = k;
     if (w > 0) {  // one message: the 8 values, then the k blocks held
       n = static_cast<int>(8 + static_cast<size_t>(k) * w);
       buffer->out.assign(buffer->mine.begin(), buffer->mine.end());
@@ -319,20 +349,23 @@ void Runtime::handshake(Op& op, bool on_worker) {
       buffer->in.assign(static_cast<size_t>(n), 0);
       send_at = buffer->out.data();
       recv_at = buffer->in.data();
+      if (gather_tags_) tag = gather_tag(k, w);  // Note [Handshake lengths]
     }
-    ZS_MPI_CHECK(MPI_Irecv(recv_at, n, MPI_INT64_T, (g.rank - k + g.size) % g.size, k, g.handshake_comm, &requests[0]),
+    ZS_MPI_CHECK(MPI_Irecv(recv_at, n, MPI_INT64_T, (g.rank - k + g.size) % g.size, tag, g.handshake_comm, &requests[0]),
                  "{}: posting the handshake receive", op.describe());
-    ZS_MPI_CHECK(MPI_Isend(send_at, n, MPI_INT64_T, (g.rank + k) % g.size, k, g.handshake_comm, &requests[1]),
+    ZS_MPI_CHECK(MPI_Isend(send_at, n, MPI_INT64_T, (g.rank + k) % g.size, tag, g.handshake_comm, &requests[1]),
                  "{}: posting the handshake send", op.describe());
-    if (!poll_until(requests, op, on_worker, start)) [[unlikely]] {
-      std::string message = fmt::format(
+    std::string failure;
+    if (!poll_until(requests, op, on_worker, start, failure)) [[unlikely]] {
+      std::string message = !failure.empty() ? failure : fmt::format(
           "{} timed out after {} s waiting for the other ranks of the group (comm.timeout_s = {}): a rank is "
           "stuck, has failed, or called a different sequence of collectives; check the other ranks' errors, "
           "or raise comm.timeout_s if a rank legitimately computes longer",
           op.describe(), g.config.timeout_s, g.config.timeout_s);
       {
         std::lock_guard lock(g.mu);
-        g.broken = fmt::format("{} timed out", op_name(op.code));
+        g.broken = fmt::format("{} {}", op_name(op.code),
+                               failure.empty() ? "timed out" : "mismatched another rank's collective");
       }
       {
         std::lock_guard lock(orphans_mu_);
@@ -350,19 +383,25 @@ void Runtime::handshake(Op& op, bool on_worker) {
   const auto& b = buffer->mine;
   auto hi = [&](size_t i) { return b[i]; };
   auto lo = [&](size_t i) { return -b[4 + i]; };
+  static constexpr const char* kField[] = {"collective", "dtype", "size", "root"};
+  auto text = [&](size_t i, int64_t v) {  // a field's value as the caller passed it
+    if (i == 1) return std::string(memory::dtype_name(static_cast<memory::DType>(v)));
+    const bool hashed = i == 2 && (op.code == OpCode::kAllgatherv || op.code == OpCode::kReduceScatter);
+    return hashed ? fmt::format("{:#x} (a hash of the counts)", v) : fmt::format("{}", v);
+  };
+  auto other = [&](size_t i) { return hi(i) == op.signature[i] ? lo(i) : hi(i); };  // exact at 2 ranks
   if (hi(0) != lo(0)) {
     throw CommError(fmt::format(
-        "mismatched collectives: {} was called here while another rank of the group called {}; every rank "
-        "of a group must call the same collectives in the same order",
-        op.describe(), op_name(static_cast<OpCode>(hi(0) == op.signature[0] ? lo(0) : hi(0)))));
+        "mismatched collectives: {} was called here while another rank of the group called {} (dtype {}, size {}, "
+        "root {}); every rank of a group must call the same collectives in the same order",
+        op.describe(), op_name(static_cast<OpCode>(other(0))), text(1, other(1)), other(2), other(3)));
   }
-  static constexpr const char* kField[] = {"collective", "dtype", "size", "root"};
   for (size_t i = 1; i < 4; ++i) {
     if (hi(i) != lo(i)) {
       throw CommError(fmt::format(
           "mismatched {} across ranks: {} was called with {} {} here while other ranks passed values from {} "
           "to {}; every rank must pass the same {}",
-          kField[i], op.describe(), kField[i], op.signature[i], lo(i), hi(i), kField[i]));
+          kField[i], op.describe(), kField[i], text(i, op.signature[i]), text(i, lo(i)), text(i, hi(i)), kField[i]));
     }
   }
   if (w > 0) {  // held[i] is rank (rank - i)'s block

@@ -13,7 +13,8 @@
 // root) and of the negated signature, polled with MPI_Testall (Note [Polling]) until `timeout_s`. It
 // finishes only when every rank of the group has reached a collective, so a rank that never arrives
 // raises CommError (timeout) naming the collective instead of hanging, and max != min means the ranks
-// called different collectives (or sizes): CommError naming both, on every rank.
+// called different collectives (or sizes): CommError naming both, on every rank. Ranks waiting in
+// collectives of different groups never exchange a message; Note [Waits across groups] finds them.
 // The allreduce is a dissemination exchange of nonblocking point-to-point messages (64 bytes): in
 // round k = 1, 2, 4, ... < size each rank sends its running max to rank + k and takes the max with
 // what rank - k sent. MAX is idempotent, so after ceil(log2 size) rounds every rank holds the max over
@@ -39,6 +40,18 @@
 // its counts came from it (an alltoallv with CountCheck::kExchanged). Any other op in between, on any
 // group, clears that, and the op then handshakes as usual. A rank that stops between the two leaves its
 // peers in the data exchange, which the body watchdog bounds (Note [Stalled body]).
+//
+// Note [Handshake lengths]
+// A receive posted for fewer values than the matching message fails (MPI_ERR_TRUNCATE), and OpenMPI
+// 4.1 crashed in MPI_Testall when the longer message went by its rendezvous protocol (over 4 KiB on
+// shared memory: a count exchange of 1024 values against a plain handshake). So a round that carries
+// w gathered values uses its own tag (gather_tag(k, w) in runtime.cpp, above 2^20; a plain round's
+// tag is k), and messages of different lengths never match. Two ranks in the same op whose rounds
+// differ so then wait, each for its own tag; their wait notices tell them apart from two ranks waiting
+// for a slow third within WaitNotices::kAnnounceAfter (Note [Waits across groups]), so the mismatch
+// still throws on both, naming both collectives. Matching rounds are unchanged. An MPI whose
+// MPI_TAG_UB is below 2^21 - 1 (the standard asks only 32767) keeps tag k for every round: there a
+// mismatch of lengths is an MPI error (or the crash) as before.
 //
 // Note [Polling]
 // How the handshake waits decides whether the layer costs 5% or 50x. Measured on the 2-core machine
@@ -79,6 +92,7 @@
 #include <vector>
 
 #include "comm/detail/body_watchdog.h"
+#include "comm/detail/wait_notices.h"
 #include "comm/config.h"
 #include "comm/work.h"
 #include "core/spin.h"  // cpu_relax, for the handshake's and the barriers' spins
@@ -106,6 +120,11 @@ struct GroupState {
   // Its view of the node's shared-memory window, made by its first collective that may use one
   // (comm/detail/shm.h); null until then. Touched only by the Op running on this group.
   std::shared_ptr<ShmGroup> shm;
+  // Note [Waits across groups] (comm/detail/wait_notices.h): an id equal on every member, the
+  // members' world ranks, and the ops this rank has started on the group (touched by the executor).
+  int64_t id = 0;
+  std::vector<int> world_ranks;
+  int64_t entered = 0;
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }
@@ -155,6 +174,7 @@ class Runtime {
   // config.shared_memory is kOff (comm/detail/shm.h). shm_node() is null without one.
   void init_shm(const CommConfig& config);
   ShmNode* shm_node() const { return shm_node_.get(); }
+  WaitNotices* notices() const { return notices_.get(); }  // null without MPI
   // Counts a collective that ran through shared memory (CommCounters::shared_memory_collectives).
   void count_shared_memory() { shm_collectives_.fetch_add(1, std::memory_order_relaxed); }
 
@@ -178,13 +198,14 @@ class Runtime {
   void execute(Op& op, bool on_worker);
   void handshake(Op& op, bool on_worker);
   bool poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker,
-                  std::chrono::steady_clock::time_point start);
+                  std::chrono::steady_clock::time_point start, std::string& failure);
 
   bool uses_mpi_ = false;
   bool owns_mpi_ = false;
   int world_rank_ = 0;
   int world_size_ = 1;
   bool oversubscribed_ = false;  // more ranks on this node than online CPUs (Note [Polling])
+  bool gather_tags_ = false;     // MPI_TAG_UB admits gather_tag (Note [Handshake lengths])
   std::unique_ptr<ShmNode> shm_node_;  // freed right before MPI_Finalize (MPI_Win_free is collective)
   std::shared_ptr<WaitHint> hint_ = std::make_shared<WaitHint>();
 
@@ -195,6 +216,8 @@ class Runtime {
   bool stop_ = false;
   std::thread worker_;
   std::unique_ptr<BodyWatchdog> watchdog_;  // with MPI only (Note [Stalled body])
+  std::unique_ptr<WaitNotices> notices_;    // with MPI only (Note [Waits across groups])
+  uint64_t handshakes_ = 0;                 // counts handshakes, for WaitNotices::kDrainEvery
   // The group of the last op executed when it agrees_next (Note [Counts in the handshake]), else null.
   // Touched only by the executing thread (one op at a time).
   const GroupState* agreed_ = nullptr;

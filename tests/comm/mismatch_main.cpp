@@ -2,6 +2,8 @@
 //   mismatch: rank 0 calls allreduce, the others allgather -> CommError on every rank -> abort
 //   timeout:  rank 0 calls allreduce, the others never do   -> CommError (timeout) on rank 0 -> abort
 //   abort:    rank 1 throws; the others wait in a barrier   -> rank 1 aborts, every rank ends at once
+//   groups:   rank 0 allgathers on the world, the others on a duplicate 'dp' (timeout 120 s)
+//             -> CommError naming both at once (Note [Waits across groups]) -> abort
 // Like the tool edge, main catches every error and calls World::abort.
 #include <chrono>
 #include <cstring>
@@ -15,7 +17,8 @@ using namespace zs;
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "mismatch";
   try {
-    auto world = comm::World::create(comm::CommConfig{.timeout_s = mode == "abort" ? 60.0 : 2.0});
+    const double timeout_s = mode == "abort" ? 60.0 : mode == "groups" ? 120.0 : 2.0;
+    auto world = comm::World::create(comm::CommConfig{.timeout_s = timeout_s});
     const auto& g = world.group();
     auto data = memory::Tensor::empty({1000}, memory::DType::kF32);
     auto gathered = memory::Tensor::empty({1000 * g.size()}, memory::DType::kF32);
@@ -31,6 +34,12 @@ int main(int argc, char** argv) {
       } else {
         std::this_thread::sleep_for(std::chrono::seconds(40));  // a stuck rank: killed by rank 0's abort
       }
+    } else if (mode == "groups") {
+      // zeroshard train's shape: its error agreement on the world against the engine's set-up on 'dp'.
+      const comm::Group dp = g.dup("dp", world.config());
+      auto one = memory::Tensor::empty({g.rank() == 0 ? 1 : 8}, memory::DType::kI32);
+      auto all = memory::Tensor::empty({one.numel() * g.size()}, memory::DType::kI32);
+      (g.rank() == 0 ? g : dp).allgather(one, all);
     } else if (mode == "abort") {
       if (g.rank() == 1) throw CommError("deliberate failure on rank 1 (tests/comm/mismatch_main.cpp)");
       g.barrier();
