@@ -8,9 +8,12 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <exception>
 #include <map>
+#include <thread>
 
 #include "core/errors.h"
+#include "core/parallel.h"
 #include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/detail/serialize.h"
 #include "engine/checkpoint/h5.h"
@@ -34,6 +37,10 @@ void fsync_path(const fs::path& path) {
 }
 
 namespace {
+
+// Appends with fewer whole-block bytes than this hash them on the caller's thread: a handoff to the
+// worker pool costs a wake-up (tens of microseconds), the hash of 1 MiB about 50-100.
+constexpr uint64_t kOverlapMinBytes = 1u << 20;
 
 std::string tensor_names_blob(const Layout& layout) {
   std::string out;
@@ -62,9 +69,13 @@ struct ShardWriter::Impl {
     uint64_t written = 0;  // elements on disk
     uint64_t chunk = 1;    // elements per chunk
     bool checksum = false;
+    // Unfiltered: every append goes straight to its place in the file, whatever its alignment
+    // (Note [Direct writes]); filtered (zstd): whole chunks, the rest through `staging`.
+    bool direct = false;
     uint64_t block = 1;              // elements per checksum block
     std::vector<uint64_t> sums;      // per block written (Note [Checksum blocks])
-    std::vector<std::byte> staging;  // < one chunk, not yet on disk
+    std::vector<std::byte> staging;  // filtered: < one chunk, not yet on disk
+    std::vector<std::byte> tail;     // direct: the open checksum block's bytes (< one block), to hash it whole
     // Where each segment starts: in the caller's stream (its segments end to end) and in the data,
     // which may hold a gap before it (Note [Page phase]).
     std::vector<uint64_t> seg_stream, seg_data;
@@ -74,6 +85,8 @@ struct ShardWriter::Impl {
   };
   h5::Handle file;
   int fd = -1;  // HDF5's descriptor of the file (its default sec2 driver), for start_writeback
+  bool overlap = false;           // WriteOptions::overlap_checksum, on a machine with a second core
+  uint64_t unflushed_bytes = 0;   // written since the last start_writeback
   std::map<std::string, Buffer, std::less<>> buffers;
 
   // Note [early writeback]: each data write asks the kernel to start writing the file's dirty pages
@@ -81,24 +94,20 @@ struct ShardWriter::Impl {
   // and its fsync waits only for the last pieces and the metadata. Without it the kernel kept the
   // whole file dirty until the fsync, which then waited 35-75 ms for 37 MiB on this project's VM
   // disk (the save's latency, on the training thread when a commit waits for it). Advice only: a
-  // failure here is caught by the fsync.
-  void start_writeback() const {
+  // failure here is caught by the fsync. Asked once per chunk's worth of bytes, not per write (the
+  // direct path's writes include the few-byte gaps of Note [Page phase]).
+  void start_writeback(uint64_t bytes, uint64_t chunk_bytes) {
+    unflushed_bytes += bytes;
+    if (unflushed_bytes < chunk_bytes) return;
+    unflushed_bytes = 0;
 #ifdef SYNC_FILE_RANGE_WRITE
     if (fd >= 0) (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 #endif
   }
 
-  // Writes start on a chunk boundary (append keeps them chunk-aligned), hence on a checksum block's:
-  // each block's checksum is one hash of the caller's bytes.
-  void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
+  // Elements [b.written, b.written + count) of the data from `data`, through H5Dwrite.
+  void write_data(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
     hsize_t start = b.written, n = count;
-    ZS_ASSERT(start % b.chunk == 0 && start % b.block == 0);
-    if (b.checksum) {
-      for (uint64_t e = 0; e < count; e += b.block) {
-        b.sums.push_back(detail::block_checksum(data + e * b.elem_size,
-                                                std::min<uint64_t>(b.block, count - e) * b.elem_size));
-      }
-    }
     h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
     ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
                 "select hyperslab");
@@ -106,14 +115,43 @@ struct ShardWriter::Impl {
     ZS_H5_CHECK(H5Dwrite(b.dataset.get(), b.type, mem_space.get(), file_space.get(), H5P_DEFAULT, data), path,
                 fmt::format("write of buffer '{}' elements [{}, {}) ({} bytes)", name, start, start + n,
                             n * b.elem_size));
-    b.written += count;
-    start_writeback();
   }
-  // Appends `bytes` to the data as stored (gaps included), writing every whole chunk.
-  void push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
+
+  // The checksums of consecutive blocks of `data` (`count` elements; the last block may be short) into
+  // `out`.
+  static void hash_blocks(const Buffer& b, const std::byte* data, uint64_t count, uint64_t* out) {
+    for (uint64_t e = 0; e < count; e += b.block) {
+      *out++ = detail::block_checksum(data + e * b.elem_size, std::min<uint64_t>(b.block, count - e) * b.elem_size);
+    }
+  }
+
+  // Filtered data: writes start on a chunk boundary (push_staged keeps them chunk-aligned), hence on a
+  // checksum block's: each block's checksum is one hash of the caller's bytes.
+  void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
+    ZS_ASSERT(b.written % b.chunk == 0 && b.written % b.block == 0);
+    if (b.checksum) {
+      const size_t at = b.sums.size();
+      b.sums.resize(at + (count + b.block - 1) / b.block);
+      hash_blocks(b, data, count, b.sums.data() + at);
+    }
+    write_data(b, data, count, path, name);
+    b.written += count;
+    start_writeback(count * b.elem_size, b.chunk * b.elem_size);
+  }
+  // Appends `bytes` to the data as stored (gaps included).
+  void push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes) {
+    if (b.direct) {
+      push_direct(b, path, buffer, bytes);
+    } else {
+      push_staged(b, path, buffer, bytes);
+    }
+  }
+  void push_staged(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
+  void push_direct(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
 };
 
-void ShardWriter::Impl::push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes) {
+void ShardWriter::Impl::push_staged(Buffer& b, const fs::path& path, std::string_view buffer,
+                                    std::span<const std::byte> bytes) {
   const size_t chunk_bytes = b.chunk * b.elem_size;
   // Top up a partial chunk first; then whole chunks straight from the caller's memory (no copy);
   // then keep the tail. Writes stay chunk-aligned, so each chunk is filtered and written once.
@@ -143,6 +181,73 @@ void ShardWriter::Impl::push(Buffer& b, const fs::path& path, std::string_view b
   }
 }
 
+// Note [Direct writes]: unfiltered data is written straight from the caller's memory at its place
+// in the file, whatever its alignment to chunks: HDF5 with no chunk cache writes a partial chunk of an
+// unfiltered dataset in place (the fill time is never, so nothing has to be read or filled first).
+// Staging partial chunks instead (as filtered data must, so that each chunk is compressed once) copied
+// about one 4 MiB chunk per segment boundary, as the gaps of Note [Page phase] and the tensors' own
+// boundaries fall anywhere in a chunk: most of a save's bytes went through an extra memcpy. Only the
+// checksum block that straddles two appends is copied (into `tail`, < 64 KiB) to be hashed whole.
+// The hash of the whole blocks runs on a second thread of the worker pool while the caller's thread
+// writes them (Note [Overlapped checksums]).
+void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string_view buffer,
+                                    std::span<const std::byte> bytes) {
+  const uint64_t count = bytes.size() / b.elem_size;
+  if (count == 0) return;
+  const uint64_t end = b.written + count;
+  // What the hash takes from these bytes: first the rest of the open block (through `tail`), then
+  // whole blocks straight from the caller's memory, then the start of the next block (into `tail`).
+  uint64_t head = 0, whole = 0;
+  if (b.checksum) {
+    const uint64_t open_block = b.written % b.block;
+    ZS_DEBUG_ASSERT(b.tail.size() == open_block * b.elem_size);
+    if (open_block != 0) head = std::min(count, b.block - open_block);
+    whole = (count - head) / b.block * b.block;
+    if (end == b.total) whole = count - head;  // the last block may be short
+    if (head > 0) {
+      b.tail.insert(b.tail.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(head * b.elem_size));
+      if (b.tail.size() == b.block * b.elem_size || end == b.total) {
+        b.sums.push_back(detail::block_checksum(b.tail.data(), b.tail.size()));
+        b.tail.clear();
+      }
+    }
+  }
+  const std::byte* hashed = bytes.data() + head * b.elem_size;
+  const size_t at = b.sums.size();
+  b.sums.resize(at + (whole + b.block - 1) / b.block);
+  if (overlap && whole * b.elem_size >= kOverlapMinBytes) {
+    // Note [Overlapped checksums]: region chunk 0 writes, chunk 1 hashes; whichever thread claims a
+    // chunk runs it (the caller runs both when the worker is slow to wake), and nothing of HDF5 runs
+    // on two threads at once.
+    std::exception_ptr error;
+    parallel_for_threads(2, 2, 1, [&](int64_t, int64_t, int chunk) {
+      if (chunk == 0) {
+        try {
+          write_data(b, bytes.data(), count, path, buffer);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      } else {
+        hash_blocks(b, hashed, whole, b.sums.data() + at);
+      }
+    });
+    if (error) std::rethrow_exception(error);
+  } else {
+    hash_blocks(b, hashed, whole, b.sums.data() + at);
+    write_data(b, bytes.data(), count, path, buffer);
+  }
+  if (b.checksum) {
+    const uint64_t rest = count - head - whole;
+    b.tail.insert(b.tail.end(), hashed + whole * b.elem_size, hashed + (whole + rest) * b.elem_size);
+  }
+  b.written = end;
+  start_writeback(count * b.elem_size, b.chunk * b.elem_size);
+  if (b.written == b.total) {
+    b.tail.clear();
+    b.tail.shrink_to_fit();
+  }
+}
+
 ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, const WriteOptions& options)
     : path_(dir / rank_file_name(rank)), impl_(std::make_unique<Impl>()) {
   const Layout& layout = meta.layout;
@@ -151,6 +256,7 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
     throw UsageError(fmt::format("ShardWriter: rank {} outside world_size {}", rank, layout.world_size));
   }
   impl_->file = h5::file_create(path_);
+  impl_->overlap = options.overlap_checksum && options.checksum && std::thread::hardware_concurrency() > 1;
   hid_t f = impl_->file.get();
   if (void* handle = nullptr; H5Fget_vfd_handle(f, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
     impl_->fd = *static_cast<int*>(handle);
@@ -197,6 +303,7 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
       ZS_H5_CHECK(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level), path_, "zstd filter");
     }
     b.checksum = options.checksum;
+    b.direct = !filtered;
     b.block = detail::checksum_block_elements(b.chunk, b.elem_size, b.total);
     if (b.checksum) h5::write_attr(group.get(), "checksum", std::string_view(detail::kChecksumAlgorithm), path_);
     // Never write fill values: every element is written by append.

@@ -40,6 +40,11 @@ struct WriteOptions {
   // checksums] in detail/checksum.h): flipped data bytes are caught on load, with or without zstd
   // (zstd frames have their own checksum as well).
   bool checksum = true;
+  // Hash unfiltered data on a second thread (the process's worker pool, core/parallel.h) while this
+  // thread writes it (Note [Overlapped checksums] in writer.cpp); ignored on a one-core machine. Off
+  // for a writer that runs beside the training (an asynchronous save): the pool's second thread would
+  // take a core from the steps it overlaps, and the pool runs one region at a time.
+  bool overlap_checksum = true;
   // Chunk size of the data datasets (the unit of writes, reads, checksums and compression); 0 picks:
   // 64 KiB with zstd, below glibc's 128 KiB mmap threshold, so the buffers HDF5's filter allocates
   // per chunk come from the heap rather than fresh mmaps that fault every page (256 KiB chunks ran
@@ -48,8 +53,8 @@ struct WriteOptions {
   uint64_t chunk_bytes = 0;
 };
 
-// Writes one rank's file. Memory: one chunk of staging per buffer being appended (chunk_bytes), and
-// 8 bytes of checksum per 64 KiB written.
+// Writes one rank's file. Memory: with zstd, one chunk of staging per buffer being appended
+// (chunk_bytes); without, one checksum block (64 KiB); and 8 bytes of checksum per 64 KiB written.
 // Not thread-safe; one writer per file.
 class ShardWriter {
  public:
