@@ -18,7 +18,6 @@
 // Values are N(0, 0.02) floats, like weights: they compress little, which is the honest case.
 //
 //   checkpoint_bench [--size 1G] [--ranks 4] [--tensors 64] [--piece 64M] [--reps 3] [--checksum 1]
-//                    [--overlap 1 (hash on a second thread, WriteOptions::overlap_checksum)]
 //                    [--zstd 1] [--zstd-level 3] [--chunk 0 (auto)] [--dest tensor|packed] [--warmup 1]
 //                    [--verbose 0] [--dir DIR] [--json FILE]
 #include <fcntl.h>
@@ -221,7 +220,6 @@ int main(int argc, char** argv) try {
   const size_t piece = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--piece", "64M"));
   const int reps = static_cast<int>(zs::bench::int_arg(argc, argv, "--reps", 3));
   const bool checksum = zs::bench::int_arg(argc, argv, "--checksum", 1, 0) != 0;
-  const bool overlap = zs::bench::int_arg(argc, argv, "--overlap", 1, 0) != 0;
   const int level = static_cast<int>(zs::bench::int_arg(argc, argv, "--zstd-level", 3));
   const bool with_zstd = zs::bench::int_arg(argc, argv, "--zstd", 1, 0) != 0;
   const size_t chunk = zs::bench::parse_size(zs::bench::arg_value(argc, argv, "--chunk", "0"));
@@ -235,8 +233,7 @@ int main(int argc, char** argv) try {
   if (dest != "tensor" && dest != "packed") throw zs::UsageError("--dest is tensor or packed, not '" + dest + "'");
   const int warmup = static_cast<int>(zs::bench::int_arg(argc, argv, "--warmup", 1, 0));
   Destination out(s.meta.layout, dest == "packed");
-  ck::WriteOptions plain_opt{
-      .compression = ck::Compression::kNone, .checksum = checksum, .overlap_checksum = overlap, .chunk_bytes = chunk};
+  ck::WriteOptions plain_opt{.compression = ck::Compression::kNone, .checksum = checksum, .chunk_bytes = chunk};
   std::vector<double> ours_save, ours_load, raw_save, raw_load, save_ratio, load_ratio, save_cpu, load_cpu;
   // Warm-up rounds, not counted: the first touches of fresh memory in this VM cost several times
   // a steady round's (the first plain load ran 5-8x slower than later ones), and fell on the plain

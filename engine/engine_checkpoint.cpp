@@ -325,7 +325,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       Engine::AsyncSaveTimes& t = p->times;
       try {
         double at = now_seconds();
-        checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{.overlap_checksum = false});
+        checkpoint::ShardWriter w(p->staging, p->meta, p->rank, checkpoint::WriteOptions{});
         t.write_create_s = now_seconds() - at;
         at = now_seconds();
         for (const PendingCheckpoint::Piece& piece : p->snapshot) {

@@ -8,12 +8,9 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
-#include <exception>
 #include <map>
-#include <thread>
 
 #include "core/errors.h"
-#include "core/parallel.h"
 #include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/detail/serialize.h"
 #include "engine/checkpoint/h5.h"
@@ -38,9 +35,10 @@ void fsync_path(const fs::path& path) {
 
 namespace {
 
-// Appends with fewer whole-block bytes than this hash them on the caller's thread: a handoff to the
-// worker pool costs a wake-up (tens of microseconds), the hash of 1 MiB about 50-100.
-constexpr uint64_t kOverlapMinBytes = 1u << 20;
+// Unfiltered data is hashed and written in pieces of this many bytes (Note [Hash then write]): small
+// enough to stay in the CPU's cache between the hash and the kernel's copy, large enough that HDF5's
+// cost per write stays small (pieces of 0.5-2 MiB measured no faster).
+constexpr uint64_t kHashPieceBytes = 4u << 20;
 
 std::string tensor_names_blob(const Layout& layout) {
   std::string out;
@@ -85,7 +83,6 @@ struct ShardWriter::Impl {
   };
   h5::Handle file;
   int fd = -1;  // HDF5's descriptor of the file (its default sec2 driver), for start_writeback
-  bool overlap = false;           // WriteOptions::overlap_checksum, on a machine with a second core
   uint64_t unflushed_bytes = 0;   // written since the last start_writeback
   std::map<std::string, Buffer, std::less<>> buffers;
 
@@ -105,9 +102,10 @@ struct ShardWriter::Impl {
 #endif
   }
 
-  // Elements [b.written, b.written + count) of the data from `data`, through H5Dwrite.
-  void write_data(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
-    hsize_t start = b.written, n = count;
+  // Elements [first, first + count) of the data from `data`, through H5Dwrite.
+  void write_data(Buffer& b, const std::byte* data, uint64_t first, uint64_t count, const fs::path& path,
+                  std::string_view name) {
+    hsize_t start = first, n = count;
     h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
     ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
                 "select hyperslab");
@@ -134,7 +132,7 @@ struct ShardWriter::Impl {
       b.sums.resize(at + (count + b.block - 1) / b.block);
       hash_blocks(b, data, count, b.sums.data() + at);
     }
-    write_data(b, data, count, path, name);
+    write_data(b, data, b.written, count, path, name);
     b.written += count;
     start_writeback(count * b.elem_size, b.chunk * b.elem_size);
   }
@@ -188,8 +186,14 @@ void ShardWriter::Impl::push_staged(Buffer& b, const fs::path& path, std::string
 // about one 4 MiB chunk per segment boundary, as the gaps of Note [Page phase] and the tensors' own
 // boundaries fall anywhere in a chunk: most of a save's bytes went through an extra memcpy. Only the
 // checksum block that straddles two appends is copied (into `tail`, < 64 KiB) to be hashed whole.
-// The hash of the whole blocks runs on a second thread of the worker pool while the caller's thread
-// writes them (Note [Overlapped checksums]).
+//
+// Note [Hash then write]: the whole blocks are hashed and written kHashPieceBytes at a time, each
+// piece hashed right before the kernel copies it into the page cache, so the copy reads what the hash
+// just brought into the CPU's cache, and the source is read from memory once, as a plain write()
+// reads it. Hashing all of an append first and writing it afterwards read it from memory twice; a
+// second thread hashing while this one writes (the worker pool, as the reader does, Note [Overlapped
+// checksums] in reader.cpp) measured no faster on this 2-core VM and took a core from an asynchronous
+// save's training steps (docs/checkpoints.md, "Benchmarks").
 void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string_view buffer,
                                     std::span<const std::byte> bytes) {
   const uint64_t count = bytes.size() / b.elem_size;
@@ -212,29 +216,18 @@ void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string
       }
     }
   }
+  // Pieces of whole blocks: piece k is hashed, then written (piece 0 with the head before it, the last
+  // with the rest after it).
   const std::byte* hashed = bytes.data() + head * b.elem_size;
-  const size_t at = b.sums.size();
-  b.sums.resize(at + (whole + b.block - 1) / b.block);
-  if (overlap && whole * b.elem_size >= kOverlapMinBytes) {
-    // Note [Overlapped checksums]: region chunk 0 writes, chunk 1 hashes; whichever thread claims a
-    // chunk runs it (the caller runs both when the worker is slow to wake), and nothing of HDF5 runs
-    // on two threads at once.
-    std::exception_ptr error;
-    parallel_for_threads(2, 2, 1, [&](int64_t, int64_t, int chunk) {
-      if (chunk == 0) {
-        try {
-          write_data(b, bytes.data(), count, path, buffer);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      } else {
-        hash_blocks(b, hashed, whole, b.sums.data() + at);
-      }
-    });
-    if (error) std::rethrow_exception(error);
-  } else {
-    hash_blocks(b, hashed, whole, b.sums.data() + at);
-    write_data(b, bytes.data(), count, path, buffer);
+  const uint64_t piece = std::max<uint64_t>(1, kHashPieceBytes / (b.block * b.elem_size)) * b.block;
+  const uint64_t pieces = std::max<uint64_t>(1, (whole + piece - 1) / piece);
+  for (uint64_t k = 0; k < pieces; ++k) {
+    const uint64_t lo = std::min(whole, k * piece), hi = std::min(whole, (k + 1) * piece);
+    const size_t at = b.sums.size();
+    b.sums.resize(at + (hi - lo + b.block - 1) / b.block);
+    hash_blocks(b, hashed + lo * b.elem_size, hi - lo, b.sums.data() + at);
+    const uint64_t first = k == 0 ? 0 : head + lo, last = k + 1 == pieces ? count : head + hi;
+    write_data(b, bytes.data() + first * b.elem_size, b.written + first, last - first, path, buffer);
   }
   if (b.checksum) {
     const uint64_t rest = count - head - whole;
@@ -256,7 +249,6 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
     throw UsageError(fmt::format("ShardWriter: rank {} outside world_size {}", rank, layout.world_size));
   }
   impl_->file = h5::file_create(path_);
-  impl_->overlap = options.overlap_checksum && options.checksum && std::thread::hardware_concurrency() > 1;
   hid_t f = impl_->file.get();
   if (void* handle = nullptr; H5Fget_vfd_handle(f, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
     impl_->fd = *static_cast<int*>(handle);

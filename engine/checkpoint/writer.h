@@ -40,11 +40,6 @@ struct WriteOptions {
   // checksums] in detail/checksum.h): flipped data bytes are caught on load, with or without zstd
   // (zstd frames have their own checksum as well).
   bool checksum = true;
-  // Hash unfiltered data on a second thread (the process's worker pool, core/parallel.h) while this
-  // thread writes it (Note [Overlapped checksums] in writer.cpp); ignored on a one-core machine. Off
-  // for a writer that runs beside the training (an asynchronous save): the pool's second thread would
-  // take a core from the steps it overlaps, and the pool runs one region at a time.
-  bool overlap_checksum = true;
   // Chunk size of the data datasets (the unit of writes, reads, checksums and compression); 0 picks:
   // 64 KiB with zstd, below glibc's 128 KiB mmap threshold, so the buffers HDF5's filter allocates
   // per chunk come from the heap rather than fresh mmaps that fault every page (256 KiB chunks ran

@@ -450,21 +450,20 @@ TEST(CheckpointChecksum, OffWritesNoTable) {
   expect_synthetic(r);
 }
 
-// Note [Direct writes] and [Overlapped checksums] (writer.cpp, reader.cpp): unfiltered data is written
-// in place whatever the appends' sizes, its checksums hashed on a second thread for large appends.
-// Appends of 777 elements (hashed on the caller, most straddling a block) and of whole buffers (hashed
-// on the pool) write the same bytes and the same table, each entry the XXH3 of its 64 KiB block as
-// stored; whole-tensor reads (verified on two threads) give every element back, and of two corrupt
-// blocks in one read the lower is named.
+// Note [Direct writes] and [Hash then write] (writer.cpp): unfiltered data is written in place whatever
+// the appends' sizes. Appends of 777 elements (most straddling a checksum block) and of whole buffers
+// (hashed and written in 4 MiB pieces) write the same bytes and the same table, each entry the XXH3 of
+// its 64 KiB block as stored. Whole-tensor reads (verified on two threads, Note [Overlapped checksums]
+// in reader.cpp) give every element back, and of two corrupt blocks in one read the lower is named.
 TEST(CheckpointWriter, AnyAppendSizeWritesTheSameDataAndChecksums) {
   test::TempDir tmp;
   auto meta = test::synthetic_metadata(2, "global_step1", 1, 1000);  // embed.weight: 800k elements
   std::vector<std::vector<uint64_t>> tables;
   std::vector<std::vector<float>> datas;
-  for (bool overlap : {false, true}) {
-    fs::path dir = fs::path(tmp.path()) / (overlap ? "big" : "small");
+  for (bool whole : {false, true}) {
+    fs::path dir = fs::path(tmp.path()) / (whole ? "whole" : "small");
     fs::create_directories(dir);
-    test::write_synthetic_rank(dir, meta, 1, WriteOptions{.overlap_checksum = overlap}, overlap ? 1u << 24 : 777);
+    test::write_synthetic_rank(dir, meta, 1, WriteOptions{}, whole ? 1u << 24 : 777);
     fs::path file = dir / rank_file_name(1);
     h5::Handle f = h5::file_open(file);
     h5::Handle g = h5::group_open(f.get(), "buffers/fp32", file);
