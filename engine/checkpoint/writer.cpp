@@ -35,8 +35,8 @@ void fsync_path(const fs::path& path) {
 
 namespace {
 
-// Unfiltered data is hashed and written in pieces of this many bytes (Note [Hash then write]): small
-// enough to stay in the CPU's cache between the hash and the kernel's copy, large enough that HDF5's
+// Unfiltered data is written and hashed in pieces of this many bytes (Note [Write then hash]): small
+// enough to stay in the CPU's cache between the kernel's copy and the hash, large enough that HDF5's
 // cost per write stays small (pieces of 0.5-2 MiB measured no faster).
 constexpr uint64_t kHashPieceBytes = 4u << 20;
 
@@ -187,13 +187,15 @@ void ShardWriter::Impl::push_staged(Buffer& b, const fs::path& path, std::string
 // boundaries fall anywhere in a chunk: most of a save's bytes went through an extra memcpy. Only the
 // checksum block that straddles two appends is copied (into `tail`, < 64 KiB) to be hashed whole.
 //
-// Note [Hash then write]: the whole blocks are hashed and written kHashPieceBytes at a time, each
-// piece hashed right before the kernel copies it into the page cache, so the copy reads what the hash
-// just brought into the CPU's cache, and the source is read from memory once, as a plain write()
-// reads it. Hashing all of an append first and writing it afterwards read it from memory twice; a
-// second thread hashing while this one writes (the worker pool, as the reader does, Note [Overlapped
-// checksums] in reader.cpp) measured no faster on this 2-core VM and took a core from an asynchronous
-// save's training steps (docs/checkpoints.md, "Benchmarks").
+// Note [Write then hash]: the whole blocks are written and hashed kHashPieceBytes at a time, each
+// piece hashed right after the kernel has copied it into the page cache, so the hash reads it from the
+// CPU's cache (20-40 GB/s) rather than from memory (8-12), and the source is read from memory once, as
+// a plain write() reads it. Hashing all of an append before writing it read it from memory twice.
+// Hashing each piece before its write (the copy then reading from cache) measured slower: the kernel's
+// copy costs its page-cache side (fresh pages, stores), not its reads. A second thread hashing while
+// this one writes (the worker pool, as the reader does, Note [Overlapped checksums] in reader.cpp)
+// measured no faster on this 2-core VM and takes a core from an asynchronous save's training steps
+// (docs/checkpoints.md, "Benchmarks").
 void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string_view buffer,
                                     std::span<const std::byte> bytes) {
   const uint64_t count = bytes.size() / b.elem_size;
@@ -216,18 +218,18 @@ void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string
       }
     }
   }
-  // Pieces of whole blocks: piece k is hashed, then written (piece 0 with the head before it, the last
-  // with the rest after it).
+  // Pieces of whole blocks: piece k is written (piece 0 with the head before it, the last with the
+  // rest after it), then hashed.
   const std::byte* hashed = bytes.data() + head * b.elem_size;
   const uint64_t piece = std::max<uint64_t>(1, kHashPieceBytes / (b.block * b.elem_size)) * b.block;
   const uint64_t pieces = std::max<uint64_t>(1, (whole + piece - 1) / piece);
   for (uint64_t k = 0; k < pieces; ++k) {
     const uint64_t lo = std::min(whole, k * piece), hi = std::min(whole, (k + 1) * piece);
+    const uint64_t first = k == 0 ? 0 : head + lo, last = k + 1 == pieces ? count : head + hi;
+    write_data(b, bytes.data() + first * b.elem_size, b.written + first, last - first, path, buffer);
     const size_t at = b.sums.size();
     b.sums.resize(at + (hi - lo + b.block - 1) / b.block);
     hash_blocks(b, hashed + lo * b.elem_size, hi - lo, b.sums.data() + at);
-    const uint64_t first = k == 0 ? 0 : head + lo, last = k + 1 == pieces ? count : head + hi;
-    write_data(b, bytes.data() + first * b.elem_size, b.written + first, last - first, path, buffer);
   }
   if (b.checksum) {
     const uint64_t rest = count - head - whole;

@@ -450,9 +450,9 @@ TEST(CheckpointChecksum, OffWritesNoTable) {
   expect_synthetic(r);
 }
 
-// Note [Direct writes] and [Hash then write] (writer.cpp): unfiltered data is written in place whatever
+// Note [Direct writes] and [Write then hash] (writer.cpp): unfiltered data is written in place whatever
 // the appends' sizes. Appends of 777 elements (most straddling a checksum block) and of whole buffers
-// (hashed and written in 4 MiB pieces) write the same bytes and the same table, each entry the XXH3 of
+// (written and hashed in 4 MiB pieces) write the same bytes and the same table, each entry the XXH3 of
 // its 64 KiB block as stored. Whole-tensor reads (verified on two threads, Note [Overlapped checksums]
 // in reader.cpp) give every element back, and of two corrupt blocks in one read the lower is named.
 TEST(CheckpointWriter, AnyAppendSizeWritesTheSameDataAndChecksums) {
