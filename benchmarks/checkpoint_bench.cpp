@@ -112,24 +112,41 @@ std::span<const std::byte> rank_bytes(const Setup& s, int r) {
   return std::as_bytes(std::span<const float>(s.values).subspan(off, s.meta.layout.buffers[0].rank_elements(r)));
 }
 
+// Where our save's time goes (--verbose): the rank files' data (creation and appends), their
+// finish (checksum tables, flush, fsync), the metadata file, the commit (fsyncs, renames, `latest`).
+struct SavePhases {
+  double data = 0, finish = 0, metadata = 0, commit = 0;
+};
+
 double save_ours(const Setup& s, const fs::path& root, const std::string& tag, const ck::WriteOptions& opt,
-                 size_t piece) {
+                 size_t piece, SavePhases* phases = nullptr) {
   fs::remove_all(root);
   ck::Metadata meta = s.meta;
   meta.tag = tag;
+  SavePhases p;
   double t0 = now_seconds();
   fs::path dir = ck::begin_save(root, tag);
   for (int r = 0; r < meta.layout.world_size; ++r) {
+    double a = now_seconds();
     ck::ShardWriter w(dir, meta, r, opt);
     auto bytes = rank_bytes(s, r);
     for (const auto& b : meta.layout.buffers) {
       for (size_t off = 0; off < bytes.size(); off += piece) w.append(b.name, bytes.subspan(off, std::min(piece, bytes.size() - off)));
     }
+    double f = now_seconds();
     w.finish();
+    p.data += f - a;
+    p.finish += now_seconds() - f;
   }
+  double m = now_seconds();
   ck::write_metadata(dir, meta);
+  double c = now_seconds();
   ck::commit_save(root, tag, 0);
-  return now_seconds() - t0;
+  double end = now_seconds();
+  p.metadata = c - m;
+  p.commit = end - c;
+  if (phases != nullptr) *phases = p;
+  return end - t0;
 }
 
 double load_ours(const fs::path& root, Destination& out, size_t piece) {
@@ -225,7 +242,7 @@ int main(int argc, char** argv) try {
     save_plain(s, work / "raw", piece);
     load_plain(s, work / "raw", out, piece);
     fs::remove_all(work / "raw");
-    save_ours(s, work / "ours", "global_step1", ck::WriteOptions{.checksum = checksum, .chunk_bytes = chunk}, piece);
+    save_ours(s, work / "ours", "global_step1", plain_opt, piece);
     load_ours(work / "ours", out, piece);
   }
   for (int i = 0; i < reps; ++i) {
@@ -236,7 +253,8 @@ int main(int argc, char** argv) try {
     double c2 = cpu_seconds();
     fs::remove_all(work / "raw");
     double c3 = cpu_seconds();
-    ours_save.push_back(save_ours(s, work / "ours", "global_step1", plain_opt, piece));
+    SavePhases phases;
+    ours_save.push_back(save_ours(s, work / "ours", "global_step1", plain_opt, piece, &phases));
     double c4 = cpu_seconds();
     ours_load.push_back(load_ours(work / "ours", out, piece));
     double c5 = cpu_seconds();
@@ -247,6 +265,8 @@ int main(int argc, char** argv) try {
     if (verbose) {
       std::fprintf(stderr, "round %d: save plain %.3f ours %.3f s, load plain %.3f ours %.3f s\n", i, raw_save.back(),
                    ours_save.back(), raw_load.back(), ours_load.back());
+      std::fprintf(stderr, "  our save: data %.3f s, finish %.3f, metadata %.3f, commit %.3f\n", phases.data,
+                   phases.finish, phases.metadata, phases.commit);
     }
   }
   uint64_t flat = 0;

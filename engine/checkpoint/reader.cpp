@@ -1,13 +1,17 @@
 #include "engine/checkpoint/reader.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <list>
 #include <map>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "core/errors.h"
+#include "core/parallel.h"
 #include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/detail/direct_read.h"
 #include "engine/checkpoint/detail/serialize.h"
@@ -30,6 +34,9 @@ struct Piece {
 constexpr size_t kMaxOpenFiles = 16;
 constexpr uint64_t kReadPieceBytes = 4u << 20;  // conversion staging per read call
 constexpr uint64_t kHotReadBytes = 256u << 10;  // verified reads: bytes per HDF5 read, hashed at once
+// Verified runs of at least this many bytes are read on two threads (Note [Overlapped checksums]).
+constexpr uint64_t kOverlapMinBytes = 2u << 20;
+const bool kOverlap = std::thread::hardware_concurrency() > 1;
 
 Metadata read_metadata_file(const fs::path& dir) {
   fs::path path = dir / kMetadataFile;
@@ -169,13 +176,19 @@ struct CheckpointReader::Impl {
         // the CPU's cache rather than after a 64 MiB read has pushed it out (64 KiB to 1 MiB
         // sub-runs measured the same).
         const uint64_t sub = std::max<uint64_t>(1, kHotReadBytes / (d.block * d.elem)) * d.block;
-        for (uint64_t s = pos; s < run_end; s += sub) {
+        auto read_sub = [&](uint64_t s) {
           uint64_t n_sub = std::min(sub, run_end - s);
           std::byte* dst = into + (s - start) * d.elem;
           raw_read(d, path, buffer, s, n_sub, dst);
           for (uint64_t e = 0; e < n_sub; e += d.block) {
             verify(d, path, buffer, (s + e) / d.block, dst + e * d.elem, std::min(d.block, n_sub - e));
           }
+        };
+        if (kOverlap && (run_end - pos) * d.elem >= kOverlapMinBytes && d.direct != nullptr &&
+            d.direct->resolve(pos, run_end - pos)) {
+          read_subs_overlapped(pos, run_end, sub, read_sub);
+        } else {
+          for (uint64_t s = pos; s < run_end; s += sub) read_sub(s);
         }
         pos = run_end;
       } else {
@@ -196,6 +209,36 @@ struct CheckpointReader::Impl {
         pos += take;
       }
     }
+  }
+
+  // Note [Overlapped checksums]: the sub-runs [pos, end) of `sub` elements, each read and verified by
+  // read_sub, claimed one at a time by two threads of the worker pool (core/parallel.h), so one
+  // thread's hash runs while the other's read copies: the hash of each sub-run stays right after its
+  // read, in cache. The calling thread claims sub-runs too, so a worker slow to wake (a busy second
+  // core) delays nothing: at worst the caller reads them all, in order, as the serial path does. The
+  // reads are direct (pread at resolved addresses): no HDF5 call runs on two threads. Of several
+  // failures, the one of the lowest sub-run is thrown, as the serial path would.
+  template <typename ReadSub>
+  static void read_subs_overlapped(uint64_t pos, uint64_t end, uint64_t sub, const ReadSub& read_sub) {
+    const uint64_t subs = (end - pos + sub - 1) / sub;
+    std::atomic<uint64_t> next{0};
+    std::atomic<uint64_t> failed_at{subs};
+    std::mutex mu;
+    std::exception_ptr error;
+    parallel_for_threads(2, 2, 1, [&](int64_t, int64_t, int) {
+      for (uint64_t i = next.fetch_add(1); i < subs && i < failed_at.load(); i = next.fetch_add(1)) {
+        try {
+          read_sub(pos + i * sub);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (i < failed_at.load()) {
+            failed_at.store(i);
+            error = std::current_exception();
+          }
+        }
+      }
+    });
+    if (error) std::rethrow_exception(error);
   }
 
   static void raw_read(Data& d, const fs::path& path, std::string_view buffer, uint64_t start, uint64_t n,

@@ -12,6 +12,9 @@
 // chunk's address, Note [Direct reads] in detail/direct_read.h; else H5Dread), converted on the way in
 // small pieces: memory is bounded by the caller's output plus one chunk, never a whole file. Flipped
 // data bytes fail the chunk's XXH3 checksum on read (Note [Checksum blocks] in detail/checksum.h).
+// A verified read of 2 MiB or more is read and verified in 256 KiB pieces by the calling thread and
+// one thread of the worker pool (core/parallel.h; Note [Overlapped checksums] in reader.cpp): call
+// it from outside the pool's parallel regions (inside one it runs on the caller alone).
 #pragma once
 
 #include <cstdint>

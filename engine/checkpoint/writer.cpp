@@ -35,6 +35,11 @@ void fsync_path(const fs::path& path) {
 
 namespace {
 
+// Unfiltered data is written and hashed in pieces of this many bytes (Note [Write then hash]): small
+// enough to stay in the CPU's cache between the kernel's copy and the hash, large enough that HDF5's
+// cost per write stays small (pieces of 0.5-2 MiB measured no faster).
+constexpr uint64_t kHashPieceBytes = 4u << 20;
+
 std::string tensor_names_blob(const Layout& layout) {
   std::string out;
   for (const TensorInfo& t : layout.tensors) {
@@ -62,9 +67,13 @@ struct ShardWriter::Impl {
     uint64_t written = 0;  // elements on disk
     uint64_t chunk = 1;    // elements per chunk
     bool checksum = false;
+    // Unfiltered: every append goes straight to its place in the file, whatever its alignment
+    // (Note [Direct writes]); filtered (zstd): whole chunks, the rest through `staging`.
+    bool direct = false;
     uint64_t block = 1;              // elements per checksum block
     std::vector<uint64_t> sums;      // per block written (Note [Checksum blocks])
-    std::vector<std::byte> staging;  // < one chunk, not yet on disk
+    std::vector<std::byte> staging;  // filtered: < one chunk, not yet on disk
+    std::vector<std::byte> tail;     // direct: the open checksum block's bytes (< one block), to hash it whole
     // Where each segment starts: in the caller's stream (its segments end to end) and in the data,
     // which may hold a gap before it (Note [Page phase]).
     std::vector<uint64_t> seg_stream, seg_data;
@@ -74,6 +83,7 @@ struct ShardWriter::Impl {
   };
   h5::Handle file;
   int fd = -1;  // HDF5's descriptor of the file (its default sec2 driver), for start_writeback
+  uint64_t unflushed_bytes = 0;   // written since the last start_writeback
   std::map<std::string, Buffer, std::less<>> buffers;
 
   // Note [early writeback]: each data write asks the kernel to start writing the file's dirty pages
@@ -81,24 +91,21 @@ struct ShardWriter::Impl {
   // and its fsync waits only for the last pieces and the metadata. Without it the kernel kept the
   // whole file dirty until the fsync, which then waited 35-75 ms for 37 MiB on this project's VM
   // disk (the save's latency, on the training thread when a commit waits for it). Advice only: a
-  // failure here is caught by the fsync.
-  void start_writeback() const {
+  // failure here is caught by the fsync. Asked once per chunk's worth of bytes, not per write (the
+  // direct path's writes include the few-byte gaps of Note [Page phase]).
+  void start_writeback(uint64_t bytes, uint64_t chunk_bytes) {
+    unflushed_bytes += bytes;
+    if (unflushed_bytes < chunk_bytes) return;
+    unflushed_bytes = 0;
 #ifdef SYNC_FILE_RANGE_WRITE
     if (fd >= 0) (void)::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 #endif
   }
 
-  // Writes start on a chunk boundary (append keeps them chunk-aligned), hence on a checksum block's:
-  // each block's checksum is one hash of the caller's bytes.
-  void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
-    hsize_t start = b.written, n = count;
-    ZS_ASSERT(start % b.chunk == 0 && start % b.block == 0);
-    if (b.checksum) {
-      for (uint64_t e = 0; e < count; e += b.block) {
-        b.sums.push_back(detail::block_checksum(data + e * b.elem_size,
-                                                std::min<uint64_t>(b.block, count - e) * b.elem_size));
-      }
-    }
+  // Elements [first, first + count) of the data from `data`, through H5Dwrite.
+  void write_data(Buffer& b, const std::byte* data, uint64_t first, uint64_t count, const fs::path& path,
+                  std::string_view name) {
+    hsize_t start = first, n = count;
     h5::Handle file_space = h5::dataset_space(b.dataset.get(), path, name);
     ZS_H5_CHECK(H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr), path,
                 "select hyperslab");
@@ -106,14 +113,43 @@ struct ShardWriter::Impl {
     ZS_H5_CHECK(H5Dwrite(b.dataset.get(), b.type, mem_space.get(), file_space.get(), H5P_DEFAULT, data), path,
                 fmt::format("write of buffer '{}' elements [{}, {}) ({} bytes)", name, start, start + n,
                             n * b.elem_size));
-    b.written += count;
-    start_writeback();
   }
-  // Appends `bytes` to the data as stored (gaps included), writing every whole chunk.
-  void push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
+
+  // The checksums of consecutive blocks of `data` (`count` elements; the last block may be short) into
+  // `out`.
+  static void hash_blocks(const Buffer& b, const std::byte* data, uint64_t count, uint64_t* out) {
+    for (uint64_t e = 0; e < count; e += b.block) {
+      *out++ = detail::block_checksum(data + e * b.elem_size, std::min<uint64_t>(b.block, count - e) * b.elem_size);
+    }
+  }
+
+  // Filtered data: writes start on a chunk boundary (push_staged keeps them chunk-aligned), hence on a
+  // checksum block's: each block's checksum is one hash of the caller's bytes.
+  void write_range(Buffer& b, const std::byte* data, uint64_t count, const fs::path& path, std::string_view name) {
+    ZS_ASSERT(b.written % b.chunk == 0 && b.written % b.block == 0);
+    if (b.checksum) {
+      const size_t at = b.sums.size();
+      b.sums.resize(at + (count + b.block - 1) / b.block);
+      hash_blocks(b, data, count, b.sums.data() + at);
+    }
+    write_data(b, data, b.written, count, path, name);
+    b.written += count;
+    start_writeback(count * b.elem_size, b.chunk * b.elem_size);
+  }
+  // Appends `bytes` to the data as stored (gaps included).
+  void push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes) {
+    if (b.direct) {
+      push_direct(b, path, buffer, bytes);
+    } else {
+      push_staged(b, path, buffer, bytes);
+    }
+  }
+  void push_staged(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
+  void push_direct(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes);
 };
 
-void ShardWriter::Impl::push(Buffer& b, const fs::path& path, std::string_view buffer, std::span<const std::byte> bytes) {
+void ShardWriter::Impl::push_staged(Buffer& b, const fs::path& path, std::string_view buffer,
+                                    std::span<const std::byte> bytes) {
   const size_t chunk_bytes = b.chunk * b.elem_size;
   // Top up a partial chunk first; then whole chunks straight from the caller's memory (no copy);
   // then keep the tail. Writes stay chunk-aligned, so each chunk is filtered and written once.
@@ -140,6 +176,70 @@ void ShardWriter::Impl::push(Buffer& b, const fs::path& path, std::string_view b
     write_range(b, b.staging.data(), b.staging.size() / b.elem_size, path, buffer);
     b.staging.clear();
     b.staging.shrink_to_fit();
+  }
+}
+
+// Note [Direct writes]: unfiltered data is written straight from the caller's memory at its place
+// in the file, whatever its alignment to chunks: HDF5 with no chunk cache writes a partial chunk of an
+// unfiltered dataset in place (the fill time is never, so nothing has to be read or filled first).
+// Staging partial chunks instead (as filtered data must, so that each chunk is compressed once) copied
+// about one 4 MiB chunk per segment boundary, as the gaps of Note [Page phase] and the tensors' own
+// boundaries fall anywhere in a chunk: most of a save's bytes went through an extra memcpy. Only the
+// checksum block that straddles two appends is copied (into `tail`, < 64 KiB) to be hashed whole.
+//
+// Note [Write then hash]: the whole blocks are written and hashed kHashPieceBytes at a time, each
+// piece hashed right after the kernel has copied it into the page cache, so the hash reads it from the
+// CPU's cache (20-40 GB/s) rather than from memory (8-12), and the source is read from memory once, as
+// a plain write() reads it. Hashing all of an append before writing it read it from memory twice.
+// Hashing each piece before its write (the copy then reading from cache) measured slower: the kernel's
+// copy costs its page-cache side (fresh pages, stores), not its reads. A second thread hashing while
+// this one writes (the worker pool, as the reader does, Note [Overlapped checksums] in reader.cpp)
+// measured no faster on this 2-core VM and takes a core from an asynchronous save's training steps
+// (docs/checkpoints.md, "Benchmarks").
+void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string_view buffer,
+                                    std::span<const std::byte> bytes) {
+  const uint64_t count = bytes.size() / b.elem_size;
+  if (count == 0) return;
+  const uint64_t end = b.written + count;
+  // What the hash takes from these bytes: first the rest of the open block (through `tail`), then
+  // whole blocks straight from the caller's memory, then the start of the next block (into `tail`).
+  uint64_t head = 0, whole = 0;
+  if (b.checksum) {
+    const uint64_t open_block = b.written % b.block;
+    ZS_DEBUG_ASSERT(b.tail.size() == open_block * b.elem_size);
+    if (open_block != 0) head = std::min(count, b.block - open_block);
+    whole = (count - head) / b.block * b.block;
+    if (end == b.total) whole = count - head;  // the last block may be short
+    if (head > 0) {
+      b.tail.insert(b.tail.end(), bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(head * b.elem_size));
+      if (b.tail.size() == b.block * b.elem_size || end == b.total) {
+        b.sums.push_back(detail::block_checksum(b.tail.data(), b.tail.size()));
+        b.tail.clear();
+      }
+    }
+  }
+  // Pieces of whole blocks: piece k is written (piece 0 with the head before it, the last with the
+  // rest after it), then hashed.
+  const std::byte* hashed = bytes.data() + head * b.elem_size;
+  const uint64_t piece = std::max<uint64_t>(1, kHashPieceBytes / (b.block * b.elem_size)) * b.block;
+  const uint64_t pieces = std::max<uint64_t>(1, (whole + piece - 1) / piece);
+  for (uint64_t k = 0; k < pieces; ++k) {
+    const uint64_t lo = std::min(whole, k * piece), hi = std::min(whole, (k + 1) * piece);
+    const uint64_t first = k == 0 ? 0 : head + lo, last = k + 1 == pieces ? count : head + hi;
+    write_data(b, bytes.data() + first * b.elem_size, b.written + first, last - first, path, buffer);
+    const size_t at = b.sums.size();
+    b.sums.resize(at + (hi - lo + b.block - 1) / b.block);
+    hash_blocks(b, hashed + lo * b.elem_size, hi - lo, b.sums.data() + at);
+  }
+  if (b.checksum) {
+    const uint64_t rest = count - head - whole;
+    b.tail.insert(b.tail.end(), hashed + whole * b.elem_size, hashed + (whole + rest) * b.elem_size);
+  }
+  b.written = end;
+  start_writeback(count * b.elem_size, b.chunk * b.elem_size);
+  if (b.written == b.total) {
+    b.tail.clear();
+    b.tail.shrink_to_fit();
   }
 }
 
@@ -197,6 +297,7 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
       ZS_H5_CHECK(H5Pset_filter(dcpl.get(), kZstdFilterId, H5Z_FLAG_MANDATORY, 1, &level), path_, "zstd filter");
     }
     b.checksum = options.checksum;
+    b.direct = !filtered;
     b.block = detail::checksum_block_elements(b.chunk, b.elem_size, b.total);
     if (b.checksum) h5::write_attr(group.get(), "checksum", std::string_view(detail::kChecksumAlgorithm), path_);
     // Never write fill values: every element is written by append.

@@ -48,8 +48,8 @@ struct WriteOptions {
   uint64_t chunk_bytes = 0;
 };
 
-// Writes one rank's file. Memory: one chunk of staging per buffer being appended (chunk_bytes), and
-// 8 bytes of checksum per 64 KiB written.
+// Writes one rank's file. Memory: with zstd, one chunk of staging per buffer being appended
+// (chunk_bytes); without, one checksum block (64 KiB); and 8 bytes of checksum per 64 KiB written.
 // Not thread-safe; one writer per file.
 class ShardWriter {
  public:

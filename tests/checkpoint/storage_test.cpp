@@ -450,6 +450,77 @@ TEST(CheckpointChecksum, OffWritesNoTable) {
   expect_synthetic(r);
 }
 
+// Note [Direct writes] and [Write then hash] (writer.cpp): unfiltered data is written in place whatever
+// the appends' sizes. Appends of 777 elements (most straddling a checksum block) and of whole buffers
+// (written and hashed in 4 MiB pieces) write the same bytes and the same table, each entry the XXH3 of
+// its 64 KiB block as stored. Whole-tensor reads (verified on two threads, Note [Overlapped checksums]
+// in reader.cpp) give every element back, and of two corrupt blocks in one read the lower is named.
+TEST(CheckpointWriter, AnyAppendSizeWritesTheSameDataAndChecksums) {
+  test::TempDir tmp;
+  auto meta = test::synthetic_metadata(2, "global_step1", 1, 1000);  // embed.weight: 800k elements
+  std::vector<std::vector<uint64_t>> tables;
+  std::vector<std::vector<float>> datas;
+  for (bool whole : {false, true}) {
+    fs::path dir = fs::path(tmp.path()) / (whole ? "whole" : "small");
+    fs::create_directories(dir);
+    test::write_synthetic_rank(dir, meta, 1, WriteOptions{}, whole ? 1u << 24 : 777);
+    fs::path file = dir / rank_file_name(1);
+    h5::Handle f = h5::file_open(file);
+    h5::Handle g = h5::group_open(f.get(), "buffers/fp32", file);
+    tables.push_back(h5::read_u64_table(g.get(), "checksums", 1, file));
+    h5::Handle ds = h5::dataset_open(g.get(), "data", file);
+    h5::Handle space = h5::dataset_space(ds.get(), file, "data");
+    datas.emplace_back(static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())));
+    ASSERT_GE(H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, datas.back().data()), 0);
+  }
+  ASSERT_EQ(datas[0], datas[1]);
+  ASSERT_EQ(tables[0], tables[1]);
+  const size_t block = detail::kBlockBytes / sizeof(float);
+  ASSERT_GT(datas[0].size(), 20 * block);
+  ASSERT_EQ(tables[0].size(), (datas[0].size() + block - 1) / block);
+  for (size_t c = 0; c < tables[0].size(); ++c) {
+    const size_t n = std::min(block, datas[0].size() - c * block);
+    ASSERT_EQ(tables[0][c], XXH3_64bits(datas[0].data() + c * block, n * sizeof(float))) << c;
+  }
+
+  fs::path root = fs::path(tmp.path()) / "root";
+  test::save_synthetic(root, meta);
+  auto read_all = [&](CheckpointReader& r) {
+    for (const BufferLayout& bl : meta.layout.buffers) {
+      for (uint32_t t = 0; t < meta.layout.tensors.size(); ++t) {
+        const TensorInfo& info = meta.layout.tensors[t];
+        std::vector<float> all(info.numel());
+        r.read(bl.name, info.name, 0, info.numel(), DType::kF32, all.data());
+        const int b = static_cast<int>(&bl - meta.layout.buffers.data());
+        for (uint64_t e = 0; e < info.numel(); ++e) {
+          float want = synthetic_value(t, e, b);
+          if (bl.dtype == DType::kBF16) want = memory::bf16_to_f32(memory::f32_to_bf16(want));
+          ASSERT_EQ(all[e], want) << bl.name << " " << info.name << " element " << e;
+        }
+      }
+    }
+  };
+  {
+    CheckpointReader r(root);
+    read_all(r);
+  }
+  // Rank 0 holds embed.weight's first 608k elements, in one 2.4 MB chunk: blocks 5 and 17 of its fp32 data.
+  fs::path file = root / "global_step1" / rank_file_name(0);
+  flip_byte(file, chunk_address(file, "fp32", 17 * block) + 17 * block * 4 + 9);
+  flip_byte(file, chunk_address(file, "fp32", 5 * block) + 5 * block * 4 + 3);
+  for (int i = 0; i < 5; ++i) {
+    CheckpointReader r(root);
+    std::vector<float> out(600000);  // more than kOverlapMinBytes: read on two threads
+    std::string err;
+    try {
+      r.read("fp32", "embed.weight", 0, out.size(), DType::kF32, out.data());
+    } catch (const CheckpointError& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find("block 5 "), std::string::npos) << err;
+  }
+}
+
 // Note [Direct reads]: unfiltered data in chunks of 64 KiB or more is read with pread at the chunk
 // addresses HDF5's index gives. Every range reads what H5Dread reads, across chunk boundaries and
 // rank files, with checksums and without; zstd data is left to HDF5.

@@ -92,12 +92,19 @@ uint64_t DirectReader::chunk_address(uint64_t c) {
   return slot = addr;
 }
 
-bool DirectReader::read(uint64_t start, uint64_t n, std::byte* into) {
+bool DirectReader::resolve(uint64_t start, uint64_t n) {
   if (n == 0) return true;
   const uint64_t first = start / chunk_, last = (start + n - 1) / chunk_;
   for (uint64_t c = first; c <= last; ++c) {
     if (chunk_address(c) == kUnallocated) return false;
   }
+  return true;
+}
+
+bool DirectReader::read(uint64_t start, uint64_t n, std::byte* into) {
+  if (n == 0) return true;
+  if (!resolve(start, n)) return false;
+  const uint64_t first = start / chunk_, last = (start + n - 1) / chunk_;
   // Runs of chunks that lie back to back in the file: one pread each.
   for (uint64_t c = first; c <= last;) {
     uint64_t run_end = c + 1;

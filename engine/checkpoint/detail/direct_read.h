@@ -43,6 +43,11 @@ class DirectReader {
   // naming the file for a chunk outside the file or a short read (a truncated file); IoError for a
   // failing read.
   bool read(uint64_t start, uint64_t n, std::byte* into);
+  // Looks up the addresses of the chunks of elements [start, start + n); false when one is not
+  // allocated. After it returned true, read() of any part of that range touches no HDF5 and no
+  // state of this reader, so several threads may run such reads at once (Note [Overlapped checksums]
+  // in reader.cpp).
+  bool resolve(uint64_t start, uint64_t n);
 
  private:
   DirectReader(hid_t dataset, uint64_t chunk, size_t elem, std::filesystem::path path, std::string name);
