@@ -48,6 +48,7 @@
 #include "benchmarks/support/bench_json.h"
 #include "core/errors.h"
 #include "core/parallel.h"
+#include "launch/launch.h"
 #include "memory/cpu_features.h"
 #include "memory/dtype.h"
 #include "nn/detail/gemm.h"
@@ -370,6 +371,8 @@ struct XsmmRunner {
 }  // namespace
 
 int main(int argc, char** argv) try {
+  // OpenBLAS's idle-thread polling as the library's programs set it (Note [OpenBLAS idle threads]).
+  zs::launch::select_blas_kernels(argv);
   const std::vector<std::string> models = split(zs::bench::arg_value(argc, argv, "--models", "small,large"));
   const int reps = std::stoi(zs::bench::arg_value(argc, argv, "--reps", "5"));
   const std::vector<std::string> only = split(zs::bench::arg_value(argc, argv, "--shapes", ""));  // empty: all

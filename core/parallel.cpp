@@ -6,6 +6,8 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+
+#include <sched.h>
 #include <vector>
 
 #include "core/spin.h"
@@ -13,7 +15,8 @@
 namespace zs {
 namespace {
 
-constexpr std::chrono::microseconds kCallerSpin{50};  // Note [pool waits]
+constexpr std::chrono::microseconds kCallerSpin{50};   // Note [pool waits]
+constexpr std::chrono::microseconds kWorkerSpin{300};  // Note [worker spin]
 
 // Note [worker pool]: OpenMP (libgomp) was tried first: its idle threads spin for milliseconds after
 // each parallel region (OMP_WAIT_POLICY, an environment setting library code must not depend on)
@@ -31,8 +34,20 @@ constexpr std::chrono::microseconds kCallerSpin{50};  // Note [pool waits]
 // moments, got none while the caller waited. The caller now polls with a CPU pause for up to
 // kCallerSpin (most waits end within it: the chunks are equal and started together, so the wait is
 // about a worker's wake-up) and then sleeps on done_ (a futex) until the last worker's chunk ends,
-// so a longer wait frees the core. The workers already sleep on a condition variable between
-// regions.
+// so a longer wait frees the core.
+//
+// Note [worker spin]: a worker used to go to sleep on the condition variable as soon as a region's
+// chunks were gone, so every region began with a wake-up. On the 2-core VM measured (a
+// paravirtualised guest, niced builds on the other core) a wake-up took 90 us at the median, and in
+// a fifth of the regions the kernel queued the woken worker on the caller's own core, where it ran
+// only once the caller's chunk was done: the region then ran serially (tools: the pool latency
+// probe in docs/benchmarks.md, "Worker pool wake-ups"). The layers issue regions back to back (an
+// elementwise pass, a product, the next pass), so a worker now polls for the next region for up to
+// kWorkerSpin before it sleeps, and the caller signals the condition variable only when a worker
+// sleeps. The poll pauses (cpu_relax) rather than yielding: a yielding poller is runnable all the
+// time, the kernel's balancing then stacked it on the caller's core half of the time. A polling
+// worker holds its core, so code about to start another thread pool (nn's multi-threaded sgemm:
+// OpenBLAS's threads) calls park_pool_workers() first and the pollers go to sleep at once.
 class WorkerPool {
  public:
   static WorkerPool& instance() {
@@ -47,6 +62,7 @@ class WorkerPool {
     }
     std::lock_guard<std::mutex> caller(caller_mu_);  // one region at a time
     uint64_t gen;
+    bool wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
       while (static_cast<int>(workers_.size()) < chunks - 1) workers_.emplace_back([this] { work(); });
@@ -54,8 +70,10 @@ class WorkerPool {
       done_.store(0, std::memory_order_relaxed);
       gen = ++generation_;
       next_.store(gen << 32, std::memory_order_release);
+      published_.store(gen, std::memory_order_release);
+      wake = sleepers_ > 0;
     }
-    cv_.notify_all();
+    if (wake) cv_.notify_all();
     // The caller runs chunks too; a nested call from one of them must not take caller_mu_ again.
     in_region_ = true;
     drain(gen, job_);
@@ -63,11 +81,14 @@ class WorkerPool {
     wait_done(chunks);
   }
 
+  void park() { park_.fetch_add(1, std::memory_order_relaxed); }
+
   ~WorkerPool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
     }
+    park();
     cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
@@ -108,18 +129,35 @@ class WorkerPool {
     }
   }
 
+  // Polls for a region newer than `seen` for up to kWorkerSpin, or until park() moves park_ from
+  // `parked` (read when the last region began, so a park() after it always ends the poll).
+  void poll_for_region(uint64_t seen, uint64_t parked) const {
+    const auto until = std::chrono::steady_clock::now() + kWorkerSpin;
+    while (published_.load(std::memory_order_acquire) == seen && park_.load(std::memory_order_relaxed) == parked) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      if (std::chrono::steady_clock::now() >= until) return;
+    }
+  }
+
   void work() {
     in_region_ = true;
     uint64_t seen = 0;
+    uint64_t parked = park_.load(std::memory_order_relaxed);
     for (;;) {
+      poll_for_region(seen, parked);
       Job job;
       uint64_t gen;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (!stop_ && generation_ == seen) {
+          ++sleepers_;
+          cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+          --sleepers_;
+        }
         if (stop_) return;
         gen = seen = generation_;
         job = job_;
+        parked = park_.load(std::memory_order_relaxed);
       }
       drain(gen, job);
     }
@@ -132,6 +170,9 @@ class WorkerPool {
   Job job_;
   uint64_t generation_ = 0;
   bool stop_ = false;
+  int sleepers_ = 0;                        // workers in cv_.wait (under mu_)
+  std::atomic<uint64_t> published_{0};      // generation_, for workers polling without mu_
+  std::atomic<uint64_t> park_{0};           // bumped by park(): polling workers go to sleep
   std::atomic<uint64_t> next_{0};
   std::atomic<int> done_{0};
   static thread_local bool in_region_;  // this thread is running a chunk (workers: always)
@@ -145,6 +186,8 @@ int parallel_chunks(int threads, int64_t n, int64_t grain) {
   const int64_t by_size = (n + std::max<int64_t>(grain, 1) - 1) / std::max<int64_t>(grain, 1);
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, by_size)));
 }
+
+void park_pool_workers() { WorkerPool::instance().park(); }
 
 void run_parallel(int threads, int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t, int), void* ctx) {
   const int chunks = parallel_chunks(threads, n, grain);

@@ -27,6 +27,11 @@ int parallel_chunks(int threads, int64_t n, int64_t grain);
 // [n * c / chunks, n * (c + 1) / chunks). Returns when all are done.
 void run_parallel(int threads, int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t, int), void* ctx);
 
+// Sends workers polling for the next region (Note [worker spin] in parallel.cpp) to sleep now: call
+// before running another library's threads (OpenBLAS's sgemm) on the cores the pool's workers hold.
+// Cheap (one atomic add), safe from any thread, inside a region too.
+void park_pool_workers();
+
 // f(begin, end, chunk) over ranges of [0, n) on `threads` threads.
 template <typename F>
 void parallel_for_threads(int threads, int64_t n, int64_t grain, F&& f) {

@@ -24,6 +24,9 @@ int core_rank(const std::string& core) {
   return 1;
 }
 
+// log2 of the cycles an idle OpenBLAS thread polls before it sleeps (Note [OpenBLAS idle threads]).
+constexpr const char* kBlasThreadTimeout = "18";
+
 int env_int(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return 0;
@@ -46,16 +49,27 @@ std::string loaded_blas_core() {
 }
 
 void select_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return;  // the user's choice, or our re-exec
-  const std::string want = preferred_blas_core();
-  const std::string have = loaded_blas_core();
-  if (want.empty() || core_rank(have) >= core_rank(want)) return;
-  ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+  bool reexec = false;
+  std::string want;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {  // else the user's choice, or our re-exec
+    want = preferred_blas_core();
+    if (!want.empty() && core_rank(loaded_blas_core()) < core_rank(want)) {
+      ::setenv("OPENBLAS_CORETYPE", want.c_str(), 1);
+      reexec = true;
+    }
+  }
+  if (std::getenv("OPENBLAS_THREAD_TIMEOUT") == nullptr) {  // Note [OpenBLAS idle threads]
+    ::setenv("OPENBLAS_THREAD_TIMEOUT", kBlasThreadTimeout, 1);
+    reexec = true;
+  }
+  if (!reexec) return;
   ::execv("/proc/self/exe", argv);
   // Still here: exec failed (no /proc, say). Train on with the slower kernels, but say so.
-  ZS_LOG_WARN("OpenBLAS loaded '{}' kernels on a CPU that supports '{}' and re-executing failed; set "
-              "OPENBLAS_CORETYPE={} before starting for up to 2x faster matrix products",
-              have, want, want);
+  if (!want.empty()) {
+    ZS_LOG_WARN("OpenBLAS loaded '{}' kernels on a CPU that supports '{}' and re-executing failed; set "
+                "OPENBLAS_CORETYPE={} before starting for up to 2x faster matrix products",
+                loaded_blas_core(), want, want);
+  }
 }
 
 int local_rank_count() {

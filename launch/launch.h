@@ -15,6 +15,16 @@
 // only at load time, so when the loaded kernels are weaker than what the CPU supports we set it and
 // re-exec the program once (before MPI starts; an exec keeps the PID and the launcher's environment).
 // A user's own OPENBLAS_CORETYPE always wins.
+//
+// Note [OpenBLAS idle threads]: after each multi-threaded sgemm OpenBLAS's threads poll for the next
+// one, calling sched_yield, for 2^28 cycles (THREAD_TIMEOUT; about 0.1 s here) before they sleep. The
+// library issues sgemm between the worker pool's regions (core/parallel.h) and runs its own bf16
+// kernel on that pool, so a polling OpenBLAS thread was runnable beside the pool's worker on its core
+// almost all the time: on the 2-core Zen measured, the bf16 kernel reached >= 0.8x of the best bf16
+// product on 16-20 of gemm_bench's 32 shapes at 2 threads with OpenBLAS polling, 24-29 with it
+// polling 2^18 cycles (about 0.1 ms, still enough to catch a layer's back-to-back products: dX then
+// dW). OPENBLAS_THREAD_TIMEOUT is read when the library loads, so select_blas_kernels sets it to 18
+// with the core type and re-executes; a user's own value wins.
 #pragma once
 
 #include <string>
@@ -28,7 +38,8 @@ std::string preferred_blas_core();
 std::string loaded_blas_core();
 
 // Re-executes the program with OPENBLAS_CORETYPE set when the loaded kernels are weaker than
-// preferred_blas_core() (Note above). Returns normally when nothing needs doing or the re-exec is not
+// preferred_blas_core(), and with OPENBLAS_THREAD_TIMEOUT set when the user did not set it (Notes
+// above). Returns normally when nothing needs doing or the re-exec is not
 // possible (then it logs a warning). Call first thing in main, before any thread or MPI exists.
 void select_blas_kernels(char** argv);
 

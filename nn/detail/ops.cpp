@@ -12,6 +12,8 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0 || !kernels_enabled()) return;
   add_flops(2 * static_cast<uint64_t>(m) * static_cast<uint64_t>(n) * static_cast<uint64_t>(k));
+  // OpenBLAS's threads need the cores our pool's workers may be polling on (core/parallel.h).
+  if (openblas_get_num_threads() > 1) zs::park_pool_workers();
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));

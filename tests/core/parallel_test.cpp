@@ -86,5 +86,21 @@ TEST(Parallel, CallerWaitsPastItsSpinForSlowChunks) {
   }
 }
 
+// Workers poll for the next region, sleep after it, or are parked (Note [worker spin]): regions
+// right after one another, after a park from inside and outside a region, and after a gap longer
+// than the poll all run every chunk once, with every write seen by the caller.
+TEST(Parallel, RegionsRunWhetherWorkersPollSleepOrAreParked) {
+  for (int r = 0; r < 60; ++r) {
+    std::vector<int64_t> out(3, -1);
+    parallel_for_threads(3, 3, 1, [&](int64_t b, int64_t e, int chunk) {
+      if (chunk == 1 && r % 3 == 0) park_pool_workers();
+      for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = i * 10 + r;
+    });
+    for (int64_t i = 0; i < 3; ++i) ASSERT_EQ(out[static_cast<size_t>(i)], i * 10 + r) << "region " << r;
+    if (r % 4 == 1) park_pool_workers();
+    if (r % 10 == 5) std::this_thread::sleep_for(std::chrono::microseconds(600));  // past the poll: asleep
+  }
+}
+
 }  // namespace
 }  // namespace zs
