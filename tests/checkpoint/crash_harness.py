@@ -77,6 +77,12 @@ def group_pids(pgid):
     return pids
 
 
+def tag_step(name):
+    """The N of a committed tag directory global_stepN, None for anything else."""
+    m = re.fullmatch(r"global_step(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
 def read_latest(root):
     try:
         with open(os.path.join(root, "latest")) as f:
@@ -350,6 +356,8 @@ def main():
     os.makedirs(a.workdir, exist_ok=True)
     a.root = tempfile.mkdtemp(prefix="crash-", dir=a.workdir)
 
+    keep_last = int(cmd[cmd.index("--keep-last") + 1]) if "--keep-last" in cmd else None
+
     def command(tag):
         return [c.replace("{root}", a.root).replace("{tag}", tag) for c in cmd]
 
@@ -397,7 +405,17 @@ def main():
             problems.append(f"latest names {latest!r}, neither the previous tag {prev} nor {tag}")
         else:
             # One compare reads every element of both tags: exit 0 or 1 (equal or not), 2 on an error.
-            r = run_ok([a.zeroshard, "checkpoint", "compare", os.path.join(a.root, prev),
+            # Once latest has moved, keep_last may have pruned the previous tag rightly: a kill between
+            # a tag's rename and the `latest` update leaves a whole newer tag that `latest` does not
+            # name, and pruning counts it. The previous tag may go only when keep_last newer tags stay.
+            older = prev
+            if latest == tag and not os.path.isdir(os.path.join(a.root, prev)):
+                newer = [e for e in os.listdir(a.root) if tag_step(e) is not None and tag_step(e) > tag_step(prev)]
+                if keep_last is None or len(newer) < keep_last:
+                    problems.append(f"the previous tag {prev} was removed while only {sorted(newer)} are newer "
+                                    f"(keep_last {keep_last})")
+                older = latest
+            r = run_ok([a.zeroshard, "checkpoint", "compare", os.path.join(a.root, older),
                         os.path.join(a.root, latest)])
             if r.returncode not in (0, 1):
                 problems.append(f"the previous tag {prev} or latest {latest} does not load: "
