@@ -1,7 +1,8 @@
 // The shared-memory collectives (comm/detail/shm.h) against OpenMPI's path and an fp64 reference:
 // data movement bitwise, sums within the bound of their defined order (rank order, fp32 accumulation,
 // one rounding) and bitwise equal to OpenMPI's on two ranks, deterministic run to run; uneven, zero and
-// chunk-straddling sizes; bf16/fp16/int32; the config switch; mismatches and a stalled rank.
+// chunk-straddling sizes; bf16/fp16/int32; the config switch; mismatches and a stalled rank. And the
+// direct path on tensors in a registered shared arena (comm/shared_arena.h) against both.
 // Registered plain (one node) and with --shm-node-ranks=2 (blocks of two ranks as nodes: the
 // multi-node path of allreduce, the MPI fallback of reduce-scatter and allgather(v)).
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 
 #include "comm/comm.h"
 #include "comm/detail/shm.h"
+#include "memory/shared_mapping.h"
 #include "tests/support/mpi_test_env.h"
 
 using namespace zs;
@@ -360,6 +362,122 @@ TEST(Shm, MismatchThrowsOnEveryRank) {
   }
   Tensor x = make(DType::kF32, 5000, me);
   shm.allreduce(x);  // still usable after a detected mismatch
+  expect_close_to_reference(x, DType::kF32, 0, n, false);
+}
+
+// ---- the direct path (Note [Direct collectives] in comm/detail/shm_direct.h) ----
+
+// Tensors carved from this rank's registered shared mapping, as the engine's device arena places them.
+struct ArenaTensors {
+  memory::SharedMapping mapping = memory::SharedMapping::create(size_t{64} << 20);
+  size_t used = 0;
+  Tensor take(size_t n, DType t) {
+    Tensor x(static_cast<char*>(mapping.data()) + used, t, {static_cast<int64_t>(n)});
+    used += (n * memory::dtype_size(t) + 63) / 64 * 64;
+    EXPECT_LE(used, mapping.size());
+    return x;
+  }
+  Tensor copy_of(const Tensor& src) {
+    Tensor x = take(static_cast<size_t>(src.numel()), src.dtype());
+    std::memcpy(x.raw(), src.raw(), static_cast<size_t>(src.numel()) * memory::dtype_size(src.dtype()));
+    return x;
+  }
+};
+
+uint64_t direct_count() { return test::world().counters().direct_collectives; }
+// Collectives of a group on one node read in place once the arena is active.
+uint64_t direct_expected(const comm::SharedArena& arena, uint64_t k) { return arena.active() && single_node() ? k : 0; }
+
+TEST(ShmDirect, ArenaActiveExactlyWhereUsable) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_reg");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  EXPECT_EQ(arena.active(), g.size() > 1) << arena.inactive_reason();
+  // One rank without shareable memory: inactive on every rank, with the reason.
+  comm::SharedArena partial(g, g.rank() == 0 ? nullptr : &mem.mapping);
+  EXPECT_FALSE(partial.active());
+  EXPECT_FALSE(partial.inactive_reason().empty());
+}
+
+TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_ag");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_ag_mpi");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(memory::dtype_name(t));
+    std::vector<size_t> counts(static_cast<size_t>(n));  // uneven, one rank empty, past the stream threshold
+    for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r == 1 ? 0 : (kSlot + 4099 * static_cast<size_t>(r)) / memory::dtype_size(t) + 5;
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+    const size_t own = counts[static_cast<size_t>(me)];
+    Tensor mine = mem.copy_of(make(t, own, me, displ));
+    Tensor a = empty(total, t), c = empty(total, t);
+    uint64_t before = direct_count();
+    g.allgatherv(mine, a, counts);
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+    mpi.allgatherv(mine, c, counts);
+    EXPECT_TRUE(same_bits(a, c));
+    // In place, the output in the arena too.
+    Tensor b = mem.take(total, t);
+    std::memcpy(static_cast<char*>(b.raw()) + displ * memory::dtype_size(t), mine.raw(), own * memory::dtype_size(t));
+    g.allgatherv(b.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + own)), b, counts);
+    EXPECT_TRUE(same_bits(b, c));
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 2));
+  }
+}
+
+TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_rs");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_rs_mpi");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (bool average : {false, true}) {
+      SCOPED_TRACE(std::string(memory::dtype_name(t)) + (average ? " average" : " sum"));
+      const comm::ReduceOp op = average ? comm::ReduceOp::kAverage : comm::ReduceOp::kSum;
+      const auto counts = uneven_counts(n, memory::dtype_size(t));
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+      const size_t own = counts[static_cast<size_t>(me)];
+      const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+      // Reduce-scatter: direct out of place and in place, staged (private input), MPI.
+      Tensor direct = empty(own, t), staged = empty(own, t), ref = empty(own, t);
+      const uint64_t before = direct_count();
+      g.reduce_scatter(mem.copy_of(make(t, total, me)), direct, counts, op);
+      Tensor in = mem.copy_of(make(t, total, me));
+      Tensor in_place = in.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + own));
+      g.reduce_scatter(in, in_place, counts, op);
+      g.reduce_scatter(make(t, total, me), staged, counts, op);
+      mpi.reduce_scatter(make(t, total, me), ref, counts, op);
+      EXPECT_TRUE(same_bits(direct, staged)) << "differs from the staged path";
+      EXPECT_TRUE(same_bits(in_place, staged)) << "in place differs";
+      if (n <= 2) EXPECT_TRUE(same_bits(direct, ref)) << "differs from OpenMPI's result";
+      expect_close_to_reference(direct, t, displ, n, average);
+      // Allreduce of an odd size (sub-slices of different lengths).
+      const size_t m = 3 * kRound / memory::dtype_size(t) + 11;
+      Tensor x = mem.copy_of(make(t, m, me)), y = make(t, m, me), z = make(t, m, me);
+      g.allreduce(x, op);
+      g.allreduce(y, op);
+      mpi.allreduce(z, op);
+      EXPECT_TRUE(same_bits(x, y)) << "allreduce differs from the staged path";
+      if (n <= 2) EXPECT_TRUE(same_bits(x, z)) << "allreduce differs from OpenMPI's result";
+      EXPECT_EQ(direct_count(), before + direct_expected(arena, 3));
+    }
+  }
+}
+
+TEST(ShmDirect, OneRankOutsideTheArenaTakesTheStagedPathEverywhere) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_mixed");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  const size_t m = 5000;
+  Tensor x = me == 0 ? make(DType::kF32, m, me) : mem.copy_of(make(DType::kF32, m, me));
+  const uint64_t before = direct_count();
+  g.allreduce(x);  // votes differ: not a mismatch, just no direct path
+  EXPECT_EQ(direct_count(), before + (n == 1 ? 0 : direct_expected(arena, 0)));
   expect_close_to_reference(x, DType::kF32, 0, n, false);
 }
 
