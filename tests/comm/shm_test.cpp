@@ -481,6 +481,122 @@ TEST(ShmDirect, OneRankOutsideTheArenaTakesTheStagedPathEverywhere) {
   expect_close_to_reference(x, DType::kF32, 0, n, false);
 }
 
+// MoE's groups (moe/: DeepSpeed's ep and edp groups are strided and blocked splits of the data-parallel
+// ranks) with one arena registered on the world, as the engine registers its device arena: collectives
+// on each group, asynchronous and interleaved, inputs written just before each is issued and poisoned as
+// soon as it completes. Every sum must equal the member-order fp32 sum of that group's members' inputs
+// bit for bit (each member's contribution once, from the right group, read neither before its owner
+// wrote it nor after its owner moved on), and every gather must hold the members' blocks.
+float moe_value(int world_rank, int iteration, size_t i) { return raw_value(world_rank * 131 + iteration, i); }
+
+TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
+  comm::Group world = with_mode(comm::SharedMemory::kOn, "direct_moe");
+  const int n = world.size(), me = world.rank();
+  ArenaTensors mem;
+  comm::SharedArena arena(world, &mem.mapping);
+  struct Case {
+    comm::Group group;
+    std::vector<int> members;  // world ranks in group order
+    Tensor x, rs_in, rs_out, ag_out;
+  };
+  std::vector<Case> cases;
+  auto add = [&](comm::Group g, auto same_group) {
+    Case c{std::move(g), {}, {}, {}, {}, {}};
+    for (int r = 0; r < n; ++r) {
+      if (same_group(r)) c.members.push_back(r);
+    }
+    cases.push_back(std::move(c));
+  };
+  add(world.dup("direct_moe_all", world.config()), [](int) { return true; });
+  add(world.split(me % 2, me, "direct_moe_strided"), [me](int r) { return r % 2 == me % 2; });
+  add(world.split(me / 2, me, "direct_moe_blocked"), [me](int r) { return r / 2 == me / 2; });
+  const size_t m = 3001;  // allreduce elements: sub-slices of different lengths
+  auto counts_of = [](size_t size) {
+    std::vector<size_t> c(size);
+    for (size_t j = 0; j < size; ++j) c[j] = 700 + 17 * j;
+    return c;
+  };
+  for (Case& c : cases) {
+    const auto counts = counts_of(c.members.size());
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    c.x = mem.take(m, DType::kF32);
+    c.rs_in = mem.take(total, DType::kF32);
+    c.rs_out = empty(counts[static_cast<size_t>(c.group.rank())], DType::kF32);
+    c.ag_out = empty(total, DType::kF32);
+  }
+  const uint64_t before = direct_count();
+  uint64_t issued = 0;
+  const float poison = std::nanf("");
+  auto check = [&](const Tensor& got, size_t offset, auto&& expected, const std::string& what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < static_cast<size_t>(got.numel()); ++i) {
+      const float e = expected(offset + i);
+      bad += std::memcmp(&got.data<float>()[i], &e, sizeof e) != 0;
+    }
+    EXPECT_EQ(bad, 0u) << what << ": elements differ from the member-order sum";
+  };
+  for (int it = 0; it < 8; ++it) {
+    const comm::ReduceOp op = it % 2 == 0 ? comm::ReduceOp::kSum : comm::ReduceOp::kAverage;
+    const bool in_place = it % 4 >= 2;
+    SCOPED_TRACE("iteration " + std::to_string(it));
+    std::vector<std::vector<size_t>> counts;
+    std::vector<size_t> displ;
+    std::vector<Tensor> outs;
+    for (Case& c : cases) {
+      counts.push_back(counts_of(c.members.size()));
+      const size_t gr = static_cast<size_t>(c.group.rank());
+      displ.push_back(std::accumulate(counts.back().begin(), counts.back().begin() + static_cast<std::ptrdiff_t>(gr), size_t{0}));
+      outs.push_back(in_place ? c.rs_in.range({displ.back(), counts.back()[gr]}) : c.rs_out);
+      // Direct: the allreduce and the reduce-scatter; the gather too when its input is in the arena.
+      if (c.members.size() > 1) issued += in_place ? 3 : 2;
+    }
+    auto expected_of = [&](const Case& c) {
+      return [&c, it, op](size_t i) {
+        float acc = moe_value(c.members[0], it, i);
+        for (size_t j = 1; j < c.members.size(); ++j) acc += moe_value(c.members[j], it, i);
+        return op == comm::ReduceOp::kAverage ? acc / static_cast<float>(c.members.size()) : acc;
+      };
+    };
+    // Each kind issued on every group, then each group's result checked and its input poisoned the
+    // moment it completes, while the other groups' collectives may still run.
+    std::vector<comm::Work> works;
+    for (Case& c : cases) {
+      for (size_t i = 0; i < m; ++i) c.x.data<float>()[i] = moe_value(me, it, i);
+      works.push_back(c.group.allreduce_async(c.x, op));
+    }
+    for (size_t k = 0; k < cases.size(); ++k) {
+      works[k].wait();
+      check(cases[k].x, 0, expected_of(cases[k]), "allreduce on " + cases[k].group.name());
+      std::fill_n(cases[k].x.data<float>(), m, poison);
+    }
+    works.clear();
+    for (size_t k = 0; k < cases.size(); ++k) {
+      Case& c = cases[k];
+      for (size_t i = 0; i < static_cast<size_t>(c.rs_in.numel()); ++i) c.rs_in.data<float>()[i] = moe_value(me, it, i);
+      works.push_back(c.group.reduce_scatter_async(c.rs_in, outs[k], counts[k], op));
+    }
+    for (size_t k = 0; k < cases.size(); ++k) {
+      works[k].wait();
+      check(outs[k], displ[k], expected_of(cases[k]), "reduce-scatter on " + cases[k].group.name());
+      // All but this rank's block (the gather's input when in place).
+      float* in = cases[k].rs_in.data<float>();
+      std::fill(in, in + displ[k], poison);
+      std::fill(in + displ[k] + counts[k][static_cast<size_t>(cases[k].group.rank())], in + cases[k].rs_in.numel(), poison);
+    }
+    works.clear();
+    for (size_t k = 0; k < cases.size(); ++k) works.push_back(cases[k].group.allgatherv_async(outs[k], cases[k].ag_out, counts[k]));
+    for (size_t k = 0; k < cases.size(); ++k) {
+      works[k].wait();
+      check(cases[k].ag_out, 0, expected_of(cases[k]), "allgather on " + cases[k].group.name());
+      std::fill_n(outs[k].data<float>(), outs[k].numel(), poison);
+    }
+  }
+  // Across "nodes" (--shm-node-ranks) some groups stay on one node and some do not: counted on one only.
+  if (single_node()) {
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, issued));
+  }
+}
+
 // A rank frozen (SIGSTOP) in the middle of a stream of large allreduces: its peer must give up after
 // comm.timeout_s with the timeout message (normally at a shared-memory barrier), and the frozen rank,
 // once resumed, too; neither hangs.
