@@ -333,7 +333,14 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
   if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   Counts c = int_counts(*op, counts);
   count_block_bytes(*op, total, own, memory::dtype_size(t));
-  op->arena = detail::arena_vote(*g, input, own * memory::dtype_size(t));  // Note [Direct collectives]
+  {  // Note [Direct collectives]: an input overlapping the output other than exactly in place would be
+     // moved while the peers read it, so that rank votes no arena (every rank then stages).
+    const size_t es = memory::dtype_size(t);
+    const auto* in = static_cast<const char*>(input.raw());
+    const auto* own_out = static_cast<const char*>(output.raw()) + static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]) * es;
+    const bool shifted = in != own_out && in < own_out + own * es && own_out < in + own * es;
+    op->arena = shifted ? 0 : detail::arena_vote(*g, input, own * es);
+  }
   op->body = [g = g.get(), input, output, t, own, c = std::move(c), equal = all_equal(counts), o = op.get()] {
     const size_t es = memory::dtype_size(t);
     const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);

@@ -105,21 +105,24 @@ void direct_allgatherv(GroupState& g, ShmGroup& s, const Op& op, const memory::T
                        const memory::Tensor& output, std::span<const int> counts, std::span<const int> displs) {
   const size_t es = memory::dtype_size(input.dtype());
   const size_t me = static_cast<size_t>(s.me);
-  const std::vector<const unsigned char*> src = sources(g, s, op, input, static_cast<size_t>(counts[me]) * es);
+  const size_t own = static_cast<size_t>(counts[me]) * es;
   unsigned char* out = bytes_of(output);
+  unsigned char* own_out = out + static_cast<size_t>(displs[me]) * es;
+  const auto* in = static_cast<const unsigned char*>(input.raw());
+  // Only an input exactly in place may overlap the output (allgatherv_op votes no arena otherwise), so
+  // the own block goes out before the first barrier: it overlaps the wait for the peers, and in place
+  // (ZeRO's bucket gathers) nothing is copied but the peers' blocks.
+  ZS_ASSERT(in == own_out || own_out + own <= in || in + own <= own_out, "{}: shifted overlap on the direct path",
+            op.describe());
   const bool stream = static_cast<size_t>(output.numel()) * es >= kShmStreamMinBytes;
+  auto copy = [stream](unsigned char* dst, const unsigned char* src, size_t n) {
+    stream ? copy_streaming(dst, src, n) : static_cast<void>(std::memcpy(dst, src, n));
+  };
+  if (own > 0 && in != own_out) copy(own_out, in, own);
+  const std::vector<const unsigned char*> src = sources(g, s, op, input, own);
   for (size_t p = 0; p < src.size(); ++p) {
     const size_t n = static_cast<size_t>(counts[p]) * es;
-    unsigned char* dst = out + static_cast<size_t>(displs[p]) * es;
-    if (n == 0 || dst == src[p]) continue;  // in place: this rank's own block is already there
-    const bool overlap = p == me && dst < src[p] + n && src[p] < dst + n;
-    if (overlap) {
-      std::memmove(dst, src[p], n);  // own input inside the output, shifted
-    } else if (stream) {
-      copy_streaming(dst, src[p], n);
-    } else {
-      std::memcpy(dst, src[p], n);
-    }
+    if (p != me && n > 0) copy(out + static_cast<size_t>(displs[p]) * es, src[p], n);
   }
   barrier(g, s, op);  // nobody returns (and overwrites its input) while a peer still reads it
 }
