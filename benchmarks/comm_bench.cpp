@@ -1,5 +1,6 @@
 // Question: how fast are zeroshard's collectives against the raw MPI calls on the same buffers? fp32
-// allreduce, reduce-scatter and allgather, 1 KiB .. 64 MiB. Three paths per size: raw OpenMPI
+// allreduce, reduce-scatter, allgather and allgather in place (each rank's block already in the output,
+// as ZeRO's bucket gathers call it: raw OpenMPI with MPI_IN_PLACE), 1 KiB .. 64 MiB. Three paths per size: raw OpenMPI
 // (MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather), zeroshard as configured (comm.shared_memory
 // "auto": on one node, the shared-memory collectives of comm/detail/shm.h) and zeroshard with
 // comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
@@ -92,8 +93,8 @@ int main(int argc, char** argv) {
                   "zs_ms", "zs_mpi_ms", "copy_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
                   "noise%");
     }
-    const char* names[] = {"allreduce", "reduce_scatter", "allgather"};
-    for (int c = 0; c < 3; ++c) {
+    const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace"};
+    for (int c = 0; c < 4; ++c) {
       for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
         const size_t count = bytes / 4 / static_cast<size_t>(n) * static_cast<size_t>(n);  // divisible by n
         const size_t part = count / static_cast<size_t>(n);
@@ -118,12 +119,15 @@ int main(int argc, char** argv) {
           if (c == 0) MPI_Allreduce(MPI_IN_PLACE, full.raw(), icount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           if (c == 1) MPI_Reduce_scatter_block(full.raw(), mine.raw(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           if (c == 2) MPI_Allgather(mine.raw(), ipart, MPI_FLOAT, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
+          if (c == 3) MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
         };
+        const memory::ShardRange own{static_cast<size_t>(g.rank()) * part, part};
         auto on = [&](const comm::Group& grp, const memory::Tensor& f, const memory::Tensor& m) {
-          return [&grp, &f, &m, &counts, c] {
+          return [&grp, &f, &m, &counts, &own, c] {
             if (c == 0) grp.allreduce(f);
             if (c == 1) grp.reduce_scatter(f, m, counts);
             if (c == 2) grp.allgather(m, f);
+            if (c == 3) grp.allgather(f.range(own), f);  // in place: the own block is already there
           };
         };
         auto ours = on(g, zfull, zmine);
