@@ -9,7 +9,9 @@
 // arena can be made the same way (memory/shared_mapping.h: memfd, mapped read-only by the node's
 // other ranks through /proc/<pid>/fd, registered by comm::SharedArena). Then:
 //  - allgather(v): each rank copies every peer's block straight from the peer's input into its own
-//    output: one copy of the bytes received;
+//    output: one copy of the bytes received; its own block (out of place) before the first barrier.
+//    An input overlapping the output other than exactly in place votes no arena (group.cpp), since
+//    moving it would race with the peers reading it;
 //  - reduce-scatter: each rank sums its shard of every rank's input into its output, in rank order
 //    with fp32 accumulation (reduce_sum, as the staged path: the same bits);
 //  - allreduce: each rank sums sub-slice `me` of every rank's tensor into its own tensor (in place:
