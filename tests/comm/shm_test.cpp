@@ -531,7 +531,9 @@ TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
     size_t bad = 0;
     for (size_t i = 0; i < static_cast<size_t>(got.numel()); ++i) {
       const float e = expected(offset + i);
-      bad += std::memcmp(&got.data<float>()[i], &e, sizeof e) != 0;
+      // Across "nodes" (--shm-node-ranks) MPI's and the leaders' sums run in their own order: close only.
+      bad += single_node() ? std::memcmp(&got.data<float>()[i], &e, sizeof e) != 0
+                           : !(std::fabs(got.data<float>()[i] - e) <= 1e-5f);
     }
     EXPECT_EQ(bad, 0u) << what << ": elements differ from the member-order sum";
   };
