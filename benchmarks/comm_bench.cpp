@@ -1,11 +1,12 @@
 // Question: how fast are zeroshard's collectives against the raw MPI calls on the same buffers? fp32
-// allreduce, reduce-scatter and allgather, 1 KiB .. 64 MiB. Three paths per size: raw OpenMPI
+// allreduce, reduce-scatter, allgather and allgather in place (each rank's block already in the output,
+// as ZeRO's bucket gathers call it: raw OpenMPI with MPI_IN_PLACE), 1 KiB .. 64 MiB. Three paths per size: raw OpenMPI
 // (MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather), zeroshard as configured (comm.shared_memory
 // "auto": on one node, the shared-memory collectives of comm/detail/shm.h) and zeroshard with
 // comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
-//          [--min-kib 1] [--max-mib 64] [--reps 15] [--warmup 3]
+//          [--min-kib 1] [--max-mib 64] [--reps 15] [--warmup 3] [--arena 1]
 //
 // Sizes are the full buffer (allreduce data, reduce-scatter input, allgather output), powers of 4.
 // Method (fair on a shared, noisy machine): per size `--warmup` untimed rounds, then `--reps` timed
@@ -21,6 +22,11 @@
 // own; copy_ms is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
 // move its data faster than that (a reduction also reads its own part); `raw/copy` and `zs/copy` say
 // how many copy times each path's median takes.
+// Placement (`--arena 1`, the default): zeroshard's buffers lie in a registered shared arena
+// (comm/shared_arena.h), as the engine places them with comm.shared_arena, so on one node its
+// collectives read the peers' buffers directly (Note [Direct collectives] in comm/detail/shm_direct.h);
+// `--arena 0` puts them in ordinary memory (the staged shared-memory path). Raw OpenMPI and zs_mpi
+// always use ordinary memory.
 #include <mpi.h>
 
 #include <algorithm>
@@ -62,23 +68,33 @@ int main(int argc, char** argv) {
     const size_t min_bytes = std::stoul(bench::arg_value(argc, argv, "--min-kib", "1")) << 10;
     const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "15"));
     const int warmup = std::stoi(bench::arg_value(argc, argv, "--warmup", "3"));
+    const bool use_arena = bench::arg_value(argc, argv, "--arena", "1") != "0";
+    // One mapping holds zeroshard's full buffer and its part at the largest size.
+    memory::SharedMapping mapping;
+    comm::SharedArena arena;
+    if (use_arena) {
+      mapping = memory::SharedMapping::create(max_bytes + max_bytes / static_cast<size_t>(n) + 4096);
+      arena = comm::SharedArena(g, &mapping);
+      if (g.rank() == 0 && !arena.active()) std::printf("comm_bench: shared arena inactive: %s\n", arena.inactive_reason().c_str());
+    }
     if (!world.is_mpi()) {
       std::fprintf(stderr, "comm_bench: run it under mpirun (a world of one moves no bytes)\n");
     }
     bench::Report report;
     report.benchmark = "comm_bench";
     report.config = {{"ranks", n}, {"dtype", "fp32"}, {"reps", reps}, {"warmup", warmup},
-                     {"max_bytes", max_bytes}, {"shared_memory", "auto"}};
+                     {"max_bytes", max_bytes}, {"shared_memory", "auto"},
+                     {"arena", arena.active()}};
     boost::json::object ratios;
     if (g.rank() == 0) {
-      std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s)\n", n,
-                  warmup, reps);
+      std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s), zeroshard's "
+                  "buffers in %s\n", n, warmup, reps, arena.active() ? "the shared arena (direct path)" : "ordinary memory");
       std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_ms",
                   "zs_ms", "zs_mpi_ms", "copy_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
                   "noise%");
     }
-    const char* names[] = {"allreduce", "reduce_scatter", "allgather"};
-    for (int c = 0; c < 3; ++c) {
+    const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace"};
+    for (int c = 0; c < 4; ++c) {
       for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
         const size_t count = bytes / 4 / static_cast<size_t>(n) * static_cast<size_t>(n);  // divisible by n
         const size_t part = count / static_cast<size_t>(n);
@@ -86,6 +102,15 @@ int main(int argc, char** argv) {
         auto mine = memory::Tensor::empty({static_cast<int64_t>(part)}, memory::DType::kF32);
         for (size_t i = 0; i < count; ++i) full.data<float>()[i] = 1.0f;
         std::vector<size_t> counts(static_cast<size_t>(n), part);
+        // zeroshard's own buffers: in the shared arena (same values), or the ones raw OpenMPI uses.
+        memory::Tensor zfull = full, zmine = mine;
+        if (arena.active()) {
+          auto* base = static_cast<unsigned char*>(mapping.data());
+          zfull = memory::Tensor(base, memory::DType::kF32, {static_cast<int64_t>(count)});
+          zmine = memory::Tensor(base + (count * 4 + 4095) / 4096 * 4096, memory::DType::kF32, {static_cast<int64_t>(part)});
+          std::memcpy(zfull.raw(), full.raw(), count * 4);
+          std::memset(zmine.raw(), 0, part * 4);
+        }
         const size_t copy_bytes = (c == 0 ? 2 : 1) * (count - part) * 4;  // what each rank must receive
         std::vector<unsigned char> copy_src(copy_bytes, 1), copy_dst(copy_bytes, 0);
         auto copy = [&] { std::memcpy(copy_dst.data(), copy_src.data(), copy_bytes); };
@@ -94,16 +119,19 @@ int main(int argc, char** argv) {
           if (c == 0) MPI_Allreduce(MPI_IN_PLACE, full.raw(), icount, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           if (c == 1) MPI_Reduce_scatter_block(full.raw(), mine.raw(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           if (c == 2) MPI_Allgather(mine.raw(), ipart, MPI_FLOAT, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
+          if (c == 3) MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
         };
-        auto on = [&](const comm::Group& grp) {
-          return [&] {
-            if (c == 0) grp.allreduce(full);
-            if (c == 1) grp.reduce_scatter(full, mine, counts);
-            if (c == 2) grp.allgather(mine, full);
+        const memory::ShardRange own{static_cast<size_t>(g.rank()) * part, part};
+        auto on = [&](const comm::Group& grp, const memory::Tensor& f, const memory::Tensor& m) {
+          return [&grp, &f, &m, &counts, &own, c] {
+            if (c == 0) grp.allreduce(f);
+            if (c == 1) grp.reduce_scatter(f, m, counts);
+            if (c == 2) grp.allgather(m, f);
+            if (c == 3) grp.allgather(f.range(own), f);  // in place: the own block is already there
           };
         };
-        auto ours = on(g);
-        auto ours_mpi = on(g_mpi);
+        auto ours = on(g, zfull, zmine);
+        auto ours_mpi = on(g_mpi, full, mine);
         for (int r = 0; r < warmup; ++r) {
           timed_in_world(raw);
           timed_in_world(ours);

@@ -14,5 +14,6 @@
 #include "comm/group.h"       // Group: collectives
 #include "comm/mpi_check.h"   // ZS_MPI_CHECK
 #include "comm/native.h"      // native_handle: the MPI communicator of a Group
+#include "comm/shared_arena.h"  // SharedArena: direct shared-memory collectives on device memory
 #include "comm/work.h"        // Work, Status
 #include "comm/world.h"       // World, ExpertGroups

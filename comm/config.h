@@ -44,7 +44,7 @@ enum class ReduceOp { kSum, kAverage };
 //   broadcast of B bytes (a chain from root) sent = B except the last rank of the chain, received = B
 //                                            except the root
 //   all-to-all(v)                            sent = bytes to other ranks, received = bytes from others
-//   barrier, and the 64-byte handshake every collective starts with (Note [Handshake]): not counted.
+//   barrier, and the 80-byte handshake every collective starts with (Note [Handshake]): not counted.
 //   OneBitAllreduce (comm/compressed_allreduce.h) counts as the all-to-all and the allgather it is
 //   made of: sent = received = 2 (N-1) (chunk/8 + 4) for chunks of `chunk` elements (~1/32 of fp32).
 // A world or group of one moves nothing and counts nothing.
@@ -53,6 +53,8 @@ struct CommCounters {
   uint64_t bytes_received = 0;  // bytes
   uint64_t collectives = 0;     // count of completed collectives (all groups)
   uint64_t shared_memory_collectives = 0;  // count of those that ran through the node's shared memory
+  // Of those, the count that read the peers' tensors in place (comm/shared_arena.h).
+  uint64_t direct_collectives = 0;
 };
 
 // One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's

@@ -8,6 +8,7 @@
 
 #include "comm/detail/runtime.h"
 #include "comm/detail/shm.h"
+#include "comm/detail/shm_direct.h"
 #include "comm/detail/shm_reduce.h"
 #include "comm/mpi_check.h"
 #include "comm/native.h"
@@ -171,6 +172,7 @@ struct GroupAccess {
 MPI_Comm native_handle(const Group& group) { return detail::GroupAccess::state(group).comm; }
 
 detail::ShmNode* detail::shm_node_of(const Group& group) { return GroupAccess::state(group).runtime->shm_node(); }
+const detail::GroupState& detail::group_state(const Group& group) { return GroupAccess::state(group); }
 
 Group Group::split(int color, int key, const std::string& name) const {
   auto child = std::make_shared<detail::GroupState>();
@@ -214,6 +216,7 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
   const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
   // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
   op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
+  op->arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
   op->body = [g = g.get(), data, r, t, n, count, size, o = op.get()] {
     if (g->local() || n == 0) return;  // a sum or average over one rank is the value itself
     if (detail::shm_allreduce(*g, *o, data, r)) return;  // ranks on one node: comm/detail/shm.h
@@ -261,6 +264,7 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
   if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   Counts c = int_counts(*op, counts);
   count_block_bytes(*op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
+  op->arena = detail::arena_vote(*g, input, total * memory::dtype_size(t));  // Note [Direct collectives]
   op->body = [g = g.get(), input, output, r, t, own, c = std::move(c), equal = all_equal(counts), o = op.get()] {
     const size_t es = memory::dtype_size(t);
     const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);
@@ -330,6 +334,14 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
   if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   Counts c = int_counts(*op, counts);
   count_block_bytes(*op, total, own, memory::dtype_size(t));
+  {  // Note [Direct collectives]: an input overlapping the output other than exactly in place would be
+     // moved while the peers read it, so that rank votes no arena (every rank then stages).
+    const size_t es = memory::dtype_size(t);
+    const auto* in = static_cast<const char*>(input.raw());
+    const auto* own_out = static_cast<const char*>(output.raw()) + static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]) * es;
+    const bool shifted = in != own_out && in < own_out + own * es && own_out < in + own * es;
+    op->arena = shifted ? 0 : detail::arena_vote(*g, input, own * es);
+  }
   op->body = [g = g.get(), input, output, t, own, c = std::move(c), equal = all_equal(counts), o = op.get()] {
     const size_t es = memory::dtype_size(t);
     const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);

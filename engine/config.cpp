@@ -656,6 +656,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
   });
   root.read_object("comm", [&](ObjectReader& r) {
     r.read("timeout_s", cfg.comm.timeout_s, RealRange::positive());
+    r.read("shared_arena", cfg.comm.shared_arena);
     if (const boost::json::value* v = r.find("shared_memory")) {
       if (v->is_bool()) {
         cfg.comm.shared_memory = v->as_bool() ? comm::SharedMemory::kOn : comm::SharedMemory::kOff;

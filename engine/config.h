@@ -129,6 +129,11 @@ struct CommSectionConfig {
   double timeout_s = 300.0;  // a collective not done within this raises CommError on that rank
   // comm.shared_memory: "auto" (default), true, false (comm::SharedMemory, comm/config.h).
   comm::SharedMemory shared_memory = comm::SharedMemory::kAuto;
+  // comm.shared_arena: the device arena in memory the node's other ranks map (memfd,
+  // comm/shared_arena.h), so collectives on it read the peers' tensors directly instead of staging
+  // through the window (Note [Direct collectives] in comm/detail/shm_direct.h). Takes effect with
+  // shared_memory not false and the "cpu" device backend; otherwise collectives stay staged.
+  bool shared_arena = true;
 };
 
 // DeepSpeed's checkpoint.tag_validation: whether every rank must save under the same tag.

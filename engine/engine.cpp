@@ -100,6 +100,13 @@ std::vector<std::unique_ptr<StateSet>> make_sets(nn::Model& model, const EngineC
   return sets;
 }
 
+// comm.shared_arena: the device arena in memory the node's other ranks map (Note [Direct collectives]
+// in comm/detail/shm_direct.h), when the ranks can use it. The same on every rank of the group.
+bool wants_shared_arena(const EngineConfig& cfg, const comm::Group& group) {
+  return cfg.comm.shared_arena && cfg.comm.shared_memory != comm::SharedMemory::kOff && group.is_mpi() &&
+         group.size() > 1;
+}
+
 }  // namespace
 
 Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
@@ -119,7 +126,8 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       separate_master_(plan_.separate_master),
       arena_(std::make_shared<DeviceArena>(
           backend ? std::move(backend)
-                  : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20))),
+                  : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20,
+                                         wants_shared_arena(cfg, group)))),
       tracker_(arena_->tracker),
       backend_(arena_->backend.get()),
       device_(&arena_->allocator),
@@ -128,8 +136,20 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
       ctx_(arena_, *this),
       scratch_(kChunkElements) {
+  if (wants_shared_arena(cfg, group)) {  // collective over the group; the same condition on every rank
+    shared_arena_ = comm::SharedArena(group, backend_->shared_mapping(device_->base()));
+    if (group.rank() == 0 && shared_arena_.active()) {
+      ZS_LOG_INFO("comm.shared_arena: collectives on the device arena read the peers' tensors in place");
+    } else if (group.rank() == 0) {
+      ZS_LOG_INFO("comm.shared_arena: collectives stay staged through the shared-memory window: {}",
+                  shared_arena_.inactive_reason());
+    }
+  }
   if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
-    // Fail now, not after the run, when the trace cannot be written.
+    // Fail now, not after the run, when the trace cannot be written. After the shared arena's
+    // registration, whose collectives every rank must enter: rank 0 failing before them left rank 1
+    // waiting in them while rank 0 waited in the caller's error agreement (a hang until
+    // comm.timeout_s, e2e_bad_alloc_trace_unwritable). The allocations so far are the arena's own.
     if (!std::ofstream(cfg.device.alloc_trace)) {
       throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
                                     cfg.device.alloc_trace));

@@ -175,7 +175,11 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
         {"recompute_s", rc.recompute_s},
         {"recompute_s_per_step", losses_.empty() ? 0.0 : rc.recompute_s / static_cast<double>(losses_.size())}};
   }
-  s["comm"] = boost::json::object{{"per_rank", std::move(comm_ranks)}};
+  // This rank's counts of collectives through the node's shared memory, and of those the ones that read
+  // the peers' tensors in place (comm.shared_arena; comm/config.h).
+  s["comm"] = boost::json::object{{"per_rank", std::move(comm_ranks)},
+                                  {"shared_memory_collectives", counters.shared_memory_collectives},
+                                  {"direct_collectives", counters.direct_collectives}};
   return s;
 }
 

@@ -95,10 +95,10 @@ void Backend::fill(float* dst, Tier tier, float value, size_t n) {
   do_fill(dst, value, n);
 }
 
-std::unique_ptr<Backend> make_backend(std::string_view name, size_t device_capacity_bytes) {
+std::unique_ptr<Backend> make_backend(std::string_view name, size_t device_capacity_bytes, bool shared_device) {
   // New backends (cuda/, npu/) register here and in kBackendNames: one line each, nothing in the
   // engine changes.
-  if (name == "cpu") return std::make_unique<CpuBackend>(device_capacity_bytes);
+  if (name == "cpu") return std::make_unique<CpuBackend>(device_capacity_bytes, 0, shared_device);
   if (name == "guarded") return std::make_unique<GuardedBackend>(device_capacity_bytes);
   throw ConfigError(fmt::format("device.backend: unknown backend '{}'; available: \"cpu\", \"guarded\"", name));
 }

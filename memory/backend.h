@@ -41,6 +41,7 @@
 namespace zs::memory {
 
 class Backend;
+class SharedMapping;
 
 // A segment of one tier, owned: move-only, returned to its backend on destruction. The backend must
 // outlive its segments.
@@ -92,6 +93,12 @@ class Backend {
   // A segment of `bytes` (> 0), aligned to at least 4096 bytes, contents unspecified. Throws
   // OutOfMemoryError naming the tier, the request and the capacity when it does not fit.
   virtual Segment allocate(size_t bytes, Tier tier) = 0;
+  // The shareable mapping behind the live kDevice segment starting at `segment_data`, or null when
+  // its memory is private (every backend but a cpu backend made with shared_device).
+  virtual const SharedMapping* shared_mapping(const void* segment_data) const {
+    static_cast<void>(segment_data);
+    return nullptr;
+  }
 
   // ---- Data movement. Pointers lie in memory of the tier named beside them (a segment of this
   // backend, or any host memory for kHost). Operations may run asynchronously on a real device: they
@@ -165,7 +172,8 @@ void run_kernel(Backend& backend, F&& kernel) {
 }
 
 // The backend named `name`, with `device_capacity_bytes` of kDevice memory. Throws ConfigError
-// listing the known names for an unknown one.
-std::unique_ptr<Backend> make_backend(std::string_view name, size_t device_capacity_bytes);
+// listing the known names for an unknown one. `shared_device`: kDevice segments in shareable memory
+// (memory/shared_mapping.h) where the backend supports it ("cpu"; the others ignore it).
+std::unique_ptr<Backend> make_backend(std::string_view name, size_t device_capacity_bytes, bool shared_device = false);
 
 }  // namespace zs::memory

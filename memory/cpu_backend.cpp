@@ -21,9 +21,16 @@ size_t physical_memory_bytes() {
 
 }  // namespace
 
-CpuBackend::CpuBackend(size_t device_capacity_bytes, size_t host_capacity_bytes)
+CpuBackend::CpuBackend(size_t device_capacity_bytes, size_t host_capacity_bytes, bool shared_device)
     : device_capacity_(device_capacity_bytes),
-      host_capacity_(host_capacity_bytes != 0 ? host_capacity_bytes : physical_memory_bytes()) {}
+      host_capacity_(host_capacity_bytes != 0 ? host_capacity_bytes : physical_memory_bytes()),
+      shared_device_(shared_device) {}
+
+const SharedMapping* CpuBackend::shared_mapping(const void* segment_data) const {
+  std::lock_guard lock(shared_mu_);
+  auto it = shared_.find(segment_data);
+  return it == shared_.end() ? nullptr : it->second.get();
+}
 
 size_t CpuBackend::capacity(Tier tier) const {
   switch (tier) {
@@ -58,6 +65,19 @@ Segment CpuBackend::allocate(size_t bytes, Tier tier) {
         tier_name(tier), bytes, before, cap));
   }
   size_t rounded = (bytes + kSegmentAlign - 1) / kSegmentAlign * kSegmentAlign;
+  if (shared_device_ && tier == Tier::kDevice) {
+    std::unique_ptr<SharedMapping> m;
+    try {
+      m = std::make_unique<SharedMapping>(SharedMapping::create(rounded));
+    } catch (...) {
+      used.fetch_sub(bytes, std::memory_order_relaxed);
+      throw;
+    }
+    void* data = m->data();
+    std::lock_guard lock(shared_mu_);
+    shared_.emplace(data, std::move(m));
+    return make_segment(data, bytes, tier);
+  }
   void* p = std::aligned_alloc(kSegmentAlign, rounded);
   if (p == nullptr) [[unlikely]] {
     used.fetch_sub(bytes, std::memory_order_relaxed);
@@ -69,7 +89,16 @@ Segment CpuBackend::allocate(size_t bytes, Tier tier) {
 }
 
 void CpuBackend::free_segment(void* data, size_t bytes, Tier tier) noexcept {
-  std::free(data);
+  std::unique_ptr<SharedMapping> shared;  // unmapped outside the lock
+  {
+    std::lock_guard lock(shared_mu_);
+    auto it = shared_.find(data);
+    if (it != shared_.end()) {
+      shared = std::move(it->second);
+      shared_.erase(it);
+    }
+  }
+  if (!shared) std::free(data);
   (tier == Tier::kDevice ? device_allocated_ : host_allocated_).fetch_sub(bytes, std::memory_order_relaxed);
 }
 

@@ -7,6 +7,7 @@
 //   category.h      Category (params, grads, ...) and Tier (device, host, nvme) with JSON names
 //   backend.h       Backend interface (segments, counted data movement, kernel scopes) and Segment;
 //                   cpu_backend.h, guarded_backend.h (faults on stray access), measuring_backend.h
+//   shared_mapping.h  SharedMapping: memfd memory the other ranks of a node can map (shared arena)
 //   alloc_policy.h  Lifetime, arena statistics, TwoEndedBestFit / SinglePoolBestFit placement
 //   allocator.h     DeviceAllocator (fixed capacity, pools by lifetime) and RAII DeviceBlock
 //   tracker.h       MemoryTracker: bytes by category and tier, current and peak; TrackedBytes
@@ -31,5 +32,6 @@
 #include "memory/measuring_backend.h"
 #include "memory/dtype.h"
 #include "memory/shard.h"
+#include "memory/shared_mapping.h"
 #include "memory/tensor.h"
 #include "memory/tracker.h"

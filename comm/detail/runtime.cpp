@@ -328,9 +328,10 @@ bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_
 void Runtime::handshake(Op& op, bool on_worker) {
   GroupState& g = *op.group;
   auto buffer = std::make_shared<HandshakeBuffer>();
-  for (size_t i = 0; i < 4; ++i) {
-    buffer->mine[i] = op.signature[i];
-    buffer->mine[4 + i] = -op.signature[i];
+  constexpr size_t kF = 5, kV = 2 * kF;  // fields (the signature, then the arena vote) and values per message
+  for (size_t i = 0; i < kF; ++i) {
+    buffer->mine[i] = i < 4 ? op.signature[i] : op.arena;
+    buffer->mine[kF + i] = -buffer->mine[i];
   }
   const auto start = Clock::now();
   const size_t w = op.gather.size();  // Note [Counts in the handshake]
@@ -340,10 +341,10 @@ void Runtime::handshake(Op& op, bool on_worker) {
     std::array<MPI_Request, 2> requests{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     int64_t* recv_at = buffer->received.data();
     const int64_t* send_at = buffer->mine.data();
-    int n = 8;
+    int n = static_cast<int>(kV);
     int tag = k;
-    if (w > 0) {  // one message: the 8 values, then the k blocks held
-      n = static_cast<int>(8 + static_cast<size_t>(k) * w);
+    if (w > 0) {  // one message: the kV values, then the k blocks held
+      n = static_cast<int>(kV + static_cast<size_t>(k) * w);
       buffer->out.assign(buffer->mine.begin(), buffer->mine.end());
       buffer->out.insert(buffer->out.end(), buffer->held.begin(), buffer->held.end());
       buffer->in.assign(static_cast<size_t>(n), 0);
@@ -374,15 +375,15 @@ void Runtime::handshake(Op& op, bool on_worker) {
       throw CommError(message);
     }
     if (w > 0) {  // rank - k's blocks (ranks rank-k, rank-k-1, ...): as many as are still missing
-      std::copy_n(buffer->in.begin(), 8, buffer->received.begin());
+      std::copy_n(buffer->in.begin(), kV, buffer->received.begin());
       const size_t take = static_cast<size_t>(std::min(k, g.size - k)) * w;
-      buffer->held.insert(buffer->held.end(), buffer->in.begin() + 8, buffer->in.begin() + 8 + static_cast<std::ptrdiff_t>(take));
+      buffer->held.insert(buffer->held.end(), buffer->in.begin() + kV, buffer->in.begin() + kV + static_cast<std::ptrdiff_t>(take));
     }
-    for (size_t i = 0; i < 8; ++i) buffer->mine[i] = std::max(buffer->mine[i], buffer->received[i]);
+    for (size_t i = 0; i < kV; ++i) buffer->mine[i] = std::max(buffer->mine[i], buffer->received[i]);
   }
   const auto& b = buffer->mine;
   auto hi = [&](size_t i) { return b[i]; };
-  auto lo = [&](size_t i) { return -b[4 + i]; };
+  auto lo = [&](size_t i) { return -b[kF + i]; };
   static constexpr const char* kField[] = {"collective", "dtype", "size", "root"};
   auto text = [&](size_t i, int64_t v) {  // a field's value as the caller passed it
     if (i == 1) return std::string(memory::dtype_name(static_cast<memory::DType>(v)));
@@ -404,6 +405,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
           kField[i], op.describe(), kField[i], text(i, op.signature[i]), text(i, lo(i)), text(i, hi(i)), kField[i]));
     }
   }
+  op.agreed_arena = hi(4) == lo(4) ? hi(4) : 0;  // a vote, not a mismatch (Note [Direct collectives])
   if (w > 0) {  // held[i] is rank (rank - i)'s block
     op.gathered.resize(static_cast<size_t>(g.size) * w);
     for (int q = 0; q < g.size; ++q) {
@@ -415,7 +417,8 @@ void Runtime::handshake(Op& op, bool on_worker) {
 }
 
 CommCounters Runtime::counters() const {
-  return {bytes_sent_.load(), bytes_received_.load(), collectives_.load(), shm_collectives_.load()};
+  return {bytes_sent_.load(), bytes_received_.load(), collectives_.load(), shm_collectives_.load(),
+          direct_collectives_.load()};
 }
 
 void Runtime::tally(const Op& op, double seconds) {
@@ -449,6 +452,7 @@ void Runtime::reset_counters() {
   bytes_received_ = 0;
   collectives_ = 0;
   shm_collectives_ = 0;
+  direct_collectives_ = 0;
 }
 
 }  // namespace zs::comm::detail

@@ -15,7 +15,7 @@
 // raises CommError (timeout) naming the collective instead of hanging, and max != min means the ranks
 // called different collectives (or sizes): CommError naming both, on every rank. Ranks waiting in
 // collectives of different groups never exchange a message; Note [Waits across groups] finds them.
-// The allreduce is a dissemination exchange of nonblocking point-to-point messages (64 bytes): in
+// The allreduce is a dissemination exchange of nonblocking point-to-point messages (80 bytes): in
 // round k = 1, 2, 4, ... < size each rank sends its running max to rank + k and takes the max with
 // what rank - k sent. MAX is idempotent, so after ceil(log2 size) rounds every rank holds the max over
 // all, and no rank finishes before every rank has started (it is also a barrier). It runs on a
@@ -153,6 +153,11 @@ struct Op {
   std::vector<int64_t> gathered;  // every rank's block, in rank order, once the handshake is done
   bool agrees_next = false;
   bool after_agreed = false;
+  // Note [Direct collectives] (comm/detail/shm_direct.h): the shared arena holding the tensor this
+  // rank's peers would read (0: none), carried by the handshake beside the signature but never a
+  // mismatch; after it, `agreed_arena` is that id when every rank passed the same nonzero one, else 0.
+  int64_t arena = 0;
+  int64_t agreed_arena = 0;
 
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
 };
@@ -177,6 +182,8 @@ class Runtime {
   WaitNotices* notices() const { return notices_.get(); }  // null without MPI
   // Counts a collective that ran through shared memory (CommCounters::shared_memory_collectives).
   void count_shared_memory() { shm_collectives_.fetch_add(1, std::memory_order_relaxed); }
+  // Counts one that read the peers' tensors in place (CommCounters::direct_collectives).
+  void count_direct() { direct_collectives_.fetch_add(1, std::memory_order_relaxed); }
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
   void run(std::shared_ptr<Op> op);
@@ -224,10 +231,10 @@ class Runtime {
 
   // Handshake requests abandoned by a timeout, with their buffers: MPI may still complete them.
   struct HandshakeBuffer {
-    std::array<int64_t, 8> mine;      // running max: signature, then negated signature
-    std::array<int64_t, 8> received;  // this round's message from rank - k
+    std::array<int64_t, 10> mine;      // running max: signature and arena, then both negated
+    std::array<int64_t, 10> received;  // this round's message from rank - k
     // With a gather (Note [Counts in the handshake]): the blocks held (ranks rank, rank-1, ...), and
-    // this round's outgoing and incoming messages (the 8 values above, then the blocks).
+    // this round's outgoing and incoming messages (the 10 values above, then the blocks).
     std::vector<int64_t> held, out, in;
   };
   struct Orphan {
@@ -241,6 +248,7 @@ class Runtime {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> collectives_{0};
   std::atomic<uint64_t> shm_collectives_{0};
+  std::atomic<uint64_t> direct_collectives_{0};
   static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSplit) + 1;
   void tally(const Op& op, double seconds);
   mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)

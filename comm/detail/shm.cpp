@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "comm/detail/runtime.h"
+#include "comm/detail/shm_direct.h"
 #include "comm/detail/shm_reduce.h"
 #include "comm/mpi_check.h"
 #include "core/errors.h"
@@ -86,6 +87,8 @@ std::unique_ptr<ShmNode> ShmNode::create(int ranks_per_node, bool required) {
   ZS_MPI_CHECK(MPI_Barrier(node->comm_), "publishing the shared-memory window");
   return node;
 }
+
+ShmNode::ShmNode() : arenas_(std::make_unique<ArenaTable>()) {}
 
 ShmNode::~ShmNode() {
   if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
@@ -173,8 +176,6 @@ void init_shm_group(GroupState& g) {
   g.shm = std::move(s);
 }
 
-namespace {
-
 ShmGroup* usable(GroupState& g, const Op& op, size_t bytes) {
   const SharedMemory mode = g.config.shared_memory;
   if (g.local() || g.size < 2 || mode == SharedMemory::kOff) return nullptr;
@@ -234,8 +235,8 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
   }
 }
 
+namespace {
 unsigned char* bytes(const memory::Tensor& t) { return static_cast<unsigned char*>(t.raw()); }
-
 }  // namespace
 
 // ---- the collectives ----
@@ -244,6 +245,12 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r) {
   ShmGroup* s = usable(g, op, static_cast<size_t>(input.numel()) * memory::dtype_size(input.dtype()));
   if (s == nullptr || s->nodes > 1) return false;
+  if (op.agreed_arena != 0) {  // Note [Direct collectives]
+    direct_reduce_scatter(g, *s, op, input, output, counts, displs, r);
+    g.runtime->count_direct();
+    g.runtime->count_shared_memory();
+    return true;
+  }
   const ShmNode& node = *g.runtime->shm_node();
   const DType t = input.dtype();
   const size_t es = memory::dtype_size(t);
@@ -281,6 +288,12 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
                     std::span<const int> counts, std::span<const int> displs) {
   ShmGroup* s = usable(g, op, static_cast<size_t>(output.numel()) * memory::dtype_size(output.dtype()));
   if (s == nullptr || s->nodes > 1) return false;
+  if (op.agreed_arena != 0) {  // Note [Direct collectives]
+    direct_allgatherv(g, *s, op, input, output, counts, displs);
+    g.runtime->count_direct();
+    g.runtime->count_shared_memory();
+    return true;
+  }
   const ShmNode& node = *g.runtime->shm_node();
   const size_t es = memory::dtype_size(input.dtype());
   const size_t L = s->local.size();
@@ -408,14 +421,13 @@ bool shm_alltoallv(GroupState& g, const Op& op, std::span<const Block> send, std
   return true;
 }
 
-namespace {
-
-// Sub-slice j of a round's n elements, for L ranks: [lo, hi), starting on cache lines.
 std::pair<size_t, size_t> sub_slice(size_t n, size_t L, size_t j) {
   const size_t q = (n + L - 1) / L;
   const size_t step = (q + kAlign - 1) / kAlign * kAlign;
   return {std::min(n, j * step), std::min(n, (j + 1) * step)};
 }
+
+namespace {
 
 // Allreduce of a group spanning nodes: node slots -> leader's fp32 accumulator -> MPI between the
 // leaders -> every rank (Note [Shared-memory collectives]).
@@ -461,6 +473,12 @@ bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, Redu
   const size_t n = static_cast<size_t>(data.numel());
   const float divisor = r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f;
   unsigned char* d = bytes(data);
+  if (s->nodes == 1 && op.agreed_arena != 0) {  // Note [Direct collectives]
+    direct_allreduce(g, *s, op, data, r);
+    g.runtime->count_direct();
+    g.runtime->count_shared_memory();
+    return true;
+  }
   if (s->nodes > 1) {
     allreduce_across_nodes(g, *s, op, d, t, n, divisor);
     barrier(g, *s, op);

@@ -58,6 +58,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/config.h"
@@ -71,6 +72,7 @@ namespace zs::comm::detail {
 
 struct GroupState;
 struct Op;
+class ArenaTable;
 
 // The World's node window (Note [Shared-memory collectives]).
 class ShmNode {
@@ -101,14 +103,17 @@ class ShmNode {
   // Flag lines are handed out once, in the order groups first use shared memory (the same on every
   // rank of a group: ShmGroup takes the max over its members).
   int next_group_index = 0;
+  // The shared arenas registered on this node (Note [Direct collectives] in comm/detail/shm_direct.h).
+  ArenaTable& arenas() const { return *arenas_; }
 
  private:
-  ShmNode() = default;
+  ShmNode();
   MPI_Comm comm_ = MPI_COMM_NULL;  // owned: this node's ranks
   MPI_Win win_ = MPI_WIN_NULL;
   int node_rank_ = 0, node_size_ = 1, node_id_ = 0;
   std::vector<unsigned char*> flags_;
   std::vector<std::array<unsigned char*, 2>> slots_;
+  std::unique_ptr<ArenaTable> arenas_;
 };
 
 // A group's view of the node window, made with the group (init_shm_group). Whether a collective uses
@@ -144,6 +149,15 @@ inline constexpr size_t kShmAutoMinBytes = size_t{8} << 10;
 // Outputs from this size are written with streaming stores (copy_streaming): larger than the L2
 // caches, so the caller reads them from memory anyway, and the stores skip reading each line first.
 inline constexpr size_t kShmStreamMinBytes = size_t{4} << 20;
+
+// The group's view when a collective of `bytes` should use shared memory (the rule below), else null;
+// CommError when comm.shared_memory is true and the group has none. The same on every rank.
+ShmGroup* usable(GroupState& g, const Op& op, size_t bytes);
+// A barrier over the group's ranks on this node (Note [Shared-memory collectives]); CommError after
+// comm.timeout_s, leaving the group broken.
+void barrier(GroupState& g, ShmGroup& s, const Op& op);
+// Sub-slice j of n elements split among L ranks: [lo, hi), starting on cache lines (allreduce).
+std::pair<size_t, size_t> sub_slice(size_t n, size_t L, size_t j);
 
 // Each returns false, having done nothing, when this collective should use MPI (shared memory off,
 // unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes for

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/compressed_allreduce.h"
+#include "comm/shared_arena.h"
 #include "engine/engine.h"
 #include "engine/offload_rules.h"
 #include "engine/detail/engine_context.h"
@@ -157,6 +158,9 @@ class Engine::Impl final : public ModuleHooks {
   memory::MemoryTracker& tracker_;
   memory::Backend* const backend_;
   memory::DeviceAllocator* const device_;
+  // The arena registered with the node's other ranks (comm.shared_arena): collectives on tensors in it
+  // read the peers' tensors directly (comm/shared_arena.h). Inactive when off or not possible.
+  comm::SharedArena shared_arena_;
   std::unique_ptr<optim::Optimizer> optimizer_;  // the update (Adam/AdamW/CAdam/Lion; Lamb in two passes)
   optim::LrSchedule schedule_;
   optim::LossScaler scaler_;

@@ -1,7 +1,8 @@
 // The shared-memory collectives (comm/detail/shm.h) against OpenMPI's path and an fp64 reference:
 // data movement bitwise, sums within the bound of their defined order (rank order, fp32 accumulation,
 // one rounding) and bitwise equal to OpenMPI's on two ranks, deterministic run to run; uneven, zero and
-// chunk-straddling sizes; bf16/fp16/int32; the config switch; mismatches and a stalled rank.
+// chunk-straddling sizes; bf16/fp16/int32; the config switch; mismatches and a stalled rank. And the
+// direct path on tensors in a registered shared arena (comm/shared_arena.h) against both.
 // Registered plain (one node) and with --shm-node-ranks=2 (blocks of two ranks as nodes: the
 // multi-node path of allreduce, the MPI fallback of reduce-scatter and allgather(v)).
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 
 #include "comm/comm.h"
 #include "comm/detail/shm.h"
+#include "memory/shared_mapping.h"
 #include "tests/support/mpi_test_env.h"
 
 using namespace zs;
@@ -361,6 +363,240 @@ TEST(Shm, MismatchThrowsOnEveryRank) {
   Tensor x = make(DType::kF32, 5000, me);
   shm.allreduce(x);  // still usable after a detected mismatch
   expect_close_to_reference(x, DType::kF32, 0, n, false);
+}
+
+// ---- the direct path (Note [Direct collectives] in comm/detail/shm_direct.h) ----
+
+// Tensors carved from this rank's registered shared mapping, as the engine's device arena places them.
+struct ArenaTensors {
+  memory::SharedMapping mapping = memory::SharedMapping::create(size_t{64} << 20);
+  size_t used = 0;
+  Tensor take(size_t n, DType t) {
+    Tensor x(static_cast<char*>(mapping.data()) + used, t, {static_cast<int64_t>(n)});
+    used += (n * memory::dtype_size(t) + 63) / 64 * 64;
+    EXPECT_LE(used, mapping.size());
+    return x;
+  }
+  Tensor copy_of(const Tensor& src) {
+    Tensor x = take(static_cast<size_t>(src.numel()), src.dtype());
+    std::memcpy(x.raw(), src.raw(), static_cast<size_t>(src.numel()) * memory::dtype_size(src.dtype()));
+    return x;
+  }
+};
+
+uint64_t direct_count() { return test::world().counters().direct_collectives; }
+// Collectives of a group on one node read in place once the arena is active.
+uint64_t direct_expected(const comm::SharedArena& arena, uint64_t k) { return arena.active() && single_node() ? k : 0; }
+
+TEST(ShmDirect, ArenaActiveExactlyWhereUsable) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_reg");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  EXPECT_EQ(arena.active(), g.size() > 1) << arena.inactive_reason();
+  // One rank without shareable memory: inactive on every rank, with the reason.
+  comm::SharedArena partial(g, g.rank() == 0 ? nullptr : &mem.mapping);
+  EXPECT_FALSE(partial.active());
+  EXPECT_FALSE(partial.inactive_reason().empty());
+}
+
+TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_ag");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_ag_mpi");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(memory::dtype_name(t));
+    std::vector<size_t> counts(static_cast<size_t>(n));  // uneven, one rank empty, past the stream threshold
+    for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r == 1 ? 0 : (kSlot + 4099 * static_cast<size_t>(r)) / memory::dtype_size(t) + 5;
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+    const size_t own = counts[static_cast<size_t>(me)];
+    Tensor mine = mem.copy_of(make(t, own, me, displ));
+    Tensor a = empty(total, t), c = empty(total, t);
+    uint64_t before = direct_count();
+    g.allgatherv(mine, a, counts);
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+    mpi.allgatherv(mine, c, counts);
+    EXPECT_TRUE(same_bits(a, c));
+    // In place, the output in the arena too.
+    Tensor b = mem.take(total, t);
+    std::memcpy(static_cast<char*>(b.raw()) + displ * memory::dtype_size(t), mine.raw(), own * memory::dtype_size(t));
+    g.allgatherv(b.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + own)), b, counts);
+    EXPECT_TRUE(same_bits(b, c));
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 2));
+  }
+}
+
+TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_rs");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_rs_mpi");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (bool average : {false, true}) {
+      SCOPED_TRACE(std::string(memory::dtype_name(t)) + (average ? " average" : " sum"));
+      const comm::ReduceOp op = average ? comm::ReduceOp::kAverage : comm::ReduceOp::kSum;
+      const auto counts = uneven_counts(n, memory::dtype_size(t));
+      const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+      const size_t own = counts[static_cast<size_t>(me)];
+      const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
+      // Reduce-scatter: direct out of place and in place, staged (private input), MPI.
+      Tensor direct = empty(own, t), staged = empty(own, t), ref = empty(own, t);
+      const uint64_t before = direct_count();
+      g.reduce_scatter(mem.copy_of(make(t, total, me)), direct, counts, op);
+      Tensor in = mem.copy_of(make(t, total, me));
+      Tensor in_place = in.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + own));
+      g.reduce_scatter(in, in_place, counts, op);
+      g.reduce_scatter(make(t, total, me), staged, counts, op);
+      mpi.reduce_scatter(make(t, total, me), ref, counts, op);
+      EXPECT_TRUE(same_bits(direct, staged)) << "differs from the staged path";
+      EXPECT_TRUE(same_bits(in_place, staged)) << "in place differs";
+      if (n <= 2) EXPECT_TRUE(same_bits(direct, ref)) << "differs from OpenMPI's result";
+      expect_close_to_reference(direct, t, displ, n, average);
+      // Allreduce of an odd size (sub-slices of different lengths).
+      const size_t m = 3 * kRound / memory::dtype_size(t) + 11;
+      Tensor x = mem.copy_of(make(t, m, me)), y = make(t, m, me), z = make(t, m, me);
+      g.allreduce(x, op);
+      g.allreduce(y, op);
+      mpi.allreduce(z, op);
+      EXPECT_TRUE(same_bits(x, y)) << "allreduce differs from the staged path";
+      if (n <= 2) EXPECT_TRUE(same_bits(x, z)) << "allreduce differs from OpenMPI's result";
+      EXPECT_EQ(direct_count(), before + direct_expected(arena, 3));
+    }
+  }
+}
+
+TEST(ShmDirect, OneRankOutsideTheArenaTakesTheStagedPathEverywhere) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_mixed");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  const size_t m = 5000;
+  Tensor x = me == 0 ? make(DType::kF32, m, me) : mem.copy_of(make(DType::kF32, m, me));
+  const uint64_t before = direct_count();
+  g.allreduce(x);  // votes differ: not a mismatch, just no direct path
+  EXPECT_EQ(direct_count(), before + (n == 1 ? 0 : direct_expected(arena, 0)));
+  expect_close_to_reference(x, DType::kF32, 0, n, false);
+}
+
+// MoE's groups (moe/: DeepSpeed's ep and edp groups are strided and blocked splits of the data-parallel
+// ranks) with one arena registered on the world, as the engine registers its device arena: collectives
+// on each group, asynchronous and interleaved, inputs written just before each is issued and poisoned as
+// soon as it completes. Every sum must equal the member-order fp32 sum of that group's members' inputs
+// bit for bit (each member's contribution once, from the right group, read neither before its owner
+// wrote it nor after its owner moved on), and every gather must hold the members' blocks.
+float moe_value(int world_rank, int iteration, size_t i) { return raw_value(world_rank * 131 + iteration, i); }
+
+TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
+  comm::Group world = with_mode(comm::SharedMemory::kOn, "direct_moe");
+  const int n = world.size(), me = world.rank();
+  ArenaTensors mem;
+  comm::SharedArena arena(world, &mem.mapping);
+  struct Case {
+    comm::Group group;
+    std::vector<int> members;  // world ranks in group order
+    Tensor x, rs_in, rs_out, ag_out;
+  };
+  std::vector<Case> cases;
+  auto add = [&](comm::Group g, auto same_group) {
+    Case c{std::move(g), {}, {}, {}, {}, {}};
+    for (int r = 0; r < n; ++r) {
+      if (same_group(r)) c.members.push_back(r);
+    }
+    cases.push_back(std::move(c));
+  };
+  add(world.dup("direct_moe_all", world.config()), [](int) { return true; });
+  add(world.split(me % 2, me, "direct_moe_strided"), [me](int r) { return r % 2 == me % 2; });
+  add(world.split(me / 2, me, "direct_moe_blocked"), [me](int r) { return r / 2 == me / 2; });
+  const size_t m = 3001;  // allreduce elements: sub-slices of different lengths
+  auto counts_of = [](size_t size) {
+    std::vector<size_t> c(size);
+    for (size_t j = 0; j < size; ++j) c[j] = 700 + 17 * j;
+    return c;
+  };
+  for (Case& c : cases) {
+    const auto counts = counts_of(c.members.size());
+    const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    c.x = mem.take(m, DType::kF32);
+    c.rs_in = mem.take(total, DType::kF32);
+    c.rs_out = empty(counts[static_cast<size_t>(c.group.rank())], DType::kF32);
+    c.ag_out = empty(total, DType::kF32);
+  }
+  const uint64_t before = direct_count();
+  uint64_t issued = 0;
+  const float poison = std::nanf("");
+  auto check = [&](const Tensor& got, size_t offset, auto&& expected, const std::string& what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < static_cast<size_t>(got.numel()); ++i) {
+      const float e = expected(offset + i);
+      // Across "nodes" (--shm-node-ranks) MPI's and the leaders' sums run in their own order: close only.
+      bad += single_node() ? std::memcmp(&got.data<float>()[i], &e, sizeof e) != 0
+                           : !(std::fabs(got.data<float>()[i] - e) <= 1e-5f);
+    }
+    EXPECT_EQ(bad, 0u) << what << ": elements differ from the member-order sum";
+  };
+  for (int it = 0; it < 8; ++it) {
+    const comm::ReduceOp op = it % 2 == 0 ? comm::ReduceOp::kSum : comm::ReduceOp::kAverage;
+    const bool in_place = it % 4 >= 2;
+    SCOPED_TRACE("iteration " + std::to_string(it));
+    std::vector<std::vector<size_t>> counts;
+    std::vector<size_t> displ;
+    std::vector<Tensor> outs;
+    for (Case& c : cases) {
+      counts.push_back(counts_of(c.members.size()));
+      const size_t gr = static_cast<size_t>(c.group.rank());
+      displ.push_back(std::accumulate(counts.back().begin(), counts.back().begin() + static_cast<std::ptrdiff_t>(gr), size_t{0}));
+      outs.push_back(in_place ? c.rs_in.range({displ.back(), counts.back()[gr]}) : c.rs_out);
+      // Direct: the allreduce and the reduce-scatter; the gather too when its input is in the arena.
+      if (c.members.size() > 1) issued += in_place ? 3 : 2;
+    }
+    auto expected_of = [&](const Case& c) {
+      return [&c, it, op](size_t i) {
+        float acc = moe_value(c.members[0], it, i);
+        for (size_t j = 1; j < c.members.size(); ++j) acc += moe_value(c.members[j], it, i);
+        return op == comm::ReduceOp::kAverage ? acc / static_cast<float>(c.members.size()) : acc;
+      };
+    };
+    // Each kind issued on every group, then each group's result checked and its input poisoned the
+    // moment it completes, while the other groups' collectives may still run.
+    std::vector<comm::Work> works;
+    for (Case& c : cases) {
+      for (size_t i = 0; i < m; ++i) c.x.data<float>()[i] = moe_value(me, it, i);
+      works.push_back(c.group.allreduce_async(c.x, op));
+    }
+    for (size_t k = 0; k < cases.size(); ++k) {
+      works[k].wait();
+      check(cases[k].x, 0, expected_of(cases[k]), "allreduce on " + cases[k].group.name());
+      std::fill_n(cases[k].x.data<float>(), m, poison);
+    }
+    works.clear();
+    for (size_t k = 0; k < cases.size(); ++k) {
+      Case& c = cases[k];
+      for (size_t i = 0; i < static_cast<size_t>(c.rs_in.numel()); ++i) c.rs_in.data<float>()[i] = moe_value(me, it, i);
+      works.push_back(c.group.reduce_scatter_async(c.rs_in, outs[k], counts[k], op));
+    }
+    for (size_t k = 0; k < cases.size(); ++k) {
+      works[k].wait();
+      check(outs[k], displ[k], expected_of(cases[k]), "reduce-scatter on " + cases[k].group.name());
+      // All but this rank's block (the gather's input when in place).
+      float* in = cases[k].rs_in.data<float>();
+      std::fill(in, in + displ[k], poison);
+      std::fill(in + displ[k] + counts[k][static_cast<size_t>(cases[k].group.rank())], in + cases[k].rs_in.numel(), poison);
+    }
+    works.clear();
+    for (size_t k = 0; k < cases.size(); ++k) works.push_back(cases[k].group.allgatherv_async(outs[k], cases[k].ag_out, counts[k]));
+    for (size_t k = 0; k < cases.size(); ++k) {
+      works[k].wait();
+      check(cases[k].ag_out, 0, expected_of(cases[k]), "allgather on " + cases[k].group.name());
+      std::fill_n(outs[k].data<float>(), outs[k].numel(), poison);
+    }
+  }
+  // Across "nodes" (--shm-node-ranks) some groups stay on one node and some do not: counted on one only.
+  if (single_node()) {
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, issued));
+  }
 }
 
 // A rank frozen (SIGSTOP) in the middle of a stream of large allreduces: its peer must give up after

@@ -533,6 +533,10 @@ TEST(Config, CommSharedMemorySwitch) {
   EXPECT_CONTAINS(e, "comm.shared_memory");
   EXPECT_CONTAINS(e, "\"auto\", true or false");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "comm": {"shared_memroy": true}})"), "did you mean 'shared_memory'");
+  EXPECT_TRUE(parse(R"({"train_batch_size": 4})").comm.shared_arena);
+  EXPECT_FALSE(parse(R"({"train_batch_size": 4, "comm": {"shared_arena": false}})").comm.shared_arena);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "comm": {"shared_arena": "yes"}})"), "comm.shared_arena");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "comm": {"shared_arenas": true}})"), "did you mean 'shared_arena'");
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Backend interface through the CPU backend: segments are owned and aligned, capacities enforced,
 // copies between tiers move the bytes, unsupported tiers and names are rejected.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <numeric>
@@ -8,6 +9,7 @@
 
 #include "core/errors.h"
 #include "memory/cpu_backend.h"
+#include "memory/shared_mapping.h"
 
 namespace zs::memory {
 namespace {
@@ -34,6 +36,30 @@ TEST(CpuBackend, SegmentsAreOwnedAlignedAndCounted) {
     EXPECT_EQ(b.allocated(Tier::kHost), 0u);
   }
   EXPECT_EQ(b.allocated(Tier::kDevice), 0u);
+}
+
+// shared_device: device segments are SharedMappings another process can map (here: this one, through
+// its own /proc entry), freed with the segment; host segments stay private.
+TEST(CpuBackend, SharedDeviceSegmentsAreMappableThroughProc) {
+  CpuBackend backend(8 << 20, 0, /*shared_device=*/true);
+  Segment dev = backend.allocate(1 << 20, Tier::kDevice);
+  Segment host = backend.allocate(4096, Tier::kHost);
+  const SharedMapping* m = backend.shared_mapping(dev.data());
+  ASSERT_NE(m, nullptr);
+  EXPECT_EQ(backend.shared_mapping(host.data()), nullptr);
+  EXPECT_EQ(m->data(), dev.data());
+  static_cast<unsigned char*>(dev.data())[12345] = 77;
+  std::string error;
+  SharedMapping peer = SharedMapping::open_peer(static_cast<int>(::getpid()), m->fd(), m->size(), error);
+  ASSERT_TRUE(peer) << error;
+  EXPECT_NE(peer.data(), dev.data());
+  EXPECT_EQ(static_cast<const unsigned char*>(peer.data())[12345], 77);  // the same pages
+  SharedMapping bad = SharedMapping::open_peer(static_cast<int>(::getpid()), 1 << 20, 4096, error);
+  EXPECT_FALSE(bad);
+  EXPECT_NE(error.find("/proc/"), std::string::npos) << error;
+  dev.reset();
+  EXPECT_EQ(backend.allocated(Tier::kDevice), 0u);
+  EXPECT_EQ(CpuBackend(8 << 20).shared_mapping(host.data()), nullptr);  // private by default
 }
 
 TEST(CpuBackend, DeviceCapacityIsEnforced) {
