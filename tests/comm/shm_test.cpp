@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -634,11 +635,28 @@ TEST(Shm, StalledRankTimesOutEverywhere) {
       message = e.what();
     }
     if (freezer.joinable()) freezer.join();
-    if (w.rank() == 0 && stopped) kill(peer, SIGCONT);
+    // Rank 0 must not enter the world barrier below while rank 1 is still inside the pair's allreduce:
+    // rank 0 may have timed out one op before the one rank 1 froze in, and then each would wait for
+    // the other across two groups, which the wait notices rightly report as mismatched collectives
+    // (Note [Waits across groups]) instead of letting rank 1 time out. So rank 1, once out, leaves a
+    // file that rank 0 waits for (not a collective: it must not be one of the groups' ops).
+    const std::string out_marker = "/tmp/zs-shm-stall-" + std::to_string(pids.data<int32_t>()[0]) + ".out";
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (w.rank() == 0) {
+      if (stopped) kill(peer, SIGCONT);
+      for (int i = 0; i < 6000 && access(out_marker.c_str(), F_OK) != 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      EXPECT_EQ(std::remove(out_marker.c_str()), 0) << "rank 1 did not leave its allreduce within 60 s";
+    } else {
+      std::FILE* f = std::fopen(out_marker.c_str(), "w");
+      EXPECT_NE(f, nullptr) << out_marker;
+      if (f != nullptr) std::fclose(f);
+    }
     EXPECT_NE(message.find("allreduce"), std::string::npos) << message;
     EXPECT_NE(message.find("timed out"), std::string::npos) << message;
     EXPECT_NE(message.find("group 'stallpair'"), std::string::npos) << message;
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+    EXPECT_LT(seconds, 30.0);
     EXPECT_THROW(pair.allreduce(x), CommError);  // unusable afterwards
   }
   w.barrier();
