@@ -37,8 +37,7 @@ void expect_synthetic(CheckpointReader& r) {
       std::vector<float> all(info.numel());
       r.read(bl.name, info.name, 0, info.numel(), DType::kF32, all.data());
       for (uint64_t e = 0; e < info.numel(); ++e) {
-        float want = synthetic_value(t, e, static_cast<int>(b));
-        if (bl.dtype == DType::kBF16) want = memory::bf16_to_f32(memory::f32_to_bf16(want));
+        const float want = test::synthetic_stored(t, e, static_cast<int>(b), bl.dtype);
         ASSERT_EQ(all[e], want) << bl.name << " " << info.name << " element " << e;
       }
       // A requesting layout of 7 "ranks": ranges that cut across the writer's.
@@ -494,8 +493,7 @@ TEST(CheckpointWriter, AnyAppendSizeWritesTheSameDataAndChecksums) {
         r.read(bl.name, info.name, 0, info.numel(), DType::kF32, all.data());
         const int b = static_cast<int>(&bl - meta.layout.buffers.data());
         for (uint64_t e = 0; e < info.numel(); ++e) {
-          float want = synthetic_value(t, e, b);
-          if (bl.dtype == DType::kBF16) want = memory::bf16_to_f32(memory::f32_to_bf16(want));
+          const float want = test::synthetic_stored(t, e, b, bl.dtype);
           ASSERT_EQ(all[e], want) << bl.name << " " << info.name << " element " << e;
         }
       }
@@ -594,8 +592,8 @@ TEST(CheckpointWriter, Hdf5ReadsEverySegmentWhereTheIndexPutsIt) {
       ASSERT_EQ(index.size(), 4 * bl.ranks[2].size());
       for (size_t row = 0; row < index.size(); row += 4) {
         for (uint64_t i = 0; i < index[row + 2]; ++i) {
-          float want = synthetic_value(static_cast<uint32_t>(index[row]), index[row + 1] + i, static_cast<int>(b));
-          if (bl.dtype == DType::kBF16) want = memory::bf16_to_f32(memory::f32_to_bf16(want));
+          const float want =
+              test::synthetic_stored(static_cast<uint32_t>(index[row]), index[row + 1] + i, static_cast<int>(b), bl.dtype);
           ASSERT_EQ(data[index[row + 3] + i], want) << bl.name << " row " << row / 4 << " element " << i;
         }
       }

@@ -19,6 +19,12 @@ inline float synthetic_value(uint32_t t, uint64_t e, int b) {
          50.0f;
 }
 
+// synthetic_value as a buffer of `dtype` stores it and a read widens it back to fp32 (bf16 rounds).
+inline float synthetic_stored(uint32_t t, uint64_t e, int b, memory::DType dtype) {
+  const float v = synthetic_value(t, e, b);
+  return dtype == memory::DType::kBF16 ? memory::bf16_to_f32(memory::f32_to_bf16(v)) : v;
+}
+
 // Tensors of several shapes, flattened end to end and cut into `world` uneven pieces (a ZeRO-style
 // flat partition), so ranges straddle tensors and ranks.
 inline checkpoint::Layout synthetic_layout(int world, uint64_t scale = 1) {
