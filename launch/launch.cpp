@@ -1,10 +1,12 @@
 #include "launch/launch.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "core/log.h"
 #include "memory/cpu_features.h"
@@ -72,6 +74,21 @@ void select_blas_kernels(char** argv) {
   }
 }
 
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) {  // no affinity to read: every online CPU
+    for (unsigned c = 0; c < std::max(1u, std::thread::hardware_concurrency()); ++c) cpus.push_back(static_cast<int>(c));
+  }
+  return cpus;
+}
+
 int local_rank_count() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MPI_LOCAL_NRANKS", "SLURM_NTASKS_PER_NODE"}) {
     if (int n = env_int(name)) return n;
@@ -80,10 +97,23 @@ int local_rank_count() {
 }
 
 int set_blas_threads(int local_ranks) {
-  if (int n = env_int("OPENBLAS_NUM_THREADS")) return n;
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  int threads = std::max(1, cores / std::max(1, local_ranks));
-  openblas_set_num_threads(threads);
+  const std::vector<int> cpus = allowed_cpus();
+  const int online = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Note [rank CPU share]: a launcher that bound this rank to fewer CPUs than the node has (OpenMPI
+  // binds each rank to one core when ranks <= 2, so `mpirun -np 1` gets one core of two) already gave
+  // it its share; otherwise the ranks split the node's CPUs evenly.
+  const bool launcher_bound = static_cast<int>(cpus.size()) < online;
+  int threads = env_int("OPENBLAS_NUM_THREADS");
+  if (threads == 0) {
+    threads = launcher_bound ? static_cast<int>(cpus.size())
+                             : std::max(1, static_cast<int>(cpus.size()) / std::max(1, local_ranks));
+    openblas_set_num_threads(threads);
+    if (launcher_bound && static_cast<int>(cpus.size()) * std::max(1, local_ranks) < online) {
+      ZS_LOG_INFO("this rank may run on {} of the node's {} CPUs (the launcher's binding): {} compute thread(s); "
+                  "`mpirun --bind-to none` lets the ranks share all of them",
+                  cpus.size(), online, threads);
+    }
+  }
   return threads;
 }
 

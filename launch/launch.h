@@ -28,6 +28,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace zs::launch {
 
@@ -47,8 +48,13 @@ void select_blas_kernels(char** argv);
 // MPI_LOCALNRANKS), 1 without a launcher.
 int local_rank_count();
 
-// Gives each local rank an equal share of the cores for OpenBLAS's thread pool (at least 1), unless
-// the user set OPENBLAS_NUM_THREADS. Returns the number of threads set.
+// The CPUs this process may run on (its affinity mask), in increasing order.
+std::vector<int> allowed_cpus();
+
+// Gives each local rank an equal share of the CPUs it may use for the compute threads (OpenBLAS's and
+// the worker pool's; at least 1), unless the user set OPENBLAS_NUM_THREADS: a rank the launcher bound
+// to fewer CPUs than the node has gets those, an unbound rank its share of the allowed CPUs (Note
+// [rank CPU share] in launch.cpp). Returns the number of threads.
 int set_blas_threads(int local_ranks);
 
 
