@@ -26,7 +26,7 @@
 //
 //   gemm_bench [--models small,large] [--threads N] [--reps 5]
 //              [--paths sgemm,avx512bf16,onednn,onednn_layer,libxsmm,libxsmm_layer] [--shapes qkv.dw,...]
-//              [--json FILE]
+//              [--verbose 0|1 (every repetition's time)] [--json FILE]
 //
 // small: 4 layers d 256 seq 128 micro-batch 8 (1,024 tokens); large: 6 layers d 512 seq 256 mb 8
 // (2,048 tokens); head size 64. Each figure is the median over --reps timed repetitions after a warm-up.
@@ -116,13 +116,20 @@ std::vector<std::string> split(const std::string& list) {
   return out;
 }
 
-double median_seconds(int reps, const std::function<void()>& f) {
+// The median of `reps` timed calls after an untimed one; verbose: every time printed, in order (the
+// two-thread runs are bimodal, docs/benchmarks.md "gemm_bench").
+double median_seconds(int reps, bool verbose, const std::string& label, const std::function<void()>& f) {
   f();
   std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     const double t0 = zs::bench::now_seconds();
     f();
     t.push_back(zs::bench::now_seconds() - t0);
+  }
+  if (verbose) {
+    std::printf("  %-24s ms:", label.c_str());
+    for (double x : t) std::printf(" %.3f", x * 1e3);
+    std::printf("\n");
   }
   return zs::bench::median(std::move(t));
 }
@@ -375,6 +382,7 @@ int main(int argc, char** argv) try {
   zs::launch::select_blas_kernels(argv);
   const std::vector<std::string> models = split(zs::bench::arg_value(argc, argv, "--models", "small,large"));
   const int reps = std::stoi(zs::bench::arg_value(argc, argv, "--reps", "5"));
+  const bool verbose = zs::bench::arg_value(argc, argv, "--verbose", "0") != "0";
   const std::vector<std::string> only = split(zs::bench::arg_value(argc, argv, "--shapes", ""));  // empty: all
   const int threads = std::stoi(zs::bench::arg_value(argc, argv, "--threads", std::to_string(zs::nn::compute_threads())));
   std::vector<std::string> paths = split(zs::bench::arg_value(argc, argv, "--paths", "sgemm,avx512bf16,onednn,onednn_layer,libxsmm,libxsmm_layer"));
@@ -455,7 +463,7 @@ int main(int argc, char** argv) try {
         // Batched shapes run one product per thread, each single-threaded inside (as attention does).
         const bool batched = s.batch > 1;
         if (batched) openblas_set_num_threads(1);
-        const double t = median_seconds(reps, [&] { run_batched(s, threads, one); });
+        const double t = median_seconds(reps, verbose, s.name + " " + path, [&] { run_batched(s, threads, one); });
         if (batched) openblas_set_num_threads(threads);
         gflops[path] = flops / t / 1e9;
         seconds_total[path] += t;

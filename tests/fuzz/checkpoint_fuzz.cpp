@@ -3,13 +3,16 @@
 // only exception is CheckpointError (anything else, or a crash inside HDF5, is reported as a crash).
 //
 // The checkpoint is the synthetic one of tests/checkpoint/synthetic.h (2 ranks, zstd, small chunks),
-// written once per process by the storage API into a private temporary directory. An input is
+// written once per process by the storage API into a private temporary directory (in /dev/shm where
+// it is writable). An input is
 //   byte 0: which file it replaces (mod 4: 0 zs_metadata.h5, 1 rank 0's file, 2 rank 1's, 3 `latest`)
 //   the rest: that file's new contents.
 // `checkpoint_fuzz --write-seeds DIR` writes one seed per file (the unmodified bytes) and exits.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -51,9 +54,28 @@ void write_bytes(const fs::path& p, const uint8_t* data, size_t size) {
   }
 }
 
+// The directory is named after the process that made it: libFuzzer ends a run (time up, a crash, a
+// hang) without running atexit handlers, so each run removes those of processes that are gone.
+const std::string kDirPrefix = "zs-ckpt-fuzz-";
+
+void remove_orphans(const fs::path& base) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kDirPrefix)) continue;
+    const long pid = std::strtol(name.c_str() + kDirPrefix.size(), nullptr, 10);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
 Pristine make_pristine() {
-  char tmpl[] = "/tmp/zs-ckpt-fuzz-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) std::abort();
+  // In memory (tmpfs) where the machine has one: every input rewrites a file, and on a disk that
+  // rewrite (open with O_TRUNC) waited for the file's previous pages to be written back: one input
+  // sat 185 s in open() while other tests wrote to the same disk, and libFuzzer called it a hang.
+  const fs::path base = ::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+  remove_orphans(base);
+  std::string tmpl = (base / (kDirPrefix + std::to_string(::getpid()) + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
   Pristine p;
   p.root = tmpl;
   zs::test::save_synthetic(p.root, zs::test::synthetic_metadata(2, kTag, 3),
