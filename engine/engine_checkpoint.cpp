@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "engine/checkpoint/h5.h"
 #include "engine/detail/engine_checkpoint.h"
+#include "nn/threads.h"
 
 namespace zs::engine {
 
@@ -355,7 +356,9 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     return tag;
   }
   agreed(g, [&] {
-    checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{});
+    // The training thread waits for this save: its compute threads hash while it writes (the
+    // background writer above keeps to one thread).
+    checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{.hash_threads = nn::compute_threads()});
     std::vector<std::byte> piece;
     memory::DeviceAccess access(*s_.backend_);
     for (const Item& it : mine) {

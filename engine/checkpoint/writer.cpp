@@ -7,10 +7,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <map>
 
 #include "core/errors.h"
+#include "core/parallel.h"
 #include "engine/checkpoint/detail/checksum.h"
 #include "engine/checkpoint/detail/serialize.h"
 #include "engine/checkpoint/h5.h"
@@ -82,6 +84,7 @@ struct ShardWriter::Impl {
     size_t segment = 0;         // the segment `appended` lies in
   };
   h5::Handle file;
+  int hash_threads = 1;  // WriteOptions::hash_threads
   int fd = -1;  // HDF5's descriptor of the file (its default sec2 driver), for start_writeback
   uint64_t unflushed_bytes = 0;   // written since the last start_writeback
   std::map<std::string, Buffer, std::less<>> buffers;
@@ -192,10 +195,15 @@ void ShardWriter::Impl::push_staged(Buffer& b, const fs::path& path, std::string
 // CPU's cache (20-40 GB/s) rather than from memory (8-12), and the source is read from memory once, as
 // a plain write() reads it. Hashing all of an append before writing it read it from memory twice.
 // Hashing each piece before its write (the copy then reading from cache) measured slower: the kernel's
-// copy costs its page-cache side (fresh pages, stores), not its reads. A second thread hashing while
-// this one writes (the worker pool, as the reader does, Note [Overlapped checksums] in reader.cpp)
-// measured no faster on this 2-core VM and takes a core from an asynchronous save's training steps
-// (docs/checkpoints.md, "Benchmarks").
+// copy costs its page-cache side (fresh pages, stores), not its reads.
+//
+// With WriteOptions::hash_threads >= 2 each piece's write and hash run at once on two threads of the
+// worker pool (as the reader verifies, Note [Overlapped checksums] in reader.cpp), so a save takes
+// the time of its writes rather than writes plus hashes. It shows where the page cache takes writes
+// fast: on a tmpfs of huge pages (plain write() at 7.4-8.8 GB/s), checkpoint_bench's save went from
+// 0.67-0.74x of plain writes to 1.01-1.10x (docs/checkpoints.md, "Benchmarks"); where fresh pages are
+// slow (1-2 GB/s) the writes hide the hash either way. A synchronous save passes its compute threads;
+// the asynchronous writer keeps 1, leaving the other cores to the training steps.
 void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string_view buffer,
                                     std::span<const std::byte> bytes) {
   const uint64_t count = bytes.size() / b.elem_size;
@@ -226,10 +234,32 @@ void ShardWriter::Impl::push_direct(Buffer& b, const fs::path& path, std::string
   for (uint64_t k = 0; k < pieces; ++k) {
     const uint64_t lo = std::min(whole, k * piece), hi = std::min(whole, (k + 1) * piece);
     const uint64_t first = k == 0 ? 0 : head + lo, last = k + 1 == pieces ? count : head + hi;
-    write_data(b, bytes.data() + first * b.elem_size, b.written + first, last - first, path, buffer);
     const size_t at = b.sums.size();
     b.sums.resize(at + (hi - lo + b.block - 1) / b.block);
-    hash_blocks(b, hashed + lo * b.elem_size, hi - lo, b.sums.data() + at);
+    auto write = [&] { write_data(b, bytes.data() + first * b.elem_size, b.written + first, last - first, path, buffer); };
+    auto hash = [&] { hash_blocks(b, hashed + lo * b.elem_size, hi - lo, b.sums.data() + at); };
+    if (hash_threads < 2 || hi == lo) {
+      write();
+      hash();
+      continue;
+    }
+    // Note [Write then hash]: the write and the hash of the piece at once, on two threads. Either
+    // may take either part; HDF5 is still called by one thread at a time (one write per region).
+    std::exception_ptr failed;
+    parallel_for_threads(2, 2, 1, [&](int64_t c0, int64_t c1, int) {
+      for (int64_t c = c0; c < c1; ++c) {
+        if (c == 1) {
+          hash();
+          continue;
+        }
+        try {
+          write();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+    });
+    if (failed) std::rethrow_exception(failed);
   }
   if (b.checksum) {
     const uint64_t rest = count - head - whole;
@@ -251,6 +281,7 @@ ShardWriter::ShardWriter(const fs::path& dir, const Metadata& meta, int rank, co
     throw UsageError(fmt::format("ShardWriter: rank {} outside world_size {}", rank, layout.world_size));
   }
   impl_->file = h5::file_create(path_);
+  impl_->hash_threads = options.hash_threads;
   hid_t f = impl_->file.get();
   if (void* handle = nullptr; H5Fget_vfd_handle(f, H5P_DEFAULT, &handle) >= 0 && handle != nullptr) {
     impl_->fd = *static_cast<int*>(handle);

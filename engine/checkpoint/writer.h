@@ -46,6 +46,10 @@ struct WriteOptions {
   // 10-20x slower); 4 MiB without, where HDF5 moves whole chunks straight between file and caller and
   // fewer chunks cost less (benchmarks/checkpoint_bench --chunk).
   uint64_t chunk_bytes = 0;
+  // Threads for unfiltered data with checksums: at 2 or more, each piece is hashed on a worker-pool
+  // thread while it is written (Note [Write then hash] in writer.cpp). For a save that holds its
+  // caller anyway; a background writer keeps 1 and leaves the other cores to training.
+  int hash_threads = 1;
 };
 
 // Writes one rank's file. Memory: with zstd, one chunk of staging per buffer being appended

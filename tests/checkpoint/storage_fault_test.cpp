@@ -71,6 +71,27 @@ TEST_F(StorageFault, FullDeviceIsAnIoErrorAndLatestStays) {
   expect_loads(root_, c);
 }
 
+// The same failure inside a write running beside its hash on a second thread (hash_threads 2, whole
+// appends so each 4 MiB piece's write and hash run at once): the error reaches the caller as is.
+TEST_F(StorageFault, FullDeviceWhileHashingOnTwoThreadsIsTheSameIoError) {
+  auto a = test::synthetic_metadata(2, "global_step1", 1);
+  test::save_synthetic(root_, a);
+  auto b = test::synthetic_metadata(2, "global_step2", 2, 200);
+  std::string err;
+  try {
+    const fs::path dir = begin_save(root_, b.tag);
+    for (int r = 0; r < b.layout.world_size; ++r) {
+      test::write_synthetic_rank(dir, b, r, WriteOptions{.hash_threads = 2}, uint64_t{1} << 24);
+    }
+  } catch (const IoError& e) {
+    err = e.what();
+  }
+  EXPECT_NE(err.find("zs_rank_0000"), std::string::npos) << err;
+  EXPECT_NE(err.find("no space left on the device"), std::string::npos) << err;
+  EXPECT_EQ(read_latest(root_), "global_step1");
+  expect_loads(root_, a);
+}
+
 TEST_F(StorageFault, ReadOnlyFilesystemIsAnIoErrorAndLatestStays) {
   auto a = test::synthetic_metadata(2, "global_step1", 1);
   test::save_synthetic(root_, a);

@@ -442,7 +442,9 @@ TEST(CheckpointChecksum, EveryPathIsXxh3) {
 TEST(CheckpointChecksum, OffWritesNoTable) {
   test::TempDir tmp;
   fs::path root = tmp.path();
-  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1, 8), WriteOptions{.checksum = false});
+  // Scale 1000: rank 0 holds 608k elements of embed.weight, a run past kOverlapMinBytes that the
+  // reader reads unverified on two threads.
+  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1, 1000), WriteOptions{.checksum = false});
   fs::path file = root / "global_step1" / rank_file_name(0);
   h5::Handle f = h5::file_open(file);
   EXPECT_FALSE(h5::exists(f.get(), "buffers/fp32/checksums", file));
@@ -455,15 +457,22 @@ TEST(CheckpointChecksum, OffWritesNoTable) {
 // (written and hashed in 4 MiB pieces) write the same bytes and the same table, each entry the XXH3 of
 // its 64 KiB block as stored. Whole-tensor reads (verified on two threads, Note [Overlapped checksums]
 // in reader.cpp) give every element back, and of two corrupt blocks in one read the lower is named.
-TEST(CheckpointWriter, AnyAppendSizeWritesTheSameDataAndChecksums) {
+// Hashing on a second thread while each piece is written (hash_threads 2) changes none of it.
+TEST(CheckpointWriter, AnyAppendSizeAndHashThreadsWriteTheSameDataAndChecksums) {
   test::TempDir tmp;
   auto meta = test::synthetic_metadata(2, "global_step1", 1, 1000);  // embed.weight: 800k elements
   std::vector<std::vector<uint64_t>> tables;
   std::vector<std::vector<float>> datas;
-  for (bool whole : {false, true}) {
-    fs::path dir = fs::path(tmp.path()) / (whole ? "whole" : "small");
+  struct Variant {
+    const char* name;
+    size_t append;
+    int hash_threads;
+  };
+  for (const Variant& v : {Variant{"small", 777, 1}, Variant{"whole", 1u << 24, 1}, Variant{"whole2", 1u << 24, 2},
+                           Variant{"small2", 777, 2}}) {
+    fs::path dir = fs::path(tmp.path()) / v.name;
     fs::create_directories(dir);
-    test::write_synthetic_rank(dir, meta, 1, WriteOptions{}, whole ? 1u << 24 : 777);
+    test::write_synthetic_rank(dir, meta, 1, WriteOptions{.hash_threads = v.hash_threads}, v.append);
     fs::path file = dir / rank_file_name(1);
     h5::Handle f = h5::file_open(file);
     h5::Handle g = h5::group_open(f.get(), "buffers/fp32", file);
@@ -473,8 +482,10 @@ TEST(CheckpointWriter, AnyAppendSizeWritesTheSameDataAndChecksums) {
     datas.emplace_back(static_cast<size_t>(H5Sget_simple_extent_npoints(space.get())));
     ASSERT_GE(H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, datas.back().data()), 0);
   }
-  ASSERT_EQ(datas[0], datas[1]);
-  ASSERT_EQ(tables[0], tables[1]);
+  for (size_t i = 1; i < datas.size(); ++i) {
+    ASSERT_EQ(datas[0], datas[i]) << i;
+    ASSERT_EQ(tables[0], tables[i]) << i;
+  }
   const size_t block = detail::kBlockBytes / sizeof(float);
   ASSERT_GT(datas[0].size(), 20 * block);
   ASSERT_EQ(tables[0].size(), (datas[0].size() + block - 1) / block);
