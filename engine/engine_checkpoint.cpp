@@ -525,6 +525,13 @@ void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::
                           .hysteresis_left = int_scalar(m, "loss_scaler.hysteresis_left", dir),
                           .good_steps = int_scalar(m, "loss_scaler.good_steps", dir),
                           .overflows = int_scalar(m, "loss_scaler.overflows", dir)});
+  } else if (string_scalar(m, "precision") == precision_name(e_.config_.precision)) {
+    // bf16 and fp32 keep their configured (static) scale; the counters still go on from the save,
+    // so a resumed run's checkpoint equals an uninterrupted run's (`zeroshard checkpoint compare`).
+    optim::LossScaler::State st = s_.scaler_.state();
+    st.good_steps = int_scalar(m, "loss_scaler.good_steps", dir);
+    st.overflows = int_scalar(m, "loss_scaler.overflows", dir);
+    s_.scaler_.set_state(st);
   }
   if (!s_.compressed_) return;
   CompressedState& c = *s_.compressed_;

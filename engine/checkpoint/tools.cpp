@@ -187,6 +187,7 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
   };
   size_t compared = 0;
   std::vector<float> va, vb;
+  std::vector<int32_t> ia, ib;
   const uint64_t piece = 1u << 20;
   for (const TensorInfo& t : la.tensors) {
     int j = lb.find_tensor(t.name);
@@ -208,26 +209,39 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
       }
       double max_abs = 0;
       uint64_t bad = 0, first_bad = 0;
+      double first_a = 0, first_b = 0;
+      // Integer buffers (CAdam's quantised momentum) compare exactly, as integers: they have no fp32
+      // reading, and a tolerance means nothing for them.
+      const bool integer = buf.dtype == DType::kI32;
       for (uint64_t e = 0; e < t.numel(); e += piece) {
         uint64_t n = std::min(piece, t.numel() - e);
-        va.resize(n);
-        vb.resize(n);
-        ra.read(buf.name, t.name, e, n, DType::kF32, va.data());
-        rb.read(buf.name, t.name, e, n, DType::kF32, vb.data());
+        if (integer) {
+          ia.resize(n);
+          ib.resize(n);
+          ra.read(buf.name, t.name, e, n, DType::kI32, ia.data());
+          rb.read(buf.name, t.name, e, n, DType::kI32, ib.data());
+        } else {
+          va.resize(n);
+          vb.resize(n);
+          ra.read(buf.name, t.name, e, n, DType::kF32, va.data());
+          rb.read(buf.name, t.name, e, n, DType::kF32, vb.data());
+        }
         for (uint64_t i = 0; i < n; ++i) {
-          double d = std::fabs(static_cast<double>(va[i]) - vb[i]);
-          bool same = d <= atol + rtol * std::fabs(static_cast<double>(vb[i])) ||
-                      (std::isnan(va[i]) && std::isnan(vb[i]));
-          if (!same) {
-            if (bad++ == 0) first_bad = e + i;
+          const double x = integer ? ia[i] : va[i], y = integer ? ib[i] : vb[i];
+          const double d = std::fabs(x - y);
+          const bool same = integer ? ia[i] == ib[i] : d <= atol + rtol * std::fabs(y) || (std::isnan(x) && std::isnan(y));
+          if (!same && bad++ == 0) {
+            first_bad = e + i;
+            first_a = x;
+            first_b = y;
           }
           if (!std::isnan(d)) max_abs = std::max(max_abs, d);
         }
       }
       ++compared;
       if (bad > 0) {
-        differ(fmt::format("{}[{}]: {} of {} elements differ (first at {}: {} vs {}), max |a-b| {:g}", buf.name,
-                           t.name, bad, t.numel(), first_bad, "A", "B", max_abs));
+        differ(fmt::format("{}[{}]: {} of {} elements differ (first at {}: {:g} in A, {:g} in B), max |a-b| {:g}",
+                           buf.name, t.name, bad, t.numel(), first_bad, first_a, first_b, max_abs));
       }
     }
   }

@@ -2,8 +2,9 @@
 # steps; then the same command with --steps 5 --save DIR; then --steps 10 --load DIR (a new job, at
 # NP_RESUMED ranks): --steps counts total steps, so the resumed job trains steps 6-10. At the same
 # world size its 5 losses and final parameter digest equal the uninterrupted run's bit for bit (the
-# summary's JSON numbers round-trip exactly); at another world size or config (elastic) the losses
-# agree to 5e-5 absolute (about 1e-5 relative).
+# summary's JSON numbers round-trip exactly), and so does every state of the checkpoints both jobs save
+# at step 10 (`zeroshard checkpoint compare --rtol 0`: parameters, optimizer states, counters); at
+# another world size or config (elastic) the losses agree to 5e-5 absolute (about 1e-5 relative).
 #   -DMPIEXEC=... -DTOOL=... -DOUT=dir -DNAME=prefix "-DCASES=cfg|np|np2;cfg|np|np2;..."
 include(${CMAKE_CURRENT_LIST_DIR}/check_summary.cmake)
 
@@ -32,11 +33,12 @@ foreach(case ${CASES})
     list(GET parts 3 config2)  # the resumed job's config (another ZeRO stage, offload or ep_size)
   endif()
   set(dir ${OUT}/${NAME}_${i}_ckpt)
-  file(REMOVE_RECURSE ${dir})
+  set(dir_full ${OUT}/${NAME}_${i}_ckpt_full)
+  file(REMOVE_RECURSE ${dir} ${dir_full})
   set(full ${OUT}/${NAME}_${i}_full.json)
   set(first ${OUT}/${NAME}_${i}_first.json)
   set(resumed ${OUT}/${NAME}_${i}_resumed.json)
-  _zs_train(${np} ${config} 10 ${full} "" log)
+  _zs_train(${np} ${config} 10 ${full} "--save;${dir_full}" log)
   _zs_train(${np} ${config} 5 ${first} "--save;${dir}" log)
   if(NOT EXISTS ${dir}/latest OR NOT EXISTS ${dir}/global_step5/zs_metadata.h5)
     message(FATAL_ERROR "${config}: --save ${dir} wrote no global_step5 checkpoint\n${log}")
@@ -45,7 +47,7 @@ foreach(case ${CASES})
   if(text MATCHES "gather_16bit_weights_on_model_save\": true" AND NOT EXISTS ${dir}/global_step5/zs_model_16bit.h5)
     message(FATAL_ERROR "${config}: stage3_gather_16bit_weights_on_model_save but no global_step5/zs_model_16bit.h5")
   endif()
-  _zs_train(${np2} ${config2} 10 ${resumed} "--load;${dir}" log)
+  _zs_train(${np2} ${config2} 10 ${resumed} "--load;${dir};--save;${dir}" log)
   if(NOT log MATCHES "checkpoint: loaded [^\n]*global_step5 \\(step 5, saved at ${np} rank")
     message(FATAL_ERROR "${config}: no load line\n${log}")
   endif()
@@ -79,7 +81,15 @@ foreach(case ${CASES})
   if(np EQUAL np2 AND config STREQUAL config2 AND NOT da STREQUAL db)
     message(FATAL_ERROR "${config}: final parameter digest ${db} after resuming, ${da} uninterrupted")
   endif()
+  if(np EQUAL np2 AND config STREQUAL config2)
+    execute_process(COMMAND ${TOOL} checkpoint compare ${dir_full} ${dir} --rtol 0
+      RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "equal: ")
+      message(FATAL_ERROR "${config}: the resumed job's step-10 checkpoint differs from the uninterrupted one's "
+                          "(exit ${rc})\n${out}\n${err}")
+    endif()
+  endif()
   message(STATUS "${config}: np ${np} -> ${np2} (${config2}): the resumed steps 6-10 match")
-  file(REMOVE_RECURSE ${dir})
+  file(REMOVE_RECURSE ${dir} ${dir_full})
   math(EXPR i "${i} + 1")
 endforeach()
