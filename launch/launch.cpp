@@ -108,8 +108,11 @@ int set_blas_threads(int local_ranks) {
     threads = launcher_bound ? static_cast<int>(cpus.size())
                              : std::max(1, static_cast<int>(cpus.size()) / std::max(1, local_ranks));
     openblas_set_num_threads(threads);
-    if (launcher_bound && static_cast<int>(cpus.size()) * std::max(1, local_ranks) < online) {
-      ZS_LOG_INFO("this rank may run on {} of the node's {} CPUs (the launcher's binding): {} compute thread(s); "
+    // Under OpenMPI's mpirun, say how to use the CPUs no rank was given (a container's cpuset is
+    // not the launcher's doing, and --bind-to would not help there).
+    if (launcher_bound && static_cast<int>(cpus.size()) * std::max(1, local_ranks) < online &&
+        std::getenv("OMPI_COMM_WORLD_RANK") != nullptr) {
+      ZS_LOG_INFO("this rank may run on {} of the node's {} CPUs (mpirun's binding): {} compute thread(s); "
                   "`mpirun --bind-to none` lets the ranks share all of them",
                   cpus.size(), online, threads);
     }
