@@ -290,9 +290,14 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
   meta.layout = build_layout(descriptions);
   meta.scalars = scalars();
   meta.config_json = e_.config_.json;
+  // finish_pending committed an asynchronous save, whose prune may still run (Note [background prune]):
+  // begin_save leaves its directories to it.
+  const std::shared_ptr<PendingCheckpoint> prune = e_.pending_checkpoint_;
+  std::span<const fs::path> pruning;
+  if (prune && prune->prune_only) pruning = prune->pruning;
   fs::path staging;
   agreed(g, [&] {
-    if (g.rank() == 0) staging = checkpoint::begin_save(root, tag);
+    if (g.rank() == 0) staging = checkpoint::begin_save(root, tag, pruning);
   });
   staging = allgather_strings(g, staging.string()).front();
   if (cc.async) {
@@ -388,14 +393,17 @@ void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, con
   });
   // Note [background prune]: the tags beyond keep_last are out of sight (renamed); a thread of rank
   // 0 removes their files while training goes on, joined like a writer by the next save, load or
-  // wait_checkpoint (no collective: only rank 0 has one) or the engine's end. A removal that fails
-  // is a warning: the save it follows is committed, and the next begin_save clears what is left.
+  // wait_checkpoint (no collective: only rank 0 has one) or the engine's end; an asynchronous save's
+  // commit runs inside the next save, whose begin_save then leaves the prune's directories to it. A
+  // removal that fails is a warning: the save it follows is committed, and a later begin_save clears
+  // what is left.
   if (!pruned.empty()) {
     auto prune = std::make_shared<PendingCheckpoint>();
     prune->prune_only = true;
     PendingCheckpoint* p = prune.get();
-    prune->writer = std::thread([p, pruned = std::move(pruned)] {
-      for (const fs::path& dir : pruned) {
+    prune->pruning = std::move(pruned);
+    prune->writer = std::thread([p] {
+      for (const fs::path& dir : p->pruning) {
         std::error_code ec;
         fs::remove_all(dir, ec);
         if (ec && p->error.empty()) p->error = fmt::format("removal of '{}': {}", dir.string(), ec.message());

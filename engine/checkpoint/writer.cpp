@@ -460,16 +460,21 @@ void write_latest(const fs::path& root, std::string_view tag) {
 
 }  // namespace
 
-fs::path begin_save(const fs::path& root, std::string_view tag) {
+fs::path begin_save(const fs::path& root, std::string_view tag, std::span<const fs::path> in_use) {
   if (tag.empty() || tag.find('/') != std::string_view::npos || tag.front() == '.' || tag == kLatestFile) {
     throw UsageError(fmt::format("checkpoint tag '{}': must be a plain, non-hidden directory name", tag));
   }
   fs::path staging = root / (staging_prefix() + std::string(tag));
   try {
     fs::create_directories(root);
-    // Staging directories left by crashed saves (any tag): only one save runs at a time per root.
+    // Staging directories left by crashed saves (any tag): only one save runs at a time per root. Not
+    // those a background prune is removing: two remove_all on one tree race, and the loser fails with
+    // ENOENT on a file the other removed (an asynchronous save's commit, made at the next save, starts
+    // that prune just before this runs).
     for (const auto& entry : fs::directory_iterator(root)) {
-      if (entry.path().filename().string().rfind(staging_prefix(), 0) == 0) fs::remove_all(entry.path());
+      if (entry.path().filename().string().rfind(staging_prefix(), 0) != 0) continue;
+      if (std::find(in_use.begin(), in_use.end(), entry.path()) != in_use.end()) continue;
+      fs::remove_all(entry.path());
     }
     fs::create_directory(staging);
   } catch (const fs::filesystem_error& e) {

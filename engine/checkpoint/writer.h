@@ -79,8 +79,10 @@ class ShardWriter {
 void write_metadata(const std::filesystem::path& dir, const Metadata& meta);
 
 // Rank 0 (the coordinator): creates <root>/.staging.<tag> afresh (removing stale staging directories
-// of crashed saves) and returns it.
-std::filesystem::path begin_save(const std::filesystem::path& root, std::string_view tag);
+// of crashed saves, except those in `in_use`: tags a commit pruned that a background thread is still
+// removing, see commit_save) and returns it.
+std::filesystem::path begin_save(const std::filesystem::path& root, std::string_view tag,
+                                 std::span<const std::filesystem::path> in_use = {});
 // Rank 0, once every rank's file and the metadata are written: see Note [Atomic save]. Then removes
 // all but the newest `keep_last` tags (by save time; 0 keeps all; the tag `latest` names is kept).
 // With `remove_later`, those tags are only renamed out of sight (to hidden staging names, which a

@@ -81,6 +81,7 @@ struct PendingCheckpoint {
   bool metadata_written = false;  // rank 0's writer also wrote the metadata file
   // Not a save: `writer` removes the tags a commit pruned (Note [background prune]), on rank 0 only.
   bool prune_only = false;
+  std::vector<std::filesystem::path> pruning;  // prune_only: the directories `writer` removes
   ~PendingCheckpoint() {
     if (writer.joinable()) writer.join();
   }

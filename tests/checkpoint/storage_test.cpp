@@ -124,6 +124,31 @@ TEST(CheckpointStorage, KeepLastAndLatest) {
   EXPECT_THROW(begin_save(root, "../x"), UsageError);
 }
 
+// begin_save clears the staging directories of crashed saves, but not those a background prune is
+// still removing (commit_save's remove_later): two removals of one tree race, and the loser failed
+// the save with ENOENT (an asynchronous save's commit starts its prune just before the next save's
+// begin_save; the e2e async-save resume caught it).
+TEST(CheckpointStorage, BeginSaveLeavesAPruneInProgressAlone) {
+  test::TempDir tmp;
+  fs::path root = tmp.path();
+  test::save_synthetic(root, test::synthetic_metadata(2, "global_step1", 1));
+  const auto meta = test::synthetic_metadata(2, "global_step2", 2);
+  const fs::path dir = begin_save(root, meta.tag);
+  for (int r = 0; r < 2; ++r) test::write_synthetic_rank(dir, meta, r, {});
+  write_metadata(dir, meta);
+  std::vector<fs::path> pruning;
+  commit_save(root, meta.tag, 1, &pruning);
+  ASSERT_EQ(pruning.size(), 1u);
+  ASSERT_TRUE(fs::exists(pruning[0]));
+  fs::create_directories(root / ".staging.crashed" / "sub");
+  const fs::path staging = begin_save(root, "global_step3", pruning);
+  EXPECT_TRUE(fs::exists(pruning[0])) << "the prune's directory is the prune's to remove";
+  EXPECT_TRUE(fs::exists(staging));
+  EXPECT_FALSE(fs::exists(root / ".staging.crashed")) << "a crashed save's staging directory is cleared";
+  begin_save(root, "global_step3");
+  EXPECT_FALSE(fs::exists(pruning[0])) << "with no prune running, a pruned directory left behind is cleared";
+}
+
 // Pruning (keep_last) must never show part of a tag under its name: a crash inside the removal left
 // a tag missing its metadata or rank files (the fault trials caught one). The old tag gets thousands
 // of extra files, so removing them takes a while, and this thread watches it while another commits a
