@@ -472,8 +472,10 @@ fs::path begin_save(const fs::path& root, std::string_view tag, std::span<const 
     // ENOENT on a file the other removed (an asynchronous save's commit, made at the next save, starts
     // that prune just before this runs).
     for (const auto& entry : fs::directory_iterator(root)) {
-      if (entry.path().filename().string().rfind(staging_prefix(), 0) != 0) continue;
-      if (std::find(in_use.begin(), in_use.end(), entry.path()) != in_use.end()) continue;
+      const fs::path name = entry.path().filename();
+      if (name.string().rfind(staging_prefix(), 0) != 0) continue;
+      // By name: the root may be spelled differently from the commit's (a trailing slash).
+      if (std::any_of(in_use.begin(), in_use.end(), [&](const fs::path& p) { return p.filename() == name; })) continue;
       fs::remove_all(entry.path());
     }
     fs::create_directory(staging);
