@@ -6,17 +6,19 @@
 //   mpirun -np 2 build/release/benchmarks/zero_step_bench [--json out.json] [--n-layer 4]
 //          [--d-model 384] [--n-head 6] [--seq-len 128] [--micro-batch 8] [--vocab 256] [--reps 7]
 //          [--warmup 1] [--precision bf16|fp32] [--bucket 1000000] [--prefetch 1000000]
-//          [--persistence 100000] [--memory-mb 1024]
+//          [--persistence 100000] [--reuse 1000000000] [--memory-mb 1024]
 //
 // Default model: GPT n_layer 4, d_model 384, n_head 6 (head size 64), seq_len 128, byte vocabulary,
 // 7.2 M parameters, micro batch 8 (1024 tokens per rank and step), bf16 + AdamW. The step is
 // compute-meaningful - about 21 GFLOP per rank, 90% of it in the block linears, as in larger GPTs -
 // while all four engines (16Ψ = 115 MB each at stage 0) fit side by side and a repetition of the four
-// stages takes a few seconds on 2 cores. Stage 3 moves 2 x 2Ψ bytes of parameters per micro-batch
-// (forward and backward gathers) on top of the gradient reduce-scatter; with d_model 384 a module's
+// stages takes a few seconds on 2 cores. Stage 3 moves up to 2 x 2Ψ bytes of parameters per micro-batch
+// (forward and backward gathers, less what the reuse distance keeps) on top of the gradient reduce-scatter; with d_model 384 a module's
 // weights are 0.3-1.2 MB of bf16, the message sizes where OpenMPI's shared memory is efficient.
 // Buckets: reduce/allgather 1e6 elements (8 buckets, so reductions overlap backward), prefetch 1e6,
-// persistence threshold 1e5 (LayerNorms and biases-only modules stay gathered).
+// persistence threshold 1e5 (LayerNorms and biases-only modules stay gathered), reuse distance 1e9
+// (DeepSpeed's default: what the prefetch window holds at the forward's end is kept for the backward;
+// --reuse 0 gathers every module again in the backward).
 //
 // Method. All four engines (own model, own device arena) are built first; each takes `--warmup`
 // untimed steps (stage 3 records its module order then). Then `--reps` repetitions; repetition r runs
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
     base.zero.allgather_bucket_size = base.zero.reduce_bucket_size;
     base.zero.stage3_prefetch_bucket_size = bench::int_arg(argc, argv, "--prefetch", 1'000'000, 0);
     base.zero.stage3_param_persistence_threshold = bench::int_arg(argc, argv, "--persistence", 100'000, 0);
+    base.zero.stage3_max_reuse_distance = bench::int_arg(argc, argv, "--reuse", 1'000'000'000, 0);
 
     // Variants: stages 0-3 with the collectives as configured (comm.shared_memory "auto"), then stages
     // 0 and 3 with OpenMPI's collectives (a dp group with comm.shared_memory false).
@@ -115,11 +118,12 @@ int main(int argc, char** argv) {
     if (root) {
       std::printf("zero_step_bench: GPT n_layer %lld d_model %lld n_head %lld seq_len %lld vocab %lld (%lld params), "
                   "%s + AdamW, micro batch %lld x %d rank(s), %d BLAS thread(s) per rank; buckets %lld, prefetch %lld, "
-                  "persistence %lld elements; %lld warm-up + %lld interleaved repetitions\n",
+                  "persistence %lld, reuse distance %lld elements; %lld warm-up + %lld interleaved repetitions\n",
                   (long long)gcfg.n_layer, (long long)gcfg.d_model, (long long)gcfg.n_head, (long long)gcfg.seq_len,
                   (long long)gcfg.vocab_size, (long long)params, precision.c_str(), (long long)micro, ranks, threads,
                   (long long)base.zero.reduce_bucket_size, (long long)base.zero.stage3_prefetch_bucket_size,
-                  (long long)base.zero.stage3_param_persistence_threshold, (long long)warmup, (long long)reps);
+                  (long long)base.zero.stage3_param_persistence_threshold,
+                  (long long)base.zero.stage3_max_reuse_distance, (long long)warmup, (long long)reps);
     }
     for (int64_t i = 0; i < warmup; ++i) {
       for (int s = 0; s < n_variants; ++s) engines[static_cast<size_t>(s)]->train_batch(sources[static_cast<size_t>(s)]);
@@ -150,7 +154,8 @@ int main(int argc, char** argv) {
                      {"reduce_bucket_size", base.zero.reduce_bucket_size},
                      {"allgather_bucket_size", base.zero.allgather_bucket_size},
                      {"stage3_prefetch_bucket_size", base.zero.stage3_prefetch_bucket_size},
-                     {"stage3_param_persistence_threshold", base.zero.stage3_param_persistence_threshold}};
+                     {"stage3_param_persistence_threshold", base.zero.stage3_param_persistence_threshold},
+                     {"stage3_max_reuse_distance", base.zero.stage3_max_reuse_distance}};
     boost::json::object ratios;
     std::vector<double> stage3_over_mpi;  // per repetition: the spread of the issue 17 ratio
     const double tokens = static_cast<double>(micro * gcfg.seq_len * ranks);

@@ -36,8 +36,8 @@ constexpr int64_t kMaxExperts = 4096;
 //   - a switch whose `false` is what zeroshard does (prescale_gradients, memory_efficient_linear, a
 //     section such as tensorboard with "enabled": false): false accepted, true refused as "not
 //     supported by zeroshard yet" (read_false_only, read_disabled_section);
-//   - a hint that only tunes DeepSpeed's performance and has no use here (stage3_max_reuse_distance,
-//     contiguous_gradients): accepted, and a line added to EngineConfig::notes (read_hint);
+//   - a hint that only tunes DeepSpeed's performance and has no use here (contiguous_gradients,
+//     use_multi_rank_bucket_allreduce): accepted, and a line added to EngineConfig::notes (read_hint);
 //   - anything else in DeepSpeed's tables (engine/detail/deepspeed_keys.h): refused by finish() as
 //     "not supported by zeroshard yet". Only a key in no table is "unknown" with a did-you-mean.
 // Notes are collected, not logged: parse_config runs on every rank, and the logger prints warnings on
@@ -214,11 +214,8 @@ void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
   r.read("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, IntRange::non_negative());
   r.alias("stage3_max_live_parameters", "max_live_parameters");
   r.read("stage3_max_live_parameters", z.stage3_max_live_parameters, IntRange::positive());
-  for (std::string_view key : {"stage3_max_reuse_distance", "max_reuse_distance"}) {  // DeepSpeed's name and alias
-    read_hint<int64_t>(r, key, notes,
-                       "zeroshard's stage 3 frees a gathered module when its use is done and bounds what is gathered "
-                       "by stage3_max_live_parameters");
-  }
+  r.alias("stage3_max_reuse_distance", "max_reuse_distance");
+  r.read("stage3_max_reuse_distance", z.stage3_max_reuse_distance, IntRange::non_negative());
   read_hint<bool>(r, "use_multi_rank_bucket_allreduce", notes, "a DeepSpeed communication tuning");
   auto read_device = [](ObjectReader& o, OffloadDevice& d) {
     o.read_enum("device", d, {{"none", OffloadDevice::kNone}, {"cpu", OffloadDevice::kCpu}, {"nvme", OffloadDevice::kNvme}});

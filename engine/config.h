@@ -96,6 +96,7 @@ struct ZeroConfig {
   int64_t stage3_prefetch_bucket_size = 50'000'000;        // elements gathered ahead of use
   int64_t stage3_param_persistence_threshold = 100'000;    // modules with fewer own elements stay gathered
   int64_t stage3_max_live_parameters = 1'000'000'000;      // elements gathered at once (prefetch stops there)
+  int64_t stage3_max_reuse_distance = 1'000'000'000;       // forward-released modules reused within it are kept
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
   int64_t sub_group_size = 1'000'000'000;  // elements the offloaded optimizer steps at a time
@@ -181,7 +182,7 @@ struct EngineConfig {
   int64_t train_steps = 100;  // optimizer steps `zeroshard train` runs (--steps overrides)
 
   // One line per accepted key that has no effect here, starting with its JSON path
-  // ("zero_optimization.stage3_max_reuse_distance: accepted; has no effect in zeroshard: ...").
+  // ("zero_optimization.contiguous_gradients: accepted; has no effect in zeroshard: ...").
   // Also the optimizer a config without an `optimizer` section trains with ("optimizer: no ...").
   // parse_config logs nothing (it runs on every rank); the program logs these once, on rank 0.
   std::vector<std::string> notes;

@@ -249,6 +249,7 @@ void Engine::Impl::make_reducer_and_gatherer(StateSet& s, const std::vector<nn::
   ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
                             .persistence_threshold = static_cast<size_t>(cfg.zero.stage3_param_persistence_threshold),
                             .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters),
+                            .max_reuse_distance = static_cast<size_t>(cfg.zero.stage3_max_reuse_distance),
                             .nvme = nullptr,
                             .nvme_region = {},
                             .tracker = nullptr,

@@ -209,7 +209,43 @@ void ParamGatherer::release(nn::Module& m) {
   auto it = entry_of_.find(&m);
   if (it == entry_of_.end()) return;
   Entry& e = entries_[it->second];
-  if (!e.persistent) drop(e);
+  if (e.persistent) return;
+  if (pass_ == Pass::kForward && keep_for_backward(it->second)) {
+    // Note [reuse distance]: held as a prefetch of its backward fetch.
+    e.prefetched = true;
+    prefetched_elements_ += e.range.size;
+    ++reuse_keeps_;
+    return;
+  }
+  drop(e);
+}
+
+bool ParamGatherer::keep_for_backward(size_t index) const {
+  if (backward_before_.empty() || options_.max_reuse_distance == 0) return false;
+  const Entry& e = entries_[index];
+  // Used again later in this forward (a shared module): the forward's own prefetch serves that use.
+  if (last_forward_[index] == kNever || last_forward_[index] >= position_) return false;
+  if (backward_before_[index] == kNever || position_ >= forward_after_.size()) return false;
+  const size_t distance = forward_after_[position_] + backward_before_[index];
+  return distance <= options_.max_reuse_distance && prefetched_elements_ + e.range.size <= options_.prefetch_elements;
+}
+
+void ParamGatherer::plan_reuse() {
+  const auto& forward = trace_[static_cast<int>(Pass::kForward)];
+  const auto& backward = trace_[static_cast<int>(Pass::kBackward)];
+  auto gathered = [&](size_t index) { return entries_[index].persistent ? size_t{0} : entries_[index].range.size; };
+  forward_after_.assign(forward.size() + 1, 0);
+  last_forward_.assign(entries_.size(), kNever);
+  for (size_t i = forward.size(); i-- > 0;) {
+    forward_after_[i] = forward_after_[i + 1] + gathered(forward[i]);
+    if (last_forward_[forward[i]] == kNever) last_forward_[forward[i]] = i;
+  }
+  backward_before_.assign(entries_.size(), kNever);
+  size_t before = 0;
+  for (size_t index : backward) {
+    if (backward_before_[index] == kNever) backward_before_[index] = before;
+    before += gathered(index);
+  }
 }
 
 void ParamGatherer::end_pass() {
@@ -220,7 +256,9 @@ void ParamGatherer::end_pass() {
                             pass_ == Pass::kForward ? "forward" : "backward", position_, trace.size(),
                             entries_[trace[position_]].module->display_name()));
   }
+  const bool first = !recorded_[static_cast<int>(pass_)];
   recorded_[static_cast<int>(pass_)] = true;
+  if (first && recorded_[0] && recorded_[1]) plan_reuse();
 }
 
 void ParamGatherer::invalidate() {

@@ -30,6 +30,19 @@
 // for the whole run (Note [persistent gathered parameters] in engine/param_gatherer.cpp); the others'
 // are transient blocks, allocated at each gather and freed at release.
 //
+// Note [reuse distance]
+// DeepSpeed's stage3_max_reuse_distance: a module released in the forward whose next use (its first
+// fetch in the backward) comes within that many elements of other modules' gathers is kept instead of
+// released, and its backward fetch finds it gathered. At the forward-backward turn the last modules of
+// the forward are the first of the backward, so without this they are dropped and gathered again a
+// moment later. Once both orders are recorded, the distance is known from them: the forward's
+// elements still to fetch after the release plus the backward's before the module's first fetch
+// (non-persistent modules only: persistent ones are never gathered again). A kept module counts as
+// prefetched: it takes room in the prefetch window (and is not kept when the window is full), so
+// the live bound below and `zeroshard estimate` still hold, and stage3_prefetch_bucket_size stays
+// the one knob for what is gathered ahead of use. DeepSpeed bounds what it keeps by
+// stage3_max_live_parameters alone; here that bound applies too (kept modules are live).
+//
 // Live bound (documented and tested): gathered non-persistent parameters never exceed the parameters
 // of the modules currently running (a module and its running ancestors) plus the prefetch window;
 // persistent ones add their total.
@@ -53,6 +66,7 @@ class ParamGatherer {
     size_t prefetch_elements = 50'000'000;
     size_t persistence_threshold = 100'000;
     size_t max_live_elements = 1'000'000'000;
+    size_t max_reuse_distance = 1'000'000'000;  // Note [reuse distance]; 0 releases every module after use
     // offload_param nvme: the shard lives in this swap region instead of `param_shard` (nullptr then).
     // A gather first reads the owned part (4096-aligned window) into a host staging buffer.
     offload::SwapSpace* nvme = nullptr;
@@ -83,6 +97,7 @@ class ParamGatherer {
   size_t live_peak_bytes() const { return live_peak_elements_ * memory::dtype_size(dtype_); }
   size_t persistent_bytes() const;
   uint64_t gathers() const { return gathers_; }  // count of gathers started (fetches and prefetches)
+  uint64_t reuse_keeps() const { return reuse_keeps_; }  // forward releases kept for the backward
   // offload_param nvme: bytes read from the swap file so far, and the peak of staging bytes alive.
   uint64_t nvme_bytes_read() const { return nvme_bytes_read_; }
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
@@ -109,6 +124,8 @@ class ParamGatherer {
   void finish_gather(Entry& e);
   void drop(Entry& e);
   void prefetch_after(size_t position);
+  void plan_reuse();
+  bool keep_for_backward(size_t index) const;
 
   Options options_;
   const FlatLayout& layout_;
@@ -128,6 +145,14 @@ class ParamGatherer {
   size_t prefetched_elements_ = 0;
   size_t max_chain_elements_ = 0;
   uint64_t gathers_ = 0;
+  uint64_t reuse_keeps_ = 0;
+  // Note [reuse distance], from the recorded orders (empty until both are recorded): per forward
+  // position, the elements gathered from there to the forward's end; per entry, its last forward
+  // position and the elements the backward gathers before its first fetch (kNever: not fetched).
+  static constexpr size_t kNever = static_cast<size_t>(-1);
+  std::vector<size_t> forward_after_;
+  std::vector<size_t> last_forward_;
+  std::vector<size_t> backward_before_;
   uint64_t nvme_bytes_read_ = 0;
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;

@@ -183,6 +183,15 @@ TEST(Config, ZeroStagesAndTheirKeys) {
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100000);
   EXPECT_EQ(c.zero.stage3_max_live_parameters, 2000000000);  // DeepSpeed's old name, accepted
   EXPECT_EQ(c.zero.allgather_bucket_size, 200000000);
+  EXPECT_EQ(c.zero.stage3_max_reuse_distance, 1000000000);  // DeepSpeed's default
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 1e8}})")
+                .zero.stage3_max_reuse_distance,
+            100000000);
+  EXPECT_EQ(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "max_reuse_distance": 0}})")
+                .zero.stage3_max_reuse_distance,
+            0);  // the old name
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"stage3_max_reuse_distance": -1}})"),
+                  "zero_optimization.stage3_max_reuse_distance");
 }
 
 TEST(Config, Fp16AndBf16AreExclusiveAndFp16ReadsLossScaling) {
@@ -373,14 +382,11 @@ TEST(ConfigDeepSpeed, DisabledFeatureSectionsAreAccepted) {
 
 TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
   EngineConfig c = parse(R"({"train_batch_size": 4, "zero_allow_untested_optimizer": true,
-      "zero_optimization": {"stage": 3, "contiguous_gradients": false, "stage3_max_reuse_distance": 1e9}})");
+      "zero_optimization": {"stage": 3, "contiguous_gradients": false, "use_multi_rank_bucket_allreduce": true}})");
   EXPECT_EQ(c.notes.size(), 4u);  // and the default optimizer's note
-  EXPECT_TRUE(has_note(c, "zero_optimization.stage3_max_reuse_distance: accepted; has no effect"));
+  EXPECT_TRUE(has_note(c, "zero_optimization.use_multi_rank_bucket_allreduce: accepted; has no effect"));
   EXPECT_TRUE(has_note(c, "zero_optimization.contiguous_gradients: accepted"));
   EXPECT_TRUE(has_note(c, "zero_allow_untested_optimizer: accepted"));
-  // The old name of the hint too.
-  EXPECT_TRUE(has_note(parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "max_reuse_distance": 0}})"),
-                       "zero_optimization.max_reuse_distance"));
   // bf16 needs no loss scaling: keys copied from an fp16 section are accepted and noted.
   EngineConfig b = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})");

@@ -7,6 +7,7 @@
 //   - The live bound: live_peak_bytes() <= live_bound_bytes(); the prefetch window and
 //     stage3_max_live_parameters limit what is gathered ahead.
 //   - Persistence: small modules stay gathered after release; invalidate() drops everything.
+//   - Reuse distance: forward releases whose backward use is near are kept, within the window.
 #include "engine/detail/param_gatherer.h"
 
 #include <gtest/gtest.h>
@@ -170,11 +171,13 @@ class Rig {
   long long max_ahead_ = 0;
 };
 
-ParamGatherer::Options options(size_t prefetch, size_t persistence, size_t max_live = 1'000'000'000) {
+ParamGatherer::Options options(size_t prefetch, size_t persistence, size_t max_live = 1'000'000'000,
+                              size_t max_reuse = 0) {
   ParamGatherer::Options o;
   o.prefetch_elements = prefetch;
   o.persistence_threshold = persistence;
   o.max_live_elements = max_live;
+  o.max_reuse_distance = max_reuse;
   return o;
 }
 
@@ -428,6 +431,89 @@ TEST(ParamGathererPersistence, InvalidateDropsEverythingEvenPrefetchesInFlight) 
     rig.gatherer().invalidate();
   }
   EXPECT_LE(rig.gatherer().live_peak_bytes(), rig.gatherer().live_bound_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reuse distance (Note [reuse distance]).
+
+// Gathers of one step (forward and backward) after the orders are recorded.
+uint64_t gathers_per_step(Rig& rig) {
+  const uint64_t before = rig.gatherer().gathers();
+  rig.step();
+  rig.gatherer().invalidate();
+  return rig.gatherer().gathers() - before;
+}
+
+TEST(ParamGathererReuse, ForwardReleasesWithinTheDistanceAreNotGatheredAgainInTheBackward) {
+  // Six modules, none persistent: forward 0, 1, 1.inner, 2, 3, 4; backward 4, 3, 2, 1, 1.inner, 0.
+  // Distance of a forward release = the forward's elements after it + the backward's before the
+  // module's first backward fetch: 4 -> 0 + 0, 3 -> 72 + 72, 2 -> 112 + 112, the Block (released
+  // after its child) -> 184 + 184, 1.inner -> 184 + 284 (the Block comes first in the backward),
+  // 0 -> 356 + 356. Each distance reached keeps one more module: one gather less per step.
+  const comm::Group group = comm::Group::simulated(0, 1);
+  struct Case {
+    size_t reuse;
+    uint64_t gathers;
+  };
+  for (const Case c : {Case{0, 12}, Case{143, 11}, Case{144, 10}, Case{223, 10}, Case{224, 9}, Case{368, 8},
+                       Case{467, 8}, Case{468, 7}, Case{711, 7}, Case{712, 6}, Case{1'000'000'000, 6}}) {
+    Tree tree;
+    Rig rig(tree, group, options(/*prefetch=*/1000, /*persistence=*/0, 1'000'000'000, c.reuse));
+    rig.step();  // records both orders: nothing kept yet
+    rig.gatherer().invalidate();
+    EXPECT_EQ(rig.gatherer().reuse_keeps(), 0u);
+    for (int step = 0; step < 2; ++step) {
+      EXPECT_EQ(gathers_per_step(rig), c.gathers) << "max_reuse_distance " << c.reuse << ", step " << step;
+    }
+    EXPECT_EQ(rig.gatherer().reuse_keeps(), 2 * (12 - c.gathers));
+    EXPECT_LE(rig.gatherer().live_peak_bytes(), rig.gatherer().live_bound_bytes());
+  }
+}
+
+TEST(ParamGathererReuse, KeptModulesHoldTheirValuesAndTakeRoomInThePrefetchWindow) {
+  const comm::Group group = comm::Group::simulated(0, 1);
+  // Window 150: the forward's last two modules, the LayerNorm (40) and the last Linear (72), are kept
+  // (112 elements); the earlier ones were not: each of their releases found the window holding the
+  // modules prefetched after them.
+  Tree tree;
+  Rig rig(tree, group, options(/*prefetch=*/150, /*persistence=*/0, 1'000'000'000, 1'000'000'000));
+  rig.step();
+  rig.gatherer().invalidate();
+  rig.gatherer().begin_pass(ParamGatherer::Pass::kForward);
+  for (int k = 0; k < 5; ++k) {
+    nn::Module& m = tree.child(k);
+    rig.gatherer().fetch(m);
+    for (nn::Module* c : m.children()) {
+      rig.gatherer().fetch(*c);
+      rig.gatherer().release(*c);
+    }
+    rig.gatherer().release(m);
+  }
+  rig.gatherer().end_pass();
+  EXPECT_EQ(rig.gatherer().reuse_keeps(), 2u);
+  for (int k : {3, 4}) {
+    for (nn::Parameter* p : tree.child(k).params()) EXPECT_TRUE(p->data().defined()) << p->full_name();
+  }
+  for (int k : {0, 1, 2}) {
+    for (nn::Parameter* p : tree.child(k).params()) EXPECT_FALSE(p->data().defined()) << p->full_name();
+  }
+  EXPECT_EQ(rig.gatherer().live_bytes(), (Tree::kLinearRange + Tree::kNormRange) * kElem);
+  // The kept copy is the gathered one: element i of the flat parameters holds i.
+  const nn::Parameter* weight = tree.child(4).params().front();
+  const ParamSlot* slot = nullptr;
+  for (const ParamSlot& s : tree.layout().slots()) {
+    if (s.param == weight) slot = &s;
+  }
+  ASSERT_NE(slot, nullptr);
+  EXPECT_EQ(weight->data().f32()[5], static_cast<float>(slot->offset + 5));
+  // The backward finds them gathered: its first two fetches start no gather of their own.
+  const uint64_t gathers = rig.gatherer().gathers();
+  rig.gatherer().begin_pass(ParamGatherer::Pass::kBackward);
+  rig.gatherer().fetch(tree.child(4));
+  EXPECT_EQ(rig.gatherer().gathers(), gathers + 1) << "only the prefetch of module 2 (the window has room again)";
+  // The optimizer step's invalidate drops kept copies too.
+  rig.gatherer().invalidate();
+  EXPECT_EQ(rig.gatherer().live_bytes(), 0u);
 }
 
 }  // namespace
