@@ -78,7 +78,10 @@ int main(int argc, char** argv) {
       if (g.rank() == 0 && !arena.active()) std::printf("comm_bench: shared arena inactive: %s\n", arena.inactive_reason().c_str());
     }
     if (!world.is_mpi()) {
-      std::fprintf(stderr, "comm_bench: run it under mpirun (a world of one moves no bytes)\n");
+      // Without mpirun MPI is never initialised, and the raw baselines call MPI directly.
+      std::fprintf(stderr, "comm_bench: run it under mpirun, e.g. mpirun -np 2 %s (a world of one moves no bytes)\n",
+                   argv[0]);
+      return 2;
     }
     bench::Report report;
     report.benchmark = "comm_bench";

@@ -53,6 +53,7 @@
 #include "memory/dtype.h"
 #include "nn/detail/gemm.h"
 #include "nn/detail/parallel.h"
+#include "nn/layers.h"
 
 #ifdef ZS_HAVE_DNNL
 #include <omp.h>
@@ -389,6 +390,9 @@ int main(int argc, char** argv) try {
   if (!zs::nn::detail::gemm_path_supported(GemmPath::kAvx512Bf16)) {
     std::erase(paths, "avx512bf16");
     std::printf("note: no AVX512-BF16 on this CPU: the avx512bf16 path is skipped\n");
+  } else {
+    // What the layers take here (Note [bf16 product rate]); this benchmark times both paths anyway.
+    std::printf("note: the layers' bf16 products run on %s\n", zs::nn::bf16_products_description().c_str());
   }
 #ifndef ZS_HAVE_DNNL
   if (std::erase(paths, "onednn") + std::erase(paths, "onednn_layer") > 0) {

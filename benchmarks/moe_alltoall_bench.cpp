@@ -72,7 +72,12 @@ int main(int argc, char** argv) {
     const int warmup = std::stoi(bench::arg_value(argc, argv, "--warmup", "3"));
     const int64_t d = std::stol(bench::arg_value(argc, argv, "--d", "512"));
     const int local = std::stoi(bench::arg_value(argc, argv, "--experts-per-rank", "1"));
-    if (!world.is_mpi()) std::fprintf(stderr, "moe_alltoall_bench: run it under mpirun (a world of one moves no bytes)\n");
+    if (!world.is_mpi()) {
+      // Without mpirun MPI is never initialised, and the raw baseline calls MPI directly.
+      std::fprintf(stderr, "moe_alltoall_bench: run it under mpirun, e.g. mpirun -np 2 %s (a world of one moves no bytes)\n",
+                   argv[0]);
+      return 2;
+    }
     comm::ExpertGroups groups = world.split_groups(n);  // one EP group of every rank: one expert per rank
     bench::Report report;
     report.benchmark = "moe_alltoall_bench";

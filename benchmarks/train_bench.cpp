@@ -51,6 +51,7 @@
 #include "nn/detail/gemm.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "nn/layers.h"
 
 using namespace zs;
 
@@ -187,7 +188,7 @@ int main(int argc, char** argv) {
                   "micro batch %lld x %d rank(s), %s, ZeRO 0, bf16 products %s\n",
                   (long long)gcfg.n_layer, (long long)gcfg.d_model, (long long)gcfg.n_head, (long long)gcfg.seq_len,
                   (long long)gcfg.vocab_size, (long long)eng.param_count(), (long long)micro, ranks, precision_arg.c_str(),
-                  std::string(nn::detail::gemm_path_name(nn::detail::bf16_gemm_path())).c_str());
+                  nn::bf16_products_description().c_str());
       std::printf("OpenBLAS core %s (preferred for this CPU: %s), %d thread(s) per rank; %lld warm-up + %lld "
                   "measured steps\n",
                   launch::loaded_blas_core().c_str(), launch::preferred_blas_core().c_str(), threads,
@@ -226,7 +227,8 @@ int main(int argc, char** argv) {
                      {"ranks", ranks}, {"blas_threads_per_rank", threads}, {"blas_core", launch::loaded_blas_core()},
                      {"preferred_blas_core", launch::preferred_blas_core()}, {"params", eng.param_count()},
                      {"steps", steps}, {"warmup", warmup}, {"precision", precision_arg}, {"zero_stage", 0},
-                     {"bf16_gemm_path", std::string(nn::detail::gemm_path_name(nn::detail::bf16_gemm_path()))}};
+                     {"bf16_gemm_path", std::string(nn::detail::gemm_path_name(nn::detail::bf16_gemm_path()))},
+                     {"bf16_rate_over_fma", nn::detail::bf16_gemm_choice().rate_over_fma}};
     report.results.push_back(boost::json::object{
         {"step_s", t_step}, {"forward_s", bench::median(fwd_s)}, {"backward_s", bench::median(bwd_s)},
         {"optimizer_s", bench::median(opt_s)}, {"tokens_per_step", tokens_per_step}, {"tokens_per_s", tokens_s},

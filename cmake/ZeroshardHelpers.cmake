@@ -63,7 +63,9 @@ set(ZS_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_M
 # compute them, registers two more runs of the same binary, each pinned to one x86-64 kernel set
 # (docs/design.md, "Kernel variants of the numerical tests"):
 #   n.avx2    OpenBLAS Haswell kernels, the library's AVX2 path (--isa=avx2): an AVX2-only CPU
-#   n.avx512  OpenBLAS SkylakeX kernels, the library's AVX-512 path: an AVX-512 CPU (Intel or Zen 4/5)
+#   n.avx512  OpenBLAS SkylakeX kernels, the library's AVX-512 path: an AVX-512 CPU (Intel or Zen 4/5),
+#             with the AVX512-BF16 product kernel wherever the CPU has it (ZS_BF16_GEMM=native: the
+#             plain run takes it only where it outruns sgemm, nn/detail/gemm.h)
 # The plain n runs whatever OpenBLAS and the library pick here. A variant the CPU cannot run exits 77
 # and is reported as skipped (tests/support/kernel_test_main.cpp).
 # zs_test_targets(LABEL l TARGETS t...): the tests labelled l run these targets, so the umbrella
@@ -105,7 +107,7 @@ function(zs_add_test)
       list(GET variant 1 core)
       add_test(NAME ${T_NAME}.${isa} COMMAND ${T_NAME} --isa=${isa} --blas-core=${core})
       set_tests_properties(${T_NAME}.${isa} PROPERTIES LABELS "${T_LABELS};kernels" TIMEOUT ${T_TIMEOUT}
-        ENVIRONMENT "${ZS_UNIT_ENV};OPENBLAS_CORETYPE=${core}" SKIP_RETURN_CODE 77)
+        ENVIRONMENT "${ZS_UNIT_ENV};OPENBLAS_CORETYPE=${core};ZS_BF16_GEMM=native" SKIP_RETURN_CODE 77)
     endforeach()
   endif()
 endfunction()
@@ -151,7 +153,7 @@ function(zs_add_mpi_test)
         COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${np} $<TARGET_FILE:${T_NAME}> --isa=${isa}
                 --blas-core=${core} ${T_KERNEL_VARIANTS})
       set_tests_properties(${T_NAME}.${isa}.np${np} PROPERTIES LABELS "${T_LABELS};kernels" TIMEOUT ${T_TIMEOUT}
-        ENVIRONMENT "${ZS_MPI_ENV};OPENBLAS_CORETYPE=${core}" PROCESSORS ${np} SKIP_RETURN_CODE 77)
+        ENVIRONMENT "${ZS_MPI_ENV};OPENBLAS_CORETYPE=${core};ZS_BF16_GEMM=native" PROCESSORS ${np} SKIP_RETURN_CODE 77)
     endforeach()
   endif()
   # Any transport: the largest world size once more with OpenMPI on TCP (ob1 over the tcp BTL on the

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "engine/offload_rules.h"
 #include "engine/detail/engine_impl.h"
+#include "nn/layers.h"
 #include "nn/threads.h"
 
 namespace zs::engine {
@@ -456,6 +457,7 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
                 "arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
                 buckets, memory::dtype_name(config_.gradient_comm_dtype()), config_.device.memory_mb);
+    if (config_.precision == Precision::kBf16) ZS_LOG_INFO("engine: bf16 products on {}", nn::bf16_products_description());
     for (const auto& set : impl_->sets_) {
       if (!set->expert()) continue;
       ZS_LOG_INFO("engine: {} expert parameters on this rank (of expert_parallel_size {}), sharded over an "

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include <fmt/format.h>
+
 #include "core/errors.h"
 #include "nn/detail/gemm.h"
 #include "nn/detail/ops.h"
@@ -17,6 +19,13 @@ using memory::Tensor;
 using detail::Matrix;
 
 // ---- Linear ----
+
+std::string bf16_products_description() {
+  const detail::Bf16GemmChoice& c = detail::bf16_gemm_choice();
+  std::string s = fmt::format("{} ({}", detail::gemm_path_name(c.path), c.why);
+  if (c.rate_over_fma > 0.0) s += fmt::format(": its flop rate {:.2f}x an fp32 FMA's", c.rate_over_fma);
+  return s + ")";
+}
 
 namespace {
 // The weight as its products read it: bf16 as stored where bf16 products run natively (Note [bf16

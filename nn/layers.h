@@ -3,18 +3,24 @@
 // Activations are (..., features): any leading dimensions (usually (B, T)) are flattened into rows.
 // Parameters may be stored as fp32, bf16 or fp16 (converted to fp32 scratch at the edge); gradients
 // accumulate into Parameter::grad in its dtype. Every matmul is one nn::detail::gemm: OpenBLAS sgemm,
-// or with a bf16 weight on an AVX512-BF16 CPU the bf16 kernel (Note [bf16 products], nn/detail/gemm.h).
+// or with a bf16 weight on an AVX512-BF16 CPU that runs it faster the bf16 kernel (Note [bf16 products],
+// nn/detail/gemm.h).
 //
 //   Linear fc(768, 3072);                   // weight (3072, 768), bias (3072)
 //   Tensor y = ctx.forward(fc, x);          // x (B, T, 768) -> y (B, T, 3072)
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "memory/tensor.h"
 #include "nn/module.h"
 
 namespace zs::nn {
+
+// How products with a bf16 weight run in this process, for logs: "avx512bf16 (...)" or "sgemm (...)",
+// with the reason (Note [bf16 product rate] in nn/detail/gemm.h). The first call makes the choice.
+std::string bf16_products_description();
 
 // y = x W^T + b. weight (out, in) like PyTorch, init normal(0, init_std); bias (out), zeros, tagged
 // no_weight_decay. Saves its input for backward.

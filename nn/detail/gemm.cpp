@@ -1,6 +1,9 @@
 #include "nn/detail/gemm.h"
 
+#include <cstdlib>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/errors.h"
 #include "memory/cpu_features.h"
@@ -25,12 +28,33 @@ const float* as_f32(const Matrix& x, int64_t rows, int64_t cols, std::vector<flo
 
 }  // namespace
 
-GemmPath bf16_gemm_path() {
-  static const GemmPath path = memory::cpu_has_avx512_bf16() && memory::best_isa() >= memory::IsaLevel::kAvx512
-                                   ? GemmPath::kAvx512Bf16
-                                   : GemmPath::kSgemm;
-  return path;
+namespace {
+
+Bf16GemmChoice choose_bf16_path() {
+  if (!memory::cpu_has_avx512_bf16()) return {GemmPath::kSgemm, 0.0, "the CPU has no AVX512-BF16"};
+  if (memory::best_isa() < memory::IsaLevel::kAvx512) return {GemmPath::kSgemm, 0.0, "AVX-512 kernels are off (--isa)"};
+  const char* env = std::getenv("ZS_BF16_GEMM");
+  const std::string_view want = env == nullptr ? "auto" : env;
+  if (want == "native") return {GemmPath::kAvx512Bf16, 0.0, "ZS_BF16_GEMM=native"};
+  if (want == "sgemm") return {GemmPath::kSgemm, 0.0, "ZS_BF16_GEMM=sgemm"};
+  if (want != "auto" && !want.empty()) {
+    throw ConfigError(fmt::format("ZS_BF16_GEMM={}: unknown value; use auto (measure this CPU, the default), native "
+                                  "(the AVX512-BF16 kernel) or sgemm (fp32 products)",
+                                  want));
+  }
+  const double ratio = avx512bf16_rate_over_fma();
+  if (ratio >= kMinBf16RateOverFma) return {GemmPath::kAvx512Bf16, ratio, "vdpbf16ps outruns fp32 FMAs here"};
+  return {GemmPath::kSgemm, ratio, "vdpbf16ps does not outrun fp32 FMAs here"};
 }
+
+}  // namespace
+
+const Bf16GemmChoice& bf16_gemm_choice() {
+  static const Bf16GemmChoice choice = choose_bf16_path();
+  return choice;
+}
+
+GemmPath bf16_gemm_path() { return bf16_gemm_choice().path; }
 
 GemmPath gemm_path_for(memory::DType weight) {
   return weight == memory::DType::kBF16 ? bf16_gemm_path() : GemmPath::kSgemm;

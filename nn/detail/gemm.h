@@ -6,7 +6,8 @@
 //
 // Note [bf16 products]: with bf16 parameters a product used to convert the weight to an fp32 copy
 // and run OpenBLAS's sgemm, so a bf16 step took as long as an fp32 one (Debian's OpenBLAS exports no
-// bf16 GEMM). On a CPU with AVX512-BF16 the products now run in our own kernel
+// bf16 GEMM). On a CPU whose AVX512-BF16 outruns its fp32 FMAs (Note [bf16 product rate], below) the
+// products now run in our own kernel
 // (gemm_avx512bf16.cpp): both operands are rounded to bf16 (round to nearest even) while they are
 // packed into the kernel's blocked layout, products are accumulated in fp32 by vdpbf16ps, and C is
 // fp32. The fp32 activations are therefore never converted by a pass of their own: the packing the
@@ -14,7 +15,8 @@
 // PyTorch's autocast applies (bf16 matmul inputs, fp32 accumulation). docs/design.md, "bf16 matrix
 // products", has the measurements that chose this kernel over oneDNN, libxsmm and sgemm.
 //
-// Everywhere else (no AVX512-BF16, or best_isa() capped below AVX-512 by --isa) the path is kSgemm:
+// Everywhere else (no AVX512-BF16, a vdpbf16ps slower than fp32 FMAs, or best_isa() capped below
+// AVX-512 by --isa) the path is kSgemm:
 // today's fp32 product, with bf16 operands widened to fp32 first, so results there are bit for bit
 // what they were. fp32 training always takes kSgemm: only a bf16 weight selects the bf16 path.
 #pragma once
@@ -45,9 +47,32 @@ struct Matrix {
   static Matrix of(const memory::Tensor& t, bool trans = false) { return {t.raw(), t.dtype(), t.size(-1), trans}; }
 };
 
-// The path the library takes for products with a bf16 operand: kAvx512Bf16 when the CPU has
-// AVX512-BF16 and best_isa() is kAvx512, else kSgemm. Decided once per process.
-GemmPath bf16_gemm_path();
+// Note [bf16 product rate]
+// AVX512-BF16 does not make bf16 products faster everywhere. vdpbf16ps does twice the multiply-adds
+// of an fp32 FMA per instruction, and on AMD Zen 4 both issue once per cycle, so our kernel runs bf16
+// products at about 2x sgemm's rate. An Intel Xeon with AVX512-BF16 (2026-11-28, a 2-core VM) issues
+// two fp32 FMAs per cycle but vdpbf16ps at half that rate: the kernel ran the GPTs' products at 80
+// GFLOP/s per core against OpenBLAS sgemm's 147, and bf16 training at 0.56-0.69x of fp32
+// (docs/benchmarks.md, "bf16 products by the core's rates"). So the choice is measured, not assumed:
+// a register-only probe (avx512bf16_rate_over_fma in gemm_kernels.h, about 1 ms, no memory, no
+// threads) compares the two instructions' flop rates once per process, and the kernel is taken when
+// vdpbf16ps does at least kMinBf16RateOverFma times the FMA's flops. The rates differ by about 4x
+// between the two kinds of core, so the margin keeps the choice from flipping with noise.
+// The environment variable ZS_BF16_GEMM overrides the probe: "native" takes the kernel wherever the
+// CPU has AVX512-BF16 (the .avx512 kernel variants of the tests do, to test it on every such CPU),
+// "sgemm" never takes it, "auto" (or unset) measures.
+inline constexpr double kMinBf16RateOverFma = 1.5;
+
+struct Bf16GemmChoice {
+  GemmPath path = GemmPath::kSgemm;
+  double rate_over_fma = 0.0;  // the probe's ratio; 0 when it did not run
+  std::string_view why;        // how the path was chosen, for logs
+};
+// The path the library takes for products with a bf16 operand, decided once per process: kSgemm
+// without AVX512-BF16 or with best_isa() below kAvx512; otherwise as Note [bf16 product rate] says.
+// Throws ConfigError for an unknown ZS_BF16_GEMM value.
+const Bf16GemmChoice& bf16_gemm_choice();
+GemmPath bf16_gemm_path();  // bf16_gemm_choice().path
 // The path for a layer whose weight has dtype `weight`: bf16_gemm_path() for bf16, kSgemm otherwise.
 GemmPath gemm_path_for(memory::DType weight);
 bool gemm_path_supported(GemmPath path);

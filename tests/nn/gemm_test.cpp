@@ -13,10 +13,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/parallel.h"
 #include "memory/cpu_features.h"
 #include "memory/dtype.h"
@@ -173,11 +176,39 @@ TEST(Gemm, NestedInsideAParallelRegionGivesTheSameResult) {
   }
 }
 
-TEST(Gemm, Bf16PathFollowsTheCpuAndTheIsaCap) {
+TEST(Gemm, Bf16PathFollowsTheCpuTheIsaCapAndTheMeasuredRate) {
   // The choice this process made (the avx2 kernel variant of the model tests runs with the cap at
-  // avx2 and must take the fallback).
+  // avx2 and must take the fallback; the avx512 variant sets ZS_BF16_GEMM=native).
   const bool native = memory::cpu_has_avx512_bf16() && memory::best_isa() >= memory::IsaLevel::kAvx512;
-  EXPECT_EQ(bf16_gemm_path(), native ? GemmPath::kAvx512Bf16 : GemmPath::kSgemm);
+  const char* env = std::getenv("ZS_BF16_GEMM");
+  const std::string want = env == nullptr ? "auto" : env;
+  if (native && want != "auto" && want != "native" && want != "sgemm") {
+    // nn_gemm_test.bad_bf16_env sets a value that means nothing: the error names the variable and the
+    // values it takes (where the CPU has no AVX512-BF16 the variable is never read).
+    try {
+      bf16_gemm_choice();
+      ADD_FAILURE() << "ZS_BF16_GEMM=" << want << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("ZS_BF16_GEMM=" + want + ": unknown value; use auto"), std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  const Bf16GemmChoice& choice = bf16_gemm_choice();
+  if (!native) {
+    EXPECT_EQ(choice.path, GemmPath::kSgemm);
+  } else if (want == "native") {
+    EXPECT_EQ(choice.path, GemmPath::kAvx512Bf16);
+  } else if (want == "sgemm") {
+    EXPECT_EQ(choice.path, GemmPath::kSgemm);
+  } else {
+    // Measured: a real rate (vdpbf16ps does 0.25x-4x an FMA's flops on any core), and the rule.
+    EXPECT_GT(choice.rate_over_fma, 0.1);
+    EXPECT_LT(choice.rate_over_fma, 10.0);
+    EXPECT_EQ(choice.path, choice.rate_over_fma >= kMinBf16RateOverFma ? GemmPath::kAvx512Bf16 : GemmPath::kSgemm)
+        << choice.why << ", rate " << choice.rate_over_fma;
+  }
+  EXPECT_EQ(bf16_gemm_path(), choice.path);
   EXPECT_EQ(gemm_path_for(DType::kF32), GemmPath::kSgemm);
   EXPECT_EQ(gemm_path_for(DType::kF16), GemmPath::kSgemm);
   EXPECT_EQ(gemm_path_for(DType::kBF16), bf16_gemm_path());
