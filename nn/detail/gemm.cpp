@@ -31,17 +31,18 @@ const float* as_f32(const Matrix& x, int64_t rows, int64_t cols, std::vector<flo
 namespace {
 
 Bf16GemmChoice choose_bf16_path() {
-  if (!memory::cpu_has_avx512_bf16()) return {GemmPath::kSgemm, 0.0, "the CPU has no AVX512-BF16"};
-  if (memory::best_isa() < memory::IsaLevel::kAvx512) return {GemmPath::kSgemm, 0.0, "AVX-512 kernels are off (--isa)"};
+  // Checked first, so a misspelt value is an error on every CPU, not only where it would be used.
   const char* env = std::getenv("ZS_BF16_GEMM");
-  const std::string_view want = env == nullptr ? "auto" : env;
-  if (want == "native") return {GemmPath::kAvx512Bf16, 0.0, "ZS_BF16_GEMM=native"};
-  if (want == "sgemm") return {GemmPath::kSgemm, 0.0, "ZS_BF16_GEMM=sgemm"};
-  if (want != "auto" && !want.empty()) {
+  const std::string_view want = env == nullptr || *env == '\0' ? "auto" : env;
+  if (want != "auto" && want != "native" && want != "sgemm") {
     throw ConfigError(fmt::format("ZS_BF16_GEMM={}: unknown value; use auto (measure this CPU, the default), native "
                                   "(the AVX512-BF16 kernel) or sgemm (fp32 products)",
                                   want));
   }
+  if (!memory::cpu_has_avx512_bf16()) return {GemmPath::kSgemm, 0.0, "the CPU has no AVX512-BF16"};
+  if (memory::best_isa() < memory::IsaLevel::kAvx512) return {GemmPath::kSgemm, 0.0, "AVX-512 kernels are off (--isa)"};
+  if (want == "native") return {GemmPath::kAvx512Bf16, 0.0, "ZS_BF16_GEMM=native"};
+  if (want == "sgemm") return {GemmPath::kSgemm, 0.0, "ZS_BF16_GEMM=sgemm"};
   const double ratio = avx512bf16_rate_over_fma();
   if (ratio >= kMinBf16RateOverFma) return {GemmPath::kAvx512Bf16, ratio, "vdpbf16ps outruns fp32 FMAs here"};
   return {GemmPath::kSgemm, ratio, "vdpbf16ps does not outrun fp32 FMAs here"};
