@@ -7,7 +7,7 @@
 // number of files in --piece pieces, fsync'd, and read back with read(), each file front to back,
 // every byte into the same address as the load puts it (--dest: each tensor in memory of its own
 // at a page + 16 bytes, or all packed end to end; where the bytes land within a page sets the speed
-// of the kernel's copy, Note [Page phase] in engine/checkpoint/format.h). Both in the same directory,
+// of the kernel's copy, Note [Page phase] in checkpoint/format.h). Both in the same directory,
 // back to back in each of --reps rounds, after --warmup uncounted rounds. Ratio = the median over rounds of plain time / ours in that
 // round (target >= 0.8, compression off): on a shared machine whose load drifts, a round's pair sees
 // the same load, where medians of each side taken apart mix rounds. GB/s are medians. Then the same
@@ -33,7 +33,7 @@
 #include "benchmarks/support/bench_args.h"
 #include "benchmarks/support/bench_json.h"
 #include "core/errors.h"
-#include "engine/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace {
 
@@ -84,7 +84,7 @@ Setup make_setup(size_t bytes, int ranks, int tensors) {
 }
 
 // Where a load puts each tensor (the same for ours and the plain baseline, Note [Page phase] in
-// engine/checkpoint/format.h): "tensor", each tensor in memory of its own at a page + 16 bytes,
+// checkpoint/format.h): "tensor", each tensor in memory of its own at a page + 16 bytes,
 // where malloc puts a large allocation (a tensor's own buffer, the engine's staging piece); "packed",
 // the tensors end to end from a page + 16 bytes (one flat buffer of the whole model, no padding).
 struct Destination {

@@ -25,8 +25,8 @@
 #include "benchmarks/support/bench_args.h"
 #include "benchmarks/support/bench_json.h"
 #include "core/errors.h"
-#include "engine/checkpoint/checkpoint.h"
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/h5.h"
 
 namespace {
 

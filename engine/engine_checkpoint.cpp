@@ -1,5 +1,5 @@
 // Engine::save_checkpoint / load_checkpoint / wait_checkpoint: the engine's model states through the
-// storage layer of engine/checkpoint (docs/checkpoints.md). What each rank writes and reads:
+// storage layer of checkpoint (docs/checkpoints.md). What each rank writes and reads:
 // engine_checkpoint_items.cpp (Note [checkpoint buffers]).
 #include <fmt/ranges.h>
 #include <pthread.h>
@@ -14,7 +14,7 @@
 #include "core/clock.h"
 #include "core/errors.h"
 #include "core/log.h"
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/h5.h"
 #include "engine/detail/engine_checkpoint.h"
 #include "nn/threads.h"
 

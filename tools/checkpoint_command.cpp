@@ -1,4 +1,4 @@
-// `zeroshard checkpoint`: the storage-level tools (engine/checkpoint/tools.h, docs/checkpoints.md).
+// `zeroshard checkpoint`: the storage-level tools (checkpoint/tools.h, docs/checkpoints.md).
 // Runs in one process, no MPI.
 //
 //   zeroshard checkpoint inspect DIR [--config FILE]
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "engine/checkpoint/tools.h"
+#include "checkpoint/tools.h"
 #include "tools/commands.h"
 
 namespace zs::tools {

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "engine/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "engine/detail/engine_impl.h"
 #include "offload/aligned_buffer.h"
 

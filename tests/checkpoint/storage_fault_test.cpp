@@ -1,4 +1,4 @@
-// Storage faults during a save (Note [Storage faults] in engine/checkpoint/h5.cpp): a full device and
+// Storage faults during a save (Note [Storage faults] in checkpoint/h5.cpp): a full device and
 // a read-only filesystem are IoErrors naming the file or directory (and, when full, the bytes being
 // written and the space left), and `latest` keeps naming the previous, loadable tag. Each test mounts
 // a small tmpfs of its own, which needs root (CAP_SYS_ADMIN); elsewhere the tests are skipped.

@@ -13,10 +13,10 @@
 #include <thread>
 
 #include "core/errors.h"
-#include "engine/checkpoint/detail/checksum.h"
-#include "engine/checkpoint/detail/direct_read.h"
-#include "engine/checkpoint/detail/serialize.h"
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/detail/checksum.h"
+#include "checkpoint/detail/direct_read.h"
+#include "checkpoint/detail/serialize.h"
+#include "checkpoint/h5.h"
 #include "memory/cpu_features.h"
 #include "tests/checkpoint/synthetic.h"
 #include "tests/support/temp_dir.h"

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace zs::test {
 

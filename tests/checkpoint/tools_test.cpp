@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include "core/errors.h"
-#include "engine/checkpoint/h5.h"
-#include "engine/checkpoint/tools.h"
+#include "checkpoint/h5.h"
+#include "checkpoint/tools.h"
 #include "tests/checkpoint/synthetic.h"
 #include "tests/support/temp_dir.h"
 

@@ -13,7 +13,7 @@
 #include <fstream>
 
 #include "core/errors.h"
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/h5.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
 #include "nn/data.h"

@@ -1,4 +1,4 @@
-// Fuzz target: CheckpointReader (engine/checkpoint/reader.h) opening a checkpoint one of whose files was
+// Fuzz target: CheckpointReader (checkpoint/reader.h) opening a checkpoint one of whose files was
 // replaced by the input, then reading every tensor of every buffer it says it holds. The contract: the
 // only exception is CheckpointError (anything else, or a crash inside HDF5, is reported as a crash).
 //
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "core/errors.h"
-#include "engine/checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/checkpoint/synthetic.h"
 
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include "engine/checkpoint/format.h"
+#include "checkpoint/format.h"
 
 namespace zs::checkpoint::detail {
 

@@ -1,4 +1,4 @@
-#include "engine/checkpoint/zstd_filter.h"
+#include "checkpoint/zstd_filter.h"
 
 #include <hdf5.h>
 #include <zstd.h>

@@ -1,4 +1,4 @@
-// engine/checkpoint: checkpoint storage on HDF5 + zstd (docs/checkpoints.md).
+// checkpoint: checkpoint storage on HDF5 + zstd (docs/checkpoints.md).
 //
 // Writing (every rank its own file, rank 0 the metadata and the commit; writer.h):
 //   auto dir = begin_save(root, tag);  ShardWriter w(dir, meta, rank, {});  w.append("fp32", bytes);
@@ -8,6 +8,6 @@
 // Single-process tools: tools.h (inspect, consolidate, compare).
 #pragma once
 
-#include "engine/checkpoint/format.h"
-#include "engine/checkpoint/reader.h"
-#include "engine/checkpoint/writer.h"
+#include "checkpoint/format.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/writer.h"

@@ -1,4 +1,4 @@
-#include "engine/checkpoint/detail/direct_read.h"
+#include "checkpoint/detail/direct_read.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 
 #include "core/errors.h"
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/h5.h"
 
 namespace zs::checkpoint::detail {
 

@@ -1,4 +1,4 @@
-#include "engine/checkpoint/tools.h"
+#include "checkpoint/tools.h"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>
@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "core/errors.h"
-#include "engine/checkpoint/h5.h"
-#include "engine/checkpoint/reader.h"
+#include "checkpoint/h5.h"
+#include "checkpoint/reader.h"
 
 namespace zs::checkpoint {
 

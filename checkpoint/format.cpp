@@ -1,4 +1,4 @@
-#include "engine/checkpoint/format.h"
+#include "checkpoint/format.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "engine/checkpoint/detail/serialize.h"
+#include "checkpoint/detail/serialize.h"
 
 #include <boost/json.hpp>
 #include <fmt/format.h>

@@ -2,7 +2,7 @@
 // by default, prints it to stderr from whichever thread failed. We switch printing off once and read
 // the stack at the failure instead, so the message reaches the user inside the CheckpointError that
 // names our file and operation, and nothing is printed behind the caller's back.
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/h5.h"
 
 #include <fmt/format.h>
 #include <sys/statvfs.h>
@@ -13,8 +13,8 @@
 #include <mutex>
 #include <span>
 
-#include "engine/checkpoint/format.h"
-#include "engine/checkpoint/zstd_filter.h"
+#include "checkpoint/format.h"
+#include "checkpoint/zstd_filter.h"
 
 namespace zs::checkpoint::h5 {
 

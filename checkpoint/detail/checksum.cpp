@@ -2,7 +2,7 @@
 // any x86-64, checksum_avx2.cpp and checksum_avx512.cpp compiled for wider vectors (on this project's
 // Zen VM, 64 KiB blocks in cache: SSE2 6.5 GB/s, AVX2 9-13, AVX-512 11-16). XXH3's value does not
 // depend on the vector width, so files written on one machine verify on any other.
-#include "engine/checkpoint/detail/checksum.h"
+#include "checkpoint/detail/checksum.h"
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>

@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/checkpoint/format.h"
+#include "checkpoint/format.h"
 
 namespace zs::checkpoint {
 

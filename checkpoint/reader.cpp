@@ -1,4 +1,4 @@
-#include "engine/checkpoint/reader.h"
+#include "checkpoint/reader.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,10 +12,10 @@
 
 #include "core/errors.h"
 #include "core/parallel.h"
-#include "engine/checkpoint/detail/checksum.h"
-#include "engine/checkpoint/detail/direct_read.h"
-#include "engine/checkpoint/detail/serialize.h"
-#include "engine/checkpoint/h5.h"
+#include "checkpoint/detail/checksum.h"
+#include "checkpoint/detail/direct_read.h"
+#include "checkpoint/detail/serialize.h"
+#include "checkpoint/h5.h"
 
 namespace zs::checkpoint {
 

@@ -1,4 +1,4 @@
-#include "engine/checkpoint/writer.h"
+#include "checkpoint/writer.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,11 +13,11 @@
 
 #include "core/errors.h"
 #include "core/parallel.h"
-#include "engine/checkpoint/detail/checksum.h"
-#include "engine/checkpoint/detail/serialize.h"
-#include "engine/checkpoint/h5.h"
-#include "engine/checkpoint/reader.h"
-#include "engine/checkpoint/zstd_filter.h"
+#include "checkpoint/detail/checksum.h"
+#include "checkpoint/detail/serialize.h"
+#include "checkpoint/h5.h"
+#include "checkpoint/reader.h"
+#include "checkpoint/zstd_filter.h"
 
 namespace zs::checkpoint {
 
