@@ -2,7 +2,9 @@
 // forms and the byte counters. Runs at np 1, 2, 3, 4.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "comm/comm.h"
 #include "memory/shard.h"
@@ -240,9 +242,37 @@ TEST(Alltoall, EqualBlocksAndUnevenCounts) {
   }
 }
 
-TEST(Barrier, Completes) {
-  group().barrier();
-  group().barrier_async().wait();
+// No rank leaves a barrier before the last one has entered it: ranks arrive 30 ms apart (rank r after
+// r * 30 ms), and each rank's exit time, on the node's monotonic clock (one clock for every process of
+// the node), is checked against every rank's entry time, gathered afterwards (as two int32 halves).
+// Sync and async forms.
+TEST(Barrier, NoRankLeavesBeforeTheLastArrives) {
+  const auto& g = group();
+  auto now_us = [] {
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  for (bool async : {false, true}) {
+    g.barrier();  // start together
+    std::this_thread::sleep_for(std::chrono::milliseconds(30 * g.rank()));
+    const int64_t entered = now_us();
+    if (async) {
+      g.barrier_async().wait();
+    } else {
+      g.barrier();
+    }
+    const int64_t left = now_us();
+    Tensor mine = Tensor::empty({2}, DType::kI32);
+    mine.data<int32_t>()[0] = static_cast<int32_t>(entered >> 31);
+    mine.data<int32_t>()[1] = static_cast<int32_t>(entered & 0x7fffffff);
+    Tensor all = Tensor::empty({2 * g.size()}, DType::kI32);
+    g.allgather(mine, all);
+    for (int r = 0; r < g.size(); ++r) {
+      const int64_t other = (static_cast<int64_t>(all.data<int32_t>()[2 * r]) << 31) | all.data<int32_t>()[2 * r + 1];
+      EXPECT_GE(left, other) << (async ? "async" : "sync") << ": rank " << g.rank() << " left before rank " << r
+                             << " entered";
+    }
+  }
 }
 
 TEST(Counters, RingByteCounts) {

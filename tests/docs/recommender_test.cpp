@@ -76,10 +76,29 @@ TEST(Recommender, EveryZeroStageTrainsTheSame) {
   }
 }
 
-// bf16 storage: read through weight_f32, written through GradAccumulator; the loss still falls.
-TEST(Recommender, TrainsInBf16AtStage3) {
+// bf16 storage: read through weight_f32, written through GradAccumulator. Stage 3 (parameters
+// gathered per module) trains as bf16 stage 0 does, step for step within the bf16 bound of the ZeRO
+// equivalence tests (5e-3 relative: 16-bit gradients round once per reduction, which the partitioning
+// moves), and bf16 follows fp32's curve: the mean loss of the last ten steps within 5% of fp32's.
+TEST(Recommender, TrainsInBf16AtStage3AsAtStage0AndAsFp32) {
   const Training r = train(3, Precision::kBf16);
-  EXPECT_LT(r.losses.back(), 0.6f * r.losses.front());
+  const Training ref = train(0, Precision::kBf16);
+  const Training fp32 = train(0, Precision::kFp32);
+  ASSERT_EQ(r.losses.size(), ref.losses.size());
+  // Relative to the loss's scale at the start as well: as the loss falls towards 0.02, the rounding
+  // differences (0.2-0.6e-3 here by step 50) stay the size they were.
+  for (size_t i = 0; i < r.losses.size(); ++i) {
+    const double scale = std::max<double>(std::fabs(ref.losses[i]), 0.25 * std::fabs(ref.losses[0]));
+    EXPECT_NEAR(r.losses[i], ref.losses[i], 5e-3 * scale) << "bf16 stage 3 against stage 0, step " << i;
+  }
+  auto tail_mean = [](const std::vector<float>& l) {
+    double sum = 0;
+    for (size_t i = l.size() - 10; i < l.size(); ++i) sum += l[i];
+    return sum / 10;
+  };
+  EXPECT_NEAR(tail_mean(r.losses), tail_mean(fp32.losses), 0.05 * tail_mean(fp32.losses))
+      << "first loss " << r.losses.front();
+  EXPECT_LT(r.losses.back(), 0.6f * r.losses.front()) << "bf16 did not learn";
 }
 
 }  // namespace
