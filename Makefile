@@ -26,6 +26,11 @@ build: deps
 test: build
 	ctest --preset $(PRESET) -j $(JOBS); status=$$?; bash scripts/ctest-retries.sh build/$(PRESET); exit $$status
 
+# The benchmarks (docs/benchmarks.md): not part of `make build`, so that `make test` builds only what the
+# tests run.
+bench: build
+	cmake --build --preset $(PRESET) -j $(JOBS) --target benchmarks
+
 demo: build
 	bash scripts/demo.sh build/$(PRESET)
 
