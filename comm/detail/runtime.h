@@ -92,6 +92,7 @@
 #include <vector>
 
 #include "comm/detail/body_watchdog.h"
+#include "comm/detail/transport.h"
 #include "comm/detail/wait_notices.h"
 #include "comm/config.h"
 #include "comm/work.h"
@@ -120,6 +121,9 @@ struct GroupState {
   // Its view of the node's shared-memory window, made by its first collective that may use one
   // (comm/detail/shm.h); null until then. Touched only by the Op running on this group.
   std::shared_ptr<ShmGroup> shm;
+  // How its collectives move data, chosen once when the group is made (Note [Transports] in
+  // comm/detail/transport.h); null only while the group is being made.
+  std::unique_ptr<Transport> transport;
   // Note [Waits across groups] (comm/detail/wait_notices.h): an id equal on every member, the
   // members' world ranks, and the ops this rank has started on the group (touched by the executor).
   int64_t id = 0;
@@ -143,7 +147,7 @@ struct Op {
   OpCode code = OpCode::kBarrier;
   std::string sizes;                  // "fp32, 1000 elements, sum": for error messages
   std::array<int64_t, 4> signature{};  // code, dtype, size, root: equal on every rank
-  std::function<void()> body;         // the blocking MPI call (or local copy) with conversions
+  std::function<void()> body;         // the data exchange: the group's transport (comm/detail/transport.h)
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   std::shared_ptr<GroupState> group;

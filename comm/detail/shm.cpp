@@ -103,40 +103,7 @@ std::atomic<uint64_t>& ShmNode::word(int node_rank, int group_index, int w) cons
                                                    static_cast<size_t>(w) * sizeof(uint64_t));
 }
 
-ShmGroup::~ShmGroup() {
-  if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
-}
-
 // ---- a group's view ----
-
-namespace {
-
-const char* mode_name(SharedMemory m) {
-  switch (m) {
-    case SharedMemory::kAuto: return "\"auto\"";
-    case SharedMemory::kOn: return "true";
-    case SharedMemory::kOff: return "false";
-  }
-  return "?";
-}
-
-}  // namespace
-
-void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where) {
-  const int mode = static_cast<int>(config.shared_memory), nr = config.shared_memory_node_ranks;
-  int v[4] = {mode, -mode, nr, -nr};
-  ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT, MPI_MAX, comm), "comparing comm.shared_memory across {}", where);
-  if (v[0] != -v[1]) {
-    throw CommError(fmt::format("comm.shared_memory differs across the ranks of {} (this rank: {}; others pass {} or "
-                                "{}); pass the same value on every rank",
-                                where, mode_name(config.shared_memory), mode_name(static_cast<SharedMemory>(v[0])),
-                                mode_name(static_cast<SharedMemory>(-v[1]))));
-  }
-  if (v[2] != -v[3]) {
-    throw CommError(fmt::format("comm shared_memory_node_ranks differs across the ranks of {} ({} to {}); pass the same "
-                                "value on every rank", where, -v[3], v[2]));
-  }
-}
 
 void init_shm_group(GroupState& g) {
   ShmNode* node = g.runtime->shm_node();
@@ -168,10 +135,6 @@ void init_shm_group(GroupState& g) {
   s->enabled = s->flag_index < ShmNode::kMaxGroups;
   if (!s->enabled) {
     s->disabled_reason = fmt::format("more than {} groups were made in this World", ShmNode::kMaxGroups);
-  }
-  if (s->enabled && s->nodes > 1 && s->max_local > 1) {
-    ZS_MPI_CHECK(MPI_Comm_split(g.comm, s->me == 0 ? 0 : MPI_UNDEFINED, g.rank, &s->leaders),
-                 "connecting the node leaders of {}", g.where());
   }
   g.shm = std::move(s);
 }
@@ -333,44 +296,6 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
 }
 
 namespace {
-// Calls fn(piece_bytes, linear_offset, c) for each run of the block's bytes [at, at + n): the one walk
-// both copy directions share.
-template <typename Fn>
-void for_each_block_run(const Block& block, size_t at, size_t n, const char* what, Fn&& fn) {
-  size_t done = 0;
-  for (const BlockPiece& p : block) {
-    if (done == n) return;
-    if (at >= p.bytes) {
-      at -= p.bytes;
-      continue;
-    }
-    const size_t c = std::min(n - done, p.bytes - at);
-    fn(p.data + at, done, c);
-    done += c;
-    at = 0;
-  }
-  ZS_ASSERT(done == n, "{}: {} bytes past the block's end", what, n - done);
-}
-}  // namespace
-
-void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy) {
-  if (copy == nullptr) copy = [](void* d, const void* s, size_t c) { std::memcpy(d, s, c); };
-  for_each_block_run(block, at, n, "copy_from_block",
-                     [&](unsigned char* piece, size_t off, size_t c) { copy(dst + off, piece, c); });
-}
-
-void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy) {
-  if (copy == nullptr) copy = [](void* d, const void* s, size_t c) { std::memcpy(d, s, c); };
-  for_each_block_run(block, at, n, "copy_to_block",
-                     [&](unsigned char* piece, size_t off, size_t c) { copy(piece, src + off, c); });
-}
-
-void copy_block(const Block& from, const Block& to, size_t n, CopyFn copy) {
-  for_each_block_run(from, 0, n, "copy_block",
-                     [&](unsigned char* piece, size_t off, size_t c) { copy_to_block(to, off, c, piece, copy); });
-}
-
-namespace {
 size_t block_bytes(const Block& b) {
   size_t n = 0;
   for (const BlockPiece& p : b) n += p.bytes;
@@ -427,61 +352,16 @@ std::pair<size_t, size_t> sub_slice(size_t n, size_t L, size_t j) {
   return {std::min(n, j * step), std::min(n, (j + 1) * step)};
 }
 
-namespace {
-
-// Allreduce of a group spanning nodes: node slots -> leader's fp32 accumulator -> MPI between the
-// leaders -> every rank (Note [Shared-memory collectives]).
-void allreduce_across_nodes(GroupState& g, ShmGroup& s, const Op& op, unsigned char* data, DType t, size_t n,
-                            float divisor) {
-  const ShmNode& node = *g.runtime->shm_node();
-  const size_t es = memory::dtype_size(t);
-  const size_t L = s.local.size();
-  const size_t me = static_cast<size_t>(s.me);
-  const DType acc_t = t == DType::kI32 ? DType::kI32 : DType::kF32;
-  const size_t M = ShmNode::kSlotBytes / 8;  // elements per round: data in a slot's first half, fp32 sums in its second
-  std::vector<const void*> srcs(L);
-  for (size_t k = 0; k * M < n; ++k) {
-    const int b = static_cast<int>(k & 1);
-    const size_t nk = std::min(M, n - k * M);
-    unsigned char* base = data + k * M * es;
-    unsigned char* mine = node.slot(s.local[me], b);
-    auto* acc = node.slot(s.local[0], b) + ShmNode::kSlotBytes / 2;
-    const auto [lo, hi] = sub_slice(nk, L, me);
-    std::memcpy(mine, base, lo * es);
-    std::memcpy(mine + hi * es, base + hi * es, (nk - hi) * es);
-    barrier(g, s, op);
-    for (size_t p = 0; p < L; ++p) srcs[p] = p == me ? base + lo * es : node.slot(s.local[p], b) + lo * es;
-    if (hi > lo) reduce_sum(srcs, t, acc + lo * 4, acc_t, hi - lo, 1.0f);
-    barrier(g, s, op);
-    if (me == 0) {
-      ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, acc, static_cast<int>(nk), acc_t == DType::kI32 ? MPI_INT32_T : MPI_FLOAT,
-                                 MPI_SUM, s.leaders),
-                   "{}: allreduce between the node leaders", op.describe());
-    }
-    barrier(g, s, op);
-    const void* one[1] = {acc};
-    reduce_sum(one, acc_t, base, t, nk, divisor);
-  }
-}
-
-}  // namespace
-
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r) {
   ShmGroup* s = usable(g, op, static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype()));
-  if (s == nullptr) return false;
+  if (s == nullptr || s->nodes > 1) return false;  // across nodes: comm/detail/transport_hierarchical.cpp
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
   const float divisor = r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f;
   unsigned char* d = bytes(data);
-  if (s->nodes == 1 && op.agreed_arena != 0) {  // Note [Direct collectives]
+  if (op.agreed_arena != 0) {  // Note [Direct collectives]
     direct_allreduce(g, *s, op, data, r);
     g.runtime->count_direct();
-    g.runtime->count_shared_memory();
-    return true;
-  }
-  if (s->nodes > 1) {
-    allreduce_across_nodes(g, *s, op, d, t, n, divisor);
-    barrier(g, *s, op);
     g.runtime->count_shared_memory();
     return true;
   }
