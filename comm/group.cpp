@@ -1,8 +1,10 @@
+// Group's collectives: each checks its arguments, builds an Op (signature, sizes for messages, byte
+// counts, the arena vote) and gives it a body that hands the data to the group's transport, chosen
+// when the group was made (Note [Transports] in comm/detail/transport.h). No transport is tested here.
 #include "comm/group.h"
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <numeric>
 #include <vector>
 

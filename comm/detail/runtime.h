@@ -24,8 +24,9 @@
 // us for OpenMPI's MPI_Iallreduce (libnbc builds a schedule per call) and 0.9 us for MPI_Allreduce.
 // A rank that times out leaves its requests posted (Runtime::orphans_): a late peer then completes
 // against them and sees the other collective's signature, a mismatch, instead of hanging too.
-// Then the body runs MPI's blocking collective (OpenMPI's tuned algorithms, about twice as fast here
-// as the libnbc nonblocking ones for large messages). Once all ranks passed the handshake with equal
+// Then the body runs the group's transport (Note [Transports] in comm/detail/transport.h): MPI's
+// blocking collective (OpenMPI's tuned algorithms, about twice as fast here as the libnbc nonblocking
+// ones for large messages), or the node's shared memory. Once all ranks passed the handshake with equal
 // signatures the body stalls only if a rank stops or is cut off mid-collective: the body watchdog then
 // ends the job after timeout_s (Note [Stalled body] in comm/detail/body_watchdog.h).
 //

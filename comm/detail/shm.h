@@ -2,8 +2,9 @@
 // Internal to comm: the shm transport (comm/detail/transport_shm.cpp) calls the shm_* functions below
 // inside an Op's body (after the handshake) and hands the call to its MPI transport when they return
 // false; the hierarchical transport (comm/detail/transport_hierarchical.cpp) builds its allreduce across
-// nodes from the window, barrier() and the sum kernels. The collectives here make no MPI call; only
-// making the window and a group's view of it (ShmNode::create, init_shm_group) do.
+// nodes from the window, barrier() and the sum kernels. The collectives here (shm.cpp, shm_direct.cpp)
+// make no MPI call; only making the window and a group's view of it do (ShmNode::create and
+// init_shm_group, in comm/detail/node_window.cpp: the window is an MPI-3 one).
 //
 // Note [Shared-memory collectives]
 // OpenMPI moves a large reduce-scatter between two ranks of one node at ~1.2 GB/s (its shared-memory

@@ -175,6 +175,22 @@ TEST_F(TransportTest, ChosenOnceFromTheGroupsFacts) {
                test::world().size() < 2 ? "mpi" : single_node() ? "shm" : "hierarchical");
 }
 
+// The choice is the same on every rank because the ranks' settings are checked first: a dup with
+// different comm.shared_memory values throws on every rank instead of choosing two transports.
+TEST_F(TransportTest, DifferingSharedMemorySettingsThrowOnEveryRank) {
+  if (test::world().size() < 2) GTEST_SKIP() << "needs two ranks";
+  comm::CommConfig c = test::world().config();
+  c.shared_memory = test::world().rank() == 0 ? comm::SharedMemory::kOff : comm::SharedMemory::kOn;
+  try {
+    comm::Group g = test::world().group().dup("t_differs", c);
+    ADD_FAILURE() << "no error; chose " << transport_of(g);
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("comm.shared_memory differs across the ranks of group 't_differs'"), std::string::npos)
+        << e.what();
+  }
+  test::world().group().barrier();  // the world stays usable
+}
+
 TEST_F(TransportTest, AllreduceMatchesMpi) {
   comm::Group mpi_twin = with_mode(comm::SharedMemory::kOff, "t_mpi_twin");
   for (Case& c : cases()) {
