@@ -83,6 +83,9 @@ struct ExchangeSide {
 // (after its handshake, Note [Handshake] in comm/detail/runtime.h), runs on the executing thread, and
 // throws CommError (naming `op`) on failure. Arguments are validated by Group; counts are in elements
 // of the tensors' dtype, one per rank in rank order. Tensors may alias exactly as comm/group.h allows.
+// Not thread-safe: a World runs one Op at a time (Note [Execution model] in comm/detail/runtime.h).
+// A transport moves data only; the Op carries the byte counts, and the shared-memory transports bump
+// CommCounters::shared_memory_collectives / direct_collectives for the calls they run themselves.
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -120,8 +123,9 @@ std::unique_ptr<Transport> make_transport(GroupState& g);
 // Each transport alone (make_transport picks among them; tests build them directly).
 std::unique_ptr<Transport> make_local_transport();
 std::unique_ptr<Transport> make_simulated_transport();
-// MPI on `comm` (not owned), where this process is rank `rank` of `size`.
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size);
+// MPI on `comm` (not owned), where this process is rank `rank` of `size`. `context` follows the op's
+// description in its errors (the hierarchical transport's ": allreduce between the node leaders").
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size, std::string context = {});
 // `g` owns the transport and outlives it; `mpi`: the MPI transport on g's communicator.
 std::unique_ptr<Transport> make_shm_transport(GroupState& g, std::unique_ptr<Transport> mpi);
 std::unique_ptr<Transport> make_hierarchical_transport(GroupState& g, std::unique_ptr<Transport> mpi);

@@ -45,7 +45,7 @@ class HierarchicalTransport final : public Transport {
       int rank = 0, size = 1;
       MPI_Comm_rank(leaders_comm_.comm, &rank);
       MPI_Comm_size(leaders_comm_.comm, &size);
-      leaders_ = make_mpi_transport(leaders_comm_.comm, rank, size);
+      leaders_ = make_mpi_transport(leaders_comm_.comm, rank, size, ": allreduce between the node leaders");
     }
   }
   const char* name() const override { return "hierarchical"; }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/detail/runtime.h"
@@ -38,15 +40,16 @@ bool wide(DType t) { return t == DType::kF32 || t == DType::kI32; }  // MPI sums
 
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, int rank, int size) : comm_(comm), rank_(rank), size_(size) {}
+  MpiTransport(MPI_Comm comm, int rank, int size, std::string context)
+      : comm_(comm), rank_(rank), size_(size), context_(std::move(context)) {}
   const char* name() const override { return "mpi"; }
 
   void allreduce(const Op& op, const memory::Tensor& data, ReduceOp r) override {
     const DType t = data.dtype();
     const size_t n = static_cast<size_t>(data.numel());
     if (wide(t)) {
-      ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data.raw(), static_cast<int>(n), mpi_type(t), MPI_SUM, comm_), "{}",
-                   op.describe());
+      ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data.raw(), static_cast<int>(n), mpi_type(t), MPI_SUM, comm_), "{}{}",
+                   op.describe(), context_);
       if (r == ReduceOp::kAverage) scale(data.data<float>(), n, size_);
       return;
     }
@@ -62,7 +65,7 @@ class MpiTransport final : public Transport {
     reduce_scatter_16bit(op, base, base + displ * memory::dtype_size(t), t, c, r);
     ZS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base, c.counts.data(), c.displs.data(), mpi_type(t),
                                 comm_),
-                 "{}", op.describe());
+                 "{}{}", op.describe(), context_);
   }
 
   void reduce_scatter(const Op& op, const memory::Tensor& input, const memory::Tensor& output, const Counts& c,
@@ -79,9 +82,9 @@ class MpiTransport final : public Transport {
     }
     auto reduce = [&](const void* send, void* recv) {
       if (c.equal()) {
-        ZS_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, c.counts[0], mpi_type(t), MPI_SUM, comm_), "{}", op.describe());
+        ZS_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, c.counts[0], mpi_type(t), MPI_SUM, comm_), "{}{}", op.describe(), context_);
       } else {
-        ZS_MPI_CHECK(MPI_Reduce_scatter(send, recv, c.counts.data(), mpi_type(t), MPI_SUM, comm_), "{}", op.describe());
+        ZS_MPI_CHECK(MPI_Reduce_scatter(send, recv, c.counts.data(), mpi_type(t), MPI_SUM, comm_), "{}{}", op.describe(), context_);
       }
     };
     if (out == in + displ * es) {  // in place: MPI leaves the result at the start of the buffer
@@ -102,16 +105,16 @@ class MpiTransport final : public Transport {
     const void* send = in == out + static_cast<size_t>(c.displs[me]) * es ? MPI_IN_PLACE : in;
     const MPI_Datatype type = mpi_type(t);
     if (c.equal()) {
-      ZS_MPI_CHECK(MPI_Allgather(send, c.counts[0], type, out, c.counts[0], type, comm_), "{}", op.describe());
+      ZS_MPI_CHECK(MPI_Allgather(send, c.counts[0], type, out, c.counts[0], type, comm_), "{}{}", op.describe(), context_);
     } else {
-      ZS_MPI_CHECK(MPI_Allgatherv(send, c.counts[me], type, out, c.counts.data(), c.displs.data(), type, comm_), "{}",
-                   op.describe());
+      ZS_MPI_CHECK(MPI_Allgatherv(send, c.counts[me], type, out, c.counts.data(), c.displs.data(), type, comm_), "{}{}",
+                   op.describe(), context_);
     }
   }
 
   void broadcast(const Op& op, const memory::Tensor& data, int root) override {
-    ZS_MPI_CHECK(MPI_Bcast(data.raw(), static_cast<int>(data.numel()), mpi_type(data.dtype()), root, comm_), "{}",
-                 op.describe());
+    ZS_MPI_CHECK(MPI_Bcast(data.raw(), static_cast<int>(data.numel()), mpi_type(data.dtype()), root, comm_), "{}{}",
+                 op.describe(), context_);
   }
 
   void alltoallv(const Op& op, DType t, const ExchangeSide& send, const Counts& s, const ExchangeSide& recv,
@@ -133,11 +136,11 @@ class MpiTransport final : public Transport {
     }
     const MPI_Datatype type = mpi_type(t);
     if (!uneven) {
-      ZS_MPI_CHECK(MPI_Alltoall(send_buf, s.counts[0], type, recv_buf, r.counts[0], type, comm_), "{}", op.describe());
+      ZS_MPI_CHECK(MPI_Alltoall(send_buf, s.counts[0], type, recv_buf, r.counts[0], type, comm_), "{}{}", op.describe(), context_);
     } else {
       ZS_MPI_CHECK(MPI_Alltoallv(send_buf, s.counts.data(), s.displs.data(), type, recv_buf, r.counts.data(),
                                  r.displs.data(), type, comm_),
-                   "{}", op.describe());
+                   "{}{}", op.describe(), context_);
     }
     if (!packed_out.empty()) {
       for (size_t j = 0; j < recv.blocks.size(); ++j)
@@ -148,16 +151,16 @@ class MpiTransport final : public Transport {
   void allgather_counts(const Op& op, std::span<const int32_t> mine, std::span<int32_t> all) override {
     const int k = static_cast<int>(mine.size());
     ZS_MPI_CHECK(MPI_Allgather(mine.data(), k, MPI_INT32_T, all.data(), k, MPI_INT32_T, comm_),
-                 "{}: exchanging the counts", op.describe());
+                 "{}{}: exchanging the counts", op.describe(), context_);
   }
 
   void alltoall_counts(const Op& op, std::span<const int64_t> send, std::span<int64_t> recv) override {
     const int w = static_cast<int>(send.size() / static_cast<size_t>(size_));
-    ZS_MPI_CHECK(MPI_Alltoall(send.data(), w, MPI_INT64_T, recv.data(), w, MPI_INT64_T, comm_), "{}", op.describe());
+    ZS_MPI_CHECK(MPI_Alltoall(send.data(), w, MPI_INT64_T, recv.data(), w, MPI_INT64_T, comm_), "{}{}", op.describe(), context_);
   }
 
   void split(const Op& op, int color, int key, GroupState& child) override {
-    ZS_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child.comm), "{}", op.describe());
+    ZS_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child.comm), "{}{}", op.describe(), context_);
     child.owns_comm = true;
     MPI_Comm_rank(child.comm, &child.rank);
     MPI_Comm_size(child.comm, &child.size);
@@ -185,7 +188,7 @@ class MpiTransport final : public Transport {
     for (size_t j = 0; j < ranks; ++j) recv_displs[j] = static_cast<int>(j) * own;
     ZS_MPI_CHECK(MPI_Alltoallv(in, send_counts.data(), c.displs.data(), mpi_type(t), recv.get(), recv_counts.data(),
                                recv_displs.data(), mpi_type(t), comm_),
-                 "{}", op.describe());
+                 "{}{}", op.describe(), context_);
     std::vector<const void*> srcs(ranks);
     for (size_t j = 0; j < ranks; ++j) {
       srcs[j] = j == me ? static_cast<const void*>(in + static_cast<size_t>(c.displs[me]) * es)
@@ -197,12 +200,13 @@ class MpiTransport final : public Transport {
 
   MPI_Comm comm_;
   int rank_, size_;
+  std::string context_;  // appended to op.describe() in errors
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size) {
-  return std::make_unique<MpiTransport>(comm, rank, size);
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size, std::string context) {
+  return std::make_unique<MpiTransport>(comm, rank, size, std::move(context));
 }
 
 }  // namespace zs::comm::detail
