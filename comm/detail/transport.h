@@ -15,8 +15,12 @@
 // MPI communicator, whether it is simulated, its comm.shared_memory mode, and (from the node window,
 // comm/detail/shm.h) how its members lie on nodes. So make_transport decides once, right after the
 // group's communicator and its view of the window exist (World's group, Group::split and dup), and
-// stores the result in GroupState::transport; a collective never re-tests it. Every rank of a group
-// decides alike: make_transport first checks that the ranks passed the same comm.shared_memory and
+// stores the result in GroupState::transport; a collective never re-tests it. Why once: tested per
+// call, the same local/shm/MPI branches stood in every collective and the shared-memory code made the
+// inter-node MPI calls itself; decided once, group.cpp holds no transport code, each transport is one
+// file that can be tested alone (tests/comm/transport_test.cpp), and another one (a device backend's)
+// is a new file, not new branches in every collective. Every rank of a group decides alike:
+// make_transport first checks that the ranks passed the same comm.shared_memory and
 // shared_memory_node_ranks (CommError naming the group otherwise), and the node layout it reads is
 // the same on every member (init_shm_group gathers it).
 //  - No communicator: local, or simulated for Group::simulated (whose ops the Runtime only counts).
@@ -26,7 +30,8 @@
 //    same on every rank (so no rank ever waits in a shared-memory barrier for a peer gone to MPI):
 //    comm.shared_memory "auto" leaves tensors under kShmAutoMinBytes to MPI, broadcast and the count
 //    exchanges always go to MPI, and the hierarchical transport moves only allreduce itself (the
-//    others span nodes through MPI's collective, as before transports existed).
+//    others span nodes through MPI's collective, as before transports existed). Within shm, the
+//    direct path runs where the handshake agreed on a shared arena (Note [Direct collectives]).
 //  - comm.shared_memory true with no window for the group (none was made, or too many groups) picks
 //    shm anyway, whose collectives then throw CommError saying why, as "true" promises.
 // Whatever the transport, the bits are the same (Note [16-bit reductions] in transport_mpi.cpp; Note
