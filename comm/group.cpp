@@ -441,8 +441,8 @@ std::shared_ptr<Op> alltoall_op(const std::shared_ptr<detail::GroupState>& g, co
 
 // Note [Counts in the handshake] (comm/detail/runtime.h): every rank's whole send vector rides on the
 // handshake (an allgather of size * w values each), and each rank keeps its column. Past kMaxGathered
-// values per rank the allgather would outgrow an alltoall, so the body runs MPI_Alltoall instead.
-// Root -1 marks it apart from a plain alltoall of the same size.
+// values per rank the allgather would outgrow an alltoall, so the body runs the transport's
+// alltoall_counts (MPI_Alltoall) instead. Root -1 marks it apart from a plain alltoall of the same size.
 constexpr size_t kMaxGathered = 1024;
 
 std::shared_ptr<Op> exchange_counts_op(const std::shared_ptr<detail::GroupState>& g, std::span<const int64_t> send,
