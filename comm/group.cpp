@@ -1,16 +1,17 @@
+// Group's collectives: each checks its arguments, builds an Op (signature, sizes for messages, byte
+// counts, the arena vote) and gives it a body that hands the data to the group's transport, chosen
+// when the group was made (Note [Transports] in comm/detail/transport.h). No transport is tested here.
 #include "comm/group.h"
 
 #include <algorithm>
 #include <climits>
-#include <cstring>
 #include <numeric>
 #include <vector>
 
 #include "comm/detail/runtime.h"
-#include "comm/detail/shm.h"
-#include "comm/detail/shm_direct.h"
-#include "comm/detail/shm_reduce.h"
-#include "comm/mpi_check.h"
+#include "comm/detail/shm.h"         // shm_node_of
+#include "comm/detail/shm_direct.h"  // arena_vote
+#include "comm/detail/transport.h"
 #include "comm/native.h"
 #include "memory/dtype.h"
 
@@ -21,16 +22,6 @@ using detail::OpCode;
 using memory::DType;
 
 namespace {
-
-MPI_Datatype mpi_type(DType t) {
-  switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kBF16:
-    case DType::kF16: return MPI_UINT16_T;  // moved as bits; reductions go through fp32
-  }
-  return MPI_BYTE;
-}
 
 [[noreturn]] void fail(const Op& op, const std::string& what) {
   throw CommError(fmt::format("{}: {}", op.describe(), what));
@@ -66,15 +57,7 @@ void check_reduce(const Op& op, DType t, ReduceOp r) {
   if (t == DType::kI32 && r == ReduceOp::kAverage) fail(op, "int32 supports ReduceOp::kSum only; average in fp32");
 }
 
-void scale(float* p, size_t n, int size) {
-  const float d = static_cast<float>(size);
-  for (size_t i = 0; i < n; ++i) p[i] /= d;
-}
-
-struct Counts {
-  std::vector<int> counts, displs;
-  size_t total = 0;
-};
+using detail::Counts;
 
 Counts int_counts(const Op& op, std::span<const size_t> counts) {
   Counts c;
@@ -98,41 +81,6 @@ std::vector<size_t> counts_of(const Op& op, std::span<const memory::ShardRange> 
   return counts;
 }
 
-bool all_equal(std::span<const size_t> c) {
-  return std::all_of(c.begin(), c.end(), [&](size_t x) { return x == c[0]; });
-}
-
-// Note [16-bit reductions]
-// A bf16/fp16 reduction puts its 16-bit values on the wire (half the bytes of fp32: what
-// communication_data_type bf16/fp16 is for) and still sums in fp32, rounding once. MPI's own
-// reduce-scatter cannot: with MPI_FLOAT the wire carries fp32, and a user-defined MPI_Op on 16-bit
-// values rounds every partial sum of its ring to 16 bits (N-1 roundings). So the MPI path is a direct
-// reduce-scatter: one MPI_Alltoallv hands rank j every rank's block j (the bytes a ring moves, total -
-// own), then rank j sums the N blocks in rank order in fp32 with the shared-memory path's kernels
-// (comm/detail/shm_reduce.h) and rounds once; an allreduce follows it with an allgatherv of the
-// 16-bit results. Both paths therefore give the same bits, on any number of ranks.
-void reduce_scatter_16bit(const detail::GroupState& g, const Op& op, const char* in, char* out, DType t, const Counts& c,
-                          ReduceOp r) {
-  const size_t es = memory::dtype_size(t);
-  const size_t me = static_cast<size_t>(g.rank), ranks = static_cast<size_t>(g.size);
-  const int own = c.counts[me];
-  // Every other rank's copy of this rank's block, in rank order (this rank's own is read in place).
-  std::unique_ptr<char[]> recv(new char[static_cast<size_t>(own) * es * ranks]);
-  std::vector<int> send_counts = c.counts, recv_counts(ranks, own), recv_displs(ranks);
-  send_counts[me] = recv_counts[me] = 0;
-  for (size_t j = 0; j < ranks; ++j) recv_displs[j] = static_cast<int>(j) * own;
-  ZS_MPI_CHECK(MPI_Alltoallv(in, send_counts.data(), c.displs.data(), mpi_type(t), recv.get(), recv_counts.data(),
-                             recv_displs.data(), mpi_type(t), g.comm),
-               "{}", op.describe());
-  std::vector<const void*> srcs(ranks);
-  for (size_t j = 0; j < ranks; ++j) {
-    srcs[j] = j == me ? static_cast<const void*>(in + static_cast<size_t>(c.displs[me]) * es)
-                      : recv.get() + j * static_cast<size_t>(own) * es;
-  }
-  // out may be this rank's block of `in` (in place): reduce_sum reads each element before writing it.
-  detail::reduce_sum(srcs, t, out, t, static_cast<size_t>(own), r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f);
-}
-
 std::string reduce_name(ReduceOp r) { return r == ReduceOp::kSum ? "sum" : "average"; }
 
 // Ring/pipeline byte counting (CommCounters in comm/config.h).
@@ -153,6 +101,7 @@ Group Group::simulated(int rank, int size, const std::string& name) {
   state->size = size;
   state->name = name;
   state->simulated = true;
+  state->transport = detail::make_transport(*state);
   return Group(std::move(state));
 }
 
@@ -175,30 +124,29 @@ detail::ShmNode* detail::shm_node_of(const Group& group) { return GroupAccess::s
 const detail::GroupState& detail::group_state(const Group& group) { return GroupAccess::state(group); }
 
 Group Group::split(int color, int key, const std::string& name) const {
-  auto child = std::make_shared<detail::GroupState>();
-  child->runtime = state_->runtime;
-  child->name = name;
-  child->config = state_->config;
-  auto op = make_op(state_, OpCode::kSplit, DType::kI32, 0, 0, fmt::format("color {}, key {}, into '{}'", color, key, name));
-  if (color < 0) fail(*op, "color must be >= 0 on every rank");
-  op->body = [g = state_.get(), child, color, key, o = op.get()] {
-    if (g->local()) return;
-    ZS_MPI_CHECK(MPI_Comm_split(g->comm, color, key, &child->comm), "{}", o->describe());
-    child->owns_comm = true;
-    MPI_Comm_rank(child->comm, &child->rank);
-    MPI_Comm_size(child->comm, &child->size);
-    child->init_handshake_comm();
-  };
-  state_->runtime->run(op);
-  return Group(child);
+  return split_as(color, key, name, state_->config);
 }
 
 Group Group::dup(const std::string& name, const CommConfig& config) const {
   if (!(config.timeout_s > 0)) throw ConfigError(fmt::format("comm.timeout_s: expected a positive number of seconds, got {}", config.timeout_s));
-  Group g = split(0, rank(), name);
-  g.state_->config = config;
-  if (!g.state_->local()) detail::check_shm_config_agrees(g.state_->comm, config, g.state_->where());
-  return g;
+  return split_as(0, rank(), name, config);
+}
+
+Group Group::split_as(int color, int key, const std::string& name, const CommConfig& config) const {
+  auto child = std::make_shared<detail::GroupState>();
+  child->runtime = state_->runtime;
+  child->name = name;
+  child->config = config;
+  auto op = make_op(state_, OpCode::kSplit, DType::kI32, 0, 0, fmt::format("color {}, key {}, into '{}'", color, key, name));
+  if (color < 0) fail(*op, "color must be >= 0 on every rank");
+  op->body = [g = state_.get(), child, color, key, o = op.get()] {
+    g->transport->split(*o, color, key, *child);
+    child->transport = detail::make_transport(*child);  // Note [Transports]: collective over the new group
+  };
+  state_->runtime->run(op);
+  // A simulated group runs no bodies: its split is a local group of one.
+  if (child->transport == nullptr) child->transport = detail::make_transport(*child);
+  return Group(child);
 }
 
 // ---- allreduce ----
@@ -211,29 +159,14 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
                     fmt::format("{}, {} elements, {}", memory::dtype_name(t), n, reduce_name(r)));
   check_tensor(*op, data, "data");
   check_reduce(*op, t, r);
-  const int count = to_int(*op, n);
+  to_int(*op, n);
   const int size = g->size;
   const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
   // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
   op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
   op->arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
-  op->body = [g = g.get(), data, r, t, n, count, size, o = op.get()] {
-    if (g->local() || n == 0) return;  // a sum or average over one rank is the value itself
-    if (detail::shm_allreduce(*g, *o, data, r)) return;  // ranks on one node: comm/detail/shm.h
-    if (t == DType::kF32 || t == DType::kI32) {
-      ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data.raw(), count, mpi_type(t), MPI_SUM, g->comm), "{}", o->describe());
-      if (r == ReduceOp::kAverage) scale(data.data<float>(), n, size);
-      return;
-    }
-    // 16-bit: the values travel as they are, summed in fp32 per block (Note [16-bit reductions]).
-    const auto shards = memory::partition(n, size);
-    Counts c = int_counts(*o, counts_of(*o, shards));
-    const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);
-    char* base = static_cast<char*>(data.raw());
-    reduce_scatter_16bit(*g, *o, base, base + displ * memory::dtype_size(t), t, c, r);
-    ZS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base, c.counts.data(), c.displs.data(), mpi_type(t),
-                                g->comm),
-                 "{}", o->describe());
+  op->body = [g = g.get(), data, r, n, o = op.get()] {
+    if (n > 0) g->transport->allreduce(*o, data, r);  // a sum over no elements moves nothing
   };
   return op;
 }
@@ -265,34 +198,8 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
   Counts c = int_counts(*op, counts);
   count_block_bytes(*op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
   op->arena = detail::arena_vote(*g, input, total * memory::dtype_size(t));  // Note [Direct collectives]
-  op->body = [g = g.get(), input, output, r, t, own, c = std::move(c), equal = all_equal(counts), o = op.get()] {
-    const size_t es = memory::dtype_size(t);
-    const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);
-    char* in = static_cast<char*>(input.raw());
-    char* out = static_cast<char*>(output.raw());
-    if (g->local()) {
-      if (in != out && own > 0) std::memmove(out, in, own * es);
-      return;
-    }
-    if (detail::shm_reduce_scatter(*g, *o, input, output, c.counts, c.displs, r)) return;  // comm/detail/shm.h
-    auto reduce = [&](const void* send, void* recv, MPI_Datatype type) {
-      if (equal) {
-        ZS_MPI_CHECK(MPI_Reduce_scatter_block(send, recv, c.counts[0], type, MPI_SUM, g->comm), "{}", o->describe());
-      } else {
-        ZS_MPI_CHECK(MPI_Reduce_scatter(send, recv, c.counts.data(), type, MPI_SUM, g->comm), "{}", o->describe());
-      }
-    };
-    if (t == DType::kF32 || t == DType::kI32) {
-      if (out == in + displ * es) {  // in place: MPI leaves the result at the start of the buffer
-        reduce(MPI_IN_PLACE, in, mpi_type(t));
-        if (displ > 0 && own > 0) std::memmove(out, in, own * es);
-      } else {
-        reduce(in, out, mpi_type(t));
-      }
-      if (r == ReduceOp::kAverage) scale(output.data<float>(), own, g->size);
-      return;
-    }
-    reduce_scatter_16bit(*g, *o, in, out, t, c, r);  // Note [16-bit reductions]
+  op->body = [g = g.get(), input, output, r, c = std::move(c), o = op.get()] {
+    g->transport->reduce_scatter(*o, input, output, c, r);
   };
   return op;
 }
@@ -342,25 +249,8 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
     const bool shifted = in != own_out && in < own_out + own * es && own_out < in + own * es;
     op->arena = shifted ? 0 : detail::arena_vote(*g, input, own * es);
   }
-  op->body = [g = g.get(), input, output, t, own, c = std::move(c), equal = all_equal(counts), o = op.get()] {
-    const size_t es = memory::dtype_size(t);
-    const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]);
-    char* in = static_cast<char*>(input.raw());
-    char* out = static_cast<char*>(output.raw());
-    const bool in_place = in == out + displ * es;
-    if (g->local()) {
-      if (!in_place && own > 0) std::memmove(out, in, own * es);
-      return;
-    }
-    if (detail::shm_allgatherv(*g, *o, input, output, c.counts, c.displs)) return;  // comm/detail/shm.h
-    const void* send = in_place ? MPI_IN_PLACE : in;
-    const MPI_Datatype type = mpi_type(t);
-    if (equal) {
-      ZS_MPI_CHECK(MPI_Allgather(send, c.counts[0], type, out, c.counts[0], type, g->comm), "{}", o->describe());
-    } else {
-      ZS_MPI_CHECK(MPI_Allgatherv(send, static_cast<int>(own), type, out, c.counts.data(), c.displs.data(), type, g->comm),
-                   "{}", o->describe());
-    }
+  op->body = [g = g.get(), input, output, c = std::move(c), o = op.get()] {
+    g->transport->allgatherv(*o, input, output, c);
   };
   return op;
 }
@@ -406,9 +296,8 @@ std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, c
   const int chain_pos = (g->rank - root + g->size) % g->size;  // position in the pipeline chain from root
   op->bytes_sent = chain_pos < g->size - 1 ? bytes : 0;
   op->bytes_received = chain_pos > 0 ? bytes : 0;
-  op->body = [g = g.get(), data, t, count, root, o = op.get()] {
-    if (g->local() || count == 0) return;
-    ZS_MPI_CHECK(MPI_Bcast(data.raw(), count, mpi_type(t), root, g->comm), "{}", o->describe());
+  op->body = [g = g.get(), data, count, root, o = op.get()] {
+    if (count > 0) g->transport->broadcast(*o, data, root);
   };
   return op;
 }
@@ -425,17 +314,16 @@ namespace {
 // Note [alltoallv counts]: MPI_Alltoallv reports a receive count smaller than the matching send count
 // as a truncation error on the receiving rank only, and a larger one not at all (the tail of the
 // output is left as it was). So before the data moves, every rank gathers every rank's send and receive
-// counts (2 * size int32 each, one MPI_Allgather after the handshake, so it cannot hang) and checks the
+// counts (2 * size int32 each, one allgather after the handshake, so it cannot hang) and checks the
 // whole matrix: every rank reaches the same verdict and a mismatch throws CommError on all of them,
 // naming the first pair, with no data moved.
-void check_alltoallv_counts(const Op& op, MPI_Comm comm, int rank, int size, const std::vector<int>& send,
-                            const std::vector<int>& recv) {
+void check_alltoallv_counts(const Op& op, detail::Transport& transport, int rank, int size,
+                            const std::vector<int>& send, const std::vector<int>& recv) {
   const size_t n = static_cast<size_t>(size);
   std::vector<int32_t> mine(2 * n), all(2 * n * n);
   std::copy(send.begin(), send.end(), mine.begin());
   std::copy(recv.begin(), recv.end(), mine.begin() + static_cast<std::ptrdiff_t>(n));
-  ZS_MPI_CHECK(MPI_Allgather(mine.data(), 2 * size, MPI_INT32_T, all.data(), 2 * size, MPI_INT32_T, comm),
-               "{}: exchanging the counts", op.describe());
+  transport.allgather_counts(op, mine, all);
   for (size_t i = 0; i < n; ++i) {
     for (size_t j = 0; j < n; ++j) {
       const int32_t sent = all[i * 2 * n + j], expected = all[j * 2 * n + n + i];
@@ -449,13 +337,7 @@ void check_alltoallv_counts(const Op& op, MPI_Comm comm, int rank, int size, con
   }
 }
 
-// One side of an alltoallv: a contiguous tensor with per-rank counts (`whole` defined), or per-rank
-// piece lists (Group::alltoallv with pieces). `keep` holds the tensors alive until the op has run.
-struct Side {
-  memory::Tensor whole;
-  std::vector<detail::Block> blocks;
-  std::vector<memory::Tensor> keep;
-};
+using Side = detail::ExchangeSide;
 
 Side contiguous_side(const memory::Tensor& t, const Counts& c, size_t es) {
   Side side{t, {}, {}};
@@ -484,43 +366,10 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, D
   const size_t me = static_cast<size_t>(g->rank);
   op->bytes_sent = (s.total - send[me]) * es;
   op->bytes_received = (r.total - recv[me]) * es;
-  op->body = [g = g.get(), t, es, s = std::move(s), r = std::move(r), in = std::move(in), out = std::move(out), uneven_api,
+  op->body = [g = g.get(), t, s = std::move(s), r = std::move(r), in = std::move(in), out = std::move(out), uneven_api,
               check_counts, o = op.get()] {
-    const size_t me = static_cast<size_t>(g->rank);
-    if (g->local()) {
-      // memmove: the contiguous form may pass one tensor as input and output.
-      detail::copy_block(in.blocks[me], out.blocks[me], static_cast<size_t>(s.counts[me]) * es,
-                         [](void* d, const void* from, size_t n) { std::memmove(d, from, n); });
-      return;
-    }
-    if (uneven_api && check_counts) check_alltoallv_counts(*o, g->comm, g->rank, g->size, s.counts, r.counts);
-    if (detail::shm_alltoallv(*g, *o, in.blocks, out.blocks, r.total * es >= detail::kShmStreamMinBytes)) return;  // comm/detail/shm.h
-    // MPI's: pieces packed into (and unpacked from) a contiguous buffer; the contiguous form as it is.
-    std::vector<unsigned char> packed_in, packed_out;
-    const void* send_buf = in.whole.defined() ? in.whole.raw() : nullptr;
-    void* recv_buf = out.whole.defined() ? out.whole.raw() : nullptr;
-    if (send_buf == nullptr) {
-      packed_in.resize(s.total * es);
-      for (size_t j = 0; j < in.blocks.size(); ++j)
-        detail::copy_from_block(in.blocks[j], 0, static_cast<size_t>(s.counts[j]) * es, packed_in.data() + static_cast<size_t>(s.displs[j]) * es);
-      send_buf = packed_in.data();
-    }
-    if (recv_buf == nullptr) {
-      packed_out.resize(r.total * es);
-      recv_buf = packed_out.data();
-    }
-    const MPI_Datatype type = mpi_type(t);
-    if (!uneven_api) {
-      ZS_MPI_CHECK(MPI_Alltoall(send_buf, s.counts[0], type, recv_buf, r.counts[0], type, g->comm), "{}", o->describe());
-    } else {
-      ZS_MPI_CHECK(MPI_Alltoallv(send_buf, s.counts.data(), s.displs.data(), type, recv_buf, r.counts.data(),
-                                 r.displs.data(), type, g->comm),
-                   "{}", o->describe());
-    }
-    if (!packed_out.empty()) {
-      for (size_t j = 0; j < out.blocks.size(); ++j)
-        detail::copy_to_block(out.blocks[j], 0, static_cast<size_t>(r.counts[j]) * es, packed_out.data() + static_cast<size_t>(r.displs[j]) * es);
-    }
+    if (uneven_api && check_counts) check_alltoallv_counts(*o, *g->transport, g->rank, g->size, s.counts, r.counts);
+    g->transport->alltoallv(*o, t, in, s, out, r, uneven_api);
   };
   return op;
 }
@@ -592,8 +441,8 @@ std::shared_ptr<Op> alltoall_op(const std::shared_ptr<detail::GroupState>& g, co
 
 // Note [Counts in the handshake] (comm/detail/runtime.h): every rank's whole send vector rides on the
 // handshake (an allgather of size * w values each), and each rank keeps its column. Past kMaxGathered
-// values per rank the allgather would outgrow an alltoall, so the body runs MPI_Alltoall instead.
-// Root -1 marks it apart from a plain alltoall of the same size.
+// values per rank the allgather would outgrow an alltoall, so the body runs the transport's
+// alltoall_counts (MPI_Alltoall) instead. Root -1 marks it apart from a plain alltoall of the same size.
 constexpr size_t kMaxGathered = 1024;
 
 std::shared_ptr<Op> exchange_counts_op(const std::shared_ptr<detail::GroupState>& g, std::span<const int64_t> send,
@@ -604,21 +453,18 @@ std::shared_ptr<Op> exchange_counts_op(const std::shared_ptr<detail::GroupState>
   if (send.size() != w * size || recv.size() != send.size())
     fail(*op, fmt::format("send ({}) and recv ({}) need size() = {} blocks of the same width", send.size(), recv.size(), size));
   const bool in_handshake = send.size() <= kMaxGathered;
-  if (in_handshake && !g->local()) op->gather.assign(send.begin(), send.end());
+  if (in_handshake) op->gather.assign(send.begin(), send.end());  // a local group's is its own (Runtime::execute)
   op->agrees_next = true;
   op->bytes_sent = op->bytes_received = (size - 1) * w * sizeof(int64_t);
   const size_t me = static_cast<size_t>(g->rank);
   op->body = [g = g.get(), send, recv, w, me, in_handshake, o = op.get()] {
-    if (g->local()) {
-      std::copy(send.begin(), send.end(), recv.begin());
-    } else if (in_handshake) {  // rank q's block for this rank: block me of its whole vector
+    if (in_handshake) {  // rank q's block for this rank: block me of its whole vector
       for (size_t q = 0; q < static_cast<size_t>(g->size); ++q)
         std::copy_n(o->gathered.begin() + static_cast<std::ptrdiff_t>((q * static_cast<size_t>(g->size) + me) * w), w,
                     recv.begin() + static_cast<std::ptrdiff_t>(q * w));
     } else {
-      ZS_MPI_CHECK(MPI_Alltoall(send.data(), to_int(*o, w), MPI_INT64_T, recv.data(), to_int(*o, w), MPI_INT64_T,
-                                g->comm),
-                   "{}", o->describe());
+      to_int(*o, w);
+      g->transport->alltoall_counts(*o, send, recv);
     }
   };
   return op;

@@ -17,7 +17,7 @@
 //     fp32, bf16, fp16 everywhere; int32 for sums and the data-movement collectives. bf16/fp16
 //     reductions carry the 16-bit values on the wire (half fp32's bytes) and sum them in fp32, rounding
 //     once (so the sum of N bf16 values is rounded once, not N-1 times), in rank order: the same bits
-//     through shared memory and through MPI (Note [16-bit reductions] in comm/group.cpp).
+//     through shared memory and through MPI (Note [16-bit reductions] in comm/detail/transport_mpi.cpp).
 //   - The sync call returns when this rank's part is done. An async call returns a Work at once; the
 //     tensors (and the memory behind plain views) must stay alive and untouched until wait() returns.
 //     Collectives of one World run one at a time in submission order (sync calls wait for earlier
@@ -150,6 +150,8 @@ class Group {
 
  private:
   friend struct detail::GroupAccess;
+  // split with the child's config (dup's own): its transport is chosen from it (Note [Transports]).
+  Group split_as(int color, int key, const std::string& name, const CommConfig& config) const;
   std::shared_ptr<detail::GroupState> state_;
 };
 

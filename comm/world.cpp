@@ -41,6 +41,7 @@ World::World(Launch launch, const CommConfig& config) {
     runtime_->init_shm(config);  // the node window first: init_handshake_comm sets up the group's view of it
     state->init_handshake_comm();
   }
+  state->transport = detail::make_transport(*state);  // Note [Transports]: local, or by the window's layout
   group_ = std::make_unique<Group>(std::move(state));
 }
 

@@ -24,8 +24,9 @@
 // us for OpenMPI's MPI_Iallreduce (libnbc builds a schedule per call) and 0.9 us for MPI_Allreduce.
 // A rank that times out leaves its requests posted (Runtime::orphans_): a late peer then completes
 // against them and sees the other collective's signature, a mismatch, instead of hanging too.
-// Then the body runs MPI's blocking collective (OpenMPI's tuned algorithms, about twice as fast here
-// as the libnbc nonblocking ones for large messages). Once all ranks passed the handshake with equal
+// Then the body runs the group's transport (Note [Transports] in comm/detail/transport.h): MPI's
+// blocking collective (OpenMPI's tuned algorithms, about twice as fast here as the libnbc nonblocking
+// ones for large messages), or the node's shared memory. Once all ranks passed the handshake with equal
 // signatures the body stalls only if a rank stops or is cut off mid-collective: the body watchdog then
 // ends the job after timeout_s (Note [Stalled body] in comm/detail/body_watchdog.h).
 //
@@ -92,6 +93,7 @@
 #include <vector>
 
 #include "comm/detail/body_watchdog.h"
+#include "comm/detail/transport.h"
 #include "comm/detail/wait_notices.h"
 #include "comm/config.h"
 #include "comm/work.h"
@@ -120,6 +122,9 @@ struct GroupState {
   // Its view of the node's shared-memory window, made by its first collective that may use one
   // (comm/detail/shm.h); null until then. Touched only by the Op running on this group.
   std::shared_ptr<ShmGroup> shm;
+  // How its collectives move data, chosen once when the group is made (Note [Transports] in
+  // comm/detail/transport.h); null only while the group is being made.
+  std::unique_ptr<Transport> transport;
   // Note [Waits across groups] (comm/detail/wait_notices.h): an id equal on every member, the
   // members' world ranks, and the ops this rank has started on the group (touched by the executor).
   int64_t id = 0;
@@ -143,7 +148,7 @@ struct Op {
   OpCode code = OpCode::kBarrier;
   std::string sizes;                  // "fp32, 1000 elements, sum": for error messages
   std::array<int64_t, 4> signature{};  // code, dtype, size, root: equal on every rank
-  std::function<void()> body;         // the blocking MPI call (or local copy) with conversions
+  std::function<void()> body;         // the data exchange: the group's transport (comm/detail/transport.h)
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   std::shared_ptr<GroupState> group;

@@ -1,3 +1,5 @@
+// The shared-memory collectives (Note [Shared-memory collectives] in comm/detail/shm.h): no MPI call
+// here; the window they run in is made in comm/detail/node_window.cpp.
 #include "comm/detail/shm.h"
 
 #include <sched.h>
@@ -10,7 +12,6 @@
 #include "comm/detail/runtime.h"
 #include "comm/detail/shm_direct.h"
 #include "comm/detail/shm_reduce.h"
-#include "comm/mpi_check.h"
 #include "core/errors.h"
 
 namespace zs::comm::detail {
@@ -19,8 +20,6 @@ using memory::DType;
 
 namespace {
 
-constexpr size_t kLine = 64;                                    // one barrier flag per cache line
-constexpr size_t kFlagBytes = ShmNode::kMaxGroups * kLine;
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
 constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
 
@@ -28,153 +27,7 @@ size_t piece(size_t count, size_t k, size_t m) { return count > k * m ? std::min
 
 size_t round_down(size_t x, size_t a) { return std::max(a, x / a * a); }
 
-
 }  // namespace
-
-// ---- the node window ----
-
-std::unique_ptr<ShmNode> ShmNode::create(int ranks_per_node, bool required) {
-  std::unique_ptr<ShmNode> node(new ShmNode());
-  int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  ZS_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank, MPI_INFO_NULL, &node->comm_),
-               "finding the ranks on this node for the shared-memory collectives");
-  if (ranks_per_node > 0) {
-    int r = 0;
-    MPI_Comm_rank(node->comm_, &r);
-    MPI_Comm block = MPI_COMM_NULL;
-    ZS_MPI_CHECK(MPI_Comm_split(node->comm_, r / ranks_per_node, r, &block),
-                 "splitting the node into blocks of comm.shared_memory_node_ranks = {} ranks", ranks_per_node);
-    MPI_Comm_free(&node->comm_);
-    node->comm_ = block;
-  }
-  MPI_Comm_rank(node->comm_, &node->node_rank_);
-  MPI_Comm_size(node->comm_, &node->node_size_);
-  ZS_MPI_CHECK(MPI_Allreduce(&world_rank, &node->node_id_, 1, MPI_INT, MPI_MIN, node->comm_), "naming this node");
-
-  MPI_Info info = MPI_INFO_NULL;
-  MPI_Info_create(&info);
-  MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part on its own pages (first touch)
-  const size_t bytes = kFlagBytes + 2 * kSlotBytes;
-  void* base = nullptr;
-  int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, info, node->comm_, &base, &node->win_);
-  MPI_Info_free(&info);
-  int ok = rc == MPI_SUCCESS ? 1 : 0, all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node->comm_);
-  if (!all_ok) {
-    const std::string why = rc == MPI_SUCCESS ? std::string("another rank of this node failed to allocate it") : mpi_error_text(rc);
-    if (node->win_ != MPI_WIN_NULL) MPI_Win_free(&node->win_);
-    if (required) {
-      throw CommError(fmt::format("comm.shared_memory is true but the {} MiB shared-memory window of each rank could "
-                                  "not be made ({}); free space in /dev/shm, or set comm.shared_memory to \"auto\" "
-                                  "(falls back to MPI's collectives) or false", bytes >> 20, why));
-    }
-    return nullptr;
-  }
-  // Zero this rank's flags and touch its slots (so the pages live near it), then let every rank see it.
-  std::memset(base, 0, bytes);
-  node->flags_.resize(static_cast<size_t>(node->node_size_));
-  node->slots_.resize(static_cast<size_t>(node->node_size_));
-  for (int r = 0; r < node->node_size_; ++r) {
-    MPI_Aint size = 0;
-    int disp = 0;
-    void* p = nullptr;
-    ZS_MPI_CHECK(MPI_Win_shared_query(node->win_, r, &size, &disp, &p), "locating rank {}'s shared-memory slots", r);
-    auto* c = static_cast<unsigned char*>(p);
-    node->flags_[static_cast<size_t>(r)] = c;
-    node->slots_[static_cast<size_t>(r)] = {c + kFlagBytes, c + kFlagBytes + kSlotBytes};
-  }
-  ZS_MPI_CHECK(MPI_Barrier(node->comm_), "publishing the shared-memory window");
-  return node;
-}
-
-ShmNode::ShmNode() : arenas_(std::make_unique<ArenaTable>()) {}
-
-ShmNode::~ShmNode() {
-  if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
-}
-
-std::atomic<uint64_t>& ShmNode::word(int node_rank, int group_index, int w) const {
-  static_assert(std::atomic<uint64_t>::is_always_lock_free, "flags are shared between processes");
-  static_assert(kLine / sizeof(uint64_t) == 8, "eight words per flag line");
-  return *reinterpret_cast<std::atomic<uint64_t>*>(flags_[static_cast<size_t>(node_rank)] +
-                                                   static_cast<size_t>(group_index) * kLine +
-                                                   static_cast<size_t>(w) * sizeof(uint64_t));
-}
-
-ShmGroup::~ShmGroup() {
-  if (leaders != MPI_COMM_NULL) MPI_Comm_free(&leaders);
-}
-
-// ---- a group's view ----
-
-namespace {
-
-const char* mode_name(SharedMemory m) {
-  switch (m) {
-    case SharedMemory::kAuto: return "\"auto\"";
-    case SharedMemory::kOn: return "true";
-    case SharedMemory::kOff: return "false";
-  }
-  return "?";
-}
-
-}  // namespace
-
-void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where) {
-  const int mode = static_cast<int>(config.shared_memory), nr = config.shared_memory_node_ranks;
-  int v[4] = {mode, -mode, nr, -nr};
-  ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT, MPI_MAX, comm), "comparing comm.shared_memory across {}", where);
-  if (v[0] != -v[1]) {
-    throw CommError(fmt::format("comm.shared_memory differs across the ranks of {} (this rank: {}; others pass {} or "
-                                "{}); pass the same value on every rank",
-                                where, mode_name(config.shared_memory), mode_name(static_cast<SharedMemory>(v[0])),
-                                mode_name(static_cast<SharedMemory>(-v[1]))));
-  }
-  if (v[2] != -v[3]) {
-    throw CommError(fmt::format("comm shared_memory_node_ranks differs across the ranks of {} ({} to {}); pass the same "
-                                "value on every rank", where, -v[3], v[2]));
-  }
-}
-
-void init_shm_group(GroupState& g) {
-  ShmNode* node = g.runtime->shm_node();
-  if (g.local() || node == nullptr) return;
-  auto s = std::make_shared<ShmGroup>();
-  const int mine[3] = {node->node_id(), node->node_rank(), node->next_group_index};
-  std::vector<int> all(static_cast<size_t>(g.size) * 3);
-  ZS_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT, all.data(), 3, MPI_INT, g.comm), "setting up shared memory for {}", g.where());
-  auto at = [&](int rank, int field) { return all[static_cast<size_t>(rank) * 3 + static_cast<size_t>(field)]; };
-  std::vector<int> ids;
-  for (int p = 0; p < g.size; ++p) {
-    s->flag_index = std::max(s->flag_index, at(p, 2));
-    if (at(p, 0) == node->node_id()) {
-      if (p == g.rank) s->me = static_cast<int>(s->local.size());
-      s->local.push_back(at(p, 1));
-    }
-    ids.push_back(at(p, 0));
-  }
-  node->next_group_index = s->flag_index + 1;
-  std::sort(ids.begin(), ids.end());
-  s->nodes = 0;
-  for (size_t i = 0; i < ids.size();) {
-    size_t j = i;
-    while (j < ids.size() && ids[j] == ids[i]) ++j;
-    ++s->nodes;
-    s->max_local = std::max(s->max_local, static_cast<int>(j - i));
-    i = j;
-  }
-  s->enabled = s->flag_index < ShmNode::kMaxGroups;
-  if (!s->enabled) {
-    s->disabled_reason = fmt::format("more than {} groups were made in this World", ShmNode::kMaxGroups);
-  }
-  if (s->enabled && s->nodes > 1 && s->max_local > 1) {
-    ZS_MPI_CHECK(MPI_Comm_split(g.comm, s->me == 0 ? 0 : MPI_UNDEFINED, g.rank, &s->leaders),
-                 "connecting the node leaders of {}", g.where());
-  }
-  g.shm = std::move(s);
-}
 
 ShmGroup* usable(GroupState& g, const Op& op, size_t bytes) {
   const SharedMemory mode = g.config.shared_memory;
@@ -333,44 +186,6 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
 }
 
 namespace {
-// Calls fn(piece_bytes, linear_offset, c) for each run of the block's bytes [at, at + n): the one walk
-// both copy directions share.
-template <typename Fn>
-void for_each_block_run(const Block& block, size_t at, size_t n, const char* what, Fn&& fn) {
-  size_t done = 0;
-  for (const BlockPiece& p : block) {
-    if (done == n) return;
-    if (at >= p.bytes) {
-      at -= p.bytes;
-      continue;
-    }
-    const size_t c = std::min(n - done, p.bytes - at);
-    fn(p.data + at, done, c);
-    done += c;
-    at = 0;
-  }
-  ZS_ASSERT(done == n, "{}: {} bytes past the block's end", what, n - done);
-}
-}  // namespace
-
-void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy) {
-  if (copy == nullptr) copy = [](void* d, const void* s, size_t c) { std::memcpy(d, s, c); };
-  for_each_block_run(block, at, n, "copy_from_block",
-                     [&](unsigned char* piece, size_t off, size_t c) { copy(dst + off, piece, c); });
-}
-
-void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy) {
-  if (copy == nullptr) copy = [](void* d, const void* s, size_t c) { std::memcpy(d, s, c); };
-  for_each_block_run(block, at, n, "copy_to_block",
-                     [&](unsigned char* piece, size_t off, size_t c) { copy(piece, src + off, c); });
-}
-
-void copy_block(const Block& from, const Block& to, size_t n, CopyFn copy) {
-  for_each_block_run(from, 0, n, "copy_block",
-                     [&](unsigned char* piece, size_t off, size_t c) { copy_to_block(to, off, c, piece, copy); });
-}
-
-namespace {
 size_t block_bytes(const Block& b) {
   size_t n = 0;
   for (const BlockPiece& p : b) n += p.bytes;
@@ -427,61 +242,16 @@ std::pair<size_t, size_t> sub_slice(size_t n, size_t L, size_t j) {
   return {std::min(n, j * step), std::min(n, (j + 1) * step)};
 }
 
-namespace {
-
-// Allreduce of a group spanning nodes: node slots -> leader's fp32 accumulator -> MPI between the
-// leaders -> every rank (Note [Shared-memory collectives]).
-void allreduce_across_nodes(GroupState& g, ShmGroup& s, const Op& op, unsigned char* data, DType t, size_t n,
-                            float divisor) {
-  const ShmNode& node = *g.runtime->shm_node();
-  const size_t es = memory::dtype_size(t);
-  const size_t L = s.local.size();
-  const size_t me = static_cast<size_t>(s.me);
-  const DType acc_t = t == DType::kI32 ? DType::kI32 : DType::kF32;
-  const size_t M = ShmNode::kSlotBytes / 8;  // elements per round: data in a slot's first half, fp32 sums in its second
-  std::vector<const void*> srcs(L);
-  for (size_t k = 0; k * M < n; ++k) {
-    const int b = static_cast<int>(k & 1);
-    const size_t nk = std::min(M, n - k * M);
-    unsigned char* base = data + k * M * es;
-    unsigned char* mine = node.slot(s.local[me], b);
-    auto* acc = node.slot(s.local[0], b) + ShmNode::kSlotBytes / 2;
-    const auto [lo, hi] = sub_slice(nk, L, me);
-    std::memcpy(mine, base, lo * es);
-    std::memcpy(mine + hi * es, base + hi * es, (nk - hi) * es);
-    barrier(g, s, op);
-    for (size_t p = 0; p < L; ++p) srcs[p] = p == me ? base + lo * es : node.slot(s.local[p], b) + lo * es;
-    if (hi > lo) reduce_sum(srcs, t, acc + lo * 4, acc_t, hi - lo, 1.0f);
-    barrier(g, s, op);
-    if (me == 0) {
-      ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, acc, static_cast<int>(nk), acc_t == DType::kI32 ? MPI_INT32_T : MPI_FLOAT,
-                                 MPI_SUM, s.leaders),
-                   "{}: allreduce between the node leaders", op.describe());
-    }
-    barrier(g, s, op);
-    const void* one[1] = {acc};
-    reduce_sum(one, acc_t, base, t, nk, divisor);
-  }
-}
-
-}  // namespace
-
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r) {
   ShmGroup* s = usable(g, op, static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype()));
-  if (s == nullptr) return false;
+  if (s == nullptr || s->nodes > 1) return false;  // across nodes: comm/detail/transport_hierarchical.cpp
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
   const float divisor = r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f;
   unsigned char* d = bytes(data);
-  if (s->nodes == 1 && op.agreed_arena != 0) {  // Note [Direct collectives]
+  if (op.agreed_arena != 0) {  // Note [Direct collectives]
     direct_allreduce(g, *s, op, data, r);
     g.runtime->count_direct();
-    g.runtime->count_shared_memory();
-    return true;
-  }
-  if (s->nodes > 1) {
-    allreduce_across_nodes(g, *s, op, d, t, n, divisor);
-    barrier(g, *s, op);
     g.runtime->count_shared_memory();
     return true;
   }

@@ -1,6 +1,10 @@
 // Intra-node collectives over an MPI-3 shared-memory window (Note [Shared-memory collectives]).
-// Internal to comm: Group's reduce-scatter, allgather(v), allreduce and all-to-all(v) call the shm_* functions below
-// first, inside the Op's body (after the handshake), and use MPI's collective when they return false.
+// Internal to comm: the shm transport (comm/detail/transport_shm.cpp) calls the shm_* functions below
+// inside an Op's body (after the handshake) and hands the call to its MPI transport when they return
+// false; the hierarchical transport (comm/detail/transport_hierarchical.cpp) builds its allreduce across
+// nodes from the window, barrier() and the sum kernels. The collectives here (shm.cpp, shm_direct.cpp)
+// make no MPI call; only making the window and a group's view of it do (ShmNode::create and
+// init_shm_group, in comm/detail/node_window.cpp: the window is an MPI-3 one).
 //
 // Note [Shared-memory collectives]
 // OpenMPI moves a large reduce-scatter between two ranks of one node at ~1.2 GB/s (its shared-memory
@@ -41,9 +45,10 @@
 // flag line before that barrier's release store and reads the others' after it (no extra round
 // trip). Ranks that route nothing still take part in every round, so skewed or zero routing cannot
 // hang; the counts themselves were exchanged before (moe/dispatch.h) or checked by the caller.
-// Groups spanning nodes (allreduce): ranks reduce through their node's slots into the node leader's
-// fp32 accumulator, the leaders (one per node) allreduce it over MPI, and every rank copies the result
-// out of the leader's slot. Reduce-scatter and allgather(v) spanning nodes use MPI's collective.
+// Groups spanning nodes (allreduce; the hierarchical transport): ranks reduce through their node's
+// slots into the node leader's fp32 accumulator, the leaders (one per node) allreduce it over MPI, and
+// every rank copies the result out of the leader's slot. Reduce-scatter and allgather(v) spanning
+// nodes use MPI's collective.
 // Barriers are flags: a rank stores its barrier count (release) and waits until every member's count
 // reaches it (acquire), spinning, yielding when the node is oversubscribed, then sleeping, and throws
 // CommError naming the collective after comm.timeout_s like the handshake (the group is then unusable).
@@ -62,6 +67,7 @@
 #include <vector>
 
 #include "comm/config.h"
+#include "comm/detail/transport.h"  // Block
 #include "memory/tensor.h"
 
 namespace zs::comm {
@@ -127,8 +133,6 @@ struct ShmGroup {
   int max_local = 1;               // most members on one node
   int flag_index = -1;
   uint64_t epoch = 0;              // barriers passed
-  MPI_Comm leaders = MPI_COMM_NULL;  // owned: each node's first member (groups spanning nodes)
-  ~ShmGroup();
 };
 
 // Collective over g.comm (blocking and untimed, like the MPI_Comm_split that made it; GroupState::
@@ -138,10 +142,6 @@ struct ShmGroup {
 void init_shm_group(GroupState& g);
 // The World's node window behind `group` (null without one), for tests that pick a path.
 ShmNode* shm_node_of(const Group& group);
-// Collective over the world (World's constructor): CommError on every rank when the ranks passed
-// different comm.shared_memory or shared_memory_node_ranks values.
-void check_shm_config_agrees(MPI_Comm comm, const CommConfig& config, const std::string& where);
-
 // comm.shared_memory "auto" leaves tensors smaller than this (bytes) to MPI: below it the flags
 // barrier's microsecond outweighs the copies saved (comm_bench, docs/benchmarks.md: 0.55-0.75x raw
 // OpenMPI at 1-4 KiB, 1.7-2.9x from 16 KiB). true uses shared memory at every size.
@@ -160,27 +160,13 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op);
 std::pair<size_t, size_t> sub_slice(size_t n, size_t L, size_t j);
 
 // Each returns false, having done nothing, when this collective should use MPI (shared memory off,
-// unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes for
-// reduce-scatter and allgather(v)); the decision is the same on every rank. Throw CommError on a barrier timeout.
+// unavailable, a small tensor under "auto", a single rank per node, or a group spanning nodes: the
+// hierarchical transport's); the decision is the same on every rank. Throw CommError on a barrier timeout.
 bool shm_allreduce(GroupState& g, const Op& op, const memory::Tensor& data, ReduceOp r);
 bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r);
 bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                     std::span<const int> counts, std::span<const int> displs);
-// One rank's block of an all-to-all(v) as the caller holds it: one piece in the contiguous form, or
-// several (Group::alltoallv with pieces: rows of different experts, moe/dispatch.h), in order.
-struct BlockPiece {
-  unsigned char* data = nullptr;
-  size_t bytes = 0;
-};
-using Block = std::vector<BlockPiece>;
-// Bytes [at, at + n) of `block` to `dst` / from `src` (memcpy, or `copy` when given).
-using CopyFn = void (*)(void* dst, const void* src, size_t bytes);
-void copy_from_block(const Block& block, size_t at, size_t n, unsigned char* dst, CopyFn copy = nullptr);
-void copy_to_block(const Block& block, size_t at, size_t n, const unsigned char* src, CopyFn copy = nullptr);
-// The first n bytes of `from` into `to`, piece to piece, with no staging buffer.
-void copy_block(const Block& from, const Block& to, size_t n, CopyFn copy = nullptr);
-
 // All-to-all(v) on one node (Note [Shared-memory all-to-all]): send[j] is this rank's block for rank
 // j, recv[i] the block from rank i (the pieces' bytes sum to the pairwise counts, which must agree:
 // the caller has checked, or they agree by construction). Unlike the others it takes every size under
