@@ -135,7 +135,8 @@ struct GroupState {
 };
 
 enum class OpCode : int64_t {
-  kAllreduce = 1, kReduceScatter, kAllgather, kAllgatherv, kBroadcast, kAlltoall, kAlltoallv, kBarrier, kSplit
+  kAllreduce = 1, kReduceScatter, kAllgather, kAllgatherv, kBroadcast, kAlltoall, kAlltoallv, kBarrier, kSplit,
+  kSend, kRecv, kSendRecv  // point-to-point (Note [Point-to-point] in comm/p2p.cpp)
 };
 const char* op_name(OpCode code);
 
@@ -158,6 +159,10 @@ struct Op {
   // mismatch; after it, `agreed_arena` is that id when every rank passed the same nonzero one, else 0.
   int64_t arena = 0;
   int64_t agreed_arena = 0;
+  // Point-to-point (Note [Point-to-point] in comm/p2p.cpp): no group handshake and no op index
+  // (only two ranks take part); the body pairs with its peers itself. on_worker: set by the executor.
+  bool pairwise = false;
+  bool on_worker = false;
 
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
 };
@@ -193,6 +198,11 @@ class Runtime {
   Work simulate(const Op& op, bool async);
   // Blocks until every queued Op has finished.
   void flush();
+  // One wait step of a poll loop that started at `start` (Note [Polling]): spins, yields or sleeps.
+  void pause(bool on_worker, std::chrono::steady_clock::time_point start);
+  // Keeps requests that a failed op leaves posted, and what they read or write, until MPI_Finalize
+  // (never freed if still pending then), as the handshake's orphans are kept.
+  void abandon(std::vector<MPI_Request> requests, std::shared_ptr<void> keep);
 
   CommCounters counters() const;
   void reset_counters();
@@ -243,13 +253,18 @@ class Runtime {
   };
   std::mutex orphans_mu_;
   std::vector<Orphan> orphans_;
+  struct Abandoned {
+    std::vector<MPI_Request> requests;
+    std::shared_ptr<void> keep;
+  };
+  std::vector<Abandoned> abandoned_;  // guarded by orphans_mu_
 
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> collectives_{0};
   std::atomic<uint64_t> shm_collectives_{0};
   std::atomic<uint64_t> direct_collectives_{0};
-  static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSplit) + 1;
+  static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSendRecv) + 1;
   void tally(const Op& op, double seconds);
   mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)
   std::array<OpStats, kNumOpCodes> tallies_{};
