@@ -42,6 +42,7 @@
 #include <chrono>
 #include <climits>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/detail/runtime.h"
@@ -129,10 +130,10 @@ void give_up(detail::Runtime& runtime, detail::GroupState& g, const Op& op, cons
   std::vector<MPI_Request> pending;
   for (Transfer& t : batch->transfers) {
     if (t.transfer != MPI_REQUEST_NULL && !t.send) MPI_Cancel(&t.transfer);  // it would write the caller's tensor
-    for (MPI_Request r : t.handshake) {
-      if (r != MPI_REQUEST_NULL) pending.push_back(r);
+    for (MPI_Request& r : t.handshake) {
+      if (r != MPI_REQUEST_NULL) pending.push_back(std::exchange(r, MPI_REQUEST_NULL));
     }
-    if (t.transfer != MPI_REQUEST_NULL) pending.push_back(t.transfer);
+    if (t.transfer != MPI_REQUEST_NULL) pending.push_back(std::exchange(t.transfer, MPI_REQUEST_NULL));
   }
   if (pending.empty()) return;
   {
@@ -155,7 +156,7 @@ bool crossed(const Op& op, const detail::GroupState& g, Transfer& t) {
   return !done;
 }
 
-void run_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const std::shared_ptr<Batch>& batch) {
+void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const std::shared_ptr<Batch>& batch) {
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g.config.timeout_s));
   // Replies first (Note [Crossed transfers]).
@@ -244,6 +245,16 @@ void run_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const st
       }
     }
     runtime.pause(op.on_worker, start);
+  }
+}
+
+// An MPI error (a peer that died, under a launcher that lets the others run) leaves requests posted too.
+void run_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const std::shared_ptr<Batch>& batch) {
+  try {
+    poll_batch(runtime, g, op, batch);
+  } catch (...) {
+    give_up(runtime, g, op, batch, "failed");  // nothing left to do when the failure already did it
+    throw;
   }
 }
 
