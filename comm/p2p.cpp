@@ -24,7 +24,9 @@
 // together and progresses each on its own, so two ranks exchanging with each other - or a pipeline's
 // 1F1B steady state, send_forward_recv_backward against send_backward_recv_forward - complete. Two
 // separate async calls (send_async then recv_async) are two ops and run in turn like sync ones.
-// Such a deadlock is found, not waited out (Note [Crossed transfers]).
+// Such a deadlock is found, not waited out (Note [Crossed transfers]), and so is a send or receive on
+// one rank against a collective on the other, each waiting for the other (Note [Waits across groups]
+// in comm/detail/wait_notices.h).
 //
 // Note [Crossed transfers]
 // When an op's handshake with a peer P has waited kCrossedAfter, it looks (MPI_Iprobe) for a message
@@ -73,6 +75,7 @@ struct Transfer {
   std::array<MPI_Request, 2> handshake{MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   MPI_Request transfer = MPI_REQUEST_NULL;
   enum class State { kHandshake, kData, kDone } state = State::kHandshake;
+  bool counted = false;  // in GroupState::p2p_done
 };
 
 // The transfers of one op and their MPI buffers; kept alive by Runtime::abandon after a failure.
@@ -166,7 +169,12 @@ void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const s
   for (Transfer& t : batch->transfers) {
     if (t.send) post_handshake(op, g, t);
   }
+  // Note [Waits across groups]: each transfer's index among this rank's transfers with its peer.
+  if (g.p2p_done.size() != static_cast<size_t>(g.size)) g.p2p_done.assign(static_cast<size_t>(g.size), {0, 0});
+  std::vector<int64_t> index;
+  for (const Transfer& t : batch->transfers) index.push_back(g.p2p_done[static_cast<size_t>(t.peer)][t.send ? 0 : 1]);
   auto check_at = start + kCrossedAfter;
+  bool announced = false;
   std::vector<bool> suspect(batch->transfers.size(), false);
   while (true) {
     bool all_done = true;
@@ -206,6 +214,10 @@ void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const s
         ZS_MPI_CHECK(MPI_Test(&t.transfer, &done, MPI_STATUS_IGNORE), "{}: MPI_Test of the transfer", op.describe());
         if (done) t.state = Transfer::State::kDone;
       }
+      if (t.state == Transfer::State::kDone && !t.counted) {
+        ++g.p2p_done[static_cast<size_t>(t.peer)][t.send ? 0 : 1];
+        t.counted = true;
+      }
       all_done = all_done && t.state == Transfer::State::kDone;
     }
     if (all_done) return;
@@ -242,6 +254,21 @@ void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const s
           throw CommError(message);
         }
         suspect[i] = now_crossed;
+      }
+      // A peer waiting in a collective this rank has not reached (Note [Waits across groups]).
+      if (detail::WaitNotices* notices = runtime.notices(); notices != nullptr) {
+        std::vector<detail::WaitNotices::PendingTransfer> pending;
+        for (size_t i = 0; i < batch->transfers.size(); ++i) {
+          const Transfer& t = batch->transfers[i];
+          if (t.state != Transfer::State::kDone) pending.push_back({t.peer, t.send, index[i]});
+        }
+        if (!announced) notices->announce_pairwise(op, pending);
+        announced = true;
+        const std::string failure = notices->find_pairwise_deadlock(op, pending);
+        if (!failure.empty()) {
+          give_up(runtime, g, op, batch, "deadlocked with its peer's collective");
+          throw CommError(failure);
+        }
       }
     }
     runtime.pause(op.on_worker, start);

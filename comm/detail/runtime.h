@@ -125,6 +125,9 @@ struct GroupState {
   int64_t id = 0;
   std::vector<int> world_ranks;
   int64_t entered = 0;
+  // Point-to-point transfers this rank completed with each group rank: {sends to, receives from}
+  // (Note [Waits across groups]); sized on first use, touched by the executor only.
+  std::vector<std::array<int64_t, 2>> p2p_done;
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }

@@ -242,6 +242,13 @@ TEST(P2P, MismatchesFailAtOnceOnBothRanks) {
   expect_prompt("both receive", [](const comm::Group& p, int r) {
     p.recv(Tensor::empty({16}, DType::kI32), 1 - r);
   }, {"deadlock", "recv(int32, 16 elements from rank"});
+  // A transfer on one rank against a collective on the other (Note [Waits across groups]).
+  expect_prompt("send vs allreduce", [](const comm::Group& p, int r) {
+    if (r == 0) p.send(Tensor::empty({16}, DType::kF32), 1); else p.allreduce(Tensor::empty({16}, DType::kF32));
+  }, {"mismatched calls", "send(fp32, 16 elements to rank 1", "allreduce(fp32, 16 elements"});
+  expect_prompt("async recv vs barrier", [](const comm::Group& p, int r) {
+    if (r == 0) p.recv_async(Tensor::empty({4}, DType::kI32), 1).wait(); else p.barrier();
+  }, {"mismatched calls", "recv(int32, 4 elements from rank 1", "barrier"});
   // A mismatch found with nothing else posted leaves the group usable.
   comm::Group p = pair("p2pusable", 30.0);
   if (test::world().rank() < 2) {
@@ -252,6 +259,39 @@ TEST(P2P, MismatchesFailAtOnceOnBothRanks) {
     expect_filled(y, 1 - r);
   }
   test::world().group().barrier();
+}
+
+// Waiting is not a deadlock: a slow peer, a third rank in a collective that waits for a transfer to
+// end, and a notice of a transfer that has since completed (Note [Waits across groups]) must pass.
+TEST(P2P, SlowPeersAreNotDeadlocks) {
+  const auto& world = test::world().group();
+  if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int r = world.rank();
+  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); };
+  Tensor x = test::filled(DType::kF32, 64, r), y = Tensor::empty({64}, DType::kF32);
+  if (r == 0) {
+    world.send(x, 1);  // waits 400 ms: announces it to rank 1
+    pause();           // rank 1 waits in the allreduce, reading rank 0's (now stale) notice
+    world.allreduce(y);
+  } else if (r == 1) {
+    pause();
+    world.recv(y, 0);
+    expect_filled(y, 0);
+    world.allreduce(y);
+  } else {
+    world.allreduce(y);  // waits for ranks 0 and 1 to finish their transfer
+  }
+  // A receive posted long before its send, on the comm worker, while the caller computes.
+  if (r < 2) {
+    comm::Work w = r == 0 ? world.recv_async(y, 1) : comm::Work();
+    if (r == 1) {
+      pause();
+      world.send(x, 0);
+    }
+    w.wait();
+    if (r == 0) expect_filled(y, 1);
+  }
+  world.barrier();
 }
 
 // A stopped peer (SIGSTOP: a frozen node) during a receive: the receiver throws after comm.timeout_s,
