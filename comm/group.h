@@ -155,7 +155,8 @@ class Group {
   // in the World's order like a collective, so two ranks that both send to each other first would
   // deadlock: post matching pairs (one side receives first), or pass both directions to sendrecv,
   // which posts them together (what a 1F1B pipeline's steady state needs). A crossed pair (both
-  // send, or both receive, each waiting for the other) throws CommError on both ranks at once.
+  // send, or both receive, each waiting for the other), or a transfer on one rank while the peer
+  // waits in a collective the first has not reached, throws CommError on both ranks at once.
   // Errors, on both ranks: a dtype or numel mismatch with the peer at once; a peer that does not
   // arrive or stops within config.timeout_s, naming the op, the group, the peer and the sizes (the
   // group is then unusable). The peer must be another rank of the group: a group of one has none,

@@ -6,7 +6,9 @@
 // caller's thread (a synchronous call while nothing is queued: no handoff latency) or the World's
 // comm worker thread (async calls, and sync calls issued behind queued async ones). Only one Op runs
 // at a time, so MPI sees collectives in program order on every rank, and async collectives truly
-// overlap the caller's computation (the worker drives MPI while the caller computes).
+// overlap the caller's computation (the worker drives MPI while the caller computes). Point-to-point
+// transfers (Group::send/recv/sendrecv) are Ops of the same executor, marked `pairwise`: they skip
+// the group handshake and pair with their peer themselves (Note [Point-to-point] in comm/p2p.cpp).
 //
 // Note [Handshake]
 // An Op first runs a timed handshake: an allreduce(MAX) of its signature (collective, dtype, size,
