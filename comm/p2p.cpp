@@ -161,7 +161,8 @@ bool crossed(const Op& op, const detail::GroupState& g, Transfer& t) {
 
 void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const std::shared_ptr<Batch>& batch) {
   const auto start = Clock::now();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g.config.timeout_s));
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g.config.timeout_s));
   // Replies first (Note [Crossed transfers]).
   for (Transfer& t : batch->transfers) {
     if (!t.send) post_handshake(op, g, t);
@@ -226,9 +227,10 @@ void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const s
       std::string waiting;
       for (const Transfer& t : batch->transfers) {
         if (t.state == Transfer::State::kDone) continue;
-        waiting += fmt::format("{}{} to {}", waiting.empty() ? "" : "; ", peer_text(g, t.peer),
-                               t.state == Transfer::State::kHandshake ? (t.send ? "post the matching recv" : "post the matching send")
-                                                                      : (t.send ? "take the data" : "deliver the data"));
+        const bool paired = t.state == Transfer::State::kData;
+        const char* what = t.send ? (paired ? "take the data" : "post the matching recv")
+                                  : (paired ? "deliver the data" : "post the matching send");
+        waiting += fmt::format("{}{} to {}", waiting.empty() ? "" : "; ", peer_text(g, t.peer), what);
       }
       const std::string message = fmt::format(
           "{} timed out after {} s waiting for {} (comm.timeout_s = {}): the peer is stuck, has failed, or posted a "

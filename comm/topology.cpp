@@ -45,8 +45,11 @@ Topology::Topology(const Group& world, const TopologyConfig& degrees)
       dp_(split(world, pp_rank_ * degrees.tensor_parallel_size + tp_rank_, "dp")),
       pp_(split(world, world.rank() % (degrees.tensor_parallel_size * dp_size_), "pp")),
       mp_(split(world, dp_rank_, "mp")),
-      // One color per (dp group, index of the ep block) and per (dp group, dp rank % ep).
-      ep_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * dp_size_ + dp_rank_ / degrees.expert_parallel_size, "ep")),
+      // One color per (dp group, index of the ep block) and per (dp group, dp rank % ep); a dp group's
+      // own color is pp_rank * tp + tp_rank, as above.
+      ep_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * dp_size_ +
+                           dp_rank_ / degrees.expert_parallel_size,
+                "ep")),
       edp_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * degrees.expert_parallel_size +
                             dp_rank_ % degrees.expert_parallel_size,
                  "edp")) {}
