@@ -15,5 +15,6 @@
 #include "comm/mpi_check.h"   // ZS_MPI_CHECK
 #include "comm/native.h"      // native_handle: the MPI communicator of a Group
 #include "comm/shared_arena.h"  // SharedArena: direct shared-memory collectives on device memory
+#include "comm/topology.h"    // Topology: the dp/tp/pp/ep/edp groups in Megatron's rank order
 #include "comm/work.h"        // Work, Status
 #include "comm/world.h"       // World, ExpertGroups

@@ -148,6 +148,30 @@ class Group {
   void barrier() const;
   Work barrier_async() const;
 
+  // ---- Point-to-point (Note [Point-to-point] in comm/p2p.cpp) ----
+  // send: `data` to rank `dst` of this group, whose matching recv passes the same dtype and numel
+  // (any dtype; the bytes move as they are). recv: into `data` from rank `src`. The k-th send from A
+  // to B matches the k-th recv of B from A. Each op waits for its peer (a synchronous send) and runs
+  // in the World's order like a collective, so two ranks that both send to each other first would
+  // deadlock: post matching pairs (one side receives first), or pass both directions to sendrecv,
+  // which posts them together (what a 1F1B pipeline's steady state needs). A crossed pair (both
+  // send, or both receive, each waiting for the other), or a transfer on one rank while the peer
+  // waits in a collective the first has not reached, throws CommError on both ranks at once.
+  // Errors, on both ranks: a dtype or numel mismatch with the peer at once; a peer that does not
+  // arrive or stops within config.timeout_s, naming the op, the group, the peer and the sizes (the
+  // group is then unusable). The peer must be another rank of the group: a group of one has none,
+  // and a rank naming itself throws CommError (copy the tensor instead). Counted in bytes_sent /
+  // bytes_received and tallied as send, recv and sendrecv in op_stats (and in the collectives count).
+  // At most INT_MAX bytes per tensor. The async forms return at once; tensors stay alive and
+  // untouched until wait() returns, as for collectives.
+  void send(const Tensor& data, int dst) const;
+  void recv(const Tensor& data, int src) const;
+  Work send_async(const Tensor& data, int dst) const;
+  Work recv_async(const Tensor& data, int src) const;
+  // `send` to dst and `recv` from src at once (dst and src may be the same rank, or differ: a ring).
+  void sendrecv(const Tensor& send, int dst, const Tensor& recv, int src) const;
+  Work sendrecv_async(const Tensor& send, int dst, const Tensor& recv, int src) const;
+
  private:
   friend struct detail::GroupAccess;
   // split with the child's config (dup's own): its transport is chosen from it (Note [Transports]).

@@ -5,6 +5,7 @@
 
 #include "comm/detail/runtime.h"
 #include "comm/mpi_check.h"
+#include "comm/topology.h"
 
 namespace zs::comm {
 
@@ -54,17 +55,8 @@ int World::size() const { return group_->size(); }
 bool World::is_mpi() const { return runtime_->uses_mpi(); }
 
 ExpertGroups World::split_groups(int expert_parallel_size) const {
-  const int e = expert_parallel_size;
-  if (e < 1 || size() % e != 0) {
-    throw ConfigError(fmt::format(
-        "expert_parallel_size: {} does not divide the world size {}; choose a divisor of the number of ranks "
-        "(e.g. 1 or {})", e, size(), size()));
-  }
-  const int r = rank();
-  Group dp = group_->split(0, r, "dp");
-  Group ep = group_->split(r / e, r, "ep");
-  Group edp = group_->split(r % e, r, "edp");
-  return ExpertGroups{std::move(dp), std::move(ep), std::move(edp)};
+  Topology topology(*group_, {.expert_parallel_size = expert_parallel_size});  // the layout's one definition
+  return ExpertGroups{topology.take_data_parallel(), topology.take_expert_parallel(), topology.take_expert_data_parallel()};
 }
 
 CommCounters World::counters() const { return runtime_->counters(); }

@@ -64,8 +64,9 @@ class World {
   // All ranks, named "world".
   const Group& group() const { return *group_; }
 
-  // Collective: the DeepSpeed dp/ep/edp groups (ExpertGroups above). Throws ConfigError when
-  // expert_parallel_size < 1 or does not divide size().
+  // Collective: the DeepSpeed dp/ep/edp groups (ExpertGroups above), those of a comm::Topology with
+  // tp = pp = 1 (comm/topology.h). Throws ConfigError when expert_parallel_size < 1 or does not
+  // divide size().
   ExpertGroups split_groups(int expert_parallel_size) const;
 
   // Bytes sent and received by this rank over all groups (counting rule in comm/config.h).

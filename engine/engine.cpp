@@ -10,6 +10,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "comm/topology.h"
 #include "core/clock.h"
 #include "core/errors.h"
 #include "core/log.h"
@@ -31,14 +32,14 @@ optim::LrScheduleConfig schedule_config(const EngineConfig& cfg) {
 }
 
 // Note [expert parameters] (the rule is documented in engine/engine.h and docs/design.md).
-// The edp group of E is formed from the data-parallel group with DeepSpeed's layout: ranks with the
-// same index in consecutive groups of E ranks, {i, i+E, i+2E, ...}, ordered by dp rank. A simulated
-// dp group (the estimator) gets a simulated edp group of the same shape, so the estimator runs this
-// very code. Every rank must declare expert parameters of the same sizes E (checked here, before
+// The edp group of E is the expert-data-parallel group of a comm::Topology over the data-parallel
+// group with expert_parallel_size E (DeepSpeed's layout: ranks with the same index in consecutive
+// groups of E ranks, {i, i+E, i+2E, ...}, ordered by dp rank). A simulated dp group (the estimator)
+// gets a simulated edp group of the same shape, so the estimator runs this very code. Every rank must declare expert parameters of the same sizes E (checked here, before
 // the collective split, so that a mismatch is an error on every rank instead of a hang).
 std::unique_ptr<comm::Group> make_expert_group(const comm::Group& dp, int e) {
   if (!dp.is_mpi()) return std::make_unique<comm::Group>(comm::Group::simulated(dp.rank() / e, dp.size() / e, "edp"));
-  return std::make_unique<comm::Group>(dp.split(dp.rank() % e, dp.rank(), "edp"));
+  return std::make_unique<comm::Group>(comm::Topology(dp, {.expert_parallel_size = e}).take_expert_data_parallel());
 }
 
 void check_expert_sizes(const comm::Group& group, const std::vector<int>& sizes, const EngineConfig& cfg) {

@@ -13,6 +13,7 @@
 #include <optional>
 #include <sstream>
 
+#include "comm/topology.h"
 #include "comm/world.h"
 #include "core/errors.h"
 #include "core/json.h"
@@ -218,7 +219,7 @@ int train_command(const std::vector<std::string>& args) {
   nn::GptConfig model_cfg = cfg.model.value_or(nn::GptConfig{});
 
   std::unique_ptr<comm::Group> dp;
-  std::optional<comm::ExpertGroups> expert_groups;  // model.moe: DeepSpeed's dp/ep/edp layout over dp
+  std::optional<comm::ExpertGroups> expert_groups;  // model.moe: a comm::Topology's dp/ep/edp over dp
   moe::GptMoeModel* moe_model = nullptr;
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<engine::DatasetSource> source;
@@ -228,9 +229,9 @@ int train_command(const std::vector<std::string>& args) {
         dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s,
                                                                                   .shared_memory = cfg.comm.shared_memory}));
         if (cfg.model_moe) {
-          const int e = cfg.model_moe->moe.ep_size, r = dp->rank();
-          expert_groups.emplace(comm::ExpertGroups{dp->split(0, r, "moe_dp"), dp->split(r / e, r, "ep"),
-                                                   dp->split(r % e, r, "edp")});
+          comm::Topology topology(*dp, {.expert_parallel_size = cfg.model_moe->moe.ep_size});  // tp = pp = 1 today
+          expert_groups.emplace(comm::ExpertGroups{topology.take_data_parallel(), topology.take_expert_parallel(),
+                                                   topology.take_expert_data_parallel()});
           auto m = std::make_unique<moe::GptMoeModel>(*cfg.model_moe, &*expert_groups);
           moe_model = m.get();
           model = std::move(m);

@@ -52,6 +52,9 @@ const char* op_name(OpCode code) {
     case OpCode::kAlltoallv: return "alltoallv";
     case OpCode::kBarrier: return "barrier";
     case OpCode::kSplit: return "split";
+    case OpCode::kSend: return "send";
+    case OpCode::kRecv: return "recv";
+    case OpCode::kSendRecv: return "sendrecv";
   }
   return "unknown collective";
 }
@@ -122,6 +125,11 @@ Runtime::~Runtime() {
         int done = 0;
         MPI_Testall(2, o.requests.data(), &done, MPI_STATUSES_IGNORE);
         if (!done) new std::shared_ptr<HandshakeBuffer>(o.buffer);  // MPI may still write it: never free
+      }
+      for (Abandoned& a : abandoned_) {
+        int done = 0;
+        MPI_Testall(static_cast<int>(a.requests.size()), a.requests.data(), &done, MPI_STATUSES_IGNORE);
+        if (!done) new std::shared_ptr<void>(a.keep);
       }
     }
     notices_.reset();
@@ -243,9 +251,12 @@ void Runtime::execute(Op& op, bool on_worker) {
   const auto start = std::chrono::steady_clock::now();
   const bool agreed = op.after_agreed && agreed_ == &g;  // Note [Counts in the handshake]
   agreed_ = nullptr;
+  op.on_worker = on_worker;
   if (!g.local()) {
-    ++g.entered;  // Note [Waits across groups]: every op on the group counts, handshake or not
-    if (!agreed) handshake(op, on_worker);
+    if (!op.pairwise) {
+      ++g.entered;  // Note [Waits across groups]: every collective on the group counts, handshake or not
+      if (!agreed) handshake(op, on_worker);
+    }
     const BodyWatchdog::Ticket ticket = watchdog_->arm(
         g.config.timeout_s + BodyWatchdog::kGraceS, [](const void* o) { return static_cast<const Op*>(o)->describe(); },
         &op);
@@ -292,7 +303,6 @@ bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_
                          std::string& failure) {
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(op.group->config.timeout_s));
-  const auto spin_until = start + (on_worker ? Clock::duration(kWorkerSpin) : Clock::duration(kCallerSpin));
   auto check_at = start + WaitNotices::kAnnounceAfter;  // Note [Waits across groups]
   while (true) {
     int done = 0;
@@ -306,23 +316,34 @@ bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_
       failure = notices_->find_deadlock(op);
       if (!failure.empty()) return false;
     }
-    if (now < spin_until || (on_worker && hint_->waited())) {
-      if (oversubscribed_) {
-        sched_yield();
-      } else {
-        cpu_relax();
-      }
-      continue;
-    }
-    // Back-off: a peer is computing. Sleep elapsed/32, within [10 us, 1 ms].
-    const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
-    const long sleep_us = std::clamp(elapsed_us / 32, 10L, 1000L);
-    if (on_worker) {
-      hint_->sleep_unless_waited(sleep_us);
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
-    }
+    pause(on_worker, start);
   }
+}
+
+void Runtime::pause(bool on_worker, Clock::time_point start) {
+  const auto now = Clock::now();
+  const auto spin_until = start + (on_worker ? Clock::duration(kWorkerSpin) : Clock::duration(kCallerSpin));
+  if (now < spin_until || (on_worker && hint_->waited())) {
+    if (oversubscribed_) {
+      sched_yield();
+    } else {
+      cpu_relax();
+    }
+    return;
+  }
+  // Back-off: a peer is computing. Sleep elapsed/32, within [10 us, 1 ms].
+  const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
+  const long sleep_us = std::clamp(elapsed_us / 32, 10L, 1000L);
+  if (on_worker) {
+    hint_->sleep_unless_waited(sleep_us);
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+  }
+}
+
+void Runtime::abandon(std::vector<MPI_Request> requests, std::shared_ptr<void> keep) {
+  std::lock_guard lock(orphans_mu_);
+  abandoned_.push_back({std::move(requests), std::move(keep)});
 }
 
 void Runtime::handshake(Op& op, bool on_worker) {

@@ -6,7 +6,9 @@
 // caller's thread (a synchronous call while nothing is queued: no handoff latency) or the World's
 // comm worker thread (async calls, and sync calls issued behind queued async ones). Only one Op runs
 // at a time, so MPI sees collectives in program order on every rank, and async collectives truly
-// overlap the caller's computation (the worker drives MPI while the caller computes).
+// overlap the caller's computation (the worker drives MPI while the caller computes). Point-to-point
+// transfers (Group::send/recv/sendrecv) are Ops of the same executor, marked `pairwise`: they skip
+// the group handshake and pair with their peer themselves (Note [Point-to-point] in comm/p2p.cpp).
 //
 // Note [Handshake]
 // An Op first runs a timed handshake: an allreduce(MAX) of its signature (collective, dtype, size,
@@ -130,6 +132,9 @@ struct GroupState {
   int64_t id = 0;
   std::vector<int> world_ranks;
   int64_t entered = 0;
+  // Point-to-point transfers this rank completed with each group rank: {sends to, receives from}
+  // (Note [Waits across groups]); sized on first use, touched by the executor only.
+  std::vector<std::array<int64_t, 2>> p2p_done;
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }
@@ -140,7 +145,8 @@ struct GroupState {
 };
 
 enum class OpCode : int64_t {
-  kAllreduce = 1, kReduceScatter, kAllgather, kAllgatherv, kBroadcast, kAlltoall, kAlltoallv, kBarrier, kSplit
+  kAllreduce = 1, kReduceScatter, kAllgather, kAllgatherv, kBroadcast, kAlltoall, kAlltoallv, kBarrier, kSplit,
+  kSend, kRecv, kSendRecv  // point-to-point (Note [Point-to-point] in comm/p2p.cpp)
 };
 const char* op_name(OpCode code);
 
@@ -163,6 +169,10 @@ struct Op {
   // mismatch; after it, `agreed_arena` is that id when every rank passed the same nonzero one, else 0.
   int64_t arena = 0;
   int64_t agreed_arena = 0;
+  // Point-to-point (Note [Point-to-point] in comm/p2p.cpp): no group handshake and no op index
+  // (only two ranks take part); the body pairs with its peers itself. on_worker: set by the executor.
+  bool pairwise = false;
+  bool on_worker = false;
 
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
 };
@@ -198,6 +208,11 @@ class Runtime {
   Work simulate(const Op& op, bool async);
   // Blocks until every queued Op has finished.
   void flush();
+  // One wait step of a poll loop that started at `start` (Note [Polling]): spins, yields or sleeps.
+  void pause(bool on_worker, std::chrono::steady_clock::time_point start);
+  // Keeps requests that a failed op leaves posted, and what they read or write, until MPI_Finalize
+  // (never freed if still pending then), as the handshake's orphans are kept.
+  void abandon(std::vector<MPI_Request> requests, std::shared_ptr<void> keep);
 
   CommCounters counters() const;
   void reset_counters();
@@ -248,13 +263,18 @@ class Runtime {
   };
   std::mutex orphans_mu_;
   std::vector<Orphan> orphans_;
+  struct Abandoned {
+    std::vector<MPI_Request> requests;
+    std::shared_ptr<void> keep;
+  };
+  std::vector<Abandoned> abandoned_;  // guarded by orphans_mu_
 
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> collectives_{0};
   std::atomic<uint64_t> shm_collectives_{0};
   std::atomic<uint64_t> direct_collectives_{0};
-  static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSplit) + 1;
+  static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSendRecv) + 1;
   void tally(const Op& op, double seconds);
   mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)
   std::array<OpStats, kNumOpCodes> tallies_{};

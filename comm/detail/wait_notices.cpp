@@ -111,6 +111,27 @@ std::string WaitNotices::find_deadlock(const Op& op) {
   std::lock_guard lock(mu_);
   for (const auto& [sender, n] : latest_) {
     const std::string theirs(n.what, strnlen(n.what, sizeof(n.what)));
+    if (n.seq < 0) {  // the sender waits in a point-to-point op with this rank
+      GroupState* p = find(n.group);
+      if (p == nullptr) continue;
+      {
+        std::lock_guard broken_lock(p->mu);
+        if (!p->broken.empty()) continue;  // this rank gave up its transfers there: the sender's will time out
+      }
+      const auto at = std::find(p->world_ranks.begin(), p->world_ranks.end(), sender);
+      if (at == p->world_ranks.end()) continue;
+      const size_t q = static_cast<size_t>(at - p->world_ranks.begin());
+      const std::array<int64_t, 2> done = q < p->p2p_done.size() ? p->p2p_done[q] : std::array<int64_t, 2>{0, 0};
+      // (1) not stale: a transfer of the sender's with this rank that this rank has not matched yet.
+      const bool live = (n.p2p_send >= 0 && done[1] <= n.p2p_send) || (n.p2p_recv >= 0 && done[0] <= n.p2p_recv);
+      bool behind = false;  // (2) the sender has not entered this op of g
+      for (int i = 0; i < n.shared; ++i) behind = behind || (n.ids[i] == g.id && n.entered[i] <= seq);
+      if (!live || !behind) continue;
+      return fmt::format("mismatched calls: {} was called here while world rank {} is in {}, a point-to-point "
+                         "transfer with this rank; each waits for the other. Every pair of ranks must reach its "
+                         "collectives and its sends and receives in the same order",
+                         op.describe(), sender, theirs);
+    }
     if (n.group == g.id && n.seq == seq) {  // the same op of our group: do our handshakes differ?
       const bool same = std::equal(op.signature.begin(), op.signature.end(), n.signature) &&
                         n.signature[4] == static_cast<int64_t>(op.gather.size());
@@ -131,6 +152,60 @@ std::string WaitNotices::find_deadlock(const Op& op) {
         "another group that this rank has not reached; each waits for the other (Note [Waits across groups] in "
         "comm/detail/wait_notices.h). Every rank must call the collectives of all its groups in the same order",
         op.describe(), sender, theirs);
+  }
+  return {};
+}
+
+void WaitNotices::announce_pairwise(const Op& op, const std::vector<PendingTransfer>& pending) {
+  const GroupState& g = *op.group;
+  std::erase_if(outgoing_, [](Outgoing& o) {
+    int done = 0;
+    MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  });
+  const std::string what = op.describe();
+  std::lock_guard lock(mu_);
+  std::vector<int> told;
+  for (const PendingTransfer& t : pending) {
+    if (std::find(told.begin(), told.end(), t.peer) != told.end()) continue;
+    told.push_back(t.peer);
+    const int peer = g.world_ranks[static_cast<size_t>(t.peer)];
+    auto n = std::make_unique<Notice>();
+    n->group = g.id;
+    n->seq = -1;
+    for (const PendingTransfer& u : pending) {
+      if (u.peer == t.peer) (u.send ? n->p2p_send : n->p2p_recv) = u.index;
+    }
+    for (const GroupState* k : groups_) {
+      if (n->shared == kMaxShared) break;
+      if (std::find(k->world_ranks.begin(), k->world_ranks.end(), peer) == k->world_ranks.end()) continue;
+      n->ids[n->shared] = k->id;
+      n->entered[n->shared] = k->entered;
+      ++n->shared;
+    }
+    std::memcpy(n->what, what.data(), std::min(what.size(), sizeof(n->what) - 1));
+    Outgoing o{MPI_REQUEST_NULL, std::move(n)};
+    ZS_MPI_CHECK(MPI_Isend(o.notice.get(), sizeof(Notice), MPI_BYTE, peer, kTag, comm_, &o.request),
+                 "{}: sending a wait notice to world rank {}", what, peer);
+    outgoing_.push_back(std::move(o));
+  }
+}
+
+std::string WaitNotices::find_pairwise_deadlock(const Op& op, const std::vector<PendingTransfer>& pending) {
+  drain();
+  const GroupState& g = *op.group;
+  std::lock_guard lock(mu_);
+  for (const PendingTransfer& t : pending) {
+    const int peer = g.world_ranks[static_cast<size_t>(t.peer)];
+    const auto it = latest_.find(peer);
+    if (it == latest_.end() || it->second.seq < 0) continue;  // crossed transfers: comm/p2p.cpp
+    const Notice& n = it->second;
+    const GroupState* h = find(n.group);
+    if (h == nullptr || h->entered > n.seq) continue;  // the peer waits in a collective this rank entered
+    return fmt::format("mismatched calls: {} waits for world rank {}, which is in {}, a collective that this rank "
+                       "has not reached; each waits for the other. Every pair of ranks must reach its collectives "
+                       "and its sends and receives in the same order",
+                       op.describe(), peer, std::string(n.what, strnlen(n.what, sizeof(n.what))));
   }
   return {};
 }

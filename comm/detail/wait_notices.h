@@ -22,6 +22,14 @@
 // different tags and so cannot meet (Note [Handshake lengths] in comm/detail/runtime.h): equal index,
 // different signature or gather width. Only two-rank cycles across groups are found; a longer cycle (A waits for B in one group,
 // B for C in another, C for A in a third) still ends with the timeout.
+// A point-to-point op (comm/p2p.cpp) waits for one peer, not for the group, and has no op index. After
+// waiting kAnnounceAfter it tells only its peers that it waits for them (seq = -1), with the index of
+// each of its pending transfers with that peer (its k-th send to it, its k-th receive from it). A
+// rank in a collective that reads such a notice concludes a deadlock when (1) it has not completed
+// the matching transfer (fewer receives from the sender than the send's index, or fewer sends to it
+// than the receive's index: else the notice is stale, the sender has moved on) and (2) the sender has
+// not entered this rank's collective op. The point-to-point side concludes one when its peer's notice
+// shows it in a collective op that this rank has not entered. Both are exact for the same reason.
 // Cost: nothing on a handshake that finishes within kAnnounceAfter (one time comparison per poll); a
 // handshake that waits longer sends one small message per other rank of its group, once, and probes
 // for notices every kCheckEvery. The latest notice of each rank is kept (a rank waits in one place at
@@ -66,11 +74,25 @@ class WaitNotices {
   std::string find_deadlock(const Op& op);
   void drain();
 
+  // A point-to-point op's transfers still waiting for their peers: peer's group rank, direction, and
+  // the transfer's index among this rank's sends to (receives from) that peer on the group.
+  struct PendingTransfer {
+    int peer = 0;
+    bool send = false;
+    int64_t index = 0;
+  };
+  // For a point-to-point op that has waited kAnnounceAfter: announce_pairwise once, then
+  // find_pairwise_deadlock as often as wanted: "" or the CommError text of a deadlock with a peer's
+  // collective. Executing thread only.
+  void announce_pairwise(const Op& op, const std::vector<PendingTransfer>& pending);
+  std::string find_pairwise_deadlock(const Op& op, const std::vector<PendingTransfer>& pending);
+
  private:
   static constexpr int kMaxShared = 16;  // groups shared with the recipient that a notice lists
   struct Notice {
     int64_t group = 0;  // id of the group the sender waits in
-    int64_t seq = 0;    // index of its op there (ops the sender entered before it)
+    int64_t seq = 0;    // index of its op there (ops the sender entered before it); -1: point-to-point
+    int64_t p2p_send = -1, p2p_recv = -1;  // point-to-point: indices of its pending transfers with the recipient
     int64_t signature[5] = {};  // the op's signature, then its gather width (Note [Handshake lengths])
     int32_t shared = 0;
     int64_t ids[kMaxShared] = {};      // groups the sender shares with the recipient,

@@ -38,6 +38,14 @@ TEST(LocalWorld, CreateWithoutLauncherIsAWorldOfOne) {
   EXPECT_EQ(groups.ep.size(), 1);
   EXPECT_FALSE(groups.edp.is_mpi());
   EXPECT_THROW(world.split_groups(2), ConfigError);
+  // Point-to-point needs another rank: a group of one has none (comm/group.h).
+  EXPECT_THROW(g.send(in, 0), CommError);
+  EXPECT_THROW(g.recv_async(out, 0), CommError);
+  EXPECT_THROW(g.sendrecv(in, 0, out, 0), CommError);
+  comm::Topology topo(g, {});
+  EXPECT_EQ(topo.data_parallel().size(), 1);
+  EXPECT_EQ(topo.pipeline_parallel().name(), "pp");
+  EXPECT_THROW(comm::Topology(g, {.pipeline_parallel_size = 2}), ConfigError);
   EXPECT_EQ(world.counters().bytes_sent, 0u);
   EXPECT_GT(world.counters().collectives, 0u);
 }

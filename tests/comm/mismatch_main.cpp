@@ -4,7 +4,12 @@
 //   abort:    rank 1 throws; the others wait in a barrier   -> rank 1 aborts, every rank ends at once
 //   groups:   rank 0 allgathers on the world, the others on a duplicate 'dp' (timeout 120 s)
 //             -> CommError naming both at once (Note [Waits across groups]) -> abort
+//   p2p_stop: rank 1 stops itself (SIGSTOP) before its send; rank 0's recv times out -> abort
+//   p2p_kill: rank 1 kills itself (SIGKILL) before its send; rank 0's recv times out -> abort (run
+//             with mpirun --enable-recovery, so that mpirun leaves rank 0 running to say so)
 // Like the tool edge, main catches every error and calls World::abort.
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -40,6 +45,15 @@ int main(int argc, char** argv) {
       auto one = memory::Tensor::empty({g.rank() == 0 ? 1 : 8}, memory::DType::kI32);
       auto all = memory::Tensor::empty({one.numel() * g.size()}, memory::DType::kI32);
       (g.rank() == 0 ? g : dp).allgather(one, all);
+    } else if (mode == "p2p_stop" || mode == "p2p_kill") {
+      if (g.rank() == 0) {
+        g.recv(data, 1);
+      } else if (g.rank() == 1) {
+        raise(mode == "p2p_stop" ? SIGSTOP : SIGKILL);
+        g.send(data, 0);
+      } else {
+        std::this_thread::sleep_for(std::chrono::seconds(40));  // bystanders: ended by rank 0's abort
+      }
     } else if (mode == "abort") {
       if (g.rank() == 1) throw CommError("deliberate failure on rank 1 (tests/comm/mismatch_main.cpp)");
       g.barrier();

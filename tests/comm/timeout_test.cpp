@@ -219,6 +219,83 @@ TEST(Mismatch, HandshakeCarriedCountsAgainstOtherCollectives) {
   }, {{"4 int64 per rank", "4096"}, {"4096 int64 per rank", "4"}});
 }
 
+// Note [Prompt mismatches], every pair of kinds and sizes seen in a real run's shape: rank 0 fails and
+// enters the caller's error agreement (a small collective) while the others are in the collective
+// that rank 0 never reached (e2e_bad_alloc_trace_unwritable: the alloc_trace comment in
+// engine/engine.cpp). Over the whole world, so that at 3 and 4 ranks the ranks that agree with each
+// other still learn of rank 0's mismatch at once; every rank must throw within kPrompt.
+using WorldCall = std::function<void(const comm::Group&, bool rank0)>;
+
+void expect_world_mismatch(const char* what, const WorldCall& call, const std::vector<std::string>& parts) {
+  const auto& world = test::world().group();
+  comm::Group g = world.dup("agree", comm::CommConfig{.timeout_s = 30.0});
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    call(g, world.rank() == 0);
+    ADD_FAILURE() << what << ": rank " << world.rank() << " expected a CommError";
+  } catch (const CommError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string m = e.what();
+    EXPECT_LT(s, kPrompt) << what << ": rank " << world.rank() << " took " << s << " s: " << m;
+    EXPECT_TRUE(contains(m, "mismatch")) << what << ": " << m;
+    EXPECT_TRUE(contains(m, "group 'agree'")) << what << ": " << m;
+    for (const std::string& part : parts) EXPECT_TRUE(contains(m, part)) << what << ": '" << part << "' in: " << m;
+  }
+  world.barrier();
+}
+
+TEST(Mismatch, DifferentCollectivesOnOneGroupFailPromptlyOnEveryRank) {
+  if (test::world().size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int n = test::world().size();
+  // Counts carried in the handshake (its own tags: Note [Handshake lengths]) against a plain allreduce.
+  expect_world_mismatch("exchange_counts vs allreduce", [n](const comm::Group& g, bool rank0) {
+    if (rank0) {
+      std::vector<int64_t> send(static_cast<size_t>(n), 1), recv(static_cast<size_t>(n));
+      g.exchange_counts(send, recv);
+    } else {
+      g.allreduce(ints(1));
+    }
+  }, {"allreduce"});
+  expect_world_mismatch("exchange_counts vs large allreduce", [n](const comm::Group& g, bool rank0) {
+    if (rank0) {
+      std::vector<int64_t> send(static_cast<size_t>(n) * 4, 1), recv(static_cast<size_t>(n) * 4);
+      g.exchange_counts(send, recv);
+    } else {
+      g.allreduce(Tensor::empty({1 << 18}, DType::kF32));
+    }
+  }, {"allreduce"});
+  expect_world_mismatch("allgather 1 vs allreduce 1000", [n](const comm::Group& g, bool rank0) {
+    Tensor out = ints(n);
+    if (rank0) g.allgather(ints(1), out); else g.allreduce(ints(1000));
+  }, {"allgather", "allreduce"});
+  expect_world_mismatch("alltoallv vs allreduce", [n](const comm::Group& g, bool rank0) {
+    if (rank0) {
+      std::vector<size_t> counts(static_cast<size_t>(n), 2);
+      g.alltoallv(ints(2 * n), counts, ints(2 * n), counts);
+    } else {
+      g.allreduce(ints(2 * n));
+    }
+  }, {"alltoallv", "allreduce"});
+  expect_world_mismatch("reduce_scatter vs allgatherv", [n](const comm::Group& g, bool rank0) {
+    std::vector<size_t> counts(static_cast<size_t>(n), 3);
+    if (rank0) g.reduce_scatter(ints(3 * n), ints(3), counts); else g.allgatherv(ints(3), ints(3 * n), counts);
+  }, {"reduce_scatter", "allgatherv"});
+  expect_world_mismatch("reduce_scatter counts", [n](const comm::Group& g, bool rank0) {
+    std::vector<size_t> counts(static_cast<size_t>(n), 3);
+    counts[0] = rank0 ? 3 : 4;
+    size_t total = 0;
+    for (size_t c : counts) total += c;
+    g.reduce_scatter(ints(static_cast<int64_t>(total)), ints(static_cast<int64_t>(counts[static_cast<size_t>(g.rank())])), counts);
+  }, {"mismatched size", "a hash of the counts"});
+  expect_world_mismatch("broadcast vs barrier", [](const comm::Group& g, bool rank0) {
+    if (rank0) g.broadcast(ints(4), 0); else g.barrier();
+  }, {"broadcast", "barrier"});
+  expect_world_mismatch("async allreduce vs allgather", [n](const comm::Group& g, bool rank0) {
+    Tensor out = ints(8 * n);
+    if (rank0) g.allreduce_async(ints(8)).wait(); else g.allgather(ints(8), out);
+  }, {"allreduce", "allgather"});
+}
+
 // The hang seen for real: rank 0 in an allgather on one group (the command's error agreement, on the
 // world) while rank 1 is in an allgather on another group of the same ranks (a registration step on
 // 'dp'). Neither handshake can finish - each waits for a rank that waits for it - so both ranks must

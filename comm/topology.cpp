@@ -1,0 +1,62 @@
+#include "comm/topology.h"
+
+#include "core/errors.h"
+
+namespace zs::comm {
+
+void Topology::validate(const TopologyConfig& d, int world_size) {
+  auto positive = [&](const char* key, int v) {
+    if (v < 1) throw ConfigError(fmt::format("{}: expected a positive integer, got {}", key, v));
+  };
+  positive("model.tensor_parallel_size", d.tensor_parallel_size);
+  positive("model.pipeline_parallel_size", d.pipeline_parallel_size);
+  positive("model.moe.ep_size", d.expert_parallel_size);
+  const int model_parallel = d.tensor_parallel_size * d.pipeline_parallel_size;
+  if (world_size % model_parallel != 0) {
+    throw ConfigError(fmt::format(
+        "model.tensor_parallel_size ({}) x model.pipeline_parallel_size ({}) = {} does not divide the number of "
+        "ranks ({}): the data-parallel size is ranks / (tensor x pipeline); run on a multiple of {} ranks or choose "
+        "degrees whose product divides {}",
+        d.tensor_parallel_size, d.pipeline_parallel_size, model_parallel, world_size, model_parallel, world_size));
+  }
+  const int dp = world_size / model_parallel;
+  if (dp % d.expert_parallel_size != 0) {
+    throw ConfigError(fmt::format(
+        "model.moe.ep_size: {} does not divide the data-parallel size {} (ranks {} / (model.tensor_parallel_size {} "
+        "x model.pipeline_parallel_size {})): expert-parallel groups are ep_size members of one data-parallel group; "
+        "choose a divisor of {}",
+        d.expert_parallel_size, dp, world_size, d.tensor_parallel_size, d.pipeline_parallel_size, dp));
+  }
+}
+
+namespace {
+// Ranks are split by color; every split keys by world rank, so each group is ordered by world rank,
+// which is also its order by the coordinate that varies inside it.
+Group split(const Group& world, int color, const char* name) { return world.split(color, world.rank(), name); }
+}  // namespace
+
+Topology::Topology(const Group& world, const TopologyConfig& degrees)
+    : degrees_((validate(degrees, world.size()), degrees)),
+      dp_size_(world.size() / (degrees.tensor_parallel_size * degrees.pipeline_parallel_size)),
+      tp_rank_(world.rank() % degrees.tensor_parallel_size),
+      dp_rank_(world.rank() / degrees.tensor_parallel_size % dp_size_),
+      pp_rank_(world.rank() / (degrees.tensor_parallel_size * dp_size_)),
+      tp_(split(world, world.rank() / degrees.tensor_parallel_size, "tp")),
+      dp_(split(world, pp_rank_ * degrees.tensor_parallel_size + tp_rank_, "dp")),
+      pp_(split(world, world.rank() % (degrees.tensor_parallel_size * dp_size_), "pp")),
+      mp_(split(world, dp_rank_, "mp")),
+      // One color per (dp group, index of the ep block) and per (dp group, dp rank % ep); a dp group's
+      // own color is pp_rank * tp + tp_rank, as above.
+      ep_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * dp_size_ +
+                           dp_rank_ / degrees.expert_parallel_size,
+                "ep")),
+      edp_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * degrees.expert_parallel_size +
+                            dp_rank_ % degrees.expert_parallel_size,
+                 "edp")) {}
+
+std::string Topology::describe() const {
+  return fmt::format("tp {} x dp {} x pp {}, ep {}", degrees_.tensor_parallel_size, dp_size_,
+                     degrees_.pipeline_parallel_size, degrees_.expert_parallel_size);
+}
+
+}  // namespace zs::comm
