@@ -610,13 +610,13 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   // 3. The parameters every rank holds: stages 1-2 allgather the loaded shards; stage 3 drops what
   // its gatherer holds (persistent modules included), so the next pass gathers the loaded values.
   for (auto& set : s_.sets_) {
-    if (s_.stage_ == 1 || s_.stage_ == 2) s_.allgather_params(*set);
+    if (s_.stage_ == 1 || s_.stage_ == 2) set->allgather_params();
     if (set->gatherer) {
       memory::DeviceAccess access(*s_.backend_);
       set->gatherer->invalidate();
     }
-    s_.backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
-    if (!set->grad32.empty()) s_.backend_->fill_zero(set->grad32.data(), set->grad32.tier(), set->grad32.size());
+    set->zero_grads();
+    set->zero_fp32_grads();
   }
   e_.last_ = StepReport{};
   e_.last_.step = e_.global_step_;

@@ -103,7 +103,7 @@ class EngineCheckpoint {
   enum class Purpose { kSave, kLoad };
 
   // Flat range of set `set` this rank writes (save) or holds (load).
-  memory::ShardRange range_for(const StateSet& set, Purpose p, bool whole_state) const {
+  memory::ShardRange range_for(const ModelStates& set, Purpose p, bool whole_state) const {
     const memory::ShardRange held = whole_state ? set.whole() : set.step_range();
     if (p == Purpose::kLoad) return held;
     if (s_.stage_ == 0) return set.group.rank() == 0 ? held : memory::ShardRange{held.offset, 0};
@@ -112,7 +112,7 @@ class EngineCheckpoint {
 
   // fn(slot, part) for each slot of `set` overlapping `range`, with the overlap.
   template <typename F>
-  static void for_slots(const StateSet& set, memory::ShardRange range, F&& fn) {
+  static void for_slots(const ModelStates& set, memory::ShardRange range, F&& fn) {
     for (const ParamSlot& slot : set.layout.slots()) {
       memory::ShardRange part = slot.range().intersect(range);
       if (!part.empty()) fn(slot, part);
@@ -120,22 +120,11 @@ class EngineCheckpoint {
   }
 
   std::vector<Item> items(Purpose p);
-  void add_param_items(std::vector<Item>& out, StateSet& set, Purpose p);
-  void add_state_items(std::vector<Item>& out, StateSet& set, Purpose p);
+  void add_param_items(std::vector<Item>& out, ModelStates& set, Purpose p);
+  void add_state_items(std::vector<Item>& out, ModelStates& set, Purpose p);
   void add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local);
   static std::vector<uint64_t> shape_of(const memory::Shape& s) { return {s.begin(), s.end()}; }
   std::map<std::string, checkpoint::Scalar> scalars() const;
-
-  // Byte transfers between the engine's buffers and host memory.
-  void copy_out(void* host, const StateBuffer& b, const void* at, size_t bytes) const {
-    s_.backend_->copy(host, memory::Tier::kHost, at, b.tier(), bytes);
-  }
-  void copy_in(const StateBuffer& b, void* at, const void* host, size_t bytes) const {
-    s_.backend_->copy(at, b.tier(), host, memory::Tier::kHost, bytes);
-  }
-  void nvme_io(offload::SwapSpace& swap, const offload::SwapRegion& region, uint64_t offset, void* host, size_t bytes,
-               bool write) const;
-  void write_master(StateSet& set, memory::ShardRange range, const float* src);
 
   void check_compatible(const checkpoint::CheckpointReader& r) const;
   void restore_scalars(const checkpoint::Metadata& m, const std::filesystem::path& dir);
