@@ -34,15 +34,14 @@ using memory::Tier;
 // Scalars: step counters, loss scaler, scheduler position, the MoE layers' pass counters (the keys of
 // their random draws), the optimizer schedule, the config (Engine::save_checkpoint in engine.h).
 void EngineCheckpoint::add_param_items(std::vector<Item>& out, ModelStates& set, Purpose p) {
-  Impl& s = s_;
   const ShardRange range = range_for(set, p, false);
   for_slots(set, range, [&](const ParamSlot& slot, ShardRange part) {
     const std::string name = slot.param->full_name();
-    Item master{.buffer = "fp32",
+    Item master{.buffer = kCkptMaster,
                 .buffer_dtype = DType::kF32,
                 .tensor = name,
                 .shape = shape_of(slot.param->shape()),
-                .tensor_dtype = s.dtype_,
+                .tensor_dtype = a_.dtype,
                 .begin = part.offset - slot.offset,
                 .count = part.size};
     ModelStates* sp = &set;
@@ -53,10 +52,10 @@ void EngineCheckpoint::add_param_items(std::vector<Item>& out, ModelStates& set,
     out.push_back(master);
     // The training-dtype parameters: written for consolidation and 16-bit tools; a load derives them
     // from the master (bit-identical: each step writes the master rounded).
-    if (p == Purpose::kSave && s.mixed()) {
+    if (p == Purpose::kSave && (a_.dtype != DType::kF32)) {
       Item low = master;
-      low.buffer = "params";
-      low.buffer_dtype = s.dtype_;
+      low.buffer = kCkptParams;
+      low.buffer_dtype = a_.dtype;
       low.io = [sp, base = part.offset](uint64_t at, uint64_t n, void* host) { sp->read_params({base + at, n}, host); };
       out.push_back(low);
     }
@@ -64,8 +63,7 @@ void EngineCheckpoint::add_param_items(std::vector<Item>& out, ModelStates& set,
 }
 
 void EngineCheckpoint::add_state_items(std::vector<Item>& out, ModelStates& set, Purpose p) {
-  Impl& s = s_;
-  const auto specs = s.optimizer_->state_specs();
+  const auto specs = a_.specs;
   const ShardRange range = range_for(set, p, false);
   const ShardRange stepped = set.step_range();
   ModelStates* sp = &set;
@@ -79,7 +77,7 @@ void EngineCheckpoint::add_state_items(std::vector<Item>& out, ModelStates& set,
       if (elementwise) {
         it.tensor = slot.param->full_name();
         it.shape = shape_of(slot.param->shape());
-        it.tensor_dtype = s.dtype_;
+        it.tensor_dtype = a_.dtype;
         it.begin = part.offset - slot.offset;
         it.count = part.size;
       } else {
@@ -110,16 +108,15 @@ void EngineCheckpoint::add_state_items(std::vector<Item>& out, ModelStates& set,
 }
 
 void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local) {
-  Impl& s = s_;
-  CompressedState& c = *s.compressed_;
-  ModelStates& set = s.dense();
+  CompressedState& c = *a_.compressed;
+  ModelStates& set = dense();
   const ShardRange stepped = set.step_range();
   auto f32_item = [&](std::string buffer, const ParamSlot& slot, ShardRange part, StateBuffer& b, size_t base_elem) {
     Item it{.buffer = std::move(buffer),
             .buffer_dtype = DType::kF32,
             .tensor = slot.param->full_name(),
             .shape = shape_of(slot.param->shape()),
-            .tensor_dtype = s.dtype_,
+            .tensor_dtype = a_.dtype,
             .begin = part.offset - slot.offset,
             .count = part.size};
     const StateBuffer* bp = &b;
@@ -134,14 +131,14 @@ void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, b
   // The momentum is whole on every rank: its owner's part on save; on load every rank reads it all
   // (the checkpoint's owners tile it).
   for_slots(set, range_for(set, p, true), [&](const ParamSlot& slot, ShardRange part) {
-    f32_item("exp_avg", slot, part, c.momentum, 0);
+    f32_item(kCkptMomentum, slot, part, c.momentum, 0);
   });
   for_slots(set, range_for(set, p, false), [&](const ParamSlot& slot, ShardRange part) {
-    f32_item("exp_avg_sq", slot, part, c.variance, stepped.offset);
+    f32_item(kCkptVariance, slot, part, c.variance, stepped.offset);
   });
   if (!rank_local) return;
   // Rank-local states: this rank's own, whole (Note [checkpoint buffers]).
-  const int rank = s.group_.rank();
+  const int rank = a_.group.rank();
   auto local = [&](std::string buffer, std::string name, uint64_t numel, std::function<void(uint64_t, uint64_t, void*)> io) {
     if (numel == 0) return;
     out.push_back(Item{.buffer = std::move(buffer),
@@ -159,8 +156,8 @@ void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, b
       else std::memcpy(v.data() + at, host, n * sizeof(float));
     };
   };
-  local("error_feedback", "error_feedback.worker", c.reduce->worker_error().size(), span_io(c.reduce->worker_error()));
-  local("error_feedback", "error_feedback.server", c.reduce->server_error().size(), span_io(c.reduce->server_error()));
+  local(kCkptErrorFeedback, "error_feedback.worker", c.reduce->worker_error().size(), span_io(c.reduce->worker_error()));
+  local(kCkptErrorFeedback, "error_feedback.server", c.reduce->server_error().size(), span_io(c.reduce->server_error()));
   // The whole flat momentum, padding included: the compressed allreduce gives the padding between
   // parameters values too, and they take part in the next compressions' scales.
   const uint64_t total = set.layout.total();
@@ -168,14 +165,14 @@ void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, b
   std::vector<std::pair<const char*, const StateBuffer*>> flat = {{"rank_local.exp_avg", &c.momentum}};
   if (!c.accumulator.empty()) {
     // 0/1 Adam at stage 0: every rank steps its own copy between synchronisations.
-    local("rank_local", "rank_local.fp32", total, [sp, p](uint64_t at, uint64_t n, void* host) {
+    local(kCkptRankLocal, "rank_local.fp32", total, [sp, p](uint64_t at, uint64_t n, void* host) {
       if (p == Purpose::kSave) sp->read_master({at, n}, static_cast<float*>(host));
       else sp->write_master({at, n}, static_cast<const float*>(host));
     });
     flat.emplace_back("rank_local.accumulator", &c.accumulator);
   }
   for (auto [name, buf] : flat) {
-    local("rank_local", name, total, [sp, buf, p](uint64_t at, uint64_t n, void* host) {
+    local(kCkptRankLocal, name, total, [sp, buf, p](uint64_t at, uint64_t n, void* host) {
       if (p == Purpose::kSave) sp->read_bytes(*buf, at * sizeof(float), host, n * sizeof(float));
       else sp->write_bytes(*buf, at * sizeof(float), host, n * sizeof(float));
     });
@@ -184,42 +181,42 @@ void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, b
 
 std::vector<Item> EngineCheckpoint::items(Purpose p) {
   std::vector<Item> out;
-  for (auto& set : s_.sets_) add_param_items(out, *set, p);
-  if (s_.compressed_) {
+  for (auto& set : a_.sets) add_param_items(out, *set, p);
+  if (a_.compressed) {
     add_compressed_items(out, p, p == Purpose::kSave || rank_local_ok_);
   } else {
-    for (auto& set : s_.sets_) add_state_items(out, *set, p);
+    for (auto& set : a_.sets) add_state_items(out, *set, p);
   }
   return out;
 }
 
 std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
-  const EngineConfig& cfg = e_.config_;
+  const EngineConfig& cfg = a_.config;
   std::map<std::string, checkpoint::Scalar> m;
-  m["global_step"] = e_.global_step_;
-  m["micro_step"] = s_.micro_step_;
-  m["samples"] = e_.global_step_ * cfg.batch.train_batch_size;
-  m["steps_taken"] = s_.steps_taken_;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
-  m["data.position"] = e_.global_step_;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
+  m["global_step"] = a_.global_step;
+  m["micro_step"] = a_.micro_step;
+  m["samples"] = a_.global_step * cfg.batch.train_batch_size;
+  m["steps_taken"] = a_.steps_taken;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
+  m["data.position"] = a_.global_step;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
   m["data.seed"] = static_cast<int64_t>(cfg.data.seed.value_or(cfg.seed));
   m["rng.seed"] = static_cast<int64_t>(cfg.seed);
-  m["lr_scheduler.last_batch_iteration"] = s_.steps_taken_ - 1;  // DeepSpeed's name for the schedule position
-  m["lr_scheduler.lr"] = s_.schedule_.lr_at(s_.steps_taken_);
-  const optim::LossScaler::State ls = s_.scaler_.state();
+  m["lr_scheduler.last_batch_iteration"] = a_.steps_taken - 1;  // DeepSpeed's name for the schedule position
+  m["lr_scheduler.lr"] = a_.schedule.lr_at(a_.steps_taken);
+  const optim::LossScaler::State ls = a_.scaler.state();
   m["loss_scaler.scale"] = ls.scale;
   m["loss_scaler.hysteresis_left"] = ls.hysteresis_left;
   m["loss_scaler.good_steps"] = ls.good_steps;
   m["loss_scaler.overflows"] = ls.overflows;
   m["optimizer.type"] = std::string(cfg.optimizer.name());
-  m["zero.stage"] = static_cast<int64_t>(s_.stage_);
+  m["zero.stage"] = static_cast<int64_t>(a_.stage);
   m["precision"] = precision_name(cfg.precision);
-  m["world_size"] = static_cast<int64_t>(s_.group_.size());
+  m["world_size"] = static_cast<int64_t>(a_.group.size());
   m["offload_optimizer"] = offload_device_name(cfg.zero.offload_optimizer.device);
   m["offload_param"] = offload_device_name(cfg.zero.offload_param.device);
-  if (s_.compressed_) {
-    const CompressedState& c = *s_.compressed_;
+  if (a_.compressed) {
+    const CompressedState& c = *a_.compressed;
     m["compressed.momentum_whole"] = static_cast<int64_t>(c.momentum_whole);
-    m["compressed.flat_elements"] = static_cast<int64_t>(s_.dense().layout.total());
+    m["compressed.flat_elements"] = static_cast<int64_t>(dense().layout.total());
     m["compressed.rank_local_states"] = static_cast<int64_t>(!c.accumulator.empty());
     if (c.schedule) {
       const optim::ZeroOneSchedule::State& z = c.schedule->state();

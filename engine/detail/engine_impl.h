@@ -15,6 +15,7 @@
 #include "comm/shared_arena.h"
 #include "engine/engine.h"
 #include "engine/offload_rules.h"
+#include "engine/detail/compressed_state.h"
 #include "engine/detail/engine_context.h"
 #include "engine/detail/model_states.h"
 #include "engine/flat_layout.h"
@@ -36,16 +37,6 @@
 #include "optim/optimizer.h"
 
 namespace zs::engine {
-
-// One-bit Adam / 0/1 Adam state (compressed_step.cpp). The momentum is whole on every rank: the
-// compressed allreduce needs each rank's whole local momentum (Note [compressed optimizers]). Its
-// buffers (momentum, variance, accumulator) are placed by the dense set's owner from its plan.
-struct CompressedState : CompressedBuffers {
-  std::optional<comm::OneBitAllreduce> reduce;
-  std::optional<optim::ZeroOneSchedule> schedule;
-  bool momentum_whole = false;      // the momentum outside the stepped range is valid (gathered at freeze)
-  bool errors_reset = false;        // 0/1 Adam: error buffers were zeroed when the variance froze
-};
 
 struct CheckpointSnapshot;  // engine/detail/engine_checkpoint.h
 
