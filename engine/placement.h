@@ -1,5 +1,5 @@
 // Placement plan: where every flat model-state buffer of one rank lives, and how big it is. One rule,
-// two readers: the engine allocates from the plan (Engine::Impl's constructor), and the memory
+// two readers: the engine allocates from the plan (ModelStates::place, one per state set), and the memory
 // estimator (estimate/estimate.h) adds the plan up by tier instead of restating the rules.
 //
 //   PlacementPlan plan = plan_placement(placement_rules(cfg), layout.total(), Partition(total, R, r));

@@ -41,8 +41,8 @@ namespace zs::engine {
 struct CheckpointSnapshot;  // engine/detail/engine_checkpoint.h
 
 // Where each model-state buffer lives is the placement plan's (Note [model-state placement] in
-// engine/placement.h): the constructor allocates what each set's plan lists, and the estimator reads
-// the same plans.
+// engine/placement.h): each set's owner allocates what its plan lists (ModelStates::place, called by
+// the constructor), and the estimator reads the same plans.
 class Engine::Impl final : public ModuleHooks {
  public:
   // `backend` null: memory::make_backend(cfg.device.backend).
