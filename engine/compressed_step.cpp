@@ -47,7 +47,7 @@ uint64_t Engine::Impl::compressed_state_bytes() const {
   // The error-feedback buffers live in comm's own memory, not in the arena; they are optimizer state
   // all the same (a whole worker residual and one server chunk).
   const uint64_t errors = (c.reduce->numel() + c.reduce->chunk_size()) * sizeof(float);
-  return c.exp_avg.size() + c.exp_avg_sq.size() + c.accumulator.size() + errors;
+  return c.momentum.size() + c.variance.size() + c.accumulator.size() + errors;
 }
 
 bool Engine::Impl::exact_gradients(int64_t step) const {
@@ -78,12 +78,12 @@ void mask_unvisited(float* x, const float* v, size_t n) {
 
 void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
   CompressedState& c = *compressed_;
-  const StateSet& s = dense();  // the only set: experts are refused with compressed optimizers
+  const ModelStates& s = dense();  // the only set: experts are refused with compressed optimizers
   const memory::ShardRange stepped = s.step_range();
   const memory::ShardRange all = s.whole();
-  float* m_all = static_cast<float*>(c.exp_avg.data());
+  float* m_all = static_cast<float*>(c.momentum.data());
   auto m_at = [&](size_t i) { return m_all + i; };
-  auto v_at = [&](size_t i) { return f32_at(c.exp_avg_sq.data(), stepped, i); };
+  auto v_at = [&](size_t i) { return static_cast<float*>(c.variance.data()) + (i - stepped.offset); };
   auto u_at = [&](size_t i) { return static_cast<float*>(c.accumulator.data()) + i; };
 
   auto constants = [&](const optim::CompressedStep& st) {
@@ -127,24 +127,24 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
   memory::run_kernel(*backend_, [&] {
   switch (phase) {
     case Phase::kAdam:
-      for_each_piece(s, stepped, [&](size_t at, size_t n, bool decay, int t) {
-        const float* g = grad_f32(s, at, n, t).data();
-        with_master(s, at, n, t, [&](float* master, void* low) { optim::adam_update(chunk_at(at, n, decay, master, low, g), k); });
+      s.for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
+        const float* g = s.grad_f32(at, n, t).data();
+        s.with_master(at, n, t, [&](float* master, void* low) { optim::adam_update(chunk_at(at, n, decay, master, low, g), k); });
       });
       break;
     case Phase::kCompressedGradient: {
       // The local gradients, scaled, in fp32 for the compressed allreduce.
       float* g = static_cast<float*>(g32.data());
       std::memset(g, 0, g32.size());  // the padding between parameters stays zero
-      for_each_piece(s, all, [&](size_t at, size_t n, bool, int t) {
-        std::span<const float> src = grad_f32(s, at, n, t);
+      s.for_each_piece(all, [&](size_t at, size_t n, bool, int t) {
+        std::span<const float> src = s.grad_f32(at, n, t);
         for (size_t i = 0; i < n; ++i) g[at + i] = src[i] * ctx.grad_scale;
       });
       c.reduce->allreduce({g, all.size});
       const optim::CompressedConstants unscaled = constants({.lr = ctx.lr, .grad_scale = 1.0f});
-      for_each_piece(s, stepped, [&](size_t at, size_t n, bool decay, int t) {
+      s.for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
         mask_unvisited(g + at, v_at(at), n);
-        with_master(s, at, n, t, [&](float* master, void* low) {
+        s.with_master(at, n, t, [&](float* master, void* low) {
           optim::CompressedChunk ch = chunk_at(at, n, decay, master, low, g + at);
           optim::momentum_update(ch, unscaled);
           optim::frozen_update(ch, unscaled);
@@ -157,30 +157,30 @@ void Engine::Impl::step_compressed(const optim::StepContext& ctx) {
         gather_momentum();
         c.momentum_whole = true;
       }
-      for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
-        optim::momentum_update(chunk_at(at, n, decay, nullptr, nullptr, grad_f32(s, at, n, t).data()), k);
+      s.for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+        optim::momentum_update(chunk_at(at, n, decay, nullptr, nullptr, s.grad_f32(at, n, t).data()), k);
       });
       c.reduce->allreduce({m_all, all.size});
-      for_each_piece(s, stepped, [&](size_t at, size_t n, bool decay, int t) {
+      s.for_each_piece(stepped, [&](size_t at, size_t n, bool decay, int t) {
         mask_unvisited(m_at(at), v_at(at), n);
-        with_master(s, at, n, t, [&](float* master, void* low) { optim::frozen_update(chunk_at(at, n, decay, master, low, nullptr), k); });
+        s.with_master(at, n, t, [&](float* master, void* low) { optim::frozen_update(chunk_at(at, n, decay, master, low, nullptr), k); });
       });
       break;
     }
     case Phase::kLocalStep: {
       // Stage 0: every rank steps its own copy of the whole model.
-      for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
-        const float* g = grad_f32(s, at, n, t).data();
-        with_master(s, at, n, t, [&](float* master, void* low) { optim::local_step(chunk_at(at, n, decay, master, low, g), k); });
+      s.for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+        const float* g = s.grad_f32(at, n, t).data();
+        s.with_master(at, n, t, [&](float* master, void* low) { optim::local_step(chunk_at(at, n, decay, master, low, g), k); });
       });
       if (plan.sync) {
-        for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
-          with_master(s, at, n, t, [&](float* master, void*) { optim::sync_prepare(chunk_at(at, n, decay, master, nullptr, nullptr), k); });
+        s.for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
+          s.with_master(at, n, t, [&](float* master, void*) { optim::sync_prepare(chunk_at(at, n, decay, master, nullptr, nullptr), k); });
         });
         c.reduce->allreduce({u_at(0), all.size});
-        for_each_piece(s, all, [&](size_t at, size_t n, bool decay, int t) {
+        s.for_each_piece(all, [&](size_t at, size_t n, bool decay, int t) {
           mask_unvisited(u_at(at), v_at(at), n);
-          with_master(s, at, n, t, [&](float* master, void* low) {
+          s.with_master(at, n, t, [&](float* master, void* low) {
             optim::sync_finish(chunk_at(at, n, decay, master, low, nullptr), k);
           });
         });
@@ -196,7 +196,7 @@ void Engine::Impl::gather_momentum() {
   // Stages 1-3 at the first compressed step: every rank holds the momentum of its stepped range; the
   // compressed steps need all of it (Note [compressed optimizers]). Once per run, in buckets.
   allgather_in_place(group_, dense().partition,
-                     memory::Tensor(compressed_->exp_avg.data(), memory::DType::kF32, {static_cast<int64_t>(dense().layout.total())}),
+                     memory::Tensor(compressed_->momentum.data(), memory::DType::kF32, {static_cast<int64_t>(dense().layout.total())}),
                      static_cast<size_t>(cfg_.zero.allgather_bucket_size));
   ZS_LOG_DEBUG("{}: momentum gathered for the compressed phase", cfg_.optimizer.name());
 }

@@ -85,7 +85,7 @@ void check_expert_sizes(const comm::Group& group, const std::vector<int>& sizes,
 // The parameters by partition group, and the expert-data-parallel groups of their E > 1 (into
 // `expert_groups`, in the order of the returned sets after the dense one). Collective over `group`
 // when the model has expert parameters.
-std::vector<std::unique_ptr<StateSet>> make_sets(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
+std::vector<std::unique_ptr<ModelStates>> make_sets(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
                                                  std::vector<std::unique_ptr<comm::Group>>& expert_groups) {
   nn::assign_names(model);
   std::vector<ParamGroup> groups = group_by_expert_parallel_size(model.all_params());
@@ -93,11 +93,11 @@ std::vector<std::unique_ptr<StateSet>> make_sets(nn::Model& model, const EngineC
   std::vector<int> sizes;
   for (size_t g = 1; g < groups.size(); ++g) sizes.push_back(groups[g].expert_parallel_size);
   check_expert_sizes(group, sizes, cfg);
-  std::vector<std::unique_ptr<StateSet>> sets;
-  sets.push_back(std::make_unique<StateSet>(std::move(groups[0]), group, rules));
+  std::vector<std::unique_ptr<ModelStates>> sets;
+  sets.push_back(std::make_unique<ModelStates>(std::move(groups[0]), group, rules));
   for (size_t g = 1; g < groups.size(); ++g) {
     expert_groups.push_back(make_expert_group(group, groups[g].expert_parallel_size));
-    sets.push_back(std::make_unique<StateSet>(std::move(groups[g]), *expert_groups.back(), rules));
+    sets.push_back(std::make_unique<ModelStates>(std::move(groups[g]), *expert_groups.back(), rules));
   }
   return sets;
 }
@@ -120,12 +120,6 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       stage_(cfg.zero.stage),
       grad_stage_(plan_.grad_stage),
       dtype_(cfg.compute_dtype()),
-      elem_(memory::dtype_size(dtype_)),
-      reuse_(plan_.reuse_fp32_param),
-      keep_fp32_grads_(plan_.keep_fp32_grads),
-      offload_optimizer_(cfg.zero.offload_optimizer.device),
-      offload_param_(cfg.zero.offload_param.device),
-      separate_master_(plan_.separate_master),
       arena_(std::make_shared<DeviceArena>(
           backend ? std::move(backend)
                   : memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20,
@@ -136,8 +130,8 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       optimizer_(cfg.optimizer.make()),  // nullptr: compressed_step.cpp drives the one-bit optimizers' kernels itself
       schedule_(schedule_config(cfg)),
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
-      ctx_(arena_, *this),
-      scratch_(kChunkElements) {
+      env_(cfg, *backend_, *device_, tracker_, optimizer_.get(), group.rank(), std::max(1, nn::compute_threads())),
+      ctx_(arena_, *this) {
   if (wants_shared_arena(cfg, group)) {  // collective over the group; the same condition on every rank
     shared_arena_ = comm::SharedArena(group, backend_->shared_mapping(device_->base()));
     if (group.rank() == 0 && shared_arena_.active()) {
@@ -158,13 +152,11 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
     }
     arena_->record_trace();
   }
-  const int threads = std::max(1, nn::compute_threads());
-  backend_->set_threads(threads);
-  grad_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
-  if (reuse_) master_scratch_.assign(static_cast<size_t>(threads), std::vector<float>(kPieceElements));
-  if (step_on_host()) low_scratch_.assign(static_cast<size_t>(threads), std::vector<std::byte>(kPieceElements * elem_));
-  if (optimizer_ && optimizer_->tensor_sums() > 0 && (optimizer_on_nvme() || params_on_nvme())) {
-    // Note [two-pass step] in engine_step.cpp: the NVMe step streams each sub-group through once.
+  backend_->set_threads(env_.threads());
+  const bool optimizer_on_nvme = cfg.zero.offload_optimizer.device == OffloadDevice::kNvme;
+  const bool params_on_nvme = cfg.zero.offload_param.device == OffloadDevice::kNvme;
+  if (optimizer_ && optimizer_->tensor_sums() > 0 && (optimizer_on_nvme || params_on_nvme)) {
+    // Note [two-pass step] in model_states_step.cpp: the NVMe step streams each sub-group through once.
     throw ConfigError(fmt::format("optimizer.type: {} needs each parameter tensor's norms before it can update any part of "
                                   "it, a second pass over the swap files that zeroshard's NVMe offload does not make yet; "
                                   "use zero_optimization.offload_optimizer/offload_param device \"cpu\" or \"none\", "
@@ -187,89 +179,16 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
 void Engine::Impl::place_all(nn::Model& model) {
   std::optional<CompressedState> compressed;
   if (!optimizer_) compressed.emplace();
-  for (auto& s : sets_) place_buffers(*s, compressed);
+  for (auto& s : sets_) s->place(env_, compressed ? &*compressed : nullptr);
   if (compressed) init_compressed(std::move(*compressed));
 
   std::vector<nn::Module*> modules = model.named_modules();
   for (size_t k = 0; k < sets_.size(); ++k) {
-    StateSet& s = *sets_[k];
+    ModelStates& s = *sets_[k];
     auto slots = s.layout.slots();
     for (size_t i = 0; i < slots.size(); ++i) slot_by_name_[slots[i].param->full_name()] = {k, i};
-    place_parameters(s);
-    if (!kernels()) {
-      // Measuring (the estimator): nothing to initialise, and no swap files. NVMe parameters get an
-      // untouched stand-in so the gatherer runs its usual path.
-      if (params_on_nvme()) {
-        s.measure_param_shard = backend_->allocate(std::max<size_t>(1, s.partition.mine.size * elem_), memory::Tier::kHost);
-      }
-    } else if (optimizer_on_nvme() || params_on_nvme()) {
-      init_nvme(s);  // initialises what lives on NVMe, and the rest through initialise()
-    } else {
-      memory::run_kernel(*backend_, [&] { initialise(s); });
-    }
-    make_reducer_and_gatherer(s, modules);
+    s.initialise_and_bind(modules);
   }
-}
-
-void Engine::Impl::place_buffers(StateSet& s, std::optional<CompressedState>& compressed) {
-  // The plan's buffers (Note [model-state placement] in engine/placement.h), in its order: swap-file
-  // regions are made by init_nvme, the error feedback by comm's compressed allreduce.
-  for (const PlannedBuffer& b : s.plan.buffers) {
-    if (b.where == Where::kNvme || b.owned_by_comm) continue;
-    StateBuffer buf = place(b.bytes, b.category, b.where == Where::kHost);
-    // Gradients and optimizer states start at zero; parameters and masters are initialised below.
-    const bool written_first = b.name == "params" || b.name == "master" || b.name == "residual" || b.name == "fp32_grads";
-    if (!written_first) backend_->fill_zero(buf.data(), buf.tier(), buf.size());
-    if (b.name == "params") s.params = std::move(buf);
-    else if (b.name == "grads") s.grads = std::move(buf);
-    else if (b.name == "fp32_grads") s.grad32 = std::move(buf);
-    else if (b.name == "master") s.master = std::move(buf);
-    else if (b.name == "residual") s.residual = std::move(buf);
-    else if (b.name == "momentum") compressed->exp_avg = std::move(buf);
-    else if (b.name == "variance") compressed->exp_avg_sq = std::move(buf);
-    else if (b.name == "accumulator") compressed->accumulator = std::move(buf);
-    else s.states.push_back(std::move(buf));  // the optimizer's states, in its state_specs() order
-  }
-  if (optimizer_ && !s.states.empty()) {
-    for (size_t k = 0; k < s.states.size(); ++k) {
-      const optim::StateSpec& spec = optimizer_->state_specs()[k];
-      if (spec.value_bytes == sizeof(float) && spec.elements_per_value == 1 && spec.initial_value != 0.0f) {
-        backend_->fill(static_cast<float*>(s.states[k].data()), s.states[k].tier(), spec.initial_value, s.step_range().size);
-      }
-    }
-  }
-}
-
-void Engine::Impl::make_reducer_and_gatherer(StateSet& s, const std::vector<nn::Module*>& modules) {
-  const EngineConfig& cfg = cfg_;
-  GradReducer::Options ro{.stage = grad_stage_, .overlap_comm = cfg.zero.overlap_comm, .reduce_scatter = cfg.zero.reduce_scatter,
-                          .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
-                          .grads_tier = s.grads.tier(),
-                          .comm_dtype = cfg.gradient_comm_dtype()};
-  s.reducer.emplace(ro, s.layout, s.partition, s.group, *device_, dtype_, s.grads.data(), modules);
-  if (stage_ != 3) return;
-  ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
-                            .persistence_threshold = static_cast<size_t>(cfg.zero.stage3_param_persistence_threshold),
-                            .max_live_elements = static_cast<size_t>(cfg.zero.stage3_max_live_parameters),
-                            .max_reuse_distance = static_cast<size_t>(cfg.zero.stage3_max_reuse_distance),
-                            .nvme = nullptr,
-                            .nvme_region = {},
-                            .tracker = nullptr,
-                            .shard_tier = params_on_nvme() ? memory::Tier::kHost : s.params.tier()};
-  const void* shard = s.params.data();
-  if (params_on_nvme()) {
-    const auto& op = cfg.zero.offload_param;
-    go.prefetch_elements = nvme_prefetch_window(go.prefetch_elements, static_cast<size_t>(op.buffer_count),
-                                                static_cast<size_t>(op.buffer_size), static_cast<size_t>(op.max_in_cpu));
-    go.tracker = &tracker_;
-    if (s.nvme) {
-      go.nvme = s.nvme->param_swap.get();
-      go.nvme_region = s.nvme->params;
-    } else {
-      shard = s.measure_param_shard.data();
-    }
-  }
-  s.gatherer.emplace(go, s.layout, s.partition, s.group, *device_, dtype_, shard, modules);
 }
 
 Engine::Impl::~Impl() {
@@ -278,159 +197,16 @@ Engine::Impl::~Impl() {
   sets_.clear();
 }
 
-StateBuffer Engine::Impl::place(size_t bytes, memory::Category category, bool host) {
-  StateBuffer b;
-  if (host) {
-    const bool pin = category == memory::Category::kParams ? cfg_.zero.offload_param.pin_memory
-                                                           : cfg_.zero.offload_optimizer.pin_memory;
-    // A measuring run maps host buffers without touching them; pinning would commit them.
-    b.host = offload::AlignedBuffer(bytes, &tracker_, category, pin && kernels());
-  } else {
-    b.device = device_->allocate(bytes, category, memory::Lifetime::kPersistent);
-  }
-  return b;
-}
-
-float* Engine::Impl::master_at(const StateSet& s, size_t i) const {
-  ZS_DEBUG_ASSERT(!reuse_ && !optimizer_on_nvme(), "master_at with reuse_fp32_param or NVMe offload");
-  if (!separate_master_) return reinterpret_cast<float*>(param_at(s, i));
-  return static_cast<float*>(s.master.data()) + (i - s.step_range().offset);
-}
-
-void* Engine::Impl::state_at(const StateSet& s, size_t k, size_t i) const {
-  const optim::StateSpec& spec = optimizer_->state_specs()[k];
-  // Stepped ranges and pieces start at multiples of 32 elements (FlatLayout::kAlignElements), so a
-  // block-quantised state's value for element i is the one of i's block.
-  const size_t rel = i - s.step_range().offset;
-  return static_cast<char*>(s.states[k].data()) + rel / spec.elements_per_value * spec.value_bytes;
-}
-
-void Engine::Impl::place_parameters(StateSet& set) {
-  for (const ParamSlot& s : set.layout.slots()) {
-    // Stage 3: no parameter has data until the gatherer fetches it. Stage 2+: gradients live in the
-    // reducer's staging buffers during backward only.
-    s.param->set_data(stage_ == 3 ? memory::Tensor() : memory::Tensor(param_at(set, s.offset), dtype_, s.param->shape()));
-    s.param->set_grad(grad_stage_ >= 2 ? memory::Tensor() : memory::Tensor(grad_at(set, s.offset), dtype_, s.param->shape()));
-  }
-}
-
-void Engine::Impl::init_f32(const StateSet& set, float* dst, memory::ShardRange range) const {
-  // Straight into place by the counter-based RNG: the same values for any world size and stage (Note
-  // in nn/parameter.h), and for any cut into pieces, so the pieces run on the rank's threads.
-  // Padding between parameters is zero.
-  constexpr size_t kInitPiece = size_t{1} << 20;
-  for_each_span(range, kInitPiece, [&](size_t at, size_t n, int) {
-    const memory::ShardRange piece{at, n};
-    float* out = dst + (at - range.offset);
-    std::fill_n(out, n, 0.0f);
-    for (const ParamSlot& s : set.layout.slots()) {
-      memory::ShardRange part = s.range().intersect(piece);
-      if (part.empty()) continue;
-      s.param->init().fill({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg_.seed,
-                           s.param->full_name());
-    }
-  });
-}
-
-void Engine::Impl::initialise(StateSet& s) {
-  const memory::ShardRange stepped = s.step_range();
-  const size_t total = s.layout.total();
-  // A separate fp32 master in memory (bf16/fp16, or offloaded to the host); NVMe ones are written by
-  // init_nvme, which calls this for the rest.
-  if (separate_master_ && !reuse_ && !optimizer_on_nvme()) init_f32(s, master_at(s, stepped.offset), stepped);
-  if (params_on_nvme()) return;
-  if (!mixed()) {
-    const memory::ShardRange held = stage_ == 3 ? s.partition.mine : memory::ShardRange{0, total};
-    init_f32(s, reinterpret_cast<float*>(param_at(s, held.offset)), held);
-    return;
-  }
-  // bf16/fp16 parameters this rank holds, converted chunk by chunk: never the whole model in fp32.
-  // With reuse_fp32_param every held parameter is encoded the way its owner's optimizer encodes it,
-  // and the stepped range keeps its residuals.
-  const memory::ShardRange held = stage_ == 3 ? s.partition.mine : memory::ShardRange{0, total};
-  std::vector<uint16_t> residual(reuse_ ? kChunkElements : 0);
-  for (size_t off = 0; off < held.size; off += kChunkElements) {
-    const memory::ShardRange chunk{held.offset + off, std::min(kChunkElements, held.size - off)};
-    init_f32(s, scratch_.data(), chunk);
-    if (!reuse_) {
-      memory::convert(scratch_.data(), memory::DType::kF32, param_at(s, chunk.offset), dtype_, chunk.size);
-      continue;
-    }
-    encode_master(scratch_.data(), reinterpret_cast<uint16_t*>(param_at(s, chunk.offset)), residual.data(), chunk.size);
-    const memory::ShardRange kept = chunk.intersect(stepped);
-    if (!kept.empty()) {
-      std::memcpy(static_cast<uint16_t*>(s.residual.data()) + (kept.offset - stepped.offset),
-                  residual.data() + (kept.offset - chunk.offset), kept.size * sizeof(uint16_t));
-    }
-  }
-}
-
-std::span<const float> Engine::Impl::grad_f32(const StateSet& s, size_t i, size_t n, int t) {
-  float* out = grad_scratch_[static_cast<size_t>(t)].data();
-  const bool fp32 = keep_fp32_grads_ || !mixed();
-  const StateBuffer& buf = keep_fp32_grads_ ? s.grad32 : s.grads;
-  const void* src = keep_fp32_grads_ ? static_cast<const void*>(f32_at(s.grad32.data(), s.grad32_range(), i)) : grad_at(s, i);
-  if (step_on_host() && buf.tier() == memory::Tier::kDevice) {
-    // A host step reads device gradients through the backend: a counted device -> host transfer.
-    backend_->convert(out, memory::Tier::kHost, memory::DType::kF32, src, memory::Tier::kDevice,
-                      fp32 ? memory::DType::kF32 : dtype_, n);
-    return {out, n};
-  }
-  if (fp32) return {static_cast<const float*>(src), n};
-  memory::convert(src, dtype_, out, memory::DType::kF32, n);
-  return {out, n};
-}
-
-void Engine::Impl::read_master(const StateSet& s, memory::ShardRange range, float* dst) {
-  if (range.empty()) return;
-  if (optimizer_on_nvme()) {
-    read_nvme_master(s, range, dst);
-    return;
-  }
-  if (!reuse_) {
-    const memory::Tier tier = separate_master_ ? s.master.tier() : s.params.tier();
-    backend_->copy(dst, memory::Tier::kHost, master_at(s, range.offset), tier, range.size * sizeof(float));
-    return;
-  }
-  // Both halves of the encoded master cross to the host, and are decoded there.
-  std::vector<uint16_t> hi(range.size), lo(range.size);
-  backend_->copy(hi.data(), memory::Tier::kHost, param_at(s, range.offset), memory::Tier::kDevice, range.size * sizeof(uint16_t));
-  backend_->copy(lo.data(), memory::Tier::kHost, static_cast<const uint16_t*>(s.residual.data()) + (range.offset - s.step_range().offset),
-                 memory::Tier::kDevice, range.size * sizeof(uint16_t));
-  decode_master(hi.data(), lo.data(), dst, range.size);
-}
-
-void Engine::Impl::allgather_params(StateSet& s) {
-  // Stages 1-2: every rank updated its shard of the whole parameter buffer; gather the rest in
-  // allgather_bucket_size pieces, in place, over the set's group.
-  if (s.group.size() == 1) return;
-  memory::DeviceAccess access(*backend_);  // the collectives read and write device memory
-  allgather_in_place(s.group, s.partition, memory::Tensor(s.params.data(), dtype_, {static_cast<int64_t>(s.layout.total())}),
-                     static_cast<size_t>(cfg_.zero.allgather_bucket_size));
-}
-
-void allgather_in_place(const comm::Group& group, const Partition& partition, const memory::Tensor& all,
-                        size_t bucket_elements) {
-  const size_t total = static_cast<size_t>(all.numel());
-  const size_t bucket = std::max<size_t>(FlatLayout::kAlignElements, bucket_elements);
-  std::vector<comm::Work> works;
-  for (size_t off = 0; off < total; off += bucket) {
-    const memory::ShardRange piece{off, std::min(bucket, total - off)};
-    works.push_back(group.allgatherv_async(all.range(partition.owned(piece)), all.range(piece), partition.counts(piece)));
-  }
-  for (auto& w : works) w.wait();
-}
-
-std::vector<float> Engine::Impl::gather_fp32(const StateSet& s, const ParamSlot& slot) {
+std::vector<float> Engine::Impl::gather_fp32(const ModelStates& s, const ParamSlot& slot) {
   std::vector<float> out(slot.numel);
   if (stage_ == 0 || s.group.size() == 1) {
-    read_master(s, slot.range(), out.data());
+    s.read_master(slot.range(), out.data());
     return out;
   }
   memory::ShardRange owned = s.partition.owned(slot.range());
   // Our own part in a separate buffer: allgatherv must not read and write the same memory.
   std::vector<float> mine(owned.size);
-  read_master(s, owned, mine.data());
+  s.read_master(owned, mine.data());
   s.group.allgatherv(memory::Tensor(mine.data(), memory::DType::kF32, {static_cast<int64_t>(mine.size())}),
                      memory::Tensor(out.data(), memory::DType::kF32, {static_cast<int64_t>(out.size())}), s.partition.counts(slot.range()));
   return out;
@@ -559,7 +335,7 @@ void Engine::backward() {
       set->reducer->begin_backward(boundary, reduce);
       // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
       // the last backward of the step runs.
-      if (boundary && set->nvme && s.optimizer_on_nvme()) set->nvme->swapper->prefetch();
+      if (boundary) set->prefetch_states();
       if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kBackward);
     }
     const float grad_scale = static_cast<float>(s.scaler_.scale() / static_cast<double>(accumulation));
@@ -599,8 +375,8 @@ void Engine::Impl::abandon_window(nn::Model& model) {
     if (profiler_) profiler_->abandon_pass();
     reductions_access_.reset();
     for (auto& set : sets_) {
-      backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
-      if (!set->grad32.empty()) backend_->fill_zero(set->grad32.data(), set->grad32.tier(), set->grad32.size());
+      set->zero_grads();
+      set->zero_fp32_grads();
     }
   } catch (...) {
   }
@@ -702,90 +478,8 @@ std::vector<float> Engine::fp32_param(const std::string& name) const {
                                  "expert-parallel rank only)",
                                  name, impl_->slot_by_name_.empty() ? "" : impl_->slot_by_name_.begin()->first));
   }
-  const StateSet& set = *impl_->sets_[it->second.first];
+  const ModelStates& set = *impl_->sets_[it->second.first];
   return impl_->gather_fp32(set, set.layout.slots()[it->second.second]);
-}
-
-ModelStateBytes Engine::model_state_bytes() const {
-  const Impl& s = *impl_;
-  ModelStateBytes b;
-  b.optimizer = s.compressed_state_bytes();
-  for (const auto& set : s.sets_) {
-    b.params += set->params.size();
-    b.grads += set->grads.size() + set->grad32.size();
-    b.optimizer += set->master.size() + set->residual.size();
-    for (const auto& st : set->states) b.optimizer += st.size();
-  }
-  return b;
-}
-
-Engine::OffloadReport Engine::offload_report() const {
-  OffloadReport r;
-  // Summed over the partition groups' swappers (one per set with NVMe offload).
-  for (const auto& set : impl_->sets_) {
-    if (!set->nvme) continue;
-    const offload::SwapperStats& st = set->nvme->swapper->stats();
-    r.host_budget_bytes += set->nvme->host_budget_bytes;
-    r.bytes_read += st.bytes_read + (set->gatherer ? set->gatherer->nvme_bytes_read() : 0);
-    r.bytes_written += st.bytes_written;
-    r.compute_s += st.compute_seconds;
-    r.io_wait_s += st.io_wait_seconds;
-  }
-  return r;
-}
-
-double Engine::optimizer_state_bytes_per_param() const {
-  const Impl& s = *impl_;
-  uint64_t bytes = s.compressed_state_bytes();
-  size_t stepped = 0;
-  for (const auto& set : s.sets_) {
-    for (const auto& st : set->states) bytes += st.size();
-    stepped += set->step_range().size;
-  }
-  return stepped ? static_cast<double>(bytes) / static_cast<double>(stepped) : 0.0;
-}
-
-Engine::MemoryReport Engine::memory_report() const {
-  MemoryReport r;
-  r.model_states = model_state_bytes();
-  const Impl& s = *impl_;
-  auto by_tier = [&r](const StateBuffer& b, uint64_t ModelStateBytes::*category) {
-    r.device_states.*category += b.device.size();
-    r.host_states.*category += b.host.capacity();
-  };
-  r.device_states.optimizer += s.compressed_state_bytes();
-  for (const auto& set : s.sets_) {
-    by_tier(set->params, &ModelStateBytes::params);
-    by_tier(set->grads, &ModelStateBytes::grads);
-    by_tier(set->grad32, &ModelStateBytes::grads);
-    by_tier(set->master, &ModelStateBytes::optimizer);
-    for (const auto& state : set->states) by_tier(state, &ModelStateBytes::optimizer);
-    r.device_states.optimizer += set->residual.size();
-    if (set->nvme) {
-      r.nvme_states.params += set->nvme->params.reserved_bytes();
-      r.nvme_states.optimizer += set->nvme->master.reserved_bytes();
-      for (const auto& region : set->nvme->states) r.nvme_states.optimizer += region.reserved_bytes();
-    }
-  }
-  memory::ArenaStats st = impl_->device_->stats();
-  r.device_peak_bytes = st.peak_allocated_bytes;
-  r.device_reserved_peak_bytes = st.peak_reserved_bytes;
-  for (memory::Category c : memory::kAllCategories) {
-    r.device_peak_by_category[static_cast<size_t>(c)] = impl_->tracker_.at_tier_peak(c, memory::Tier::kDevice);
-  }
-  r.device_capacity_bytes = st.capacity_bytes;
-  r.activation_peak_bytes = impl_->tracker_.peak(memory::Category::kActivations, memory::Tier::kDevice);
-  r.host_peak_bytes = impl_->tracker_.tier_peak(memory::Tier::kHost);
-  r.nvme_bytes = impl_->tracker_.tier_current(memory::Tier::kNvme);
-  // Per set, added: the sets' transient buffers may be alive at the same time.
-  for (const auto& set : s.sets_) {
-    r.grad_staging_peak_bytes += set->reducer->staging_peak_bytes();
-    if (set->gatherer) {
-      r.gathered_param_peak_bytes += set->gatherer->live_peak_bytes();
-      r.gathered_param_bound_bytes += set->gatherer->live_bound_bytes();
-    }
-  }
-  return r;
 }
 
 }  // namespace zs::engine

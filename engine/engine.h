@@ -95,6 +95,7 @@
 namespace zs::engine {
 
 struct PendingCheckpoint;  // engine_checkpoint.cpp: an asynchronous save not yet committed
+struct CheckpointAccess;   // engine/detail/engine_checkpoint.h: what the checkpoint code reaches
 
 // Supplies micro-batches for train_batch and eval_batch: fills `batch` with the samples whose global
 // indices are [first_sample, first_sample + count) of optimizer step `step` (of evaluation batch `step`
@@ -284,7 +285,8 @@ class Engine {
  private:
   class Impl;
   friend class EngineContext;
-  friend class EngineCheckpoint;  // engine_checkpoint.cpp
+  // What the checkpoint code may reach (engine/detail/engine_checkpoint.h): handed over, no friend.
+  CheckpointAccess checkpoint_access();
   nn::Model& model_;
   EngineConfig config_;
   const comm::Group& group_;

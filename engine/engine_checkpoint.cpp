@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "checkpoint/h5.h"
 #include "engine/detail/engine_checkpoint.h"
+#include "engine/detail/engine_impl.h"  // Engine::checkpoint_access only
 #include "nn/threads.h"
 
 namespace zs::engine {
@@ -28,159 +29,6 @@ using memory::Tier;
 namespace {
 
 constexpr const char* k16BitFile = "zs_model_16bit.h5";
-
-std::vector<std::string> allgather_strings(const comm::Group& g, const std::string& mine) {
-  if (g.size() == 1) return {mine};
-  int32_t len = static_cast<int32_t>(mine.size());
-  std::vector<int32_t> lens(static_cast<size_t>(g.size()));
-  g.allgather(memory::Tensor(&len, DType::kI32, {1}), memory::Tensor(lens.data(), DType::kI32, {g.size()}));
-  std::vector<size_t> counts;
-  size_t total = 0;
-  for (int32_t l : lens) {
-    counts.push_back(static_cast<size_t>(l) / 4 + 1);
-    total += counts.back();
-  }
-  std::vector<int32_t> words(static_cast<size_t>(len) / 4 + 1, 0);
-  std::memcpy(words.data(), mine.data(), mine.size());
-  std::vector<int32_t> all(total);
-  g.allgatherv(memory::Tensor(words.data(), DType::kI32, {static_cast<int64_t>(words.size())}),
-               memory::Tensor(all.data(), DType::kI32, {static_cast<int64_t>(total)}), counts);
-  std::vector<std::string> out;
-  size_t at = 0;
-  for (size_t r = 0; r < lens.size(); ++r) {
-    out.emplace_back(reinterpret_cast<const char*>(all.data() + at), static_cast<size_t>(lens[r]));
-    at += counts[r];
-  }
-  return out;
-}
-
-// Runs `fn` on every rank and agrees on the outcome: when any rank threw, every rank throws the same
-// error (the lowest failing rank's, of its kind, its message prefixed with that rank), so no rank is
-// left waiting in a collective that the failed one never enters.
-template <typename F>
-void agreed(const comm::Group& g, F&& fn) {
-  int32_t kind = kNoError;
-  std::string message;
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (const CheckpointError& e) {
-    kind = kCheckpointError, message = e.what(), error = std::current_exception();
-  } catch (const IoError& e) {
-    kind = kIoError, message = e.what(), error = std::current_exception();
-  } catch (const UsageError& e) {
-    kind = kUsageError, message = e.what(), error = std::current_exception();
-  } catch (const ConfigError& e) {
-    kind = kConfigError, message = e.what(), error = std::current_exception();
-  } catch (const fs::filesystem_error& e) {
-    kind = kIoError, message = e.what(), error = std::current_exception();
-  } catch (const std::exception& e) {
-    kind = kOtherError, message = e.what(), error = std::current_exception();
-  }
-  if (g.size() == 1) {
-    if (error) std::rethrow_exception(error);
-    return;
-  }
-  std::vector<int32_t> kinds(static_cast<size_t>(g.size()));
-  g.allgather(memory::Tensor(&kind, DType::kI32, {1}), memory::Tensor(kinds.data(), DType::kI32, {g.size()}));
-  auto first = std::find_if(kinds.begin(), kinds.end(), [](int32_t k) { return k != kNoError; });
-  if (first == kinds.end()) return;
-  const auto r = static_cast<size_t>(first - kinds.begin());
-  const std::string text = fmt::format("rank {}: {}", r, allgather_strings(g, message)[r]);
-  switch (*first) {
-    case kIoError: throw IoError(text);
-    case kUsageError: throw UsageError(text);
-    case kConfigError: throw ConfigError(text);
-    default: throw CheckpointError(text);
-  }
-}
-
-
-std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
-
-// The description of this rank's items, for the layout every rank builds from all of them:
-//   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
-std::string describe(const std::vector<Item>& items) {
-  std::string out;
-  for (const Item& it : items) {
-    out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
-    out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
-  }
-  return out;
-}
-
-DType dtype_named(const std::string& name) {
-  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
-    if (memory::dtype_name(t) == name) return t;
-  }
-  ZS_ASSERT(false, "unknown dtype '{}' in a checkpoint description", name);
-  return DType::kF32;
-}
-
-checkpoint::Layout build_layout(const std::vector<std::string>& descriptions) {
-  checkpoint::Layout layout;
-  layout.world_size = static_cast<int>(descriptions.size());
-  std::map<std::string, uint32_t> tensor_ids;
-  std::map<std::string, size_t> buffer_ids;
-  for (size_t r = 0; r < descriptions.size(); ++r) {
-    std::istringstream in(descriptions[r]);
-    std::string kind;
-    while (in >> kind) {
-      if (kind == "T") {
-        std::string name, dtype, dims;
-        in >> name >> dtype >> dims;
-        std::vector<uint64_t> shape;
-        std::istringstream d(dims);
-        for (std::string v; std::getline(d, v, ',');) {
-          if (!v.empty()) shape.push_back(std::stoull(v));
-        }
-        if (tensor_ids.emplace(name, static_cast<uint32_t>(layout.tensors.size())).second) {
-          layout.tensors.push_back({name, shape, dtype_named(dtype)});
-        } else {
-          ZS_ASSERT(layout.tensors[tensor_ids[name]].shape == shape, "tensor '{}' has two shapes across ranks", name);
-        }
-      } else {
-        std::string buffer, dtype, tensor;
-        uint64_t begin = 0, count = 0;
-        in >> buffer >> dtype >> tensor >> begin >> count;
-        auto [it, fresh] = buffer_ids.emplace(buffer, layout.buffers.size());
-        if (fresh) {
-          layout.buffers.push_back({buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
-        }
-        layout.buffers[it->second].ranks[r].push_back({tensor_ids.at(tensor), begin, count});
-      }
-    }
-  }
-  return layout;
-}
-
-checkpoint::Scalar scalar_or(const checkpoint::Metadata& m, const std::string& key, checkpoint::Scalar fallback) {
-  auto it = m.scalars.find(key);
-  return it == m.scalars.end() ? fallback : it->second;
-}
-
-int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
-  auto it = m.scalars.find(key);
-  if (it == m.scalars.end() || !std::holds_alternative<int64_t>(it->second)) {
-    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not an integer: not a checkpoint "
-                                      "zeroshard's engine wrote",
-                                      dir.string(), key));
-  }
-  return std::get<int64_t>(it->second);
-}
-
-double real_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
-  auto it = m.scalars.find(key);
-  if (it == m.scalars.end() || !std::holds_alternative<double>(it->second)) {
-    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not a number", dir.string(), key));
-  }
-  return std::get<double>(it->second);
-}
-
-std::string string_scalar(const checkpoint::Metadata& m, const std::string& key) {
-  auto v = scalar_or(m, key, std::string());
-  return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
-}
 
 // Note [async writer priority]: the background writer of an asynchronous save (and the prune
 // thread, Note [background prune]) runs at SCHED_IDLE, so it takes only CPU time the training
@@ -231,7 +79,7 @@ double thread_cpu_seconds() {
 }  // namespace
 
 std::shared_ptr<CheckpointSnapshot> EngineCheckpoint::snapshot_memory(size_t bytes) {
-  std::shared_ptr<CheckpointSnapshot>& kept = s_.checkpoint_snapshot_;
+  std::shared_ptr<CheckpointSnapshot>& kept = a_.snapshot;
   if (kept && kept->bytes.capacity() >= bytes) return kept;
   kept.reset();  // unmapped before the larger one is mapped
   kept = std::make_shared<CheckpointSnapshot>();
@@ -250,16 +98,16 @@ bool adam_family(std::string_view name) { return name == "Adam" || name == "Adam
 }  // namespace
 
 std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
-  const comm::Group& g = s_.group_;
-  if (s_.micro_step_ != 0 || e_.model_.forward_pending()) {
+  const comm::Group& g = a_.group;
+  if (a_.micro_step != 0 || a_.forward_pending) {
     throw UsageError(fmt::format("Engine::save_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
                                  "run): save after step() has returned true",
-                                 s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
+                                 a_.micro_step, a_.config.batch.gradient_accumulation_steps));
   }
   finish_pending();
   const double call_t0 = now_seconds(), call_cpu0 = thread_cpu_seconds();
-  if (tag.empty()) tag = fmt::format("global_step{}", e_.global_step_);
-  const CheckpointConfig& cc = e_.config_.checkpoint;
+  if (tag.empty()) tag = fmt::format("global_step{}", a_.global_step);
+  const CheckpointConfig& cc = a_.config.checkpoint;
   std::vector<Item> mine = items(Purpose::kSave);
   // One gather: every rank's items (the layout), rank 0's tag and run id, and each rank's tag.
   std::string run_id = g.rank() == 0 ? checkpoint::new_run_id() : std::string();
@@ -289,10 +137,10 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
   meta.tag = tag;
   meta.layout = build_layout(descriptions);
   meta.scalars = scalars();
-  meta.config_json = e_.config_.json;
+  meta.config_json = a_.config.json;
   // finish_pending committed an asynchronous save, whose prune may still run (Note [background prune]):
   // begin_save leaves its directories to it.
-  const std::shared_ptr<PendingCheckpoint> prune = e_.pending_checkpoint_;
+  const std::shared_ptr<PendingCheckpoint> prune = a_.pending;
   std::span<const fs::path> pruning;
   if (prune && prune->prune_only) pruning = prune->pruning;
   fs::path staging;
@@ -315,7 +163,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
       }
       pending->host = snapshot_memory(total);
       std::byte* base = pending->host->bytes.data();
-      memory::DeviceAccess access(*s_.backend_);
+      memory::DeviceAccess access(a_.backend);
       for (size_t i = 0; i < mine.size(); ++i) {
         const Item& it = mine[i];
         const size_t elem = memory::dtype_size(it.buffer_dtype);
@@ -355,8 +203,8 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     set_writer_priority(pending->writer.native_handle(), true);
     pending->times.save_call_s = now_seconds() - call_t0;
     pending->times.save_call_cpu_s = thread_cpu_seconds() - call_cpu0;
-    e_.pending_checkpoint_ = std::move(pending);
-    ZS_LOG_INFO("checkpoint: step {} copied to host memory; writing {} in the background", e_.global_step_,
+    a_.pending = std::move(pending);
+    ZS_LOG_INFO("checkpoint: step {} copied to host memory; writing {} in the background", a_.global_step,
                 (root / tag).string());
     return tag;
   }
@@ -365,7 +213,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     // background writer above keeps to one thread).
     checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{.hash_threads = nn::compute_threads()});
     std::vector<std::byte> piece;
-    memory::DeviceAccess access(*s_.backend_);
+    memory::DeviceAccess access(a_.backend);
     for (const Item& it : mine) {
       const size_t elem = memory::dtype_size(it.buffer_dtype);
       for_each_piece(it.count, [&](uint64_t at, uint64_t n) {
@@ -382,8 +230,8 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
 
 void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta,
                               bool metadata_written) {
-  const comm::Group& g = s_.group_;
-  const CheckpointConfig& cc = e_.config_.checkpoint;
+  const comm::Group& g = a_.group;
+  const CheckpointConfig& cc = a_.config.checkpoint;
   std::vector<fs::path> pruned;
   agreed(g, [&] {
     if (g.rank() != 0) return;
@@ -410,14 +258,14 @@ void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, con
       }
     });
     set_writer_priority(prune->writer.native_handle(), true);
-    e_.pending_checkpoint_ = std::move(prune);
+    a_.pending = std::move(prune);
   }
   ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", std::get<int64_t>(meta.scalars.at("global_step")),
               (root / meta.tag).string(), meta.tag, g.size());
 }
 
 void EngineCheckpoint::finish_pending() {
-  std::shared_ptr<PendingCheckpoint> p = std::move(e_.pending_checkpoint_);
+  std::shared_ptr<PendingCheckpoint> p = std::move(a_.pending);
   if (!p) return;
   if (p->prune_only) {  // Note [background prune]
     set_writer_priority(p->writer.native_handle(), false);
@@ -429,7 +277,7 @@ void EngineCheckpoint::finish_pending() {
   set_writer_priority(p->writer.native_handle(), false);
   p->writer.join();
   const double t1 = now_seconds();
-  agreed(s_.group_, [&] {
+  agreed(a_.group, [&] {
     switch (p->error_kind) {
       case kNoError: return;
       case kCheckpointError: throw CheckpointError(p->error);
@@ -441,7 +289,7 @@ void EngineCheckpoint::finish_pending() {
   t.commit_wait_s = t1 - t0;
   t.commit_s = now_seconds() - t1;
   t.commit_cpu_s = thread_cpu_seconds() - cpu0;
-  e_.last_async_save_ = t;
+  a_.last_async_save = t;
   ZS_LOG_DEBUG("checkpoint: background write: create {:.3f} s, data {:.3f} s, close and fsync {:.3f} s, {:.3f} s of "
                "CPU; waited for {:.3f} s at the commit, which took {:.3f} s",
                t.write_create_s, t.write_data_s, t.write_finish_s, t.writer_cpu_s, t.commit_wait_s, t.commit_s);
@@ -452,7 +300,7 @@ void EngineCheckpoint::write_16bit(const fs::path& dir) const {
   // by name, in the training dtype, one parameter at a time (memory: the largest parameter).
   checkpoint::CheckpointReader r = checkpoint::CheckpointReader::open_dir(dir);
   const checkpoint::Layout& layout = r.metadata().layout;
-  const char* buffer = layout.find_buffer("params") != nullptr ? "params" : "fp32";
+  const char* buffer = layout.find_buffer(kCkptParams) != nullptr ? kCkptParams : kCkptMaster;
   const DType dtype = layout.find_buffer(buffer)->dtype;
   const fs::path path = dir / k16BitFile;
   namespace h5 = checkpoint::h5;
@@ -462,7 +310,7 @@ void EngineCheckpoint::write_16bit(const fs::path& dir) const {
   h5::write_attr(file.get(), "dtype", memory::dtype_name(dtype), path);
   std::vector<std::byte> values;
   for (const checkpoint::TensorInfo& t : layout.tensors) {
-    if (!r.holds(buffer, t.name) || !r.holds("fp32", t.name)) continue;  // a parameter, not an optimizer state
+    if (!r.holds(buffer, t.name) || !r.holds(kCkptMaster, t.name)) continue;  // a parameter, not an optimizer state
     values.resize(t.numel() * memory::dtype_size(dtype));
     r.read(buffer, t.name, 0, t.numel(), dtype, values.data());
     std::vector<hsize_t> dims(t.shape.begin(), t.shape.end());
@@ -483,11 +331,11 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
   const fs::path& dir = r.dir();
   const checkpoint::Layout& layout = m.layout;
   // Every parameter this rank holds: present, with the model's shape.
-  for (const auto& set : s_.sets_) {
+  for (const auto& set : a_.sets) {
     for (const ParamSlot& slot : set->layout.slots()) {
       const std::string name = slot.param->full_name();
       const int t = layout.find_tensor(name);
-      if (t < 0 || !r.holds("fp32", name)) {
+      if (t < 0 || !r.holds(kCkptMaster, name)) {
         throw CheckpointError(fmt::format("checkpoint '{}' has no parameter '{}' of this model (it holds {} tensors, e.g. "
                                           "'{}'): a checkpoint of another model?",
                                           dir.string(), name, layout.tensors.size(),
@@ -502,7 +350,7 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
     }
   }
   const std::string saved = string_scalar(m, "optimizer.type");
-  const std::string_view ours = e_.config_.optimizer.name();
+  const std::string_view ours = a_.config.optimizer.name();
   const bool same = saved == ours || (adam_family(saved) && adam_family(ours));
   const bool one_bit_to_adam = one_bit_family(saved) && adam_family(ours);
   const bool adam_to_one_bit = adam_family(saved) && one_bit_family(ours);
@@ -513,10 +361,10 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
   }
   // Every state this rank's optimizer needs, for every parameter it holds.
   std::vector<std::string> needed;
-  if (s_.compressed_) {
-    needed = {"exp_avg", "exp_avg_sq"};
+  if (a_.compressed) {
+    needed = {kCkptMomentum, kCkptVariance};
   } else {
-    for (const auto& spec : s_.optimizer_->state_specs()) needed.emplace_back(spec.name);
+    for (const auto& spec : a_.specs) needed.emplace_back(spec.name);
   }
   for (const std::string& b : needed) {
     if (layout.find_buffer(b) == nullptr) {
@@ -526,27 +374,27 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
 }
 
 void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::path& dir) {
-  e_.global_step_ = int_scalar(m, "global_step", dir);
-  s_.steps_taken_ = int_scalar(m, "steps_taken", dir);
-  if (e_.config_.precision == Precision::kFp16 && string_scalar(m, "precision") == "fp16") {
-    s_.scaler_.set_state({.scale = real_scalar(m, "loss_scaler.scale", dir),
+  a_.global_step = int_scalar(m, "global_step", dir);
+  a_.steps_taken = int_scalar(m, "steps_taken", dir);
+  if (a_.config.precision == Precision::kFp16 && string_scalar(m, "precision") == "fp16") {
+    a_.scaler.set_state({.scale = real_scalar(m, "loss_scaler.scale", dir),
                           .hysteresis_left = int_scalar(m, "loss_scaler.hysteresis_left", dir),
                           .good_steps = int_scalar(m, "loss_scaler.good_steps", dir),
                           .overflows = int_scalar(m, "loss_scaler.overflows", dir)});
-  } else if (string_scalar(m, "precision") == precision_name(e_.config_.precision)) {
+  } else if (string_scalar(m, "precision") == precision_name(a_.config.precision)) {
     // bf16 and fp32 keep their configured (static) scale; the counters still go on from the save,
     // so a resumed run's checkpoint equals an uninterrupted run's (`zeroshard checkpoint compare`).
-    optim::LossScaler::State st = s_.scaler_.state();
+    optim::LossScaler::State st = a_.scaler.state();
     st.good_steps = int_scalar(m, "loss_scaler.good_steps", dir);
     st.overflows = int_scalar(m, "loss_scaler.overflows", dir);
-    s_.scaler_.set_state(st);
+    a_.scaler.set_state(st);
   }
-  if (!s_.compressed_) return;
-  CompressedState& c = *s_.compressed_;
+  if (!a_.compressed) return;
+  CompressedState& c = *a_.compressed;
   // A momentum gathered before the save (the compressed phase) is whole here too; one still sharded
   // is gathered at the first compressed step, as in a run never interrupted.
   const bool whole = compressed_source_ && int_scalar(m, "compressed.momentum_whole", dir) != 0;
-  c.momentum_whole = whole || s_.stage_ == 0 || s_.group_.size() == 1;
+  c.momentum_whole = whole || a_.stage == 0 || a_.group.size() == 1;
   if (c.schedule) {
     if (m.scalars.count("zero_one.step") != 0) {
       c.schedule->set_state({.step = int_scalar(m, "zero_one.step", dir),
@@ -557,18 +405,18 @@ void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::
                              .lrs = real_scalar(m, "zero_one.lrs", dir)});
     } else {
       // From Adam or one-bit Adam: the schedule restarts its bookkeeping at the loaded step.
-      c.schedule->set_state({.step = s_.steps_taken_});
+      c.schedule->set_state({.step = a_.steps_taken});
     }
   }
   if (!rank_local_ok_) c.reduce->reset_errors();
 }
 
 std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag) {
-  const comm::Group& g = s_.group_;
-  if (s_.micro_step_ != 0 || e_.model_.forward_pending()) {
+  const comm::Group& g = a_.group;
+  if (a_.micro_step != 0 || a_.forward_pending) {
     throw UsageError(fmt::format("Engine::load_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
                                  "run): load before training, or after step() has returned true",
-                                 s_.micro_step_, e_.config_.batch.gradient_accumulation_steps));
+                                 a_.micro_step, a_.config.batch.gradient_accumulation_steps));
   }
   finish_pending();  // a save still being written is committed first: it may be the one to load
   std::optional<checkpoint::CheckpointReader> reader;
@@ -579,13 +427,13 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
     const checkpoint::Metadata& m = reader->metadata();
     const std::string saved = string_scalar(m, "optimizer.type");
     compressed_source_ = one_bit_family(saved);
-    rank_local_ok_ = s_.compressed_ && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
+    rank_local_ok_ = a_.compressed && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
                      std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
-                         static_cast<int64_t>(s_.dense().layout.total()) &&
+                         static_cast<int64_t>(dense().layout.total()) &&
                      std::get<int64_t>(scalar_or(m, "compressed.rank_local_states", int64_t{0})) ==
-                         static_cast<int64_t>(!s_.compressed_->accumulator.empty());
+                         static_cast<int64_t>(!a_.compressed->accumulator.empty());
     // A rank file lost since the save: rank-local states need this rank's own tensors.
-    if (rank_local_ok_ && !reader->holds("error_feedback", fmt::format("error_feedback.worker.rank{}", g.rank()))) {
+    if (rank_local_ok_ && !reader->holds(kCkptErrorFeedback, fmt::format("error_feedback.worker.rank{}", g.rank()))) {
       rank_local_ok_ = false;
     }
   });
@@ -595,7 +443,7 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   agreed(g, [&] {
     std::vector<Item> wanted = items(Purpose::kLoad);
     std::vector<std::byte> piece;
-    memory::DeviceAccess access(*s_.backend_);
+    memory::DeviceAccess access(a_.backend);
     for (const Item& it : wanted) {
       const size_t elem = memory::dtype_size(it.buffer_dtype);
       for_each_piece(it.count, [&](uint64_t at, uint64_t n) {
@@ -607,46 +455,68 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   });
   // The counters only once every rank has read its data, so that no rank moves on alone.
   agreed(g, [&] { restore_scalars(m, dir); });
-  // 3. The parameters every rank holds: stages 1-2 allgather the loaded shards; stage 3 drops what
-  // its gatherer holds (persistent modules included), so the next pass gathers the loaded values.
-  for (auto& set : s_.sets_) {
-    if (s_.stage_ == 1 || s_.stage_ == 2) s_.allgather_params(*set);
-    if (set->gatherer) {
-      memory::DeviceAccess access(*s_.backend_);
-      set->gatherer->invalidate();
-    }
-    s_.backend_->fill_zero(set->grads.data(), set->grads.tier(), set->grads.size());
-    if (!set->grad32.empty()) s_.backend_->fill_zero(set->grad32.data(), set->grad32.tier(), set->grad32.size());
-  }
-  e_.last_ = StepReport{};
-  e_.last_.step = e_.global_step_;
+  // 3. The parameters every rank holds from the loaded states, the gradients zeroed
+  // (CheckpointAccess::loaded, Engine::checkpoint_access).
+  a_.loaded();
   const std::string saved_optimizer = string_scalar(m, "optimizer.type");
   if (g.rank() == 0) {
-    if (compressed_source_ && !s_.compressed_) {
+    if (compressed_source_ && !a_.compressed) {
       ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers are dropped: {} keeps none, and continues from the "
                   "checkpoint's exp_avg and exp_avg_sq",
-                  saved_optimizer, e_.config_.optimizer.name());
+                  saved_optimizer, a_.config.optimizer.name());
     } else if (compressed_source_ && !rank_local_ok_) {
       ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers and rank-local momenta (saved at {} rank(s)) do not fit "
                   "this run ({} at {} rank(s)): the error feedback restarts at zero and the momentum is the saved "
                   "owners' copy",
-                  saved_optimizer, int_scalar(m, "world_size", dir), e_.config_.optimizer.name(), g.size());
+                  saved_optimizer, int_scalar(m, "world_size", dir), a_.config.optimizer.name(), g.size());
     }
     ZS_LOG_INFO("checkpoint: loaded {} (step {}, saved at {} rank(s), ZeRO stage {}) at {} rank(s), ZeRO stage {}",
-                dir.string(), e_.global_step_, int_scalar(m, "world_size", dir), int_scalar(m, "zero.stage", dir),
-                g.size(), s_.stage_);
+                dir.string(), a_.global_step, int_scalar(m, "world_size", dir), int_scalar(m, "zero.stage", dir),
+                g.size(), a_.stage);
   }
   return m.tag;
 }
 
 std::string Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
-  return EngineCheckpoint(*this).save(dir, tag);
+  return EngineCheckpoint(checkpoint_access()).save(dir, tag);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  return EngineCheckpoint(*this).load(dir, tag);
+  return EngineCheckpoint(checkpoint_access()).load(dir, tag);
 }
 
-void Engine::wait_checkpoint() { EngineCheckpoint(*this).finish_pending(); }
+void Engine::wait_checkpoint() { EngineCheckpoint(checkpoint_access()).finish_pending(); }
+
+CheckpointAccess Engine::checkpoint_access() {
+  Impl& s = *impl_;
+  return CheckpointAccess{.config = config_,
+                          .group = group_,
+                          .sets = s.sets_,
+                          .compressed = s.compressed_ ? &*s.compressed_ : nullptr,
+                          .specs = s.env_.specs,
+                          .dtype = s.dtype_,
+                          .stage = s.stage_,
+                          .backend = *s.backend_,
+                          .forward_pending = model_.forward_pending(),
+                          .micro_step = s.micro_step_,
+                          .global_step = global_step_,
+                          .steps_taken = s.steps_taken_,
+                          .scaler = s.scaler_,
+                          .schedule = s.schedule_,
+                          .snapshot = s.checkpoint_snapshot_,
+                          .pending = pending_checkpoint_,
+                          .last_async_save = last_async_save_,
+                          .loaded = [this] {
+                            // Stages 1-2 allgather the loaded shards; stage 3 drops what its gatherer
+                            // holds (persistent modules included), so the next pass gathers the loaded values.
+                            impl_->gather_updated_params();
+                            for (auto& set : impl_->sets_) {
+                              set->zero_grads();
+                              set->zero_fp32_grads();
+                            }
+                            last_ = StepReport{};
+                            last_.step = global_step_;
+                          }};
+}
 
 }  // namespace zs::engine

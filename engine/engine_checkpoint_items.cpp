@@ -33,94 +33,40 @@ using memory::Tier;
 // the ranks of one expert-parallel group write different tensors.
 // Scalars: step counters, loss scaler, scheduler position, the MoE layers' pass counters (the keys of
 // their random draws), the optimizer schedule, the config (Engine::save_checkpoint in engine.h).
-void EngineCheckpoint::nvme_io(offload::SwapSpace& swap, const offload::SwapRegion& region, uint64_t offset, void* host,
-                               size_t bytes, bool write) const {
-  // Swap-file transfers are 4096-aligned: a window around the range, read first (and written back
-  // with the range replaced). Bounded by kCheckpointPieceElements per call.
-  const offload::IoWindow w = offload::io_window(offset, bytes);
-  offload::AlignedBuffer buf(w.bytes, &s_.tracker_);
-  swap.read(region, w.offset, buf.prefix(w.bytes));
-  if (!write) {
-    std::memcpy(host, buf.data() + w.skip, bytes);
-    return;
-  }
-  std::memcpy(buf.data() + w.skip, host, bytes);
-  swap.write(region, w.offset, buf.prefix(w.bytes));
-}
-
-void EngineCheckpoint::write_master(StateSet& set, ShardRange range, const float* src) {
-  Impl& s = s_;
-  const ShardRange stepped = set.step_range();
-  const size_t elem = s.elem_;
-  if (s.optimizer_on_nvme()) {
-    nvme_io(*set.nvme->optimizer_swap, set.nvme->master, (range.offset - stepped.offset) * sizeof(float),
-            const_cast<float*>(src), range.size * sizeof(float), true);
-  } else if (s.reuse_) {
-    // The master is the bf16 parameter (its upper half, rounded) plus a 16-bit residual.
-    std::vector<uint16_t> hi(range.size), lo(range.size);
-    encode_master(src, hi.data(), lo.data(), range.size);
-    copy_in(set.params, s.param_at(set, range.offset), hi.data(), range.size * sizeof(uint16_t));
-    copy_in(set.residual, static_cast<uint16_t*>(set.residual.data()) + (range.offset - stepped.offset), lo.data(),
-            range.size * sizeof(uint16_t));
-    return;
-  } else {
-    const StateBuffer& b = s.separate_master_ ? set.master : set.params;
-    copy_in(b, s.master_at(set, range.offset), src, range.size * sizeof(float));
-    if (!s.separate_master_) return;  // fp32 in memory: the master is the parameters
-  }
-  // The parameters in the training dtype: the master rounded, as every step writes them.
-  std::vector<std::byte> low(range.size * elem);
-  memory::convert(src, DType::kF32, low.data(), s.dtype_, range.size);
-  if (s.params_on_nvme()) {
-    nvme_io(*set.nvme->param_swap, set.nvme->params, (range.offset - stepped.offset) * elem, low.data(), low.size(), true);
-  } else {
-    copy_in(set.params, s.param_at(set, range.offset), low.data(), low.size());
-  }
-}
-
-void EngineCheckpoint::add_param_items(std::vector<Item>& out, StateSet& set, Purpose p) {
-  Impl& s = s_;
+void EngineCheckpoint::add_param_items(std::vector<Item>& out, ModelStates& set, Purpose p) {
   const ShardRange range = range_for(set, p, false);
   for_slots(set, range, [&](const ParamSlot& slot, ShardRange part) {
     const std::string name = slot.param->full_name();
-    Item master{.buffer = "fp32",
+    Item master{.buffer = kCkptMaster,
                 .buffer_dtype = DType::kF32,
                 .tensor = name,
                 .shape = shape_of(slot.param->shape()),
-                .tensor_dtype = s.dtype_,
+                .tensor_dtype = a_.dtype,
                 .begin = part.offset - slot.offset,
                 .count = part.size};
-    StateSet* sp = &set;
-    master.io = [this, sp, base = part.offset, p](uint64_t at, uint64_t n, void* host) {
-      if (p == Purpose::kSave) s_.read_master(*sp, {base + at, n}, static_cast<float*>(host));
-      else write_master(*sp, {base + at, n}, static_cast<const float*>(host));
+    ModelStates* sp = &set;
+    master.io = [sp, base = part.offset, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) sp->read_master({base + at, n}, static_cast<float*>(host));
+      else sp->write_master({base + at, n}, static_cast<const float*>(host));
     };
     out.push_back(master);
     // The training-dtype parameters: written for consolidation and 16-bit tools; a load derives them
     // from the master (bit-identical: each step writes the master rounded).
-    if (p == Purpose::kSave && s.mixed()) {
+    if (p == Purpose::kSave && (a_.dtype != DType::kF32)) {
       Item low = master;
-      low.buffer = "params";
-      low.buffer_dtype = s.dtype_;
-      low.io = [this, sp, base = part.offset](uint64_t at, uint64_t n, void* host) {
-        if (s_.params_on_nvme()) {
-          nvme_io(*sp->nvme->param_swap, sp->nvme->params, (base + at - sp->step_range().offset) * s_.elem_, host,
-                  n * s_.elem_, false);
-        } else {
-          copy_out(host, sp->params, s_.param_at(*sp, base + at), n * s_.elem_);
-        }
-      };
+      low.buffer = kCkptParams;
+      low.buffer_dtype = a_.dtype;
+      low.io = [sp, base = part.offset](uint64_t at, uint64_t n, void* host) { sp->read_params({base + at, n}, host); };
       out.push_back(low);
     }
   });
 }
 
-void EngineCheckpoint::add_state_items(std::vector<Item>& out, StateSet& set, Purpose p) {
-  Impl& s = s_;
-  const auto specs = s.optimizer_->state_specs();
+void EngineCheckpoint::add_state_items(std::vector<Item>& out, ModelStates& set, Purpose p) {
+  const auto specs = a_.specs;
   const ShardRange range = range_for(set, p, false);
   const ShardRange stepped = set.step_range();
-  StateSet* sp = &set;
+  ModelStates* sp = &set;
   for (size_t k = 0; k < specs.size(); ++k) {
     const optim::StateSpec spec = specs[k];
     const bool elementwise = spec.value_bytes == sizeof(float) && spec.elements_per_value == 1;
@@ -131,7 +77,7 @@ void EngineCheckpoint::add_state_items(std::vector<Item>& out, StateSet& set, Pu
       if (elementwise) {
         it.tensor = slot.param->full_name();
         it.shape = shape_of(slot.param->shape());
-        it.tensor_dtype = s.dtype_;
+        it.tensor_dtype = a_.dtype;
         it.begin = part.offset - slot.offset;
         it.count = part.size;
       } else {
@@ -151,15 +97,10 @@ void EngineCheckpoint::add_state_items(std::vector<Item>& out, StateSet& set, Pu
         it.begin = lo / 4;
         it.count = (hi + 3) / 4 - lo / 4;
       }
-      it.io = [this, sp, k, first_byte, p](uint64_t at, uint64_t n, void* host) {
+      it.io = [sp, k, first_byte, p](uint64_t at, uint64_t n, void* host) {
         const size_t offset = first_byte + at * 4, bytes = n * 4;
-        if (sp->nvme && s_.optimizer_on_nvme()) {
-          nvme_io(*sp->nvme->optimizer_swap, sp->nvme->states[k], offset, host, bytes, p == Purpose::kLoad);
-          return;
-        }
-        char* at_ptr = static_cast<char*>(sp->states[k].data()) + offset;
-        if (p == Purpose::kSave) copy_out(host, sp->states[k], at_ptr, bytes);
-        else copy_in(sp->states[k], at_ptr, host, bytes);
+        if (p == Purpose::kSave) sp->read_state(k, offset, host, bytes);
+        else sp->write_state(k, offset, host, bytes);
       };
       out.push_back(std::move(it));
     });
@@ -167,38 +108,37 @@ void EngineCheckpoint::add_state_items(std::vector<Item>& out, StateSet& set, Pu
 }
 
 void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local) {
-  Impl& s = s_;
-  CompressedState& c = *s.compressed_;
-  StateSet& set = s.dense();
+  CompressedState& c = *a_.compressed;
+  ModelStates& set = dense();
   const ShardRange stepped = set.step_range();
   auto f32_item = [&](std::string buffer, const ParamSlot& slot, ShardRange part, StateBuffer& b, size_t base_elem) {
     Item it{.buffer = std::move(buffer),
             .buffer_dtype = DType::kF32,
             .tensor = slot.param->full_name(),
             .shape = shape_of(slot.param->shape()),
-            .tensor_dtype = s.dtype_,
+            .tensor_dtype = a_.dtype,
             .begin = part.offset - slot.offset,
             .count = part.size};
-    StateBuffer* bp = &b;
+    const StateBuffer* bp = &b;
+    const ModelStates* sp = &set;
     const size_t first = part.offset - base_elem;
-    it.io = [this, bp, first, p](uint64_t at, uint64_t n, void* host) {
-      float* ptr = static_cast<float*>(bp->data()) + first + at;
-      if (p == Purpose::kSave) copy_out(host, *bp, ptr, n * sizeof(float));
-      else copy_in(*bp, ptr, host, n * sizeof(float));
+    it.io = [sp, bp, first, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) sp->read_bytes(*bp, (first + at) * sizeof(float), host, n * sizeof(float));
+      else sp->write_bytes(*bp, (first + at) * sizeof(float), host, n * sizeof(float));
     };
     out.push_back(std::move(it));
   };
   // The momentum is whole on every rank: its owner's part on save; on load every rank reads it all
   // (the checkpoint's owners tile it).
   for_slots(set, range_for(set, p, true), [&](const ParamSlot& slot, ShardRange part) {
-    f32_item("exp_avg", slot, part, c.exp_avg, 0);
+    f32_item(kCkptMomentum, slot, part, c.momentum, 0);
   });
   for_slots(set, range_for(set, p, false), [&](const ParamSlot& slot, ShardRange part) {
-    f32_item("exp_avg_sq", slot, part, c.exp_avg_sq, stepped.offset);
+    f32_item(kCkptVariance, slot, part, c.variance, stepped.offset);
   });
   if (!rank_local) return;
   // Rank-local states: this rank's own, whole (Note [checkpoint buffers]).
-  const int rank = s.group_.rank();
+  const int rank = a_.group.rank();
   auto local = [&](std::string buffer, std::string name, uint64_t numel, std::function<void(uint64_t, uint64_t, void*)> io) {
     if (numel == 0) return;
     out.push_back(Item{.buffer = std::move(buffer),
@@ -216,68 +156,67 @@ void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, b
       else std::memcpy(v.data() + at, host, n * sizeof(float));
     };
   };
-  local("error_feedback", "error_feedback.worker", c.reduce->worker_error().size(), span_io(c.reduce->worker_error()));
-  local("error_feedback", "error_feedback.server", c.reduce->server_error().size(), span_io(c.reduce->server_error()));
+  local(kCkptErrorFeedback, "error_feedback.worker", c.reduce->worker_error().size(), span_io(c.reduce->worker_error()));
+  local(kCkptErrorFeedback, "error_feedback.server", c.reduce->server_error().size(), span_io(c.reduce->server_error()));
   // The whole flat momentum, padding included: the compressed allreduce gives the padding between
   // parameters values too, and they take part in the next compressions' scales.
   const uint64_t total = set.layout.total();
-  std::vector<std::pair<const char*, StateBuffer*>> flat = {{"rank_local.exp_avg", &c.exp_avg}};
+  ModelStates* sp = &set;
+  std::vector<std::pair<const char*, const StateBuffer*>> flat = {{"rank_local.exp_avg", &c.momentum}};
   if (!c.accumulator.empty()) {
     // 0/1 Adam at stage 0: every rank steps its own copy between synchronisations.
-    StateSet* sp = &set;
-    local("rank_local", "rank_local.fp32", total, [this, sp, p](uint64_t at, uint64_t n, void* host) {
-      if (p == Purpose::kSave) s_.read_master(*sp, {at, n}, static_cast<float*>(host));
-      else write_master(*sp, {at, n}, static_cast<const float*>(host));
+    local(kCkptRankLocal, "rank_local.fp32", total, [sp, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) sp->read_master({at, n}, static_cast<float*>(host));
+      else sp->write_master({at, n}, static_cast<const float*>(host));
     });
     flat.emplace_back("rank_local.accumulator", &c.accumulator);
   }
   for (auto [name, buf] : flat) {
-    local("rank_local", name, total, [this, buf, p](uint64_t at, uint64_t n, void* host) {
-      float* ptr = static_cast<float*>(buf->data()) + at;
-      if (p == Purpose::kSave) copy_out(host, *buf, ptr, n * sizeof(float));
-      else copy_in(*buf, ptr, host, n * sizeof(float));
+    local(kCkptRankLocal, name, total, [sp, buf, p](uint64_t at, uint64_t n, void* host) {
+      if (p == Purpose::kSave) sp->read_bytes(*buf, at * sizeof(float), host, n * sizeof(float));
+      else sp->write_bytes(*buf, at * sizeof(float), host, n * sizeof(float));
     });
   }
 }
 
 std::vector<Item> EngineCheckpoint::items(Purpose p) {
   std::vector<Item> out;
-  for (auto& set : s_.sets_) add_param_items(out, *set, p);
-  if (s_.compressed_) {
+  for (auto& set : a_.sets) add_param_items(out, *set, p);
+  if (a_.compressed) {
     add_compressed_items(out, p, p == Purpose::kSave || rank_local_ok_);
   } else {
-    for (auto& set : s_.sets_) add_state_items(out, *set, p);
+    for (auto& set : a_.sets) add_state_items(out, *set, p);
   }
   return out;
 }
 
 std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
-  const EngineConfig& cfg = e_.config_;
+  const EngineConfig& cfg = a_.config;
   std::map<std::string, checkpoint::Scalar> m;
-  m["global_step"] = e_.global_step_;
-  m["micro_step"] = s_.micro_step_;
-  m["samples"] = e_.global_step_ * cfg.batch.train_batch_size;
-  m["steps_taken"] = s_.steps_taken_;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
-  m["data.position"] = e_.global_step_;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
+  m["global_step"] = a_.global_step;
+  m["micro_step"] = a_.micro_step;
+  m["samples"] = a_.global_step * cfg.batch.train_batch_size;
+  m["steps_taken"] = a_.steps_taken;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
+  m["data.position"] = a_.global_step;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
   m["data.seed"] = static_cast<int64_t>(cfg.data.seed.value_or(cfg.seed));
   m["rng.seed"] = static_cast<int64_t>(cfg.seed);
-  m["lr_scheduler.last_batch_iteration"] = s_.steps_taken_ - 1;  // DeepSpeed's name for the schedule position
-  m["lr_scheduler.lr"] = s_.schedule_.lr_at(s_.steps_taken_);
-  const optim::LossScaler::State ls = s_.scaler_.state();
+  m["lr_scheduler.last_batch_iteration"] = a_.steps_taken - 1;  // DeepSpeed's name for the schedule position
+  m["lr_scheduler.lr"] = a_.schedule.lr_at(a_.steps_taken);
+  const optim::LossScaler::State ls = a_.scaler.state();
   m["loss_scaler.scale"] = ls.scale;
   m["loss_scaler.hysteresis_left"] = ls.hysteresis_left;
   m["loss_scaler.good_steps"] = ls.good_steps;
   m["loss_scaler.overflows"] = ls.overflows;
   m["optimizer.type"] = std::string(cfg.optimizer.name());
-  m["zero.stage"] = static_cast<int64_t>(s_.stage_);
+  m["zero.stage"] = static_cast<int64_t>(a_.stage);
   m["precision"] = precision_name(cfg.precision);
-  m["world_size"] = static_cast<int64_t>(s_.group_.size());
-  m["offload_optimizer"] = offload_device_name(s_.offload_optimizer_);
-  m["offload_param"] = offload_device_name(s_.offload_param_);
-  if (s_.compressed_) {
-    const CompressedState& c = *s_.compressed_;
+  m["world_size"] = static_cast<int64_t>(a_.group.size());
+  m["offload_optimizer"] = offload_device_name(cfg.zero.offload_optimizer.device);
+  m["offload_param"] = offload_device_name(cfg.zero.offload_param.device);
+  if (a_.compressed) {
+    const CompressedState& c = *a_.compressed;
     m["compressed.momentum_whole"] = static_cast<int64_t>(c.momentum_whole);
-    m["compressed.flat_elements"] = static_cast<int64_t>(s_.dense().layout.total());
+    m["compressed.flat_elements"] = static_cast<int64_t>(dense().layout.total());
     m["compressed.rank_local_states"] = static_cast<int64_t>(!c.accumulator.empty());
     if (c.schedule) {
       const optim::ZeroOneSchedule::State& z = c.schedule->state();

@@ -1,9 +1,14 @@
 // The offload rules the engine follows and the estimator reads, in one place (Note [offload] in
-// engine/engine_offload.cpp).
+// engine/model_states_nvme.cpp).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "optim/optimizer.h"
 
 namespace zs::engine {
 
@@ -28,5 +33,54 @@ inline size_t offload_sub_group_elements(size_t stepped, size_t sub_group_size, 
 inline size_t nvme_prefetch_window(size_t prefetch_elements, size_t buffer_count, size_t buffer_size, size_t max_in_cpu) {
   return std::min({prefetch_elements, buffer_count * buffer_size, max_in_cpu});
 }
+
+// Note [NVMe sub-group items]
+// A sub-group of n stepped elements is one buffer per swap item, in this order: the fp32 master (4n
+// bytes) and each optimizer state (spec.bytes_for(n)) when offload_optimizer is nvme, then the
+// training-dtype parameters (b n) when offload_param is nvme. The engine makes its swap items from
+// it, the step and the initialising pass find their buffers by name through it, and the estimator
+// sizes the swapper's host buffers from it: the order is written here only.
+struct NvmeSubGroupItems {
+  bool optimizer = false;                  // the master and the states are on NVMe
+  std::vector<optim::StateSpec> states;    // the optimizer's states (with `optimizer`)
+  size_t param_bytes = 0;                  // bytes per parameter element on NVMe; 0: not on NVMe
+
+  enum class Kind : uint8_t { kMaster, kState, kParams };
+  struct Item {
+    Kind kind;
+    size_t state = 0;     // kState: the state's index
+    uint64_t offset = 0;  // bytes from the region's start of a sub-group at element `from`
+    uint64_t bytes = 0;   // of a sub-group of n elements
+  };
+  // The items of the sub-group of n elements starting at stepped element `from`, in swapper order.
+  std::vector<Item> items(uint64_t from, uint64_t n) const {
+    std::vector<Item> out;
+    if (optimizer) {
+      out.push_back({Kind::kMaster, 0, from * sizeof(float), n * sizeof(float)});
+      for (size_t k = 0; k < states.size(); ++k) {
+        out.push_back({Kind::kState, k, from / states[k].elements_per_value * states[k].value_bytes, states[k].bytes_for(n)});
+      }
+    }
+    if (param_bytes > 0) out.push_back({Kind::kParams, 0, from * param_bytes, n * param_bytes});
+    return out;
+  }
+
+  // One sub-group's buffers by name (nullptr: not on NVMe).
+  struct Buffers {
+    float* master = nullptr;
+    std::vector<std::byte*> states;
+    std::byte* params = nullptr;
+  };
+  Buffers buffers(std::span<std::span<std::byte>> bufs) const {
+    Buffers b;
+    size_t item = 0;
+    if (optimizer) {
+      b.master = reinterpret_cast<float*>(bufs[item++].data());
+      for (size_t k = 0; k < states.size(); ++k) b.states.push_back(bufs[item++].data());
+    }
+    if (param_bytes > 0) b.params = bufs[item++].data();
+    return b;
+  }
+};
 
 }  // namespace zs::engine

@@ -36,6 +36,29 @@ PlacementRules placement_rules(const EngineConfig& cfg) {
   return r;
 }
 
+std::string_view buffer_role_name(BufferRole role) {
+  switch (role) {
+    case BufferRole::kParams: return "params";
+    case BufferRole::kGrads: return "grads";
+    case BufferRole::kFp32Grads: return "fp32_grads";
+    case BufferRole::kMaster: return "master";
+    case BufferRole::kResidual: return "residual";
+    case BufferRole::kOptimizerState: return "optimizer_state";
+    case BufferRole::kMomentum: return "momentum";
+    case BufferRole::kVariance: return "variance";
+    case BufferRole::kAccumulator: return "accumulator";
+    case BufferRole::kErrorFeedback: return "error_feedback";
+  }
+  return "unknown";
+}
+
+const PlannedBuffer* PlacementPlan::find(BufferRole role) const {
+  for (const PlannedBuffer& b : buffers) {
+    if (b.role == role) return &b;
+  }
+  return nullptr;
+}
+
 const PlannedBuffer* PlacementPlan::find(std::string_view name) const {
   for (const PlannedBuffer& b : buffers) {
     if (b.name == name) return &b;
@@ -70,30 +93,33 @@ PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partit
   // The optimizer reads fp32 gradients of what it steps; a compressed optimizer of all it holds.
   if (p.keep_fp32_grads) p.fp32_grads = r.compressed ? p.grads : p.stepped;
 
-  auto add = [&](std::string name, Category c, Where w, memory::ShardRange range, uint64_t bytes) {
-    p.buffers.push_back({std::move(name), c, w, range, bytes, group});
+  auto add_named = [&](BufferRole role, std::string name, Category c, Where w, memory::ShardRange range, uint64_t bytes) {
+    p.buffers.push_back({std::move(name), c, w, range, bytes, group, false, role});
   };
-  add("params", Category::kParams, where_of(r.offload_param), p.params, p.params.size * elem);
+  auto add = [&](BufferRole role, Category c, Where w, memory::ShardRange range, uint64_t bytes) {
+    add_named(role, std::string(buffer_role_name(role)), c, w, range, bytes);
+  };
+  add(BufferRole::kParams, Category::kParams, where_of(r.offload_param), p.params, p.params.size * elem);
   // Stage 1 reduce-scatters in place in the whole gradient buffer, which stays on the device; the
   // gradient shard of stages 2-3 goes where the optimizer steps.
   const Where grads_at = r.offload_optimizer != OffloadDevice::kNone && p.grad_stage >= 2 ? Where::kHost : Where::kDevice;
-  add("grads", Category::kGrads, grads_at, p.grads, p.grads.size * elem);
-  if (p.keep_fp32_grads) add("fp32_grads", Category::kGrads, grads_at, p.fp32_grads, p.fp32_grads.size * 4);
+  add(BufferRole::kGrads, Category::kGrads, grads_at, p.grads, p.grads.size * elem);
+  if (p.keep_fp32_grads) add(BufferRole::kFp32Grads, Category::kGrads, grads_at, p.fp32_grads, p.fp32_grads.size * 4);
   const Where opt_at = where_of(r.offload_optimizer);
   if (p.reuse_fp32_param) {
-    add("residual", Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 2);
+    add(BufferRole::kResidual, Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 2);
   } else if (p.separate_master) {
-    add("master", Category::kOptimizer, opt_at, p.stepped, p.stepped.size * 4);
+    add(BufferRole::kMaster, Category::kOptimizer, opt_at, p.stepped, p.stepped.size * 4);
   }
   if (!r.compressed) {
-    for (const optim::StateSpec& s : r.states) add(std::string(s.name), Category::kOptimizer, opt_at, p.stepped, s.bytes_for(p.stepped.size));
+    for (const optim::StateSpec& s : r.states) add_named(BufferRole::kOptimizerState, std::string(s.name), Category::kOptimizer, opt_at, p.stepped, s.bytes_for(p.stepped.size));
     return p;
   }
-  add("momentum", Category::kOptimizer, Where::kDevice, whole, total * 4);
-  add("variance", Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 4);
-  if (r.local_steps && r.stage == 0) add("accumulator", Category::kOptimizer, Where::kDevice, whole, total * 4);
+  add(BufferRole::kMomentum, Category::kOptimizer, Where::kDevice, whole, total * 4);
+  add(BufferRole::kVariance, Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 4);
+  if (r.local_steps && r.stage == 0) add(BufferRole::kAccumulator, Category::kOptimizer, Where::kDevice, whole, total * 4);
   const uint64_t chunk = comm::OneBitAllreduce::chunk_for(total, partition.world);
-  add("error_feedback", Category::kOptimizer, Where::kDevice, whole, (total + chunk) * 4);
+  add(BufferRole::kErrorFeedback, Category::kOptimizer, Where::kDevice, whole, (total + chunk) * 4);
   p.buffers.back().owned_by_comm = true;
   return p;
 }

@@ -1,5 +1,5 @@
 // Placement plan: where every flat model-state buffer of one rank lives, and how big it is. One rule,
-// two readers: the engine allocates from the plan (Engine::Impl's constructor), and the memory
+// two readers: the engine allocates from the plan (ModelStates::place, one per state set), and the memory
 // estimator (estimate/estimate.h) adds the plan up by tier instead of restating the rules.
 //
 //   PlacementPlan plan = plan_placement(placement_rules(cfg), layout.total(), Partition(total, R, r));
@@ -20,8 +20,8 @@
 // compressed allreduce's error feedback (Note [compressed optimizers] in engine/compressed_step.cpp).
 // Memory modes (MemoryModes): release_fp32_grad off adds a persistent fp32 copy of the gradients the
 // optimizer reads; reuse_fp32_param (bf16) replaces the master by a 16-bit residual beside the bf16
-// parameters (Note [reuse_fp32_param] in engine_step.cpp).
-// Offload (Note [offload] in engine_offload.cpp): offload_optimizer (stages 1-3) moves the master and
+// parameters (Note [reuse_fp32_param] in model_states_step.cpp).
+// Offload (Note [offload] in model_states_nvme.cpp): offload_optimizer (stages 1-3) moves the master and
 // the optimizer states to the host (cpu) or swap files (nvme), and the gradient shard of stages 2-3
 // (with its fp32 copy) to the host; offload_param (stage 3) moves the parameter shard.
 // Every buffer is sharded over one partition group, named in PlannedBuffer::group: "dp" for the dense
@@ -62,14 +62,31 @@ PlacementRules placement_rules(const EngineConfig& cfg);
 enum class Where : uint8_t { kDevice, kHost, kNvme };
 memory::Tier tier_of(Where w);
 
+// What a planned buffer holds. Code dispatches on the role; the name is for people (reports, logs).
+enum class BufferRole : uint8_t {
+  kParams,          // the training-dtype parameters ("params")
+  kGrads,           // the reduced gradients ("grads")
+  kFp32Grads,       // release_fp32_grad off: their persistent fp32 copy ("fp32_grads")
+  kMaster,          // the separate fp32 master ("master")
+  kResidual,        // reuse_fp32_param: the master's low 16 bits ("residual")
+  kOptimizerState,  // one of the optimizer's states, in its state_specs() order (the state's name)
+  kMomentum,        // compressed optimizers: the whole fp32 momentum ("momentum")
+  kVariance,        // compressed optimizers: the variance of the stepped range ("variance")
+  kAccumulator,     // 0/1 Adam at stage 0: the whole accumulator ("accumulator")
+  kErrorFeedback,   // compressed optimizers: comm's error feedback ("error_feedback")
+};
+// The name a plan gives a buffer of `role` (kOptimizerState: the state's own name instead).
+std::string_view buffer_role_name(BufferRole role);
+
 struct PlannedBuffer {
-  std::string name;           // "params", "grads", "fp32_grads", "master", "residual", a state's name, ...
+  std::string name;           // buffer_role_name(role), or the optimizer state's name
   memory::Category category;  // params, grads or optimizer
   Where where = Where::kDevice;
   memory::ShardRange elements;  // the flat elements it holds (whole: {0, total})
   uint64_t bytes = 0;           // requested (host buffers and swap regions take it rounded to 4096)
   std::string group = "dp";     // the partition group its shard is of
   bool owned_by_comm = false;   // error feedback: held by comm::OneBitAllreduce, counted here
+  BufferRole role = BufferRole::kParams;
 };
 
 struct PlacementPlan {
@@ -86,6 +103,7 @@ struct PlacementPlan {
 
   // The buffer named `name`, or nullptr when the plan has none (e.g. no master in plain fp32).
   const PlannedBuffer* find(std::string_view name) const;
+  const PlannedBuffer* find(BufferRole role) const;  // the first of `role`
   // Requested bytes of `category` at `where`; `page_rounded` rounds host and NVMe buffers to 4096.
   uint64_t bytes(memory::Category category, Where where, bool page_rounded) const;
 };

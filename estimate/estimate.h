@@ -19,7 +19,7 @@
 //   params     stage 0,1,2: b Ψ      stage 3: b S_r
 //   grads      stage 0,1:   b Ψ      stage 2,3: b S_r
 //   optimizer  stage 0:  (m + k) Ψ   stage 1,2,3: (m + k) S_r
-// Offload (Note [offload] in engine/engine_offload.cpp; Note [estimated offload] in estimate_offload.cpp):
+// Offload (Note [offload] in engine/model_states_nvme.cpp; Note [estimated offload] in estimate_offload.cpp):
 // offload_optimizer (stages 1-3) moves the fp32 master (then separate even in fp32: m = 4) and the
 // optimizer states to the host (cpu) or a swap file (nvme), and the gradient shard of stages 2-3 (with
 // its persistent fp32 copy) to the host; offload_param (stage 3) moves the parameter shard. Host

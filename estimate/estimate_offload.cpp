@@ -7,13 +7,14 @@
 #include "core/errors.h"
 #include "estimate/detail/estimate_util.h"
 #include "estimate/estimate.h"
+#include "engine/offload_rules.h"
 #include "memory/shard.h"
 
 namespace zs::engine {
 
 // Note [estimated offload]
-// The engine's placement (Note [model-state placement] in engine_impl.h, the Impl constructor's
-// place() calls in engine.cpp, init_nvme in engine_offload.cpp), per rank and stage, S = S_r and
+// The engine's placement (Note [model-state placement] in engine/placement.h, ModelStates::place in
+// engine/model_states.cpp, init_nvme in engine/model_states_nvme.cpp), per rank and stage, S = S_r and
 // stepped = S at stages 1-3 (optimizer offload needs stage >= 1, parameter offload stage 3):
 //   params      offload_param cpu: the b S shard on the host; nvme: a swap-file region of b S.
 //   grads       offload_optimizer at stages 2-3: the b S gradient shard (and the 4 S persistent fp32
@@ -26,7 +27,7 @@ namespace zs::engine {
 // Host buffers are anonymous mappings of a whole number of 4096-byte pages, and swap-file regions
 // reserve their size rounded up to 4096, so both tiers count each buffer or region rounded up to 4096
 // (the MemoryTracker's host and nvme figures; nvme_bytes is the files' size exactly).
-// NVMe step (engine_offload.cpp): B = offload_optimizer.buffer_count when the optimizer is on NVMe,
+// NVMe step (engine/model_states_nvme.cpp): B = offload_optimizer.buffer_count when the optimizer is on NVMe,
 // else offload_param.buffer_count; a sub-group has n = min(round_up(sub_group_size, 32768),
 // round_up(ceil(stepped / B), 32768)) elements, G = ceil(stepped / n) sub-groups; the swapper holds
 // min(B, G) buffers of the largest (the first) sub-group, whose items are each rounded up to 4096:
@@ -58,18 +59,27 @@ struct SubGroupItem {
 };
 
 std::vector<SubGroupItem> sub_group_items(const EstimateInput& in, const StageOffload& off, uint64_t n) {
+  // The engine's item list (Note [NVMe sub-group items] in engine/offload_rules.h), named for people.
+  engine::NvmeSubGroupItems layout;
+  layout.optimizer = off.optimizer == OffloadDevice::kNvme;
+  if (layout.optimizer) layout.states.assign(in.optimizer_states.begin(), in.optimizer_states.end());
+  layout.param_bytes = off.param == OffloadDevice::kNvme ? bytes_per_element(in.precision) : 0;
   std::vector<SubGroupItem> items;
-  if (off.optimizer == OffloadDevice::kNvme) {
-    items.push_back({"fp32 master", "4n", page(4 * n)});
-    for (const optim::StateSpec& spec : in.optimizer_states) {
-      std::string per_n = spec.elements_per_value == 1 ? fmt::format("{}n", spec.value_bytes)
-                                                       : fmt::format("{} ceil(n/{})", spec.value_bytes, spec.elements_per_value);
-      items.push_back({std::string(spec.name), std::move(per_n), page(spec.bytes_for(n))});
+  for (const engine::NvmeSubGroupItems::Item& it : layout.items(0, n)) {
+    switch (it.kind) {
+      case engine::NvmeSubGroupItems::Kind::kMaster: items.push_back({"fp32 master", "4n", page(it.bytes)}); break;
+      case engine::NvmeSubGroupItems::Kind::kState: {
+        const optim::StateSpec& spec = layout.states[it.state];
+        std::string per_n = spec.elements_per_value == 1 ? fmt::format("{}n", spec.value_bytes)
+                                                         : fmt::format("{} ceil(n/{})", spec.value_bytes, spec.elements_per_value);
+        items.push_back({std::string(spec.name), std::move(per_n), page(it.bytes)});
+        break;
+      }
+      case engine::NvmeSubGroupItems::Kind::kParams:
+        items.push_back({fmt::format("{} params", precision_name(in.precision)), fmt::format("{}n", layout.param_bytes),
+                         page(it.bytes)});
+        break;
     }
-  }
-  if (off.param == OffloadDevice::kNvme) {
-    const uint64_t b = bytes_per_element(in.precision);
-    items.push_back({fmt::format("{} params", precision_name(in.precision)), fmt::format("{}n", b), page(b * n)});
   }
   return items;
 }

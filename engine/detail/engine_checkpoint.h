@@ -10,16 +10,30 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "engine/detail/engine_impl.h"
+#include "engine/detail/compressed_state.h"
+#include "engine/detail/model_states.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
 #include "offload/aligned_buffer.h"
 
 namespace zs::engine {
+
+// The buffer names checkpoint files hold (Note [checkpoint buffers] in engine_checkpoint_items.cpp):
+// part of the file format, so fixed whatever the engine calls its buffers (the plan's "master" is
+// kCkptMaster, the compressed optimizers' "momentum" and "variance" are Adam's exp_avg, exp_avg_sq).
+inline constexpr const char* kCkptMaster = "fp32";            // the fp32 master weights
+inline constexpr const char* kCkptParams = "params";          // the training-dtype parameters (bf16/fp16)
+inline constexpr const char* kCkptMomentum = "exp_avg";       // one-bit Adam / 0/1 Adam momentum
+inline constexpr const char* kCkptVariance = "exp_avg_sq";    // one-bit Adam / 0/1 Adam variance
+inline constexpr const char* kCkptErrorFeedback = "error_feedback";
+inline constexpr const char* kCkptRankLocal = "rank_local";
 
 // Elements a save or load moves at a time: 4 MiB of fp32.
 inline constexpr uint64_t kCheckpointPieceElements = uint64_t{1} << 20;
@@ -87,11 +101,54 @@ struct PendingCheckpoint {
   }
 };
 
+// engine_checkpoint_layout.cpp: agreement across ranks and the storage layout.
+// Every rank's string, in rank order. Collective.
+std::vector<std::string> allgather_strings(const comm::Group& g, const std::string& mine);
+// Runs `fn` on every rank and agrees on the outcome: when any rank threw, every rank throws the same
+// error (the lowest failing rank's, of its kind, its message prefixed with that rank), so no rank is
+// left waiting in a collective that the failed one never enters. Collective.
+void agreed(const comm::Group& g, const std::function<void()>& fn);
+std::string shape_text(const std::vector<uint64_t>& s);
+// This rank's items as text, for the layout every rank builds from all of them.
+std::string describe(const std::vector<Item>& items);
+checkpoint::Layout build_layout(const std::vector<std::string>& descriptions);
+// Scalars of a checkpoint's metadata: a missing or mistyped one is a CheckpointError naming it.
+checkpoint::Scalar scalar_or(const checkpoint::Metadata& m, const std::string& key, checkpoint::Scalar fallback);
+int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const std::filesystem::path& dir);
+double real_scalar(const checkpoint::Metadata& m, const std::string& key, const std::filesystem::path& dir);
+std::string string_scalar(const checkpoint::Metadata& m, const std::string& key);
+
+// What the checkpoint code reaches of an engine, handed over by the engine (Engine::checkpoint_access;
+// no friend access into Engine::Impl): the state owners, which it saves and loads through their
+// public interface (Note [State owner] in engine/detail/model_states.h), the compressed optimizer's
+// state, and the counters a checkpoint carries. Valid for one save, load or wait call.
+struct CheckpointAccess {
+  const EngineConfig& config;
+  const comm::Group& group;                              // the data-parallel group
+  std::span<const std::unique_ptr<ModelStates>> sets;    // [0]: dense; then the expert sets
+  CompressedState* compressed = nullptr;                 // one-bit Adam / 0/1 Adam only
+  std::span<const optim::StateSpec> specs;               // the elementwise optimizer's states
+  memory::DType dtype = memory::DType::kF32;             // the training dtype
+  int stage = 0;
+  memory::Backend& backend;
+  bool forward_pending = false;  // a forward() without its backward()
+  int64_t micro_step = 0;        // micro-batches run in the current accumulation window
+  int64_t& global_step;          // saved and restored
+  int64_t& steps_taken;          // saved and restored
+  optim::LossScaler& scaler;     // saved and restored
+  const optim::LrSchedule& schedule;
+  std::shared_ptr<CheckpointSnapshot>& snapshot;  // Note [async snapshot], kept by the engine
+  std::shared_ptr<PendingCheckpoint>& pending;    // the asynchronous save (or prune) in flight
+  Engine::AsyncSaveTimes& last_async_save;
+  // After a load has restored the states: the engine's parameters from them, gradients zeroed.
+  std::function<void()> loaded;
+};
+
 // The engine's side of a checkpoint: which items this rank saves or loads, and the data movement of
-// each (a friend of Engine, so it reaches the Impl).
+// each (through the state owners).
 class EngineCheckpoint {
  public:
-  explicit EngineCheckpoint(Engine& e) : e_(e), s_(*e.impl_) {}
+  explicit EngineCheckpoint(CheckpointAccess access) : a_(std::move(access)) {}
 
   std::string save(const std::filesystem::path& root, std::string tag);
   std::string load(const std::filesystem::path& root, const std::string& tag);
@@ -99,20 +156,19 @@ class EngineCheckpoint {
   void finish_pending();
 
  private:
-  using Impl = Engine::Impl;
   enum class Purpose { kSave, kLoad };
 
   // Flat range of set `set` this rank writes (save) or holds (load).
-  memory::ShardRange range_for(const StateSet& set, Purpose p, bool whole_state) const {
+  memory::ShardRange range_for(const ModelStates& set, Purpose p, bool whole_state) const {
     const memory::ShardRange held = whole_state ? set.whole() : set.step_range();
     if (p == Purpose::kLoad) return held;
-    if (s_.stage_ == 0) return set.group.rank() == 0 ? held : memory::ShardRange{held.offset, 0};
+    if (a_.stage == 0) return set.group.rank() == 0 ? held : memory::ShardRange{held.offset, 0};
     return whole_state ? set.partition.mine : held;
   }
 
   // fn(slot, part) for each slot of `set` overlapping `range`, with the overlap.
   template <typename F>
-  static void for_slots(const StateSet& set, memory::ShardRange range, F&& fn) {
+  static void for_slots(const ModelStates& set, memory::ShardRange range, F&& fn) {
     for (const ParamSlot& slot : set.layout.slots()) {
       memory::ShardRange part = slot.range().intersect(range);
       if (!part.empty()) fn(slot, part);
@@ -120,22 +176,11 @@ class EngineCheckpoint {
   }
 
   std::vector<Item> items(Purpose p);
-  void add_param_items(std::vector<Item>& out, StateSet& set, Purpose p);
-  void add_state_items(std::vector<Item>& out, StateSet& set, Purpose p);
+  void add_param_items(std::vector<Item>& out, ModelStates& set, Purpose p);
+  void add_state_items(std::vector<Item>& out, ModelStates& set, Purpose p);
   void add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local);
   static std::vector<uint64_t> shape_of(const memory::Shape& s) { return {s.begin(), s.end()}; }
   std::map<std::string, checkpoint::Scalar> scalars() const;
-
-  // Byte transfers between the engine's buffers and host memory.
-  void copy_out(void* host, const StateBuffer& b, const void* at, size_t bytes) const {
-    s_.backend_->copy(host, memory::Tier::kHost, at, b.tier(), bytes);
-  }
-  void copy_in(const StateBuffer& b, void* at, const void* host, size_t bytes) const {
-    s_.backend_->copy(at, b.tier(), host, memory::Tier::kHost, bytes);
-  }
-  void nvme_io(offload::SwapSpace& swap, const offload::SwapRegion& region, uint64_t offset, void* host, size_t bytes,
-               bool write) const;
-  void write_master(StateSet& set, memory::ShardRange range, const float* src);
 
   void check_compatible(const checkpoint::CheckpointReader& r) const;
   void restore_scalars(const checkpoint::Metadata& m, const std::filesystem::path& dir);
@@ -147,8 +192,9 @@ class EngineCheckpoint {
   // The engine's kept snapshot memory when it holds at least `bytes`, else a new one it keeps instead.
   std::shared_ptr<CheckpointSnapshot> snapshot_memory(size_t bytes);
 
-  Engine& e_;
-  Impl& s_;
+  ModelStates& dense() const { return *a_.sets.front(); }
+
+  CheckpointAccess a_;
   // Load: whether the checkpoint's rank-local states fit this run (same optimizer family and world).
   bool rank_local_ok_ = false;
   // Load: the checkpoint's compressed-optimizer states are read (else Adam-family states only).

@@ -260,7 +260,7 @@ namespace {
 
 using namespace test_harness;
 
-// Offload none / cpu / nvme give the same bits (Note [offload] in engine/engine_offload.cpp): the
+// Offload none / cpu / nvme give the same bits (Note [offload] in engine/model_states_nvme.cpp): the
 // arithmetic is the same, only where the states live changes.
 TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
   const comm::Group& world = test::world().group();
@@ -295,7 +295,7 @@ TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
 }
 
 // Lamb's two-pass step with its states on the host gives the same bits; NVMe is refused by name
-// (Note [two-pass step] in engine/engine_step.cpp).
+// (Note [two-pass step] in engine/model_states_step.cpp).
 TEST(Offload, LambStepsWithCpuOffloadAndRefusesNvme) {
   const comm::Group& world = test::world().group();
   test::TempDir dir;

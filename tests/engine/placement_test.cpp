@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/offload_rules.h"
 #include "optim/adam.h"
+#include "optim/cadam.h"
 
 namespace zs::engine {
 namespace {
@@ -83,6 +85,71 @@ TEST(Placement, MemoryModes) {
   EXPECT_EQ(p.find("master"), nullptr);
   EXPECT_EQ(p.find("residual")->bytes, 2 * part.mine.size);
   EXPECT_EQ(p.find("fp32_grads")->elements, part.mine);
+}
+
+// Every planned buffer carries the role the engine dispatches on, and its name follows the role (the
+// optimizer states keep their own names).
+TEST(Placement, BuffersCarryTheirRoles) {
+  const Partition part(kTotal, 4, 1);
+  PlacementRules r = adam(2, Precision::kBf16);
+  r.memory.release_fp32_grad = false;
+  const PlacementPlan p = plan_placement(r, kTotal, part);
+  for (const PlannedBuffer& b : p.buffers) {
+    if (b.role == BufferRole::kOptimizerState) {
+      EXPECT_TRUE(b.name == "exp_avg" || b.name == "exp_avg_sq") << b.name;
+    } else {
+      EXPECT_EQ(b.name, buffer_role_name(b.role));
+    }
+  }
+  EXPECT_EQ(p.find(BufferRole::kMaster), p.find("master"));
+  EXPECT_EQ(p.find(BufferRole::kFp32Grads), p.find("fp32_grads"));
+  EXPECT_EQ(p.find(BufferRole::kOptimizerState), p.find("exp_avg"));
+  EXPECT_EQ(p.find(BufferRole::kResidual), nullptr);
+}
+
+// Note [NVMe sub-group items]: the master, each state, then the parameters; offsets from a
+// sub-group's first element, block-quantised states by their blocks.
+TEST(Placement, NvmeSubGroupItemsByName) {
+  NvmeSubGroupItems items;
+  items.optimizer = true;
+  auto specs = optim::CAdam(optim::CAdamConfig{}).state_specs();
+  items.states.assign(specs.begin(), specs.end());
+  items.param_bytes = 2;
+  const uint64_t from = 2 * kSubGroupAlign, n = kSubGroupAlign;
+  const auto list = items.items(from, n);
+  ASSERT_EQ(list.size(), 2 + specs.size());
+  EXPECT_EQ(list.front().kind, NvmeSubGroupItems::Kind::kMaster);
+  EXPECT_EQ(list.front().offset, 4 * from);
+  EXPECT_EQ(list.front().bytes, 4 * n);
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const auto& it = list[1 + k];
+    EXPECT_EQ(it.kind, NvmeSubGroupItems::Kind::kState);
+    EXPECT_EQ(it.state, k);
+    EXPECT_EQ(it.offset, from / specs[k].elements_per_value * specs[k].value_bytes) << specs[k].name;
+    EXPECT_EQ(it.bytes, specs[k].bytes_for(n)) << specs[k].name;
+  }
+  EXPECT_EQ(list.back().kind, NvmeSubGroupItems::Kind::kParams);
+  EXPECT_EQ(list.back().offset, 2 * from);
+  EXPECT_EQ(list.back().bytes, 2 * n);
+
+  // The swapper's buffers in that order, found by name.
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<std::span<std::byte>> bufs;
+  for (const auto& it : list) storage.emplace_back(it.bytes);
+  for (auto& b : storage) bufs.emplace_back(b);
+  const NvmeSubGroupItems::Buffers b = items.buffers(bufs);
+  EXPECT_EQ(static_cast<void*>(b.master), static_cast<void*>(storage[0].data()));
+  ASSERT_EQ(b.states.size(), specs.size());
+  EXPECT_EQ(b.states.back(), storage[specs.size()].data());
+  EXPECT_EQ(b.params, storage.back().data());
+
+  // Parameters alone on NVMe: one item.
+  NvmeSubGroupItems params_only;
+  params_only.param_bytes = 4;
+  const auto one = params_only.items(0, n);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].kind, NvmeSubGroupItems::Kind::kParams);
+  EXPECT_EQ(one[0].bytes, 4 * n);
 }
 
 }  // namespace

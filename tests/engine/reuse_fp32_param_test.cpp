@@ -1,4 +1,4 @@
-// reuse_fp32_param's encoding (Note [reuse_fp32_param] in engine/engine_step.cpp): lossless, and the
+// reuse_fp32_param's encoding (Note [reuse_fp32_param] in engine/model_states_step.cpp): lossless, and the
 // bf16 half equals round-to-nearest-even except at exact half-way cases with an even upper half.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "engine/detail/engine_impl.h"
+#include "engine/detail/model_states.h"
 #include "memory/dtype.h"
 
 namespace zs::engine {

@@ -1,0 +1,166 @@
+// The checkpoint code's agreement across ranks and the storage layout built from every rank's items
+// (engine/detail/engine_checkpoint.h).
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+#include "core/errors.h"
+#include "engine/detail/engine_checkpoint.h"
+
+namespace zs::engine {
+
+namespace fs = std::filesystem;
+using memory::DType;
+
+std::vector<std::string> allgather_strings(const comm::Group& g, const std::string& mine) {
+  if (g.size() == 1) return {mine};
+  int32_t len = static_cast<int32_t>(mine.size());
+  std::vector<int32_t> lens(static_cast<size_t>(g.size()));
+  g.allgather(memory::Tensor(&len, DType::kI32, {1}), memory::Tensor(lens.data(), DType::kI32, {g.size()}));
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (int32_t l : lens) {
+    counts.push_back(static_cast<size_t>(l) / 4 + 1);
+    total += counts.back();
+  }
+  std::vector<int32_t> words(static_cast<size_t>(len) / 4 + 1, 0);
+  std::memcpy(words.data(), mine.data(), mine.size());
+  std::vector<int32_t> all(total);
+  g.allgatherv(memory::Tensor(words.data(), DType::kI32, {static_cast<int64_t>(words.size())}),
+               memory::Tensor(all.data(), DType::kI32, {static_cast<int64_t>(total)}), counts);
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (size_t r = 0; r < lens.size(); ++r) {
+    out.emplace_back(reinterpret_cast<const char*>(all.data() + at), static_cast<size_t>(lens[r]));
+    at += counts[r];
+  }
+  return out;
+}
+
+void agreed(const comm::Group& g, const std::function<void()>& fn) {
+  int32_t kind = kNoError;
+  std::string message;
+  std::exception_ptr error;
+  try {
+    fn();
+  } catch (const CheckpointError& e) {
+    kind = kCheckpointError, message = e.what(), error = std::current_exception();
+  } catch (const IoError& e) {
+    kind = kIoError, message = e.what(), error = std::current_exception();
+  } catch (const UsageError& e) {
+    kind = kUsageError, message = e.what(), error = std::current_exception();
+  } catch (const ConfigError& e) {
+    kind = kConfigError, message = e.what(), error = std::current_exception();
+  } catch (const fs::filesystem_error& e) {
+    kind = kIoError, message = e.what(), error = std::current_exception();
+  } catch (const std::exception& e) {
+    kind = kOtherError, message = e.what(), error = std::current_exception();
+  }
+  if (g.size() == 1) {
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+  std::vector<int32_t> kinds(static_cast<size_t>(g.size()));
+  g.allgather(memory::Tensor(&kind, DType::kI32, {1}), memory::Tensor(kinds.data(), DType::kI32, {g.size()}));
+  auto first = std::find_if(kinds.begin(), kinds.end(), [](int32_t k) { return k != kNoError; });
+  if (first == kinds.end()) return;
+  const auto r = static_cast<size_t>(first - kinds.begin());
+  const std::string text = fmt::format("rank {}: {}", r, allgather_strings(g, message)[r]);
+  switch (*first) {
+    case kIoError: throw IoError(text);
+    case kUsageError: throw UsageError(text);
+    case kConfigError: throw ConfigError(text);
+    default: throw CheckpointError(text);
+  }
+}
+
+
+std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+// The description of this rank's items, for the layout every rank builds from all of them:
+//   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
+std::string describe(const std::vector<Item>& items) {
+  std::string out;
+  for (const Item& it : items) {
+    out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
+    out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+  }
+  return out;
+}
+
+DType dtype_named(const std::string& name) {
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    if (memory::dtype_name(t) == name) return t;
+  }
+  ZS_ASSERT(false, "unknown dtype '{}' in a checkpoint description", name);
+  return DType::kF32;
+}
+
+checkpoint::Layout build_layout(const std::vector<std::string>& descriptions) {
+  checkpoint::Layout layout;
+  layout.world_size = static_cast<int>(descriptions.size());
+  std::map<std::string, uint32_t> tensor_ids;
+  std::map<std::string, size_t> buffer_ids;
+  for (size_t r = 0; r < descriptions.size(); ++r) {
+    std::istringstream in(descriptions[r]);
+    std::string kind;
+    while (in >> kind) {
+      if (kind == "T") {
+        std::string name, dtype, dims;
+        in >> name >> dtype >> dims;
+        std::vector<uint64_t> shape;
+        std::istringstream d(dims);
+        for (std::string v; std::getline(d, v, ',');) {
+          if (!v.empty()) shape.push_back(std::stoull(v));
+        }
+        if (tensor_ids.emplace(name, static_cast<uint32_t>(layout.tensors.size())).second) {
+          layout.tensors.push_back({name, shape, dtype_named(dtype)});
+        } else {
+          ZS_ASSERT(layout.tensors[tensor_ids[name]].shape == shape, "tensor '{}' has two shapes across ranks", name);
+        }
+      } else {
+        std::string buffer, dtype, tensor;
+        uint64_t begin = 0, count = 0;
+        in >> buffer >> dtype >> tensor >> begin >> count;
+        auto [it, fresh] = buffer_ids.emplace(buffer, layout.buffers.size());
+        if (fresh) {
+          layout.buffers.push_back({buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
+        }
+        layout.buffers[it->second].ranks[r].push_back({tensor_ids.at(tensor), begin, count});
+      }
+    }
+  }
+  return layout;
+}
+
+checkpoint::Scalar scalar_or(const checkpoint::Metadata& m, const std::string& key, checkpoint::Scalar fallback) {
+  auto it = m.scalars.find(key);
+  return it == m.scalars.end() ? fallback : it->second;
+}
+
+int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
+  auto it = m.scalars.find(key);
+  if (it == m.scalars.end() || !std::holds_alternative<int64_t>(it->second)) {
+    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not an integer: not a checkpoint "
+                                      "zeroshard's engine wrote",
+                                      dir.string(), key));
+  }
+  return std::get<int64_t>(it->second);
+}
+
+double real_scalar(const checkpoint::Metadata& m, const std::string& key, const fs::path& dir) {
+  auto it = m.scalars.find(key);
+  if (it == m.scalars.end() || !std::holds_alternative<double>(it->second)) {
+    throw CheckpointError(fmt::format("checkpoint '{}': scalar '{}' is missing or not a number", dir.string(), key));
+  }
+  return std::get<double>(it->second);
+}
+
+std::string string_scalar(const checkpoint::Metadata& m, const std::string& key) {
+  auto v = scalar_or(m, key, std::string());
+  return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
+}
+
+}  // namespace zs::engine
