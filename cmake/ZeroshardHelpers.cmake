@@ -9,8 +9,9 @@ set(ZS_MODULES "" CACHE INTERNAL "zeroshard module targets, in dependency order"
 # standard and third-party headers (cmake/pch/common.h, built by the donor target zs_pch_lib), and the
 # test executables another with GoogleTest added (cmake/pch/test.h, zs_pch_test): one per kind of code,
 # since GCC accepts a precompiled header only under the flags it was made with (-fPIC for libraries,
-# -fPIE and GTEST_HAS_PTHREAD for tests). A source compiled with other flags (the AVX2/AVX-512 kernels,
-# nn's -fno-trapping-math) is refused the header silently and parses the headers itself, as before.
+# -fPIE and GTEST_HAS_PTHREAD for tests). A source compiled with flags it refuses the header under (the
+# AVX2/AVX-512 kernels, optim's -fno-math-errno) is marked SKIP_PRECOMPILE_HEADERS and parses its
+# headers itself, as before.
 # The project's own headers stay out, so editing one rebuilds only its includers. ZS_PCH=OFF builds
 # without (and ccache needs CCACHE_SLOPPINESS=pch_defines,time_macros to cache sources that use it).
 option(ZS_PCH "Precompile the standard and third-party headers (cmake/pch/)" ON)
@@ -72,7 +73,9 @@ function(zs_isa_sources isa)
   else()
     message(FATAL_ERROR "zs_isa_sources: unknown ISA '${isa}' (use avx512bf16, avx512 or avx2)")
   endif()
-  set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${flags}")
+  # SKIP_PRECOMPILE_HEADERS: GCC refuses a precompiled header made without these -m flags (Note
+  # [Precompiled headers]); skipping it spares the warning that says so.
+  set_source_files_properties(${ARGN} PROPERTIES COMPILE_OPTIONS "${flags}" SKIP_PRECOMPILE_HEADERS ON)
 endfunction()
 
 set(ZS_UNIT_ENV "OPENBLAS_NUM_THREADS=1;OMP_NUM_THREADS=1")
