@@ -30,6 +30,8 @@ endfunction()
 function(zs_reuse_pch target donor)
   if(ZS_PCH AND TARGET ${donor})
     target_precompile_headers(${target} REUSE_FROM ${donor})
+    # Every source now includes fmt and spdlog, whose non-inline parts live in their libraries.
+    target_link_libraries(${target} PRIVATE fmt::fmt spdlog::spdlog)
   endif()
 endfunction()
 
