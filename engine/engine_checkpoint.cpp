@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "checkpoint/h5.h"
+#include "comm/agree.h"
 #include "engine/detail/engine_checkpoint.h"
 #include "nn/threads.h"
 
@@ -54,47 +55,13 @@ std::vector<std::string> allgather_strings(const comm::Group& g, const std::stri
   return out;
 }
 
-// Runs `fn` on every rank and agrees on the outcome: when any rank threw, every rank throws the same
-// error (the lowest failing rank's, of its kind, its message prefixed with that rank), so no rank is
-// left waiting in a collective that the failed one never enters.
+// Runs `fn` on every rank and agrees on the outcome (comm/agree.h): when any rank threw, every rank
+// throws the lowest failing rank's error, its message prefixed with that rank; an error of no
+// checkpoint-related kind becomes a CheckpointError.
 template <typename F>
 void agreed(const comm::Group& g, F&& fn) {
-  int32_t kind = kNoError;
-  std::string message;
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (const CheckpointError& e) {
-    kind = kCheckpointError, message = e.what(), error = std::current_exception();
-  } catch (const IoError& e) {
-    kind = kIoError, message = e.what(), error = std::current_exception();
-  } catch (const UsageError& e) {
-    kind = kUsageError, message = e.what(), error = std::current_exception();
-  } catch (const ConfigError& e) {
-    kind = kConfigError, message = e.what(), error = std::current_exception();
-  } catch (const fs::filesystem_error& e) {
-    kind = kIoError, message = e.what(), error = std::current_exception();
-  } catch (const std::exception& e) {
-    kind = kOtherError, message = e.what(), error = std::current_exception();
-  }
-  if (g.size() == 1) {
-    if (error) std::rethrow_exception(error);
-    return;
-  }
-  std::vector<int32_t> kinds(static_cast<size_t>(g.size()));
-  g.allgather(memory::Tensor(&kind, DType::kI32, {1}), memory::Tensor(kinds.data(), DType::kI32, {g.size()}));
-  auto first = std::find_if(kinds.begin(), kinds.end(), [](int32_t k) { return k != kNoError; });
-  if (first == kinds.end()) return;
-  const auto r = static_cast<size_t>(first - kinds.begin());
-  const std::string text = fmt::format("rank {}: {}", r, allgather_strings(g, message)[r]);
-  switch (*first) {
-    case kIoError: throw IoError(text);
-    case kUsageError: throw UsageError(text);
-    case kConfigError: throw ConfigError(text);
-    default: throw CheckpointError(text);
-  }
+  comm::run_agreed<CheckpointError>(g, std::forward<F>(fn));
 }
-
 
 std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
@@ -244,8 +211,11 @@ std::shared_ptr<CheckpointSnapshot> EngineCheckpoint::snapshot_memory(size_t byt
 
 namespace {
 
-bool one_bit_family(std::string_view name) { return name == "OneBitAdam" || name == "ZeroOneAdam"; }
-bool adam_family(std::string_view name) { return name == "Adam" || name == "AdamW"; }
+// Whether the optimizer named `saved` (a checkpoint's optimizer.type) drives compressed communication.
+bool compressed_type(std::string_view saved) {
+  const optim::OptimizerType* t = optim::find_optimizer_type(saved);
+  return t != nullptr && t->compressed().has_value();
+}
 
 }  // namespace
 
@@ -503,10 +473,7 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
   }
   const std::string saved = string_scalar(m, "optimizer.type");
   const std::string_view ours = e_.config_.optimizer.name();
-  const bool same = saved == ours || (adam_family(saved) && adam_family(ours));
-  const bool one_bit_to_adam = one_bit_family(saved) && adam_family(ours);
-  const bool adam_to_one_bit = adam_family(saved) && one_bit_family(ours);
-  if (!same && !one_bit_to_adam && !adam_to_one_bit && !(one_bit_family(saved) && one_bit_family(ours))) {
+  if (!e_.config_.optimizer.can_resume_from(saved)) {
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states, which {} cannot continue from (its "
                                       "states differ); load it with optimizer.type {}",
                                       dir.string(), saved.empty() ? "unknown" : saved, ours, saved));
@@ -578,7 +545,7 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
     check_compatible(*reader);
     const checkpoint::Metadata& m = reader->metadata();
     const std::string saved = string_scalar(m, "optimizer.type");
-    compressed_source_ = one_bit_family(saved);
+    compressed_source_ = compressed_type(saved);
     rank_local_ok_ = s_.compressed_ && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
                      std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
                          static_cast<int64_t>(s_.dense().layout.total()) &&

@@ -259,7 +259,7 @@ std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
   m["samples"] = e_.global_step_ * cfg.batch.train_batch_size;
   m["steps_taken"] = s_.steps_taken_;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
   m["data.position"] = e_.global_step_;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
-  m["data.seed"] = static_cast<int64_t>(cfg.data.seed.value_or(cfg.seed));
+  m["data.seed"] = static_cast<int64_t>(cfg.data_seed.value_or(cfg.seed));
   m["rng.seed"] = static_cast<int64_t>(cfg.seed);
   m["lr_scheduler.last_batch_iteration"] = s_.steps_taken_ - 1;  // DeepSpeed's name for the schedule position
   m["lr_scheduler.lr"] = s_.schedule_.lr_at(s_.steps_taken_);

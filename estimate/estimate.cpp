@@ -198,7 +198,7 @@ struct MeasuredGptMoe {
   moe::GptMoeModel model;
 };
 
-std::shared_ptr<nn::Model> builtin_model(const EngineConfig& cfg, int ranks) {
+std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
   if (!cfg.model_moe) return std::make_shared<nn::GptModel>(*cfg.model);
   const int e = cfg.model_moe->moe.ep_size;
   if (ranks % e != 0) {
@@ -212,7 +212,7 @@ std::shared_ptr<nn::Model> builtin_model(const EngineConfig& cfg, int ranks) {
 
 }  // namespace
 
-EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
+EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
   if (cfg.model) {
@@ -255,7 +255,7 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
   return in;
 }
 
-EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
+EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const run::RunConfig& cfg, int ranks,
                                        std::string description) {
   if (cfg.model) throw ConfigError("model: the program brings its own model; remove the config's model section");
   // The config's rules with a placeholder size, then the model's own facts.
