@@ -177,7 +177,7 @@ zs::run::RunConfig for_type(zs::run::RunConfig c, const std::string& type, const
   return c;
 }
 
-Outcome run(const comm::Group& group, const zs::run::RunConfig& cfg, const nn::Dataset& data, int64_t steps, int64_t tail) {
+Outcome train_run(const comm::Group& group, const zs::run::RunConfig& cfg, const nn::Dataset& data, int64_t steps, int64_t tail) {
   nn::GptModel model(*cfg.model);
   engine::Engine eng(model, cfg, group);
   engine::DatasetSource source(data, cfg.seed);
@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
       zs::run::RunConfig seeded = base;
       seeded.seed = seed;
       for (size_t t = 0; t < types.size(); ++t) {
-        outcomes[t].push_back(run(group, for_type(seeded, types[t], rule, zero_one), data, steps, tail));
+        outcomes[t].push_back(train_run(group, for_type(seeded, types[t], rule, zero_one), data, steps, tail));
       }
     }
 

@@ -255,11 +255,10 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks, st
   return in;
 }
 
-EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const run::RunConfig& cfg, int ranks,
+EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
                                        std::string description) {
-  if (cfg.model) throw ConfigError("model: the program brings its own model; remove the config's model section");
   // The config's rules with a placeholder size, then the model's own facts.
-  EstimateInput in = estimate_input_for_config(cfg, ranks, uint64_t{1});
+  EstimateInput in = estimate_input_for_config(run::RunConfig(cfg), ranks, uint64_t{1});
   in.model = model_facts(model, in.zero);
   in.model.description = fmt::format("{}: {} parameters", description, group_digits(in.model.param_elements));
   // Not owned: the caller keeps the model and the source alive.

@@ -154,8 +154,9 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
 EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks,
                                         std::optional<uint64_t> n_params = std::nullopt);
 // The same for a user's own model (any nn::Model) trained from `source`: exact layout and measured
-// device peak. `model` and `source` must outlive the input and every estimate made from it.
-EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const run::RunConfig& cfg, int ranks,
+// device peak. `model` and `source` must outlive the input and every estimate made from it. `cfg` is
+// the engine's part of the config (a run::RunConfig whose program builds its own model has no `model`).
+EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
                                        std::string description);
 
 // Bytes of each model-state category, on one tier.

@@ -48,8 +48,9 @@ struct DataConfig {
 // engine takes it as one and keeps only that part), so code that trains reads both from one value.
 struct RunConfig : engine::EngineConfig {
   RunConfig() = default;
-  // The engine's part alone: a run whose program brings its own model (no model, default data and log).
-  RunConfig(const engine::EngineConfig& e) : engine::EngineConfig(e) {}  // NOLINT(google-explicit-constructor)
+  // The engine's part alone: a run whose program brings its own model (no model, default data and
+  // log). Explicit, so an EngineConfig never silently stands in where the built-in model is needed.
+  explicit RunConfig(const engine::EngineConfig& e) : engine::EngineConfig(e) {}
   std::optional<nn::GptConfig> model;  // the built-in GPT (`model` section); absent: the program brings its model
   // `model.moe`: the built-in GPT with MoE layers (moe/gpt_moe.h); its `gpt` equals *model. The engine
   // never reads it (expert parameters reach it through parameter metadata).
