@@ -38,6 +38,7 @@
 #include "engine/engine.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -78,11 +79,11 @@ struct Runner {
   engine::DatasetSource source;
   std::vector<Segment> segments;  // one per round
 
-  Runner(const comm::Group& group, engine::EngineConfig cfg, Mode m, std::string d)
+  Runner(const comm::Group& group, zs::run::RunConfig cfg, Mode m, std::string d)
       : mode(m), dir(std::move(d)), model(*cfg.model), engine(model, with_mode(std::move(cfg), m), group),
         source(nn::Dataset::builtin(model.config().seq_len), 7) {}
 
-  static engine::EngineConfig with_mode(engine::EngineConfig cfg, Mode m) {
+  static zs::run::RunConfig with_mode(zs::run::RunConfig cfg, Mode m) {
     cfg.checkpoint.async = m == Mode::kAsync;
     cfg.checkpoint.keep_last = 2;
     return cfg;
@@ -137,7 +138,7 @@ int main(int argc, char** argv) {
   const int64_t every = bench::int_arg(argc, argv, "--every", 4);
   const int64_t steps = rounds * every;
   const std::string dir = bench::arg_value(argc, argv, "--dir", "checkpoint_async_bench.ckpt");
-  engine::EngineConfig cfg;
+  zs::run::RunConfig cfg;
   cfg.model = bench::gpt_config_arg(argc, argv, {.n_layer = 4, .d_model = 256, .n_head = 4, .seq_len = 64, .vocab_size = 256});
   const int64_t micro = bench::int_arg(argc, argv, "--micro-batch", 8);
   cfg.batch = engine::resolve_batch(0, micro, 1, 1);

@@ -48,6 +48,7 @@
 #include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
       throw ConfigError(fmt::format("--precision expects bf16 or fp32, got '{}'", precision));
     }
 
-    engine::EngineConfig base;
+    zs::run::RunConfig base;
     base.batch = engine::resolve_batch(0, micro, 1, ranks);
     base.model = gcfg;
     base.precision = precision == "bf16" ? engine::Precision::kBf16 : engine::Precision::kFp32;
@@ -168,7 +169,7 @@ int main(int argc, char** argv) {
     double worst_dev = 0;
 
     for (int stage : stages) {
-      engine::EngineConfig cfg = base;
+      zs::run::RunConfig cfg = base;
       cfg.zero.stage = stage;
       nn::GptModel model(gcfg);
       engine::Engine eng(model, cfg, group);

@@ -46,6 +46,7 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
     const int64_t moe_params = moe_param_count(moe_cfg);
     comm::ExpertGroups groups = world.split_groups(n);
 
-    engine::EngineConfig base;
+    zs::run::RunConfig base;
     base.batch = engine::resolve_batch(0, micro, 1, n);
     base.optimizer = engine::OptimizerConfig("AdamW", optim::AdamConfig{.lr = 1e-3});
     base.device.memory_mb = bench::int_arg(argc, argv, "--memory-mb", 2048);
@@ -128,7 +129,7 @@ int main(int argc, char** argv) {
     boost::json::object ratios;
     double dense_peak = 0;
     for (const Case& c : cases) {
-      engine::EngineConfig cfg = base;
+      zs::run::RunConfig cfg = base;
       cfg.zero.stage = c.stage;
       if (c.offload_optimizer) cfg.zero.offload_optimizer.device = engine::OffloadDevice::kCpu;
       if (c.offload_param) cfg.zero.offload_param.device = engine::OffloadDevice::kCpu;

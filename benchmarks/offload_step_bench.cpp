@@ -36,6 +36,7 @@
 #include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
     if (stage < 1 || stage > 3) throw ConfigError("--stage: optimizer offload needs ZeRO stage 1, 2 or 3");
     const std::string dir = bench::arg_value(argc, argv, "--dir", std::filesystem::temp_directory_path().string());
 
-    engine::EngineConfig base;
+    zs::run::RunConfig base;
     base.batch = engine::resolve_batch(0, micro, 1, group.size());
     base.model = gcfg;
     base.precision = engine::Precision::kBf16;
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
     const engine::OffloadDevice devices[2] = {engine::OffloadDevice::kCpu, engine::OffloadDevice::kNvme};
     std::vector<std::unique_ptr<nn::GptModel>> models;
     std::vector<std::unique_ptr<engine::Engine>> engines;
-    std::vector<engine::EngineConfig> cfgs(2, base);
+    std::vector<zs::run::RunConfig> cfgs(2, base);
     for (int i = 0; i < 2; ++i) {
       auto& c = cfgs[static_cast<size_t>(i)];
       c.zero.offload_optimizer.device = devices[i];

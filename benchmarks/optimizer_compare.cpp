@@ -70,6 +70,7 @@
 #include "optim/cadam.h"
 #include "optim/onebit_adam.h"
 #include "optim/registry.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -147,7 +148,7 @@ struct ZeroOneRule {
 // The config with optimizer `type` in place of the baseline's: the baseline's lr, betas and
 // weight_decay (Lion's rule for sign-update types), the one-bit optimizers' phases from the lr
 // warm-up. The baseline's own type keeps every setting of the config.
-engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, const SignRule& rule,
+zs::run::RunConfig for_type(zs::run::RunConfig c, const std::string& type, const SignRule& rule,
                               const ZeroOneRule& zero_one) {
   const optim::OptimizerType* entry = optim::find_optimizer_type(type);
   if (entry == nullptr) {
@@ -176,7 +177,7 @@ engine::EngineConfig for_type(engine::EngineConfig c, const std::string& type, c
   return c;
 }
 
-Outcome run(const comm::Group& group, const engine::EngineConfig& cfg, const nn::Dataset& data, int64_t steps, int64_t tail) {
+Outcome train_run(const comm::Group& group, const zs::run::RunConfig& cfg, const nn::Dataset& data, int64_t steps, int64_t tail) {
   nn::GptModel model(*cfg.model);
   engine::Engine eng(model, cfg, group);
   engine::DatasetSource source(data, cfg.seed);
@@ -226,7 +227,7 @@ int main(int argc, char** argv) {
     init_logging({group.rank(), group.size()}, LogConfig{.level = "warn"});
 
     const std::string config_path = bench::arg_value(argc, argv, "--config", "examples/configs/gpt_small.json");
-    engine::EngineConfig base = engine::parse_config(parse_json_file(config_path), group.size());
+    zs::run::RunConfig base = zs::run::parse_run_config(parse_json_file(config_path), group.size());
     if (!base.model) throw ConfigError(fmt::format("{}: the benchmark needs a config with a model section", config_path));
     const int64_t steps = bench::int_arg(argc, argv, "--steps", base.train_steps);
     const int64_t tail = bench::int_arg(argc, argv, "--tail", 10);
@@ -278,10 +279,10 @@ int main(int argc, char** argv) {
     // outcomes[t][k]: optimizer types[t] trained with seeds[k].
     std::vector<std::vector<Outcome>> outcomes(types.size());
     for (uint64_t seed : seeds) {
-      engine::EngineConfig seeded = base;
+      zs::run::RunConfig seeded = base;
       seeded.seed = seed;
       for (size_t t = 0; t < types.size(); ++t) {
-        outcomes[t].push_back(run(group, for_type(seeded, types[t], rule, zero_one), data, steps, tail));
+        outcomes[t].push_back(train_run(group, for_type(seeded, types[t], rule, zero_one), data, steps, tail));
       }
     }
 

@@ -52,6 +52,7 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -170,7 +171,7 @@ int main(int argc, char** argv) {
                                 return std::string(a) == "--no-ceiling";
                               }) == argv + argc;
 
-    engine::EngineConfig cfg;
+    zs::run::RunConfig cfg;
     cfg.batch = engine::resolve_batch(0, micro, 1, ranks);
     cfg.model = gcfg;
     cfg.precision = precision_arg == "bf16" ? engine::Precision::kBf16 : engine::Precision::kFp32;

@@ -45,6 +45,7 @@
 #include "launch/launch.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "run/run_config.h"
 
 using namespace zs;
 
@@ -76,7 +77,7 @@ int main(int argc, char** argv) {
       throw ConfigError(fmt::format("--precision expects bf16 or fp32, got '{}'", precision));
     }
 
-    engine::EngineConfig base;
+    zs::run::RunConfig base;
     base.batch = engine::resolve_batch(0, micro, 1, ranks);
     base.model = gcfg;
     base.precision = precision == "bf16" ? engine::Precision::kBf16 : engine::Precision::kFp32;
@@ -102,7 +103,7 @@ int main(int argc, char** argv) {
       const Variant& v = variants[static_cast<size_t>(s)];
       return fmt::format("{}{}", v.stage, v.mpi ? " mpi" : "");
     };
-    std::vector<engine::EngineConfig> cfgs(static_cast<size_t>(n_variants), base);
+    std::vector<zs::run::RunConfig> cfgs(static_cast<size_t>(n_variants), base);
     std::vector<std::unique_ptr<nn::GptModel>> models;
     std::vector<std::unique_ptr<engine::Engine>> engines;
     for (int s = 0; s < n_variants; ++s) {

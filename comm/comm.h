@@ -9,6 +9,7 @@
 //   auto c = world.counters();   // c.bytes_sent, c.bytes_received
 #pragma once
 
+#include "comm/agree.h"       // run_agreed, agree_outcome: one outcome across ranks
 #include "comm/compressed_allreduce.h"  // OneBitAllreduce: 1-bit compressed allreduce
 #include "comm/config.h"      // CommConfig, ReduceOp, CommCounters
 #include "comm/group.h"       // Group: collectives

@@ -8,7 +8,6 @@
 
 #include "core/json.h"
 #include "engine/detail/deepspeed_keys.h"
-#include "nn/gpt.h"
 #include "optim/onebit_adam.h"
 
 namespace zs::engine {
@@ -21,14 +20,10 @@ using Notes = std::vector<std::string>;
 // typo (`1e9` for `1e3`) is an immediate ConfigError instead of an endless step or a module tree that
 // takes minutes to declare before the arena's error (a GPT of 1e5 blocks: 44 s). What must fit in
 // memory is checked from the config's arithmetic before anything is built (estimate/config_fit.h).
-constexpr int64_t kMaxLayers = 4096;                 // GPT-3 has 96 blocks; 4096 declare in about a second
-constexpr int64_t kMaxDModel = int64_t{1} << 16;     // GPT-3's width is 12,288
-constexpr int64_t kMaxSeqLen = int64_t{1} << 20;     // one million positions
+// The built-in model's bounds (n_layer, d_model, ...) are in run/run_config.cpp.
 constexpr int64_t kMaxAccumulation = int64_t{1} << 16;  // micro-batches per optimizer step
 constexpr int64_t kMaxMicroBatch = int64_t{1} << 20;    // samples per rank per micro-batch
 constexpr int64_t kMaxTrainBatch = int64_t{1} << 40;
-constexpr int64_t kMaxEvalBatches = int64_t{1} << 16;
-constexpr int64_t kMaxExperts = 4096;
 
 // Note [DeepSpeed keys by verdict]
 // A DeepSpeed key gets one of four verdicts, decided here and documented in docs/config.md:
@@ -352,53 +347,6 @@ void read_checkpoint(ObjectReader& r, CheckpointConfig& c, Notes& notes) {
   r.read("async", c.async);
 }
 
-void read_model(ObjectReader& r, nn::GptConfig& m) {
-  std::string type = "gpt";
-  r.read_choice("type", type, {"gpt"});
-  r.read("n_layer", m.n_layer, IntRange{1, kMaxLayers});  // Note [bounded keys]
-  r.read("d_model", m.d_model, IntRange{1, kMaxDModel});
-  r.read("n_head", m.n_head, IntRange{1, kMaxDModel});
-  r.read("seq_len", m.seq_len, IntRange{2, kMaxSeqLen});
-  r.read("vocab_size", m.vocab_size, IntRange{256, 1 << 24});
-  r.read("tied_embeddings", m.tied_embeddings);
-  r.read("init_std", m.init_std, RealRange::positive());
-  nn::validate(m);
-}
-
-// model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
-// already-read model section; the GPT-MoE has an untied head, so tied_embeddings defaults to false here.
-moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int world) {
-  moe::GptMoeConfig c;
-  if (model.object().find("tied_embeddings") == model.object().end()) gpt.tied_embeddings = false;
-  moe::MoEOptions& o = c.moe;
-  r.require("num_experts", o.num_experts, IntRange{1, kMaxExperts});
-  r.read("ep_size", o.ep_size, IntRange::positive());
-  r.read("k", o.k, IntRange::positive());
-  r.read("capacity_factor", o.capacity_factor, RealRange::positive());
-  r.read("eval_capacity_factor", o.eval_capacity_factor, RealRange::positive());
-  r.read("min_capacity", o.min_capacity, IntRange::non_negative());
-  r.read("use_residual", o.use_residual);
-  if (const boost::json::value* v = r.find("noisy_gate_policy"); v != nullptr && !v->is_null()) {
-    std::string policy;
-    from_json(*v, r.path_of("noisy_gate_policy"), policy);
-    o.noisy_gate_policy = moe::parse_noisy_gate_policy(policy, r.path_of("noisy_gate_policy"));
-  }
-  r.read("drop_tokens", o.drop_tokens);
-  r.read("use_rts", o.use_rts);
-  r.read("top2_2nd_expert_sampling", o.top2_2nd_expert_sampling);
-  r.read("every_n_layers", c.every_n_layers, IntRange::positive());
-  r.read("aux_loss_coef", c.aux_loss_coef, RealRange::non_negative());
-  r.read("expert_hidden", c.expert_hidden, IntRange::non_negative());
-  if (world % o.ep_size != 0) {
-    throw ConfigError(fmt::format("{}: {} does not divide the number of ranks ({}): expert-parallel groups are {} "
-                                  "consecutive ranks; choose a divisor of {} or run on a multiple of {} ranks",
-                                  r.path_of("ep_size"), o.ep_size, world, o.ep_size, world, o.ep_size));
-  }
-  c.gpt = gpt;
-  moe::validate(c);
-  return c;
-}
-
 }  // namespace
 
 std::string offload_device_name(OffloadDevice d) {
@@ -550,10 +498,22 @@ void read_communication_data_type(ObjectReader& root, EngineConfig& cfg) {
 
 }  // namespace
 
-EngineConfig parse_config(const boost::json::value& doc, int dp) {
+EngineConfig parse_config(const boost::json::value& doc, int dp, std::span<const ProgramSection> program_sections) {
   EngineConfig cfg;
+  for (const ProgramSection& s : program_sections) {
+    ZS_ASSERT(s.after == "device" || s.after == "comm", "program section '{}' placed after '{}', which has no slot",
+              s.key, s.after);
+  }
   reject_auto(doc, "");
   ObjectReader root(doc, "");
+  // Note [program sections]: the sections the program reads (ProgramSection) are read where they stood
+  // when this parser read them all (model and data after device, log after comm), so a config with
+  // several problems reports the same first one.
+  auto read_program_sections = [&](std::string_view after) {
+    for (const ProgramSection& s : program_sections) {
+      if (s.after == after) root.read_object(s.key, [&](ObjectReader& r) { s.read(r, cfg); });
+    }
+  };
   root.known_keys(detail::deepspeed_keys(""), "DeepSpeed");
   int64_t train = 0, micro = 0, accum = 0;
   root.read("train_batch_size", train, IntRange{1, kMaxTrainBatch});  // Note [bounded keys]
@@ -602,7 +562,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
 
   root.read_object("memory", [&](ObjectReader& r) { read_memory_modes(r, cfg.memory, cfg.precision); });
   root.read_object("activation_checkpointing", [&](ObjectReader& r) {
-    detail::read_activation_checkpointing(r, cfg.activation_checkpointing, cfg.notes);
+    detail::read_recompute(r, cfg.recompute, cfg.notes);
   });
   root.read_object("aio", [&](ObjectReader& r) {
     r.known_keys(detail::deepspeed_keys("aio"), "DeepSpeed");
@@ -624,33 +584,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
     r.read_choice("backend", cfg.device.backend, {"cpu", "guarded"});
     r.read("alloc_trace", cfg.device.alloc_trace);
   });
-  root.read_object("model", [&](ObjectReader& r) {
-    nn::GptConfig m;
-    read_model(r, m);
-    r.read_object("moe", [&](ObjectReader& sub) {
-      cfg.model_moe = read_model_moe(sub, r, m, dp);
-      cfg.model_moe->moe.rng_seed = cfg.seed;  // the gates' random draws follow the run's seed
-    });
-    cfg.model = m;
-  });
-  root.read_object("data", [&](ObjectReader& r) {
-    r.read("path", cfg.data.path);
-    uint64_t seed = 0;
-    if (r.read("seed", seed)) cfg.data.seed = seed;
-    r.read("eval_interval", cfg.data.eval_interval, IntRange::non_negative());
-    if (r.read("min_seq_len", cfg.data.min_seq_len, IntRange::positive()) && cfg.model &&
-        cfg.data.min_seq_len > cfg.model->seq_len) {
-      throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.seq_len = {}; choose a value from 1 to {}",
-                                    cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
-    }
-    const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
-    const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange{1, kMaxEvalBatches});
-    if ((fraction || batches) && cfg.data.eval_interval == 0) {
-      throw ConfigError(fmt::format("data.{}: has an effect only with evaluation on; set data.eval_interval to the "
-                                    "number of optimizer steps between evaluations, or remove it",
-                                    fraction ? "eval_fraction" : "eval_batches"));
-    }
-  });
+  read_program_sections("device");  // the built-in model and its data (run/run_config.h)
   root.read_object("comm", [&](ObjectReader& r) {
     r.read("timeout_s", cfg.comm.timeout_s, RealRange::positive());
     r.read("shared_arena", cfg.comm.shared_arena);
@@ -666,10 +600,7 @@ EngineConfig parse_config(const boost::json::value& doc, int dp) {
       }
     }
   });
-  root.read_object("log", [&](ObjectReader& r) {
-    r.read_choice("level", cfg.log.level, {"trace", "debug", "info", "warn", "error", "off"});
-    r.read("all_ranks", cfg.log.all_ranks);
-  });
+  read_program_sections("comm");  // the log (run/run_config.h)
 
   // Note [DeepSpeed keys by verdict]. Switches whose false is what zeroshard does:
   for (std::string_view key : {"disable_allgather", "sparse_gradients", "dump_state",

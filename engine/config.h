@@ -2,8 +2,9 @@
 //
 // DeepSpeed's keys keep their names and meaning (train_batch_size, train_micro_batch_size_per_gpu,
 // gradient_accumulation_steps, gradient_clipping, fp16, bf16, optimizer, scheduler, zero_optimization,
-// steps_per_print, wall_clock_breakdown). zeroshard's own sections: device, model, data, comm, log,
-// plus the top-level seed and train_steps. Every section rejects unknown keys with a did-you-mean; a
+// steps_per_print, wall_clock_breakdown). zeroshard's own sections: device, memory, comm, checkpoint,
+// plus the top-level seed and train_steps. The sections of the program that builds the model (model,
+// data, log) are read by that program (run/run_config.h) through ProgramSection, in the same pass. Every section rejects unknown keys with a did-you-mean; a
 // DeepSpeed key zeroshard does not implement yet is an error saying so, never silently ignored
 // (engine/detail/deepspeed_keys.h holds DeepSpeed's key tables). A DeepSpeed key whose value asks for
 // what zeroshard does is accepted (`"prescale_gradients": false`, a monitor section with
@@ -11,6 +12,7 @@
 // Hugging Face's "auto" placeholders are refused with a message saying what to write instead.
 //
 //   EngineConfig cfg = parse_config(parse_json_file(path), /*data_parallel_size=*/world.size());
+//   // or, with the built-in model's sections: run::parse_run_config (run/run_config.h)
 //
 // Batch arithmetic is DeepSpeed's: train_batch_size = micro_batch x accumulation x data-parallel size;
 // any one of the three may be left out and is inferred; all three given must agree.
@@ -19,17 +21,18 @@
 #include <boost/json/value.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/config.h"
-#include "core/log.h"
-#include "engine/activation_config.h"
+#include "core/json.h"
+#include "engine/recompute_config.h"
 #include "engine/monitor_config.h"
 #include "memory/dtype.h"
-#include "moe/gpt_moe.h"
-#include "nn/gpt.h"
 #include "offload/aio.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -110,22 +113,6 @@ struct DeviceConfig {
   std::string alloc_trace;
 };
 
-struct DataConfig {
-  std::string path;          // a text file; empty: the built-in corpus
-  std::optional<uint64_t> seed;  // sampling seed; defaults to the top-level seed
-  // Evaluation by `zeroshard train` (Engine::eval_batch): every eval_interval optimizer steps (0: never)
-  // the mean loss of eval_batches global batches drawn from a held-out split, the last eval_fraction
-  // of the corpus's bytes, which training then never reads. Here, not at the top level: DeepSpeed's
-  // config has no evaluation key (its users evaluate in their own loop), and the split is of this
-  // section's corpus.
-  int64_t eval_interval = 0;
-  double eval_fraction = 0.1;
-  int64_t eval_batches = 1;
-  // Varying sequence lengths: each training step's samples have a length drawn uniformly from
-  // [min_seq_len, model.seq_len] (nn::Dataset::seq_len_at); 0: every sample is model.seq_len long.
-  int64_t min_seq_len = 0;
-};
-
 struct CommSectionConfig {
   double timeout_s = 300.0;  // a collective not done within this raises CommError on that rank
   // comm.shared_memory: "auto" (default), true, false (comm::SharedMemory, comm/config.h).
@@ -166,19 +153,16 @@ struct EngineConfig {
   offload::AioConfig aio;  // DeepSpeed's `aio` section (NVMe offload)
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;    // log forward/backward/step times every steps_per_print
-  ActivationCheckpointingConfig activation_checkpointing;  // engine/activation_config.h
+  RecomputeConfig recompute;  // the `activation_checkpointing` section (engine/recompute_config.h)
 
   DeviceConfig device;
-  std::optional<nn::GptConfig> model;  // the built-in GPT (`model` section); absent: the program brings its model
-  // `model.moe`: the built-in GPT with MoE layers (moe/gpt_moe.h); its `gpt` equals *model. The engine
-  // itself never reads it (expert parameters reach it through parameter metadata).
-  std::optional<moe::GptMoeConfig> model_moe;
-  DataConfig data;
   CommSectionConfig comm;
-  LogConfig log;
   CheckpointConfig checkpoint;  // Engine::save_checkpoint / load_checkpoint; `zeroshard train --save/--load`
   MonitorConfig monitor;      // csv_monitor, tensorboard, comms_logger, memory_breakdown (engine/monitor.h)
   uint64_t seed = 1234;       // parameter initialisation and data sampling
+  // The data's sampling seed, recorded in checkpoints (`data.seed`); absent: `seed`. Set by the program
+  // that reads the data (run/run_config.h); the engine only records it.
+  std::optional<uint64_t> data_seed;
   int64_t train_steps = 100;  // optimizer steps `zeroshard train` runs (--steps overrides)
 
   // One line per accepted key that has no effect here, starting with its JSON path
@@ -197,9 +181,23 @@ struct EngineConfig {
   memory::DType gradient_comm_dtype() const { return communication_data_type.value_or(compute_dtype()); }
 };
 
-// Parses and validates a whole config document for a run with `data_parallel_size` ranks.
+// A top-level section that the program using the engine reads itself (run/run_config.h: model, data,
+// log). parse_config declares it at the root, so the root's unknown-key check and did-you-mean cover
+// it, and calls `read` with the section's reader at its place in the one validation order: right
+// after the engine's section named `after` ("device" or "comm"), so the first problem reported does
+// not depend on which part of the program reads a section. `parsed` holds what the engine has read
+// so far (the top-level seed, for instance). The reader is finished (unknown keys) after `read`.
+struct ProgramSection {
+  std::string_view key;
+  std::string_view after;
+  std::function<void(ObjectReader& section, const EngineConfig& parsed)> read;
+};
+
+// Parses and validates a whole config document for a run with `data_parallel_size` ranks: the
+// engine's keys, and `program_sections` through their readers (any other key is unknown).
 // Throws ConfigError naming the JSON path of the first problem and how to fix it.
-EngineConfig parse_config(const boost::json::value& doc, int data_parallel_size);
+EngineConfig parse_config(const boost::json::value& doc, int data_parallel_size,
+                          std::span<const ProgramSection> program_sections = {});
 
 // Resolves DeepSpeed's batch arithmetic: each argument is 0 when absent from the config.
 BatchConfig resolve_batch(int64_t train_batch_size, int64_t micro_batch, int64_t accumulation, int data_parallel_size);

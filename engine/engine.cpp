@@ -169,7 +169,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   }
   try {
     place_all(model);
-    setup_activation_checkpointing(model);
+    setup_recompute(model);
   } catch (...) {
     sets_.clear();  // as ~Impl, which does not run for a constructor that throws
     throw;

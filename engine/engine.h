@@ -1,7 +1,7 @@
 // Engine: wraps a model and a validated config, and trains it across the data-parallel ranks.
 //
 //   auto world = comm::World::create({.timeout_s = cfg.comm.timeout_s});  // mpirun, or a world of one
-//   nn::GptModel model(*cfg.model);                       // declares parameters; allocates nothing
+//   nn::GptModel model(*cfg.model);                       // cfg: a run::RunConfig (run/run.h); allocates nothing
 //   engine::Engine engine(model, cfg, world.group());     // places and initialises the model states
 //   nn::Batch batch;
 //   for (int64_t step = 0; step < cfg.train_steps; ++step) {
@@ -271,7 +271,7 @@ class Engine {
   };
   OffloadReport offload_report() const;
 
-  // Activation checkpointing on this rank (engine/activation_config.h): the modules marked checkpointed,
+  // Activation checkpointing on this rank (engine/recompute_config.h): the modules marked checkpointed,
   // their re-runs so far (counts) and the seconds the re-runs took (kept inputs' restore included).
   struct RecomputeReport {
     std::string blocks;                  // checkpoint_blocks as chosen ("none", "all", "first 3", ...)

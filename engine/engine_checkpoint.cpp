@@ -15,6 +15,7 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "checkpoint/h5.h"
+#include "comm/agree.h"
 #include "engine/detail/engine_checkpoint.h"
 #include "engine/detail/engine_impl.h"  // Engine::checkpoint_access only
 #include "nn/threads.h"
@@ -92,8 +93,11 @@ std::shared_ptr<CheckpointSnapshot> EngineCheckpoint::snapshot_memory(size_t byt
 
 namespace {
 
-bool one_bit_family(std::string_view name) { return name == "OneBitAdam" || name == "ZeroOneAdam"; }
-bool adam_family(std::string_view name) { return name == "Adam" || name == "AdamW"; }
+// Whether the optimizer named `saved` (a checkpoint's optimizer.type) drives compressed communication.
+bool compressed_type(std::string_view saved) {
+  const optim::OptimizerType* t = optim::find_optimizer_type(saved);
+  return t != nullptr && t->compressed().has_value();
+}
 
 }  // namespace
 
@@ -351,10 +355,7 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
   }
   const std::string saved = string_scalar(m, "optimizer.type");
   const std::string_view ours = a_.config.optimizer.name();
-  const bool same = saved == ours || (adam_family(saved) && adam_family(ours));
-  const bool one_bit_to_adam = one_bit_family(saved) && adam_family(ours);
-  const bool adam_to_one_bit = adam_family(saved) && one_bit_family(ours);
-  if (!same && !one_bit_to_adam && !adam_to_one_bit && !(one_bit_family(saved) && one_bit_family(ours))) {
+  if (!a_.config.optimizer.can_resume_from(saved)) {
     throw CheckpointError(fmt::format("checkpoint '{}' holds {} optimizer states, which {} cannot continue from (its "
                                       "states differ); load it with optimizer.type {}",
                                       dir.string(), saved.empty() ? "unknown" : saved, ours, saved));
@@ -426,7 +427,7 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
     check_compatible(*reader);
     const checkpoint::Metadata& m = reader->metadata();
     const std::string saved = string_scalar(m, "optimizer.type");
-    compressed_source_ = one_bit_family(saved);
+    compressed_source_ = compressed_type(saved);
     rank_local_ok_ = a_.compressed && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
                      std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
                          static_cast<int64_t>(dense().layout.total()) &&

@@ -198,7 +198,7 @@ std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
   m["samples"] = a_.global_step * cfg.batch.train_batch_size;
   m["steps_taken"] = a_.steps_taken;  // updates applied (fp16 skips excluded): the optimizer's and schedule's step
   m["data.position"] = a_.global_step;  // the optimizer step whose batch comes next (BatchSource is keyed by it)
-  m["data.seed"] = static_cast<int64_t>(cfg.data.seed.value_or(cfg.seed));
+  m["data.seed"] = static_cast<int64_t>(cfg.data_seed.value_or(cfg.seed));
   m["rng.seed"] = static_cast<int64_t>(cfg.seed);
   m["lr_scheduler.last_batch_iteration"] = a_.steps_taken - 1;  // DeepSpeed's name for the schedule position
   m["lr_scheduler.lr"] = a_.schedule.lr_at(a_.steps_taken);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "comm/agree.h"
 #include "core/errors.h"
 #include "engine/detail/engine_checkpoint.h"
 
@@ -39,43 +40,9 @@ std::vector<std::string> allgather_strings(const comm::Group& g, const std::stri
   return out;
 }
 
-void agreed(const comm::Group& g, const std::function<void()>& fn) {
-  int32_t kind = kNoError;
-  std::string message;
-  std::exception_ptr error;
-  try {
-    fn();
-  } catch (const CheckpointError& e) {
-    kind = kCheckpointError, message = e.what(), error = std::current_exception();
-  } catch (const IoError& e) {
-    kind = kIoError, message = e.what(), error = std::current_exception();
-  } catch (const UsageError& e) {
-    kind = kUsageError, message = e.what(), error = std::current_exception();
-  } catch (const ConfigError& e) {
-    kind = kConfigError, message = e.what(), error = std::current_exception();
-  } catch (const fs::filesystem_error& e) {
-    kind = kIoError, message = e.what(), error = std::current_exception();
-  } catch (const std::exception& e) {
-    kind = kOtherError, message = e.what(), error = std::current_exception();
-  }
-  if (g.size() == 1) {
-    if (error) std::rethrow_exception(error);
-    return;
-  }
-  std::vector<int32_t> kinds(static_cast<size_t>(g.size()));
-  g.allgather(memory::Tensor(&kind, DType::kI32, {1}), memory::Tensor(kinds.data(), DType::kI32, {g.size()}));
-  auto first = std::find_if(kinds.begin(), kinds.end(), [](int32_t k) { return k != kNoError; });
-  if (first == kinds.end()) return;
-  const auto r = static_cast<size_t>(first - kinds.begin());
-  const std::string text = fmt::format("rank {}: {}", r, allgather_strings(g, message)[r]);
-  switch (*first) {
-    case kIoError: throw IoError(text);
-    case kUsageError: throw UsageError(text);
-    case kConfigError: throw ConfigError(text);
-    default: throw CheckpointError(text);
-  }
-}
-
+// comm/agree.h: when any rank threw, every rank throws the lowest failing rank's error, its message
+// prefixed with that rank; an error of no checkpoint-related kind becomes a CheckpointError.
+void agreed(const comm::Group& g, const std::function<void()>& fn) { comm::run_agreed<CheckpointError>(g, fn); }
 
 std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 

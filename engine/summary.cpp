@@ -160,12 +160,12 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                                {"compressed_over_exact", v[14] && v[16] ? mean(v[16], v[17]) / mean(v[14], v[15]) : 0.0}}}});
   }
   s["memory"] = boost::json::object{{"per_rank", std::move(mem_ranks)}};
-  // Activation checkpointing (engine/activation_config.h), this rank's (rank 0's in the file):
+  // Activation checkpointing (engine/recompute_config.h), this rank's (rank 0's in the file):
   // what recomputes and how long the re-runs took (selective recompute runs inside attention's
   // backward, so it has no re-runs to time).
   const Engine::RecomputeReport rc = engine_.recompute_report();
   if (rc.checkpointed_modules > 0 || rc.blocks != "none") {
-    const ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+    const RecomputeConfig& ac = cfg.recompute;
     s["activation_checkpointing"] = boost::json::object{
         {"checkpoint_blocks", rc.blocks},
         {"checkpointed_modules", rc.checkpointed_modules},

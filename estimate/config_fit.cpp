@@ -30,7 +30,7 @@ FitCapacity FitCapacity::of_this_host() {
   return FitCapacity{.host_bytes = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page) : 0};
 }
 
-ConfigParamCounts config_param_counts(const EngineConfig& cfg) {
+ConfigParamCounts config_param_counts(const run::RunConfig& cfg) {
   ZS_ASSERT(cfg.model.has_value(), "config_param_counts needs a model section");
   // parse_config bounds every dimension (model.n_layer <= 4096, d_model <= 65536, ...), so these
   // products stay far below 2^63.
@@ -51,13 +51,13 @@ ConfigParamCounts config_param_counts(const EngineConfig& cfg) {
   return c;
 }
 
-void check_config_fits(const EngineConfig& cfg, int ranks, const FitCapacity& capacity) {
+void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& capacity) {
   if (!cfg.model) return;  // the program brings its own model: it is built before anything is known
   const ConfigParamCounts counts = config_param_counts(cfg);
   // The estimator's input from the config's rules and the counts alone (Note [estimated offload] and
   // the stage rules in estimate.h): no model is built. Flat elements are rounded up once, as for a
   // single parameter; the engine pads every parameter, so its layout is at least this large.
-  EngineConfig rules = cfg;
+  run::RunConfig rules = cfg;
   rules.model.reset();
   rules.model_moe.reset();
   EstimateInput in = estimate_input_for_config(rules, ranks, counts.dense);

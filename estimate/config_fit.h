@@ -1,6 +1,6 @@
 // Config arithmetic before anything is built: does the config's model fit at all?
 //
-//   EngineConfig cfg = parse_config(doc, world.size());
+//   run::RunConfig cfg = run::parse_run_config(doc, world.size());
 //   check_config_fits(cfg, world.size(), FitCapacity::of_this_host());   // before building the model
 //
 // A GPT of 1e5 blocks takes 44 s to declare its module tree before the device arena's first allocation
@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "engine/config.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 
@@ -35,7 +36,7 @@ struct FitCapacity {
 // arena and, with offload to the host, against `capacity.host_bytes`, and the smallest activation of one
 // micro-batch beside the states. Throws ConfigError naming the path (model, train_micro_batch_size_per_gpu,
 // zero_optimization.offload_optimizer / offload_param), the bytes needed and the capacity.
-void check_config_fits(const EngineConfig& cfg, int ranks, const FitCapacity& capacity);
+void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& capacity);
 
 // The parameter elements of the config's model that rank 0 holds before sharding: the GPT's count
 // (nn::gpt_param_count) and, for model.moe, the expert MLPs of one expert-parallel rank in place of the
@@ -45,6 +46,6 @@ struct ConfigParamCounts {
   uint64_t expert = 0;          // this rank's experts, sharded over ranks / ep_size ranks
   int expert_parallel_size = 1;
 };
-ConfigParamCounts config_param_counts(const EngineConfig& cfg);
+ConfigParamCounts config_param_counts(const run::RunConfig& cfg);
 
 }  // namespace zs::engine

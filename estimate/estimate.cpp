@@ -198,7 +198,7 @@ struct MeasuredGptMoe {
   moe::GptMoeModel model;
 };
 
-std::shared_ptr<nn::Model> builtin_model(const EngineConfig& cfg, int ranks) {
+std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
   if (!cfg.model_moe) return std::make_shared<nn::GptModel>(*cfg.model);
   const int e = cfg.model_moe->moe.ep_size;
   if (ranks % e != 0) {
@@ -212,7 +212,7 @@ std::shared_ptr<nn::Model> builtin_model(const EngineConfig& cfg, int ranks) {
 
 }  // namespace
 
-EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
+EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
   if (cfg.model) {
@@ -257,9 +257,8 @@ EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks, std:
 
 EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
                                        std::string description) {
-  if (cfg.model) throw ConfigError("model: the program brings its own model; remove the config's model section");
   // The config's rules with a placeholder size, then the model's own facts.
-  EstimateInput in = estimate_input_for_config(cfg, ranks, uint64_t{1});
+  EstimateInput in = estimate_input_for_config(run::RunConfig(cfg), ranks, uint64_t{1});
   in.model = model_facts(model, in.zero);
   in.model.description = fmt::format("{}: {} parameters", description, group_digits(in.model.param_elements));
   // Not owned: the caller keeps the model and the source alive.

@@ -40,6 +40,7 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "run/run_config.h"
 #include "engine/placement.h"
 #include "memory/backend.h"
 #include "memory/category.h"
@@ -150,10 +151,11 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
 // offload_param; sub_group_size and buffer counts in `zero`) and, when cfg.model is set, the built-in
 // GPT's exact layout and a measure target (the GPT on the built-in corpus). Without a model section,
 // `n_params` must be given (else ConfigError); with one, n_params must be empty.
-EstimateInput estimate_input_for_config(const EngineConfig& cfg, int ranks,
+EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks,
                                         std::optional<uint64_t> n_params = std::nullopt);
 // The same for a user's own model (any nn::Model) trained from `source`: exact layout and measured
-// device peak. `model` and `source` must outlive the input and every estimate made from it.
+// device peak. `model` and `source` must outlive the input and every estimate made from it. `cfg` is
+// the engine's part of the config (a run::RunConfig whose program builds its own model has no `model`).
 EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, const EngineConfig& cfg, int ranks,
                                        std::string description);
 

@@ -1,7 +1,7 @@
 // The memory estimator's measurement: the real engine, run over memory::MeasuringBackend and a
 // simulated group, for any nn::Model - a built-in GPT or a user's own.
 //
-//   nn::GptModel model(*cfg.model);                      // or your own nn::Model; allocates nothing
+//   nn::GptModel model(*cfg.model);                      // cfg: a run::RunConfig; or your own nn::Model
 //   MySource source;                                      // yours: the BatchSource training would use
 //   engine::Measurement m = engine::estimate(model, cfg, /*ranks=*/8, source);
 //   for (const auto& r : m.classes) std::printf("ranks %d-%d: device peak %llu\n", r.first_rank, r.last_rank,

@@ -11,8 +11,8 @@
 
 namespace zs::engine {
 
-RecomputeChoice resolve_recompute_budget(EngineConfig& cfg, int ranks) {
-  ActivationCheckpointingConfig& ac = cfg.activation_checkpointing;
+RecomputeChoice resolve_recompute_budget(run::RunConfig& cfg, int ranks) {
+  RecomputeConfig& ac = cfg.recompute;
   RecomputeChoice choice;
   if (!ac.budget()) return choice;
   const char* key = "activation_checkpointing.device_budget_mb";
@@ -34,12 +34,12 @@ RecomputeChoice resolve_recompute_budget(EngineConfig& cfg, int ranks) {
   }
   // The predicted reserved peak with the first m blocks checkpointed: the largest over rank classes.
   auto peak_with = [&](int64_t m) {
-    EngineConfig c = cfg;
-    c.activation_checkpointing.device_budget_mb = 0;
-    c.activation_checkpointing.budget_auto = false;
-    c.activation_checkpointing.blocks = m > 0 ? ActivationCheckpointingConfig::Blocks::kFirst
-                                              : ActivationCheckpointingConfig::Blocks::kNone;
-    c.activation_checkpointing.k = m;
+    run::RunConfig c = cfg;
+    c.recompute.device_budget_mb = 0;
+    c.recompute.budget_auto = false;
+    c.recompute.blocks = m > 0 ? RecomputeConfig::Blocks::kFirst
+                                              : RecomputeConfig::Blocks::kNone;
+    c.recompute.k = m;
     nn::GptModel model(*c.model);
     DatasetSource source(nn::Dataset::builtin(c.model->seq_len), c.seed);  // the shapes count, not the text
     const Measurement meas = estimate(model, c, ranks, source);
@@ -79,7 +79,7 @@ RecomputeChoice resolve_recompute_budget(EngineConfig& cfg, int ranks) {
   choice.predicted_peak_bytes = hi_peak;
   ac.device_budget_mb = 0;
   ac.budget_auto = false;
-  ac.blocks = hi > 0 ? ActivationCheckpointingConfig::Blocks::kFirst : ActivationCheckpointingConfig::Blocks::kNone;
+  ac.blocks = hi > 0 ? RecomputeConfig::Blocks::kFirst : RecomputeConfig::Blocks::kNone;
   ac.k = hi;
   return choice;
 }

@@ -2,7 +2,7 @@
 // done analytically): the fewest of the built-in GPT's blocks to checkpoint so the device peak the
 // estimator predicts fits a budget, chosen before the engine is built.
 //
-//   EngineConfig cfg = parse_config(doc, world.size());
+//   run::RunConfig cfg = run::parse_run_config(doc, world.size());
 //   RecomputeChoice c = resolve_recompute_budget(cfg, world.size());  // cfg now says "first c.blocks"
 //   Engine engine(model, cfg, group);
 //
@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "engine/config.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 
@@ -31,11 +32,11 @@ struct RecomputeChoice {
   int measurements = 0;               // estimator runs made
 };
 
-// Turns cfg.activation_checkpointing's device_budget_mb into checkpoint_blocks "first k" (Blocks::kFirst)
+// Turns cfg.recompute's device_budget_mb into checkpoint_blocks "first k" (Blocks::kFirst)
 // and clears the budget; a config without a budget is left as it is (applies false). Throws
 // ConfigError, before any training: without the built-in GPT (a model section without moe), when
 // the budget exceeds device.memory_mb (the arena could not hold what the choice assumes), and when
 // even every block recomputed predicts a peak above the budget (the message gives the peak needed).
-RecomputeChoice resolve_recompute_budget(EngineConfig& cfg, int ranks);
+RecomputeChoice resolve_recompute_budget(run::RunConfig& cfg, int ranks);
 
 }  // namespace zs::engine

@@ -11,9 +11,9 @@
 //   1. Declare the model: nn::Module subclasses that declare parameters and children in their
 //      constructor, and an nn::Model at the root that turns a batch into a loss.
 //   2. Provide the data: an engine::BatchSource that fills micro-batches by global sample index.
-//   3. Read the config: DeepSpeed keys through engine::parse_config; the program's own settings (here
-//      the `mlp` section) read strictly with zs::ObjectReader and removed before parse_config, which
-//      rejects keys it does not know.
+//   3. Read the config: DeepSpeed keys (and the run's data and log sections) through
+//      run::parse_run_config; the program's own settings (here the `mlp` section) read strictly with
+//      zs::ObjectReader and removed before parse_run_config, which rejects keys it does not know.
 //   4. Start the world (mpirun, or a world of one), build the Engine, call train_batch per step.
 //   Or, before renting the machines: predict the memory per rank of this model under this config at
 //   every ZeRO stage (engine::estimate_input_for_model; the same report as `zeroshard estimate`).
@@ -39,6 +39,7 @@
 #include "estimate/estimate.h"
 #include "examples/mlp_model.h"
 #include "nn/nn.h"
+#include "run/run_config.h"
 
 namespace {
 
@@ -51,7 +52,7 @@ using zs::examples::TeacherData;
 // Reads the file, takes out the program's own `mlp` section (checked key by key: an unknown key is a
 // ConfigError with a did-you-mean, like every engine section), and validates the rest as the engine's
 // DeepSpeed-style config.
-zs::engine::EngineConfig load_config(const std::string& path, int world_size, MlpConfig& mlp) {
+zs::run::RunConfig load_config(const std::string& path, int world_size, MlpConfig& mlp) {
   boost::json::value doc = zs::parse_json_file(path);
   if (!doc.is_object()) throw zs::ConfigError(path + ": the config must be a JSON object");
   zs::ObjectReader root(doc, "");
@@ -61,7 +62,7 @@ zs::engine::EngineConfig load_config(const std::string& path, int world_size, Ml
     r.read("d_out", mlp.d_out, zs::IntRange{1, 4096});
   });
   doc.as_object().erase("mlp");
-  zs::engine::EngineConfig cfg = zs::engine::parse_config(doc, world_size);
+  zs::run::RunConfig cfg = zs::run::parse_run_config(doc, world_size);
   if (cfg.model) throw zs::ConfigError("model: this program brings its own model; remove the `model` section");
   return cfg;
 }
@@ -83,7 +84,7 @@ int estimate(const std::string& path, const std::string& ranks_text) {
   }
   try {
     MlpConfig mlp;
-    const zs::engine::EngineConfig cfg = load_config(path, static_cast<int>(ranks), mlp);
+    const zs::run::RunConfig cfg = load_config(path, static_cast<int>(ranks), mlp);
     Regressor model(mlp);
     TeacherData data(mlp, cfg.data.seed.value_or(cfg.seed), cfg.batch.train_batch_size);
     const std::string what = fmt::format("MLP {} -> {} -> {}", mlp.d_in, mlp.hidden, mlp.d_out);
@@ -132,7 +133,7 @@ int main(int argc, char** argv) {
 
   // Every rank reads the same file and reaches the same verdict, so rank 0 alone reports it.
   MlpConfig mlp;
-  zs::engine::EngineConfig cfg;
+  zs::run::RunConfig cfg;
   try {
     cfg = load_config(argv[1], world->size(), mlp);
   } catch (const zs::Error& e) {

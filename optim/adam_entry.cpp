@@ -9,6 +9,7 @@ class AdamType final : public detail::TypedOptimizerType<AdamConfig> {
  public:
   explicit AdamType(bool adamw) : adamw_(adamw) {}
   std::string_view name() const override { return adamw_ ? "AdamW" : "Adam"; }
+  std::string_view state_family() const override { return detail::kAdamStateFamily; }
 
  protected:
   // DeepSpeed's Adam type defaults to decoupled weight decay (adam_w_mode true); AdamW forces it.

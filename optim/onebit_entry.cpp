@@ -39,6 +39,8 @@ void read_common(ObjectReader& p, Config& c) {
 class OneBitAdamType final : public detail::TypedOptimizerType<OneBitAdamConfig> {
  public:
   std::string_view name() const override { return "OneBitAdam"; }
+  // Adam's moments (momentum and variance), so it resumes from Adam's states and they from its.
+  std::string_view state_family() const override { return detail::kAdamStateFamily; }
   // Whole momentum, variance per stepped element, worker error: 3 x fp32.
   std::optional<CompressedTraits> compressed() const override { return CompressedTraits{.state_bytes_per_param = 12.0}; }
 
@@ -55,6 +57,8 @@ class OneBitAdamType final : public detail::TypedOptimizerType<OneBitAdamConfig>
 class ZeroOneAdamType final : public detail::TypedOptimizerType<ZeroOneAdamConfig> {
  public:
   std::string_view name() const override { return "ZeroOneAdam"; }
+  // Adam's moments (momentum and variance), so it resumes from Adam's states and they from its.
+  std::string_view state_family() const override { return detail::kAdamStateFamily; }
   // One-bit Adam's three plus the accumulator of its local steps.
   std::optional<CompressedTraits> compressed() const override {
     return CompressedTraits{.state_bytes_per_param = 16.0, .local_steps = true};

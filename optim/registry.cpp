@@ -59,6 +59,11 @@ const OptimizerType* find_optimizer_type(std::string_view name) {
   return nullptr;
 }
 
+bool OptimizerType::can_resume_from(std::string_view saved_type) const {
+  const OptimizerType* saved = find_optimizer_type(saved_type);
+  return saved != nullptr && saved->state_family() == state_family();
+}
+
 std::string optimizer_type_list(bool elementwise_only) {
   std::vector<std::string_view> names;
   for (const OptimizerType* t : types()) {

@@ -75,6 +75,13 @@ class OptimizerType {
   virtual bool sign_update() const { return false; }
   // Set for the optimizers the engine drives itself; make() then returns nullptr.
   virtual std::optional<CompressedTraits> compressed() const { return std::nullopt; }
+  // The family of the states a checkpoint of this type holds: a run resumes from a checkpoint of any
+  // type of its own family (Adam, AdamW, OneBitAdam and ZeroOneAdam all keep Adam's exp_avg and
+  // exp_avg_sq, so each continues from the others). By default a type is a family of its own.
+  virtual std::string_view state_family() const { return name(); }
+  // Whether a run with this type can resume from the optimizer states of a checkpoint saved by the
+  // type named `saved_type` (its name as the checkpoint records it; unregistered: false).
+  bool can_resume_from(std::string_view saved_type) const;
   // The elementwise optimizer for these params (widest kernel of this CPU); nullptr if compressed().
   virtual std::unique_ptr<Optimizer> make(const std::any& params) const = 0;
 };
@@ -127,6 +134,8 @@ class OptimizerChoice {
   bool compressed() const { return type_->compressed().has_value(); }
   std::optional<CompressedTraits> compressed_traits() const { return type_->compressed(); }
   std::unique_ptr<Optimizer> make() const { return type_->make(params_); }
+  // OptimizerType::can_resume_from: whether this optimizer continues from `saved_type`'s states.
+  bool can_resume_from(std::string_view saved_type) const { return type_->can_resume_from(saved_type); }
   // The elementwise optimizer's states (empty for compressed ones) and its bytes per parameter
   // element (CompressedTraits::state_bytes_per_param for compressed ones).
   std::vector<StateSpec> state_specs() const;

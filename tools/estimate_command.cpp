@@ -19,6 +19,7 @@
 #include "core/errors.h"
 #include "core/json.h"
 #include "engine/config.h"
+#include "run/run_config.h"
 #include "estimate/estimate.h"
 #include "estimate/recompute_budget.h"
 #include "tools/commands.h"
@@ -114,7 +115,7 @@ int run(const po::variables_map& vm) {
   engine::EstimateInput in;
   if (have_config) {
     // The config is validated as for a run on `ranks` ranks (its batch arithmetic included).
-    engine::EngineConfig cfg = engine::parse_config(parse_json_file(vm["config"].as<std::string>()), ranks);
+    run::RunConfig cfg = run::parse_run_config(parse_json_file(vm["config"].as<std::string>()), ranks);
     for (const std::string& note : cfg.notes) ZS_LOG_WARN("config: {}", note);  // one process: logged once
     if (vm.count("dtype")) cfg.precision = parse_dtype(vm["dtype"].as<std::string>());
     // activation_checkpointing.device_budget_mb: the blocks a run would recompute, at the config's stage.

@@ -13,12 +13,14 @@
 #include <optional>
 #include <sstream>
 
+#include "comm/agree.h"
 #include "comm/topology.h"
 #include "comm/world.h"
 #include "core/errors.h"
 #include "core/json.h"
 #include "core/log.h"
 #include "engine/config.h"
+#include "run/run_config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
 #include "core/clock.h"
@@ -97,32 +99,21 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   return a;
 }
 
-// Runs `fn` on every rank and agrees on the outcome (Note [errors across ranks]). Returns true when
-// every rank succeeded; otherwise the lowest failing rank has printed its message.
+// Runs `fn` on every rank and agrees on the outcome (Note [errors across ranks], comm/agree.h).
+// Returns true when every rank succeeded; otherwise the lowest failing rank has printed its message.
 template <typename F>
 bool agree(const comm::Group& group, F&& fn) {
-  std::string error;
+  std::exception_ptr local;
   try {
     fn();
-  } catch (const std::exception& e) {
-    error = e.what();
+  } catch (const std::exception&) {
+    local = std::current_exception();
   }
-  std::vector<int32_t> failed(static_cast<size_t>(group.size()), 0);
-  int32_t mine = error.empty() ? 0 : 1;
-  if (group.size() > 1) {
-    group.allgather(memory::Tensor(&mine, memory::DType::kI32, {1}),
-                    memory::Tensor(failed.data(), memory::DType::kI32, {group.size()}));
-  } else {
-    failed[0] = mine;
-  }
-  int first = -1;
-  for (int r = 0; r < group.size() && first < 0; ++r) {
-    if (failed[static_cast<size_t>(r)]) first = r;
-  }
-  if (first < 0) return true;
-  if (first == group.rank()) {
-    if (group.size() > 1) std::fprintf(stderr, "zeroshard: rank %d: error: %s\n", group.rank(), error.c_str());
-    else std::fprintf(stderr, "zeroshard: error: %s\n", error.c_str());
+  const std::optional<comm::RankFailure> failure = comm::agree_outcome(group, local);
+  if (!failure) return true;
+  if (failure->rank == group.rank()) {
+    if (group.size() > 1) std::fprintf(stderr, "zeroshard: rank %d: error: %s\n", group.rank(), failure->message.c_str());
+    else std::fprintf(stderr, "zeroshard: error: %s\n", failure->message.c_str());
   }
   return false;
 }
@@ -192,11 +183,11 @@ int train_command(const std::vector<std::string>& args) {
   init_logging({world.rank(), world.size()});
   launch::set_blas_threads(launch::local_rank_count());
 
-  engine::EngineConfig cfg;
+  run::RunConfig cfg;
   engine::RecomputeChoice recompute;  // activation_checkpointing.device_budget_mb
   if (!agree(everyone, [&] {
         std::string text = read_config_everywhere(everyone, a->config);
-        cfg = engine::parse_config(parse_json_text(text, a->config), world.size());
+        cfg = run::parse_run_config(parse_json_text(text, a->config), world.size());
         // Before the model is built: a model that cannot fit is refused from the arithmetic alone.
         engine::check_config_fits(cfg, world.size(), engine::FitCapacity::of_this_host());
         recompute = engine::resolve_recompute_budget(cfg, world.size());  // before training: a too-small budget fails here
@@ -322,7 +313,7 @@ int train_command(const std::vector<std::string>& args) {
           moe_summary.record(routing);
           ZS_LOG_INFO("  moe: {}", routing_line(routing));
         }
-        if (cfg.activation_checkpointing.profile) {
+        if (cfg.recompute.profile) {
           const engine::Engine::RecomputeReport rc = engine->recompute_report();
           ZS_LOG_INFO("  recompute: {} checkpointed module(s), {} re-runs, {:.3f} s in all ({:.3f} s per step)", rc.checkpointed_modules,
                       rc.recomputes, rc.recompute_s, rc.recompute_s / static_cast<double>(r.step));

@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "engine/detail/activation_store.h"
+#include "engine/detail/recompute_store.h"
 #include "memory/alloc_trace.h"
 #include "memory/allocator.h"
 #include "memory/backend.h"
@@ -70,8 +70,8 @@ class EngineContext final : public nn::Context {
   // Tensors share ownership of the arena (Note [engine memory lifetime]).
   // Over the measuring backend the model's arithmetic is skipped (the estimator).
   bool computes() const override { return device_.backend().runs_kernels(); }
-  // Where checkpointed modules' inputs wait (engine/detail/activation_store.h); none: in place.
-  void set_checkpoint_store(std::unique_ptr<CheckpointInputStore> store) { checkpoints_ = std::move(store); }
+  // Where checkpointed modules' inputs wait (engine/detail/recompute_store.h); none: in place.
+  void set_checkpoint_store(std::unique_ptr<RecomputeInputStore> store) { checkpoints_ = std::move(store); }
   size_t checkpoint_buffer_bytes() const { return checkpoints_ ? checkpoints_->buffer_bytes() : 0; }
 
  protected:
@@ -79,7 +79,7 @@ class EngineContext final : public nn::Context {
   void after_forward(nn::Module& m) override { hooks_.after_forward(m); }
   void before_backward(nn::Module& m) override { hooks_.before_backward(m); }
   void after_backward(nn::Module& m) override { hooks_.after_backward(m); }
-  memory::Tensor keep_checkpoint_input(const memory::Tensor& input) override;  // activation_checkpointing.cpp
+  memory::Tensor keep_checkpoint_input(const memory::Tensor& input) override;  // recompute.cpp
   memory::Tensor restore_checkpoint_input(memory::Tensor kept) override;
 
  private:
@@ -87,7 +87,7 @@ class EngineContext final : public nn::Context {
   memory::DeviceAllocator& device_;
   ModuleHooks& hooks_;
   bool training_ = true;
-  std::unique_ptr<CheckpointInputStore> checkpoints_;
+  std::unique_ptr<RecomputeInputStore> checkpoints_;
 };
 
 }  // namespace zs::engine

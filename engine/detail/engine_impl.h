@@ -145,8 +145,8 @@ class Engine::Impl final : public ModuleHooks {
   void gather_momentum();
   uint64_t compressed_state_bytes() const;
 
-  // activation_checkpointing.cpp: cfg_.activation_checkpointing applied to the model and ctx_.
-  void setup_activation_checkpointing(nn::Model& model);
+  // recompute.cpp: cfg_.recompute applied to the model and ctx_.
+  void setup_recompute(nn::Model& model);
   int64_t checkpointed_modules_ = 0;
 
   // Note [a failed pass]: an exception inside a forward leaves the engine as before that forward

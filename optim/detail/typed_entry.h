@@ -21,6 +21,9 @@
 
 namespace zs::optim::detail {
 
+// OptimizerType::state_family of the types that keep Adam's two moments (exp_avg, exp_avg_sq).
+inline constexpr std::string_view kAdamStateFamily = "adam";
+
 template <class Params>
 class TypedOptimizerType : public OptimizerType {
  public:

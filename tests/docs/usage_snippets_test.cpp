@@ -20,14 +20,15 @@
 #include "nn/host_context.h"
 #include "nn/param_access.h"
 #include "optim/adam.h"
+#include "run/run_config.h"
 
 namespace zs {
 namespace {
 
 nn::GptConfig tiny_gpt() { return {.n_layer = 1, .d_model = 32, .n_head = 2, .seq_len = 8, .vocab_size = 64}; }
 
-engine::EngineConfig tiny_config(int world_size) {
-  engine::EngineConfig cfg;
+zs::run::RunConfig tiny_config(int world_size) {
+  zs::run::RunConfig cfg;
   cfg.batch = engine::resolve_batch(16 * world_size, 0, 2, world_size);
   cfg.optimizer = engine::OptimizerConfig("AdamW", optim::AdamConfig{.lr = 1e-3});
   cfg.device.memory_mb = 16;
@@ -37,7 +38,7 @@ engine::EngineConfig tiny_config(int world_size) {
 }
 
 TEST(UsageSnippets, EngineHeader) {
-  const engine::EngineConfig cfg = tiny_config(1);
+  const zs::run::RunConfig cfg = tiny_config(1);
   int64_t filled = 0;
   // The caller's data: token ids (B, T) and their next tokens.
   auto fill_micro_batch = [&](nn::Batch& batch, int64_t step, int64_t m) {
@@ -55,7 +56,7 @@ TEST(UsageSnippets, EngineHeader) {
 
   // ---- from engine/engine.h
   auto world = comm::World::create({.timeout_s = cfg.comm.timeout_s});  // mpirun, or a world of one
-  nn::GptModel model(*cfg.model);                       // declares parameters; allocates nothing
+  nn::GptModel model(*cfg.model);                       // cfg: a run::RunConfig (run/run.h); allocates nothing
   engine::Engine engine(model, cfg, world.group());     // places and initialises the model states
   nn::Batch batch;
   for (int64_t step = 0; step < cfg.train_steps; ++step) {
@@ -83,9 +84,9 @@ class MySource final : public engine::BatchSource {
 };
 
 TEST(UsageSnippets, MeasureHeader) {
-  const engine::EngineConfig cfg = tiny_config(8);
+  const zs::run::RunConfig cfg = tiny_config(8);
   // ---- from estimate/measure.h
-  nn::GptModel model(*cfg.model);                      // or your own nn::Model; allocates nothing
+  nn::GptModel model(*cfg.model);                      // cfg: a run::RunConfig; or your own nn::Model
   MySource source;                                      // yours: the BatchSource training would use
   engine::Measurement m = engine::estimate(model, cfg, /*ranks=*/8, source);
   for (const auto& r : m.classes) std::printf("ranks %d-%d: device peak %llu\n", r.first_rank, r.last_rank,
@@ -262,7 +263,7 @@ TEST(UsageSnippets, SharedWeightTrainsAtEveryStage) {
   auto world = comm::World::create({});
   std::vector<double> losses[2];
   for (int s = 0; s < 2; ++s) {
-    engine::EngineConfig cfg;
+    zs::run::RunConfig cfg;
     cfg.batch = engine::resolve_batch(8, 0, 2, 1);
     cfg.zero.stage = s == 0 ? 0 : 3;
     cfg.zero.stage3_param_persistence_threshold = 0;

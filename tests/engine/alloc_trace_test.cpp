@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "memory/alloc_trace.h"
 #include "train_harness.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -21,7 +22,7 @@ TEST(EngineAllocTrace, ReplayReproducesTheRunsPeaks) {
   const fs::path dir = fs::temp_directory_path() / ("zs_alloc_trace_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (int stage = 0; stage <= 3; ++stage) {
-    EngineConfig cfg = test_harness::make_config(1, 1, Precision::kBf16, stage);
+    zs::run::RunConfig cfg = test_harness::make_config(1, 1, Precision::kBf16, stage);
     cfg.device.alloc_trace = (dir / ("stage" + std::to_string(stage) + ".trace")).string();
     test_harness::RunResult run = test_harness::train(world.group(), cfg, 2);
     memory::AllocTrace trace = memory::load_trace(cfg.device.alloc_trace);
@@ -39,7 +40,7 @@ TEST(EngineAllocTrace, ReplayReproducesTheRunsPeaks) {
 
 TEST(EngineAllocTrace, UnwritablePathIsAConfigError) {
   comm::World world(comm::World::Launch::kLocal);
-  EngineConfig cfg = test_harness::make_config(1, 1, Precision::kFp32, 0);
+  zs::run::RunConfig cfg = test_harness::make_config(1, 1, Precision::kFp32, 0);
   cfg.device.alloc_trace = "/nonexistent-dir/run.trace";
   nn::GptModel model(*cfg.model);
   try {

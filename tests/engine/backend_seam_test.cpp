@@ -14,6 +14,7 @@
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
 #include "tests/support/temp_dir.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -35,8 +36,8 @@ std::string name_of(const SeamCase& c) {
                      c.optimizer, c.reuse_fp32_param ? " reuse_fp32_param" : "");
 }
 
-EngineConfig seam_config(const SeamCase& c, int world, const std::string& dir, const std::string& backend) {
-  EngineConfig cfg = make_config(1, world, c.precision, c.stage);
+zs::run::RunConfig seam_config(const SeamCase& c, int world, const std::string& dir, const std::string& backend) {
+  zs::run::RunConfig cfg = make_config(1, world, c.precision, c.stage);
   cfg.device.backend = backend;
   if (c.optimizer != "AdamW") cfg.optimizer = OptimizerConfig(c.optimizer);
   if (c.optimizer == "OneBitAdam") {
@@ -94,7 +95,7 @@ TEST(Transfers, OffloadStepMovesTheShardBothWays) {
   const comm::Group& world = test::world().group();
   test::TempDir dir;
   const SeamCase c{2, Precision::kBf16, OffloadDevice::kCpu};
-  const EngineConfig cfg = seam_config(c, world.size(), dir.path(), "cpu");
+  const zs::run::RunConfig cfg = seam_config(c, world.size(), dir.path(), "cpu");
   const RunResult r = train(world, cfg, 2);
   nn::GptModel model(tiny_gpt());
   nn::assign_names(model);

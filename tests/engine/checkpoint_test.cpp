@@ -24,6 +24,7 @@
 #include "optim/lion.h"
 #include "optim/onebit_adam.h"
 #include "tests/support/mpi_test_env.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -50,9 +51,9 @@ OptimizerConfig optimizer(const std::string& name) {
                                                                 .local_step_clipper = 4});
 }
 
-EngineConfig make_config(int world, int stage, const std::string& opt, OffloadDevice offload = OffloadDevice::kNone,
+zs::run::RunConfig make_config(int world, int stage, const std::string& opt, OffloadDevice offload = OffloadDevice::kNone,
                          const std::string& nvme = "") {
-  EngineConfig c;
+  zs::run::RunConfig c;
   c.batch = resolve_batch(kBatch, 0, 1, world);
   c.zero.stage = stage;
   c.zero.reduce_bucket_size = 3000;
@@ -88,7 +89,7 @@ struct RunResult {
 };
 
 // Steps [from, to) of a run, after loading `load` (when not empty); saves to `save` at the end.
-RunResult train(const comm::Group& g, const EngineConfig& cfg, int from, int to, const fs::path& load = {},
+RunResult train(const comm::Group& g, const zs::run::RunConfig& cfg, int from, int to, const fs::path& load = {},
           const fs::path& save = {}) {
   nn::GptModel model(*cfg.model);
   Engine engine(model, cfg, g);
@@ -130,7 +131,7 @@ TEST_P(ResumeTest, TenStepsEqualFivePlusFive) {
   const std::string nvme = (dir / "swap").string();
   if (g.rank() == 0) fs::create_directories(nvme);
   g.barrier();
-  EngineConfig cfg = make_config(g.size(), c.stage, c.optimizer, c.offload, nvme);
+  zs::run::RunConfig cfg = make_config(g.size(), c.stage, c.optimizer, c.offload, nvme);
   cfg.precision = c.precision;
   cfg.memory.reuse_fp32_param = c.reuse_fp32_param;
   cfg.checkpoint.async = c.async;
@@ -169,7 +170,7 @@ TEST(CheckpointAsync, CommitsTheSnapshot) {
   const comm::Group& g = test::world().group();
   if (g.size() > 2) GTEST_SKIP();
   const fs::path dir = shared_dir(g, "async");
-  EngineConfig cfg = make_config(g.size(), 3, "AdamW");
+  zs::run::RunConfig cfg = make_config(g.size(), 3, "AdamW");
   cfg.checkpoint.async = true;
   std::string at_save;
   {
@@ -202,7 +203,7 @@ TEST(CheckpointAsync, PrunesInTheBackground) {
   const comm::Group& g = test::world().group();
   if (g.size() > 2) GTEST_SKIP();
   const fs::path dir = shared_dir(g, "async_prune");
-  EngineConfig cfg = make_config(g.size(), 1, "AdamW");
+  zs::run::RunConfig cfg = make_config(g.size(), 1, "AdamW");
   cfg.checkpoint.async = true;
   cfg.checkpoint.keep_last = 1;
   {
@@ -246,7 +247,7 @@ TEST(Elastic, SavedAtFourRanksStage3ContinuesAnywhere) {
   std::map<std::string, std::vector<float>> saved;
   std::string saved_digest;
   {
-    const EngineConfig cfg = make_config(4, 3, "AdamW");
+    const zs::run::RunConfig cfg = make_config(4, 3, "AdamW");
     nn::GptModel model(*cfg.model);
     Engine engine(model, cfg, world);
     DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
@@ -258,7 +259,7 @@ TEST(Elastic, SavedAtFourRanksStage3ContinuesAnywhere) {
   // Loads and continues 3 steps; compares with 7 uninterrupted steps at the same configuration.
   auto check = [&](const comm::Group& g, int stage, OffloadDevice offload) {
     const std::string what = fmt::format("{} rank(s), stage {}, offload {}", g.size(), stage, offload_device_name(offload));
-    const EngineConfig cfg = make_config(g.size(), stage, "AdamW", offload);
+    const zs::run::RunConfig cfg = make_config(g.size(), stage, "AdamW", offload);
     nn::GptModel model(*cfg.model);
     Engine engine(model, cfg, g);
     DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
@@ -316,12 +317,12 @@ TEST(CheckpointErrors, AgreedOnEveryRank) {
   const comm::Group& g = test::world().group();
   if (g.size() > 2) GTEST_SKIP();
   const fs::path dir = shared_dir(g, "errors");
-  const EngineConfig cfg = make_config(g.size(), 1, "AdamW");
+  const zs::run::RunConfig cfg = make_config(g.size(), 1, "AdamW");
   train(g, cfg, 0, 2, {}, dir / "good");
 
   // Another model: a parameter of another shape.
   {
-    EngineConfig other = cfg;
+    zs::run::RunConfig other = cfg;
     other.model = tiny_gpt(36);
     nn::GptModel model(*other.model);
     Engine engine(model, other, g);
@@ -330,7 +331,7 @@ TEST(CheckpointErrors, AgreedOnEveryRank) {
   }
   // Another optimizer.
   {
-    const EngineConfig lion = make_config(g.size(), 1, "Lion");
+    const zs::run::RunConfig lion = make_config(g.size(), 1, "Lion");
     nn::GptModel model(*lion.model);
     Engine engine(model, lion, g);
     expect_everywhere<CheckpointError>(g, [&] { engine.load_checkpoint((dir / "good").string()); },
@@ -376,7 +377,7 @@ TEST(CheckpointTags, ValidatedAcrossRanksAsDeepSpeed) {
   const comm::Group& g = test::world().group();
   if (g.size() != 2) GTEST_SKIP() << "needs two ranks";
   const fs::path dir = shared_dir(g, "tags");
-  EngineConfig cfg = make_config(2, 1, "AdamW");
+  zs::run::RunConfig cfg = make_config(2, 1, "AdamW");
   nn::GptModel model(*cfg.model);
   cfg.checkpoint.tag_validation = TagValidation::kFail;
   {
@@ -398,7 +399,7 @@ TEST(Checkpoint16Bit, WholeParametersByName) {
   const comm::Group& g = test::world().group();
   if (g.size() > 2) GTEST_SKIP();
   const fs::path dir = shared_dir(g, "16bit");
-  EngineConfig cfg = make_config(g.size(), 3, "AdamW");
+  zs::run::RunConfig cfg = make_config(g.size(), 3, "AdamW");
   cfg.precision = Precision::kBf16;
   cfg.checkpoint.gather_16bit_weights = true;
   nn::GptModel model(*cfg.model);
@@ -430,7 +431,7 @@ TEST(CheckpointOptimizers, OneBitAdamIntoAdam) {
   if (g.size() > 2) GTEST_SKIP();
   const fs::path dir = shared_dir(g, "onebit_adam");
   const RunResult saved = train(g, make_config(g.size(), 1, "OneBitAdam"), 0, 5, {}, dir);
-  const EngineConfig adam = make_config(g.size(), 2, "AdamW");
+  const zs::run::RunConfig adam = make_config(g.size(), 2, "AdamW");
   nn::GptModel model(*adam.model);
   Engine engine(model, adam, g);
   engine.load_checkpoint(dir.string());

@@ -5,6 +5,7 @@
 
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -17,7 +18,7 @@ constexpr double kLossRtol = 0.02;  // tests/engine/precision_test.cpp's bound (
 
 RunResult run(Precision precision, int stage, std::optional<DType> comm_dtype) {
   const comm::Group& world = zs::test::world().group();
-  EngineConfig cfg = make_config(1, world.size(), precision, stage);
+  zs::run::RunConfig cfg = make_config(1, world.size(), precision, stage);
   cfg.communication_data_type = comm_dtype;
   return train(world, cfg, kCommSteps);
 }

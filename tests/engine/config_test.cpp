@@ -1,4 +1,5 @@
 #include "engine/config.h"
+#include "run/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +13,7 @@
 namespace zs::engine {
 namespace {
 
-EngineConfig parse(std::string_view text, int dp = 1) { return parse_config(parse_json_text(text, "cfg.json"), dp); }
+zs::run::RunConfig parse(std::string_view text, int dp = 1) { return zs::run::parse_run_config(parse_json_text(text, "cfg.json"), dp); }
 
 // Parses `text` and returns the ConfigError message ("" if it parsed).
 std::string error_of(std::string_view text, int dp = 1) {
@@ -27,7 +28,7 @@ std::string error_of(std::string_view text, int dp = 1) {
 #define EXPECT_CONTAINS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << haystack
 
 TEST(Config, DeepSpeedStyleConfigParses) {
-  EngineConfig c = parse(R"({
+  zs::run::RunConfig c = parse(R"({
     "train_batch_size": 32, "train_micro_batch_size_per_gpu": 4,
     "gradient_clipping": 1.0, "steps_per_print": 5,
     "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
@@ -107,7 +108,7 @@ TEST(Config, UnimplementedDeepSpeedFeaturesAreRefusedByName) {
 
 TEST(Config, OneCycleSchedulerWithDeepSpeedsKeysAndDefaults) {
   // DeepSpeed's own OneCycle example (docs/_tutorials/one-cycle.md) plus its other keys.
-  EngineConfig c = parse(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {
       "cycle_min_lr": 0.0001, "cycle_max_lr": 0.001, "cycle_first_step_size": 1000, "cycle_first_stair_count": 500,
       "cycle_second_step_size": 1000, "cycle_second_stair_count": 500, "decay_step_size": 1000,
       "decay_lr_rate": 0.001, "cycle_momentum": true, "cycle_min_mom": 0.85, "cycle_max_mom": 0.99,
@@ -116,7 +117,7 @@ TEST(Config, OneCycleSchedulerWithDeepSpeedsKeysAndDefaults) {
   EXPECT_EQ(c.scheduler.one_cycle.cycle_second_stair_count, 500);
   EXPECT_DOUBLE_EQ(c.scheduler.one_cycle.cycle_max_mom, 0.99);
   // DeepSpeed's defaults for everything but the two required lrs.
-  EngineConfig d = parse(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {
+  zs::run::RunConfig d = parse(R"({"train_batch_size": 4, "scheduler": {"type": "OneCycle", "params": {
       "cycle_min_lr": 0.0001, "cycle_max_lr": 0.001}}})");
   const optim::OneCycleConfig& o = d.scheduler.one_cycle;
   EXPECT_EQ(o.cycle_first_step_size, 2000);
@@ -141,7 +142,7 @@ TEST(Config, OneCycleSchedulerWithDeepSpeedsKeysAndDefaults) {
 
 TEST(Config, SchedulerDefaultsAndLastBatchIterationAsDeepSpeed) {
   // WarmupLR without warmup_max_lr warms up to the optimizer's lr (DeepSpeed's default).
-  EngineConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
       "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}})");
   EXPECT_DOUBLE_EQ(c.scheduler.warmup_max_lr, 3e-4);
   EXPECT_DOUBLE_EQ(optim::LrSchedule(c.scheduler).lr_at(1000), 3e-4);
@@ -153,28 +154,28 @@ TEST(Config, SchedulerDefaultsAndLastBatchIterationAsDeepSpeed) {
 
 TEST(Config, OneBitAdamFreezeBeforeTheVarianceSettlesIsNoted) {
   // DeepSpeed's advice (freeze at the end of the lr warm-up) with its default betas: 1 - 0.999^100.
-  EngineConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
       "params": {"lr": 1e-3, "freeze_step": 100}}})");
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_CONTAINS(c.notes[0], "optimizer.params.freeze_step: at step 100 the variance (betas[1] = 0.999");
   EXPECT_CONTAINS(c.notes[0], "9.5% of its settled value");
   EXPECT_CONTAINS(c.notes[0], "3.2x larger");
   EXPECT_CONTAINS(c.notes[0], "at least 2302");
-  EngineConfig settled = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
+  zs::run::RunConfig settled = parse(R"({"train_batch_size": 4, "optimizer": {"type": "OneBitAdam",
       "params": {"lr": 1e-3, "betas": [0.9, 0.95], "freeze_step": 100}}})");
   EXPECT_TRUE(settled.notes.empty());
 }
 
 TEST(Config, AMissingOptimizerSectionSaysWhatTrains) {
-  EngineConfig c = parse(R"({"train_batch_size": 4})");
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4})");
   ASSERT_EQ(c.notes.size(), 1u);
   EXPECT_CONTAINS(c.notes[0], "optimizer: no `optimizer` section; training with AdamW at lr 0.001");
-  EngineConfig d = parse(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}})");
+  zs::run::RunConfig d = parse(R"({"train_batch_size": 4, "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}})");
   EXPECT_TRUE(d.notes.empty());
 }
 
 TEST(Config, ZeroStagesAndTheirKeys) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "reduce_scatter": false,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "reduce_scatter": false,
       "stage3_prefetch_bucket_size": 5e7, "stage3_param_persistence_threshold": 1e5, "max_live_parameters": 2e9,
       "allgather_bucket_size": 2e8}})");
   EXPECT_EQ(c.zero.stage, 3);
@@ -196,7 +197,7 @@ TEST(Config, ZeroStagesAndTheirKeys) {
 
 TEST(Config, Fp16AndBf16AreExclusiveAndFp16ReadsLossScaling) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "fp16": {"enabled": true}, "bf16": {"enabled": true}})"), "cannot both");
-  EngineConfig c = parse(R"({"train_batch_size": 4, "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12,
                               "loss_scale_window": 100, "hysteresis": 3, "min_loss_scale": 2}})");
   EXPECT_EQ(c.precision, Precision::kFp16);
   EXPECT_EQ(c.loss_scaler.initial_scale_power, 12);
@@ -225,7 +226,7 @@ TEST(Config, CommunicationDataTypeDefaultsToTheComputeDtype) {
                   "communication_data_type: \"fp16\" needs fp16 training");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "communication_data_type": "fp16"})"), "needs fp16 training");
   // One-bit Adam: applies to its exact warm-up steps, said once.
-  EngineConfig c = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true}, "communication_data_type": "bf16",
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true}, "communication_data_type": "bf16",
                              "optimizer": {"type": "OneBitAdam", "params": {"freeze_step": 400}}})");
   int notes = 0;
   for (const auto& n : c.notes) notes += n.starts_with("communication_data_type: applies to OneBitAdam's exact");
@@ -248,31 +249,31 @@ namespace zs::engine {
 namespace {
 
 TEST(Config, EveryOptimizerTypeAndItsParams) {
-  auto parse1 = [](const std::string& text) { return parse_config(parse_json_text(text), 1); };
-  EngineConfig one_bit = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "onebitadam", "params": {"lr": 4e-4,
+  auto parse1 = [](const std::string& text) { return zs::run::parse_run_config(parse_json_text(text), 1); };
+  zs::run::RunConfig one_bit = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "onebitadam", "params": {"lr": 4e-4,
       "freeze_step": 23000, "cuda_aware": false, "comm_backend_name": "nccl"}}})");
   EXPECT_EQ(one_bit.optimizer.name(), "OneBitAdam");
   EXPECT_TRUE(one_bit.optimizer.compressed());
   EXPECT_EQ(one_bit.optimizer.params<optim::OneBitAdamConfig>().freeze_step, 23000);
   EXPECT_DOUBLE_EQ(one_bit.scheduler.base_lr, 4e-4);
-  EngineConfig zero_one = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {
+  zs::run::RunConfig zero_one = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "ZeroOneAdam", "params": {
       "var_freeze_step": 1000, "var_update_scaler": 8, "local_step_scaler": 100, "local_step_clipper": 4}}})");
   EXPECT_EQ(zero_one.optimizer.name(), "ZeroOneAdam");
   EXPECT_EQ(zero_one.optimizer.params<optim::ZeroOneAdamConfig>().local_step_clipper, 4);
-  EngineConfig cadam = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"lr": 1e-4,
+  zs::run::RunConfig cadam = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "CAdam", "params": {"lr": 1e-4,
       "betas": [0.95, 0.98], "weight_decay": 0.5}}})");
   EXPECT_EQ(cadam.optimizer.name(), "CAdam");
   EXPECT_FALSE(cadam.optimizer.compressed());
   EXPECT_DOUBLE_EQ(cadam.optimizer.params<optim::CAdamConfig>().betas[0], 0.95);
   EXPECT_DOUBLE_EQ(cadam.scheduler.base_lr, 1e-4);
-  EngineConfig lion = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "lion", "params": {"lr": 2e-5,
+  zs::run::RunConfig lion = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "lion", "params": {"lr": 2e-5,
       "weight_decay": 0.2}}})");
   EXPECT_EQ(lion.optimizer.name(), "Lion");
   EXPECT_FALSE(lion.optimizer.compressed());
   EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().betas[1], 0.99);  // default
   EXPECT_DOUBLE_EQ(lion.optimizer.params<optim::LionConfig>().weight_decay, 0.2);
   EXPECT_DOUBLE_EQ(lion.scheduler.base_lr, 2e-5);
-  EngineConfig lamb = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "Lamb", "params": {"lr": 11e-3,
+  zs::run::RunConfig lamb = parse1(R"({"train_batch_size": 4, "optimizer": {"type": "Lamb", "params": {"lr": 11e-3,
       "weight_decay": 0.01, "bias_correction": false, "max_coeff": 0.3, "min_coeff": 0.01}}})");
   EXPECT_EQ(lamb.optimizer.name(), "Lamb");
   EXPECT_DOUBLE_EQ(lamb.optimizer.params<optim::LambConfig>().max_coeff, 0.3);
@@ -314,11 +315,11 @@ TEST(Config, EveryOptimizerTypeAndItsParams) {
 }
 
 TEST(Config, MemoryModes) {
-  auto parse1 = [](const std::string& text) { return parse_config(parse_json_text(text), 1); };
-  EngineConfig d = parse1(R"({"train_batch_size": 4})");
+  auto parse1 = [](const std::string& text) { return zs::run::parse_run_config(parse_json_text(text), 1); };
+  zs::run::RunConfig d = parse1(R"({"train_batch_size": 4})");
   EXPECT_TRUE(d.memory.release_fp32_grad);
   EXPECT_FALSE(d.memory.reuse_fp32_param);
-  EngineConfig m = parse1(R"({"train_batch_size": 4, "bf16": {"enabled": true},
+  zs::run::RunConfig m = parse1(R"({"train_batch_size": 4, "bf16": {"enabled": true},
       "memory": {"release_fp32_grad": false, "reuse_fp32_param": true}})");
   EXPECT_FALSE(m.memory.release_fp32_grad);
   EXPECT_TRUE(m.memory.reuse_fp32_param);
@@ -332,7 +333,7 @@ TEST(Config, MemoryModes) {
 
 // ---- DeepSpeed keys by verdict (docs/config.md, Note [DeepSpeed keys by verdict]) ----------------------
 
-bool has_note(const EngineConfig& c, std::string_view needle) {
+bool has_note(const zs::run::RunConfig& c, std::string_view needle) {
   for (const auto& n : c.notes) {
     if (n.find(needle) != std::string::npos) return true;
   }
@@ -340,7 +341,7 @@ bool has_note(const EngineConfig& c, std::string_view needle) {
 }
 
 TEST(ConfigDeepSpeed, SwitchesWhoseFalseIsWhatZeroshardDoesAreAccepted) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": false, "disable_allgather": false,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": false, "disable_allgather": false,
       "sparse_gradients": false, "dump_state": false, "memory_breakdown": false, "graph_harvesting": false,
       "fp16": {"enabled": false, "fp16_master_weights_and_grads": false, "auto_cast": false},
       "bf16": {"enabled": false, "immediate_grad_update": false, "check_grad_overflow": false,
@@ -370,7 +371,7 @@ TEST(ConfigDeepSpeed, TrueOfAMissingFeatureIsNotSupportedByZeroshard) {
 }
 
 TEST(ConfigDeepSpeed, DisabledFeatureSectionsAreAccepted) {
-  EngineConfig c = parse(R"({"train_batch_size": 4,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4,
       "tensorboard": {"enabled": false, "output_path": "tb/", "job_name": "x"},
       "wandb": {"enabled": false, "project": "p"}, "comet": {"enabled": false},
       "csv_monitor": {"enabled": false, "output_path": "csv/"},
@@ -381,14 +382,14 @@ TEST(ConfigDeepSpeed, DisabledFeatureSectionsAreAccepted) {
 }
 
 TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_allow_untested_optimizer": true,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "zero_allow_untested_optimizer": true,
       "zero_optimization": {"stage": 3, "contiguous_gradients": false, "use_multi_rank_bucket_allreduce": true}})");
   EXPECT_EQ(c.notes.size(), 4u);  // and the default optimizer's note
   EXPECT_TRUE(has_note(c, "zero_optimization.use_multi_rank_bucket_allreduce: accepted; has no effect"));
   EXPECT_TRUE(has_note(c, "zero_optimization.contiguous_gradients: accepted"));
   EXPECT_TRUE(has_note(c, "zero_allow_untested_optimizer: accepted"));
   // bf16 needs no loss scaling: keys copied from an fp16 section are accepted and noted.
-  EngineConfig b = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
+  zs::run::RunConfig b = parse(R"({"train_batch_size": 4, "bf16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 16,
       "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1}})");
   EXPECT_EQ(b.precision, Precision::kBf16);
   EXPECT_EQ(b.notes.size(), 6u);
@@ -397,7 +398,7 @@ TEST(ConfigDeepSpeed, HintsAreAcceptedAndNotedOnce) {
 
 // Pre-dividing only keeps DeepSpeed's fp16 sums in range; zeroshard sums in fp32.
 TEST(ConfigDeepSpeed, GradientPredivisionIsAHint) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": true, "gradient_predivide_factor": 8,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "prescale_gradients": true, "gradient_predivide_factor": 8,
       "optimizer": {"type": "AdamW"}})");
   EXPECT_EQ(c.notes.size(), 2u);
   EXPECT_TRUE(has_note(c, "prescale_gradients: accepted; has no effect in zeroshard"));
@@ -408,14 +409,14 @@ TEST(ConfigDeepSpeed, GradientPredivisionIsAHint) {
 
 TEST(ConfigDeepSpeed, ReduceBucketSizeZeroIsOneParameterPerBucket) {
   // DeepSpeed allows 0 (its field is ge=0): every gradient is reduced in a bucket of its own.
-  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})");
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "reduce_bucket_size": 0}})");
   EXPECT_EQ(c.zero.reduce_bucket_size, 1);
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "zero_optimization": {"reduce_bucket_size": -1}})"),
                   "zero_optimization.reduce_bucket_size");
 }
 
 TEST(ConfigDeepSpeed, CpuOffloadIsTheOldSpellingOfOffloadOptimizer) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": true,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "cpu_offload": true,
       "cpu_offload_use_pin_memory": true}})");
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
   EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
@@ -440,7 +441,7 @@ TEST(ConfigDeepSpeed, CpuOffloadIsTheOldSpellingOfOffloadOptimizer) {
 }
 
 TEST(ConfigDeepSpeed, NvmePipelineSwitchesAreHints) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "offload_optimizer":
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 3, "offload_optimizer":
       {"device": "nvme", "nvme_path": "/tmp", "pipeline_read": false, "pipeline_write": true}}})");
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNvme);
   EXPECT_TRUE(has_note(c, "zero_optimization.offload_optimizer.pipeline_read: accepted; has no effect"));
@@ -454,7 +455,7 @@ TEST(ConfigDeepSpeed, WordsInAnotherOrderGetTheDidYouMean) {
 }
 
 TEST(ConfigDeepSpeed, OffloadParamBelowStage3IsIgnoredWithANote) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true}}})");
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kCpu);
@@ -507,7 +508,7 @@ TEST(ConfigDeepSpeed, HuggingFaceAutoSaysWhatItIsAndWhatToWrite) {
 }
 
 TEST(ConfigData, EvaluationKeys) {
-  const EngineConfig c = parse(R"({"train_batch_size": 4,
+  const zs::run::RunConfig c = parse(R"({"train_batch_size": 4,
       "data": {"eval_interval": 10, "eval_fraction": 0.05, "eval_batches": 3}})");
   EXPECT_EQ(c.data.eval_interval, 10);
   EXPECT_EQ(c.data.eval_fraction, 0.05);
@@ -553,7 +554,7 @@ namespace {
 
 // model.moe: DeepSpeed's MoE arguments for the built-in GPT-MoE (moe/gpt_moe.h).
 TEST(ConfigMoe, KeysAndDefaults) {
-  const EngineConfig c = parse(R"({"train_batch_size": 8, "seed": 5, "model": {"n_layer": 2, "d_model": 32, "n_head": 2,
+  const zs::run::RunConfig c = parse(R"({"train_batch_size": 8, "seed": 5, "model": {"n_layer": 2, "d_model": 32, "n_head": 2,
       "seq_len": 16, "moe": {"num_experts": 4, "ep_size": 2, "k": 2, "capacity_factor": 1.5, "eval_capacity_factor": 2,
       "min_capacity": 2, "use_residual": true, "noisy_gate_policy": "RSample", "drop_tokens": false, "use_rts": false,
       "top2_2nd_expert_sampling": false, "every_n_layers": 1, "aux_loss_coef": 0.1}}})",
@@ -577,7 +578,7 @@ TEST(ConfigMoe, KeysAndDefaults) {
   EXPECT_FALSE(c.model->tied_embeddings);  // the GPT-MoE's head is untied
   EXPECT_EQ(m.gpt.n_layer, 2);
 
-  const EngineConfig d = parse(R"({"train_batch_size": 8, "model": {"moe": {"num_experts": 2, "noisy_gate_policy": null}}})");
+  const zs::run::RunConfig d = parse(R"({"train_batch_size": 8, "model": {"moe": {"num_experts": 2, "noisy_gate_policy": null}}})");
   ASSERT_TRUE(d.model_moe);
   EXPECT_EQ(d.model_moe->moe.ep_size, 1);  // DeepSpeed's defaults
   EXPECT_EQ(d.model_moe->moe.k, 1);
@@ -609,7 +610,7 @@ namespace zs::engine {
 namespace {
 
 TEST(ConfigCheckpoint, DeepSpeedKeysAndOurs) {
-  EngineConfig c = parse(R"({"train_batch_size": 4, "checkpoint": {"tag_validation": "FAIL", "load_universal": false,
+  zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "checkpoint": {"tag_validation": "FAIL", "load_universal": false,
       "use_node_local_storage": false, "parallel_write": {"pipeline_stage": false}, "dir": "ckpt",
       "save_interval": 50, "keep_last": 3, "async": false}})");
   EXPECT_EQ(c.checkpoint.tag_validation, TagValidation::kFail);
@@ -622,7 +623,7 @@ TEST(ConfigCheckpoint, DeepSpeedKeysAndOurs) {
                        "checkpoint.load_universal: accepted"));
   for (std::string_view key : {"stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                                "stage3_gather_fp16_weights_on_model_save"}) {
-    EngineConfig g = parse(fmt::format(R"({{"train_batch_size": 4, "zero_optimization": {{"stage": 3, "{}": true}}}})", key));
+    zs::run::RunConfig g = parse(fmt::format(R"({{"train_batch_size": 4, "zero_optimization": {{"stage": 3, "{}": true}}}})", key));
     EXPECT_TRUE(g.checkpoint.gather_16bit_weights) << key;
   }
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"tag_validation": "Maybe"}})"),
@@ -637,19 +638,19 @@ TEST(ConfigCheckpoint, DeepSpeedKeysAndOurs) {
 }
 
 TEST(Config, ActivationCheckpointingSection) {
-  using Blocks = ActivationCheckpointingConfig::Blocks;
-  EngineConfig c = parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {
+  using Blocks = RecomputeConfig::Blocks;
+  zs::run::RunConfig c = zs::run::parse_run_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {
       "partition_activations": false, "cpu_checkpointing": true, "contiguous_memory_optimization": true,
       "number_checkpoints": 6, "synchronize_checkpoint_boundary": true, "profile": true, "checkpoint_blocks": "all"}})"), 1);
-  const auto& a = c.activation_checkpointing;
+  const auto& a = c.recompute;
   EXPECT_TRUE(a.cpu_checkpointing && a.contiguous_memory_optimization && a.synchronize_checkpoint_boundary && a.profile);
   EXPECT_EQ(a.number_checkpoints, 6);
   EXPECT_EQ(a.blocks, Blocks::kEvery);
   EXPECT_EQ(a.k, 1);
   EXPECT_EQ(checkpoint_blocks_name(a), "all");
   auto blocks = [](std::string_view v) {
-    return parse_config(parse_json_text(fmt::format(R"({{"train_batch_size": 4, "activation_checkpointing": {{"checkpoint_blocks": {}}}}})", v)), 1)
-        .activation_checkpointing;
+    return zs::run::parse_run_config(parse_json_text(fmt::format(R"({{"train_batch_size": 4, "activation_checkpointing": {{"checkpoint_blocks": {}}}}})", v)), 1)
+        .recompute;
   };
   EXPECT_EQ(blocks("3").blocks, Blocks::kEvery);
   EXPECT_EQ(blocks("3").k, 3);
@@ -663,16 +664,16 @@ TEST(Config, ActivationCheckpointingSection) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"checkpint_blocks": 2}})"),
                   "did you mean 'checkpoint_blocks'");
   // The budget: MiB or "auto", and not beside checkpoint_blocks.
-  EngineConfig b = parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": 512}})"), 1);
-  EXPECT_EQ(b.activation_checkpointing.device_budget_mb, 512);
-  EXPECT_TRUE(parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": "auto"}})"), 1)
-                  .activation_checkpointing.budget_auto);
+  zs::run::RunConfig b = zs::run::parse_run_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": 512}})"), 1);
+  EXPECT_EQ(b.recompute.device_budget_mb, 512);
+  EXPECT_TRUE(zs::run::parse_run_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": "auto"}})"), 1)
+                  .recompute.budget_auto);
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": "all"}})"),
                   "activation_checkpointing.device_budget_mb: expected a number of MiB or \"auto\"");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "activation_checkpointing": {"device_budget_mb": 64, "checkpoint_blocks": 2}})"),
                   "give one of the two");
   // number_checkpoints sizes the contiguous buffer only: without it, a note.
-  EngineConfig n = parse_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"number_checkpoints": 4}})"), 1);
+  zs::run::RunConfig n = zs::run::parse_run_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"number_checkpoints": 4}})"), 1);
   ASSERT_EQ(n.notes.size(), 2u);  // and the default optimizer's note
   EXPECT_CONTAINS(n.notes[0] + n.notes[1], "activation_checkpointing.number_checkpoints: accepted; has an effect only with");
 }

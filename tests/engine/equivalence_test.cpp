@@ -8,6 +8,7 @@
 #include "engine/flat_layout.h"
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -66,7 +67,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, EveryStage,
 TEST(ZeroEquivalence, WithoutOverlapOrReduceScatterTheResultIsTheSame) {
   const comm::Group& world = test::world().group();
   for (int stage : {0, 2}) {
-    EngineConfig cfg = make_config(1, world.size(), Precision::kFp32, stage);
+    zs::run::RunConfig cfg = make_config(1, world.size(), Precision::kFp32, stage);
     cfg.zero.overlap_comm = false;
     cfg.zero.reduce_scatter = false;
     expect_matches(train(world, cfg), reference(Precision::kFp32), 1e-5, 1e-5, fmt::format("stage {}, no overlap", stage));
@@ -116,7 +117,7 @@ TEST(ZeroEquivalence, Stage3ReuseDistanceKeepsTheForwardsLastModulesForTheBackwa
   // a step moves fewer parameter bytes (on one rank a gather is a local copy: nothing is sent either
   // way); the parameters and losses are the same bits.
   const comm::Group& world = test::world().group();
-  EngineConfig cfg = make_config(3, world.size(), Precision::kBf16, 3);  // accumulation 3: a keep per micro-batch
+  zs::run::RunConfig cfg = make_config(3, world.size(), Precision::kBf16, 3);  // accumulation 3: a keep per micro-batch
   cfg.zero.stage3_max_reuse_distance = 0;
   const RunResult released = train(world, cfg);
   cfg.zero.stage3_max_reuse_distance = 1'000'000'000;  // DeepSpeed's default

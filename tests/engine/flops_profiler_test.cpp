@@ -24,6 +24,7 @@
 #include "nn/gpt.h"
 #include "nn/host_context.h"
 #include "nn/module.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -33,7 +34,7 @@ namespace fs = std::filesystem;
 constexpr nn::GptConfig kGpt{.n_layer = 2, .d_model = 32, .n_head = 2, .seq_len = 16, .vocab_size = 256};
 constexpr int64_t kMicroBatch = 4;
 
-EngineConfig parse(const std::string& text) { return parse_config(parse_json_text(text), 1); }
+zs::run::RunConfig parse(const std::string& text) { return zs::run::parse_run_config(parse_json_text(text), 1); }
 
 // A host context that reports every module boundary to a profiler, as the engine's does.
 class ProfilingContext final : public nn::HostContext {
@@ -174,7 +175,7 @@ TEST(FlopsProfiler, ReportLayoutAndOptions) {
 }
 
 TEST(FlopsProfiler, ConfigKeys) {
-  const EngineConfig c = parse(R"({"train_batch_size": 4, "flops_profiler": {"enabled": true,
+  const zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "flops_profiler": {"enabled": true,
       "profile_step": 3, "module_depth": 2, "top_modules": 4, "detailed": false, "output_file": null,
       "recompute_fwd_factor": 0.5}})");
   EXPECT_TRUE(c.monitor.flops.enabled);
@@ -199,7 +200,7 @@ TEST(FlopsProfiler, ConfigKeys) {
 TEST(FlopsProfiler, EngineProfilesTheConfiguredStep) {
   const fs::path out = fs::temp_directory_path() / fmt::format("zs_flops_profile_{}.txt", getpid());
   fs::remove(out);
-  EngineConfig cfg = parse(fmt::format(R"({{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
+  zs::run::RunConfig cfg = parse(fmt::format(R"({{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4,
       "device": {{"memory_mb": 64}}, "flops_profiler": {{"enabled": true, "profile_step": 1, "output_file": "{}"}}}})",
                                        out.string()));
   cfg.model = kGpt;

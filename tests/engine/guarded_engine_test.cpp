@@ -6,6 +6,7 @@
 #include "comm/world.h"
 #include "memory/guarded_backend.h"
 #include "tests/engine/train_harness.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -17,7 +18,7 @@ TEST(GuardedEngine, StrayReadOfAParameterBetweenStepsDies) {
   EXPECT_DEATH(
       {
         comm::World world(comm::World::Launch::kLocal);
-        EngineConfig cfg = make_config(1, 1, Precision::kBf16, 0);
+        zs::run::RunConfig cfg = make_config(1, 1, Precision::kBf16, 0);
         cfg.device.backend = "guarded";
         nn::GptModel model(*cfg.model);
         Engine engine(model, cfg, world.group());
@@ -29,7 +30,7 @@ TEST(GuardedEngine, StrayReadOfAParameterBetweenStepsDies) {
 
 TEST(GuardedEngine, TheSameReadInsideAnAccessScopeIsAllowed) {
   comm::World world(comm::World::Launch::kLocal);
-  EngineConfig cfg = make_config(1, 1, Precision::kFp32, 0);
+  zs::run::RunConfig cfg = make_config(1, 1, Precision::kFp32, 0);
   auto backend = std::make_unique<memory::GuardedBackend>(size_t{64} << 20);
   memory::GuardedBackend& guard = *backend;
   nn::GptModel model(*cfg.model);

@@ -25,6 +25,7 @@
 #include "engine/monitor.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -144,7 +145,7 @@ std::vector<Event> read_events(const fs::path& p) {
 
 // ---- tests --------------------------------------------------------------------------------------
 TEST(MonitorConfig, ReadsTheSectionsAndDeepSpeedsOpNames) {
-  EngineConfig c = parse_config(parse_json_text(R"({"train_batch_size": 4, "memory_breakdown": true,
+  zs::run::RunConfig c = zs::run::parse_run_config(parse_json_text(R"({"train_batch_size": 4, "memory_breakdown": true,
       "csv_monitor": {"enabled": true, "output_path": "out/", "job_name": "j"}, "tensorboard": {"enabled": false},
       "comms_logger": {"enabled": true, "verbose": true, "prof_all": false,
                        "prof_ops": ["all_reduce", "all_gather_into_tensor"], "debug": true}})"),
@@ -167,7 +168,7 @@ TEST(MonitorConfig, ReadsTheSectionsAndDeepSpeedsOpNames) {
 TEST(MonitorConfig, RefusesBadValuesByPath) {
   auto error = [](const std::string& text) {
     try {
-      parse_config(parse_json_text(text), 1);
+      zs::run::parse_run_config(parse_json_text(text), 1);
     } catch (const ConfigError& e) {
       return std::string(e.what());
     }
@@ -186,7 +187,7 @@ TEST(MonitorConfig, RefusesBadValuesByPath) {
 }
 
 TEST(Monitor, UnwritablePathNamesThePathAndTheKey) {
-  EngineConfig c;
+  zs::run::RunConfig c;
   c.monitor.csv = {.enabled = true, .output_path = "/proc/zeroshard_no_such_dir", .job_name = "j"};
   try {
     TrainingMonitor m(c, 0);
@@ -204,7 +205,7 @@ TEST(Monitor, UnwritablePathNamesThePathAndTheKey) {
 TEST(Monitor, CsvAndTensorBoardHoldEveryStepsValues) {
   const fs::path dir = fresh_dir("files");
   comm::World world = comm::World::create();
-  EngineConfig cfg = parse_config(parse_json_text(config_text(dir, "")), 1);
+  zs::run::RunConfig cfg = zs::run::parse_run_config(parse_json_text(config_text(dir, "")), 1);
   std::vector<StepReport> reports;
   {
     nn::GptModel model(*cfg.model);

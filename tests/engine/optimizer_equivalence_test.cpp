@@ -12,6 +12,7 @@
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
 #include "tests/support/temp_dir.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -20,7 +21,7 @@ using namespace test_harness;
 
 constexpr int kCompressedSteps = 16;
 
-EngineConfig with_optimizer(EngineConfig c, const std::string& type) {
+zs::run::RunConfig with_optimizer(zs::run::RunConfig c, const std::string& type) {
   c.optimizer = OptimizerConfig(type);
   if (type == "CAdam") {
     // Lion's rule: a learning rate several times smaller and a decay several times larger than AdamW's.
@@ -161,14 +162,14 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, EveryOptimizer,
 TEST(OneCycle, MomentumCyclingSetsTheOptimizersBetas) {
   const comm::Group& world = test::world().group();
   for (int stage : {0, 3}) {
-    EngineConfig cycled = make_config(1, world.size(), Precision::kFp32, stage);
+    zs::run::RunConfig cycled = make_config(1, world.size(), Precision::kFp32, stage);
     cycled.scheduler = {.type = optim::ScheduleType::kOneCycle};
     cycled.scheduler.one_cycle = {.cycle_min_lr = 1e-3, .cycle_max_lr = 3e-3, .cycle_first_step_size = 3,
                                   .cycle_min_mom = 0.85, .cycle_max_mom = 0.85};
-    EngineConfig configured = cycled;
+    zs::run::RunConfig configured = cycled;
     configured.scheduler.one_cycle.cycle_momentum = false;
     configured.optimizer.params<optim::AdamConfig>().betas = {0.85, 0.99};
-    EngineConfig defaults = cycled;
+    zs::run::RunConfig defaults = cycled;
     defaults.scheduler.one_cycle.cycle_momentum = false;
     const RunResult a = train(world, cycled, 6);
     const RunResult b = train(world, configured, 6);
@@ -202,8 +203,8 @@ TEST(OneBitOptimizers, CompressedStepsSendAFractionOfTheBytes) {
 TEST(MemoryModes, ReleasingTheFp32GradientCopyChangesNothingButMemory) {
   const comm::Group& world = test::world().group();
   for (int stage = 0; stage <= 3; ++stage) {
-    EngineConfig on = make_config(1, world.size(), Precision::kBf16, stage);
-    EngineConfig off = on;
+    zs::run::RunConfig on = make_config(1, world.size(), Precision::kBf16, stage);
+    zs::run::RunConfig off = on;
     off.memory.release_fp32_grad = false;
     RunResult a = train(world, on), b = train(world, off);
     EXPECT_EQ(a.final_digest, b.final_digest) << "stage " << stage;
@@ -216,8 +217,8 @@ TEST(MemoryModes, ReleasingTheFp32GradientCopyChangesNothingButMemory) {
 TEST(MemoryModes, ReusingTheFp32ParamKeepsTheMasterExactly) {
   const comm::Group& world = test::world().group();
   for (int stage = 0; stage <= 3; ++stage) {
-    EngineConfig off = make_config(1, world.size(), Precision::kBf16, stage);
-    EngineConfig on = off;
+    zs::run::RunConfig off = make_config(1, world.size(), Precision::kBf16, stage);
+    zs::run::RunConfig on = off;
     on.memory.reuse_fp32_param = true;
     RunResult a = train(world, off), b = train(world, on);
     // Same master weights from the same start: the digest is of the fp32 masters.
@@ -240,8 +241,8 @@ TEST(MemoryModes, ReusingTheFp32ParamKeepsTheMasterExactly) {
 TEST(MemoryModes, LambWithTheReusedFp32ParamMatchesTheModeOff) {
   const comm::Group& world = test::world().group();
   for (int stage = 0; stage <= 3; ++stage) {
-    EngineConfig off = with_optimizer(make_config(1, world.size(), Precision::kBf16, stage), "Lamb");
-    EngineConfig on = off;
+    zs::run::RunConfig off = with_optimizer(make_config(1, world.size(), Precision::kBf16, stage), "Lamb");
+    zs::run::RunConfig on = off;
     on.memory.reuse_fp32_param = true;
     RunResult a = train(world, off), b = train(world, on);
     for (size_t i = 0; i < a.losses.size(); ++i) {
@@ -268,11 +269,11 @@ TEST(Offload, NoneCpuAndNvmeGiveTheSameBits) {
   test::TempDir dir;  // removed after (the engine removes its own files first)
   for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
     for (int stage = 1; stage <= 3; ++stage) {
-      EngineConfig base = make_config(1, world.size(), precision, stage);
+      zs::run::RunConfig base = make_config(1, world.size(), precision, stage);
       base.zero.sub_group_size = 40'000;  // several sub-groups even on this tiny model
       const RunResult ref = train(world, base);
       for (OffloadDevice device : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
-        EngineConfig cfg = base;
+        zs::run::RunConfig cfg = base;
         cfg.zero.offload_optimizer = {.device = device, .nvme_path = dir.path()};
         if (stage == 3) cfg.zero.offload_param = {.device = device, .nvme_path = dir.path()};
         const std::string what = fmt::format("{} stage {} offload {}", precision_name(precision), stage, offload_device_name(device));
@@ -301,14 +302,14 @@ TEST(Offload, LambStepsWithCpuOffloadAndRefusesNvme) {
   test::TempDir dir;
   for (Precision precision : {Precision::kFp32, Precision::kBf16}) {
     for (int stage = 1; stage <= 3; ++stage) {
-      EngineConfig base = with_optimizer(make_config(1, world.size(), precision, stage), "Lamb");
-      EngineConfig cpu = base;
+      zs::run::RunConfig base = with_optimizer(make_config(1, world.size(), precision, stage), "Lamb");
+      zs::run::RunConfig cpu = base;
       cpu.zero.offload_optimizer = {.device = OffloadDevice::kCpu};
       const std::string what = fmt::format("{} stage {}", precision_name(precision), stage);
       EXPECT_EQ(train(world, cpu).final_digest, train(world, base).final_digest) << what;
     }
   }
-  EngineConfig nvme = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "Lamb");
+  zs::run::RunConfig nvme = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "Lamb");
   nvme.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir.path()};
   try {
     train(world, nvme);
@@ -321,9 +322,9 @@ TEST(Offload, LambStepsWithCpuOffloadAndRefusesNvme) {
 TEST(Offload, CAdamStatesStreamThroughNvmeToo) {
   const comm::Group& world = test::world().group();
   test::TempDir dir;  // removed after (the engine removes its own files first)
-  EngineConfig base = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "CAdam");
+  zs::run::RunConfig base = with_optimizer(make_config(1, world.size(), Precision::kBf16, 2), "CAdam");
   base.zero.sub_group_size = 40'000;
-  EngineConfig cfg = base;
+  zs::run::RunConfig cfg = base;
   cfg.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = dir.path()};
   EXPECT_EQ(train(world, cfg).final_digest, train(world, base).final_digest);
 }

@@ -28,6 +28,7 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -45,7 +46,7 @@ nn::Dataset open_corpus(int64_t seq_len) {
 
 double train_tail_loss(Precision precision, uint64_t seed) {
   comm::World world(comm::World::Launch::kLocal);
-  EngineConfig c;
+  zs::run::RunConfig c;
   c.seed = seed;
   c.batch = resolve_batch(8, 8, 1, 1);
   c.precision = precision;

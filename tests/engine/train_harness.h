@@ -14,6 +14,7 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "run/run_config.h"
 
 namespace zs::engine::test_harness {
 
@@ -24,8 +25,8 @@ inline constexpr int kSteps = 12;
 // (checked by LayoutSplitsUnevenly), so every shard-boundary case is exercised.
 inline nn::GptConfig tiny_gpt() { return {.n_layer = 2, .d_model = 33, .n_head = 3, .seq_len = 16, .vocab_size = 256}; }
 
-inline EngineConfig make_config(int64_t accumulation, int world, Precision precision, int stage) {
-  EngineConfig c;
+inline zs::run::RunConfig make_config(int64_t accumulation, int world, Precision precision, int stage) {
+  zs::run::RunConfig c;
   c.batch = resolve_batch(kGlobalBatch, 0, accumulation, world);
   c.precision = precision;
   c.zero.stage = stage;
@@ -58,7 +59,7 @@ struct RunResult {
   std::string final_digest;
 };
 
-inline RunResult train(const comm::Group& group, const EngineConfig& cfg, int steps = kSteps) {
+inline RunResult train(const comm::Group& group, const zs::run::RunConfig& cfg, int steps = kSteps) {
   nn::GptModel model(*cfg.model);
   Engine engine(model, cfg, group);
   DatasetSource source(nn::Dataset::builtin(tiny_gpt().seq_len), 7);

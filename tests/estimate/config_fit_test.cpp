@@ -2,6 +2,7 @@
 // naming the path, the bytes needed and the capacity; its figures never exceed the exact estimate of the
 // built model (so it never refuses what could train); parse_config bounds the loop-sizing keys.
 #include "estimate/config_fit.h"
+#include "run/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -13,10 +14,10 @@
 namespace zs::engine {
 namespace {
 
-EngineConfig parse(const std::string& text, int ranks = 1) { return parse_config(parse_json_text(text), ranks); }
+zs::run::RunConfig parse(const std::string& text, int ranks = 1) { return zs::run::parse_run_config(parse_json_text(text), ranks); }
 
 // The ConfigError's message, or "" when none was thrown.
-std::string refusal(const EngineConfig& cfg, int ranks, FitCapacity cap = {}) {
+std::string refusal(const zs::run::RunConfig& cfg, int ranks, FitCapacity cap = {}) {
   try {
     check_config_fits(cfg, ranks, cap);
   } catch (const ConfigError& e) {
@@ -28,7 +29,7 @@ std::string refusal(const EngineConfig& cfg, int ranks, FitCapacity cap = {}) {
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 TEST(ConfigFit, GptCountIsTheBuiltModelsCount) {
-  const EngineConfig cfg = parse(R"({"train_batch_size": 2, "model": {"n_layer": 3, "d_model": 48, "n_head": 4,
+  const zs::run::RunConfig cfg = parse(R"({"train_batch_size": 2, "model": {"n_layer": 3, "d_model": 48, "n_head": 4,
                                       "seq_len": 16, "tied_embeddings": false}})");
   const ConfigParamCounts c = config_param_counts(cfg);
   EXPECT_EQ(c.dense, estimate_input_for_config(cfg, 1).model.param_elements);
@@ -47,9 +48,9 @@ TEST(ConfigFit, CountsNeverExceedTheExactLayout) {
               R"({{"train_micro_batch_size_per_gpu": 1, {} "zero_optimization": {{"stage": {}}},
                   "model": {{"n_layer": 2, "d_model": 40, "n_head": 4, "seq_len": 8, "tied_embeddings": false{}}}}})",
               precision, stage, moe);
-          const EngineConfig cfg = parse(text, ranks);
+          const zs::run::RunConfig cfg = parse(text, ranks);
           const uint64_t exact = tiered_state_bytes(estimate_input_for_config(cfg, ranks), stage, 0).device.total();
-          EngineConfig rules = cfg;
+          zs::run::RunConfig rules = cfg;
           rules.model.reset();
           rules.model_moe.reset();
           const ConfigParamCounts c = config_param_counts(cfg);
@@ -65,21 +66,21 @@ TEST(ConfigFit, CountsNeverExceedTheExactLayout) {
 }
 
 TEST(ConfigFit, ModelTooLargeForTheDeviceNamesPathBytesAndCapacity) {
-  const EngineConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 1, "device": {"memory_mb": 64},
+  const zs::run::RunConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 1, "device": {"memory_mb": 64},
                                       "model": {"n_layer": 4000, "d_model": 512, "n_head": 4, "seq_len": 32}})");
   const std::string msg = refusal(cfg, 1);
   EXPECT_TRUE(starts_with(msg, "model: a GPT of 12,609,684,480 parameters")) << msg;
   EXPECT_NE(msg.find("201754951680 bytes"), std::string::npos) << msg;  // 16 bytes x Ψ (fp32 + Adam, stage 0)
   EXPECT_NE(msg.find("device.memory_mb gives (67108864 bytes)"), std::string::npos) << msg;
   // Sharded over enough ranks at stage 3 the same model's states fit in 64 GiB... of 4096 ranks.
-  const EngineConfig sharded = parse(R"({"train_micro_batch_size_per_gpu": 1, "device": {"memory_mb": 65536},
+  const zs::run::RunConfig sharded = parse(R"({"train_micro_batch_size_per_gpu": 1, "device": {"memory_mb": 65536},
       "zero_optimization": {"stage": 3}, "model": {"n_layer": 4000, "d_model": 512, "n_head": 4, "seq_len": 32}})",
                                      4096);
   EXPECT_EQ(refusal(sharded, 4096), "");
 }
 
 TEST(ConfigFit, MicroBatchWhoseFirstActivationCannotFit) {
-  const EngineConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 100000, "device": {"memory_mb": 1024},
+  const zs::run::RunConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 100000, "device": {"memory_mb": 1024},
                                       "model": {"n_layer": 1, "d_model": 1024, "n_head": 4, "seq_len": 1024}})");
   const std::string msg = refusal(cfg, 1);
   EXPECT_TRUE(starts_with(msg, "train_micro_batch_size_per_gpu: one micro-batch of 100000 x 1024 tokens")) << msg;
@@ -88,7 +89,7 @@ TEST(ConfigFit, MicroBatchWhoseFirstActivationCannotFit) {
 }
 
 TEST(ConfigFit, HostOffloadAboveTheHostsMemory) {
-  const EngineConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 1, "device": {"memory_mb": 4096},
+  const zs::run::RunConfig cfg = parse(R"({"train_micro_batch_size_per_gpu": 1, "device": {"memory_mb": 4096},
       "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}},
       "model": {"n_layer": 2, "d_model": 256, "n_head": 4, "seq_len": 32}})");
   const std::string msg = refusal(cfg, 1, FitCapacity{.host_bytes = 1 << 20});

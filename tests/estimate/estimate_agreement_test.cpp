@@ -23,6 +23,7 @@
 #include "nn/gpt.h"
 #include "tests/support/mpi_test_env.h"
 #include "tests/support/temp_dir.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -31,15 +32,15 @@ nn::GptConfig tiny_gpt() { return {.n_layer = 2, .d_model = 30, .n_head = 3, .se
 
 bool stage_available(int stage) {
   try {
-    parse_config(parse_json_text(fmt::format(R"({{"train_batch_size": 1, "zero_optimization": {{"stage": {}}}}})", stage)), 1);
+    zs::run::parse_run_config(parse_json_text(fmt::format(R"({{"train_batch_size": 1, "zero_optimization": {{"stage": {}}}}})", stage)), 1);
     return true;
   } catch (const ConfigError&) {
     return false;
   }
 }
 
-EngineConfig make_config(int world, Precision precision, int stage) {
-  EngineConfig c;
+zs::run::RunConfig make_config(int world, Precision precision, int stage) {
+  zs::run::RunConfig c;
   c.zero.stage = stage;
   c.zero.reduce_bucket_size = 3000;         // many buckets
   c.zero.stage3_prefetch_bucket_size = 4000;  // a prefetch window of a few modules
@@ -82,7 +83,7 @@ TEST_P(EstimateAgreement, ModelStatesEqualTheEngineAllocation) {
   const auto [stage, precision] = GetParam();
   if (!stage_available(stage)) GTEST_SKIP() << "ZeRO stage " << stage << " is not available in this build";
   const comm::Group& world = test::world().group();
-  EngineConfig cfg = make_config(world.size(), precision, stage);
+  zs::run::RunConfig cfg = make_config(world.size(), precision, stage);
   nn::GptModel model(*cfg.model);
   Engine engine(model, cfg, world);
   DatasetSource source(nn::Dataset::builtin(tiny_gpt().seq_len), 7);
@@ -113,12 +114,12 @@ INSTANTIATE_TEST_SUITE_P(Stages, EstimateAgreement,
                            return fmt::format("stage{}_{}", std::get<0>(info.param), precision_name(std::get<1>(info.param)));
                          });
 
-// Activation checkpointing (engine/activation_config.h): the estimator runs the engine's own code, so
+// Activation checkpointing (engine/recompute_config.h): the estimator runs the engine's own code, so
 // it predicts the device peak with recomputed blocks, kept inputs on the host or in the contiguous
 // buffer exactly as without: byte for byte on one rank, the activation peak at every world size.
 struct CheckpointCase {
   std::string name;
-  ActivationCheckpointingConfig::Blocks blocks;
+  RecomputeConfig::Blocks blocks;
   bool cpu = false;
   bool contiguous = false;
 };
@@ -128,10 +129,10 @@ class EstimateCheckpointAgreement : public ::testing::TestWithParam<std::tuple<i
 TEST_P(EstimateCheckpointAgreement, DevicePeakEqualsTheRun) {
   const auto& [stage, c] = GetParam();
   const comm::Group& world = test::world().group();
-  EngineConfig cfg = make_config(world.size(), Precision::kFp32, stage);
-  cfg.activation_checkpointing.blocks = c.blocks;
-  cfg.activation_checkpointing.cpu_checkpointing = c.cpu;
-  cfg.activation_checkpointing.contiguous_memory_optimization = c.contiguous;
+  zs::run::RunConfig cfg = make_config(world.size(), Precision::kFp32, stage);
+  cfg.recompute.blocks = c.blocks;
+  cfg.recompute.cpu_checkpointing = c.cpu;
+  cfg.recompute.contiguous_memory_optimization = c.contiguous;
   nn::GptModel model(*cfg.model);
   Engine engine(model, cfg, world);
   DatasetSource source(nn::Dataset::builtin(tiny_gpt().seq_len), 7);
@@ -144,11 +145,11 @@ TEST_P(EstimateCheckpointAgreement, DevicePeakEqualsTheRun) {
 INSTANTIATE_TEST_SUITE_P(
     Checkpointing, EstimateCheckpointAgreement,
     ::testing::Combine(::testing::Values(0, 1, 2, 3),
-                       ::testing::Values(CheckpointCase{"all", ActivationCheckpointingConfig::Blocks::kEvery},
-                                         CheckpointCase{"all_cpu", ActivationCheckpointingConfig::Blocks::kEvery, true},
-                                         CheckpointCase{"first_contiguous", ActivationCheckpointingConfig::Blocks::kFirst,
+                       ::testing::Values(CheckpointCase{"all", RecomputeConfig::Blocks::kEvery},
+                                         CheckpointCase{"all_cpu", RecomputeConfig::Blocks::kEvery, true},
+                                         CheckpointCase{"first_contiguous", RecomputeConfig::Blocks::kFirst,
                                                         false, true},
-                                         CheckpointCase{"selective", ActivationCheckpointingConfig::Blocks::kSelective})),
+                                         CheckpointCase{"selective", RecomputeConfig::Blocks::kSelective})),
     [](const auto& info) { return fmt::format("stage{}_{}", std::get<0>(info.param), std::get<1>(info.param).name); });
 
 // Every block of an n-layer GPT checkpointed: the activation peak is the kept inputs plus one block's
@@ -158,10 +159,10 @@ TEST(EstimateCheckpointAgreement, EveryBlockCheckpointedPeakGrowsByOneInputPerLa
   const comm::Group& world = test::world().group();
   std::vector<uint64_t> measured, predicted;
   for (int64_t n_layer : {2, 3, 4}) {
-    EngineConfig cfg = make_config(world.size(), Precision::kFp32, 0);
+    zs::run::RunConfig cfg = make_config(world.size(), Precision::kFp32, 0);
     cfg.model->n_layer = n_layer;
     cfg.model->seq_len = 64;  // attention's (T, T) probabilities make a block's activations dominate the head's
-    cfg.activation_checkpointing.blocks = ActivationCheckpointingConfig::Blocks::kEvery;
+    cfg.recompute.blocks = RecomputeConfig::Blocks::kEvery;
     nn::GptModel model(*cfg.model);
     Engine engine(model, cfg, world);
     DatasetSource source(nn::Dataset::builtin(64), 7);
@@ -202,7 +203,7 @@ TEST_P(EstimateOffloadAgreement, TiersEqualTheEngineAllocation) {
   if (!stage_available(c.stage)) GTEST_SKIP() << "ZeRO stage " << c.stage << " is not available in this build";
   const comm::Group& world = test::world().group();
   test::TempDir dir;  // this rank's swap files; outlives the engine, whose swap files live in it
-  EngineConfig cfg = make_config(world.size(), c.precision, c.stage);
+  zs::run::RunConfig cfg = make_config(world.size(), c.precision, c.stage);
   cfg.model = offload_gpt();
   cfg.memory.release_fp32_grad = !c.keep_fp32_grads;
   cfg.zero.offload_optimizer = {.device = c.optimizer, .nvme_path = dir.path(), .buffer_count = c.buffer_count};
@@ -283,7 +284,7 @@ TEST_P(EstimateUserModel, MatchesARealRunOfTheModel) {
   const comm::Group& world = test::world().group();
   test::TempDir dir;
   const examples::MlpConfig mlp{.d_in = 24, .hidden = 200, .d_out = 5};  // Ψ splits unevenly over 2 and 3
-  EngineConfig cfg;
+  zs::run::RunConfig cfg;
   cfg.zero.stage = stage;
   cfg.zero.reduce_bucket_size = 2000;
   cfg.zero.stage3_prefetch_bucket_size = 3000;

@@ -1,6 +1,7 @@
 // The memory estimator's rules: per-stage formulas for every dtype and world size (uneven shards
 // included), agreement with the ZeRO paper's figures, and layout-exact numbers for a GPT.
 #include "estimate/estimate.h"
+#include "run/run_config.h"
 
 #include <gtest/gtest.h>
 
@@ -191,8 +192,8 @@ TEST(Estimate, RejectsBadInput) {
 //   mlp.proj.weight 5184, mlp.proj.bias 36 -> 64, ln_f 2 x 64                            = 25888
 nn::GptConfig padded_gpt() { return {.n_layer = 1, .d_model = 36, .n_head = 4, .seq_len = 8, .vocab_size = 256}; }
 
-EngineConfig config_with(const nn::GptConfig& m, Precision p, int64_t micro_batch) {
-  EngineConfig c;
+zs::run::RunConfig config_with(const nn::GptConfig& m, Precision p, int64_t micro_batch) {
+  zs::run::RunConfig c;
   c.model = m;
   c.precision = p;
   c.batch = resolve_batch(0, micro_batch, 1, 1);
@@ -228,7 +229,7 @@ TEST(Estimate, KnownModelUsesTheExactFlatLayout) {
 }
 
 TEST(Estimate, KnownModelBoundsTheTransientBuffers) {
-  EngineConfig cfg = config_with(padded_gpt(), Precision::kFp32, 2);
+  zs::run::RunConfig cfg = config_with(padded_gpt(), Precision::kFp32, 2);
   cfg.zero.reduce_bucket_size = 6000;
   EstimateInput in = estimate_input_for_config(cfg, 2);
   // plan_buckets(6000) from the end (sizes padded): {fc.bias, mlp.proj.*, ln_f.*} 5536,
@@ -259,7 +260,7 @@ TEST(Estimate, KnownModelBoundsTheTransientBuffers) {
 TEST(Estimate, StagingBoundCoversTheLargestBuckets) {
   nn::GptConfig m = padded_gpt();
   m.n_layer = 4;
-  EngineConfig cfg = config_with(m, Precision::kBf16, 1);
+  zs::run::RunConfig cfg = config_with(m, Precision::kBf16, 1);
   cfg.zero.reduce_bucket_size = 2000;
   EstimateInput in = estimate_input_for_config(cfg, 3);
   nn::GptModel model(m);
@@ -285,7 +286,7 @@ TEST(Estimate, MeasuredDevicePeakIsMadeOfTheStatesAndTheTransients) {
   m.n_layer = 3;
   for (Precision p : {Precision::kFp32, Precision::kBf16}) {
     for (int ranks : {1, 3}) {
-      EngineConfig cfg = config_with(m, p, 2);
+      zs::run::RunConfig cfg = config_with(m, p, 2);
       cfg.zero.reduce_bucket_size = 2000;
       cfg.zero.stage3_param_persistence_threshold = 1000;
       cfg.zero.stage3_prefetch_bucket_size = 6000;
@@ -323,7 +324,7 @@ TEST(Estimate, MeasuredDevicePeakIsMadeOfTheStatesAndTheTransients) {
 }
 
 TEST(Estimate, ConfigNeedsAModelOrParams) {
-  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  zs::run::RunConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   EXPECT_THROW(estimate_input_for_config(cfg, 1, uint64_t{1000}), ConfigError);  // both
   cfg.model.reset();
   EXPECT_THROW(estimate_input_for_config(cfg, 1), ConfigError);  // neither
@@ -477,7 +478,7 @@ TEST(EstimateOffload, SubGroupsAreCappedAtTheSteppedRangeOverTheBufferCount) {
 }
 
 TEST(EstimateOffload, BlockQuantisedStatesAreRegionsOfTheirOwn) {
-  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  zs::run::RunConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.optimizer = OptimizerConfig("CAdam");
   EstimateInput in = estimate_input_for_config(cfg, 1);
   in.offload_optimizer = OffloadDevice::kNvme;
@@ -493,7 +494,7 @@ TEST(EstimateOffload, BlockQuantisedStatesAreRegionsOfTheirOwn) {
 }
 
 TEST(EstimateOffload, CompressedOptimizersAndReuseCannotBeOffloaded) {
-  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  zs::run::RunConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.optimizer = OptimizerConfig("OneBitAdam");
   EstimateInput in = estimate_input_for_config(cfg, 2);
   in.offload_optimizer = OffloadDevice::kCpu;
@@ -516,7 +517,7 @@ TEST(EstimateOffload, CompressedOptimizersAndReuseCannotBeOffloaded) {
 }
 
 TEST(EstimateOffload, ConfigSuppliesTargetsAndLimits) {
-  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  zs::run::RunConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.zero.stage = 3;
   cfg.zero.offload_optimizer = {.device = OffloadDevice::kNvme, .nvme_path = "/x", .buffer_count = 3};
   cfg.zero.offload_param = {.device = OffloadDevice::kCpu, .nvme_path = "", .buffer_count = 7, .buffer_size = 1234};
@@ -532,7 +533,7 @@ TEST(EstimateOffload, ConfigSuppliesTargetsAndLimits) {
 
 TEST(EstimateOffload, NvmeParameterStagingBound) {
   // padded_gpt's modules (own ranges, ascending): 100 (ln1, ln2, ln_f), 1348, 4012, 5220, 5328, 9504.
-  EngineConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
+  zs::run::RunConfig cfg = config_with(padded_gpt(), Precision::kBf16, 1);
   cfg.zero.stage3_prefetch_bucket_size = 4000;
   EstimateInput in = estimate_input_for_config(cfg, 1);
   in.offload_optimizer = in.offload_param = OffloadDevice::kNvme;

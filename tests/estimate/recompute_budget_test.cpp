@@ -13,6 +13,7 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "tests/support/mpi_test_env.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
@@ -20,8 +21,8 @@ namespace {
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 // Activations dominate: each block holds about 3.5 MiB (its (8, 4, 128, 128) probabilities 2 MiB).
-EngineConfig make_config(int world, int64_t memory_mb) {
-  EngineConfig c;
+zs::run::RunConfig make_config(int world, int64_t memory_mb) {
+  zs::run::RunConfig c;
   c.batch = resolve_batch(0, 8, 1, world);
   c.zero.stage = world > 1 ? 2 : 0;
   c.device.memory_mb = memory_mb;
@@ -30,8 +31,8 @@ EngineConfig make_config(int world, int64_t memory_mb) {
 }
 
 RecomputeChoice choose(int world, int64_t memory_mb, int64_t budget_mb) {
-  EngineConfig c = make_config(world, memory_mb);
-  c.activation_checkpointing.device_budget_mb = budget_mb;
+  zs::run::RunConfig c = make_config(world, memory_mb);
+  c.recompute.device_budget_mb = budget_mb;
   return resolve_recompute_budget(c, world);
 }
 
@@ -60,18 +61,18 @@ TEST(RecomputeBudget, ThreeBudgetsBetweenNoneAndFullRecomputeFit) {
   for (int i = 0; i < 3; ++i) {
     const int64_t budget_mb = all_mb + i * (none_mb - 1 - all_mb) / 3;
     SCOPED_TRACE(fmt::format("budget {} MiB (full recompute {} MiB, none {} MiB)", budget_mb, all_mb, none_mb));
-    EngineConfig cfg = make_config(ranks, budget_mb);  // the arena is the budget: "auto"
-    cfg.activation_checkpointing.budget_auto = true;
+    zs::run::RunConfig cfg = make_config(ranks, budget_mb);  // the arena is the budget: "auto"
+    cfg.recompute.budget_auto = true;
     const RecomputeChoice c = resolve_recompute_budget(cfg, ranks);
     EXPECT_GE(c.blocks, 1);
     EXPECT_LE(c.blocks, previous_blocks);  // a larger budget never needs more blocks
     previous_blocks = c.blocks;
     EXPECT_LE(c.predicted_peak_bytes, static_cast<uint64_t>(budget_mb) * kMiB);
-    EXPECT_EQ(cfg.activation_checkpointing.blocks, ActivationCheckpointingConfig::Blocks::kFirst);
-    EXPECT_EQ(cfg.activation_checkpointing.k, c.blocks);
+    EXPECT_EQ(cfg.recompute.blocks, RecomputeConfig::Blocks::kFirst);
+    EXPECT_EQ(cfg.recompute.k, c.blocks);
     if (c.blocks > 1) {  // the fewest: one block fewer does not fit
-      EngineConfig fewer = make_config(ranks, 1024);
-      fewer.activation_checkpointing.device_budget_mb = budget_mb;
+      zs::run::RunConfig fewer = make_config(ranks, 1024);
+      fewer.recompute.device_budget_mb = budget_mb;
       EXPECT_EQ(resolve_recompute_budget(fewer, ranks).blocks, c.blocks);
     }
     // The run fits the arena of that budget.
@@ -94,9 +95,9 @@ TEST(RecomputeBudget, ThreeBudgetsBetweenNoneAndFullRecomputeFit) {
 TEST(RecomputeBudget, RefusedWhereItCannotApply) {
   const int ranks = test::world().group().size();
   EXPECT_NE(error_of(ranks, 64, 128).find("exceeds the device arena"), std::string::npos);
-  EngineConfig c = make_config(ranks, 64);
+  zs::run::RunConfig c = make_config(ranks, 64);
   c.model.reset();
-  c.activation_checkpointing.budget_auto = true;
+  c.recompute.budget_auto = true;
   try {
     resolve_recompute_budget(c, ranks);
     FAIL() << "a budget without the built-in GPT";
@@ -104,8 +105,8 @@ TEST(RecomputeBudget, RefusedWhereItCannotApply) {
     EXPECT_NE(std::string(e.what()).find("built-in GPT"), std::string::npos) << e.what();
   }
   // An unresolved budget reaching the engine is refused by name.
-  EngineConfig unresolved = make_config(ranks, 64);
-  unresolved.activation_checkpointing.budget_auto = true;
+  zs::run::RunConfig unresolved = make_config(ranks, 64);
+  unresolved.recompute.budget_auto = true;
   nn::GptModel model(*unresolved.model);
   EXPECT_THROW(Engine(model, unresolved, test::world().group()), ConfigError);
 }

@@ -17,6 +17,7 @@
 #include "core/json.h"
 #include "engine/config.h"
 #include "estimate/config_fit.h"
+#include "run/run_config.h"
 
 namespace {
 
@@ -66,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int ranks : {1, 3}) {
     try {
       const boost::json::value doc = zs::parse_json_text(text, "fuzz.json");
-      const zs::engine::EngineConfig cfg = zs::engine::parse_config(doc, ranks);
+      const zs::run::RunConfig cfg = zs::run::parse_run_config(doc, ranks);
       zs::engine::check_config_fits(cfg, ranks, zs::engine::FitCapacity{.host_bytes = uint64_t{64} << 30});
     } catch (const zs::ConfigError& e) {
       if (!names_a_json_path(e.what())) {

@@ -90,5 +90,22 @@ TEST(Registry, ReadsTheOptimizerSectionStrictly) {
   EXPECT_NE(error_of(R"({"params": {}})").find("optimizer.type"), std::string::npos);
 }
 
+// Resume compatibility is the registry's answer, by state family: the Adam-moment optimizers resume
+// from one another (docs/checkpoints.md), every other type only from itself.
+TEST(Registry, ResumeCompatibilityFollowsTheStateFamily) {
+  const std::set<std::string> adam_family = {"Adam", "AdamW", "OneBitAdam", "ZeroOneAdam"};
+  for (const OptimizerType* ours : optimizer_types()) {
+    for (const OptimizerType* saved : optimizer_types()) {
+      const bool both_adam = adam_family.count(std::string(ours->name())) && adam_family.count(std::string(saved->name()));
+      EXPECT_EQ(ours->can_resume_from(saved->name()), both_adam || ours == saved) << ours->name() << " from " << saved->name();
+    }
+    EXPECT_FALSE(ours->can_resume_from("")) << ours->name();  // a checkpoint that names no optimizer
+    EXPECT_FALSE(ours->can_resume_from("SGD")) << ours->name();  // a type zeroshard has no entry for
+  }
+  EXPECT_TRUE(OptimizerChoice("Lion").can_resume_from("Lion"));
+  EXPECT_FALSE(OptimizerChoice("Lion").can_resume_from("AdamW"));
+  EXPECT_TRUE(OptimizerChoice("AdamW").can_resume_from("OneBitAdam"));
+}
+
 }  // namespace
 }  // namespace zs::optim

@@ -1,4 +1,4 @@
-// CheckpointInputStore: where the engine keeps checkpointed modules' inputs between their forward and
+// RecomputeInputStore: where the engine keeps checkpointed modules' inputs between their forward and
 // the re-run in their backward (nn::Context::keep_checkpoint_input / restore_checkpoint_input; Note
 // [activation checkpointing] in nn/context.cpp), per the `activation_checkpointing` keys:
 //   - default: the input tensor itself, in the device arena;
@@ -15,7 +15,7 @@
 
 #include <memory>
 
-#include "engine/activation_config.h"
+#include "engine/recompute_config.h"
 #include "memory/allocator.h"
 #include "memory/tensor.h"
 #include "memory/tracker.h"
@@ -24,13 +24,13 @@ namespace zs::engine {
 
 struct DeviceArena;
 
-class CheckpointInputStore {
+class RecomputeInputStore {
  public:
   // `slots`: the contiguous buffer's slots (number_checkpoints, or the model's checkpointed modules).
-  CheckpointInputStore(const ActivationCheckpointingConfig& cfg, int64_t slots, std::shared_ptr<DeviceArena> arena);
-  ~CheckpointInputStore();
-  CheckpointInputStore(const CheckpointInputStore&) = delete;
-  CheckpointInputStore& operator=(const CheckpointInputStore&) = delete;
+  RecomputeInputStore(const RecomputeConfig& cfg, int64_t slots, std::shared_ptr<DeviceArena> arena);
+  ~RecomputeInputStore();
+  RecomputeInputStore(const RecomputeInputStore&) = delete;
+  RecomputeInputStore& operator=(const RecomputeInputStore&) = delete;
 
   // What to keep for `input` (a contiguous device tensor).
   memory::Tensor keep(const memory::Tensor& input);
@@ -45,7 +45,7 @@ class CheckpointInputStore {
   struct Slots;
   memory::Tensor keep_in_slot(const memory::Tensor& input);
 
-  const ActivationCheckpointingConfig& cfg_;
+  const RecomputeConfig& cfg_;
   int64_t slot_count_;
   std::shared_ptr<DeviceArena> arena_;
   std::shared_ptr<Slots> slots_;  // shared with the owners of kept copies

@@ -1,4 +1,4 @@
-#include "engine/activation_config.h"
+#include "engine/recompute_config.h"
 
 #include <boost/json.hpp>
 
@@ -7,8 +7,8 @@
 
 namespace zs::engine {
 
-nn::GptRecompute gpt_recompute(const ActivationCheckpointingConfig& c, int64_t n_layer) {
-  using B = ActivationCheckpointingConfig::Blocks;
+nn::GptRecompute gpt_recompute(const RecomputeConfig& c, int64_t n_layer) {
+  using B = RecomputeConfig::Blocks;
   switch (c.blocks) {
     case B::kNone: return nn::GptRecompute::none();
     case B::kEvery: return nn::GptRecompute::every(n_layer, c.k);
@@ -18,8 +18,8 @@ nn::GptRecompute gpt_recompute(const ActivationCheckpointingConfig& c, int64_t n
   return {};
 }
 
-std::string checkpoint_blocks_name(const ActivationCheckpointingConfig& c) {
-  using B = ActivationCheckpointingConfig::Blocks;
+std::string checkpoint_blocks_name(const RecomputeConfig& c) {
+  using B = RecomputeConfig::Blocks;
   switch (c.blocks) {
     case B::kNone: return "none";
     case B::kEvery: return c.k == 1 ? "all" : fmt::format("every {}", c.k);
@@ -31,7 +31,7 @@ std::string checkpoint_blocks_name(const ActivationCheckpointingConfig& c) {
 
 namespace detail {
 
-void read_activation_checkpointing(ObjectReader& r, ActivationCheckpointingConfig& c, std::vector<std::string>& notes) {
+void read_recompute(ObjectReader& r, RecomputeConfig& c, std::vector<std::string>& notes) {
   bool partition = false;
   if (r.read("partition_activations", partition) && partition) {
     throw ConfigError(fmt::format("{}: true splits each kept activation across tensor-parallel ranks (Megatron's model "
@@ -54,7 +54,7 @@ void read_activation_checkpointing(ObjectReader& r, ActivationCheckpointingConfi
   r.read("profile", c.profile);
   const std::string blocks_path = r.path_of("checkpoint_blocks");
   if (const boost::json::value* v = r.find("checkpoint_blocks")) {
-    using B = ActivationCheckpointingConfig::Blocks;
+    using B = RecomputeConfig::Blocks;
     if (v->is_string() && v->as_string() == "none") {
       c.blocks = B::kNone;
     } else if (v->is_string() && v->as_string() == "all") {
@@ -83,7 +83,7 @@ void read_activation_checkpointing(ObjectReader& r, ActivationCheckpointingConfi
       from_json(*v, budget_path, c.device_budget_mb);
       check_range(budget_path, c.device_budget_mb, IntRange::positive());
     }
-    if (c.blocks != ActivationCheckpointingConfig::Blocks::kNone) {
+    if (c.blocks != RecomputeConfig::Blocks::kNone) {
       throw ConfigError(fmt::format("{}: the budget chooses which blocks recompute, and checkpoint_blocks names them too; "
                                     "give one of the two",
                                     budget_path));

@@ -18,7 +18,7 @@ class ObjectReader;
 
 namespace zs::engine {
 
-struct ActivationCheckpointingConfig {
+struct RecomputeConfig {
   // Which blocks of the built-in GPT recompute (checkpoint_blocks). A program's own model marks its
   // modules itself (nn::Module::set_checkpointed); the storage keys below apply to any checkpointed module.
   enum class Blocks {
@@ -44,13 +44,13 @@ struct ActivationCheckpointingConfig {
 };
 
 // The built-in GPT's recompute for `n_layer` blocks under `c` (blocks and selective).
-nn::GptRecompute gpt_recompute(const ActivationCheckpointingConfig& c, int64_t n_layer);
+nn::GptRecompute gpt_recompute(const RecomputeConfig& c, int64_t n_layer);
 // "none", "all", "every 2", "first 3", "selective": the choice in words (logs and the summary).
-std::string checkpoint_blocks_name(const ActivationCheckpointingConfig& c);
+std::string checkpoint_blocks_name(const RecomputeConfig& c);
 
 namespace detail {
 // Reads the section (declaring its keys to `r`); notes get a line per accepted key without effect.
-void read_activation_checkpointing(ObjectReader& r, ActivationCheckpointingConfig& c, std::vector<std::string>& notes);
+void read_recompute(ObjectReader& r, RecomputeConfig& c, std::vector<std::string>& notes);
 }  // namespace detail
 
 }  // namespace zs::engine

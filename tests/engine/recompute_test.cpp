@@ -1,4 +1,4 @@
-// Activation checkpointing in the engine (engine/activation_config.h): training with recomputed blocks
+// Activation checkpointing in the engine (engine/recompute_config.h): training with recomputed blocks
 // equals training without (fp32: losses and parameters within 1e-5) at every ZeRO stage and world
 // size, with accumulation, with the kept inputs on the host (cpu_checkpointing) or in the contiguous
 // buffer, and with offload; and the kept inputs land where the config says.
@@ -9,32 +9,33 @@
 #include "core/errors.h"
 #include "tests/engine/train_harness.h"
 #include "tests/support/mpi_test_env.h"
+#include "run/run_config.h"
 
 namespace zs::engine {
 namespace {
 
 using namespace test_harness;
-using Blocks = ActivationCheckpointingConfig::Blocks;
+using Blocks = RecomputeConfig::Blocks;
 
 constexpr int kCkptSteps = 4;
 
-EngineConfig base(int stage, int64_t accumulation) {
+zs::run::RunConfig base(int stage, int64_t accumulation) {
   return make_config(accumulation, test::world().group().size(), Precision::kFp32, stage);
 }
 
 // The same run without checkpointing, per (stage, accumulation, offload).
-const RunResult& plain(const EngineConfig& cfg) {
+const RunResult& plain(const zs::run::RunConfig& cfg) {
   static std::map<std::tuple<int, int64_t, int, int>, RunResult> cache;
   auto key = std::make_tuple(cfg.zero.stage, cfg.batch.gradient_accumulation_steps,
                              static_cast<int>(cfg.zero.offload_optimizer.device), static_cast<int>(cfg.zero.offload_param.device));
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  EngineConfig c = cfg;
-  c.activation_checkpointing = {};
+  zs::run::RunConfig c = cfg;
+  c.recompute = {};
   return cache[key] = train(test::world().group(), c, kCkptSteps);
 }
 
-void check(EngineConfig cfg, const std::string& what) {
+void check(zs::run::RunConfig cfg, const std::string& what) {
   const RunResult got = train(test::world().group(), cfg, kCkptSteps);
   expect_matches(got, plain(cfg), 1e-5, 1e-5,
                  fmt::format("{} stage {} np {} accumulation {}", what, cfg.zero.stage, test::world().group().size(),
@@ -45,10 +46,10 @@ class EveryStage : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
 
 TEST_P(EveryStage, CheckpointedTrainingEqualsPlainTraining) {
   const auto [stage, accumulation] = GetParam();
-  EngineConfig cfg = base(stage, accumulation);
-  cfg.activation_checkpointing.blocks = Blocks::kEvery;  // "all"
+  zs::run::RunConfig cfg = base(stage, accumulation);
+  cfg.recompute.blocks = Blocks::kEvery;  // "all"
   check(cfg, "all blocks");
-  cfg.activation_checkpointing.cpu_checkpointing = true;
+  cfg.recompute.cpu_checkpointing = true;
   check(cfg, "all blocks, cpu_checkpointing");
 }
 
@@ -58,10 +59,10 @@ INSTANTIATE_TEST_SUITE_P(Stages, EveryStage,
                            return fmt::format("stage{}_accum{}", std::get<0>(info.param), std::get<1>(info.param));
                          });
 
-TEST(ActivationCheckpointingEngine, EveryChoiceAndStorageTrainsTheSame) {
+TEST(RecomputeEngine, EveryChoiceAndStorageTrainsTheSame) {
   for (int stage : {0, 3}) {
-    EngineConfig cfg = base(stage, 1);
-    auto& ac = cfg.activation_checkpointing;
+    zs::run::RunConfig cfg = base(stage, 1);
+    auto& ac = cfg.recompute;
     ac.blocks = Blocks::kEvery;
     ac.k = 2;
     check(cfg, "every 2nd block");
@@ -78,26 +79,26 @@ TEST(ActivationCheckpointingEngine, EveryChoiceAndStorageTrainsTheSame) {
   }
 }
 
-TEST(ActivationCheckpointingEngine, WithOffloadTrainsTheSame) {
-  EngineConfig cfg = base(2, 1);
+TEST(RecomputeEngine, WithOffloadTrainsTheSame) {
+  zs::run::RunConfig cfg = base(2, 1);
   cfg.zero.offload_optimizer.device = OffloadDevice::kCpu;
-  cfg.activation_checkpointing.blocks = Blocks::kEvery;
+  cfg.recompute.blocks = Blocks::kEvery;
   check(cfg, "offload_optimizer cpu");
   cfg = base(3, 3);
   cfg.zero.offload_optimizer.device = OffloadDevice::kCpu;
   cfg.zero.offload_param.device = OffloadDevice::kCpu;
-  cfg.activation_checkpointing.blocks = Blocks::kEvery;
-  cfg.activation_checkpointing.cpu_checkpointing = true;
+  cfg.recompute.blocks = Blocks::kEvery;
+  cfg.recompute.cpu_checkpointing = true;
   check(cfg, "offload_optimizer and offload_param cpu, cpu_checkpointing");
 }
 
-TEST(ActivationCheckpointingEngine, KeptInputsLiveWhereTheConfigSays) {
+TEST(RecomputeEngine, KeptInputsLiveWhereTheConfigSays) {
   const comm::Group& world = test::world().group();
-  EngineConfig cfg = base(1, 1);
+  zs::run::RunConfig cfg = base(1, 1);
   const Engine::MemoryReport none = train(world, cfg, 2).memory;
-  cfg.activation_checkpointing.blocks = Blocks::kEvery;
+  cfg.recompute.blocks = Blocks::kEvery;
   const Engine::MemoryReport device = train(world, cfg, 2).memory;
-  cfg.activation_checkpointing.cpu_checkpointing = true;
+  cfg.recompute.cpu_checkpointing = true;
   const RunResult host = train(world, cfg, 2);
   EXPECT_LT(device.activation_peak_bytes, none.activation_peak_bytes);
   EXPECT_LE(host.memory.activation_peak_bytes, device.activation_peak_bytes);
@@ -109,11 +110,11 @@ TEST(ActivationCheckpointingEngine, KeptInputsLiveWhereTheConfigSays) {
   EXPECT_EQ(host.reports.back().transfers.device_to_host_bytes, 2 * input);
 }
 
-TEST(ActivationCheckpointingEngine, RecomputeReportAndTooFewSlots) {
+TEST(RecomputeEngine, RecomputeReportAndTooFewSlots) {
   const comm::Group& world = test::world().group();
-  EngineConfig cfg = base(0, 1);
-  cfg.activation_checkpointing.blocks = Blocks::kEvery;
-  cfg.activation_checkpointing.contiguous_memory_optimization = true;
+  zs::run::RunConfig cfg = base(0, 1);
+  cfg.recompute.blocks = Blocks::kEvery;
+  cfg.recompute.contiguous_memory_optimization = true;
   {
     nn::GptModel model(*cfg.model);
     Engine engine(model, cfg, world);
@@ -128,7 +129,7 @@ TEST(ActivationCheckpointingEngine, RecomputeReportAndTooFewSlots) {
     EXPECT_EQ(r.contiguous_buffer_bytes,
               2u * static_cast<uint64_t>(cfg.batch.micro_batch_per_rank * tiny_gpt().seq_len * tiny_gpt().d_model) * 4);
   }
-  cfg.activation_checkpointing.number_checkpoints = 1;
+  cfg.recompute.number_checkpoints = 1;
   nn::GptModel model(*cfg.model);
   Engine engine(model, cfg, world);
   DatasetSource source(nn::Dataset::builtin(tiny_gpt().seq_len), 7);

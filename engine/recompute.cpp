@@ -1,20 +1,21 @@
-// Activation checkpointing in the engine: the `activation_checkpointing` section applied to the model
-// and to the engine's Context (CheckpointInputStore), and what it reports.
+// Activation recomputation in the engine (DeepSpeed calls it activation checkpointing, and the config
+// section keeps DeepSpeed's name, `activation_checkpointing`): the section applied to the model and
+// to the engine's Context (RecomputeInputStore), and what it reports.
 #include <algorithm>
 
 #include "core/errors.h"
-#include "engine/detail/activation_store.h"
+#include "engine/detail/recompute_store.h"
 #include "engine/detail/engine_impl.h"
 #include "nn/gpt.h"
 #include "offload/aligned_buffer.h"
 
 namespace zs::engine {
 
-// ---- CheckpointInputStore -----------------------------------------------------------------------
+// ---- RecomputeInputStore -----------------------------------------------------------------------
 
 // The contiguous buffer and its slots' use. Shared by the store and every kept copy in a slot, so a
 // copy outliving the store still frees into live memory (Note [engine memory lifetime]).
-struct CheckpointInputStore::Slots {
+struct RecomputeInputStore::Slots {
   std::shared_ptr<DeviceArena> arena;  // declared first: released after the block
   memory::DeviceBlock device;
   offload::AlignedBuffer host;
@@ -23,17 +24,17 @@ struct CheckpointInputStore::Slots {
   char* base() const { return device.empty() ? reinterpret_cast<char*>(host.data()) : static_cast<char*>(device.data()); }
 };
 
-CheckpointInputStore::CheckpointInputStore(const ActivationCheckpointingConfig& cfg, int64_t slots,
+RecomputeInputStore::RecomputeInputStore(const RecomputeConfig& cfg, int64_t slots,
                                            std::shared_ptr<DeviceArena> arena)
     : cfg_(cfg), slot_count_(slots), arena_(std::move(arena)) {}
 
-CheckpointInputStore::~CheckpointInputStore() = default;
+RecomputeInputStore::~RecomputeInputStore() = default;
 
-size_t CheckpointInputStore::buffer_bytes() const {
+size_t RecomputeInputStore::buffer_bytes() const {
   return slots_ ? slots_->slot_bytes * slots_->used.size() : 0;
 }
 
-memory::Tensor CheckpointInputStore::keep(const memory::Tensor& input) {
+memory::Tensor RecomputeInputStore::keep(const memory::Tensor& input) {
   memory::Backend& backend = *arena_->backend;
   if (cfg_.synchronize_checkpoint_boundary) backend.synchronize();
   if (cfg_.contiguous_memory_optimization) return keep_in_slot(input);
@@ -51,7 +52,7 @@ memory::Tensor CheckpointInputStore::keep(const memory::Tensor& input) {
   return memory::Tensor(data, input.dtype(), input.shape(), input.strides(), std::move(host));
 }
 
-memory::Tensor CheckpointInputStore::keep_in_slot(const memory::Tensor& input) {
+memory::Tensor RecomputeInputStore::keep_in_slot(const memory::Tensor& input) {
   const size_t bytes = input.nbytes();
   const memory::Tier tier = cfg_.cpu_checkpointing ? memory::Tier::kHost : memory::Tier::kDevice;
   if (!slots_) {
@@ -90,7 +91,7 @@ memory::Tensor CheckpointInputStore::keep_in_slot(const memory::Tensor& input) {
   return memory::Tensor(at, input.dtype(), input.shape(), input.strides(), std::move(owner));
 }
 
-memory::Tensor CheckpointInputStore::restore(memory::Tensor kept, memory::Tensor fresh) {
+memory::Tensor RecomputeInputStore::restore(memory::Tensor kept, memory::Tensor fresh) {
   memory::Backend& backend = *arena_->backend;
   if (on_host()) {
     backend.copy(fresh.raw(), memory::Tier::kDevice, kept.raw(), memory::Tier::kHost, kept.nbytes());
@@ -115,15 +116,15 @@ memory::Tensor EngineContext::restore_checkpoint_input(memory::Tensor kept) {
 
 // ---- Engine -------------------------------------------------------------------------------------
 
-void Engine::Impl::setup_activation_checkpointing(nn::Model& model) {
-  const ActivationCheckpointingConfig& ac = cfg_.activation_checkpointing;
+void Engine::Impl::setup_recompute(nn::Model& model) {
+  const RecomputeConfig& ac = cfg_.recompute;
   if (ac.budget()) {
     throw ConfigError("activation_checkpointing.device_budget_mb: the budget is turned into a choice of blocks before "
                       "the engine is built (engine::resolve_recompute_budget in estimate/recompute_budget.h; `zeroshard "
                       "train` and `zeroshard estimate` do it); a program building its own engine resolves it first, or "
                       "names checkpoint_blocks");
   }
-  if (ac.blocks != ActivationCheckpointingConfig::Blocks::kNone) {
+  if (ac.blocks != RecomputeConfig::Blocks::kNone) {
     auto* gpt = dynamic_cast<nn::GptModel*>(&model);
     if (gpt == nullptr) {
       throw ConfigError(fmt::format(
@@ -138,7 +139,7 @@ void Engine::Impl::setup_activation_checkpointing(nn::Model& model) {
   for (nn::Module* m : model.named_modules()) marked += m->checkpointed() ? 1 : 0;
   checkpointed_modules_ = marked;
   if (marked > 0 && (ac.cpu_checkpointing || ac.contiguous_memory_optimization || ac.synchronize_checkpoint_boundary)) {
-    ctx_.set_checkpoint_store(std::make_unique<CheckpointInputStore>(
+    ctx_.set_checkpoint_store(std::make_unique<RecomputeInputStore>(
         ac, ac.number_checkpoints > 0 ? ac.number_checkpoints : marked, arena_));
   }
 }
@@ -146,7 +147,7 @@ void Engine::Impl::setup_activation_checkpointing(nn::Model& model) {
 Engine::RecomputeReport Engine::recompute_report() const {
   const Impl& s = *impl_;
   RecomputeReport r;
-  r.blocks = checkpoint_blocks_name(config_.activation_checkpointing);
+  r.blocks = checkpoint_blocks_name(config_.recompute);
   r.checkpointed_modules = s.checkpointed_modules_;
   r.recomputes = s.ctx_.recompute_stats().modules;
   r.recompute_s = s.ctx_.recompute_stats().seconds;

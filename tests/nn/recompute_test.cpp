@@ -1,8 +1,8 @@
-// Activation checkpointing through the Context (nn/module.h, Note [activation checkpointing] in
-// nn/context.cpp): checkpointed and selective-recompute GPTs compute the same loss and gradients as the
-// plain one, keep only their blocks' inputs (the activation peak grows by one input per block instead
-// of one block's activations), re-run each checkpointed module once per backward, and a user's own
-// module marked checkpointed trains the same.
+// Activation recomputation (DeepSpeed: activation checkpointing) through the Context (nn/module.h, Note
+// [activation checkpointing] in nn/context.cpp): checkpointed and selective-recompute GPTs compute the same
+// loss and gradients as the plain one, keep only their blocks' inputs (the activation peak grows by one
+// input per block instead of one block's activations), re-run each checkpointed module once per backward,
+// and a user's own module marked checkpointed trains the same.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -62,7 +62,7 @@ void expect_same(const Pass& a, const Pass& b) {
   EXPECT_LE(worst, 1e-6);
 }
 
-TEST(ActivationCheckpointing, RecomputeGivesTheSameLossAndGradients) {
+TEST(Recompute, RecomputeGivesTheSameLossAndGradients) {
   const Pass plain = run(3, GptRecompute::none());
   EXPECT_EQ(plain.recomputes, 0);
   for (const GptRecompute& r : {GptRecompute::every(3, 1), GptRecompute::every(3, 2), GptRecompute::first(3, 1),
@@ -74,7 +74,7 @@ TEST(ActivationCheckpointing, RecomputeGivesTheSameLossAndGradients) {
   }
 }
 
-TEST(ActivationCheckpointing, PeakIsKeptInputsPlusOneBlock) {
+TEST(Recompute, PeakIsKeptInputsPlusOneBlock) {
   // One more layer adds one kept input (B, T, C) fp32 with every block checkpointed, and one block's
   // whole activations without: the peak is the kept inputs plus one block's activations.
   const size_t input_bytes = kB * kT * config(1).d_model * sizeof(float);
@@ -98,7 +98,7 @@ TEST(ActivationCheckpointing, PeakIsKeptInputsPlusOneBlock) {
   EXPECT_EQ(run(4, GptRecompute::scores_only(), 1).activation_peak, none4 - 4 * probs);
 }
 
-TEST(ActivationCheckpointing, EvaluationDoesNotCheckpoint) {
+TEST(Recompute, EvaluationDoesNotCheckpoint) {
   GptModel model(config(2));
   materialize(model, 3);
   model.set_recompute(GptRecompute::every(2, 1));
@@ -143,7 +143,7 @@ class TwoMlps : public Model {
   memory::Tensor y_;
 };
 
-TEST(ActivationCheckpointing, AUsersModuleMarkedCheckpointed) {
+TEST(Recompute, AUsersModuleMarkedCheckpointed) {
   std::vector<std::vector<float>> grads[2];
   for (int marked = 0; marked < 2; ++marked) {
     TwoMlps model;

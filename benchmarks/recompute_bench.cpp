@@ -5,10 +5,10 @@
 // <= 1.4x the plain step time, selective <= 1.1x. (2) The largest GPT by layers at a fixed width that
 // trains in a 1 GiB device arena at np 1, without and with every block recomputed.
 //
-//   build/release/benchmarks/activation_checkpointing_bench [--json out.json] [--steps 6] [--warmup 1]
+//   build/release/benchmarks/recompute_bench [--json out.json] [--steps 6] [--warmup 1]
 //          [--n-layer 4 --d-model 256 --n-head 4 --seq-len 128] [--micro-batch 8]
 //          [--fit-d-model 128 --fit-seq-len 256 --fit-micro-batch 8 --fit-memory-mb 1024] [--no-verify] [--no-fit]
-//   mpirun -np 2 --oversubscribe build/release/benchmarks/activation_checkpointing_bench   (part 1 only)
+//   mpirun -np 2 --oversubscribe build/release/benchmarks/recompute_bench   (part 1 only)
 //
 // Method (1): one engine per mode, all built up front, stepped round-robin (mode A step, mode B step,
 // ...) so a load change on a shared machine touches every mode alike; a step's time is the slowest
@@ -41,9 +41,10 @@
 #include "nn/data.h"
 #include "nn/gpt.h"
 #include "optim/adam.h"
+#include "run/run_config.h"
 
 using namespace zs;
-using Blocks = engine::ActivationCheckpointingConfig::Blocks;
+using Blocks = engine::RecomputeConfig::Blocks;
 
 namespace {
 
@@ -58,15 +59,15 @@ const std::vector<Mode> kModes = {{"none", Blocks::kNone},
                                   {"selective", Blocks::kSelective},
                                   {"cpu_checkpointing", Blocks::kEvery, true}};
 
-engine::EngineConfig make_config(const nn::GptConfig& g, int64_t micro, int world, int64_t memory_mb, const Mode& m) {
-  engine::EngineConfig c;
+zs::run::RunConfig make_config(const nn::GptConfig& g, int64_t micro, int world, int64_t memory_mb, const Mode& m) {
+  zs::run::RunConfig c;
   c.batch = engine::resolve_batch(0, micro, 1, world);
   c.zero.stage = world > 1 ? 1 : 0;
   c.optimizer = engine::OptimizerConfig("AdamW", optim::AdamConfig{.lr = 1e-3, .weight_decay = 0.1});
   c.device.memory_mb = memory_mb;
   c.model = g;
-  c.activation_checkpointing.blocks = m.blocks;
-  c.activation_checkpointing.cpu_checkpointing = m.cpu;
+  c.recompute.blocks = m.blocks;
+  c.recompute.cpu_checkpointing = m.cpu;
   return c;
 }
 
@@ -81,7 +82,7 @@ double cpu_seconds() {
 
 // The reserved device peak the estimator predicts for `g` under `m` on one rank.
 uint64_t predicted_peak(const nn::GptConfig& g, int64_t micro, int64_t memory_mb, const Mode& m) {
-  const engine::EngineConfig c = make_config(g, micro, 1, memory_mb, m);
+  const zs::run::RunConfig c = make_config(g, micro, 1, memory_mb, m);
   nn::GptModel model(g);
   engine::DatasetSource source(nn::Dataset::builtin(g.seq_len), 1);
   return engine::estimate(model, c, 1, source).classes.front().memory.device_reserved_peak_bytes;
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
 
     // ---- (1) the example GPT, every mode, stepped round-robin --------------------------------------
     std::vector<std::unique_ptr<nn::GptModel>> models;
-    std::vector<engine::EngineConfig> configs;
+    std::vector<zs::run::RunConfig> configs;
     std::vector<std::unique_ptr<engine::Engine>> engines;
     std::vector<std::unique_ptr<engine::DatasetSource>> sources;
     for (const Mode& m : kModes) {
@@ -131,7 +132,7 @@ int main(int argc, char** argv) {
       }
     }
     bench::Report report;
-    report.benchmark = "activation_checkpointing_bench";
+    report.benchmark = "recompute_bench";
     const double plain_s = bench::median(times[0]);
     const double plain_cpu = bench::median(cpu[0]);
     const uint64_t plain_peak = engines[0]->memory_report().device_peak_bytes;
@@ -222,7 +223,7 @@ int main(int argc, char** argv) {
         if (verify && lo > 0) {
           nn::GptConfig g = fit_base;
           g.n_layer = lo;
-          const engine::EngineConfig c = make_config(g, fit_micro, 1, fit_mb, m);
+          const zs::run::RunConfig c = make_config(g, fit_micro, 1, fit_mb, m);
           nn::GptModel model(g);
           engine::Engine e(model, c, group);
           engine::DatasetSource source(nn::Dataset::builtin(g.seq_len), 1);
@@ -266,6 +267,6 @@ int main(int argc, char** argv) {
     if (!path.empty() && root) report.write(path);
     return 0;
   } catch (const std::exception& e) {
-    comm::World::abort(std::string("activation_checkpointing_bench: ") + e.what(), 1);
+    comm::World::abort(std::string("recompute_bench: ") + e.what(), 1);
   }
 }

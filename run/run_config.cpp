@@ -1,0 +1,114 @@
+#include "run/run_config.h"
+
+#include <fmt/format.h>
+
+#include "core/errors.h"
+#include "core/json.h"
+
+namespace zs::run {
+namespace {
+
+// Note [bounded keys] in engine/config.cpp: a typo (`1e9` for `1e3`) in a key that sizes the module
+// tree is an immediate ConfigError, not minutes of declaring modules.
+constexpr int64_t kMaxLayers = 4096;                 // GPT-3 has 96 blocks; 4096 declare in about a second
+constexpr int64_t kMaxDModel = int64_t{1} << 16;     // GPT-3's width is 12,288
+constexpr int64_t kMaxSeqLen = int64_t{1} << 20;     // one million positions
+constexpr int64_t kMaxEvalBatches = int64_t{1} << 16;
+constexpr int64_t kMaxExperts = 4096;
+
+void read_model(ObjectReader& r, nn::GptConfig& m) {
+  std::string type = "gpt";
+  r.read_choice("type", type, {"gpt"});
+  r.read("n_layer", m.n_layer, IntRange{1, kMaxLayers});  // Note [bounded keys]
+  r.read("d_model", m.d_model, IntRange{1, kMaxDModel});
+  r.read("n_head", m.n_head, IntRange{1, kMaxDModel});
+  r.read("seq_len", m.seq_len, IntRange{2, kMaxSeqLen});
+  r.read("vocab_size", m.vocab_size, IntRange{256, 1 << 24});
+  r.read("tied_embeddings", m.tied_embeddings);
+  r.read("init_std", m.init_std, RealRange::positive());
+  nn::validate(m);
+}
+
+// model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
+// already-read model section; the GPT-MoE has an untied head, so tied_embeddings defaults to false here.
+moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int world) {
+  moe::GptMoeConfig c;
+  if (model.object().find("tied_embeddings") == model.object().end()) gpt.tied_embeddings = false;
+  moe::MoEOptions& o = c.moe;
+  r.require("num_experts", o.num_experts, IntRange{1, kMaxExperts});
+  r.read("ep_size", o.ep_size, IntRange::positive());
+  r.read("k", o.k, IntRange::positive());
+  r.read("capacity_factor", o.capacity_factor, RealRange::positive());
+  r.read("eval_capacity_factor", o.eval_capacity_factor, RealRange::positive());
+  r.read("min_capacity", o.min_capacity, IntRange::non_negative());
+  r.read("use_residual", o.use_residual);
+  if (const boost::json::value* v = r.find("noisy_gate_policy"); v != nullptr && !v->is_null()) {
+    std::string policy;
+    from_json(*v, r.path_of("noisy_gate_policy"), policy);
+    o.noisy_gate_policy = moe::parse_noisy_gate_policy(policy, r.path_of("noisy_gate_policy"));
+  }
+  r.read("drop_tokens", o.drop_tokens);
+  r.read("use_rts", o.use_rts);
+  r.read("top2_2nd_expert_sampling", o.top2_2nd_expert_sampling);
+  r.read("every_n_layers", c.every_n_layers, IntRange::positive());
+  r.read("aux_loss_coef", c.aux_loss_coef, RealRange::non_negative());
+  r.read("expert_hidden", c.expert_hidden, IntRange::non_negative());
+  if (world % o.ep_size != 0) {
+    throw ConfigError(fmt::format("{}: {} does not divide the number of ranks ({}): expert-parallel groups are {} "
+                                  "consecutive ranks; choose a divisor of {} or run on a multiple of {} ranks",
+                                  r.path_of("ep_size"), o.ep_size, world, o.ep_size, world, o.ep_size));
+  }
+  c.gpt = gpt;
+  moe::validate(c);
+  return c;
+}
+
+void read_data(ObjectReader& r, RunConfig& cfg) {
+  r.read("path", cfg.data.path);
+  uint64_t seed = 0;
+  if (r.read("seed", seed)) cfg.data.seed = seed;
+  r.read("eval_interval", cfg.data.eval_interval, IntRange::non_negative());
+  if (r.read("min_seq_len", cfg.data.min_seq_len, IntRange::positive()) && cfg.model &&
+      cfg.data.min_seq_len > cfg.model->seq_len) {
+    throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.seq_len = {}; choose a value from 1 to {}",
+                                  cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
+  }
+  const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
+  const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange{1, kMaxEvalBatches});
+  if ((fraction || batches) && cfg.data.eval_interval == 0) {
+    throw ConfigError(fmt::format("data.{}: has an effect only with evaluation on; set data.eval_interval to the "
+                                  "number of optimizer steps between evaluations, or remove it",
+                                  fraction ? "eval_fraction" : "eval_batches"));
+  }
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const boost::json::value& doc, int dp) {
+  RunConfig cfg;
+  // Read in the engine's pass, each at its place in the validation order (Note [program sections] in
+  // engine/config.cpp); the engine's part is assigned after, which leaves these members alone.
+  const engine::ProgramSection sections[] = {
+      {"model", "device",
+       [&](ObjectReader& r, const engine::EngineConfig& parsed) {
+         nn::GptConfig m;
+         read_model(r, m);
+         r.read_object("moe", [&](ObjectReader& sub) {
+           cfg.model_moe = read_model_moe(sub, r, m, dp);
+           cfg.model_moe->moe.rng_seed = parsed.seed;  // the gates' random draws follow the run's seed
+         });
+         cfg.model = m;
+       }},
+      {"data", "device", [&](ObjectReader& r, const engine::EngineConfig&) { read_data(r, cfg); }},
+      {"log", "comm",
+       [&](ObjectReader& r, const engine::EngineConfig&) {
+         r.read_choice("level", cfg.log.level, {"trace", "debug", "info", "warn", "error", "off"});
+         r.read("all_ranks", cfg.log.all_ranks);
+       }},
+  };
+  static_cast<engine::EngineConfig&>(cfg) = engine::parse_config(doc, dp, sections);
+  cfg.data_seed = cfg.data.seed;
+  return cfg;
+}
+
+}  // namespace zs::run

@@ -1,0 +1,67 @@
+// The run's config: one DeepSpeed-style JSON file (docs/config.md), of which the engine reads its
+// keys (engine/config.h) and the program that builds the model reads its own sections:
+//   model      the built-in GPT (nn::GptConfig); absent: the program brings its own model
+//   model.moe  the built-in GPT with MoE layers (moe::GptMoeConfig)
+//   data       the corpus, its sampling seed, evaluation and varying sequence lengths
+//   log        the log level and which ranks log
+// parse_run_config validates the whole document once: the engine's parser reads every section in one
+// order (ProgramSection, engine/config.h), so the first problem reported, the unknown-key check and
+// its did-you-mean are the same whichever part of the program reads a section.
+//
+//   RunConfig cfg = parse_run_config(parse_json_file(path), /*data_parallel_size=*/world.size());
+//   init_logging({rank, size}, cfg.log);
+//   nn::GptModel model(*cfg.model);
+//   engine::Engine engine(model, cfg, group);
+#pragma once
+
+#include <boost/json/value.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/log.h"
+#include "engine/config.h"
+#include "moe/gpt_moe.h"
+#include "nn/gpt.h"
+
+namespace zs::run {
+
+// The `data` section.
+struct DataConfig {
+  std::string path;          // a text file; empty: the built-in corpus
+  std::optional<uint64_t> seed;  // sampling seed; defaults to the top-level seed
+  // Evaluation by `zeroshard train` (Engine::eval_batch): every eval_interval optimizer steps (0: never)
+  // the mean loss of eval_batches global batches drawn from a held-out split, the last eval_fraction
+  // of the corpus's bytes, which training then never reads. Here, not at the top level: DeepSpeed's
+  // config has no evaluation key (its users evaluate in their own loop), and the split is of this
+  // section's corpus.
+  int64_t eval_interval = 0;
+  double eval_fraction = 0.1;
+  int64_t eval_batches = 1;
+  // Varying sequence lengths: each training step's samples have a length drawn uniformly from
+  // [min_seq_len, model.seq_len] (nn::Dataset::seq_len_at); 0: every sample is model.seq_len long.
+  int64_t min_seq_len = 0;
+};
+
+// The engine's config plus the program's sections. A RunConfig is an engine::EngineConfig (the
+// engine takes it as one and keeps only that part), so code that trains reads both from one value.
+struct RunConfig : engine::EngineConfig {
+  RunConfig() = default;
+  // The engine's part alone: a run whose program brings its own model (no model, default data and
+  // log). Explicit, so an EngineConfig never silently stands in where the built-in model is needed.
+  explicit RunConfig(const engine::EngineConfig& e) : engine::EngineConfig(e) {}
+  std::optional<nn::GptConfig> model;  // the built-in GPT (`model` section); absent: the program brings its model
+  // `model.moe`: the built-in GPT with MoE layers (moe/gpt_moe.h); its `gpt` equals *model. The engine
+  // never reads it (expert parameters reach it through parameter metadata).
+  std::optional<moe::GptMoeConfig> model_moe;
+  DataConfig data;
+  LogConfig log;
+};
+
+// Parses and validates a whole config document for a run with `data_parallel_size` ranks (the
+// engine's keys through engine::parse_config, the program's sections here). Throws ConfigError naming
+// the JSON path of the first problem and how to fix it.
+RunConfig parse_run_config(const boost::json::value& doc, int data_parallel_size);
+
+}  // namespace zs::run

@@ -1,0 +1,69 @@
+// run::parse_run_config: the program's sections (model, model.moe, data, log) read in the engine
+// parser's one pass. The whole contract (every key, every message) is in tests/engine/config_test.cpp
+// and the e2e bad-config cases; here: what the split itself must keep.
+#include "run/run_config.h"
+
+#include <gtest/gtest.h>
+
+#include "core/json.h"
+
+namespace zs::run {
+namespace {
+
+#define EXPECT_CONTAINS(haystack, needle) EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << haystack
+
+template <typename Parse>
+std::string error_of(Parse&& parse, std::string_view text) {
+  try {
+    parse(parse_json_text(text, "cfg.json"));
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+std::string run_error(std::string_view text) {
+  return error_of([](const boost::json::value& d) { parse_run_config(d, 2); }, text);
+}
+std::string engine_error(std::string_view text) {
+  return error_of([](const boost::json::value& d) { engine::parse_config(d, 2); }, text);
+}
+
+TEST(RunConfig, ReadsTheProgramsSectionsBesideTheEngines) {
+  const RunConfig c = parse_run_config(parse_json_text(R"({"train_batch_size": 4, "seed": 7,
+      "model": {"n_layer": 2, "d_model": 32, "n_head": 2, "seq_len": 16, "moe": {"num_experts": 4, "ep_size": 2}},
+      "data": {"seed": 11, "min_seq_len": 8}, "log": {"level": "warn"}, "zero_optimization": {"stage": 2}})"), 2);
+  ASSERT_TRUE(c.model.has_value());
+  EXPECT_EQ(c.model->n_layer, 2);
+  EXPECT_FALSE(c.model->tied_embeddings);  // the GPT-MoE's head is untied unless the config says so
+  ASSERT_TRUE(c.model_moe.has_value());
+  EXPECT_EQ(c.model_moe->moe.rng_seed, 7u);  // the gates follow the run's seed, read by the engine
+  EXPECT_EQ(c.data.min_seq_len, 8);
+  EXPECT_EQ(c.log.level, "warn");
+  EXPECT_EQ(c.zero.stage, 2);               // the engine's part
+  EXPECT_EQ(c.data_seed, std::optional<uint64_t>(11));  // recorded by the engine's checkpoints
+  EXPECT_EQ(parse_run_config(parse_json_text(R"({"train_batch_size": 4})"), 1).data_seed, std::nullopt);
+}
+
+TEST(RunConfig, TheEngineAloneRefusesTheProgramsSectionsAsUnknown) {
+  EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "model": {"n_layer": 2}})"), "model: unknown key");
+  EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "log": {"level": "warn"}})"), "log: unknown key");
+  // ...and the run's parser still suggests the sections it reads.
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 4, "modle": {}})"), "did you mean 'model'");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 4, "data": {"pth": "x"}})"), "data.pth: unknown key; did you mean 'path'");
+}
+
+TEST(RunConfig, TheFirstProblemIsTheSameWhicheverPartReadsASection) {
+  // The order of checks is the one parse_config had when it read every section: device, model, data,
+  // comm, log, then the root's unknown keys, then the batch arithmetic.
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 4, "comm": {"timeout_s": -1}, "model": {"n_layer": 0}})"),
+                  "model.n_layer");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 4, "device": {"memory_mb": 0}, "model": {"n_layer": 0}})"),
+                  "device.memory_mb");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 4, "comm": {"timeout_s": -1}, "log": {"level": "loud"}})"),
+                  "comm.timeout_s");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 4, "log": {"level": "loud"}, "bogus": 1})"), "log.level");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 3, "data": {"eval_batches": 2}})"), "data.eval_batches");
+}
+
+}  // namespace
+}  // namespace zs::run
