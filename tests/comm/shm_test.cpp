@@ -21,6 +21,7 @@
 #include "comm/comm.h"
 #include "comm/detail/shm.h"
 #include "memory/shared_mapping.h"
+#include "tests/comm/test_util.h"
 #include "tests/support/mpi_test_env.h"
 
 using namespace zs;
@@ -74,21 +75,8 @@ Tensor make(DType t, size_t n, int rank, size_t offset = 0) {
   return x;
 }
 
-double get(const Tensor& t, size_t i) {
-  switch (t.dtype()) {
-    case DType::kF32: return t.data<float>()[i];
-    case DType::kBF16: return memory::bf16_to_f32(t.data<uint16_t>()[i]);
-    case DType::kF16: return memory::f16_to_f32(t.data<uint16_t>()[i]);
-    case DType::kI32: return t.data<int32_t>()[i];
-  }
-  return 0;
-}
-
-Tensor empty(size_t n, DType t) { return Tensor::empty({static_cast<int64_t>(n)}, t); }
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * memory::dtype_size(a.dtype())) == 0;
-}
+using test::empty;
+using test::same_bits;
 
 // |got - exact| <= (N-1) 2^-24 sum|x| (fp32 sums in any order) + half an ulp of the result's type
 // (relative, plus fp16's subnormal spacing 2^-24 absolute).
@@ -108,8 +96,8 @@ void expect_close_to_reference(const Tensor& got, DType t, size_t offset, int ra
     }
     const double bound = t == DType::kI32 ? 0.0 : (ranks - 1) * std::ldexp(1.0, -24) * mag + unit * std::fabs(exact) +
                                                   (t == DType::kF16 ? std::ldexp(1.0, -24) : 1e-30);
-    if (std::fabs(get(got, i) - exact) > bound && ++bad < 5) {
-      ADD_FAILURE() << "element " << offset + i << ": got " << get(got, i) << ", exact " << exact << ", bound " << bound;
+    if (std::fabs(test::as_double(got, i) - exact) > bound && ++bad < 5) {
+      ADD_FAILURE() << "element " << offset + i << ": got " << test::as_double(got, i) << ", exact " << exact << ", bound " << bound;
     }
   }
   EXPECT_EQ(bad, 0u);
@@ -187,7 +175,7 @@ TEST(Shm, AllgathervBitwiseEqualToMpi) {
     for (int r = 0; r < n; ++r) {  // and each block is its rank's data
       const size_t d = std::accumulate(counts.begin(), counts.begin() + r, size_t{0});
       const size_t cnt = counts[static_cast<size_t>(r)];
-      if (cnt > 0) EXPECT_EQ(get(a, d + cnt - 1), stored(t, r, d + cnt - 1)) << "rank " << r;
+      if (cnt > 0) EXPECT_EQ(test::as_double(a, d + cnt - 1), stored(t, r, d + cnt - 1)) << "rank " << r;
     }
     // In place (the input is the output's own block), and the even form.
     Tensor b = Tensor::empty({static_cast<int64_t>(total)}, t);
@@ -259,7 +247,7 @@ TEST(Shm, AlltoallvBitwiseEqualToMpi) {
         size_t displ = 0;
         for (int q = 0; q < me; ++q) displ += f(j, q);
         if (recv[static_cast<size_t>(j)] > 0) {
-          EXPECT_EQ(get(a, at), stored(t, j, displ)) << "from rank " << j;
+          EXPECT_EQ(test::as_double(a, at), stored(t, j, displ)) << "from rank " << j;
         }
         at += recv[static_cast<size_t>(j)];
       }

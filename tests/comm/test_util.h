@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "memory/dtype.h"
@@ -58,5 +59,23 @@ inline float reduced(memory::DType dtype, int ranks, size_t i, bool average) {
 }
 
 inline float stored(memory::DType dtype, int rank, size_t i) { return as_float(filled(dtype, 1, rank, i), 0); }
+
+// Element i as a double, whatever the dtype (16-bit values widened exactly).
+inline double as_double(const memory::Tensor& t, size_t i) {
+  switch (t.dtype()) {
+    case memory::DType::kF32: return t.data<float>()[i];
+    case memory::DType::kBF16: return memory::bf16_to_f32(t.data<uint16_t>()[i]);
+    case memory::DType::kF16: return memory::f16_to_f32(t.data<uint16_t>()[i]);
+    case memory::DType::kI32: return t.data<int32_t>()[i];
+  }
+  return 0;
+}
+
+inline memory::Tensor empty(size_t n, memory::DType t) { return memory::Tensor::empty({static_cast<int64_t>(n)}, t); }
+
+inline bool same_bits(const memory::Tensor& a, const memory::Tensor& b) {
+  return a.numel() == b.numel() &&
+         std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * memory::dtype_size(a.dtype())) == 0;
+}
 
 }  // namespace zs::test

@@ -22,6 +22,7 @@
 #include "comm/detail/transport.h"
 #include "comm/mpi_check.h"
 #include "comm/native.h"
+#include "tests/comm/test_util.h"
 #include "tests/support/mpi_test_env.h"
 
 using namespace zs;
@@ -60,21 +61,9 @@ Tensor widened(const Tensor& x) {
   return w;
 }
 
-double as_double(const Tensor& t, size_t i) {
-  switch (t.dtype()) {
-    case DType::kF32: return t.data<float>()[i];
-    case DType::kBF16: return memory::bf16_to_f32(t.data<uint16_t>()[i]);
-    case DType::kF16: return memory::f16_to_f32(t.data<uint16_t>()[i]);
-    case DType::kI32: return t.data<int32_t>()[i];
-  }
-  return 0;
-}
-
-Tensor empty(size_t n, DType t) { return Tensor::empty({static_cast<int64_t>(n)}, t); }
-
-bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.numel() == b.numel() && std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * memory::dtype_size(a.dtype())) == 0;
-}
+using test::empty;
+using test::same_bits;
+using test::as_double;
 
 // |got - mpi| within two fp32 sums' rounding in any order ((N-1) 2^-24 sum|x| each; sum|x| <= N here),
 // plus half an ulp of got's type when it is 16-bit.
