@@ -39,7 +39,7 @@ optim::LrScheduleConfig schedule_config(const EngineConfig& cfg) {
 // the collective split, so that a mismatch is an error on every rank instead of a hang).
 std::unique_ptr<comm::Group> make_expert_group(const comm::Group& dp, int e) {
   if (!dp.is_mpi()) return std::make_unique<comm::Group>(comm::Group::simulated(dp.rank() / e, dp.size() / e, "edp"));
-  return std::make_unique<comm::Group>(comm::Topology(dp, {.expert_parallel_size = e}).take_expert_data_parallel());
+  return std::make_unique<comm::Group>(comm::Topology::make_expert_data_parallel(dp, {.expert_parallel_size = e}));
 }
 
 void check_expert_sizes(const comm::Group& group, const std::vector<int>& sizes, const EngineConfig& cfg) {
@@ -241,6 +241,15 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
                   "expert-data-parallel group of {} rank(s)", set->layout.param_elements(), set->expert_parallel_size(),
                   set->group.size());
     }
+    // Issue #32: how many collectives the start-up took (every group of the World; the rest of the
+    // run is in the monitor's comms table).
+    uint64_t startup_ops = 0;
+    std::vector<std::string> kinds;
+    for (const comm::OpStats& op : group_.op_stats()) {
+      startup_ops += op.count;
+      kinds.push_back(fmt::format("{} {}", op.name, op.count));
+    }
+    ZS_LOG_INFO("comm: {} collectives before step 1 ({})", startup_ops, fmt::join(kinds, ", "));
   } else {
     ZS_LOG_DEBUG("engine: measuring {} parameters at ZeRO stage {} as rank {} of {}", param_count(), config_.zero.stage,
                  group_.rank(), group_.size());
