@@ -241,15 +241,6 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
                   "expert-data-parallel group of {} rank(s)", set->layout.param_elements(), set->expert_parallel_size(),
                   set->group.size());
     }
-    // Issue #32: how many collectives the start-up took (every group of the World; the rest of the
-    // run is in the monitor's comms table).
-    uint64_t startup_ops = 0;
-    std::vector<std::string> kinds;
-    for (const comm::OpStats& op : group_.op_stats()) {
-      startup_ops += op.count;
-      kinds.push_back(fmt::format("{} {}", op.name, op.count));
-    }
-    ZS_LOG_INFO("comm: {} collectives before step 1 ({})", startup_ops, fmt::join(kinds, ", "));
   } else {
     ZS_LOG_DEBUG("engine: measuring {} parameters at ZeRO stage {} as rank {} of {}", param_count(), config_.zero.stage,
                  group_.rank(), group_.size());
@@ -283,6 +274,17 @@ Engine::~Engine() {
   }
 }
 
+void Engine::Impl::log_startup_collectives() {
+  startup_logged_ = true;
+  uint64_t total = 0;  // the rest of the run is in the monitor's comms table
+  std::vector<std::string> kinds;
+  for (const comm::OpStats& op : group_.op_stats()) {
+    total += op.count;
+    kinds.push_back(fmt::format("{} {}", op.name, op.count));
+  }
+  ZS_LOG_INFO("comm: {} collectives before step 1 ({})", total, fmt::join(kinds, ", "));
+}
+
 int64_t Engine::param_count() const {
   size_t n = 0;
   // An expert set holds this rank's experts; the EP group's expert_parallel_size ranks hold one each.
@@ -299,6 +301,7 @@ float Engine::forward(const nn::Batch& batch) {
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
+  if (!s.startup_logged_ && s.kernels()) [[unlikely]] s.log_startup_collectives();
   if (s.profiler_ && s.micro_step_ == 0) s.profiler_->window_started(global_step_);
   s.set_position(global_step_, s.micro_step_, batch);
   try {
