@@ -175,6 +175,7 @@ void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const s
   std::vector<int64_t> index;
   for (const Transfer& t : batch->transfers) index.push_back(g.p2p_done[static_cast<size_t>(t.peer)][t.send ? 0 : 1]);
   auto check_at = start + kCrossedAfter;
+  detail::SpinProbe probe(start);  // Note [Polling]
   bool announced = false;
   std::vector<bool> suspect(batch->transfers.size(), false);
   while (true) {
@@ -273,7 +274,7 @@ void poll_batch(detail::Runtime& runtime, detail::GroupState& g, Op& op, const s
         }
       }
     }
-    runtime.pause(op.on_worker, start);
+    runtime.pause(op.on_worker, probe);
   }
 }
 

@@ -33,7 +33,20 @@ namespace {
 // Ranks are split by color; every split keys by world rank, so each group is ordered by world rank,
 // which is also its order by the coordinate that varies inside it.
 Group split(const Group& world, int color, const char* name) { return world.split(color, world.rank(), name); }
+
+// One color per (dp group, dp rank % ep); a dp group's own color is pp_rank * tp + tp_rank.
+int edp_color(const TopologyConfig& d, int tp_rank, int dp_rank, int pp_rank) {
+  return (pp_rank * d.tensor_parallel_size + tp_rank) * d.expert_parallel_size + dp_rank % d.expert_parallel_size;
+}
 }  // namespace
+
+Group Topology::make_expert_data_parallel(const Group& world, const TopologyConfig& degrees) {
+  validate(degrees, world.size());
+  const int tp = degrees.tensor_parallel_size;
+  const int dp = world.size() / (tp * degrees.pipeline_parallel_size);
+  const int r = world.rank();
+  return split(world, edp_color(degrees, r % tp, r / tp % dp, r / (tp * dp)), "edp");
+}
 
 Topology::Topology(const Group& world, const TopologyConfig& degrees)
     : degrees_((validate(degrees, world.size()), degrees)),
@@ -45,14 +58,12 @@ Topology::Topology(const Group& world, const TopologyConfig& degrees)
       dp_(split(world, pp_rank_ * degrees.tensor_parallel_size + tp_rank_, "dp")),
       pp_(split(world, world.rank() % (degrees.tensor_parallel_size * dp_size_), "pp")),
       mp_(split(world, dp_rank_, "mp")),
-      // One color per (dp group, index of the ep block) and per (dp group, dp rank % ep); a dp group's
-      // own color is pp_rank * tp + tp_rank, as above.
+      // One color per (dp group, index of the ep block); a dp group's own color is pp_rank * tp +
+      // tp_rank, as above. edp: edp_color.
       ep_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * dp_size_ +
                            dp_rank_ / degrees.expert_parallel_size,
                 "ep")),
-      edp_(split(world, (pp_rank_ * degrees.tensor_parallel_size + tp_rank_) * degrees.expert_parallel_size +
-                            dp_rank_ % degrees.expert_parallel_size,
-                 "edp")) {}
+      edp_(split(world, edp_color(degrees, tp_rank_, dp_rank_, pp_rank_), "edp")) {}
 
 std::string Topology::describe() const {
   return fmt::format("tp {} x dp {} x pp {}, ep {}", degrees_.tensor_parallel_size, dp_size_,

@@ -17,7 +17,8 @@
 // With tp = pp = 1, dp is every rank and ep/edp are DeepSpeed's layout (World::split_groups).
 // Validation (ConfigError naming the config key and the world size): every degree >= 1, tp * pp
 // divides the world size, ep divides dp.
-// Collective over `world` (every rank constructs it with the same degrees); six splits.
+// Collective over `world` (every rank constructs it with the same degrees); six splits
+// (make_expert_data_parallel: one, for the edp group alone).
 #pragma once
 
 #include <string>
@@ -40,6 +41,9 @@ class Topology {
 
   // Throws ConfigError unless the degrees fit a world of `world_size` ranks (what the constructor checks).
   static void validate(const TopologyConfig& degrees, int world_size);
+  // Collective over `world`: only the "edp" group of Topology(world, degrees), made by one split
+  // instead of six (the engine's expert groups; each start-up collective costs a handshake).
+  static Group make_expert_data_parallel(const Group& world, const TopologyConfig& degrees);
 
   const Group& data_parallel() const { return dp_; }
   const Group& tensor_parallel() const { return tp_; }

@@ -39,7 +39,7 @@ optim::LrScheduleConfig schedule_config(const EngineConfig& cfg) {
 // the collective split, so that a mismatch is an error on every rank instead of a hang).
 std::unique_ptr<comm::Group> make_expert_group(const comm::Group& dp, int e) {
   if (!dp.is_mpi()) return std::make_unique<comm::Group>(comm::Group::simulated(dp.rank() / e, dp.size() / e, "edp"));
-  return std::make_unique<comm::Group>(comm::Topology(dp, {.expert_parallel_size = e}).take_expert_data_parallel());
+  return std::make_unique<comm::Group>(comm::Topology::make_expert_data_parallel(dp, {.expert_parallel_size = e}));
 }
 
 void check_expert_sizes(const comm::Group& group, const std::vector<int>& sizes, const EngineConfig& cfg) {
@@ -274,6 +274,17 @@ Engine::~Engine() {
   }
 }
 
+void Engine::Impl::log_startup_collectives() {
+  startup_logged_ = true;
+  uint64_t total = 0;  // the rest of the run is in the monitor's comms table
+  std::vector<std::string> kinds;
+  for (const comm::OpStats& op : group_.op_stats()) {
+    total += op.count;
+    kinds.push_back(fmt::format("{} {}", op.name, op.count));
+  }
+  ZS_LOG_INFO("comm: {} collectives before step 1 ({})", total, fmt::join(kinds, ", "));
+}
+
 int64_t Engine::param_count() const {
   size_t n = 0;
   // An expert set holds this rank's experts; the EP group's expert_parallel_size ranks hold one each.
@@ -290,6 +301,7 @@ float Engine::forward(const nn::Batch& batch) {
   double t0 = now_seconds();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
+  if (!s.startup_logged_ && s.kernels()) [[unlikely]] s.log_startup_collectives();
   if (s.profiler_ && s.micro_step_ == 0) s.profiler_->window_started(global_step_);
   s.set_position(global_step_, s.micro_step_, batch);
   try {

@@ -282,7 +282,6 @@ void Runtime::execute(Op& op, bool on_worker) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr auto kCallerSpin = std::chrono::milliseconds(20);
 constexpr auto kWorkerSpin = std::chrono::microseconds(50);
 
@@ -299,8 +298,9 @@ int gather_tag(int k, size_t w) {
 
 // Polls `requests` until all complete (true) or timeout_s after `start` passes (false, `failure`
 // empty) or another rank's notice shows they never will (false, `failure` says why); Note [Polling].
-bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker, Clock::time_point start,
+bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker, SpinProbe& probe,
                          std::string& failure) {
+  const auto start = probe.start();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(op.group->config.timeout_s));
   auto check_at = start + WaitNotices::kAnnounceAfter;  // Note [Waits across groups]
@@ -316,25 +316,33 @@ bool Runtime::poll_until(std::span<MPI_Request> requests, const Op& op, bool on_
       failure = notices_->find_deadlock(op);
       if (!failure.empty()) return false;
     }
-    pause(on_worker, start);
+    pause(on_worker, probe);
   }
 }
 
-void Runtime::pause(bool on_worker, Clock::time_point start) {
+void Runtime::pause(bool on_worker, SpinProbe& probe) {
   const auto now = Clock::now();
-  const auto spin_until = start + (on_worker ? Clock::duration(kWorkerSpin) : Clock::duration(kCallerSpin));
-  if (now < spin_until || (on_worker && hint_->waited())) {
-    if (oversubscribed_) {
-      sched_yield();
-    } else {
-      cpu_relax();
+  const auto start = probe.start();
+  // Note [Contended cores]: beside other busy processes every wait spins only kWorkerSpin, and a
+  // thread blocked on the World's collectives no longer keeps the worker spinning.
+  const bool contended = contention_.recent(now);
+  const auto spin = on_worker || contended ? Clock::duration(kWorkerSpin) : Clock::duration(kCallerSpin);
+  if (now < start + spin || (on_worker && !contended && hint_->waited())) {
+    if (!probe.contended(now)) [[likely]] {
+      if (oversubscribed_) {
+        sched_yield();
+      } else {
+        cpu_relax();
+      }
+      return;
     }
-    return;
+    contention_.seen(now);  // this thread was preempted while spinning: back off from now on
   }
-  // Back-off: a peer is computing. Sleep elapsed/32, within [10 us, 1 ms].
+  // Back-off: a peer is computing, or is waiting for our core. Sleep elapsed/32, within [10 us, 1 ms].
   const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
   const long sleep_us = std::clamp(elapsed_us / 32, 10L, 1000L);
-  if (on_worker) {
+  probe.slept(now);  // a worker may spin again once a thread waits
+  if (on_worker && !contention_.recent(now)) {
     hint_->sleep_unless_waited(sleep_us);
   } else {
     std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
@@ -354,7 +362,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
     buffer->mine[i] = i < 4 ? op.signature[i] : op.arena;
     buffer->mine[kF + i] = -buffer->mine[i];
   }
-  const auto start = Clock::now();
+  SpinProbe probe(Clock::now());  // one for all rounds: they share the start and the timeout
   const size_t w = op.gather.size();  // Note [Counts in the handshake]
   buffer->held = op.gather;
   if (++handshakes_ % WaitNotices::kDrainEvery == 0) notices_->drain();  // Note [Waits across groups]
@@ -378,7 +386,7 @@ void Runtime::handshake(Op& op, bool on_worker) {
     ZS_MPI_CHECK(MPI_Isend(send_at, n, MPI_INT64_T, (g.rank + k) % g.size, tag, g.handshake_comm, &requests[1]),
                  "{}: posting the handshake send", op.describe());
     std::string failure;
-    if (!poll_until(requests, op, on_worker, start, failure)) [[unlikely]] {
+    if (!poll_until(requests, op, on_worker, probe, failure)) [[unlikely]] {
       std::string message = !failure.empty() ? failure : fmt::format(
           "{} timed out after {} s waiting for the other ranks of the group (comm.timeout_s = {}): a rank is "
           "stuck, has failed, or called a different sequence of collectives; check the other ranks' errors, "

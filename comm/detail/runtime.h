@@ -75,6 +75,10 @@
 //  - Back-off phase: sleeps of elapsed/32 (10 us to 1 ms), so the wait adds at most ~3% to a late
 //    arrival and costs almost no CPU; the worker wakes early when a thread starts waiting, and runs
 //    with a 1 us timer slack (Linux rounds short sleeps up by 50 us by default).
+//  - Cores shared with other busy processes (not our ranks: oversubscribed() misses them) are noticed
+//    by the spinning thread's own CPU time falling behind the wall clock; the wait then backs off at
+//    once, and every wait spins only kWorkerSpin for the next second (Note [Contended cores] in
+//    comm/detail/contention.h, with the measurements). An uncontended handshake never reads that clock.
 // The deadline is checked in both phases, so a stalled peer still times out after timeout_s.
 #pragma once
 
@@ -95,6 +99,7 @@
 #include <vector>
 
 #include "comm/detail/body_watchdog.h"
+#include "comm/detail/contention.h"
 #include "comm/detail/transport.h"
 #include "comm/detail/wait_notices.h"
 #include "comm/config.h"
@@ -208,8 +213,12 @@ class Runtime {
   Work simulate(const Op& op, bool async);
   // Blocks until every queued Op has finished.
   void flush();
-  // One wait step of a poll loop that started at `start` (Note [Polling]): spins, yields or sleeps.
-  void pause(bool on_worker, std::chrono::steady_clock::time_point start);
+  // One wait step of a poll loop whose probe started with it (Note [Polling]): spins, yields or
+  // sleeps; the probe notices a core shared with other busy processes (Note [Contended cores]).
+  void pause(bool on_worker, SpinProbe& probe);
+  // Whether a wait found the cores contended within kContendedFor (Note [Contended cores]); the
+  // shared-memory barriers consult and set it too.
+  RecentContention& contention() { return contention_; }
   // Keeps requests that a failed op leaves posted, and what they read or write, until MPI_Finalize
   // (never freed if still pending then), as the handshake's orphans are kept.
   void abandon(std::vector<MPI_Request> requests, std::shared_ptr<void> keep);
@@ -224,8 +233,8 @@ class Runtime {
   void worker_loop();
   void execute(Op& op, bool on_worker);
   void handshake(Op& op, bool on_worker);
-  bool poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker,
-                  std::chrono::steady_clock::time_point start, std::string& failure);
+  bool poll_until(std::span<MPI_Request> requests, const Op& op, bool on_worker, SpinProbe& probe,
+                  std::string& failure);
 
   bool uses_mpi_ = false;
   bool owns_mpi_ = false;
@@ -235,6 +244,7 @@ class Runtime {
   bool gather_tags_ = false;     // MPI_TAG_UB admits gather_tag (Note [Handshake lengths])
   std::unique_ptr<ShmNode> shm_node_;  // freed right before MPI_Finalize (MPI_Win_free is collective)
   std::shared_ptr<WaitHint> hint_ = std::make_shared<WaitHint>();
+  RecentContention contention_;  // Note [Contended cores]
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -22,6 +22,7 @@ namespace {
 
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
 constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
+constexpr auto kShortSpin = std::chrono::microseconds(50);      // as its kWorkerSpin (Note [Contended cores])
 
 size_t piece(size_t count, size_t k, size_t m) { return count > k * m ? std::min(m, count - k * m) : 0; }
 
@@ -51,17 +52,19 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
   const ShmNode& node = *g.runtime->shm_node();
   const uint64_t e = ++s.epoch;
   node.flag(s.local[static_cast<size_t>(s.me)], s.flag_index).store(e, std::memory_order_release);
-  using Clock = std::chrono::steady_clock;
-  const auto start = Clock::now();
+  SpinProbe probe(Clock::now());
+  const auto start = probe.start();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g.config.timeout_s));
   const bool yield = g.runtime->oversubscribed();
+  RecentContention& contention = g.runtime->contention();
   for (size_t p = 0; p < s.local.size(); ++p) {
     if (static_cast<int>(p) == s.me) continue;
     const std::atomic<uint64_t>& f = node.flag(s.local[p], s.flag_index);
     for (uint64_t polls = 0; f.load(std::memory_order_acquire) < e; ++polls) {
       // Note [Polling] in runtime.h: spin with a pause (a sched_yield per miss would hand the core to
       // another process for a whole slice), yield only when the node runs more ranks than CPUs, and
-      // after kSpin sleep elapsed/32 (10 us to 1 ms).
+      // after kSpin sleep elapsed/32 (10 us to 1 ms); after only kShortSpin while the cores are
+      // shared with other busy processes (Note [Contended cores] in comm/detail/contention.h).
       if (yield) {
         sched_yield();
       } else {
@@ -80,7 +83,12 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
             "comm.timeout_s if a rank legitimately takes longer",
             op.describe(), g.config.timeout_s, g.config.timeout_s));
       }
-      if (now - start > kSpin) {
+      bool contended = contention.recent(now);
+      if (!contended && now - start <= kSpin && probe.contended(now)) [[unlikely]] {  // still spinning
+        contention.seen(now);
+        contended = true;
+      }
+      if (now - start > (contended ? Clock::duration(kShortSpin) : Clock::duration(kSpin))) {
         const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
         std::this_thread::sleep_for(std::chrono::microseconds(std::clamp(elapsed_us / 32, 10L, 1000L)));
       }

@@ -88,6 +88,7 @@ class Engine::Impl final : public ModuleHooks {
   double loss_sum_ = 0.0;
   double forward_s_ = 0.0, backward_s_ = 0.0;
   double window_start_s_ = 0.0;  // now_seconds() at the accumulation window's first forward
+  bool startup_logged_ = false;  // log_startup_collectives ran
   int64_t window_tokens_ = 0;    // token ids this rank fed in the window (integer inputs only)
   std::unique_ptr<TrainingMonitor> monitor_;  // when the config enables a monitor (engine/monitor.h)
   std::unique_ptr<FlopsProfiler> profiler_;   // flops_profiler enabled, rank 0 (engine/flops_profiler.h)
@@ -135,6 +136,9 @@ class Engine::Impl final : public ModuleHooks {
   void finish_report(StepReport& report, double t0);
   // The accumulation window's counters back to zero (a step is complete).
   void restart_window();
+  // Once, at the first forward of a training engine: logs how many collectives the start-up took
+  // (issue #32; every group of the World, counted since it started).
+  void log_startup_collectives();
   // The monitor's and the flops profiler's view of a finished step (last: they may throw IoError).
   void publish(nn::Model& model, const StepReport& report, double step_end);
 

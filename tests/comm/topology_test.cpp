@@ -97,6 +97,11 @@ TEST(Topology, GroupsMatchMegatronForEveryFactorisation) {
         EXPECT_EQ(members(topo.model_parallel()), containing(x.mp, r));
         EXPECT_EQ(members(topo.expert_parallel()), containing(x.ep, r));
         EXPECT_EQ(members(topo.expert_data_parallel()), containing(x.edp, r));
+        // The engine's single split gives the same group.
+        const comm::Group edp = comm::Topology::make_expert_data_parallel(
+            world, {.tensor_parallel_size = tp, .pipeline_parallel_size = pp, .expert_parallel_size = ep});
+        EXPECT_EQ(members(edp), containing(x.edp, r));
+        EXPECT_EQ(edp.name(), "edp");
         EXPECT_EQ(topo.data_parallel_size(), dp);
         EXPECT_EQ(topo.tensor_parallel().rank(), topo.tensor_rank());
         EXPECT_EQ(topo.data_parallel().rank(), topo.data_rank());
