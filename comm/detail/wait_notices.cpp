@@ -55,17 +55,39 @@ GroupState* WaitNotices::find(int64_t id) const {
   return nullptr;
 }
 
+// Frees the notices whose sends have completed.
+void WaitNotices::reap_sent() {
+  std::erase_if(outgoing_, [](Outgoing& o) {
+    int done = 0;
+    MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
+    return done != 0;
+  });
+}
+
+// Completes notice `n` with the groups this rank shares with `peer` (their ids and ops entered) and the
+// sender's op, and sends it; with mu_ held.
+void WaitNotices::send(std::unique_ptr<Notice> n, int peer, const std::string& what) {
+  for (const GroupState* k : groups_) {
+    if (n->shared == kMaxShared) break;
+    if (std::find(k->world_ranks.begin(), k->world_ranks.end(), peer) == k->world_ranks.end()) continue;
+    n->ids[n->shared] = k->id;
+    n->entered[n->shared] = k->entered;
+    ++n->shared;
+  }
+  std::memcpy(n->what, what.data(), std::min(what.size(), sizeof(n->what) - 1));
+  Outgoing o{MPI_REQUEST_NULL, std::move(n)};
+  ZS_MPI_CHECK(MPI_Isend(o.notice.get(), sizeof(Notice), MPI_BYTE, peer, kTag, comm_, &o.request),
+               "{}: sending a wait notice to world rank {}", what, peer);
+  outgoing_.push_back(std::move(o));
+}
+
 void WaitNotices::announce(const Op& op) {
   const GroupState& g = *op.group;
   const int64_t seq = g.entered - 1;
   if (announced_group_ == g.id && announced_seq_ == seq) return;
   announced_group_ = g.id;
   announced_seq_ = seq;
-  std::erase_if(outgoing_, [](Outgoing& o) {
-    int done = 0;
-    MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
-    return done != 0;
-  });
+  reap_sent();
   const std::string what = op.describe();
   std::lock_guard lock(mu_);
   for (const int peer : g.world_ranks) {
@@ -75,18 +97,7 @@ void WaitNotices::announce(const Op& op) {
     n->seq = seq;
     std::copy(op.signature.begin(), op.signature.end(), n->signature);
     n->signature[4] = static_cast<int64_t>(op.gather.size());
-    for (const GroupState* k : groups_) {
-      if (n->shared == kMaxShared) break;
-      if (std::find(k->world_ranks.begin(), k->world_ranks.end(), peer) == k->world_ranks.end()) continue;
-      n->ids[n->shared] = k->id;
-      n->entered[n->shared] = k->entered;
-      ++n->shared;
-    }
-    std::memcpy(n->what, what.data(), std::min(what.size(), sizeof(n->what) - 1));
-    Outgoing o{MPI_REQUEST_NULL, std::move(n)};
-    ZS_MPI_CHECK(MPI_Isend(o.notice.get(), sizeof(Notice), MPI_BYTE, peer, kTag, comm_, &o.request),
-                 "{}: sending a wait notice to world rank {}", what, peer);
-    outgoing_.push_back(std::move(o));
+    send(std::move(n), peer, what);
   }
 }
 
@@ -158,11 +169,7 @@ std::string WaitNotices::find_deadlock(const Op& op) {
 
 void WaitNotices::announce_pairwise(const Op& op, const std::vector<PendingTransfer>& pending) {
   const GroupState& g = *op.group;
-  std::erase_if(outgoing_, [](Outgoing& o) {
-    int done = 0;
-    MPI_Test(&o.request, &done, MPI_STATUS_IGNORE);
-    return done != 0;
-  });
+  reap_sent();
   const std::string what = op.describe();
   std::lock_guard lock(mu_);
   std::vector<int> told;
@@ -176,18 +183,7 @@ void WaitNotices::announce_pairwise(const Op& op, const std::vector<PendingTrans
     for (const PendingTransfer& u : pending) {
       if (u.peer == t.peer) (u.send ? n->p2p_send : n->p2p_recv) = u.index;
     }
-    for (const GroupState* k : groups_) {
-      if (n->shared == kMaxShared) break;
-      if (std::find(k->world_ranks.begin(), k->world_ranks.end(), peer) == k->world_ranks.end()) continue;
-      n->ids[n->shared] = k->id;
-      n->entered[n->shared] = k->entered;
-      ++n->shared;
-    }
-    std::memcpy(n->what, what.data(), std::min(what.size(), sizeof(n->what) - 1));
-    Outgoing o{MPI_REQUEST_NULL, std::move(n)};
-    ZS_MPI_CHECK(MPI_Isend(o.notice.get(), sizeof(Notice), MPI_BYTE, peer, kTag, comm_, &o.request),
-                 "{}: sending a wait notice to world rank {}", what, peer);
-    outgoing_.push_back(std::move(o));
+    send(std::move(n), peer, what);
   }
 }
 

@@ -104,6 +104,8 @@ class WaitNotices {
     std::unique_ptr<Notice> notice;
   };
   void announce(const Op& op);
+  void reap_sent();
+  void send(std::unique_ptr<Notice> n, int peer, const std::string& what);  // with mu_ held
   GroupState* find(int64_t id) const;  // with mu_ held
 
   MPI_Comm comm_ = MPI_COMM_NULL;
