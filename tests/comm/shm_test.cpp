@@ -40,14 +40,7 @@ comm::Group with_mode(comm::SharedMemory mode, const char* name, double timeout_
   return test::world().group().dup(name, c);
 }
 
-// Deterministic values in [-1, 1), exactly representable in `t` (int32: small integers).
-float raw_value(int rank, size_t i) {
-  uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 7) * 0xC2B2AE3D27D4EB4Full;
-  h ^= h >> 29;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 32;
-  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
+using test::raw_value;
 
 // raw_value as stored in `t`.
 double stored(DType t, int rank, size_t i) {
@@ -61,19 +54,7 @@ double stored(DType t, int rank, size_t i) {
   return 0;
 }
 
-Tensor make(DType t, size_t n, int rank, size_t offset = 0) {
-  Tensor x = Tensor::empty({static_cast<int64_t>(n)}, t);
-  for (size_t i = 0; i < n; ++i) {
-    const float v = raw_value(rank, offset + i);
-    switch (t) {
-      case DType::kF32: x.data<float>()[i] = v; break;
-      case DType::kBF16: x.data<uint16_t>()[i] = memory::f32_to_bf16(v); break;
-      case DType::kF16: x.data<uint16_t>()[i] = memory::f32_to_f16(v); break;
-      case DType::kI32: x.data<int32_t>()[i] = static_cast<int32_t>(v * 1000); break;
-    }
-  }
-  return x;
-}
+Tensor make(DType t, size_t n, int rank, size_t offset = 0) { return test::random_values(t, n, rank, offset); }
 
 using test::empty;
 using test::same_bits;

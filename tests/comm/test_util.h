@@ -78,4 +78,28 @@ inline bool same_bits(const memory::Tensor& a, const memory::Tensor& b) {
          std::memcmp(a.raw(), b.raw(), static_cast<size_t>(a.numel()) * memory::dtype_size(a.dtype())) == 0;
 }
 
+// Deterministic values in [-1, 1) of rank `rank`, element offset + i, mixed by a hash (int32: the
+// value x 1000 truncated); 16-bit dtypes store them rounded.
+inline float raw_value(int rank, size_t i) {
+  uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 7) * 0xC2B2AE3D27D4EB4Full;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+inline memory::Tensor random_values(memory::DType t, size_t n, int rank, size_t offset = 0) {
+  memory::Tensor x = memory::Tensor::empty({static_cast<int64_t>(n)}, t);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = raw_value(rank, offset + i);
+    switch (t) {
+      case memory::DType::kF32: x.data<float>()[i] = v; break;
+      case memory::DType::kBF16: x.data<uint16_t>()[i] = memory::f32_to_bf16(v); break;
+      case memory::DType::kF16: x.data<uint16_t>()[i] = memory::f32_to_f16(v); break;
+      case memory::DType::kI32: x.data<int32_t>()[i] = static_cast<int32_t>(v * 1000); break;
+    }
+  }
+  return x;
+}
+
 }  // namespace zs::test

@@ -31,28 +31,7 @@ using memory::Tensor;
 
 namespace {
 
-// Values in [-1, 1), exactly representable in `t` (int32: small integers); rank and index mixed.
-float raw(int rank, size_t i) {
-  uint64_t h = (i + 11) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(rank) + 3) * 0xC2B2AE3D27D4EB4Full;
-  h ^= h >> 31;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 29;
-  return static_cast<float>(static_cast<double>(h >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-Tensor make(DType t, size_t n, int rank, size_t offset = 0) {
-  Tensor x = Tensor::empty({static_cast<int64_t>(n)}, t);
-  for (size_t i = 0; i < n; ++i) {
-    const float v = raw(rank, offset + i);
-    switch (t) {
-      case DType::kF32: x.data<float>()[i] = v; break;
-      case DType::kBF16: x.data<uint16_t>()[i] = memory::f32_to_bf16(v); break;
-      case DType::kF16: x.data<uint16_t>()[i] = memory::f32_to_f16(v); break;
-      case DType::kI32: x.data<int32_t>()[i] = static_cast<int32_t>(v * 1000); break;
-    }
-  }
-  return x;
-}
+Tensor make(DType t, size_t n, int rank, size_t offset = 0) { return test::random_values(t, n, rank, offset); }
 
 // bf16 values widened to fp32 (MPI cannot sum bf16; its fp32 sum is the reference).
 Tensor widened(const Tensor& x) {
