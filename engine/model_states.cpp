@@ -167,8 +167,7 @@ void ModelStates::init_f32(float* dst, memory::ShardRange range) const {
     for (const ParamSlot& s : layout.slots()) {
       memory::ShardRange part = s.range().intersect(piece);
       if (part.empty()) continue;
-      s.param->init().fill({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg().seed,
-                           s.param->full_name());
+      s.param->init_values({out + (part.offset - piece.offset), part.size}, part.offset - s.offset, cfg().seed);
     }
   });
 }

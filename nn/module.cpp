@@ -148,7 +148,7 @@ void materialize(Module& root, uint64_t seed, memory::DType dtype) {
   assign_names(root);
   root.visit_params([&](Parameter& p) {
     memory::Tensor values = memory::Tensor::empty(p.shape(), memory::DType::kF32);
-    p.init().fill(values.f32(), 0, seed, p.full_name());
+    p.init_values(values.f32(), 0, seed);
     if (dtype == memory::DType::kF32) {
       p.set_data(values);
     } else {

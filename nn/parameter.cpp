@@ -82,4 +82,36 @@ void Parameter::set_expert_parallel_size(int e) {
   expert_parallel_size_ = e;
 }
 
+void Parameter::set_tensor_slice(const TensorSlice& slice) {
+  const auto rank = static_cast<int>(shape_.size());
+  const bool fits = slice.dim >= 0 && slice.dim < rank && slice.parts >= 1 && slice.index >= 0 &&
+                    slice.index < slice.parts && slice.stride >= 1 && shape_[slice.dim] % slice.stride == 0;
+  if (!fits) {
+    throw ModelError(fmt::format("parameter '{}' of shape {}: tensor slice dim {} parts {} index {} stride {} does "
+                                 "not fit (0 <= dim < rank, 0 <= index < parts, stride divides the dimension; "
+                                 "Note [tensor slices] in nn/parameter.h)",
+                                 full_name_, memory::shape_string(shape_), slice.dim, slice.parts, slice.index,
+                                 slice.stride));
+  }
+  slice_ = slice;
+  inner_ = 1;
+  for (int d = slice.dim + 1; d < rank; ++d) inner_ *= static_cast<uint64_t>(shape_[d]);
+  local_block_ = static_cast<uint64_t>(shape_[slice.dim] / slice.stride);
+  full_dim_ = static_cast<uint64_t>(shape_[slice.dim]) * static_cast<uint64_t>(slice.parts);
+}
+
+memory::Shape Parameter::full_shape() const {
+  memory::Shape full = shape_;
+  if (!slice_.whole()) full[slice_.dim] *= slice_.parts;
+  return full;
+}
+
+int64_t Parameter::full_numel() const { return numel() * slice_.parts; }
+
+void Parameter::init_values(std::span<float> out, uint64_t first, uint64_t seed) const {
+  for_each_full_run(first, out.size(), [&](uint64_t local, uint64_t full, uint64_t n) {
+    init_.fill(out.subspan(local - first, n), full, seed, full_name_);
+  });
+}
+
 }  // namespace zs::nn

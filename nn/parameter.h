@@ -18,6 +18,7 @@
 // thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -33,6 +34,27 @@ class Module;
 // Tag names the engine and optimizers understand.
 inline constexpr std::string_view kTagNoWeightDecay = "no_weight_decay";  // biases, norm weights
 inline constexpr std::string_view kTagExpert = "expert";                  // MoE expert weights
+
+// Note [tensor slices]
+// Tensor parallelism (tp/, Megatron-LM's layers) gives each rank of a tensor-parallel group one slice
+// of a tensor of the tp = 1 model, under that tensor's full name: a column-parallel weight (out, in)
+// holds rows, a row-parallel one columns. The slice is along one dimension `dim` of the full tensor,
+// which is cut into `stride` equal blocks, each block into `parts` equal pieces; this rank holds piece
+// `index` of every block, in block order (Megatron's partition_stride: the fused qkv weight (3C, C)
+// has stride 3, so a rank's q, k and v rows are all its heads'). shape() is the slice's, full_shape()
+// the tp = 1 tensor's, and an element's place in the full tensor is what initialisation, checkpoints
+// (a slice is stored into the full tensor, so a run resumes at any tp degree) and digests use:
+// a TP shard initialises as the slice of the tp = 1 tensor, so tp = 2 trains as tp = 1 does.
+// A parameter with parts == 1 in a tensor-parallel model is replicated on every rank of the group (a
+// norm, a row layer's bias): the engine counts it once in the gradient norm.
+struct TensorSlice {
+  int dim = 0;     // the full tensor's dimension that is split
+  int parts = 1;   // tensor-parallel size; 1: the whole tensor
+  int index = 0;   // this rank's piece, 0 <= index < parts
+  int stride = 1;  // equal blocks of `dim`, each split into `parts` (Megatron's partition_stride)
+  bool whole() const { return parts == 1; }
+  bool operator==(const TensorSlice&) const = default;
+};
 
 class Init {
  public:
@@ -97,6 +119,22 @@ class Parameter {
   int expert_parallel_size() const { return expert_parallel_size_; }
   void set_expert_parallel_size(int e);
 
+  // Tensor parallelism (Note [tensor slices]). Set by the layer that declares the parameter, with a
+  // shape() that is already the slice's; ModelError when the slice does not fit the shape.
+  const TensorSlice& tensor_slice() const { return slice_; }
+  void set_tensor_slice(const TensorSlice& slice);
+  // The tp = 1 tensor's shape and elements (shape() and numel() for a whole tensor).
+  memory::Shape full_shape() const;
+  int64_t full_numel() const;
+  // Calls fn(local, full, n) for the maximal runs of this slice's flattened elements [first, first +
+  // count) that are contiguous in the full tensor's flattened order, in increasing `local`: local
+  // elements [local, local + n) are full elements [full, full + n). One run for a whole tensor.
+  template <typename Fn>
+  void for_each_full_run(uint64_t first, uint64_t count, Fn&& fn) const;
+  // out[i] = element first + i of this slice as init() gives it in the full tensor (Init::fill keyed by
+  // the full name and the full element index): the values of the tp = 1 model at the same place.
+  void init_values(std::span<float> out, uint64_t first, uint64_t seed) const;
+
  private:
   friend class Module;
   std::string name_;
@@ -108,6 +146,36 @@ class Parameter {
   memory::Tensor grad_;
   const Module* owner_ = nullptr;
   int expert_parallel_size_ = 1;
+  TensorSlice slice_;
+  // Of the slice (set_tensor_slice): elements of one run's row below `dim` (the local inner size), the
+  // local and full extents of one block of `dim`.
+  uint64_t inner_ = 1, local_block_ = 1, full_dim_ = 1;
 };
+
+template <typename Fn>
+void Parameter::for_each_full_run(uint64_t first, uint64_t count, Fn&& fn) const {
+  if (slice_.whole()) {
+    if (count > 0) fn(first, first, count);
+    return;
+  }
+  // Local element i = ((o * local_dim) + j) * inner + k, j = b * local_block + q (block b, row q of
+  // this rank's piece); in the full tensor it is ((o * full_dim) + b * full_block + index * local_block
+  // + q) * inner + k, full_block = parts * local_block. A run is one piece row-block: local_block *
+  // inner contiguous elements.
+  const uint64_t run = local_block_ * inner_;
+  const uint64_t blocks = static_cast<uint64_t>(slice_.stride);
+  const uint64_t full_block = static_cast<uint64_t>(slice_.parts) * local_block_;
+  uint64_t at = first;
+  const uint64_t end = first + count;
+  while (at < end) {
+    const uint64_t r = at / run, within = at % run;  // r = o * blocks + b
+    const uint64_t o = r / blocks, b = r % blocks;
+    const uint64_t full =
+        (o * full_dim_ + b * full_block + static_cast<uint64_t>(slice_.index) * local_block_) * inner_ + within;
+    const uint64_t n = std::min(run - within, end - at);
+    fn(at, full, n);
+    at += n;
+  }
+}
 
 }  // namespace zs::nn
