@@ -119,9 +119,20 @@ function(zs_test_targets)
   set_property(GLOBAL APPEND PROPERTY ZS_TEST_TARGETS_${L_LABEL} ${L_TARGETS})
 endfunction()
 
+# Note [Test optimisation level]
+# The release preset builds the libraries at -O3 and the test executables' own code at -O1
+# (zs_test_optimize): gtest's macros make test sources slow to compile and fast to run, and the
+# numbers a test checks are computed by the libraries it links, at -O3. On a 2-core machine the test
+# objects were 270 of the build's 508 CPU-seconds; -O1 compiles them ~38% faster (config_test.cpp 7.4 ->
+# 4.5 s). The test precompiled header is built at the same level (its users must match it).
+function(zs_test_optimize target)
+  target_compile_options(${target} PRIVATE $<$<CONFIG:Release>:-O1>)
+endfunction()
+
 function(zs_add_test)
   cmake_parse_arguments(T "KERNEL_VARIANTS" "NAME;TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
+  zs_test_optimize(${T_NAME})  # Note [Test optimisation level]
   zs_reuse_pch(${T_NAME} zs_pch_test)  # Note [Precompiled headers]
   if(T_KERNEL_VARIANTS)
     target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest zs_test_kernel_main)
@@ -168,6 +179,7 @@ set(ZS_MPI_TCP_ENV "OMPI_MCA_pml=ob1;OMPI_MCA_btl=tcp,self;OMPI_MCA_btl_tcp_if_i
 function(zs_add_mpi_test)
   cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;NP;LABELS;KERNEL_VARIANTS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
+  zs_test_optimize(${T_NAME})  # Note [Test optimisation level]
   zs_reuse_pch(${T_NAME} zs_pch_test)  # Note [Precompiled headers]
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest zs_test_mpi_main)
   if(NOT T_TIMEOUT)

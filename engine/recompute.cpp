@@ -103,11 +103,11 @@ memory::Tensor RecomputeInputStore::restore(memory::Tensor kept, memory::Tensor 
 
 // ---- EngineContext ------------------------------------------------------------------------------
 
-memory::Tensor EngineContext::keep_checkpoint_input(const memory::Tensor& input) {
+memory::Tensor EngineContext::keep_recompute_input(const memory::Tensor& input) {
   return checkpoints_ ? checkpoints_->keep(input) : input;
 }
 
-memory::Tensor EngineContext::restore_checkpoint_input(memory::Tensor kept) {
+memory::Tensor EngineContext::restore_recompute_input(memory::Tensor kept) {
   if (!checkpoints_) return kept;
   memory::Tensor fresh;
   if (checkpoints_->on_host()) fresh = allocate(kept.shape(), kept.dtype(), nn::MemoryUse::kActivation);
@@ -129,14 +129,14 @@ void Engine::Impl::setup_recompute(nn::Model& model) {
     if (gpt == nullptr) {
       throw ConfigError(fmt::format(
           "activation_checkpointing.checkpoint_blocks: \"{}\" chooses blocks of the built-in GPT (a `model` section "
-          "without moe), and this model is a {}: mark your own model's modules with nn::Module::set_checkpointed(true) "
+          "without moe), and this model is a {}: mark your own model's modules with nn::Module::set_recomputed(true) "
           "instead, and remove checkpoint_blocks",
           checkpoint_blocks_name(ac), model.type_name()));
     }
     gpt->set_recompute(gpt_recompute(ac, gpt->config().n_layer));
   }
   int64_t marked = 0;
-  for (nn::Module* m : model.named_modules()) marked += m->checkpointed() ? 1 : 0;
+  for (nn::Module* m : model.named_modules()) marked += m->recomputed() ? 1 : 0;
   checkpointed_modules_ = marked;
   if (marked > 0 && (ac.cpu_checkpointing || ac.contiguous_memory_optimization || ac.synchronize_checkpoint_boundary)) {
     ctx_.set_checkpoint_store(std::make_unique<RecomputeInputStore>(

@@ -61,19 +61,19 @@ class RunningScope {
 
 }  // namespace
 
-// Note [activation checkpointing]
-// A checkpointed module (Module::set_checkpointed) runs its training forward as any module, through
+// Note [activation recomputation]
+// A recomputed module (Module::set_checkpointed) runs its training forward as any module, through
 // the hooks; when it returns, its subtree's saved tensors are dropped (clear_saved) and only its input
-// is kept (keep_checkpoint_input). Its backward starts by restoring the input and running the forward
+// is kept (keep_recompute_input). Its backward starts by restoring the input and running the forward
 // again through Context::forward, hooks and all: ZeRO-3 gathers the subtree's parameters for the
 // re-run as for any forward, and since the re-run is part of the backward pass, the order the
 // gatherer records and prefetches along includes it (the first step records it, later steps follow
 // it). The re-run is the same code on the same input and parameters, so it saves the same tensors
 // (bit for bit: kernels are deterministic at a fixed thread count, and random draws are keyed by the
 // pass, not by a call counter); then the module's backward runs as it would have. Checkpointed
-// modules nested in one being re-run are not checkpointed again: the re-run keeps their tensors for
-// the backward that follows at once. Peak: the kept inputs, plus one checkpointed module's
-// activations during its re-run and backward (plus whatever uncheckpointed modules keep).
+// modules nested in one being re-run are not recomputed again: the re-run keeps their tensors for
+// the backward that follows at once. Peak: the kept inputs, plus one recomputed module's
+// activations during its re-run and backward (plus whatever unrecomputed modules keep).
 memory::Tensor Context::forward(Module& child, const memory::Tensor& input) {
   const bool train = training();
   check_can_forward(child, train);
@@ -84,11 +84,11 @@ memory::Tensor Context::forward(Module& child, const memory::Tensor& input) {
     out = child.forward(*this, input);
   }
   child.forward_pending_ = train;
-  if (train && child.checkpointed_ && recompute_depth_ == 0) {
+  if (train && child.recomputed_ && recompute_depth_ == 0) {
     child.clear_saved();
     child.forward_pending_ = true;
-    child.checkpoint_input_ = keep_checkpoint_input(input);
-    child.checkpoint_kept_ = true;
+    child.recompute_input_ = keep_recompute_input(input);
+    child.recompute_kept_ = true;
   }
   after_forward(child);
   return out;
@@ -96,9 +96,9 @@ memory::Tensor Context::forward(Module& child, const memory::Tensor& input) {
 
 void Context::recompute(Module& child) {
   const double t0 = now_seconds();
-  memory::Tensor input = restore_checkpoint_input(std::move(child.checkpoint_input_));
-  child.checkpoint_input_ = {};
-  child.checkpoint_kept_ = false;
+  memory::Tensor input = restore_recompute_input(std::move(child.recompute_input_));
+  child.recompute_input_ = {};
+  child.recompute_kept_ = false;
   child.forward_pending_ = false;
   struct Depth {
     int& d;
@@ -112,7 +112,7 @@ void Context::recompute(Module& child) {
 
 memory::Tensor Context::backward(Module& child, const memory::Tensor& grad_output) {
   check_can_backward(child);
-  if (child.checkpoint_kept_) recompute(child);
+  if (child.recompute_kept_) recompute(child);
   before_backward(child);
   memory::Tensor dx;
   {

@@ -2,7 +2,7 @@
 //
 // Every module boundary goes through a Context, so whoever runs the model can act there: the engine
 // gathers a ZeRO-3 module's parameters in before_forward and releases them in after_forward,
-// marks gradient buckets ready in after_backward, and re-runs checkpointed modules (Activation
+// marks gradient buckets ready in after_backward, and re-runs recomputed modules (Activation
 // checkpointing in nn/module.h). Modules never call a child's forward/backward directly (they are
 // not public).
 //
@@ -78,14 +78,14 @@ class Context {
   float forward_loss(Model& model, const Batch& batch);
   void backward_loss(Model& model, float grad_scale);
 
-  // Activation checkpointing so far: checkpointed modules re-run, and the seconds their re-runs took
+  // Activation recomputation so far: recomputed modules re-run, and the seconds their re-runs took
   // (the kept input's restore included). Counts, and a sum of seconds.
   struct RecomputeStats {
     int64_t modules = 0;
     double seconds = 0.0;
   };
   const RecomputeStats& recompute_stats() const { return recompute_; }
-  // True while a checkpointed module's forward re-runs inside its backward.
+  // True while a recomputed module's forward re-runs inside its backward.
   bool recomputing() const { return recompute_depth_ > 0; }
 
   // The module whose forward/backward is running through this Context (the innermost one), or
@@ -115,13 +115,13 @@ class Context {
   virtual void after_forward(Module& m) {}
   virtual void before_backward(Module& m) {}
   virtual void after_backward(Module& m) {}
-  // Activation checkpointing: where a checkpointed module's input waits from its forward to its
+  // Activation recomputation: where a recomputed module's input waits from its forward to its
   // backward. keep() gets the input when the module's forward returns; restore() gets what keep()
   // returned and gives back a tensor of the same shape and values that the re-run reads. Default: the
   // input tensor itself. The engine keeps it on the host tier (cpu_checkpointing) or in one
   // preallocated buffer (contiguous_memory_optimization).
-  virtual memory::Tensor keep_checkpoint_input(const memory::Tensor& input) { return input; }
-  virtual memory::Tensor restore_checkpoint_input(memory::Tensor kept) { return kept; }
+  virtual memory::Tensor keep_recompute_input(const memory::Tensor& input) { return input; }
+  virtual memory::Tensor restore_recompute_input(memory::Tensor kept) { return kept; }
 
  private:
   void recompute(Module& child);

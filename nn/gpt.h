@@ -59,9 +59,9 @@ int64_t gpt_param_count(const GptConfig& cfg);
 // training; it counts the full T x T scores our kernels compute (the causal mask is applied after).
 double gpt_train_flops_per_token(const GptConfig& cfg, int64_t seq_len);
 
-// Activation recompute of the blocks (Activation checkpointing in nn/module.h).
+// Activation recompute of the blocks (Activation recomputation in nn/module.h).
 struct GptRecompute {
-  std::vector<bool> blocks;  // blocks[i]: block i is checkpointed; empty or shorter: the rest are not
+  std::vector<bool> blocks;  // blocks[i]: block i is recomputed; empty or shorter: the rest are not
   bool selective = false;    // every block's attention recomputes its scores (CausalSelfAttention)
 
   static GptRecompute none() { return {}; }
@@ -71,7 +71,7 @@ struct GptRecompute {
   // later blocks' activations are already freed).
   static GptRecompute first(int64_t n_layer, int64_t m);
   static GptRecompute scores_only() { return {.blocks = {}, .selective = true}; }
-  int64_t count() const;  // checkpointed blocks
+  int64_t count() const;  // recomputed blocks
   std::string describe() const;  // "none", "blocks 0,2 of 4", "selective"
 };
 

@@ -92,8 +92,8 @@ int64_t Module::param_count() {
 void Module::clear_saved() {
   clear_own_saved();
   forward_pending_ = false;
-  checkpoint_kept_ = false;
-  checkpoint_input_ = {};
+  recompute_kept_ = false;
+  recompute_input_ = {};
   for (const auto& c : children_) c->clear_saved();
 }
 

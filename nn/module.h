@@ -18,18 +18,19 @@
 // Saved state. forward saves what backward needs in the module's own members (shared Tensors from
 // ctx.allocate or the input itself); backward uses them and drops them. Each instance runs once per
 // forward/backward pair (nn/context.h, "Lifecycle rule"). clear_saved() drops saved state without a
-// backward (activation checkpointing drops a checkpointed module's state after its forward).
+// backward (activation recomputation drops a recomputed module's state after its forward).
 //
-// Activation checkpointing. set_checkpointed(true) on any module (a block of the user's own model, a
-// GPT block): in a training forward the module keeps only its input, its subtree's saved tensors are
+// Activation recomputation (DeepSpeed's "activation checkpointing"; "checkpoint" in zeroshard's names
+// means saved training state only). set_recomputed(true) on any module (a block of the user's own
+// model, a GPT block): in a training forward the module keeps only its input, its subtree's saved tensors are
 // dropped when its forward returns, and its backward first re-runs its forward from that input
-// (Note [activation checkpointing] in nn/context.cpp). The module needs nothing for it: the Context
+// (Note [activation recomputation] in nn/context.cpp). The module needs nothing for it: the Context
 // does it at the module's boundary, with the same hooks (a ZeRO-3 engine gathers the parameters again
 // for the re-run). The re-run must compute what the first run did: a module that draws random numbers
 // keys them by something a re-run does not change (nn's counter-based RNG keyed by pass, as MoE's
 // gate noise is), never by a counter its forward advances.
 //
-//   for (Module* b : blocks.children()) b->set_checkpointed(true);
+//   for (Module* b : blocks.children()) b->set_recomputed(true);
 //
 // Names. assign_names(root) gives every module its path ("blocks.3.attn", root "") and every
 // parameter its full name ("blocks.3.attn.qkv.weight"). The canonical parameter order (visit_params)
@@ -118,10 +119,12 @@ class Module {
   void clear_saved();
   // True between a training-mode forward and its backward.
   bool forward_pending() const { return forward_pending_; }
-  // Activation checkpointing of this module (see the file comment). Not for the root model, whose
+  // Activation recomputation of this module (see the file comment). Not for the root model, whose
   // input is a Batch: mark its children.
-  void set_checkpointed(bool on) { checkpointed_ = on; }
-  bool checkpointed() const { return checkpointed_; }
+  void set_recomputed(bool on) { recomputed_ = on; }
+  bool recomputed() const { return recomputed_; }
+  [[deprecated("renamed set_recomputed (checkpoint names are for saved training state)")]]
+  void set_checkpointed(bool on) { set_recomputed(on); }
 
  protected:
   Parameter& declare_param(std::string name, memory::Shape shape, Init init, std::vector<std::string> tags = {});
@@ -151,9 +154,9 @@ class Module {
   std::vector<std::unique_ptr<Parameter>> params_;
   std::vector<std::unique_ptr<Module>> children_;
   bool forward_pending_ = false;
-  bool checkpointed_ = false;
-  bool checkpoint_kept_ = false;     // checkpointed: the forward kept only its input...
-  memory::Tensor checkpoint_input_;  // ...this, from the forward to the backward's re-run
+  bool recomputed_ = false;
+  bool recompute_kept_ = false;     // recomputed: the forward kept only its input...
+  memory::Tensor recompute_input_;  // ...this, from the forward to the backward's re-run
 };
 
 // Runs children in order: forward x -> c0 -> c1 -> ...; backward in reverse. Children are named

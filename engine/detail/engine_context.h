@@ -79,8 +79,8 @@ class EngineContext final : public nn::Context {
   void after_forward(nn::Module& m) override { hooks_.after_forward(m); }
   void before_backward(nn::Module& m) override { hooks_.before_backward(m); }
   void after_backward(nn::Module& m) override { hooks_.after_backward(m); }
-  memory::Tensor keep_checkpoint_input(const memory::Tensor& input) override;  // recompute.cpp
-  memory::Tensor restore_checkpoint_input(memory::Tensor kept) override;
+  memory::Tensor keep_recompute_input(const memory::Tensor& input) override;  // recompute.cpp
+  memory::Tensor restore_recompute_input(memory::Tensor kept) override;
 
  private:
   std::shared_ptr<DeviceArena> arena_;

@@ -1,6 +1,6 @@
 // RecomputeInputStore: where the engine keeps checkpointed modules' inputs between their forward and
-// the re-run in their backward (nn::Context::keep_checkpoint_input / restore_checkpoint_input; Note
-// [activation checkpointing] in nn/context.cpp), per the `activation_checkpointing` keys:
+// the re-run in their backward (nn::Context::keep_recompute_input / restore_recompute_input; Note
+// [activation recomputation] in nn/context.cpp), per the `activation_checkpointing` keys:
 //   - default: the input tensor itself, in the device arena;
 //   - cpu_checkpointing: a copy in a host buffer (tier host, category activations); the device input
 //     is freed when its other users are done, and the re-run reads a fresh device copy;

@@ -26,7 +26,7 @@ Result train(NoisyGatePolicy policy, bool checkpointed) {
   GptMoeModel model(cfg);
   nn::materialize(model, 4);
   for (nn::Module* m : model.named_modules()) {
-    if (m->name() == "blocks.0" || m->name() == "blocks.1") m->set_checkpointed(checkpointed);
+    if (m->name() == "blocks.0" || m->name() == "blocks.1") m->set_recomputed(checkpointed);
   }
   nn::Dataset data = nn::Dataset::builtin(16);
   nn::HostContext ctx;

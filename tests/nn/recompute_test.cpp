@@ -1,5 +1,5 @@
 // Activation recomputation (DeepSpeed: activation checkpointing) through the Context (nn/module.h, Note
-// [activation checkpointing] in nn/context.cpp): checkpointed and selective-recompute GPTs compute the same
+// [activation recomputation] in nn/context.cpp): checkpointed and selective-recompute GPTs compute the same
 // loss and gradients as the plain one, keep only their blocks' inputs (the activation peak grows by one
 // input per block instead of one block's activations), re-run each checkpointed module once per backward,
 // and a user's own module marked checkpointed trains the same.
@@ -148,7 +148,7 @@ TEST(Recompute, AUsersModuleMarkedCheckpointed) {
   for (int marked = 0; marked < 2; ++marked) {
     TwoMlps model;
     materialize(model, 11);
-    model.first().set_checkpointed(marked == 1);
+    model.first().set_recomputed(marked == 1);
     Batch batch{memory::Tensor::empty({3, 4, 16}, memory::DType::kF32), {}};
     for (int64_t i = 0; i < batch.inputs.numel(); ++i) batch.inputs.data<float>()[i] = std::sin(0.37f * i);
     HostContext ctx;
