@@ -7,8 +7,11 @@
 //   auto& proj = add_child<tp::RowParallelLinear>("proj", 4 * d, d, tp);
 //
 // Parts: mappings.h (TensorParallel, the collectives between the pieces, sequence shards), linear.h
-// (column- and row-parallel linears). docs/tensor_parallel.md is the guide.
+// (column- and row-parallel linears), embedding.h (vocab-parallel embedding), cross_entropy.h
+// (vocab-parallel softmax cross-entropy). docs/tensor_parallel.md is the guide.
 #pragma once
 
+#include "tp/cross_entropy.h"
+#include "tp/embedding.h"
 #include "tp/linear.h"
 #include "tp/mappings.h"

@@ -5,6 +5,7 @@
 // tp = 1 gradient, over two passes (gradients accumulate).
 #include <gtest/gtest.h>
 
+#include "nn/cross_entropy.h"
 #include "nn/host_context.h"
 #include "nn/layers.h"
 #include "tests/nn/reference.h"
@@ -92,6 +93,86 @@ TEST(TensorParallelLayers, RowParallelLinear) {
       check_row(t, sp, true);
       check_row(t, sp, false);
     }
+  }
+}
+
+// Token ids (B, T) of pass `pass`, the same on every rank; every id of [0, vocab) appears.
+Tensor token_ids(int64_t vocab, int pass) {
+  Tensor ids = Tensor::empty({kB, kT}, DType::kI32);
+  for (int64_t i = 0; i < ids.numel(); ++i) ids.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3 * pass) % vocab);
+  return ids;
+}
+
+TEST(TensorParallelLayers, VocabParallelEmbedding) {
+  constexpr int64_t kVocab = 12;
+  for (int t : tp_sizes()) {
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(fmt::format("tp {} sequence_parallel {}", t, sp));
+      comm::Group group = tp_group(t);
+      const TensorParallel tp{.group = &group, .sequence_parallel = sp};
+      nn::Embedding ref(kVocab, kIn);
+      VocabParallelEmbedding emb(kVocab, kIn, tp);
+      nn::materialize(ref, 3);
+      nn::materialize(emb, 3);
+      expect_close(emb.weight().data(), slice_for(emb.weight(), ref.weight().data()), "initial weight");
+      EXPECT_EQ(emb.first_row(), kVocab / t * tp.rank());
+      for (int pass = 0; pass < 2; ++pass) {
+        HostContext ctx;
+        const Tensor ids = token_ids(kVocab, pass), dy = activation(kIn, pass, 5);
+        const Tensor y_ref = ctx.forward(ref, ids);
+        ctx.backward(ref, dy);
+        const bool shard = tp.sharded_sequence();
+        expect_close(ctx.forward(emb, ids), shard ? take_slice(y_ref, 1, t, tp.rank()) : y_ref, "y");
+        EXPECT_EQ(ctx.backward(emb, shard ? take_slice(dy, 1, t, tp.rank()) : dy).raw(), nullptr);
+      }
+      expect_grads_are_slices(emb, ref);
+      // An id outside the vocabulary fails on every rank, whoever would own it.
+      Tensor bad = token_ids(kVocab, 0);
+      bad.data<int32_t>()[3] = kVocab;
+      HostContext ctx;
+      EXPECT_THROW(ctx.forward(emb, bad), ConfigError);
+      emb.clear_saved();
+    }
+  }
+}
+
+TEST(TensorParallelLayers, VocabParallelCrossEntropy) {
+  constexpr int64_t kVocab = 16, kN = kB * kT;
+  for (int t : tp_sizes()) {
+    SCOPED_TRACE(fmt::format("tp {}", t));
+    comm::Group group = tp_group(t);
+    const TensorParallel tp{.group = &group};
+    Tensor logits = nn::ref::random_tensor({kB, kT, kVocab}, 11, 2.0f);
+    logits.data<float>()[5] = 40.0f;  // a row dominated by one rank's column
+    const Tensor targets = token_ids(kVocab, 1);
+    HostContext ctx;
+    nn::SoftmaxCrossEntropy ref;
+    const float loss_ref = ref.forward(ctx, logits, targets);
+    const Tensor d_ref = ref.backward(ctx, 0.7f);
+    VocabParallelCrossEntropy ce(tp);
+    const float loss = ce.forward(ctx, take_slice(logits, 2, t, tp.rank()), targets);
+    EXPECT_NEAR(loss, loss_ref, 1e-5 * std::abs(loss_ref));
+    // The same bits on every rank of the group.
+    Tensor all = Tensor::empty({t}, DType::kF32);
+    group.allgather(Tensor::of(std::span<float>(const_cast<float*>(&loss), 1)), all);
+    for (float v : all.f32()) EXPECT_EQ(v, loss);
+    expect_close(ce.backward(ctx, 0.7f), take_slice(d_ref, 2, t, tp.rank()), "dlogits");
+
+    // Against finite differences of the double-precision loss, through the gathered gradient.
+    nn::ref::Vec x(logits.f32().begin(), logits.f32().end());
+    std::vector<int32_t> tv(targets.data<int32_t>(), targets.data<int32_t>() + kN);
+    ce.forward(ctx, take_slice(logits, 2, t, tp.rank()), targets);
+    const Tensor local = ce.backward(ctx, 1.0f);
+    Tensor gathered = Tensor::empty({t, kN, kVocab / t}, DType::kF32);
+    group.allgather(local, gathered);
+    std::vector<float> analytic(static_cast<size_t>(kN * kVocab));
+    for (int p = 0; p < t; ++p)
+      for (int64_t r = 0; r < kN; ++r)
+        for (int64_t j = 0; j < kVocab / t; ++j)
+          analytic[static_cast<size_t>(r * kVocab + p * (kVocab / t) + j)] =
+              gathered.data<float>()[(p * kN + r) * (kVocab / t) + j];
+    nn::ref::expect_grad_matches("dlogits", x, nn::ref::sample_indices(x.size(), 64),
+                                 [&] { return nn::ref::cross_entropy(x, tv, kVocab); }, analytic);
   }
 }
 
