@@ -77,6 +77,8 @@ inline std::vector<float> values(const Tensor& t) {
   return {f.f32().begin(), f.f32().end()};
 }
 
+inline std::vector<float> values_of_grad(const nn::Parameter& p) { return values(p.grad()); }
+
 // |a - b| <= tol * max(1, |b|) elementwise.
 inline void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol = 1e-5) {
   ASSERT_EQ(got.numel(), want.numel()) << what;
