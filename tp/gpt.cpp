@@ -34,9 +34,9 @@ void validate(const nn::GptConfig& cfg, const TensorParallelConfig& par, int wor
   divides(cfg.vocab_size, "model.vocab_size");
   divides(world_size, "the world size (ranks)");
   if (par.sequence_parallel && cfg.seq_len % t != 0) {
-    throw ConfigError(fmt::format("model.sequence_parallel: splits sequences over model.tensor_parallel_size = {} ranks, "
-                                  "which does not divide model.seq_len = {}; choose a seq_len divisible by {} or turn "
-                                  "model.sequence_parallel off",
+    throw ConfigError(fmt::format("model.sequence_parallel: splits sequences over model.tensor_parallel_size = {} "
+                                  "ranks, which does not divide model.seq_len = {}; choose a seq_len divisible by {} "
+                                  "or turn model.sequence_parallel off",
                                   t, cfg.seq_len, t));
   }
 }
@@ -78,8 +78,8 @@ GptModel::GptModel(const nn::GptConfig& cfg, const TensorParallelConfig& par, co
 
 void GptModel::set_recompute(const nn::GptRecompute& r) {
   ZS_ASSERT(!forward_pending(), "tp::GptModel::set_recompute between a forward and its backward");
-  ZS_ASSERT(static_cast<int64_t>(r.blocks.size()) <= cfg_.n_layer, "GptRecompute names {} blocks of {}", r.blocks.size(),
-            cfg_.n_layer);
+  ZS_ASSERT(static_cast<int64_t>(r.blocks.size()) <= cfg_.n_layer, "GptRecompute names {} blocks of {}",
+            r.blocks.size(), cfg_.n_layer);
   recompute_ = r;
   auto blocks = blocks_.children();
   for (size_t i = 0; i < blocks.size(); ++i) {

@@ -32,7 +32,8 @@ void check_against(nn::Module& ref, nn::Module& par, const TensorParallel& tp, b
   const bool shard = tp.sharded_sequence();
   for (int pass = 0; pass < 2; ++pass) {
     HostContext ctx;
-    const Tensor x = nn::ref::random_tensor({kB, kT, kC}, 100 + pass), dy = nn::ref::random_tensor({kB, kT, kC}, 200 + pass);
+    const Tensor x = nn::ref::random_tensor({kB, kT, kC}, 100 + pass);
+    const Tensor dy = nn::ref::random_tensor({kB, kT, kC}, 200 + pass);
     const Tensor y_ref = ctx.forward(ref, x);
     const Tensor dx_ref = ctx.backward(ref, dy);
     auto mine = [&](const Tensor& full) { return shard ? take_slice(full, 1, t, r) : full; };
