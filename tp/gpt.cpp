@@ -84,7 +84,7 @@ void GptModel::set_recompute(const nn::GptRecompute& r) {
   auto blocks = blocks_.children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& block = static_cast<ParallelBlock&>(*blocks[i]);
-    block.set_checkpointed(i < r.blocks.size() && r.blocks[i]);
+    block.set_recomputed(i < r.blocks.size() && r.blocks[i]);
     block.attention().set_recompute_scores(r.selective);
   }
 }

@@ -56,7 +56,7 @@ class GptModel : public nn::Model {
   const nn::GptConfig& config() const { return cfg_; }
   const TensorParallel& tensor_parallel() const { return tp_; }
 
-  // As nn::GptModel::set_recompute: checkpointed blocks, selective recompute of the scores.
+  // As nn::GptModel::set_recompute: recomputed blocks, selective recompute of the scores.
   void set_recompute(const nn::GptRecompute& r);
   const nn::GptRecompute& recompute() const { return recompute_; }
 

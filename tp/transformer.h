@@ -15,7 +15,7 @@
 // mlp.fc): Megatron's four per layer. With it they are (B, T/tp, C) sequence shards, the layer norms
 // and residual adds run on the shard, and each all-reduce is an all-gather plus a reduce-scatter.
 // n_head and the MLP width must be divisible by tp (ModelError; tp::validate names the config keys).
-// Activation checkpointing (Module::set_checkpointed) works as for nn's: a re-run repeats the
+// Activation recomputation (Module::set_recomputed) works as for nn's: a re-run repeats the
 // collectives, on every rank of the group alike.
 #pragma once
 

@@ -75,10 +75,10 @@ TEST(TensorParallelTransformer, AttentionMlpAndBlockEqualTheirNnVersions) {
         check_against(ref, par, tp);
       }
       {
-        SCOPED_TRACE("block, checkpointed");
+        SCOPED_TRACE("block, recomputed");
         nn::Block ref(kC, kHeads);
         ParallelBlock par(kC, kHeads, tp);
-        par.set_checkpointed(true);  // the re-run repeats the collectives on every rank
+        par.set_recomputed(true);  // the re-run repeats the collectives on every rank
         check_against(ref, par, tp);
       }
     }
