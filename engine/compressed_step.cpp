@@ -36,8 +36,20 @@ namespace zs::engine {
 void Engine::Impl::init_compressed(CompressedState state) {
   // The momentum, variance and accumulator were placed and zeroed by the constructor (the plan).
   CompressedState& c = compressed_.emplace(std::move(state));
-  if (const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>()) c.schedule.emplace(*zero_one);
-  c.reduce.emplace(group_, dense().layout.total());
+  const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>();
+  if (zero_one != nullptr) c.schedule.emplace(*zero_one);
+  const optim::CompressionScale scale = zero_one != nullptr ? zero_one->compression_scale
+                                                            : cfg_.optimizer.params<optim::OneBitAdamConfig>().compression_scale;
+  if (scale == optim::CompressionScale::kTensor) {
+    // DeepSpeed's scales: one per parameter tensor (Note [Per-tensor scales]).
+    std::vector<memory::ShardRange> tensors;
+    for (const ParamSlot& slot : dense().layout.slots()) {
+      if (slot.numel > 0) tensors.push_back(slot.range());
+    }
+    c.reduce.emplace(group_, dense().layout.total(), tensors);
+  } else {
+    c.reduce.emplace(group_, dense().layout.total());
+  }
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
 }
 
@@ -46,7 +58,7 @@ uint64_t Engine::Impl::compressed_state_bytes() const {
   const CompressedState& c = *compressed_;
   // The error-feedback buffers live in comm's own memory, not in the arena; they are optimizer state
   // all the same (a whole worker residual and one server chunk).
-  const uint64_t errors = (c.reduce->numel() + c.reduce->chunk_size()) * sizeof(float);
+  const uint64_t errors = c.reduce->state_floats() * sizeof(float);
   return c.momentum.size() + c.variance.size() + c.accumulator.size() + errors;
 }
 

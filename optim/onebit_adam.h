@@ -47,12 +47,20 @@
 
 namespace zs::optim {
 
+// How the compressed allreduce scales its 1-bit values (optimizer.params.compression_scale; the
+// engine builds comm::OneBitAllreduce accordingly, comm/compressed_allreduce.h).
+enum class CompressionScale {
+  kBlock,   // "block": one scale per 256 elements of the flat buffer (Note [One-bit allreduce])
+  kTensor,  // "tensor": DeepSpeed's, one per parameter tensor (Note [Per-tensor scales])
+};
+
 struct OneBitAdamConfig {
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t freeze_step = 100000;  // warm-up steps (exact averaging, variance updated); >= 1
+  CompressionScale compression_scale = CompressionScale::kBlock;
 };
 
 struct ZeroOneAdamConfig {
@@ -64,6 +72,7 @@ struct ZeroOneAdamConfig {
   int64_t var_update_scaler = 16;      // variance-update interval doubles every this many updates
   int64_t local_step_scaler = 32678;   // local-step interval doubles every this many frozen steps...
   int64_t local_step_clipper = 16;     // ...up to this many steps between synchronisations
+  CompressionScale compression_scale = CompressionScale::kBlock;
 };
 
 // Throw ConfigError naming `json_path` plus the key (e.g. "optimizer.params.freeze_step") and the
