@@ -46,16 +46,24 @@ size_t OneBitAllreduce::chunk_for(size_t numel, int ranks) {
 
 OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel)
     : group_(&group), numel_(numel), size_(group.size()), rank_(group.rank()) {
-  const size_t n_ranks = static_cast<size_t>(size_);
-  chunk_ = chunk_for(numel, size_);
+  init_blocks();
+}
+
+void OneBitAllreduce::init_blocks() {
+  chunk_ = chunk_for(numel_, size_);
   sign_words_ = chunk_ / kBitsPerWord;
   block_words_ = sign_words_ + chunk_ / kScaleBlock;
   server_len_ = real_in_chunk(numel_, chunk_, static_cast<size_t>(rank_));
   worker_error_.assign(numel_, 0.0f);
   server_error_.assign(chunk_, 0.0f);
-  send_.assign(n_ranks * block_words_, 0u);
-  recv_.assign(n_ranks * block_words_, 0u);
-  gathered_.assign(n_ranks * block_words_, 0u);
+  allocate_wire();
+}
+
+void OneBitAllreduce::allocate_wire() {
+  const size_t words = static_cast<size_t>(size_) * block_words_;
+  send_.assign(words, 0u);
+  recv_.assign(words, 0u);
+  gathered_.assign(words, 0u);
 }
 
 size_t OneBitAllreduce::padded_tensor(size_t n, int ranks) {
@@ -65,16 +73,28 @@ size_t OneBitAllreduce::padded_tensor(size_t n, int ranks) {
   return (n + unit - 1) / unit * unit;
 }
 
-OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors)
-    : group_(&group), numel_(numel), size_(group.size()), rank_(group.rank()), per_tensor_(true) {
-  const size_t n_ranks = static_cast<size_t>(size_);
-  size_t end = 0, worker = 0, bits = 0;
+OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors,
+                                 Scales scales)
+    : group_(&group), numel_(numel), size_(group.size()), rank_(group.rank()) {
+  size_t end = 0;
   for (const memory::ShardRange& r : tensors) {
     ZS_ASSERT(r.offset >= end && r.offset + r.size <= numel && r.size > 0,
               "OneBitAllreduce: tensor [{}, {}) is empty, overlaps the one before (ending at {}) or lies past "
               "the buffer's {} elements",
               r.offset, r.offset + r.size, end, numel);
+    if (r.offset > end) gaps_.push_back({end, r.offset - end});
     end = r.offset + r.size;
+  }
+  if (numel > end) gaps_.push_back({end, numel - end});
+  if (scales == Scales::kBlocks) {
+    init_blocks();
+    return;
+  }
+
+  per_tensor_ = true;
+  const size_t n_ranks = static_cast<size_t>(size_);
+  size_t worker = 0, bits = 0;
+  for (const memory::ShardRange& r : tensors) {
     TensorPlan p{.offset = r.offset, .numel = r.size, .padded = padded_tensor(r.size, size_)};
     p.chunk = p.padded / n_ranks;
     p.worker_at = worker;
@@ -90,9 +110,11 @@ OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel, std::span<con
   server_len_ = bits;
   worker_error_.assign(worker, 0.0f);
   server_error_.assign(bits, 0.0f);
-  send_.assign(n_ranks * block_words_, 0u);
-  recv_.assign(n_ranks * block_words_, 0u);
-  gathered_.assign(n_ranks * block_words_, 0u);
+  allocate_wire();
+}
+
+void OneBitAllreduce::zero_gaps(std::span<float> data) const {
+  for (const memory::ShardRange& g : gaps_) std::fill_n(data.data() + g.offset, g.size, 0.0f);
 }
 
 memory::ShardRange OneBitAllreduce::server_range() const {
@@ -123,6 +145,7 @@ void OneBitAllreduce::allreduce(std::span<float> data) {
         "pass the buffer it was made for or build one per buffer size",
         group_->name(), data.size(), numel_));
   }
+  zero_gaps(data);
   if (block_words_ == 0) return;  // nothing to compress: the same on every rank, so every rank skips
   if (per_tensor_) worker_tensors(data);
   else worker_blocks(data);
@@ -135,6 +158,7 @@ void OneBitAllreduce::allreduce(std::span<float> data) {
   group_->allgather(words_view(gathered_, me * block_words_, block_words_), words_view(gathered_, 0, gathered_.size()));
   if (per_tensor_) write_tensors(data);
   else write_blocks(data);
+  zero_gaps(data);  // write_blocks wrote the gaps too
 }
 
 void OneBitAllreduce::worker_blocks(std::span<float> data) {

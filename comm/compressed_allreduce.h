@@ -40,6 +40,10 @@
 // 2 (N-1)/N * 4n bytes the saving is ~28x for n >> 256 N (32 / 1.125), against bf16 ~14x.
 // A group of one compresses all the same (no bytes move): one-bit Adam's numerics do not depend on
 // the world size being 1 or more.
+// Padding: built with the tensors' ranges, elements outside them (a flat layout's alignment gaps) are
+// read as zero and written as zero, as DeepSpeed's padding: they keep a residual but no value. (Until
+// issue 38 the gaps kept the last compressed value, which fed itself back into the next call's
+// scales and never decayed; tests/optim/onebit_deepspeed_test.cpp checks the gaps.)
 //
 // Note [Per-tensor scales]
 // The second constructor takes the tensors' ranges in the buffer and compresses as DeepSpeed's
@@ -55,7 +59,7 @@
 // So the padding takes part in both scales and keeps its own error feedback, as in DeepSpeed. The
 // wire block for server j holds chunk j of every tensor (bits packed one after the other) and one
 // scale word per tensor. Elements of the buffer outside every tensor (the layout's alignment gaps)
-// are neither sent nor written. Bytes: 1 bit per padded element plus 4 bytes per tensor and rank,
+// are not sent and are set to zero. Bytes: 1 bit per padded element plus 4 bytes per tensor and rank,
 // each way.
 //
 // Contract: collective over `group` (every rank constructs with the same numel and calls allreduce
@@ -83,10 +87,13 @@ class OneBitAllreduce {
   // numel + chunk_size() floats of state and 3 N (chunk_size()/32 + chunk_size()/256) words of wire
   // buffers).
   OneBitAllreduce(const Group& group, size_t numel);
-  // Per-tensor scales (Note [Per-tensor scales]): `tensors` are the ranges of the buffer compressed
-  // each with its own scales, ascending and disjoint, inside [0, numel) (ZS_ASSERT: the caller's
-  // layout). Error feedback: sum of padded_tensor(n_t, N) (worker) plus their chunks (server) floats.
-  OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors);
+  // With the tensors' ranges: ascending, disjoint, non-empty, inside [0, numel) (ZS_ASSERT: the
+  // caller's layout). Every element outside them is padding (a flat layout's alignment gaps): read as
+  // zero and left zero, as DeepSpeed's padding, so it carries no stale value from call to call.
+  // kBlocks: the 256-element blocks over the whole buffer, as the first constructor. kPerTensor: Note
+  // [Per-tensor scales]; error feedback of sum padded_tensor(n_t, N) (worker) plus the chunks (server).
+  enum class Scales { kBlocks, kPerTensor };
+  OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors, Scales scales);
   // DeepSpeed's padded size of an n-element tensor over `ranks` ranks: a multiple of N * divider.
   static size_t padded_tensor(size_t n, int ranks);
   OneBitAllreduce(OneBitAllreduce&&) noexcept = default;
@@ -134,6 +141,9 @@ class OneBitAllreduce {
     size_t bit_at = 0;                                   // first sign bit of its chunk in a block
   };
   // The three local phases of allreduce (Note [One-bit allreduce] steps 1, 3, 4) for each mode.
+  void init_blocks();    // the scale-block layout of chunks and residuals
+  void allocate_wire();  // send_, recv_, gathered_ for block_words_
+  void zero_gaps(std::span<float> data) const;
   void worker_blocks(std::span<float> data);
   void server_blocks();
   void write_blocks(std::span<float> data) const;
@@ -151,6 +161,7 @@ class OneBitAllreduce {
   size_t server_len_ = 0;    // elements of server_error() (the tail past numel_ is never used)
   bool per_tensor_ = false;
   std::vector<TensorPlan> tensors_;
+  std::vector<memory::ShardRange> gaps_;  // elements outside every tensor (constructed with tensors)
   std::vector<float> worker_error_;  // numel_ (per tensor: sum of padded)
   std::vector<float> server_error_;  // chunk_ (scale blocks: the tail past numel_ stays 0)
   std::vector<uint32_t> send_;       // N blocks

@@ -40,16 +40,15 @@ void Engine::Impl::init_compressed(CompressedState state) {
   if (zero_one != nullptr) c.schedule.emplace(*zero_one);
   const optim::CompressionScale scale = zero_one != nullptr ? zero_one->compression_scale
                                                             : cfg_.optimizer.params<optim::OneBitAdamConfig>().compression_scale;
-  if (scale == optim::CompressionScale::kTensor) {
-    // DeepSpeed's scales: one per parameter tensor (Note [Per-tensor scales]).
-    std::vector<memory::ShardRange> tensors;
-    for (const ParamSlot& slot : dense().layout.slots()) {
-      if (slot.numel > 0) tensors.push_back(slot.range());
-    }
-    c.reduce.emplace(group_, dense().layout.total(), tensors);
-  } else {
-    c.reduce.emplace(group_, dense().layout.total());
+  // The parameters' ranges: the alignment gaps between them are padding to comm (zero, as DeepSpeed's
+  // padding), and per tensor they are DeepSpeed's tensors (Note [Per-tensor scales]).
+  std::vector<memory::ShardRange> tensors;
+  for (const ParamSlot& slot : dense().layout.slots()) {
+    if (slot.numel > 0) tensors.push_back(slot.range());
   }
+  c.reduce.emplace(group_, dense().layout.total(), tensors,
+                   scale == optim::CompressionScale::kTensor ? comm::OneBitAllreduce::Scales::kPerTensor
+                                                             : comm::OneBitAllreduce::Scales::kBlocks);
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
 }
 

@@ -201,6 +201,15 @@ void block_compressed_allreduce(std::vector<Vec>& bufs, std::vector<RefRank>& ra
   for (size_t r = 0; r < n_ranks; ++r) bufs[r] = out;
 }
 
+void zero_gaps(const Layout& l, Vec& v) {
+  size_t end = 0;
+  for (const memory::ShardRange& tr : l.tensors) {
+    std::fill(v.begin() + static_cast<ptrdiff_t>(end), v.begin() + static_cast<ptrdiff_t>(tr.offset), 0.0f);
+    end = tr.offset + tr.size;
+  }
+  std::fill(v.begin() + static_cast<ptrdiff_t>(end), v.end(), 0.0f);
+}
+
 // OnebitAdam.step for step t on every rank (state['step'] = t: Note [Differences from DeepSpeed]).
 void reference_step(const Layout& l, std::vector<RefRank>& ranks, int t, optim::CompressionScale scale) {
   const optim::OneBitAdamConfig cfg = config(scale);
@@ -225,7 +234,11 @@ void reference_step(const Layout& l, std::vector<RefRank>& ranks, int t, optim::
     std::vector<Vec> flat(static_cast<size_t>(n_ranks));
     for (int r = 0; r < n_ranks; ++r) flat[static_cast<size_t>(r)] = ranks[static_cast<size_t>(r)].m;
     if (scale == optim::CompressionScale::kBlock) {
+      // The alignment gaps between the tensors are DeepSpeed's padding: zero data on the way in (their
+      // residuals kept), nothing kept on the way out.
+      for (Vec& f : flat) zero_gaps(l, f);
       block_compressed_allreduce(flat, ranks);
+      for (Vec& f : flat) zero_gaps(l, f);
       for (int r = 0; r < n_ranks; ++r) ranks[static_cast<size_t>(r)].m = flat[static_cast<size_t>(r)];
     } else {
       for (size_t t_i = 0; t_i < l.tensors.size(); ++t_i) {
@@ -318,8 +331,9 @@ TEST_P(AgainstDeepSpeed, StatesAndWeightsMatchThroughWarmUpFreezeAndCompressedSt
     s.server_error.resize(buffers);
   }
   Ours o{.p = p0, .m = Vec(l.total, 0.0f), .v = Vec(l.total, 0.0f),
-         .reduce = scale == optim::CompressionScale::kTensor ? comm::OneBitAllreduce(g, l.total, l.tensors)
-                                                             : comm::OneBitAllreduce(g, l.total)};
+         .reduce = comm::OneBitAllreduce(g, l.total, l.tensors,
+                                         scale == optim::CompressionScale::kTensor ? comm::OneBitAllreduce::Scales::kPerTensor
+                                                                                   : comm::OneBitAllreduce::Scales::kBlocks)};
   const RefRank& mine = ref[static_cast<size_t>(g.rank())];
   Diff warm, compressed;
   for (int t = 1; t <= kFreeze + kCompressed; ++t) {
