@@ -22,7 +22,8 @@ Rows per size and seed:
 
   nice -n 19 python3 benchmarks/onebit_quality.py --zeroshard build/release/tools/zeroshard \\
       --json onebit_quality.json [--sizes 128,256] [--seeds 1234,7,1] [--freezes 40,80] [--np 2]
-      [--zero-one-freezes 40] [--zero-one-sizes 128]
+      [--zero-one-freezes 40] [--zero-one-sizes 128] [--beta2 0.95] [--var-update-scaler 16]
+      [--from-json onebit_quality.json]   (the table of an earlier run, nothing run)
 
 Losses are deterministic (no timing), so the machine's load does not matter, only the run time.
 """
@@ -67,7 +68,7 @@ def rows(args):
         for scale in ("block", "tensor"):
             out.append((f"ZeroOneAdam {scale} @{f}",
                         {"type": "ZeroOneAdam", "params": {"lr": 1e-3, "betas": betas, "var_freeze_step": f,
-                                                           "var_update_scaler": 16, "local_step_scaler": 16,
+                                                           "var_update_scaler": args.var_update_scaler, "local_step_scaler": 16,
                                                            "local_step_clipper": 2,
                                                            "compression_scale": scale}}))
     return out
@@ -102,6 +103,7 @@ def main():
     ap.add_argument("--micro", type=int, default=4)
     ap.add_argument("--np", type=int, default=2)
     ap.add_argument("--tail", type=int, default=20)
+    ap.add_argument("--var-update-scaler", type=int, default=16, help="ZeroOneAdam's var_update_scaler")
     ap.add_argument("--beta2", type=float, default=0.95, help="betas[1] of every optimizer (betas[0] is 0.9)")
     ap.add_argument("--from-json", help="print the table of an earlier --json output without running anything")
     ap.add_argument("--json", default="onebit_quality.json")
