@@ -42,10 +42,11 @@ namespace {
 // cancels): one-bit Adam's compression cost 0.4-1.3% of tail loss in every setting but one, freezing
 // at the end of the lr warm-up (compression starting at the peak lr, DeepSpeed's advice) with
 // DeepSpeed's one scale per tensor at d_model 256: mean +3.3%, one seed +9.6% (the loss jumps within
-// ten steps of the freeze and stays up). With the first compressed steps the error feedback is still
-// empty and one scale per tensor gives every element of an embedding matrix the same magnitude,
-// rare rows (small variance) included, so m / sqrt(v) overshoots there at full lr. 256-element
-// blocks (a block is one or two embedding rows) cost +1.2% at the same point, and a freeze where the
+// ten steps of the freeze and stays up). The likely cause (not isolated): at the first compressed
+// steps the error feedback is still empty, and one scale per tensor gives every element of an
+// embedding matrix the same magnitude, rare rows (small variance) included, so m / sqrt(v) overshoots
+// there at full lr. 256-element blocks (a block is one or two embedding rows) cost +1.2% at the same
+// point, and a freeze where the
 // lr has decayed to 2/3 of its peak +0.5% with either scale. Hence the warning for "tensor" when the
 // first compressed step runs at >= 90% of the highest lr so far.
 void warn_tensor_scales_at_peak(const optim::LrSchedule& schedule, const optim::OneBitAdamConfig& c) {
@@ -63,6 +64,40 @@ void warn_tensor_scales_at_peak(const optim::LrSchedule& schedule, const optim::
       "run without compression; \"block\" scales (+1.2% there) or a freeze_step where the learning rate has "
       "decayed to 2/3 of its peak (+0.5%) avoid it",
       c.freeze_step + 1, 100.0 * first / peak);
+}
+
+// 0/1 Adam in the same benchmark (d_model 128, var_freeze_step 40 at the end of the lr warm-up):
+// with var_update_scaler 16 (DeepSpeed's default) the variance is updated at every step only up to
+// step 16, and from there every other step compresses the gradient instead, while the lr still rises;
+// the runs spike there and lost 3.9-6.1% of tail loss on the three-seed mean (-4.0% .. +15.1% per
+// seed). Updating the variance at every warm-up step (var_update_scaler 1000) cost +1.6% (blocks).
+// Hence the warning when a compressed-gradient step comes before the lr reaches its peak.
+void warn_zero_one_sparse_variance(const optim::LrSchedule& schedule, const optim::ZeroOneAdamConfig& c) {
+  constexpr int64_t kMaxScan = 1'000'000;
+  const int64_t last = std::min(c.var_freeze_step, kMaxScan);
+  double peak = 0.0;
+  int64_t peak_step = 1;  // the first step (1-based) at the highest lr of the variance phase
+  for (int64_t t = 1; t <= last; ++t) {
+    if (schedule.lr_at(t - 1) > peak) {
+      peak = schedule.lr_at(t - 1);
+      peak_step = t;
+    }
+  }
+  optim::ZeroOneSchedule plan(c);
+  for (int64_t t = 1; t < peak_step; ++t) {
+    const double lr = schedule.lr_at(t - 1);
+    if (plan.plan(t, lr).kind == optim::ZeroOneSchedule::Kind::kCompressedGradient) {
+      ZS_LOG_WARN(
+          "optimizer.params.var_update_scaler: step {} already compresses the gradient (the variance is updated "
+          "only every {} steps from there) while the learning rate still rises to its peak at step {}: on the small "
+          "GPTs of docs/benchmarks.md (onebit_quality) 0/1 Adam lost 3.9-6.1% of tail loss on average (one seed "
+          "+15%) so, against +1.6% with the variance updated at every warm-up step; a var_update_scaler of at "
+          "least {} avoids it",
+          t, plan.state().var_interval, peak_step, peak_step);
+      return;
+    }
+    plan.advance(t, lr);
+  }
 }
 
 }  // namespace
@@ -84,8 +119,9 @@ void Engine::Impl::init_compressed(CompressedState state) {
                    scale == optim::CompressionScale::kTensor ? comm::OneBitAllreduce::Scales::kPerTensor
                                                              : comm::OneBitAllreduce::Scales::kBlocks);
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
-  if (zero_one == nullptr && group_.rank() == 0) {
-    warn_tensor_scales_at_peak(schedule_, cfg_.optimizer.params<optim::OneBitAdamConfig>());
+  if (group_.rank() == 0) {
+    if (zero_one != nullptr) warn_zero_one_sparse_variance(schedule_, *zero_one);
+    else warn_tensor_scales_at_peak(schedule_, cfg_.optimizer.params<optim::OneBitAdamConfig>());
   }
 }
 
