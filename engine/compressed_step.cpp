@@ -38,16 +38,16 @@ namespace {
 
 // Note [compression at the lr peak]
 // issue 38 (docs/benchmarks.md "onebit_quality", 2-layer GPTs d_model 128 and 256, 150 steps, three
-// seeds, each run against the same formulas with exact averaging, so that the seed-to-seed spread
-// cancels): one-bit Adam's compression cost 0.4-1.3% of tail loss in every setting but one, freezing
-// at the end of the lr warm-up (compression starting at the peak lr, DeepSpeed's advice) with
-// DeepSpeed's one scale per tensor at d_model 256: mean +3.3%, one seed +9.6% (the loss jumps within
-// ten steps of the freeze and stays up). The likely cause (not isolated): at the first compressed
-// steps the error feedback is still empty, and one scale per tensor gives every element of an
-// embedding matrix the same magnitude, rare rows (small variance) included, so m / sqrt(v) overshoots
-// there at full lr. 256-element blocks (a block is one or two embedding rows) cost +1.2% at the same
-// point, and a freeze where the
-// lr has decayed to 2/3 of its peak +0.5% with either scale. Hence the warning for "tensor" when the
+// or five seeds, each run against the same formulas with exact averaging, so that the seed-to-seed
+// spread cancels): one-bit Adam's compression cost 0.4-1.3% of tail loss on the mean in every setting
+// but one, freezing at the end of the lr warm-up (compression starting at the peak lr, DeepSpeed's
+// advice) with DeepSpeed's one scale per tensor at d_model 256: +2.4% on the mean of five seeds, one
+// of them +9.6% (its loss jumps within ten steps of the freeze and stays up). The likely cause (not
+// isolated): at the first compressed steps the error feedback is still empty, and one scale per
+// tensor gives every element of an embedding matrix the same magnitude, rare rows (small variance)
+// included, so m / sqrt(v) overshoots there at full lr. 256-element blocks (a block is one or two
+// embedding rows) cost +1.1% at the same point (worst seed +2.9%), and a freeze where the lr has
+// decayed to 2/3 of its peak +0.4-0.5% with either scale. Hence the warning for "tensor" when the
 // first compressed step runs at >= 90% of the highest lr so far.
 void warn_tensor_scales_at_peak(const optim::LrSchedule& schedule, const optim::OneBitAdamConfig& c) {
   if (c.compression_scale != optim::CompressionScale::kTensor) return;
@@ -60,8 +60,8 @@ void warn_tensor_scales_at_peak(const optim::LrSchedule& schedule, const optim::
   ZS_LOG_WARN(
       "optimizer.params.compression_scale: \"tensor\" with the first compressed step (step {}) at {:.0f}% of the "
       "peak learning rate: on the small GPTs of docs/benchmarks.md (onebit_quality) DeepSpeed's one scale per "
-      "tensor, starting at the lr peak, lost 3.3% of tail loss on average and 9.6% on one seed against the same "
-      "run without compression; \"block\" scales (+1.2% there) or a freeze_step where the learning rate has "
+      "tensor, starting at the lr peak, lost 2.4% of tail loss on average and 9.6% on one seed of five against the "
+      "same run without compression; \"block\" scales (+1.1% there) or a freeze_step where the learning rate has "
       "decayed to 2/3 of its peak (+0.5%) avoid it",
       c.freeze_step + 1, 100.0 * first / peak);
 }
