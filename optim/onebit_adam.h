@@ -27,7 +27,7 @@
 // - exp_avg_mask (a per-group momentum mask) and parameter groups with `non_freeze` are not supported;
 //   the engine masks elements that never had a gradient instead (Note [momentum mask]).
 // Checked step by step against DeepSpeed (issue 38, tests/optim/onebit_deepspeed_test.cpp: a
-// reference written from adam.py and nccl.py, bit for bit at np 2 and 4 through the warm-up, the
+// reference written from adam.py and nccl.py, bit for bit at np 2, 3, 4 through the warm-up, the
 // freeze and 50 compressed steps): the error feedback starts at zero at the first compressed step
 // (DeepSpeed allocates it there), the momentum keeps running through the freeze and is replaced by
 // its compressed average, the variance is frozen at its step-freeze_step value, weight decay is

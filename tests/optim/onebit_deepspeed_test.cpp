@@ -1,4 +1,4 @@
-// One-bit Adam against a step-by-step reference of DeepSpeed's OneBitAdam (issue 38), at np 2 and 4.
+// One-bit Adam against a step-by-step reference of DeepSpeed's OneBitAdam (issue 38), at np 2, 3 and 4.
 //
 // "Ours" is what engine/compressed_step.cpp runs at ZeRO stage 0: optim's kernels (adam_update in the
 // warm-up; momentum_update, comm::OneBitAllreduce, frozen_update after it) on a flat buffer whose
@@ -362,7 +362,8 @@ TEST_P(AgainstDeepSpeed, StatesAndWeightsMatchThroughWarmUpFreezeAndCompressedSt
   // The same arithmetic on both sides, one rounding per operation in the same order: bit for bit. The
   // one place where the formulas differ is the scale, ||x|| / sqrt(m) (reference) against
   // sqrt(sum x^2 / m) (ours), both in double and rounded once to fp32: equal here on every scale.
-  // (At np 2 and 4 the server's sum over ranks of s_r (1/N) equals (sum s_r) (1/N) exactly.)
+  // The server's average is DeepSpeed's sum_r s_r (1/N) per tensor and Note [One-bit allreduce]'s
+  // (sum_r s_r) (1/N) with blocks, on both sides, so np 3 is bit for bit too.
   EXPECT_EQ(warm.unequal, 0u) << "warm-up differs, max relative " << warm.max_rel;
   EXPECT_EQ(compressed.unequal, 0u) << "compressed steps differ, max relative " << compressed.max_rel;
   std::printf("rank %d, %s scales: warm-up %zu unequal; compressed %zu unequal, max relative %.3g\n", g.rank(),
