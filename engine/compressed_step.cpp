@@ -1,5 +1,6 @@
 // One-bit Adam and 0/1 Adam in the engine: which gradients they get, the buffers they keep, and the
 // order of their kernels (optim/onebit_adam.h) and compressed allreduces (comm/compressed_allreduce.h).
+#include <algorithm>
 #include <cstring>
 
 #include "core/errors.h"
@@ -33,12 +34,95 @@ namespace zs::engine {
 // Communication per compressed step: 2 (N-1)/N bits per element plus one scale per chunk and rank,
 // against 2 (N-1)/N x 16 or 32 bits for averaging bf16 or fp32 gradients.
 
+namespace {
+
+// Note [compression at the lr peak]
+// issue 38 (docs/benchmarks.md "onebit_quality", 2-layer GPTs d_model 128 and 256, 150 steps, three
+// or five seeds, each run against the same formulas with exact averaging, so that the seed-to-seed
+// spread cancels): one-bit Adam's compression cost 0.4-1.3% of tail loss on the mean in every setting
+// but one, freezing at the end of the lr warm-up (compression starting at the peak lr, DeepSpeed's
+// advice) with DeepSpeed's one scale per tensor at d_model 256: +2.4% on the mean of five seeds, one
+// of them +9.6% (its loss jumps within ten steps of the freeze and stays up). The likely cause (not
+// isolated): at the first compressed steps the error feedback is still empty, and one scale per
+// tensor gives every element of an embedding matrix the same magnitude, rare rows (small variance)
+// included, so m / sqrt(v) overshoots there at full lr. 256-element blocks (a block is one or two
+// embedding rows) cost +1.1% at the same point (worst seed +2.9%), and a freeze where the lr has
+// decayed to 2/3 of its peak +0.4-0.5% with either scale. Hence the warning for "tensor" when the
+// first compressed step runs at >= 90% of the highest lr so far.
+void warn_tensor_scales_at_peak(const optim::LrSchedule& schedule, const optim::OneBitAdamConfig& c) {
+  if (c.compression_scale != optim::CompressionScale::kTensor) return;
+  constexpr int64_t kMaxScan = 1'000'000;  // a freeze later than this is never at a warm-up's peak
+  if (c.freeze_step > kMaxScan) return;
+  double peak = 0.0;
+  for (int64_t s = 0; s <= c.freeze_step; ++s) peak = std::max(peak, schedule.lr_at(s));
+  const double first = schedule.lr_at(c.freeze_step);  // 0-based: step freeze_step + 1, the first compressed one
+  if (!(peak > 0.0) || first < 0.9 * peak) return;
+  ZS_LOG_WARN(
+      "optimizer.params.compression_scale: \"tensor\" with the first compressed step (step {}) at {:.0f}% of the "
+      "peak learning rate: on the small GPTs of docs/benchmarks.md (onebit_quality) DeepSpeed's one scale per "
+      "tensor, starting at the lr peak, lost 2.4% of tail loss on average and 9.6% on one seed of five against the "
+      "same run without compression; \"block\" scales (+1.1% there) or a freeze_step where the learning rate has "
+      "decayed to 2/3 of its peak (+0.5%) avoid it",
+      c.freeze_step + 1, 100.0 * first / peak);
+}
+
+// 0/1 Adam in the same benchmark (d_model 128, var_freeze_step 40 at the end of the lr warm-up):
+// with var_update_scaler 16 (DeepSpeed's default) the variance is updated at every step only up to
+// step 16, and from there every other step compresses the gradient instead, while the lr still rises;
+// the runs spike there and lost 3.9-6.1% of tail loss on the three-seed mean (-4.0% .. +15.1% per
+// seed). Updating the variance at every warm-up step (var_update_scaler 1000) cost +1.6% (blocks).
+// Hence the warning when a compressed-gradient step comes before the lr reaches its peak.
+void warn_zero_one_sparse_variance(const optim::LrSchedule& schedule, const optim::ZeroOneAdamConfig& c) {
+  constexpr int64_t kMaxScan = 1'000'000;
+  const int64_t last = std::min(c.var_freeze_step, kMaxScan);
+  double peak = 0.0;
+  int64_t peak_step = 1;  // the first step (1-based) at the highest lr of the variance phase
+  for (int64_t t = 1; t <= last; ++t) {
+    if (schedule.lr_at(t - 1) > peak) {
+      peak = schedule.lr_at(t - 1);
+      peak_step = t;
+    }
+  }
+  optim::ZeroOneSchedule plan(c);
+  for (int64_t t = 1; t < peak_step; ++t) {
+    const double lr = schedule.lr_at(t - 1);
+    if (plan.plan(t, lr).kind == optim::ZeroOneSchedule::Kind::kCompressedGradient) {
+      ZS_LOG_WARN(
+          "optimizer.params.var_update_scaler: step {} already compresses the gradient (the variance is updated "
+          "only every {} steps from there) while the learning rate still rises to its peak at step {}: on the small "
+          "GPTs of docs/benchmarks.md (onebit_quality) 0/1 Adam lost 3.9-6.1% of tail loss on average (one seed "
+          "+15%) so, against +1.6% with the variance updated at every warm-up step; a var_update_scaler of at "
+          "least {} avoids it",
+          t, plan.state().var_interval, peak_step, peak_step);
+      return;
+    }
+    plan.advance(t, lr);
+  }
+}
+
+}  // namespace
+
 void Engine::Impl::init_compressed(CompressedState state) {
   // The momentum, variance and accumulator were placed and zeroed by the constructor (the plan).
   CompressedState& c = compressed_.emplace(std::move(state));
-  if (const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>()) c.schedule.emplace(*zero_one);
-  c.reduce.emplace(group_, dense().layout.total());
+  const auto* zero_one = cfg_.optimizer.params_if<optim::ZeroOneAdamConfig>();
+  if (zero_one != nullptr) c.schedule.emplace(*zero_one);
+  const optim::CompressionScale scale = zero_one != nullptr ? zero_one->compression_scale
+                                                            : cfg_.optimizer.params<optim::OneBitAdamConfig>().compression_scale;
+  // The parameters' ranges: the alignment gaps between them are padding to comm (zero, as DeepSpeed's
+  // padding), and per tensor they are DeepSpeed's tensors (Note [Per-tensor scales]).
+  std::vector<memory::ShardRange> tensors;
+  for (const ParamSlot& slot : dense().layout.slots()) {
+    if (slot.numel > 0) tensors.push_back(slot.range());
+  }
+  c.reduce.emplace(group_, dense().layout.total(), tensors,
+                   scale == optim::CompressionScale::kTensor ? comm::OneBitAllreduce::Scales::kPerTensor
+                                                             : comm::OneBitAllreduce::Scales::kBlocks);
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
+  if (group_.rank() == 0) {
+    if (zero_one != nullptr) warn_zero_one_sparse_variance(schedule_, *zero_one);
+    else warn_tensor_scales_at_peak(schedule_, cfg_.optimizer.params<optim::OneBitAdamConfig>());
+  }
 }
 
 uint64_t Engine::Impl::compressed_state_bytes() const {
@@ -46,7 +130,7 @@ uint64_t Engine::Impl::compressed_state_bytes() const {
   const CompressedState& c = *compressed_;
   // The error-feedback buffers live in comm's own memory, not in the arena; they are optimizer state
   // all the same (a whole worker residual and one server chunk).
-  const uint64_t errors = (c.reduce->numel() + c.reduce->chunk_size()) * sizeof(float);
+  const uint64_t errors = c.reduce->state_floats() * sizeof(float);
   return c.momentum.size() + c.variance.size() + c.accumulator.size() + errors;
 }
 

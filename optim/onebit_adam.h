@@ -24,7 +24,24 @@
 // - DeepSpeed skips the compressed allreduce (and, in 0/1 Adam's compressed-gradient steps, the
 //   whole momentum update) when the world has one rank; comm's one-bit allreduce compresses for a
 //   group of one as well, so the numerics here do not depend on the world size being 1.
-// - exp_avg_mask (a per-group momentum mask) and parameter groups with `non_freeze` are not supported.
+// - exp_avg_mask (a per-group momentum mask) and parameter groups with `non_freeze` are not supported;
+//   the engine masks elements that never had a gradient instead (Note [momentum mask]).
+// Checked step by step against DeepSpeed (issue 38, tests/optim/onebit_deepspeed_test.cpp: a
+// reference written from adam.py and nccl.py, bit for bit at np 2, 3, 4 through the warm-up, the
+// freeze and 50 compressed steps): the error feedback starts at zero at the first compressed step
+// (DeepSpeed allocates it there), the momentum keeps running through the freeze and is replaced by
+// its compressed average, the variance is frozen at its step-freeze_step value, weight decay is
+// added to the update. What differs, deliberately:
+// - Scales: zeroshard's default compresses the flat buffer in 256-element blocks, DeepSpeed per
+//   tensor; compression_scale "tensor" is DeepSpeed's (comm/compressed_allreduce.h). Quality of both:
+//   docs/benchmarks.md "onebit_quality" (blocks never worse; per tensor lost up to 9.6% on one seed
+//   when compressing from the lr peak: Note [compression at the lr peak], engine/compressed_step.cpp).
+// - Weight decay is not applied to biases and LayerNorm weights (the engine's parameter groups);
+//   DeepSpeed applies it to every parameter of a group unless the user builds groups.
+// - The server averages (sum_r s_r sign_r) / N in block mode, DeepSpeed sum_r (s_r / N) sign_r (so
+//   does "tensor" mode): the same numbers when N is a power of two, one rounding apart otherwise.
+// - A checkpoint restores each rank's error feedback when the world size and layout match; DeepSpeed
+//   resets it at every load (comm::OneBitAllreduce::reset_errors otherwise, as DeepSpeed).
 //
 // Kernel contract: every kernel updates the n elements of one chunk, element by element in fp32 with
 // exactly the operations listed at its declaration, so results do not depend on how a partition is
@@ -47,12 +64,20 @@
 
 namespace zs::optim {
 
+// How the compressed allreduce scales its 1-bit values (optimizer.params.compression_scale; the
+// engine builds comm::OneBitAllreduce accordingly, comm/compressed_allreduce.h).
+enum class CompressionScale {
+  kBlock,   // "block": one scale per 256 elements of the flat buffer (Note [One-bit allreduce])
+  kTensor,  // "tensor": DeepSpeed's, one per parameter tensor (Note [Per-tensor scales])
+};
+
 struct OneBitAdamConfig {
   double lr = 1e-3;
   std::array<double, 2> betas = {0.9, 0.999};
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t freeze_step = 100000;  // warm-up steps (exact averaging, variance updated); >= 1
+  CompressionScale compression_scale = CompressionScale::kBlock;
 };
 
 struct ZeroOneAdamConfig {
@@ -64,6 +89,7 @@ struct ZeroOneAdamConfig {
   int64_t var_update_scaler = 16;      // variance-update interval doubles every this many updates
   int64_t local_step_scaler = 32678;   // local-step interval doubles every this many frozen steps...
   int64_t local_step_clipper = 16;     // ...up to this many steps between synchronisations
+  CompressionScale compression_scale = CompressionScale::kBlock;
 };
 
 // Throw ConfigError naming `json_path` plus the key (e.g. "optimizer.params.freeze_step") and the

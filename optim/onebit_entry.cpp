@@ -34,6 +34,9 @@ void read_common(ObjectReader& p, Config& c) {
   p.read("betas", c.betas, RealRange::half_open(0.0, 1.0));
   p.read("eps", c.eps, RealRange::positive());
   p.read("weight_decay", c.weight_decay, RealRange::non_negative());
+  // zeroshard's key (DeepSpeed has one scale per tensor and no option): "tensor" is DeepSpeed's.
+  p.read_enum("compression_scale", c.compression_scale,
+              {{"block", CompressionScale::kBlock}, {"tensor", CompressionScale::kTensor}});
 }
 
 class OneBitAdamType final : public detail::TypedOptimizerType<OneBitAdamConfig> {

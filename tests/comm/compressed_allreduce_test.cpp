@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -307,6 +308,88 @@ TEST(OneBitAllreduce, ByteCountersShowTheSaving) {
     // 32 bits against 1 bit plus a 32-bit scale per 256 elements: 32 / 1.125 = 28.4.
     EXPECT_GT(ratio, 28.0);
     EXPECT_LT(ratio, 28.5);
+  }
+}
+
+// Per tensor (Note [Per-tensor scales]) and the gaps between tensors: the residuals have DeepSpeed's
+// padded sizes, every output element of a tensor chunk is +-that chunk's one scale, the gaps come back
+// zero whatever they held, and the bytes are 1 bit per padded element plus one scale per tensor,
+// each way. Runs at every world size (np 3: DeepSpeed's divider 24, tensors padded to 72).
+TEST(OneBitAllreduce, PerTensorScalesPaddingAndGaps) {
+  auto& world = test::world();
+  const auto& g = world.group();
+  const size_t N = static_cast<size_t>(g.size());
+  const std::vector<memory::ShardRange> tensors = {{0, 300}, {320, 7}, {352, 1000}, {1376, 64}};
+  const size_t n = 1500;  // a gap after the last tensor too
+  comm::OneBitAllreduce c(g, n, tensors, comm::OneBitAllreduce::Scales::kPerTensor);
+  EXPECT_TRUE(c.per_tensor());
+  size_t padded = 0, chunks = 0;
+  for (const auto& t : tensors) {
+    const size_t p = comm::OneBitAllreduce::padded_tensor(t.size, g.size());
+    const size_t unit = N * (N * 8 / std::gcd(N, size_t{8}));
+    EXPECT_EQ(p % unit, 0u);
+    EXPECT_GE(p, t.size);
+    EXPECT_LT(p - t.size, unit);
+    padded += p;
+    chunks += p / N;
+  }
+  EXPECT_EQ(c.worker_error().size(), padded);
+  EXPECT_EQ(c.server_error().size(), chunks);
+  EXPECT_EQ(c.state_floats(), padded + chunks);
+  Vec data = input(n, g.rank(), 0, 0.5f, 1.0f);
+  for (float& v : data) v += 7.0f;  // the gaps hold garbage too
+  world.flush();
+  world.reset_counters();
+  c.allreduce(data);
+  const auto counted = world.counters();
+  EXPECT_EQ(counted.bytes_sent, c.wire_bytes_per_call());
+  EXPECT_EQ(c.wire_bytes_per_call(), 2 * (N - 1) * 4 * ((chunks + 31) / 32 + tensors.size()));
+  size_t end = 0;
+  for (const auto& t : tensors) {
+    for (size_t i = end; i < t.offset; ++i) EXPECT_EQ(data[i], 0.0f) << "gap element " << i;
+    const size_t chunk = comm::OneBitAllreduce::padded_tensor(t.size, g.size()) / N;
+    for (size_t i = 0; i < t.size; ++i) {
+      const float first = data[t.offset + (i / chunk) * chunk];
+      EXPECT_EQ(std::fabs(data[t.offset + i]), std::fabs(first)) << "tensor at " << t.offset << ", element " << i;
+      EXPECT_GT(std::fabs(first), 0.0f);
+    }
+    end = t.offset + t.size;
+  }
+  for (size_t i = end; i < n; ++i) EXPECT_EQ(data[i], 0.0f) << "gap element " << i;
+}
+
+// With scale blocks the gaps are padding too: zero on the way out, and the result on the tensors is
+// the one of a buffer whose gaps were zero (the gaps' input does not leak into the scales).
+TEST(OneBitAllreduce, BlockScalesTreatGapsAsPadding) {
+  const auto& g = group();
+  const std::vector<memory::ShardRange> tensors = {{0, 300}, {320, 7}, {352, 1000}};
+  const size_t n = 1400;
+  comm::OneBitAllreduce with_gaps(g, n, tensors, comm::OneBitAllreduce::Scales::kBlocks);
+  comm::OneBitAllreduce zeroed(g, n);
+  Vec a = input(n, g.rank(), 0, 0.5f, 1.0f);
+  Vec b = a;
+  size_t end = 0;
+  for (const auto& t : tensors) {
+    for (size_t i = end; i < t.offset; ++i) {
+      a[i] = 5.0f;
+      b[i] = 0.0f;
+    }
+    end = t.offset + t.size;
+  }
+  for (size_t i = end; i < n; ++i) {
+    a[i] = 5.0f;
+    b[i] = 0.0f;
+  }
+  for (int call = 0; call < 3; ++call) {
+    with_gaps.allreduce(a);
+    zeroed.allreduce(b);
+    end = 0;
+    for (const auto& t : tensors) {
+      for (size_t i = end; i < t.offset; ++i) b[i] = 0.0f;  // what the constructor with tensors does
+      end = t.offset + t.size;
+    }
+    for (size_t i = end; i < n; ++i) b[i] = 0.0f;
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(a[i], b[i]) << "call " << call << ", element " << i;
   }
 }
 

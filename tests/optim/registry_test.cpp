@@ -88,6 +88,15 @@ TEST(Registry, ReadsTheOptimizerSectionStrictly) {
   EXPECT_NE(error_of(R"({"type": "ZeroOneAdam", "params": {"max_grad_norm": 1}})").find("optimizer.params.max_grad_norm"),
             std::string::npos);
   EXPECT_NE(error_of(R"({"params": {}})").find("optimizer.type"), std::string::npos);
+  // compression_scale (issue 38): zeroshard's blocks by default, DeepSpeed's per-tensor scales on request.
+  EXPECT_EQ(parse(R"({"type": "OneBitAdam"})").params<OneBitAdamConfig>().compression_scale, CompressionScale::kBlock);
+  EXPECT_EQ(parse(R"({"type": "OneBitAdam", "params": {"compression_scale": "tensor"}})").params<OneBitAdamConfig>().compression_scale,
+            CompressionScale::kTensor);
+  EXPECT_EQ(parse(R"({"type": "ZeroOneAdam", "params": {"compression_scale": "tensor"}})").params<ZeroOneAdamConfig>().compression_scale,
+            CompressionScale::kTensor);
+  const std::string scale = error_of(R"({"type": "OneBitAdam", "params": {"compression_scale": "chunk"}})");
+  EXPECT_NE(scale.find("optimizer.params.compression_scale"), std::string::npos) << scale;
+  EXPECT_NE(scale.find("tensor"), std::string::npos) << scale;
 }
 
 // Resume compatibility is the registry's answer, by state family: the Adam-moment optimizers resume
