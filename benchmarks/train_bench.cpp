@@ -50,6 +50,7 @@
 #include "memory/cpu_features.h"
 #include "nn/detail/gemm.h"
 #include "nn/data.h"
+#include "nn/flops.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
 #include "run/run_config.h"
@@ -181,6 +182,8 @@ int main(int argc, char** argv) {
     engine::Engine eng(model, cfg, group);
     engine::DatasetSource source(nn::Dataset::builtin(gcfg.seq_len), 7);
     CeilingPass ceiling(step_gemms(gcfg, micro));
+    // Model FLOPs utilisation's denominator: this rank's cores, every rank measuring at once.
+    const memory::PeakFlops& peak = nn::product_peak(cfg.compute_dtype());
 
     const int64_t tokens_per_step = micro * gcfg.seq_len * ranks;
     const double flops_per_token = nn::gpt_train_flops_per_token(gcfg, gcfg.seq_len);
@@ -201,6 +204,7 @@ int main(int argc, char** argv) {
     }
     std::vector<double> step_s, pass_s, fwd_s, bwd_s, opt_s;
     double loss = 0;
+    uint64_t model_flops = 0, recompute_flops = 0;  // this rank's, per step (the same every step)
     for (int64_t i = 0; i < steps; ++i) {
       group.barrier();
       const double t0 = bench::now_seconds();
@@ -210,6 +214,8 @@ int main(int argc, char** argv) {
       bwd_s.push_back(bench::slowest(group, r.backward_s));
       opt_s.push_back(bench::slowest(group, r.optimizer_s));
       loss = r.loss;
+      model_flops = r.model_flops;
+      recompute_flops = r.recompute_flops;
       group.barrier();
       if (with_ceiling) pass_s.push_back(ceiling.run());
     }
@@ -220,6 +226,12 @@ int main(int argc, char** argv) {
     const double ceiling_gflops = summed(group, rank_ceiling);
     const double ratio = with_ceiling ? achieved / ceiling_gflops : 0.0;
     const double gemm_s_per_step = with_ceiling ? ceiling.flops() * ranks / (ceiling_gflops * 1e9) : 0.0;
+    // MFU: the kernels' count (nn/flops.h; causal attention's skipped blocks not credited, unlike
+    // flops_per_token's full T x T) over the median step and the ranks' summed peaks.
+    const double step_model_flops = summed(group, static_cast<double>(model_flops));
+    const double step_recompute_flops = summed(group, static_cast<double>(recompute_flops));
+    const double peak_flops = summed(group, peak.flops_per_s);
+    const double mfu = step_model_flops / t_step / peak_flops;
 
     bench::Report report;
     report.benchmark = "train_bench";
@@ -233,7 +245,12 @@ int main(int argc, char** argv) {
     report.results.push_back(boost::json::object{
         {"step_s", t_step}, {"forward_s", bench::median(fwd_s)}, {"backward_s", bench::median(bwd_s)},
         {"optimizer_s", bench::median(opt_s)}, {"tokens_per_step", tokens_per_step}, {"tokens_per_s", tokens_s},
-        {"flops_per_token", flops_per_token}, {"achieved_gflops", achieved}, {"loss", loss}});
+        {"flops_per_token", flops_per_token}, {"achieved_gflops", achieved}, {"loss", loss},
+        {"model_flops_per_step", step_model_flops}, {"recompute_flops_per_step", step_recompute_flops},
+        {"peak_gflops", peak_flops / 1e9}, {"mfu", mfu},
+        {"peak", boost::json::object{{"kind", memory::peak_kind_name(peak.kind)}, {"instruction", peak.instruction},
+                                     {"isa", memory::isa_name(peak.isa)}, {"threads_per_rank", peak.threads},
+                                     {"probe_s", peak.probe_s}}}});
     boost::json::array shapes;
     for (size_t i = 0; i < ceiling.shapes().size(); ++i) {
       const GemmShape& g = ceiling.shapes()[i];
@@ -258,6 +275,10 @@ int main(int argc, char** argv) {
       std::printf("%-30s %12.1f\n", "sgemm ceiling GFLOP/s", ceiling_gflops);
       std::printf("%-30s %12.3f\n", "  its GEMMs alone (s/step)", gemm_s_per_step);
       std::printf("%-30s %12.3f\n", "ratio achieved / ceiling", ratio);
+      std::printf("%-30s %12.3g\n", "model FLOPs/step (kernels)", step_model_flops);
+      std::printf("%-30s %12.1f  (%s, %s, %d thread(s)/rank)\n", "peak GFLOP/s (probe)", peak_flops / 1e9,
+                  std::string(peak.instruction).c_str(), std::string(memory::isa_name(peak.isa)).c_str(), peak.threads);
+      std::printf("%-30s %12.3f\n", "MFU", mfu);
       std::printf("\nceiling shapes (rank 0, %d thread(s)):\n%-20s %5s %5s %5s %3s %3s %6s %9s\n", threads, "gemm", "m",
                   "n", "k", "tA", "tB", "count", "GFLOP/s");
       for (const auto& v : shapes) {

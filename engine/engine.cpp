@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "engine/offload_rules.h"
 #include "engine/detail/engine_impl.h"
+#include "nn/flops.h"
 #include "nn/layers.h"
 #include "nn/threads.h"
 
@@ -299,6 +300,7 @@ float Engine::forward(const nn::Batch& batch) {
                      "backward(), step(); to compute a loss without training, use Engine::eval_batch");
   }
   double t0 = now_seconds();
+  const uint64_t flops0 = nn::flops_performed(), recomputed0 = nn::flops_recomputed();
   memory::DeviceAccess access(*s.backend_);  // layers, hooks and collectives on device memory
   float loss = 0.0f;
   if (!s.startup_logged_ && s.kernels()) [[unlikely]] s.log_startup_collectives();
@@ -320,6 +322,8 @@ float Engine::forward(const nn::Batch& batch) {
   if (s.micro_step_ == 0) {
     s.window_start_s_ = t0;
     s.window_tokens_ = 0;
+    s.flops_at_window_start_ = flops0;
+    s.recomputed_at_window_start_ = recomputed0;
   }
   if (batch.inputs.dtype() == memory::DType::kI32) s.window_tokens_ += batch.inputs.numel();  // token ids
   s.loss_sum_ += loss;

@@ -127,6 +127,11 @@ struct StepReport {
   // Bytes the backend moved between host and device during this step (offload's gradient and
   // parameter traffic; what a GPU user watches on PCIe).
   memory::TransferStats transfers;
+  // FLOPs nn's kernels performed on this rank for this step's micro-batches (nn/flops.h), from the
+  // window's first forward to the update: the model's (model FLOPs utilisation counts these) and,
+  // apart, the recomputation's (activation checkpointing re-runs, selective score recompute).
+  uint64_t model_flops = 0;
+  uint64_t recompute_flops = 0;
 };
 
 // Bytes of the flat model states of this rank, by category (the summary's model_states_bytes).

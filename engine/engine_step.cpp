@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/errors.h"
 #include "engine/detail/engine_impl.h"
+#include "nn/flops.h"
 #include "optim/clip.h"
 
 namespace zs::engine {
@@ -148,6 +149,10 @@ void Engine::Impl::finish_report(StepReport& report, double t0) {
   report.transfers = {moved.host_to_device_bytes - transfers_at_step_start_.host_to_device_bytes,
                       moved.device_to_host_bytes - transfers_at_step_start_.device_to_host_bytes};
   transfers_at_step_start_ = moved;
+  // From the window's first forward: an evaluation between steps is not this step's work.
+  const uint64_t recomputed = nn::flops_recomputed() - recomputed_at_window_start_;
+  report.recompute_flops = recomputed;
+  report.model_flops = nn::flops_performed() - flops_at_window_start_ - recomputed;
 }
 
 void Engine::Impl::restart_window() {

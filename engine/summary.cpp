@@ -9,11 +9,14 @@
 #include <numeric>
 
 #include "core/errors.h"
+#include "nn/flops.h"
 
 namespace zs::engine {
 namespace {
 
-constexpr size_t kFields = 18 + memory::kNumCategories + 3;  // + host->device, device->host transfer bytes, gradient bytes
+// + host->device, device->host transfer bytes, gradient bytes; model and recomputed FLOPs over the timed steps, the
+// cores' peak FLOP/s (model FLOPs utilisation)
+constexpr size_t kFields = 18 + memory::kNumCategories + 3 + 3;
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
 std::vector<std::array<uint64_t, kFields>> gather_u64(const comm::Group& group, const std::array<uint64_t, kFields>& mine) {
@@ -41,6 +44,8 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   losses_.push_back(report.loss);
   step_seconds_.push_back(step_seconds);
   tokens_.push_back(tokens);
+  model_flops_.push_back(report.model_flops);
+  recompute_flops_.push_back(report.recompute_flops);
   if (report.skipped) ++skipped_;
   // Bytes per step by kind: a compressing step (one-bit Adam / 0/1 Adam after their warm-up) against
   // one that averaged gradients.
@@ -51,11 +56,26 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   transfers_.device_to_host_bytes += report.transfers.device_to_host_bytes;
 }
 
+namespace {
+
+// The steps the throughput figures cover: all but the first (warm-up) when there are several.
+template <typename T>
+T timed_sum(const std::vector<T>& per_step) {
+  const size_t first = per_step.size() > 1 ? 1 : 0;
+  return std::accumulate(per_step.begin() + static_cast<long>(first), per_step.end(), T{0});
+}
+
+double ratio(double num, double den) { return den > 0 ? num / den : 0.0; }
+
+}  // namespace
+
 double SummaryRecorder::tokens_per_second() const {
-  size_t first = step_seconds_.size() > 1 ? 1 : 0;
-  double secs = std::accumulate(step_seconds_.begin() + static_cast<long>(first), step_seconds_.end(), 0.0);
-  double toks = static_cast<double>(std::accumulate(tokens_.begin() + static_cast<long>(first), tokens_.end(), int64_t{0}));
-  return secs > 0 ? toks / secs : 0.0;
+  return ratio(static_cast<double>(timed_sum(tokens_)), timed_sum(step_seconds_));
+}
+
+double SummaryRecorder::mfu() const {
+  const double peak = nn::product_peak(engine_.config().compute_dtype()).flops_per_s;
+  return ratio(static_cast<double>(timed_sum(model_flops_)), timed_sum(step_seconds_) * peak);
 }
 
 boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) const {
@@ -73,6 +93,11 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   mine[kTransfers] = transfers_.host_to_device_bytes;
   mine[kTransfers + 1] = transfers_.device_to_host_bytes;
   mine[kTransfers + 2] = exact_steps_.grad_bytes;
+  constexpr size_t kFlops = kTransfers + 3;
+  const memory::PeakFlops& peak = nn::product_peak(engine_.config().compute_dtype());
+  mine[kFlops] = timed_sum(model_flops_);
+  mine[kFlops + 1] = timed_sum(recompute_flops_);
+  mine[kFlops + 2] = static_cast<uint64_t>(peak.flops_per_s);
   auto all = gather_u64(group, mine);
   // Every rank computes the digest (collective at stages >= 1 and with experts); rank 0's goes in.
   std::string digest = engine_.param_digest();
@@ -108,6 +133,31 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   st["max"] = times.empty() ? 0.0 : times.back();
   s["step_time_s"] = std::move(st);
   s["param_digest"] = digest;
+  {
+    // Model FLOPs utilisation (docs/benchmarks.md, "Model FLOPs utilisation"): every rank's kernel-counted
+    // FLOPs over the timed steps (tokens_per_second's), over their time and the ranks' summed peaks.
+    uint64_t model = 0, recomputed = 0, peaks = 0;
+    for (const auto& v : all) {
+      model += v[kFlops];
+      recomputed += v[kFlops + 1];
+      peaks += v[kFlops + 2];
+    }
+    const double secs = timed_sum(step_seconds_);
+    const double timed_steps = static_cast<double>(step_seconds_.size() > 1 ? step_seconds_.size() - 1 : step_seconds_.size());
+    const double achieved = ratio(static_cast<double>(model), secs);
+    s["mfu"] = boost::json::object{
+        {"mfu", ratio(achieved, static_cast<double>(peaks))},
+        {"hfu", ratio(ratio(static_cast<double>(model + recomputed), secs), static_cast<double>(peaks))},
+        {"model_flops_per_step", ratio(static_cast<double>(model), timed_steps)},
+        {"recompute_flops_per_step", ratio(static_cast<double>(recomputed), timed_steps)},
+        {"achieved_flops_per_s", achieved},
+        {"peak_flops_per_s", static_cast<double>(peaks)},
+        {"peak", boost::json::object{{"kind", memory::peak_kind_name(peak.kind)},
+                                     {"instruction", peak.instruction},
+                                     {"isa", memory::isa_name(peak.isa)},
+                                     {"threads_per_rank", peak.threads},
+                                     {"rank0_flops_per_s", peak.flops_per_s}}}};
+  }
   s["device"] = boost::json::object{{"backend", cfg.device.backend}, {"memory_mb", cfg.device.memory_mb}};
   const Engine::OffloadReport off = engine_.offload_report();
   s["offload"] = boost::json::object{{"optimizer", offload_device_name(cfg.zero.offload_optimizer.device)},

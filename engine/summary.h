@@ -29,6 +29,10 @@ class SummaryRecorder {
   void record_eval(int64_t step, double loss) { evals_.emplace_back(step, loss); }
   // Tokens per second over the recorded steps, the first excluded when there are several (warm-up).
   double tokens_per_second() const;
+  // Model FLOPs utilisation of this rank over the same steps as tokens_per_second: its model FLOPs
+  // (StepReport::model_flops) per second over the peak of its cores for the run's compute dtype
+  // (nn::product_peak). The summary's "mfu" object has the figure for all ranks together.
+  double mfu() const;
 
   // Collective over the engine's group: gathers every rank's memory and comm figures and returns the
   // summary object (complete on every rank).
@@ -43,6 +47,7 @@ class SummaryRecorder {
   std::vector<std::pair<int64_t, double>> evals_;
   std::vector<double> step_seconds_;
   std::vector<int64_t> tokens_;
+  std::vector<uint64_t> model_flops_, recompute_flops_;  // this rank's, per step (StepReport)
   int64_t skipped_ = 0;
   struct StepBytes {
     uint64_t steps = 0;

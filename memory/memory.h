@@ -30,6 +30,7 @@
 #include "memory/cpu_features.h"
 #include "memory/guarded_backend.h"
 #include "memory/measuring_backend.h"
+#include "memory/peak_flops.h"
 #include "memory/dtype.h"
 #include "memory/shard.h"
 #include "memory/shared_mapping.h"

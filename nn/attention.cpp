@@ -8,6 +8,7 @@
 #include "nn/detail/gemm.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
+#include "nn/flops.h"
 
 namespace zs::nn {
 
@@ -141,6 +142,7 @@ Tensor detail::causal_attention_backward(Context& ctx, const Tensor& qkv, const 
           detail::gemm(path, rows, r1, hs, scale, Matrix::f32(q + r0 * C3, C3), Matrix::f32(k, C3, true), 0.0f, p_panel,
                        T);
           causal_softmax_panel(p_panel, T, r0, r1);
+          add_flops_recomputed(2 * static_cast<uint64_t>(rows * r1 * hs));  // nn/flops.h
         }
         const float* dyr = dyh + r0 * C;
         detail::gemm(path, rows, r1, hs, 1.0f, Matrix::f32(dyr, C), Matrix::f32(v, C3, true), 0.0f, dp, T);  // dP = dY V^T

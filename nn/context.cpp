@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "core/errors.h"
 #include "nn/detail/parallel.h"
+#include "nn/flops.h"
 #include "nn/model.h"
 #include "nn/module.h"
 
@@ -96,6 +97,7 @@ memory::Tensor Context::forward(Module& child, const memory::Tensor& input) {
 
 void Context::recompute(Module& child) {
   const double t0 = now_seconds();
+  const uint64_t flops0 = flops_performed();
   memory::Tensor input = restore_recompute_input(std::move(child.recompute_input_));
   child.recompute_input_ = {};
   child.recompute_kept_ = false;
@@ -108,6 +110,7 @@ void Context::recompute(Module& child) {
   forward(child, input);  // the output is the forward's; only the saved tensors are wanted
   ++recompute_.modules;
   recompute_.seconds += now_seconds() - t0;
+  add_flops_recomputed(flops_performed() - flops0);  // nn/flops.h: not the model's FLOPs
 }
 
 memory::Tensor Context::backward(Module& child, const memory::Tensor& grad_output) {

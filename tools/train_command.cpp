@@ -31,6 +31,7 @@
 #include "estimate/recompute_budget.h"
 #include "estimate/config_fit.h"
 #include "nn/data.h"
+#include "nn/flops.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
 #include "tools/commands.h"
@@ -264,6 +265,13 @@ int train_command(const std::vector<std::string>& args) {
                                                        cfg.data.min_seq_len, model_cfg.seq_len)
                                          : std::string());
     engine::SummaryRecorder recorder(*engine);
+    // Model FLOPs utilisation's denominator, measured now (every rank at once, each on its own cores)
+    // rather than inside the first step's time (Note [peak probe] in memory/peak_flops.h).
+    const memory::PeakFlops& peak = nn::product_peak(engine->config().compute_dtype());
+    ZS_LOG_INFO("peak: {} ({}, {}) on {} thread(s): {:.1f} GFLOP/s per rank, measured in {:.0f} ms; the progress "
+                "line's mfu is this rank's model FLOPs per second over it",
+                memory::peak_kind_name(peak.kind), peak.instruction, memory::isa_name(peak.isa), peak.threads,
+                peak.flops_per_s / 1e9, peak.probe_s * 1e3);
     // After the engine (Note [Preemption signals] in launch/preemption.h): a first SIGTERM or SIGINT
     // stops the run at the next step boundary (and unlinks the swap files' names at once), a second
     // one ends it at once.
@@ -304,8 +312,10 @@ int train_command(const std::vector<std::string>& args) {
                 ? std::string()
                 : fmt::format(" | host peak {} | nvme {} | to device {} | to host {}", mib(mem.host_peak_bytes),
                               mib(mem.nvme_bytes), mib(r.transfers.host_to_device_bytes), mib(r.transfers.device_to_host_bytes));
-        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{}",
+        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | mfu {:.0f}% | model states {} | "
+                    "device peak {}{}{}",
                     r.step, cfg.train_steps, r.loss, r.lr, static_cast<double>(tokens_per_step) / dt, dt,
+                    100.0 * static_cast<double>(r.model_flops) / (dt * peak.flops_per_s),
                     mib(mem.model_states.params + mem.model_states.grads + mem.model_states.optimizer),
                     mib(mem.device_peak_bytes), offloaded, r.skipped ? " | overflow: step skipped" : "");
         if (moe_model != nullptr) {
@@ -378,7 +388,8 @@ int train_command(const std::vector<std::string>& args) {
       return 1;
     }
     if (!recorder.loss_history().empty()) {
-      ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s", recorder.loss_history().back(), recorder.tokens_per_second());
+      ZS_LOG_INFO("done: final loss {:.4f}, {:.0f} tokens/s, mfu {:.1f}%", recorder.loss_history().back(),
+                  recorder.tokens_per_second(), 100.0 * recorder.mfu());
     }
     write_summary();
   } catch (const std::exception& e) {

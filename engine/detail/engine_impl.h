@@ -95,6 +95,7 @@ class Engine::Impl final : public ModuleHooks {
   uint64_t bytes_sent_at_step_start_ = 0;
   uint64_t grad_bytes_sent_at_step_start_ = 0;  // the reducers' bytes_sent, summed over the sets
   memory::TransferStats transfers_at_step_start_;
+  uint64_t flops_at_window_start_ = 0, recomputed_at_window_start_ = 0;  // nn/flops.h's counters
   // Device access held from the boundary backward until step() has waited for its reductions:
   // nonblocking collectives write device memory in between (memory::DeviceAccess).
   std::optional<memory::DeviceAccess> reductions_access_;
