@@ -1,5 +1,6 @@
 # zs_check_summary(FILE NP): checks a `zeroshard train --summary` file against the summary fields of README.md
-# (section "Train with your own config") with CMake's string(JSON) (no python needed): every field present with a sensible value,
+# (section "Train with your own config") with CMake's string(JSON) (no python needed): every field present with a sensible value
+# (model FLOPs utilisation between 0 and 1),
 # one memory and one comm entry per rank, and a loss that fell (last below first).
 
 # _zs_get(out json path...): a field, or a fatal error naming its path.
@@ -45,6 +46,22 @@ function(zs_check_summary file np)
   _zs_expect(digest MATCHES "^[0-9a-f]+$")
   string(LENGTH "${digest}" digest_len)
   _zs_expect(digest_len EQUAL 64)
+
+  # Model FLOPs utilisation (docs/benchmarks.md): kernel-counted FLOPs per step over the probed peak.
+  _zs_get(mfu "${s}" mfu mfu)
+  _zs_expect(mfu GREATER 0 AND mfu LESS 1)
+  _zs_get(hfu "${s}" mfu hfu)
+  _zs_expect(hfu GREATER_EQUAL mfu AND hfu LESS 1)
+  foreach(k model_flops_per_step achieved_flops_per_s peak_flops_per_s)
+    _zs_get(v "${s}" mfu ${k})
+    _zs_expect(v GREATER 0)
+  endforeach()
+  _zs_get(recomputed "${s}" mfu recompute_flops_per_step)
+  _zs_expect(recomputed GREATER_EQUAL 0)
+  _zs_get(instruction "${s}" mfu peak instruction)
+  _zs_expect(instruction MATCHES "^(vfmadd231ps [yz]mm|vdpbf16ps zmm|mulps [+] addps xmm)$")
+  _zs_get(peak_threads "${s}" mfu peak threads_per_rank)
+  _zs_expect(peak_threads GREATER_EQUAL 1)
 
   # One loss per step; the final loss is the last one, and it is below the first.
   string(JSON n_hist LENGTH "${s}" loss_history)
