@@ -63,7 +63,7 @@ Probe probe_for(PeakKind kind, IsaLevel isa) {
 // Note [peak probe] in peak_flops.h. 2048 rounds of 12-16 chains: 5-25 us per trial, long against the
 // clock's reading (~25 ns) and short against a scheduler's time slice, so most trials run whole.
 constexpr int64_t kIterations = 2048;
-constexpr double kTrialWindowS = 0.02;  // each thread's trials, after the start line
+constexpr double kTrialWindowS = 0.01;  // each thread's trials, after the start line
 constexpr double kStartLineS = 0.2;     // a worker later than this (a loaded machine) starts alone
 
 struct Run {

@@ -15,7 +15,7 @@
 //   kFp32Fma  vfmadd231ps on the widest vector of best_isa() (zmm under AVX-512, ymm under AVX2; the
 //             --isa cap lowers it like every kernel choice), mulps + addps on xmm at kScalar
 //   kBf16Dot  vdpbf16ps zmm (AVX512-BF16): 32 multiply-adds per instruction
-// About 20 ms per kind; results are kept per (kind, isa, threads) for the life of the process.
+// About 10 ms per kind; results are kept per (kind, isa, threads) for the life of the process.
 // Thread-safe.
 #pragma once
 

@@ -8,6 +8,7 @@
 #include "core/errors.h"
 #include "memory/cpu_features.h"
 #include "memory/dtype.h"
+#include "memory/peak_flops.h"
 #include "nn/detail/gemm_kernels.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
@@ -43,7 +44,9 @@ Bf16GemmChoice choose_bf16_path() {
   if (memory::best_isa() < memory::IsaLevel::kAvx512) return {GemmPath::kSgemm, 0.0, "AVX-512 kernels are off (--isa)"};
   if (want == "native") return {GemmPath::kAvx512Bf16, 0.0, "ZS_BF16_GEMM=native"};
   if (want == "sgemm") return {GemmPath::kSgemm, 0.0, "ZS_BF16_GEMM=sgemm"};
-  const double ratio = avx512bf16_rate_over_fma();
+  // Note [bf16 product rate]: one core's rates, as the kernel's per-core blocks see them.
+  const double ratio = memory::peak_flops(memory::PeakKind::kBf16Dot, 1).flops_per_s /
+                       memory::peak_flops(memory::PeakKind::kFp32Fma, 1).flops_per_s;
   if (ratio >= kMinBf16RateOverFma) return {GemmPath::kAvx512Bf16, ratio, "vdpbf16ps outruns fp32 FMAs here"};
   return {GemmPath::kSgemm, ratio, "vdpbf16ps does not outrun fp32 FMAs here"};
 }

@@ -54,8 +54,9 @@ struct Matrix {
 // two fp32 FMAs per cycle but vdpbf16ps at half that rate: the kernel ran the GPTs' products at 80
 // GFLOP/s per core against OpenBLAS sgemm's 147, and bf16 training at 0.56-0.69x of fp32
 // (docs/benchmarks.md, "bf16 products by the core's rates"). So the choice is measured, not assumed:
-// a register-only probe (avx512bf16_rate_over_fma in gemm_kernels.h, about 1 ms, no memory, no
-// threads) compares the two instructions' flop rates once per process, and the kernel is taken when
+// the register-only peak probe (memory/peak_flops.h, one thread, about 20 ms for both; the same figures model
+// FLOPs utilisation divides by) compares the two instructions' flop rates once per process, and the
+// kernel is taken when
 // vdpbf16ps does at least kMinBf16RateOverFma times the FMA's flops. The rates differ by about 4x
 // between the two kinds of core, so the margin keeps the choice from flipping with noise.
 // The environment variable ZS_BF16_GEMM overrides the probe: "native" takes the kernel wherever the

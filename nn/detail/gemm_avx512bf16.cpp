@@ -38,7 +38,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -383,55 +382,6 @@ void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix&
   // One region; every thread (the caller first) claims tasks until none is left, so a worker that
   // wakes late only takes fewer tiles (Note [bf16 kernel scheduling]).
   parallel_for(threads, 1, [&](int64_t, int64_t, int) { schedule.run(alpha, a, b, beta, c, ldc); });
-}
-
-namespace {
-
-// kChains independent accumulators, so the loop is bound by the instruction's throughput, not its
-// latency (5-6 cycles; at most 2 per cycle on current cores).
-constexpr int kChains = 16;
-constexpr int kProbeIterations = 2048;
-
-// Seconds for kProbeIterations x kChains instructions of `step`; the accumulators end in `sink` so
-// the compiler keeps the loop.
-template <class Step>
-double time_chains(Step step, volatile float& sink) {
-  __m512 acc[kChains];
-  for (int j = 0; j < kChains; ++j) acc[j] = _mm512_set1_ps(static_cast<float>(j));
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kProbeIterations; ++i) {
-    for (int j = 0; j < kChains; ++j) acc[j] = step(acc[j]);
-  }
-  const auto t1 = std::chrono::steady_clock::now();
-  __m512 total = acc[0];
-  for (int j = 1; j < kChains; ++j) total = _mm512_add_ps(total, acc[j]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, total);  // (GCC 12 warns falsely inside _mm512_reduce_add_ps)
-  float sum = 0.0f;
-  for (float v : lanes) sum += v;
-  sink = sum;
-  return std::chrono::duration<double>(t1 - t0).count();
-}
-
-}  // namespace
-
-double avx512bf16_rate_over_fma() {
-  volatile float sink = 0.0f;
-  const __m512 x = _mm512_set1_ps(1.0f + 0x1p-20f);
-  const __m512 y = _mm512_set1_ps(1.0f - 0x1p-20f);
-  const __m512bh xb = (__m512bh)_mm512_set1_epi16(0x3f80);  // bf16 1.0
-  const __m512bh yb = (__m512bh)_mm512_set1_epi16(0x3f81);
-  auto fma = [&](__m512 acc) { return _mm512_fmadd_ps(x, y, acc); };
-  auto dot = [&](__m512 acc) { return _mm512_dpbf16_ps(acc, xb, yb); };
-  // Alternating trials, best of each: a preemption or an AVX-512 frequency change spoils single
-  // trials, not the minimum. The first trials also bring the core up to its AVX-512 clock.
-  double fma_s = 1e9, dot_s = 1e9;
-  for (int trial = 0; trial < 24; ++trial) {
-    fma_s = std::min(fma_s, time_chains(fma, sink));
-    dot_s = std::min(dot_s, time_chains(dot, sink));
-  }
-  // vfmadd231ps: 16 multiply-adds (32 flops); vdpbf16ps: 32 (64 flops).
-  return dot_s > 0.0 ? 2.0 * fma_s / dot_s : 0.0;
 }
 
 }  // namespace zs::nn::detail

@@ -12,9 +12,4 @@ namespace zs::nn::detail {
 void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
                      float* c, int64_t ldc);
 
-// Note [bf16 product rate]: the flop rate of vdpbf16ps over that of vfmadd231ps on this core (zmm,
-// register operands, 16 independent chains, best of several short trials: about 1 ms). Call only
-// where memory::cpu_has_avx512_bf16().
-double avx512bf16_rate_over_fma();
-
 }  // namespace zs::nn::detail
