@@ -28,6 +28,10 @@
 //   ratio            = achieved / ceiling (median step vs median pass).
 // The FLOP count is the model's (full T x T attention), so an attention that skips masked blocks is
 // credited as in the usual model-FLOPs utilisation.
+//   mfu              = the step's FLOPs as the kernels counted them (StepReport::model_flops: causal
+//                      panels only, recomputation apart), summed over ranks, / median step / the
+//                      ranks' summed peaks (nn::product_peak: the probe of memory/peak_flops.h for
+//                      the run's compute dtype); docs/benchmarks.md, "Model FLOPs utilisation".
 #include <cblas.h>
 
 #include <algorithm>
