@@ -44,6 +44,54 @@ std::vector<std::string> allgather_strings(const comm::Group& g, const std::stri
 // prefixed with that rank; an error of no checkpoint-related kind becomes a CheckpointError.
 void agreed(const comm::Group& g, const std::function<void()>& fn) { comm::run_agreed<CheckpointError>(g, fn); }
 
+std::vector<std::string> CheckpointRanks::allgather(const std::string& mine) const {
+  if (!tp_) return allgather_strings(dp_, mine);
+  // Over the data-parallel group, then the tensor-parallel group's packed results: [t][d] is rank t + tp * d.
+  std::string packed;
+  for (const std::string& s : allgather_strings(dp_, mine)) packed += fmt::format("{}\n{}", s.size(), s);
+  const std::vector<std::string> by_tp = allgather_strings(*tp_, packed);
+  const int tp = tp_size();
+  std::vector<std::string> out(static_cast<size_t>(size()));
+  for (int t = 0; t < tp; ++t) {
+    const std::string& p = by_tp[static_cast<size_t>(t)];
+    size_t at = 0;
+    for (int d = 0; d < dp_.size(); ++d) {
+      const size_t nl = p.find('\n', at);
+      const size_t len = std::stoull(p.substr(at, nl - at));
+      out[static_cast<size_t>(t + tp * d)] = p.substr(nl + 1, len);
+      at = nl + 1 + len;
+    }
+  }
+  return out;
+}
+
+void CheckpointRanks::agreed(const std::function<void()>& fn) const {
+  if (!tp_) {
+    engine::agreed(dp_, fn);
+    return;
+  }
+  // The data-parallel group agrees first; its failure, named by checkpoint rank, is then agreed over
+  // the tensor-parallel group, so every rank throws the same error.
+  std::exception_ptr local;
+  try {
+    fn();
+  } catch (...) {
+    local = std::current_exception();
+  }
+  std::exception_ptr mine;
+  if (std::optional<comm::RankFailure> f = comm::agree_outcome(dp_, local)) {
+    try {
+      comm::detail::throw_failure(*f, fmt::format("rank {}: {}", tp_rank() + tp_size() * f->rank, f->message));
+    } catch (...) {
+      mine = std::current_exception();
+    }
+  }
+  if (std::optional<comm::RankFailure> f = comm::agree_outcome(*tp_, mine)) {
+    if (f->kind == comm::ErrorKind::kOther) throw CheckpointError(f->message);
+    comm::detail::throw_failure(*f, f->message);
+  }
+}
+
 std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // The description of this rank's items, for the layout every rank builds from all of them:
