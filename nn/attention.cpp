@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "nn/detail/attention.h"
 #include "nn/detail/gemm.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
@@ -47,22 +48,13 @@ void causal_softmax_panel(float* panel, int64_t T, int64_t r0, int64_t r1) {
 
 }  // namespace
 
-Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
-  ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "CausalSelfAttention: expected (B, T, {}), got {}", d_,
-            memory::shape_string(x.shape()));
-  const int64_t B = x.size(0), T = x.size(1), C = d_, H = n_head_, hs = d_ / n_head_, C3 = 3 * d_;
+Tensor detail::causal_attention_forward(Context& ctx, const Tensor& qkv, int64_t n_head, detail::GemmPath path,
+                                       bool keep_probs, Tensor* probs_out, const detail::SingleThreadedBlas& blas) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3, H = n_head, hs = C / n_head;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const bool train = ctx.training();
-
-  Tensor qkv = ctx.forward(qkv_, x);
-  compute_dtype_ = qkv_.weight_dtype();
-  const detail::GemmPath path = detail::gemm_path_for(compute_dtype_);
   Tensor y = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kActivation);
-  // Heads run in parallel, each product single-threaded: a head's T x T x hs products are too
-  // small for OpenBLAS to split well (Note [compute threads], nn/detail/parallel.h).
-  detail::SingleThreadedBlas blas;
   const int chunks = detail::parallel_chunks(blas.threads(), B * H, 1);
-  const bool keep = train && !recompute_scores_;  // P saved for backward
+  const bool keep = keep_probs;  // P saved for backward
   Tensor probs = keep ? ctx.allocate({B, H, T, T}, DType::kF32, MemoryUse::kActivation)
                       : ctx.allocate({chunks, T, T}, DType::kF32, MemoryUse::kScratch);
   const float* qp = qkv.data<float>();
@@ -85,27 +77,41 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
       }
     }
   });
+  *probs_out = probs;
+  return y;
+}
+
+Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
+  ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "CausalSelfAttention: expected (B, T, {}), got {}", d_,
+            memory::shape_string(x.shape()));
+  const bool train = ctx.training();
+  Tensor qkv = ctx.forward(qkv_, x);
+  compute_dtype_ = qkv_.weight_dtype();
+  const bool keep = train && !recompute_scores_;  // P saved for backward
+  // Heads run in parallel, each product single-threaded: a head's T x T x hs products are too
+  // small for OpenBLAS to split well (Note [compute threads], nn/detail/parallel.h).
+  detail::SingleThreadedBlas blas;
+  Tensor probs;  // P, or the kernels' scratch: freed after proj's forward
+  Tensor y =
+      detail::causal_attention_forward(ctx, qkv, n_head_, detail::gemm_path_for(compute_dtype_), keep, &probs, blas);
   if (train) qkv_out_ = qkv;
   if (keep) probs_ = probs;
   return ctx.forward(proj_, y);
 }
 
-Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
-  ZS_ASSERT(qkv_out_.raw() != nullptr, "CausalSelfAttention backward without saved state");
-  const int64_t B = qkv_out_.size(0), T = qkv_out_.size(1), C = d_, H = n_head_, hs = d_ / n_head_, C3 = 3 * d_;
+Tensor detail::causal_attention_backward(Context& ctx, const Tensor& qkv, const Tensor& probs, const Tensor& dy,
+                                        int64_t n_head, detail::GemmPath path, AttentionScratch* scratch,
+                                        const detail::SingleThreadedBlas& blas) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C3 = qkv.size(2), C = C3 / 3, H = n_head, hs = C / n_head;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-
-  Tensor dy = ctx.backward(proj_, dout);  // (B, T, C)
-  const detail::GemmPath path = detail::gemm_path_for(compute_dtype_);
   Tensor dqkv = ctx.allocate({B, T, C3}, DType::kF32, MemoryUse::kGradient);
-  detail::SingleThreadedBlas blas;
   const int chunks = detail::parallel_chunks(blas.threads(), B * H, 1);
   Tensor dp_buf = ctx.allocate({chunks, kPanel, T}, DType::kF32, MemoryUse::kScratch);
   // Selective recompute: one panel of P per chunk, recomputed as the forward computed it.
-  const bool recompute = probs_.raw() == nullptr;
+  const bool recompute = probs.raw() == nullptr;
   Tensor p_buf = recompute ? ctx.allocate({chunks, kPanel, T}, DType::kF32, MemoryUse::kScratch) : Tensor();
-  const float* qp = qkv_out_.data<float>();
-  const float* pp = recompute ? nullptr : probs_.data<float>();
+  const float* qp = qkv.data<float>();
+  const float* pp = recompute ? nullptr : probs.data<float>();
   float* pbp = recompute ? p_buf.data<float>() : nullptr;
   const float* dyp = dy.data<float>();
   float* dqkvp = dqkv.data<float>();
@@ -156,6 +162,18 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
       }
     }
   });
+  scratch->a = dp_buf;
+  scratch->b = p_buf;
+  return dqkv;
+}
+
+Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
+  ZS_ASSERT(qkv_out_.raw() != nullptr, "CausalSelfAttention backward without saved state");
+  Tensor dy = ctx.backward(proj_, dout);  // (B, T, C)
+  detail::SingleThreadedBlas blas;
+  detail::AttentionScratch scratch;  // freed after qkv's backward
+  Tensor dqkv = detail::causal_attention_backward(ctx, qkv_out_, probs_, dy, n_head_,
+                                                  detail::gemm_path_for(compute_dtype_), &scratch, blas);
   clear_own_saved();
   return ctx.backward(qkv_, dqkv);
 }

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "nn/detail/gemm.h"
+#include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 #include "nn/param_access.h"
@@ -37,6 +38,48 @@ Tensor weight_for(Context& ctx, const Parameter& p) {
 }
 }  // namespace
 
+Tensor detail::linear_forward(Context& ctx, const Tensor& x, int64_t n, const Parameter& weight, const Parameter* bias,
+                              DType* weight_dtype) {
+  const int64_t out = weight.shape()[0], in = weight.shape()[1];
+  const Tensor w = weight_for(ctx, weight);
+  if (weight_dtype != nullptr) *weight_dtype = weight.data().dtype();
+  Tensor y = ctx.allocate(detail::with_last_dim(x.shape(), out), DType::kF32, MemoryUse::kActivation);
+  float* yp = y.data<float>();
+  if (bias != nullptr) {
+    // Broadcast the bias into y and let sgemm accumulate on top (beta = 1): one pass over y.
+    Tensor b = weight_f32(ctx, *bias);
+    const float* bp = b.data<float>();
+    detail::parallel_for(n, 64, [=](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) std::copy_n(bp, out, yp + r * out);
+    });
+  }
+  detail::gemm(detail::gemm_path_for(w.dtype()), n, out, in, 1.0f, Matrix::f32(x.data<float>(), in),
+               Matrix::of(w, /*trans=*/true), bias ? 1.0f : 0.0f, yp, out);
+  return y;
+}
+
+Tensor detail::linear_backward(Context& ctx, const Tensor& dy, int64_t n, const Tensor& x, Parameter& weight,
+                               Parameter* bias) {
+  const int64_t out = weight.shape()[0], in = weight.shape()[1];
+  const float* dyp = dy.data<float>();
+  const Tensor w = weight_for(ctx, weight);
+  const detail::GemmPath path = detail::gemm_path_for(w.dtype());
+  Tensor dx = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kGradient);
+  detail::gemm(path, n, in, out, 1.0f, Matrix::f32(dyp, out), Matrix::of(w), 0.0f, dx.data<float>(), in);
+  {
+    GradAccumulator gw(ctx, weight);
+    detail::gemm(path, out, in, n, 1.0f, Matrix::f32(dyp, out, /*trans=*/true), Matrix::f32(x.data<float>(), in), 1.0f,
+                 gw.data(), in);
+    gw.commit();
+  }
+  if (bias != nullptr) {
+    GradAccumulator gb(ctx, *bias);
+    detail::sum_rows_into(dyp, n, out, 1, gb.data());
+    gb.commit();
+  }
+  return dx;
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_std)
     : in_(in_features),
       out_(out_features),
@@ -46,21 +89,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_
 
 Tensor Linear::forward(Context& ctx, const Tensor& x) {
   const int64_t n = detail::rows_of(x, in_, "Linear");
-  const Tensor w = weight_for(ctx, weight_);
-  weight_dtype_ = weight_.data().dtype();
-  Tensor y = ctx.allocate(detail::with_last_dim(x.shape(), out_), DType::kF32, MemoryUse::kActivation);
-  float* yp = y.data<float>();
-  if (bias_ != nullptr) {
-    // Broadcast the bias into y and let sgemm accumulate on top (beta = 1): one pass over y.
-    Tensor b = weight_f32(ctx, *bias_);
-    const float* bp = b.data<float>();
-    const int64_t out = out_;
-    detail::parallel_for(n, 64, [=](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) std::copy_n(bp, out, yp + r * out);
-    });
-  }
-  detail::gemm(detail::gemm_path_for(w.dtype()), n, out_, in_, 1.0f, Matrix::f32(x.data<float>(), in_),
-               Matrix::of(w, /*trans=*/true), bias_ ? 1.0f : 0.0f, yp, out_);
+  Tensor y = detail::linear_forward(ctx, x, n, weight_, bias_, &weight_dtype_);
   if (ctx.training()) input_ = x;
   return y;
 }
@@ -69,22 +98,7 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = detail::rows_of(dy, out_, "Linear backward");
   ZS_MODEL_CHECK(input_.numel() == n * in_, "Linear backward: saved input {} does not match dy {}",
             memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
-  const float* dyp = dy.data<float>();
-  const Tensor w = weight_for(ctx, weight_);
-  const detail::GemmPath path = detail::gemm_path_for(w.dtype());
-  Tensor dx = ctx.allocate(input_.shape(), DType::kF32, MemoryUse::kGradient);
-  detail::gemm(path, n, in_, out_, 1.0f, Matrix::f32(dyp, out_), Matrix::of(w), 0.0f, dx.data<float>(), in_);
-  {
-    GradAccumulator gw(ctx, weight_);
-    detail::gemm(path, out_, in_, n, 1.0f, Matrix::f32(dyp, out_, /*trans=*/true), Matrix::f32(input_.data<float>(), in_),
-                 1.0f, gw.data(), in_);
-    gw.commit();
-  }
-  if (bias_ != nullptr) {
-    GradAccumulator gb(ctx, *bias_);
-    detail::sum_rows_into(dyp, n, out_, 1, gb.data());
-    gb.commit();
-  }
+  Tensor dx = detail::linear_backward(ctx, dy, n, input_, weight_, bias_);
   input_ = {};
   return dx;
 }

@@ -1,0 +1,27 @@
+// Internal: the products of nn::Linear, for every layer that holds a linear map's parameters itself
+// (nn::Linear, and tp/'s column- and row-parallel linears, which add collectives around them): one
+// implementation of y = x W^T + b and its backward, on the GEMM path the weight's dtype selects
+// (Note [bf16 products] in nn/detail/gemm.h).
+#pragma once
+
+#include <cstdint>
+
+#include "memory/tensor.h"
+#include "nn/context.h"
+#include "nn/parameter.h"
+
+namespace zs::nn::detail {
+
+// y = x W^T (+ bias broadcast over the rows when bias != nullptr): x (..., in) with n rows, W (out, in);
+// y is a fresh kActivation tensor (..., out). `weight_dtype` receives W's storage dtype (the products'
+// precision, nn::Linear::weight_dtype).
+memory::Tensor linear_forward(Context& ctx, const memory::Tensor& x, int64_t n, const Parameter& weight,
+                              const Parameter* bias, memory::DType* weight_dtype = nullptr);
+
+// The backward of linear_forward for dy (n rows of out) and the forward's input x (n rows of in):
+// returns dx = dy W, a fresh kGradient tensor shaped as x; accumulates weight.grad += dy^T x and, when
+// bias != nullptr, bias.grad += the column sums of dy.
+memory::Tensor linear_backward(Context& ctx, const memory::Tensor& dy, int64_t n, const memory::Tensor& x,
+                               Parameter& weight, Parameter* bias);
+
+}  // namespace zs::nn::detail
