@@ -510,6 +510,7 @@ CheckpointAccess Engine::checkpoint_access() {
   Impl& s = *impl_;
   return CheckpointAccess{.config = config_,
                           .group = group_,
+                          .tensor_parallel = tp_,
                           .sets = s.sets_,
                           .compressed = s.compressed_ ? &*s.compressed_ : nullptr,
                           .specs = s.env_.specs,

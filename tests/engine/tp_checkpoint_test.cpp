@@ -42,10 +42,10 @@ struct SliceSpec {
 // The parameters: column-parallel rows (one run), a fused qkv-like weight (3 runs), row-parallel
 // columns (a run per row), and a replicated one. Rows of 64 keep CAdam's 32-element blocks whole.
 std::vector<SliceSpec> slice_specs(int64_t cols = 64) {
-  return {{"col.weight", {8, cols}, 0, 1, false},
-          {"qkv.weight", {6, cols}, 0, 3, false},
-          {"row.weight", {5, cols}, 1, 1, false},
-          {"row.bias", {40}, 0, 1, true}};
+  return {{"col_weight", {8, cols}, 0, 1, false},
+          {"qkv_weight", {6, cols}, 0, 3, false},
+          {"row_weight", {5, cols}, 1, 1, false},
+          {"row_bias", {40}, 0, 1, true}};
 }
 
 // Target of full element f for sample value s: s * t(f).
@@ -303,17 +303,17 @@ TEST(TensorParallelCheckpoint, RefusesAnotherShapeAndCutBlocks) {
     SliceModel model(slice_specs(96), &world);
     Engine engine(model, slice_config(1, 1), own, world);
     expect_everywhere(world, [&] { engine.load_checkpoint((dir / "tp2").string()); },
-                      "parameter 'slices.col.weight' has shape [8, 64] there but [8, 96] in this model (this rank's "
+                      "parameter 'slices.col_weight' has shape [8, 64] there but [8, 96] in this model (this rank's "
                       "slice [4, 96]");
   }
   {
     // CAdam keeps a scale per 32 elements: a slice of 48-element rows is runs of 24.
-    SliceModel model({{"col.weight", {8, 64}, 0}, {"row.weight", {5, 48}, 1}}, &world);
+    SliceModel model({{"col_weight", {8, 64}, 0}, {"row_weight", {5, 48}, 1}}, &world);
     Engine engine(model, slice_config(1, 1, "CAdam"), own, world);
     SliceData data(kBatch);
     engine.train_batch(data);
     expect_everywhere(world, [&] { engine.save_checkpoint((dir / "cadam").string()); },
-                      "parameter 'slices.row.weight' (shape [5, 24], slice 0 of 2 along dim 1, stride 1, of the full "
+                      "parameter 'slices.row_weight' (shape [5, 24], slice 0 of 2 along dim 1, stride 1, of the full "
                       "shape [5, 48]): the optimizer states 'exp_avg_q', 'exp_avg_scale' of CAdam are kept per block "
                       "of 32 elements");
   }
