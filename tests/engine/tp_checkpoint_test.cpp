@@ -7,6 +7,10 @@
 //     whole tensors bit for bit), continued with the losses of the run never interrupted, saved, and
 //     loaded back at tp 2; consolidate gives the whole tensors; compare finds the tp 2 and tp 1
 //     runs' checkpoints equal (layout aside). Errors: another full shape, CAdam's blocks cut by a slice.
+//   - tp::GptModel (np 4): saved at dp 2 x tp 2, ZeRO-3, loaded at dp 4 x tp 1 ZeRO-1 and at dp 1 x tp 4
+//     ZeRO-2 with cpu offload: the saved full tensors bit for bit, then the losses of the run never
+//     interrupted (1e-5 relative); the consolidated tensors are the saved ones and, within 1e-5, the
+//     tp 1 run's.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,14 +18,19 @@
 #include <map>
 
 #include "checkpoint/h5.h"
+#include "comm/topology.h"
 #include "checkpoint/tools.h"
 #include "core/errors.h"
+#include "engine/dataset_source.h"
 #include "engine/engine.h"
+#include "nn/data.h"
+#include "nn/gpt.h"
 #include "nn/nn.h"
 #include "optim/adam.h"
 #include "optim/cadam.h"
 #include "run/run_config.h"
 #include "tests/support/mpi_test_env.h"
+#include "tp/gpt.h"
 
 namespace zs::engine {
 namespace {
@@ -316,6 +325,112 @@ TEST(TensorParallelCheckpoint, RefusesAnotherShapeAndCutBlocks) {
                       "parameter 'slices.row_weight' (shape [5, 24], slice 0 of 2 along dim 1, stride 1, of the full "
                       "shape [5, 48]): the optimizer states 'exp_avg_q', 'exp_avg_scale' of CAdam are kept per block "
                       "of 32 elements");
+  }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
+}
+
+// The tiny GPT every degree 1, 2 and 4 divides (heads, MLP width, vocabulary).
+nn::GptConfig tp_gpt() { return {.n_layer = 2, .d_model = 32, .n_head = 4, .seq_len = 8, .vocab_size = 256}; }
+
+zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload = OffloadDevice::kNone) {
+  zs::run::RunConfig c;
+  c.batch = resolve_batch(8, 0, 1, dp);
+  c.zero.stage = stage;
+  c.zero.reduce_bucket_size = 3000;
+  c.zero.allgather_bucket_size = 5000;
+  c.zero.stage3_param_persistence_threshold = 100;
+  c.zero.offload_optimizer.device = offload;
+  c.optimizer = OptimizerConfig("AdamW", optim::AdamConfig{.lr = 3e-3, .weight_decay = 0.1});
+  c.gradient_clipping = 1.0;
+  c.device.memory_mb = 32;
+  c.seed = 42;
+  c.model = tp_gpt();
+  return c;
+}
+
+// A run of the GPT at tp (dp = world / tp) and `stage`: loads `load`, trains to step `to`, saving to
+// `save` at step `save_at`; fp32 full tensors after the load, at the save and at the end.
+struct GptRun {
+  std::vector<double> losses;  // of steps [from, to)
+  std::map<std::string, std::vector<float>> loaded, saved, final;
+};
+
+GptRun run_gpt(const comm::Group& world, int tp, int stage, OffloadDevice offload, int to, const fs::path& load,
+               const fs::path& save = {}, int save_at = -1) {
+  comm::Topology topo(world, {.tensor_parallel_size = tp});
+  const zs::run::RunConfig cfg = gpt_config(topo.data_parallel_size(), stage, offload);
+  std::unique_ptr<nn::Model> model;
+  std::unique_ptr<Engine> engine;
+  if (tp == 1) {
+    model = std::make_unique<nn::GptModel>(*cfg.model);
+    engine = std::make_unique<Engine>(*model, cfg, world);
+  } else {
+    model = std::make_unique<tp::GptModel>(*cfg.model, tp::TensorParallelConfig{.tensor_parallel_size = tp},
+                                           &topo.tensor_parallel());
+    engine = std::make_unique<Engine>(*model, cfg, topo.data_parallel(), topo.tensor_parallel());
+  }
+  DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
+  GptRun r;
+  if (!load.empty()) {
+    engine->load_checkpoint(load.string());
+    r.loaded = full_params(*engine, *model);
+  }
+  while (engine->global_step() < to) {
+    r.losses.push_back(engine->train_batch(source).loss);
+    if (engine->global_step() == save_at) {
+      engine->save_checkpoint(save.string());
+      r.saved = full_params(*engine, *model);
+    }
+  }
+  r.final = full_params(*engine, *model);
+  return r;
+}
+
+void expect_close(const std::map<std::string, std::vector<float>>& got,
+                  const std::map<std::string, std::vector<float>>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, values] : want) {
+    const std::vector<float>& g = got.at(name);
+    ASSERT_EQ(g.size(), values.size()) << what << ": " << name;
+    for (size_t i = 0; i < values.size(); ++i) ASSERT_NEAR(g[i], values[i], 1e-5) << what << ": " << name << "[" << i << "]";
+  }
+}
+
+TEST(TensorParallelCheckpoint, GptSavedAtDp2Tp2ResumesAtDp4Tp1AndDp1Tp4) {
+  const comm::Group& world = test::world().group();
+  if (world.size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+  const fs::path dir = shared_dir(world, "gpt");
+  // Uninterrupted at dp 2 x tp 2, ZeRO-3, 6 steps; saved at step 3.
+  const GptRun straight = run_gpt(world, 2, 3, OffloadDevice::kNone, 6, {}, dir / "dp2tp2", 3);
+  const GptRun tp1 = run_gpt(world, 1, 1, OffloadDevice::kNone, 3, {});  // the tp = 1 model's first 3 steps
+  struct Resume {
+    int tp, stage;
+    OffloadDevice offload;
+  };
+  for (const Resume& c : {Resume{1, 1, OffloadDevice::kNone}, Resume{4, 2, OffloadDevice::kCpu}}) {
+    const std::string what = fmt::format("dp {} x tp {}, ZeRO-{}", 4 / c.tp, c.tp, c.stage);
+    const GptRun resumed = run_gpt(world, c.tp, c.stage, c.offload, 6, dir / "dp2tp2");
+    EXPECT_EQ(resumed.loaded, straight.saved) << what;  // bit for bit
+    ASSERT_EQ(resumed.losses.size(), 3u) << what;
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(resumed.losses[i], straight.losses[3 + i], 1e-5 * std::abs(straight.losses[3 + i]))
+          << what << ", step " << 4 + i;
+    }
+  }
+  if (world.rank() == 0) {
+    const fs::path out = dir / "full.h5";
+    checkpoint::consolidate(dir / "dp2tp2", out);
+    checkpoint::h5::Handle file = checkpoint::h5::file_open(out);
+    std::map<std::string, std::vector<float>> whole;
+    for (const auto& [name, values] : straight.saved) {
+      checkpoint::h5::Handle ds = checkpoint::h5::dataset_open(file.get(), name.c_str(), out);
+      std::vector<float>& got = whole[name];
+      got.resize(values.size());
+      ASSERT_GE(H5Dread(ds.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, got.data()), 0) << name;
+    }
+    EXPECT_EQ(whole, straight.saved);
+    expect_close(whole, tp1.final, "consolidated against the tp 1 run");
   }
   world.barrier();
   if (world.rank() == 0) fs::remove_all(dir);
