@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 #include "comm/agree.h"
@@ -98,8 +99,11 @@ std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}
 //   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
 std::string describe(const std::vector<Item>& items) {
   std::string out;
+  std::set<std::string_view> described;  // each tensor once (a tensor-parallel slice is many items)
   for (const Item& it : items) {
-    out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
+    if (described.insert(it.tensor).second) {
+      out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
+    }
     out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
   }
   return out;

@@ -7,8 +7,8 @@
 //     whole tensors bit for bit), continued with the losses of the run never interrupted, saved, and
 //     loaded back at tp 2; consolidate gives the whole tensors; compare finds the tp 2 and tp 1
 //     runs' checkpoints equal (layout aside). Errors: another full shape, CAdam's blocks cut by a slice.
-//   - tp::GptModel (np 4): saved at dp 2 x tp 2, ZeRO-3, loaded at dp 4 x tp 1 ZeRO-1 and at dp 1 x tp 4
-//     ZeRO-2 with cpu offload: the saved full tensors bit for bit, then the losses of the run never
+//   - tp::GptModel (np 4): saved at dp 2 x tp 2, ZeRO-3, loaded at dp 4 x tp 1 ZeRO-1 with cpu offload
+//     and at dp 1 x tp 4 ZeRO-2 with NVMe offload: the saved full tensors bit for bit, then the losses of the run never
 //     interrupted (1e-5 relative); the consolidated tensors are the saved ones and, within 1e-5, the
 //     tp 1 run's.
 #include <gtest/gtest.h>
@@ -333,7 +333,7 @@ TEST(TensorParallelCheckpoint, RefusesAnotherShapeAndCutBlocks) {
 // The tiny GPT every degree 1, 2 and 4 divides (heads, MLP width, vocabulary).
 nn::GptConfig tp_gpt() { return {.n_layer = 2, .d_model = 32, .n_head = 4, .seq_len = 8, .vocab_size = 256}; }
 
-zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload = OffloadDevice::kNone) {
+zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload, const fs::path& nvme) {
   zs::run::RunConfig c;
   c.batch = resolve_batch(8, 0, 1, dp);
   c.zero.stage = stage;
@@ -341,6 +341,7 @@ zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload = Offload
   c.zero.allgather_bucket_size = 5000;
   c.zero.stage3_param_persistence_threshold = 100;
   c.zero.offload_optimizer.device = offload;
+  c.zero.offload_optimizer.nvme_path = nvme.string();
   c.optimizer = OptimizerConfig("AdamW", optim::AdamConfig{.lr = 3e-3, .weight_decay = 0.1});
   c.gradient_clipping = 1.0;
   c.device.memory_mb = 32;
@@ -349,17 +350,17 @@ zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload = Offload
   return c;
 }
 
-// A run of the GPT at tp (dp = world / tp) and `stage`: loads `load`, trains to step `to`, saving to
+// A run of the GPT at tp (dp = world / tp), `stage` and `offload` (NVMe: swap files in `swap`): loads `load`, trains to step `to`, saving to
 // `save` at step `save_at`; fp32 full tensors after the load, at the save and at the end.
 struct GptRun {
   std::vector<double> losses;  // of steps [from, to)
   std::map<std::string, std::vector<float>> loaded, saved, final;
 };
 
-GptRun run_gpt(const comm::Group& world, int tp, int stage, OffloadDevice offload, int to, const fs::path& load,
-               const fs::path& save = {}, int save_at = -1) {
+GptRun run_gpt(const comm::Group& world, int tp, int stage, OffloadDevice offload, const fs::path& swap, int to,
+               const fs::path& load, const fs::path& save = {}, int save_at = -1) {
   comm::Topology topo(world, {.tensor_parallel_size = tp});
-  const zs::run::RunConfig cfg = gpt_config(topo.data_parallel_size(), stage, offload);
+  const zs::run::RunConfig cfg = gpt_config(topo.data_parallel_size(), stage, offload, swap);
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<Engine> engine;
   if (tp == 1) {
@@ -402,15 +403,17 @@ TEST(TensorParallelCheckpoint, GptSavedAtDp2Tp2ResumesAtDp4Tp1AndDp1Tp4) {
   if (world.size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
   const fs::path dir = shared_dir(world, "gpt");
   // Uninterrupted at dp 2 x tp 2, ZeRO-3, 6 steps; saved at step 3.
-  const GptRun straight = run_gpt(world, 2, 3, OffloadDevice::kNone, 6, {}, dir / "dp2tp2", 3);
-  const GptRun tp1 = run_gpt(world, 1, 1, OffloadDevice::kNone, 3, {});  // the tp = 1 model's first 3 steps
+  const GptRun straight = run_gpt(world, 2, 3, OffloadDevice::kNone, {}, 6, {}, dir / "dp2tp2", 3);
+  const GptRun tp1 = run_gpt(world, 1, 1, OffloadDevice::kNone, {}, 3, {});  // the tp = 1 model's first 3 steps
   struct Resume {
     int tp, stage;
     OffloadDevice offload;
   };
-  for (const Resume& c : {Resume{1, 1, OffloadDevice::kNone}, Resume{4, 2, OffloadDevice::kCpu}}) {
+  if (world.rank() == 0) fs::create_directories(dir / "swap");
+  world.barrier();
+  for (const Resume& c : {Resume{1, 1, OffloadDevice::kCpu}, Resume{4, 2, OffloadDevice::kNvme}}) {
     const std::string what = fmt::format("dp {} x tp {}, ZeRO-{}", 4 / c.tp, c.tp, c.stage);
-    const GptRun resumed = run_gpt(world, c.tp, c.stage, c.offload, 6, dir / "dp2tp2");
+    const GptRun resumed = run_gpt(world, c.tp, c.stage, c.offload, dir / "swap", 6, dir / "dp2tp2");
     EXPECT_EQ(resumed.loaded, straight.saved) << what;  // bit for bit
     ASSERT_EQ(resumed.losses.size(), 3u) << what;
     for (size_t i = 0; i < 3; ++i) {
