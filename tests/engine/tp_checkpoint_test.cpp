@@ -272,6 +272,12 @@ TEST(TensorParallelCheckpoint, SliceSavedAtTp2ResumesAtTp1AndBack) {
     const checkpoint::CompareResult cmp = checkpoint::compare(dir / "straight", dir / "tp1", 1e-4, 1e-6);
     EXPECT_TRUE(cmp.equal) << cmp.report;
     EXPECT_NE(cmp.report.find("layout tensor_parallel_size: 2 in A, 1 in B"), std::string::npos) << cmp.report;
+    // inspect shows the full tensors and the writer's tp degree.
+    const std::string text = checkpoint::inspect(dir / "tp2", std::nullopt);
+    for (const char* want : {"world size 2 (tp 2)", "tensor slices.row_weight (5, 64) fp32",
+                             "tensor slices.qkv_weight (6, 64) fp32", "scalar tensor_parallel_size = 2"}) {
+      EXPECT_NE(text.find(want), std::string::npos) << "missing '" << want << "' in\n" << text;
+    }
     // consolidate writes whole tensors: those of the tp 2 save.
     const fs::path out = dir / "full.h5";
     checkpoint::consolidate(dir / "tp2", out);
