@@ -444,8 +444,8 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
     const std::string saved = string_scalar(m, "optimizer.type");
     const int64_t saved_tp = saved_tensor_parallel(m);
     compressed_source_ = compressed_type(saved);
-    rank_local_ok_ = a_.compressed && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == ranks_.size() &&
-                     saved_tp == ranks_.tp_size() &&
+    rank_local_ok_ = a_.compressed && compressed_source_ &&
+                     int_scalar(m, "world_size", reader->dir()) == ranks_.size() && saved_tp == ranks_.tp_size() &&
                      std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
                          static_cast<int64_t>(dense().layout.total()) &&
                      std::get<int64_t>(scalar_or(m, "compressed.rank_local_states", int64_t{0})) ==

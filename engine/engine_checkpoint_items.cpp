@@ -145,9 +145,10 @@ void EngineCheckpoint::add_state_items(std::vector<Item>& out, ModelStates& set,
           // multiples of the block, and so do the runs of a slice, checked above).
           const uint64_t tensor_bytes = spec.bytes_for(full_numel);
           const uint64_t lo = full / spec.elements_per_value * spec.value_bytes;
-          const uint64_t hi = full + n == full_numel ? tensor_bytes : (full + n) / spec.elements_per_value * spec.value_bytes;
-          ZS_ASSERT(lo % 4 == 0 && full % spec.elements_per_value == 0, "state '{}' of '{}' split inside a word", spec.name,
-                    param.full_name());
+          const uint64_t hi =
+              full + n == full_numel ? tensor_bytes : (full + n) / spec.elements_per_value * spec.value_bytes;
+          ZS_ASSERT(lo % 4 == 0 && full % spec.elements_per_value == 0, "state '{}' of '{}' split inside a word",
+                    spec.name, param.full_name());
           it.tensor = fmt::format("{}.{}", param.full_name(), spec.name);
           it.shape = {(tensor_bytes + 3) / 4};
           it.buffer_dtype = it.tensor_dtype = spec.value_bytes == sizeof(float) ? DType::kF32 : DType::kI32;

@@ -125,7 +125,8 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
 // rank is needed): Note [tensor-parallel checkpoints] in engine_checkpoint_items.cpp.
 class CheckpointRanks {
  public:
-  CheckpointRanks(const comm::Group& dp, const comm::Group* tp) : dp_(dp), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
+  CheckpointRanks(const comm::Group& dp, const comm::Group* tp)
+      : dp_(dp), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   int rank() const { return tp_rank() + tp_size() * dp_.rank(); }

@@ -230,7 +230,8 @@ Phase run_phase(const comm::Group& world, bool tp2, int stage, int to, const fs:
   const comm::Group& dp = tp2 ? own : world;
   SliceModel model(slice_specs(), tp2 ? &world : nullptr);
   const zs::run::RunConfig cfg = slice_config(dp.size(), stage, opt);
-  std::unique_ptr<Engine> engine = tp2 ? std::make_unique<Engine>(model, cfg, dp, world) : std::make_unique<Engine>(model, cfg, dp);
+  std::unique_ptr<Engine> engine =
+      tp2 ? std::make_unique<Engine>(model, cfg, dp, world) : std::make_unique<Engine>(model, cfg, dp);
   SliceData data(kBatch);
   Phase r;
   if (!load.empty()) {
@@ -356,8 +357,9 @@ zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload, const fs
   return c;
 }
 
-// A run of the GPT at tp (dp = world / tp), `stage` and `offload` (NVMe: swap files in `swap`): loads `load`, trains to step `to`, saving to
-// `save` at step `save_at`; fp32 full tensors after the load, at the save and at the end.
+// A run of the GPT at tp (dp = world / tp), `stage` and `offload` (NVMe: swap files in `swap`): loads
+// `load`, trains to step `to`, saving to `save` at step `save_at`; the full fp32 tensors after the
+// load, at the save and at the end.
 struct GptRun {
   std::vector<double> losses;  // of steps [from, to)
   std::map<std::string, std::vector<float>> loaded, saved, final;
@@ -400,7 +402,9 @@ void expect_close(const std::map<std::string, std::vector<float>>& got,
   for (const auto& [name, values] : want) {
     const std::vector<float>& g = got.at(name);
     ASSERT_EQ(g.size(), values.size()) << what << ": " << name;
-    for (size_t i = 0; i < values.size(); ++i) ASSERT_NEAR(g[i], values[i], 1e-5) << what << ": " << name << "[" << i << "]";
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_NEAR(g[i], values[i], 1e-5) << what << ": " << name << "[" << i << "]";
+    }
   }
 }
 
