@@ -6,7 +6,8 @@
 //     world as its tensor-parallel group. Saved at tp 2 stage 3, loaded at tp 1 x dp 2 stage 1 (the
 //     whole tensors bit for bit), continued with the losses of the run never interrupted, saved, and
 //     loaded back at tp 2; consolidate gives the whole tensors; compare finds the tp 2 and tp 1
-//     runs' checkpoints equal (layout aside). Errors: another full shape, CAdam's blocks cut by a slice.
+//     runs' checkpoints equal (layout aside); CAdam's packed states go from tp 2 to tp 1 exactly.
+//     Errors: another full shape, CAdam's blocks cut by a slice.
 //   - tp::GptModel (np 4): saved at dp 2 x tp 2, ZeRO-3, loaded at dp 4 x tp 1 ZeRO-1 with cpu offload
 //     and at dp 1 x tp 4 ZeRO-2 with NVMe offload: the saved full tensors bit for bit, then the losses of the run never
 //     interrupted (1e-5 relative); the consolidated tensors are the saved ones and, within 1e-5, the
@@ -224,12 +225,18 @@ struct Phase {
   std::map<std::string, std::vector<float>> loaded, final;
 };
 
-Phase run_phase(const comm::Group& world, bool tp2, int stage, int to, const fs::path& load, const fs::path& save,
-                const std::string& opt = "AdamW") {
+// How the 2 ranks run SliceModel: tp 2 (each rank its own data-parallel group), tp 1 x dp 2, or
+// tp 1 on each rank alone (two copies of one run).
+enum class Ranks { kTp2, kDp2, kAlone };
+
+Phase run_phase(const comm::Group& world, Ranks ranks, int stage, int to, const fs::path& load, const fs::path& save,
+                bool async = false, const std::string& opt = "AdamW") {
   comm::Group own = world.split(world.rank(), 0, "tp_ckpt_dp");
-  const comm::Group& dp = tp2 ? own : world;
+  const bool tp2 = ranks == Ranks::kTp2;
+  const comm::Group& dp = ranks == Ranks::kDp2 ? world : own;
   SliceModel model(slice_specs(), tp2 ? &world : nullptr);
-  const zs::run::RunConfig cfg = slice_config(dp.size(), stage, opt);
+  zs::run::RunConfig cfg = slice_config(dp.size(), stage, opt);
+  cfg.checkpoint.async = async;
   std::unique_ptr<Engine> engine =
       tp2 ? std::make_unique<Engine>(model, cfg, dp, world) : std::make_unique<Engine>(model, cfg, dp);
   SliceData data(kBatch);
@@ -239,7 +246,10 @@ Phase run_phase(const comm::Group& world, bool tp2, int stage, int to, const fs:
     r.loaded = full_params(*engine, model);
   }
   while (engine->global_step() < to) r.losses.push_back(engine->train_batch(data).loss);
-  if (!save.empty()) engine->save_checkpoint(save.string());
+  if (!save.empty()) {
+    engine->save_checkpoint(save.string());
+    engine->wait_checkpoint();  // checkpoint.async: committed before the engine goes
+  }
   r.final = full_params(*engine, model);
   return r;
 }
@@ -249,11 +259,11 @@ TEST(TensorParallelCheckpoint, SliceSavedAtTp2ResumesAtTp1AndBack) {
   if (world.size() != 2) GTEST_SKIP() << "tp 2 on 2 ranks";
   const fs::path dir = shared_dir(world, "slices");
   // Uninterrupted at tp 2, ZeRO-3 (over a data-parallel group of one): 6 steps.
-  const Phase straight = run_phase(world, true, 3, 6, {}, dir / "straight");
-  // Saved at step 3 at tp 2; loaded at tp 1 x dp 2, ZeRO-1: the full tensors bit for bit, and the
-  // same losses (rounding: the batch is split over 2 ranks).
-  const Phase first = run_phase(world, true, 3, 3, {}, dir / "tp2");
-  const Phase at_tp1 = run_phase(world, false, 1, 6, dir / "tp2", dir / "tp1");
+  const Phase straight = run_phase(world, Ranks::kTp2, 3, 6, {}, dir / "straight");
+  // Saved at step 3 at tp 2 (asynchronously); loaded at tp 1 x dp 2, ZeRO-1: the full tensors bit for
+  // bit, and the same losses (rounding: the batch is split over 2 ranks).
+  const Phase first = run_phase(world, Ranks::kTp2, 3, 3, {}, dir / "tp2", true);
+  const Phase at_tp1 = run_phase(world, Ranks::kDp2, 1, 6, dir / "tp2", dir / "tp1");
   EXPECT_EQ(at_tp1.loaded, first.final);
   ASSERT_EQ(at_tp1.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
@@ -265,7 +275,7 @@ TEST(TensorParallelCheckpoint, SliceSavedAtTp2ResumesAtTp1AndBack) {
     for (size_t i = 0; i < values.size(); ++i) ASSERT_NEAR(got[i], values[i], 1e-5) << name << "[" << i << "]";
   }
   // Saved at tp 1 (2 ranks, ZeRO-1), loaded back at tp 2: the slices of the saved tensors.
-  const Phase back = run_phase(world, true, 2, 6, dir / "tp1", {});
+  const Phase back = run_phase(world, Ranks::kTp2, 2, 6, dir / "tp1", {});
   EXPECT_EQ(back.loaded, at_tp1.final);
   if (world.rank() == 0) {
     // The tp 2 and tp 1 runs' checkpoints at step 6 hold the same states (within rounding); the
@@ -294,6 +304,23 @@ TEST(TensorParallelCheckpoint, SliceSavedAtTp2ResumesAtTp1AndBack) {
   if (world.rank() == 0) fs::remove_all(dir);
 }
 
+// CAdam's packed states (int8 momentum, a scale per 32 elements) are stored as the full tensor's: a
+// tp 2 save continued at tp 1 (each rank alone, so every element sees the same gradients) steps
+// exactly as the tp 2 run never interrupted.
+TEST(TensorParallelCheckpoint, CAdamBlocksFollowTheFullTensor) {
+  const comm::Group& world = test::world().group();
+  if (world.size() != 2) GTEST_SKIP() << "tp 2 on 2 ranks";
+  const fs::path dir = shared_dir(world, "cadam");
+  const Phase straight = run_phase(world, Ranks::kTp2, 1, 4, {}, {}, false, "CAdam");
+  const Phase first = run_phase(world, Ranks::kTp2, 1, 2, {}, dir / "tp2", false, "CAdam");
+  const Phase resumed = run_phase(world, Ranks::kAlone, 2, 4, dir / "tp2", {}, false, "CAdam");
+  EXPECT_EQ(resumed.loaded, first.final);
+  EXPECT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(resumed.final, straight.final);  // bit for bit: the momentum and its scales came back whole
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
+}
+
 // Every rank throws a CheckpointError containing `text`.
 template <typename F>
 void expect_everywhere(const comm::Group& g, F&& fn, const std::string& text) {
@@ -312,7 +339,7 @@ TEST(TensorParallelCheckpoint, RefusesAnotherShapeAndCutBlocks) {
   const comm::Group& world = test::world().group();
   if (world.size() != 2) GTEST_SKIP() << "tp 2 on 2 ranks";
   const fs::path dir = shared_dir(world, "errors");
-  run_phase(world, true, 1, 1, {}, dir / "tp2");
+  run_phase(world, Ranks::kTp2, 1, 1, {}, dir / "tp2");
   comm::Group own = world.split(world.rank(), 0, "tp_ckpt_dp");
   {
     // Another model: full rows of 96, not 64.
