@@ -67,15 +67,21 @@ void EngineCheckpoint::add_param_items(std::vector<Item>& out, ModelStates& set,
         else sp->write_master({flat + at, n}, static_cast<const float*>(host));
       };
       out.push_back(master);
-      // The training-dtype parameters: written for consolidation and 16-bit tools; a load derives them
-      // from the master (bit-identical: each step writes the master rounded).
-      if (p == Purpose::kSave && (a_.dtype != DType::kF32)) {
-        Item low = master;
-        low.buffer = kCkptParams;
-        low.buffer_dtype = a_.dtype;
-        low.io = [sp, flat](uint64_t at, uint64_t n, void* host) { sp->read_params({flat + at, n}, host); };
-        out.push_back(low);
-      }
+    });
+    // The training-dtype parameters: written for consolidation and 16-bit tools; a load derives them
+    // from the master (bit-identical: each step writes the master rounded). After the slot's master
+    // items, so that a slice's runs of one buffer are consecutive (describe() joins them).
+    if (p != Purpose::kSave || a_.dtype == DType::kF32) return;
+    for_full_runs(slot, part, [&](uint64_t flat, uint64_t full, uint64_t n) {
+      ModelStates* sp = &set;
+      out.push_back(Item{.buffer = kCkptParams,
+                         .buffer_dtype = a_.dtype,
+                         .tensor = slot.param->full_name(),
+                         .shape = full_shape_of(*slot.param),
+                         .tensor_dtype = a_.dtype,
+                         .begin = full,
+                         .count = n,
+                         .io = [sp, flat](uint64_t at, uint64_t n, void* host) { sp->read_params({flat + at, n}, host); }});
     });
   });
 }

@@ -96,15 +96,31 @@ void CheckpointRanks::agreed(const std::function<void()>& fn) const {
 std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // The description of this rank's items, for the layout every rank builds from all of them:
-//   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
+//   T <name> <dtype> <d0,d1,...>    a tensor (once)
+//   S <buffer> <dtype> <tensor> <begin> <count> [<pitch> <repeats>]
+// segments [begin + i * pitch, + count) for i < repeats (1 without them): consecutive items of one
+// buffer and tensor with one count and pitch, as a tensor-parallel slice's runs are (a row-parallel
+// weight is one per row), are one line.
 std::string describe(const std::vector<Item>& items) {
   std::string out;
-  std::set<std::string_view> described;  // each tensor once (a tensor-parallel slice is many items)
-  for (const Item& it : items) {
+  std::set<std::string_view> described;
+  auto same_kind = [](const Item& a, const Item& b) {
+    return a.buffer == b.buffer && a.buffer_dtype == b.buffer_dtype && a.tensor == b.tensor && a.count == b.count;
+  };
+  for (size_t i = 0; i < items.size();) {
+    const Item& it = items[i];
     if (described.insert(it.tensor).second) {
       out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
     }
-    out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+    size_t j = i + 1;
+    uint64_t pitch = 0;
+    if (j < items.size() && same_kind(it, items[j]) && items[j].begin > it.begin) {
+      pitch = items[j].begin - it.begin;
+      while (j < items.size() && same_kind(it, items[j]) && items[j].begin == items[j - 1].begin + pitch) ++j;
+    }
+    out += fmt::format("S {} {} {} {} {}", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+    out += j - i > 1 ? fmt::format(" {} {}\n", pitch, j - i) : std::string("\n");
+    i = j;
   }
   return out;
 }
@@ -140,14 +156,18 @@ checkpoint::Layout build_layout(const std::vector<std::string>& descriptions) {
           ZS_ASSERT(layout.tensors[tensor_ids[name]].shape == shape, "tensor '{}' has two shapes across ranks", name);
         }
       } else {
-        std::string buffer, dtype, tensor;
-        uint64_t begin = 0, count = 0;
+        std::string buffer, dtype, tensor, line;
+        uint64_t begin = 0, count = 0, pitch = 0, repeats = 1;
         in >> buffer >> dtype >> tensor >> begin >> count;
+        std::getline(in, line);  // " <pitch> <repeats>" or nothing
+        if (line.find_first_not_of(' ') != std::string::npos) std::istringstream(line) >> pitch >> repeats;
         auto [it, fresh] = buffer_ids.emplace(buffer, layout.buffers.size());
         if (fresh) {
-          layout.buffers.push_back({buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
+          layout.buffers.push_back(
+              {buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
         }
-        layout.buffers[it->second].ranks[r].push_back({tensor_ids.at(tensor), begin, count});
+        const uint32_t id = tensor_ids.at(tensor);
+        for (uint64_t i = 0; i < repeats; ++i) layout.buffers[it->second].ranks[r].push_back({id, begin + i * pitch, count});
       }
     }
   }
