@@ -15,7 +15,8 @@ using memory::Tensor;
 using nn::MemoryUse;
 
 float VocabParallelCrossEntropy::forward(nn::Context& ctx, const Tensor& logits, const Tensor& targets) {
-  ZS_MODEL_CHECK(logits.raw() != nullptr && logits.dtype() == DType::kF32 && logits.is_contiguous() && logits.dim() >= 1,
+  ZS_MODEL_CHECK(logits.raw() != nullptr && logits.dtype() == DType::kF32 && logits.is_contiguous() &&
+                     logits.dim() >= 1,
                  "vocab-parallel cross-entropy: expected contiguous fp32 logits");
   const int64_t Vl = logits.size(-1), N = logits.numel() / Vl, P = tp_.size();
   const int64_t first = Vl * tp_.rank(), V = Vl * P;

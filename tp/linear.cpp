@@ -107,8 +107,8 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor full = tp_.sharded_sequence() ? gather_sequence(ctx, tp_, dy, MemoryUse::kScratch) : dy;
   const int64_t n = full.numel() / out_;
   ZS_MODEL_CHECK(input_.numel() == n * local_in_features(),
-                 "RowParallelLinear backward: saved input {} does not match dy {}", memory::shape_string(input_.shape()),
-                 memory::shape_string(dy.shape()));
+                 "RowParallelLinear backward: saved input {} does not match dy {}",
+                 memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
   Tensor dx = nn::detail::linear_backward(ctx, full, n, input_, weight_, nullptr);
   input_ = {};
   if (bias_ != nullptr) {

@@ -48,14 +48,16 @@ struct TensorParallel {
 void all_reduce(const TensorParallel& tp, const memory::Tensor& x);
 
 // (B, T/tp, ...) shards of every rank -> (B, T, ...), a tensor of `use`.
-memory::Tensor gather_sequence(nn::Context& ctx, const TensorParallel& tp, const memory::Tensor& shard, nn::MemoryUse use);
+memory::Tensor gather_sequence(nn::Context& ctx, const TensorParallel& tp, const memory::Tensor& shard,
+                               nn::MemoryUse use);
 
 // (B, T, ...) on every rank -> this rank's (B, T/tp, ...) shard of the sum over the group, of `use`.
 memory::Tensor reduce_scatter_sequence(nn::Context& ctx, const TensorParallel& tp, const memory::Tensor& full,
                                        nn::MemoryUse use);
 
 // (B, T, ...) -> this rank's (B, T/tp, ...) shard (a copy, of `use`; no communication).
-memory::Tensor scatter_sequence(nn::Context& ctx, const TensorParallel& tp, const memory::Tensor& full, nn::MemoryUse use);
+memory::Tensor scatter_sequence(nn::Context& ctx, const TensorParallel& tp, const memory::Tensor& full,
+                                nn::MemoryUse use);
 
 // T / tp, or ConfigError naming model.sequence_parallel when tp does not divide T.
 int64_t sequence_shard(const TensorParallel& tp, int64_t T);

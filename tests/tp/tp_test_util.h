@@ -65,7 +65,8 @@ inline void randomize(nn::Module& m, uint64_t seed, float scale = 0.3f) {
     CounterRng rng(seed, p.full_name());
     Tensor v = Tensor::empty(p.shape(), DType::kF32);
     p.for_each_full_run(0, static_cast<uint64_t>(p.numel()), [&](uint64_t l, uint64_t g, uint64_t n) {
-      for (uint64_t i = 0; i < n; ++i) v.data<float>()[l + i] = scale * rng.normal(g + i) + (p.has_tag("no_weight_decay") ? 0.5f : 0.0f);
+      const float offset = p.has_tag(nn::kTagNoWeightDecay) ? 0.5f : 0.0f;  // norm weights near 1, biases not 0
+      for (uint64_t i = 0; i < n; ++i) v.data<float>()[l + i] = scale * rng.normal(g + i) + offset;
     });
     p.data().copy_from(v);
   });
@@ -77,6 +78,8 @@ inline std::vector<float> values(const Tensor& t) {
   return {f.f32().begin(), f.f32().end()};
 }
 
+inline std::vector<float> values_of_grad(const nn::Parameter& p) { return values(p.grad()); }
+
 // |a - b| <= tol * max(1, |b|) elementwise.
 inline void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double tol = 1e-5) {
   ASSERT_EQ(got.numel(), want.numel()) << what;
@@ -86,8 +89,7 @@ inline void expect_close(const Tensor& got, const Tensor& want, const std::strin
   }
 }
 
-// Every parameter of `tp_model` against its slice of the same-named parameter of `ref`: gradients
-// (and, with data = true, values).
+// Every parameter's gradient of `tp_model` against its slice of the same-named parameter's of `ref`.
 inline void expect_grads_are_slices(nn::Module& tp_model, nn::Module& ref, double tol = 1e-5) {
   int64_t checked = 0;
   tp_model.visit_params([&](nn::Parameter& p) {

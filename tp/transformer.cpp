@@ -1,0 +1,129 @@
+#include "tp/transformer.h"
+
+#include "core/errors.h"
+#include "nn/detail/attention.h"
+#include "nn/detail/ops.h"
+#include "nn/detail/parallel.h"
+
+namespace zs::tp {
+
+using memory::DType;
+using memory::Tensor;
+using nn::MemoryUse;
+
+// ---- SequenceParallelLayerNorm ----
+
+Tensor SequenceParallelLayerNorm::backward(nn::Context& ctx, const Tensor& dy) {
+  ReplicatedGradients replicated(ctx, tp_, {&weight(), &bias()});
+  Tensor dx = nn::LayerNorm::backward(ctx, dy);
+  replicated.reduce();
+  return dx;
+}
+
+namespace {
+
+int64_t heads_per_rank(int64_t d_model, int64_t n_head, int parts) {
+  ZS_MODEL_CHECK(n_head > 0 && d_model % n_head == 0, "d_model {} not divisible by n_head {}", d_model, n_head);
+  ZS_MODEL_CHECK(n_head % parts == 0, "ParallelAttention: {} heads do not split over the tensor-parallel size {}",
+                 n_head, parts);
+  return n_head / parts;
+}
+
+}  // namespace
+
+// ---- ParallelAttention ----
+
+ParallelAttention::ParallelAttention(int64_t d_model, int64_t n_head, TensorParallel tp, float init_std, float proj_std)
+    : d_(d_model),
+      local_heads_(heads_per_rank(d_model, n_head, tp.size())),
+      qkv_(add_child<ColumnParallelLinear>("qkv", d_model, 3 * d_model, tp, true, init_std, /*stride=*/3)),
+      proj_(add_child<RowParallelLinear>("proj", d_model, d_model, tp, true, proj_std)) {}
+
+Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
+  ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "ParallelAttention: expected (B, T, {}), got {}", d_,
+                 memory::shape_string(x.shape()));
+  const bool train = ctx.training();
+  Tensor qkv = ctx.forward(qkv_, x);  // (B, T, 3C/tp): [q | k | v] of this rank's heads
+  compute_dtype_ = qkv_.weight_dtype();
+  const bool keep = train && !recompute_scores_;
+  Tensor y;
+  {
+    nn::detail::SingleThreadedBlas blas;
+    Tensor probs;
+    y = nn::detail::causal_attention_forward(ctx, qkv, local_heads_, nn::detail::gemm_path_for(compute_dtype_), keep,
+                                             &probs, blas);
+    if (keep) probs_ = probs;
+  }
+  if (train) qkv_out_ = qkv;
+  return ctx.forward(proj_, y);
+}
+
+Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dout) {
+  ZS_ASSERT(qkv_out_.raw() != nullptr, "ParallelAttention backward without saved state");
+  Tensor dy = ctx.backward(proj_, dout);  // (B, T, C/tp)
+  Tensor dqkv;
+  {
+    nn::detail::SingleThreadedBlas blas;
+    nn::detail::AttentionScratch scratch;
+    dqkv = nn::detail::causal_attention_backward(ctx, qkv_out_, probs_, dy, local_heads_,
+                                                 nn::detail::gemm_path_for(compute_dtype_), &scratch, blas);
+  }
+  clear_own_saved();
+  dy = {};
+  return ctx.backward(qkv_, dqkv);
+}
+
+// ---- ParallelMlp ----
+
+ParallelMlp::ParallelMlp(int64_t d_model, TensorParallel tp, float init_std, float proj_std, int64_t hidden)
+    : fc_(add_child<ColumnParallelLinear>("fc", d_model, hidden > 0 ? hidden : 4 * d_model, tp, true, init_std)),
+      gelu_(add_child<nn::Gelu>("gelu")),
+      proj_(add_child<RowParallelLinear>("proj", hidden > 0 ? hidden : 4 * d_model, d_model, tp, true, proj_std)) {}
+
+Tensor ParallelMlp::forward(nn::Context& ctx, const Tensor& x) {
+  Tensor h = ctx.forward(fc_, x);
+  h = ctx.forward(gelu_, h);
+  return ctx.forward(proj_, h);
+}
+
+Tensor ParallelMlp::backward(nn::Context& ctx, const Tensor& dy) {
+  Tensor dh = ctx.backward(proj_, dy);
+  dh = ctx.backward(gelu_, dh);
+  return ctx.backward(fc_, dh);
+}
+
+// ---- ParallelBlock ----
+
+nn::LayerNorm& ParallelBlock::add_norm(std::string name, int64_t d, const TensorParallel& tp) {
+  // On sequence shards the norm's gradients are partial: summed over the group in its backward.
+  if (tp.sharded_sequence()) return add_child<SequenceParallelLayerNorm>(std::move(name), d, tp);
+  return add_child<nn::LayerNorm>(std::move(name), d);
+}
+
+ParallelBlock::ParallelBlock(int64_t d_model, int64_t n_head, TensorParallel tp, float init_std, float proj_std)
+    : ln1_(add_norm("ln1", d_model, tp)),
+      attn_(add_child<ParallelAttention>("attn", d_model, n_head, tp, init_std, proj_std)),
+      ln2_(add_norm("ln2", d_model, tp)),
+      mlp_(add_child<ParallelMlp>("mlp", d_model, tp, init_std, proj_std)) {}
+
+Tensor ParallelBlock::forward(nn::Context& ctx, const Tensor& x) {
+  Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));
+  Tensor x1 = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
+  nn::detail::add(x.data<float>(), a.data<float>(), x1.data<float>(), x.numel());
+  a = {};
+  Tensor m = ctx.forward(mlp_, ctx.forward(ln2_, x1));
+  Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
+  nn::detail::add(x1.data<float>(), m.data<float>(), y.data<float>(), x.numel());
+  return y;
+}
+
+Tensor ParallelBlock::backward(nn::Context& ctx, const Tensor& dy) {
+  // As nn::Block: the residual passes dy through; each branch's fresh gradient takes the sum in place.
+  Tensor dx1 = ctx.backward(ln2_, ctx.backward(mlp_, dy));
+  nn::detail::add(dy.data<float>(), dx1.data<float>(), dx1.data<float>(), dy.numel());
+  Tensor dx = ctx.backward(ln1_, ctx.backward(attn_, dx1));
+  nn::detail::add(dx1.data<float>(), dx.data<float>(), dx.data<float>(), dy.numel());
+  return dx;
+}
+
+}  // namespace zs::tp
