@@ -38,6 +38,9 @@ struct RecomputeConfig {
   // Kept activations split across the tensor-parallel group: accepted as a no-op at tp 1, refused
   // above (the Engine constructor; run::parse_run_config for model.tensor_parallel_size).
   bool partition_activations = false;
+  // The program applied `blocks` to its model itself (zeroshard train's tensor-parallel GPT, whose
+  // set_recompute the engine does not know): the engine then only counts the marked modules.
+  bool applied_by_program = false;
   // device_budget_mb: MiB the predicted device peak must fit, or "auto" (device.memory_mb); 0: none.
   // Resolved into kFirst before the engine is built (estimate/recompute_budget.h); the engine refuses
   // an unresolved one.

@@ -27,27 +27,6 @@ int peek_tensor_parallel_size(const boost::json::value& doc, int ranks) {
   return v >= 1 && v <= ranks && ranks % v == 0 ? static_cast<int>(v) : 1;
 }
 
-// Until tp/ brings its validate: the divisibility the tensor-parallel GPT needs, naming the keys.
-void validate_tensor_parallel(const nn::GptConfig& m, int tp, bool sp, int ranks) {
-  if (ranks % tp != 0) {
-    throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide the number of ranks ({}): the "
-                                  "data-parallel size is ranks / tensor_parallel_size; run on a multiple of {} ranks or "
-                                  "choose a divisor of {}",
-                                  tp, ranks, tp, ranks));
-  }
-  auto divides = [&](const char* what, const char* key, int64_t n) {
-    if (n % tp != 0) {
-      throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide {} ({} = {}); choose a "
-                                    "tensor_parallel_size that divides it",
-                                    tp, what, key, n));
-    }
-  };
-  divides("the attention heads", "model.n_head", m.n_head);
-  divides("the MLP width", "4 x model.d_model", 4 * m.d_model);
-  divides("the vocabulary", "model.vocab_size", m.vocab_size);
-  if (sp && tp > 1) divides("the sequence (sequence parallelism splits it)", "model.seq_len", m.seq_len);
-}
-
 void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, std::vector<std::string>& notes) {
   std::string type = "gpt";
   r.read_choice("type", type, {"gpt"});
@@ -59,10 +38,11 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   r.read("tied_embeddings", m.tied_embeddings);
   r.read("init_std", m.init_std, RealRange::positive());
   nn::validate(m);
-  r.read("tensor_parallel_size", cfg.tensor_parallel_size, IntRange{1, kMaxDModel});
-  r.read("sequence_parallel", cfg.sequence_parallel);
-  validate_tensor_parallel(m, cfg.tensor_parallel_size, cfg.sequence_parallel, ranks);
-  if (cfg.sequence_parallel && cfg.tensor_parallel_size == 1) {
+  tp::TensorParallelConfig& par = cfg.tensor_parallel;
+  r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
+  r.read("sequence_parallel", par.sequence_parallel);
+  tp::validate(m, par, ranks);
+  if (par.sequence_parallel && par.tensor_parallel_size == 1) {
     notes.push_back("model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence "
                         "parallelism splits the sequence across the tensor-parallel group), as in Megatron-LM");
   }
@@ -112,12 +92,12 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
     throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.seq_len = {}; choose a value from 1 to {}",
                                   cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
   }
-  if (cfg.data.min_seq_len > 0 && cfg.sequence_parallel && cfg.tensor_parallel_size > 1) {
+  if (cfg.data.min_seq_len > 0 && cfg.tensor_parallel.sequence_parallel && cfg.tensor_parallel.tensor_parallel_size > 1) {
     throw ConfigError(fmt::format("data.min_seq_len: varying sequence lengths are not supported with "
                                   "model.sequence_parallel (each step's length would have to divide by "
                                   "model.tensor_parallel_size {}); remove data.min_seq_len or set sequence_parallel "
                                   "to false",
-                                  cfg.tensor_parallel_size));
+                                  cfg.tensor_parallel.tensor_parallel_size));
   }
   const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
   const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange{1, kMaxEvalBatches});
@@ -142,11 +122,11 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
          nn::GptConfig m;
          read_model(r, m, cfg, ranks, notes);
          r.read_object("moe", [&](ObjectReader& sub) {
-           if (cfg.tensor_parallel_size > 1) {
+           if (cfg.tensor_parallel.tensor_parallel_size > 1) {
              throw ConfigError(fmt::format(
                  "model.moe: MoE layers with model.tensor_parallel_size {} are not supported yet: the GPT-MoE's "
                  "blocks are not tensor-parallel; set model.tensor_parallel_size to 1 for MoE models",
-                 cfg.tensor_parallel_size));
+                 cfg.tensor_parallel.tensor_parallel_size));
            }
            cfg.model_moe = read_model_moe(sub, r, m, dp);
            cfg.model_moe->moe.rng_seed = parsed.seed;  // the gates' random draws follow the run's seed
@@ -162,7 +142,7 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   };
   static_cast<engine::EngineConfig&>(cfg) = engine::parse_config(doc, dp, sections);
   cfg.notes.insert(cfg.notes.end(), notes.begin(), notes.end());
-  engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel_size);
+  engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel.tensor_parallel_size);
   cfg.data_seed = cfg.data.seed;
   return cfg;
 }

@@ -24,6 +24,7 @@
 #include "engine/config.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "tp/gpt.h"
 
 namespace zs::run {
 
@@ -58,8 +59,9 @@ struct RunConfig : engine::EngineConfig {
   // Tensor parallelism of the built-in GPT (Megatron's names, in the `model` section): the ranks of
   // each consecutive group of tensor_parallel_size split every block's weights (tp/), and the engine
   // shards states over the data-parallel size ranks / tensor_parallel_size (comm::Topology's order).
-  int tensor_parallel_size = 1;  // model.tensor_parallel_size
-  bool sequence_parallel = false;  // model.sequence_parallel: norms and dropout on sequence shards
+  // model.tensor_parallel_size and model.sequence_parallel (norms and the residual stream on sequence
+  // shards); validated by tp::validate.
+  tp::TensorParallelConfig tensor_parallel;
   DataConfig data;
   LogConfig log;
 };
