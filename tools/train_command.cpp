@@ -372,9 +372,11 @@ int train_command(const std::vector<std::string>& args) {
       // Every rank reaches this step boundary; one small allreduce makes them agree whether any rank
       // was signalled, so all stop at this step, a rank signalled late included.
       int sig = 0;
-      // Over every rank (at tp > 1 the job's group: tp ranks of one replica must stop together).
+      // Over every rank: at tp > 1 over dp, then tp (the tp ranks of one replica stop together).
+      const comm::Group* agree_over[] = {data_parallel, tensor_parallel};
       const bool preempted =
-          launch::agree_preempted(preemption, job ? *job : *dp, &sig) && r.step < cfg.train_steps;
+          launch::agree_preempted(preemption, std::span(agree_over, tensor_parallel != nullptr ? 2 : 1), &sig) &&
+          r.step < cfg.train_steps;
       if (saved_here || (preempted && !save_dir.empty())) {
         // An agreed error (every rank throws the same one): the job ends cleanly, rank 0 says why.
         try {

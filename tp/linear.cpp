@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 #include "core/errors.h"
 #include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
@@ -16,9 +18,11 @@ using nn::MemoryUse;
 
 namespace {
 
-int64_t split(int64_t features, int parts, const char* layer, const char* what) {
-  ZS_MODEL_CHECK(parts >= 1 && features % parts == 0,
-                 "{}: {} {} is not divisible by the tensor-parallel size {} (x stride)", layer, what, features, parts);
+// features / (parts * stride) * stride: this rank's share, or ModelError naming the layer.
+int64_t split(int64_t features, int parts, int stride, const char* layer, const char* what) {
+  ZS_MODEL_CHECK(parts >= 1 && stride >= 1 && features % (int64_t{parts} * stride) == 0,
+                 "{}: {} {} is not divisible by the tensor-parallel size {}{}", layer, what, features, parts,
+                 stride > 1 ? fmt::format(" times the stride {}", stride) : std::string());
   return features / parts;
 }
 
@@ -32,7 +36,7 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
       out_(out_features),
       tp_(tp),
       weight_(declare_param("weight",
-                            {split(out_features, tp.size() * stride, "ColumnParallelLinear", "out_features") * stride,
+                            {split(out_features, tp.size(), stride, "ColumnParallelLinear", "out_features"),
                              in_features},
                             nn::Init::normal(0.0f, init_std))) {
   const nn::TensorSlice slice{.dim = 0, .parts = tp.size(), .index = tp.rank(), .stride = stride};
@@ -71,7 +75,7 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
     : in_(in_features),
       out_(out_features),
       tp_(tp),
-      weight_(declare_param("weight", {out_features, split(in_features, tp.size(), "RowParallelLinear", "in_features")},
+      weight_(declare_param("weight", {out_features, split(in_features, tp.size(), 1, "RowParallelLinear", "in_features")},
                             nn::Init::normal(0.0f, init_std))) {
   weight_.set_tensor_slice({.dim = 1, .parts = tp.size(), .index = tp.rank()});
   // Whole on every rank: added once, after the sum over the group.
