@@ -5,7 +5,7 @@
 //     replicated; tp 2 is two ranks, each an engine over a data-parallel group of its own and the
 //     world as its tensor-parallel group. Saved at tp 2 stage 3, loaded at tp 1 x dp 2 stage 1 (the
 //     whole tensors bit for bit), continued with the losses of the run never interrupted, saved, and
-//     loaded back at tp 2; consolidate gives the whole tensors; compare finds the tp 2 and tp 1
+//     loaded back at tp 2 ZeRO-0, whose save equals it; consolidate gives the whole tensors; compare finds the tp 2 and tp 1
 //     runs' checkpoints equal (layout aside); CAdam's packed states go from tp 2 to tp 1 exactly.
 //     Errors: another full shape, CAdam's blocks cut by a slice.
 //   - tp::GptModel (np 4): saved at dp 2 x tp 2, ZeRO-3, loaded at dp 4 x tp 1 ZeRO-1 with cpu offload
@@ -274,10 +274,13 @@ TEST(TensorParallelCheckpoint, SliceSavedAtTp2ResumesAtTp1AndBack) {
     ASSERT_EQ(got.size(), values.size()) << name;
     for (size_t i = 0; i < values.size(); ++i) ASSERT_NEAR(got[i], values[i], 1e-5) << name << "[" << i << "]";
   }
-  // Saved at tp 1 (2 ranks, ZeRO-1), loaded back at tp 2: the slices of the saved tensors.
-  const Phase back = run_phase(world, Ranks::kTp2, 2, 6, dir / "tp1", {});
+  // Saved at tp 1 (2 ranks, ZeRO-1), loaded back at tp 2 (ZeRO-0): the slices of the saved tensors;
+  // saved again there, every state equals the tp 1 save's.
+  const Phase back = run_phase(world, Ranks::kTp2, 0, 6, dir / "tp1", dir / "back");
   EXPECT_EQ(back.loaded, at_tp1.final);
   if (world.rank() == 0) {
+    const checkpoint::CompareResult same = checkpoint::compare(dir / "tp1", dir / "back", 0.0, 0.0);
+    EXPECT_TRUE(same.equal) << same.report;
     // The tp 2 and tp 1 runs' checkpoints at step 6 hold the same states (within rounding); the
     // layout (world size, tp, stage) is reported, not compared.
     const checkpoint::CompareResult cmp = checkpoint::compare(dir / "straight", dir / "tp1", 1e-4, 1e-6);
