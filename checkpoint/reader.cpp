@@ -431,7 +431,17 @@ void CheckpointReader::read(std::string_view buffer, std::string_view tensor, ui
   const size_t in_size = memory::dtype_size(stored), out_size = memory::dtype_size(out_dtype);
   auto* dst = static_cast<std::byte*>(out);
   uint64_t covered = 0;
-  for (const Piece& p : it->second[static_cast<size_t>(t)]) {
+  // The pieces are sorted by begin and disjoint: start at the last non-empty one that begins at or
+  // before `begin` (a tensor-parallel slice's load reads one run per row of a row-parallel weight,
+  // among as many pieces: no scan from the tensor's first piece per read).
+  const std::vector<Piece>& pieces = it->second[static_cast<size_t>(t)];
+  auto from = std::upper_bound(pieces.begin(), pieces.end(), begin,
+                               [](uint64_t b, const Piece& p) { return b < p.begin; });
+  while (from != pieces.begin()) {
+    if ((--from)->count > 0) break;
+  }
+  for (auto pi = from; pi != pieces.end() && pi->begin < begin + count; ++pi) {
+    const Piece& p = *pi;
     uint64_t lo = std::max(begin, p.begin), hi = std::min(begin + count, p.begin + p.count);
     if (lo >= hi) continue;
     fs::path path = dir_ / rank_file_name(p.rank);

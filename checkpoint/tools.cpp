@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/errors.h"
@@ -70,8 +71,11 @@ std::string inspect(const fs::path& path, const std::optional<std::string>& conf
   }
   CheckpointReader r = single ? CheckpointReader::open_dir(path) : CheckpointReader(path);
   const Metadata& m = r.metadata();
-  out << fmt::format("tag {}: format version {}, run id {}, world size {}, {} bytes\n", m.tag, m.version, m.run_id,
-                     m.layout.world_size, r.stored_bytes());
+  // Tensors are whole whatever tp degree wrote them (Note [Checkpoint layout]); the degree is information.
+  auto tp = m.scalars.find("tensor_parallel_size");
+  out << fmt::format("tag {}: format version {}, run id {}, world size {}{}, {} bytes\n", m.tag, m.version, m.run_id,
+                     m.layout.world_size, tp == m.scalars.end() ? "" : fmt::format(" (tp {})", scalar_text(tp->second)),
+                     r.stored_bytes());
   for (const BufferLayout& b : m.layout.buffers) {
     uint64_t n = 0;
     for (int rank = 0; rank < m.layout.world_size; ++rank) n += b.rank_elements(rank);
@@ -248,8 +252,23 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
   for (const TensorInfo& u : lb.tensors) {
     if (la.find_tensor(u.name) < 0) differ(fmt::format("tensor {}: only in B", u.name));
   }
+  // The scalars that say how the states were laid out, not what they are: a checkpoint resumed at
+  // another world size, tp degree, ZeRO stage or offload target holds the same model and optimizer
+  // states (its tensors are whole, Note [Checkpoint layout]), so these are reported, not compared.
+  static const std::set<std::string, std::less<>> kLayoutScalars = {"world_size", "tensor_parallel_size", "zero.stage",
+                                                                    "offload_optimizer", "offload_param"};
   const auto &sa = ra.metadata().scalars, &sb = rb.metadata().scalars;
+  auto text_or = [](const std::map<std::string, Scalar>& m, const std::string& k) {
+    auto it = m.find(k);
+    return it == m.end() ? std::string("-") : scalar_text(it->second);
+  };
+  for (const std::string& k : kLayoutScalars) {
+    if (text_or(sa, k) != text_or(sb, k)) {
+      out << fmt::format("layout {}: {} in A, {} in B (not a difference)\n", k, text_or(sa, k), text_or(sb, k));
+    }
+  }
   for (const auto& [k, v] : sa) {
+    if (kLayoutScalars.contains(k)) continue;
     auto it = sb.find(k);
     if (it == sb.end()) {
       differ(fmt::format("scalar {}: only in A", k));
@@ -258,7 +277,7 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
     }
   }
   for (const auto& [k, v] : sb) {
-    if (!sa.contains(k)) differ(fmt::format("scalar {}: only in B", k));
+    if (!sa.contains(k) && !kLayoutScalars.contains(k)) differ(fmt::format("scalar {}: only in B", k));
   }
   out << fmt::format("{}: {} tensor buffers compared (rtol {:g}, atol {:g})\n", res.equal ? "equal" : "DIFFERENT",
                      compared, rtol, atol);

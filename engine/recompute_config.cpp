@@ -29,16 +29,26 @@ std::string checkpoint_blocks_name(const RecomputeConfig& c) {
   return "none";
 }
 
+void check_partition_activations(const RecomputeConfig& c, int tensor_parallel_size) {
+  if (!c.partition_activations || tensor_parallel_size <= 1) return;
+  throw ConfigError(fmt::format("activation_checkpointing.partition_activations: true at model.tensor_parallel_size {} "
+                                "would split each kept activation across the tensor-parallel group, which zeroshard "
+                                "does not do yet (kept activations stay whole on every tp rank); set it to false "
+                                "(sequence parallelism, model.sequence_parallel, already splits the norms' and "
+                                "dropouts' activations), or use cpu_checkpointing to move kept inputs off the device",
+                                tensor_parallel_size));
+}
+
 namespace detail {
 
 void read_recompute(ObjectReader& r, RecomputeConfig& c, std::vector<std::string>& notes) {
-  bool partition = false;
-  if (r.read("partition_activations", partition) && partition) {
-    throw ConfigError(fmt::format("{}: true splits each kept activation across tensor-parallel ranks (Megatron's model "
-                                  "parallelism), which zeroshard does not have: every rank holds whole activations of "
-                                  "its own micro-batch; set it to false (cpu_checkpointing moves kept inputs off the "
-                                  "device instead)",
-                                  r.path_of("partition_activations")));
+  // DeepSpeed's partition_activations splits each kept activation across the tensor-parallel group;
+  // at tensor-parallel size 1 it does nothing there, and here (Megatron's DeepSpeed configs set it).
+  if (r.read("partition_activations", c.partition_activations) && c.partition_activations) {
+    notes.push_back(fmt::format("{}: accepted; it splits kept activations across the tensor-parallel group, so at "
+                                "tensor-parallel size 1 it is a no-op (as in DeepSpeed); zeroshard does not split them "
+                                "at tensor-parallel sizes above 1 yet and refuses it there",
+                                r.path_of("partition_activations")));
   }
   r.read("cpu_checkpointing", c.cpu_checkpointing);
   r.read("contiguous_memory_optimization", c.contiguous_memory_optimization);

@@ -35,6 +35,12 @@ struct RecomputeConfig {
   int64_t number_checkpoints = 0;               // its slots; 0: the number of checkpointed modules
   bool synchronize_checkpoint_boundary = false; // the device backend synchronizes at each kept input and re-run
   bool profile = false;                         // log each step's recompute time (rank 0)
+  // Kept activations split across the tensor-parallel group: accepted as a no-op at tp 1, refused
+  // above (the Engine constructor; run::parse_run_config for model.tensor_parallel_size).
+  bool partition_activations = false;
+  // The program applied `blocks` to its model itself (zeroshard train's tensor-parallel GPT, whose
+  // set_recompute the engine does not know): the engine then only counts the marked modules.
+  bool applied_by_program = false;
   // device_budget_mb: MiB the predicted device peak must fit, or "auto" (device.memory_mb); 0: none.
   // Resolved into kFirst before the engine is built (estimate/recompute_budget.h); the engine refuses
   // an unresolved one.
@@ -47,6 +53,10 @@ struct RecomputeConfig {
 nn::GptRecompute gpt_recompute(const RecomputeConfig& c, int64_t n_layer);
 // "none", "all", "every 2", "first 3", "selective": the choice in words (logs and the summary).
 std::string checkpoint_blocks_name(const RecomputeConfig& c);
+
+// ConfigError naming activation_checkpointing.partition_activations when it is on at a
+// tensor-parallel size above 1 (not implemented there yet).
+void check_partition_activations(const RecomputeConfig& c, int tensor_parallel_size);
 
 namespace detail {
 // Reads the section (declaring its keys to `r`); notes get a line per accepted key without effect.

@@ -33,6 +33,7 @@
 #include "nn/data.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "tp/gpt.h"
 #include "tools/commands.h"
 #include "tools/moe_report.h"
 
@@ -211,15 +212,38 @@ int train_command(const std::vector<std::string>& args) {
 
   std::unique_ptr<comm::Group> dp;
   std::optional<comm::ExpertGroups> expert_groups;  // model.moe: a comm::Topology's dp/ep/edp over dp
+  // model.tensor_parallel_size > 1: a comm::Topology over every rank (its "dp" and "tp" groups); the
+  // data come by dp rank, every tp rank of a replica computing on the same micro-batch.
+  const int tp_size = cfg.tensor_parallel.tensor_parallel_size;
+  std::unique_ptr<comm::Group> job;  // every rank, with the config's comm settings (tp > 1)
+  std::optional<comm::Topology> topology;
+  const comm::Group* data_parallel = nullptr;
+  const comm::Group* tensor_parallel = nullptr;
   moe::GptMoeModel* moe_model = nullptr;
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<engine::DatasetSource> source;
   std::unique_ptr<engine::DatasetSource> eval_source;  // data.eval_interval > 0
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
-        dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s,
-                                                                                  .shared_memory = cfg.comm.shared_memory}));
-        if (cfg.model_moe) {
+        const comm::CommConfig comm_config{.timeout_s = cfg.comm.timeout_s, .shared_memory = cfg.comm.shared_memory};
+        if (tp_size > 1) {
+          job = std::make_unique<comm::Group>(everyone.dup("world", comm_config));
+          topology.emplace(*job, comm::TopologyConfig{.tensor_parallel_size = tp_size});
+          data_parallel = &topology->data_parallel();
+          tensor_parallel = &topology->tensor_parallel();
+        } else {
+          dp = std::make_unique<comm::Group>(everyone.dup("dp", comm_config));
+          data_parallel = dp.get();
+        }
+        if (tp_size > 1) {
+          auto m = std::make_unique<tp::GptModel>(model_cfg, cfg.tensor_parallel, tensor_parallel);
+          // Its blocks are marked here: the engine applies checkpoint_blocks to nn::GptModel only.
+          if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) {
+            m->set_recompute(engine::gpt_recompute(cfg.recompute, model_cfg.n_layer));
+            cfg.recompute.applied_by_program = true;
+          }
+          model = std::move(m);
+        } else if (cfg.model_moe) {
           comm::Topology topology(*dp, {.expert_parallel_size = cfg.model_moe->moe.ep_size});  // tp = pp = 1 today
           expert_groups.emplace(comm::ExpertGroups{topology.take_data_parallel(), topology.take_expert_parallel(),
                                                    topology.take_expert_data_parallel()});
@@ -237,7 +261,8 @@ int train_command(const std::vector<std::string>& args) {
         }
         source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed),
                                                          cfg.data.min_seq_len);
-        engine = std::make_unique<engine::Engine>(*model, cfg, *dp);
+        engine = tensor_parallel != nullptr ? std::make_unique<engine::Engine>(*model, cfg, *data_parallel, *tensor_parallel)
+                                            : std::make_unique<engine::Engine>(*model, cfg, *dp);
       })) {
     return 1;
   }
@@ -246,9 +271,14 @@ int train_command(const std::vector<std::string>& args) {
   const std::string save_dir = !a->save.empty() ? a->save : cfg.checkpoint.dir;
 
   try {
-    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters); data: {} ({} bytes)",
+    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters){}; data: {} ({} bytes)",
                 moe_model != nullptr ? "-MoE" : "", model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
-                engine->param_count(), source->data().origin(), source->data().bytes().size());
+                engine->param_count(),
+                tp_size > 1 ? fmt::format(", tensor-parallel over {} ranks{} (dp {} x tp {})", tp_size,
+                                          cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "",
+                                          data_parallel->size(), tp_size)
+                            : std::string(),
+                source->data().origin(), source->data().bytes().size());
     if (moe_model != nullptr) {
       const moe::GptMoeConfig& mc = *cfg.model_moe;
       ZS_LOG_INFO("moe: {} MoE layer(s) (every {} block(s)) of {} experts, top-{}, capacity factor {}, ep_size {} ({} "
@@ -257,9 +287,9 @@ int train_command(const std::vector<std::string>& args) {
                   mc.moe.ep_size, mc.moe.num_experts / mc.moe.ep_size, mc.aux_loss_coef);
     }
     MoeSummary moe_summary;
-    ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} rank(s); {} steps{}",
+    ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} {}; {} steps{}",
                 cfg.batch.train_batch_size, cfg.batch.micro_batch_per_rank, cfg.batch.gradient_accumulation_steps,
-                world.size(), cfg.train_steps,
+                data_parallel->size(), tp_size > 1 ? "data-parallel rank(s)" : "rank(s)", cfg.train_steps,
                 cfg.data.min_seq_len > 0 ? fmt::format("; sequences of {} to {} tokens, one length per step (data.min_seq_len)",
                                                        cfg.data.min_seq_len, model_cfg.seq_len)
                                          : std::string());
@@ -304,10 +334,14 @@ int train_command(const std::vector<std::string>& args) {
                 ? std::string()
                 : fmt::format(" | host peak {} | nvme {} | to device {} | to host {}", mib(mem.host_peak_bytes),
                               mib(mem.nvme_bytes), mib(r.transfers.host_to_device_bytes), mib(r.transfers.device_to_host_bytes));
-        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{}",
+        // dp x tp: the tensor-parallel layers' bytes this step (this rank's sends over the tp group).
+        const std::string topo = tp_size > 1 ? fmt::format(" | dp {} x tp {} | tp sent {}", data_parallel->size(), tp_size,
+                                                           mib(r.tp_comm_bytes_sent))
+                                             : std::string();
+        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{}{}",
                     r.step, cfg.train_steps, r.loss, r.lr, static_cast<double>(tokens_per_step) / dt, dt,
                     mib(mem.model_states.params + mem.model_states.grads + mem.model_states.optimizer),
-                    mib(mem.device_peak_bytes), offloaded, r.skipped ? " | overflow: step skipped" : "");
+                    mib(mem.device_peak_bytes), topo, offloaded, r.skipped ? " | overflow: step skipped" : "");
         if (moe_model != nullptr) {
           const MoeRouting routing = gather_routing(*moe_model, *dp);
           moe_summary.record(routing);
@@ -338,7 +372,11 @@ int train_command(const std::vector<std::string>& args) {
       // Every rank reaches this step boundary; one small allreduce makes them agree whether any rank
       // was signalled, so all stop at this step, a rank signalled late included.
       int sig = 0;
-      const bool preempted = launch::agree_preempted(preemption, *dp, &sig) && r.step < cfg.train_steps;
+      // Over every rank: at tp > 1 over dp, then tp (the tp ranks of one replica stop together).
+      const comm::Group* agree_over[] = {data_parallel, tensor_parallel};
+      const bool preempted =
+          launch::agree_preempted(preemption, std::span(agree_over, tensor_parallel != nullptr ? 2 : 1), &sig) &&
+          r.step < cfg.train_steps;
       if (saved_here || (preempted && !save_dir.empty())) {
         // An agreed error (every rank throws the same one): the job ends cleanly, rank 0 says why.
         try {
