@@ -2,8 +2,9 @@
 # Both install missing Debian packages first (scripts/install-deps.sh), then configure and build.
 PRESET ?= release
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
 
-.PHONY: all deps bench-deps build demo test bench clean
+.PHONY: all deps bench-deps build demo test bench install clean
 
 all: build
 
@@ -33,6 +34,12 @@ bench: build
 
 demo: build
 	bash scripts/demo.sh build/$(PRESET)
+
+# The `zeroshard` tool into $(PREFIX)/bin (on PATH for /usr/local), with the library, its headers and
+# its CMake package (find_package(zeroshard), README.md). The docs write plain `zeroshard` for it; without
+# `make install` it is build/$(PRESET)/tools/zeroshard.
+install: build
+	cmake --install build/$(PRESET) --prefix $(PREFIX)
 
 clean:
 	rm -rf build
