@@ -197,9 +197,11 @@ double real_scalar(const checkpoint::Metadata& m, const std::string& key, const 
   return std::get<double>(it->second);
 }
 
+// Made printable (core/errors.h): the value is the file's and reaches messages ("saved with optimizer
+// '...'"); a well-formed value is unchanged.
 std::string string_scalar(const checkpoint::Metadata& m, const std::string& key) {
   auto v = scalar_or(m, key, std::string());
-  return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
+  return std::holds_alternative<std::string>(v) ? printable(std::get<std::string>(v)) : std::string();
 }
 
 }  // namespace zs::engine

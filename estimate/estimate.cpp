@@ -446,10 +446,14 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     const uint64_t prefetch = static_cast<uint64_t>(in.zero.stage3_prefetch_bucket_size);
     if (f.exact_layout) {
       st.gathered_params.bytes = b * std::min(f.nonpersistent_elements, f.gather_chain_elements + prefetch);
-      st.gathered_params.formula = fmt::format(
-          "{} x min(non-persistent {}, running chain {} (down to {}) + stage3_prefetch_bucket_size {})", b,
-          group_digits(f.nonpersistent_elements), group_digits(f.gather_chain_elements), f.gather_chain_module,
-          group_digits(prefetch));
+      // No chain when every module is below stage3_param_persistence_threshold (a small model: all
+      // kept gathered), so there is no module to name.
+      const std::string chain = f.gather_chain_module.empty()
+                                    ? std::string("running chain 0 (every module persistent)")
+                                    : fmt::format("running chain {} (down to {})", group_digits(f.gather_chain_elements),
+                                                  f.gather_chain_module);
+      st.gathered_params.formula = fmt::format("{} x min(non-persistent {}, {} + stage3_prefetch_bucket_size {})", b,
+                                               group_digits(f.nonpersistent_elements), chain, group_digits(prefetch));
       st.persistent_params.applies = true;
       st.persistent_params.bytes = b * f.persistent_elements;
       st.persistent_params.formula =

@@ -9,10 +9,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/agree.h"
 #include "comm/topology.h"
 #include "comm/world.h"
@@ -36,6 +38,7 @@
 #include "tp/gpt.h"
 #include "tools/commands.h"
 #include "tools/moe_report.h"
+#include "tools/options.h"
 
 namespace zs::tools {
 namespace {
@@ -43,14 +46,18 @@ namespace {
 namespace po = boost::program_options;
 
 constexpr const char* kTrainUsage =
-    "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR] [--load DIR]\n";
+    "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR]\n"
+    "                       [--load DIR [--load-tag TAG]]\n"
+    "  --load DIR: a checkpoint directory (resumes from the tag its `latest` file names) or one tag's\n"
+    "              directory (DIR/global_step15); --load-tag TAG picks another tag of DIR\n";
 
 struct TrainArgs {
   std::string config;
   std::optional<int64_t> steps;
   std::string summary;
   std::string save;  // checkpoint directory to save to (else checkpoint.dir)
-  std::string load;  // checkpoint directory to resume from (its `latest` tag)
+  std::string load;      // checkpoint directory to resume from (its `latest` tag), or one tag's directory
+  std::string load_tag;  // --load-tag: the tag under `load` instead of `latest`
 };
 
 // Returns nullopt after printing usage (exit code in `code`).
@@ -62,13 +69,11 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
       "save", po::value<std::string>(),
       "save checkpoints here every checkpoint.save_interval steps and at the end (default: checkpoint.dir)")(
       "load", po::value<std::string>(),
-      "resume from the latest checkpoint here (any world size, ZeRO stage or offload); --steps stays the total");
+      "resume from the latest checkpoint here, or from the tag directory given (any world size, ZeRO stage or "
+      "offload); --steps stays the total")(
+      "load-tag", po::value<std::string>(), "with --load DIR: resume from this tag of DIR instead of its latest");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "zeroshard train: %s\n%s", e.what(), kTrainUsage);
+  if (!parse_command_line("train", args, opts, kTrainUsage, vm)) {
     code = 2;
     return std::nullopt;
   }
@@ -97,6 +102,13 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   if (vm.count("summary")) a.summary = vm["summary"].as<std::string>();
   if (vm.count("save")) a.save = vm["save"].as<std::string>();
   if (vm.count("load")) a.load = vm["load"].as<std::string>();
+  if (vm.count("load-tag")) a.load_tag = vm["load-tag"].as<std::string>();
+  if (!a.load_tag.empty() && a.load.empty()) {
+    std::fprintf(stderr, "zeroshard train: --load-tag needs --load DIR (the checkpoint directory holding the tag)\n%s",
+                 kTrainUsage);
+    code = 2;
+    return std::nullopt;
+  }
   return a;
 }
 
@@ -146,6 +158,21 @@ std::string read_config_everywhere(const comm::Group& group, const std::string& 
   }
   if (!header[0]) throw ConfigError(text);
   return text;
+}
+
+// --load DIR [--load-tag TAG] -> (checkpoint root, tag; "" for the root's `latest`). A tag directory
+// (one holding the metadata file, as `zeroshard checkpoint inspect` accepts) stands for its parent
+// and its own name.
+std::pair<std::string, std::string> load_target(const TrainArgs& a) {
+  if (!a.load_tag.empty()) return {a.load, a.load_tag};
+  std::filesystem::path dir = std::filesystem::path(a.load).lexically_normal();
+  if (!dir.has_filename() && dir.has_parent_path()) dir = dir.parent_path();  // "ckpt/global_step15/"
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir / checkpoint::kMetadataFile, ec) && dir.has_filename()) {
+    const std::filesystem::path parent = dir.has_parent_path() ? dir.parent_path() : std::filesystem::path(".");
+    return {parent.string(), dir.filename().string()};
+  }
+  return {a.load, ""};
 }
 
 std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
@@ -267,7 +294,10 @@ int train_command(const std::vector<std::string>& args) {
     return 1;
   }
   // Resume: the engine agrees on a load error itself (every rank throws the same one).
-  if (!a->load.empty() && !agree(everyone, [&] { engine->load_checkpoint(a->load); })) return 1;
+  if (!a->load.empty()) {
+    const auto [root, tag] = load_target(*a);
+    if (!agree(everyone, [&] { engine->load_checkpoint(root, tag); })) return 1;
+  }
   const std::string save_dir = !a->save.empty() ? a->save : cfg.checkpoint.dir;
 
   try {
