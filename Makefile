@@ -19,9 +19,9 @@ build: deps
 	cmake --preset $(PRESET)
 	cmake --build --preset $(PRESET) -j $(JOBS)
 
-# The test preset leaves out labels slow and tcp (the MPI tests again over TCP, which .ci/run runs
-# after this). The demo itself is part of it (tests/docs: docs_demo_output checks the README's quotes
-# of its output).
+# The test preset leaves out labels slow, tcp (the MPI tests again over TCP) and docs_output (the demo
+# and the runs whose output README.md and docs/ quote, checked by tests/docs), which .ci/run runs after
+# this.
 # The preset retries a test that timed out once (the machine stalling); scripts/ctest-retries.sh names
 # every test that passed only so. The long fault and fuzz runs (labels faults_long, fuzz_long) are
 # .ci/run phases of their own.

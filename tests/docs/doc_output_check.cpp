@@ -1,7 +1,7 @@
 // Run output quoted in README.md and docs/*.md stays true to the program. A code block preceded by the
 // line `<!-- output of NAME -->` quotes lines a run prints; tests/docs/CMakeLists.txt names the run
 // behind each NAME (the demo, ...), and a test runs it once and calls
-//   doc_output_check SOURCE_DIR NAME OUTPUT_FILE
+//   doc_output_check SOURCE_DIR NAME OUTPUT_FILE [RELATIVE_TOLERANCE]
 // which fails unless every quoted line of every NAME block is a line of OUTPUT_FILE, in order
 // (lines may be left out between them; the log's timestamp and level prefix may be left out, and so
 // may the end of a line, written "..."). Numbers compare as numbers within 0.1% relative (printed
@@ -101,6 +101,10 @@ Pattern pattern_of(const std::string& quoted) {
   return {std::regex(re), numbers, texts};
 }
 
+// Relative tolerance of figures: 0.1%, or the run's own (the optional fourth argument; bf16 runs, whose
+// products take another kernel on a CPU without AVX512-BF16).
+double g_rel_tol = 1e-3;
+
 // Whether `actual` prints `quoted` (see the top). When only figures differ, `agreeing` is the number
 // of leading figures that agree and `why` names the first that does not.
 bool prints(const std::string& actual, const Pattern& p, size_t* agreeing = nullptr, std::string* why = nullptr) {
@@ -109,7 +113,7 @@ bool prints(const std::string& actual, const Pattern& p, size_t* agreeing = null
   for (size_t k = 0; k < p.numbers.size(); ++k) {
     const double want = p.numbers[k], got = std::stod(m[k + 1].str());
     if (std::isnan(want)) continue;
-    if (std::fabs(got - want) > 1e-3 * std::max(std::fabs(want), std::fabs(got))) {
+    if (std::fabs(got - want) > g_rel_tol * std::max(std::fabs(want), std::fabs(got))) {
       if (agreeing) *agreeing = k;
       if (why) *why = "the docs say " + p.texts[k] + ", the program prints " + m[k + 1].str();
       return false;
@@ -220,7 +224,10 @@ TEST(DocOutputCheck, FindsMarkedBlocks) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 4) return check_main(argv[1], argv[2], argv[3]);
+  if (argc == 4 || argc == 5) {
+    if (argc == 5) g_rel_tol = std::stod(argv[4]);
+    return check_main(argv[1], argv[2], argv[3]);
+  }
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

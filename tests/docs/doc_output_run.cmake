@@ -4,6 +4,7 @@
 #   -DCOMMAND=a|b|c       the command line, arguments separated by '|'
 #   -DNAME=n              the marker name the quoted blocks carry
 #   -DCHECKER=exe -DROOT=source dir -DOUT=file (the run's stdout and stderr, kept for a look)
+#   -DTOLERANCE=r         optional: figures agree within r relative (default the checker's 0.1%)
 #   -DSET_JSON=in|out|key...|value   optional: writes `in` with one JSON value replaced to `out` first
 #                         (the docs' `jq '.zero_optimization.stage = 0'`)
 cmake_minimum_required(VERSION 3.25)
@@ -22,7 +23,7 @@ message("$ ${shown}\nexit ${rc}\n${log}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the run exited ${rc}")
 endif()
-execute_process(COMMAND ${CHECKER} ${ROOT} ${NAME} ${OUT} RESULT_VARIABLE rc)
+execute_process(COMMAND ${CHECKER} ${ROOT} ${NAME} ${OUT} ${TOLERANCE} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the docs quote output this run does not print (above)")
 endif()
