@@ -4,7 +4,7 @@
 // relative over 20 steps; bf16: 1e-2, its products round differently when a matmul's reduction is
 // split over ranks) at every ZeRO stage, with gradient accumulation, clipping below the gradient norm
 // (a norm that counted a replicated parameter tp times, or a TP shard once, changes every update),
-// sequence parallelism on and off, tied and untied heads, optimizer offload and Lamb (whose trust
+// sequence parallelism on and off, tied and untied heads, cpu and NVMe offload and Lamb (whose trust
 // ratio needs whole-tensor norms); the initial param_digest is the same bits for every tp, fp32_param
 // gives the full tp = 1 tensors, stage-3 gathers hold this rank's TP shards only, replicas differing
 // in one bit are a ModelError, and a model built for another tp degree is refused.
@@ -35,6 +35,7 @@
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
 #include "tests/support/mpi_test_env.h"
+#include "tests/support/temp_dir.h"
 #include "nn/gpt.h"
 #include "tp/gpt.h"
 #include "tp/tp.h"
@@ -133,6 +134,11 @@ EngineConfig make_config(const Case& k, int dp) {
   c.zero.stage3_param_persistence_threshold = 0;  // every module gathered and released
   c.zero.offload_optimizer.device = k.offload;
   if (k.offload != OffloadDevice::kNone && k.stage == 3) c.zero.offload_param.device = k.offload;
+  if (k.offload == OffloadDevice::kNvme) {
+    // Each process's own directory: the swap files of the tp ranks of one dp rank must not meet.
+    static const test::TempDir dir;
+    c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = dir.path();
+  }
   c.optimizer = k.lamb ? OptimizerConfig("Lamb", optim::LambConfig{.lr = 1e-2, .weight_decay = 0.01})
                        : OptimizerConfig("AdamW", optim::AdamConfig{.lr = 1e-2, .weight_decay = 0.1});
   // Below the gradient norm (0.04 to 0.1 here): every update is clipped, so the norm must count every
@@ -241,7 +247,8 @@ void expect_same_training(const RunResult& got, const RunResult& ref, double rto
 std::string describe(const Case& k) {
   return fmt::format("{}, stage {}, {}, accumulation {}{}{}{}", k.gpt ? (k.tied ? "GPT" : "GPT untied") : "TpLm", k.stage, precision_name(k.precision), k.accumulation,
                      k.sequence_parallel ? ", sequence parallel" : "",
-                     k.offload != OffloadDevice::kNone ? ", offload cpu" : "", k.lamb ? ", Lamb" : "");
+                     k.offload == OffloadDevice::kCpu ? ", offload cpu" : k.offload == OffloadDevice::kNvme ? ", offload nvme" : "",
+                     k.lamb ? ", Lamb" : "");
 }
 
 void expect_tp_trains_as_tp1(const Case& k, double rtol) {
@@ -280,6 +287,8 @@ TEST(TpEngine, Bf16TrainsAsTp1) {
 TEST(TpEngine, OffloadTrainsAsTp1) {
   expect_tp_trains_as_tp1({.stage = 2, .offload = OffloadDevice::kCpu}, 1e-5);
   expect_tp_trains_as_tp1({.stage = 3, .accumulation = 1, .offload = OffloadDevice::kCpu}, 1e-5);
+  // NVMe: the optimizer states and the stage-3 parameter shards of this rank's slices in swap files.
+  expect_tp_trains_as_tp1({.stage = 3, .accumulation = 1, .offload = OffloadDevice::kNvme}, 1e-5);
 }
 
 TEST(TpEngine, LambTrustRatioOverWholeTensors) {
