@@ -75,7 +75,8 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
     : in_(in_features),
       out_(out_features),
       tp_(tp),
-      weight_(declare_param("weight", {out_features, split(in_features, tp.size(), 1, "RowParallelLinear", "in_features")},
+      weight_(declare_param("weight",
+                            {out_features, split(in_features, tp.size(), 1, "RowParallelLinear", "in_features")},
                             nn::Init::normal(0.0f, init_std))) {
   weight_.set_tensor_slice({.dim = 1, .parts = tp.size(), .index = tp.rank()});
   // Whole on every rank: added once, after the sum over the group.

@@ -90,9 +90,10 @@ TEST(TensorParallelGpt, EqualsTheTpOneModel) {
 
 TEST(TensorParallelGpt, Bf16ParametersStayCloseToTheTpOneModel) {
   // bf16 products round their operands to bf16 (Note [bf16 products]): the tp = 1 and tp > 1 sums
-  // differ in order, so the results agree to bf16's precision, not fp32's.
+  // differ in order, so an operand may round the other way: the results agree to bf16's precision,
+  // not fp32's (within 2e-3 on sgemm and on the AVX512-BF16 kernel when this was written).
   for (int t : tp_sizes()) {
-    for (bool sp : {false, true}) check({.tp = t, .sp = sp, .tied = true, .dtype = DType::kBF16, .tol = 3e-2});
+    for (bool sp : {false, true}) check({.tp = t, .sp = sp, .tied = true, .dtype = DType::kBF16, .tol = 1e-2});
   }
 }
 

@@ -132,5 +132,37 @@ TEST(TensorParallelTransformer, BlockGradientsMatchFiniteDifferences) {
   }
 }
 
+// The bytes one block's forward and backward send on each rank (comm/config.h's counting rule, from
+// the World's counters), on (B, T, C) activations of n = B T C elements and N ranks:
+//   without sequence parallelism: Megatron's four all-reduces of n (attn.proj and mlp.proj forward,
+//     attn.qkv and mlp.fc backward), 2 (N-1)/N n elements each;
+//   with it: four reduce-scatters (the row layers' outputs forward, the column layers' input gradients
+//     backward) and six all-gathers (the column layers' inputs forward and again backward, as
+//     Megatron's backward re-gathers them, and the row layers' output gradients), (N-1)/N n elements
+//     each, plus the all-reduces of the replicated gradients computed on shards (ln1 and ln2: 2C
+//     elements each; attn.proj.bias and mlp.proj.bias: C each).
+TEST(TensorParallelTransformer, BlockSendsMegatronsBytes) {
+  const int t = tp_sizes().back();
+  if (t == 1) GTEST_SKIP() << "needs tp > 1";
+  comm::Group group = tp_group(t);
+  const uint64_t N = static_cast<uint64_t>(t), n = kB * kT * kC, f = sizeof(float);
+  auto allreduce_bytes = [&](uint64_t m) { return 2 * (N - 1) * m / N * f; };
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(fmt::format("tp {} sequence_parallel {}", t, sp));
+    const TensorParallel tp{.group = &group, .sequence_parallel = sp};
+    ParallelBlock par(kC, kHeads, tp);
+    nn::materialize(par, 3);
+    const Tensor x = nn::ref::random_tensor({kB, sp ? kT / t : kT, kC}, 1);
+    HostContext ctx;
+    const uint64_t before = group.counters().bytes_sent;
+    const Tensor y = ctx.forward(par, x);
+    ctx.backward(par, y);
+    const uint64_t sent = group.counters().bytes_sent - before;
+    const uint64_t want = sp ? 10 * ((N - 1) * n / N * f) + 2 * allreduce_bytes(2 * kC) + 2 * allreduce_bytes(kC)
+                             : 4 * allreduce_bytes(n);
+    EXPECT_EQ(sent, want);
+  }
+}
+
 }  // namespace
 }  // namespace zs::tp
