@@ -15,7 +15,6 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "engine/offload_rules.h"
-#include "engine/recompute_config.h"
 #include "engine/detail/engine_impl.h"
 #include "nn/layers.h"
 #include "nn/threads.h"
@@ -100,7 +99,6 @@ void check_tensor_slices(const std::vector<nn::Parameter*>& params, const comm::
           p->full_name(), s.index, s.parts, size, size > 1 ? fmt::format(" (this is its rank {})", rank) : std::string()));
     }
   }
-  check_partition_activations(cfg.recompute, size);
   if (size > 1 && cfg.optimizer.compressed()) {
     throw ConfigError(fmt::format(
         "optimizer.type: {} with model.tensor_parallel_size {} is not supported: its compressed allreduce scales "
