@@ -15,7 +15,6 @@
 #include "core/errors.h"
 #include "core/log.h"
 #include "engine/offload_rules.h"
-#include "engine/recompute_config.h"
 #include "engine/detail/engine_impl.h"
 #include "nn/layers.h"
 #include "nn/threads.h"
@@ -100,7 +99,6 @@ void check_tensor_slices(const std::vector<nn::Parameter*>& params, const comm::
           p->full_name(), s.index, s.parts, size, size > 1 ? fmt::format(" (this is its rank {})", rank) : std::string()));
     }
   }
-  check_partition_activations(cfg.recompute, size);
   if (size > 1 && cfg.optimizer.compressed()) {
     throw ConfigError(fmt::format(
         "optimizer.type: {} with model.tensor_parallel_size {} is not supported: its compressed allreduce scales "
@@ -174,7 +172,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
                   shared_arena_.inactive_reason());
     }
   }
-  if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
+  if (!cfg.device.alloc_trace.empty() && group.rank() == 0 && (tp_ == nullptr || tp_->rank() == 0)) {  // world rank 0
     // Fail now, not after the run, when the trace cannot be written. After the shared arena's
     // registration, whose collectives every rank must enter: rank 0 failing before them left rank 1
     // waiting in them while rank 0 waited in the caller's error agreement (a hang until
@@ -288,9 +286,12 @@ void Engine::start(std::unique_ptr<memory::Backend> backend) {
   // A measuring engine (the estimator) is one of many made in a row: it says so only when asked.
   if (impl_->kernels()) {
     // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
-    if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, group_.rank());
+    // Rank 0 of the job writes: with tensor parallelism the world rank is tp rank + tp x dp rank
+    // (comm::Topology's order), so the other tp ranks' dp rank 0 does not write the same files.
+    const int world_rank = tp_ != nullptr ? tp_->rank() + tp_->size() * group_.rank() : group_.rank();
+    if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, world_rank);
     // DeepSpeed profiles on global rank 0 only.
-    if (config_.monitor.flops.enabled && group_.rank() == 0) {
+    if (config_.monitor.flops.enabled && world_rank == 0) {
       impl_->profiler_ = std::make_unique<FlopsProfiler>(config_.monitor.flops);
     }
     size_t buckets = 0;

@@ -29,14 +29,22 @@ std::string checkpoint_blocks_name(const RecomputeConfig& c) {
   return "none";
 }
 
-void check_partition_activations(const RecomputeConfig& c, int tensor_parallel_size) {
+void check_partition_activations(const RecomputeConfig& c, int tensor_parallel_size, bool sequence_parallel,
+                                 std::vector<std::string>& notes) {
   if (!c.partition_activations || tensor_parallel_size <= 1) return;
+  if (sequence_parallel) {
+    notes.push_back(fmt::format("activation_checkpointing.partition_activations: with model.sequence_parallel every "
+                                "checkpointed block keeps its input as this rank's sequence shard, 1/{} of the "
+                                "activation: the split DeepSpeed's partition_activations makes, already done",
+                                tensor_parallel_size));
+    return;
+  }
   throw ConfigError(fmt::format("activation_checkpointing.partition_activations: true at model.tensor_parallel_size {} "
                                 "would split each kept activation across the tensor-parallel group, which zeroshard "
-                                "does not do yet (kept activations stay whole on every tp rank); set it to false "
-                                "(sequence parallelism, model.sequence_parallel, already splits the norms' and "
-                                "dropouts' activations), or use cpu_checkpointing to move kept inputs off the device",
-                                tensor_parallel_size));
+                                "does only through sequence parallelism: set model.sequence_parallel to true (each "
+                                "checkpointed block then keeps its input as a 1/{} sequence shard), or set "
+                                "partition_activations to false",
+                                tensor_parallel_size, tensor_parallel_size));
 }
 
 namespace detail {
@@ -46,8 +54,8 @@ void read_recompute(ObjectReader& r, RecomputeConfig& c, std::vector<std::string
   // at tensor-parallel size 1 it does nothing there, and here (Megatron's DeepSpeed configs set it).
   if (r.read("partition_activations", c.partition_activations) && c.partition_activations) {
     notes.push_back(fmt::format("{}: accepted; it splits kept activations across the tensor-parallel group, so at "
-                                "tensor-parallel size 1 it is a no-op (as in DeepSpeed); zeroshard does not split them "
-                                "at tensor-parallel sizes above 1 yet and refuses it there",
+                                "tensor-parallel size 1 it is a no-op (as in DeepSpeed); above 1 it needs "
+                                "model.sequence_parallel, whose sequence shards are that split",
                                 r.path_of("partition_activations")));
   }
   r.read("cpu_checkpointing", c.cpu_checkpointing);

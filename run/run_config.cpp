@@ -142,7 +142,8 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   };
   static_cast<engine::EngineConfig&>(cfg) = engine::parse_config(doc, dp, sections);
   cfg.notes.insert(cfg.notes.end(), notes.begin(), notes.end());
-  engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel.tensor_parallel_size);
+  engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel.tensor_parallel_size,
+                                     cfg.tensor_parallel.sequence_parallel, cfg.notes);
   cfg.data_seed = cfg.data.seed;
   return cfg;
 }

@@ -4,7 +4,7 @@
 // relative over 20 steps; bf16: 1e-2, its products round differently when a matmul's reduction is
 // split over ranks) at every ZeRO stage, with gradient accumulation, clipping below the gradient norm
 // (a norm that counted a replicated parameter tp times, or a TP shard once, changes every update),
-// sequence parallelism on and off, tied and untied heads, optimizer offload and Lamb (whose trust
+// sequence parallelism on and off, tied and untied heads, cpu and NVMe offload and Lamb (whose trust
 // ratio needs whole-tensor norms); the initial param_digest is the same bits for every tp, fp32_param
 // gives the full tp = 1 tensors, stage-3 gathers hold this rank's TP shards only, replicas differing
 // in one bit are a ModelError, and a model built for another tp degree is refused.
@@ -35,6 +35,7 @@
 #include "optim/lamb.h"
 #include "optim/onebit_adam.h"
 #include "tests/support/mpi_test_env.h"
+#include "tests/support/temp_dir.h"
 #include "nn/gpt.h"
 #include "tp/gpt.h"
 #include "tp/tp.h"
@@ -120,6 +121,7 @@ struct Case {
   bool sequence_parallel = false;
   OffloadDevice offload = OffloadDevice::kNone;
   bool lamb = false;
+  int scale_power = 8;  // fp16: the first loss scale 2^scale_power
 };
 
 EngineConfig make_config(const Case& k, int dp) {
@@ -133,6 +135,11 @@ EngineConfig make_config(const Case& k, int dp) {
   c.zero.stage3_param_persistence_threshold = 0;  // every module gathered and released
   c.zero.offload_optimizer.device = k.offload;
   if (k.offload != OffloadDevice::kNone && k.stage == 3) c.zero.offload_param.device = k.offload;
+  if (k.offload == OffloadDevice::kNvme) {
+    // Each process's own directory: the swap files of the tp ranks of one dp rank must not meet.
+    static const test::TempDir dir;
+    c.zero.offload_optimizer.nvme_path = c.zero.offload_param.nvme_path = dir.path();
+  }
   c.optimizer = k.lamb ? OptimizerConfig("Lamb", optim::LambConfig{.lr = 1e-2, .weight_decay = 0.01})
                        : OptimizerConfig("AdamW", optim::AdamConfig{.lr = 1e-2, .weight_decay = 0.1});
   // Below the gradient norm (0.04 to 0.1 here): every update is clipped, so the norm must count every
@@ -140,6 +147,8 @@ EngineConfig make_config(const Case& k, int dp) {
   c.gradient_clipping = 0.02;
   c.device.memory_mb = 64;
   c.seed = 5;
+  c.loss_scaler.initial_scale_power = k.scale_power;
+  c.loss_scaler.hysteresis = 1;  // every overflow halves the scale
   return c;
 }
 
@@ -162,6 +171,7 @@ struct RunResult {
   int64_t params = 0;
   uint64_t tp_bytes = 0;
   uint64_t gathered_peak = 0;  // stage 3: the gathered parameters' peak
+  int skipped = 0;             // fp16 steps skipped on overflow
 };
 
 nn::GptConfig gpt_config(const Case& k) {
@@ -200,6 +210,7 @@ RunResult train(const Case& k, int tp_size) {
     r.losses.push_back(report.loss);
     r.norms.push_back(report.grad_norm);
     r.tp_bytes += report.tp_comm_bytes_sent;
+    r.skipped += report.skipped ? 1 : 0;
   }
   // The fused qkv is split with stride 3 (each rank's q, k and v rows), the MLP's proj by columns.
   r.fc = engine->fp32_param(k.gpt ? "blocks.1.attn.qkv.weight" : "fc.weight");
@@ -217,6 +228,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 void expect_same_training(const RunResult& got, const RunResult& ref, double rtol, const std::string& what) {
   EXPECT_EQ(got.params, ref.params) << what;
+  EXPECT_EQ(got.skipped, ref.skipped) << what << ": fp16 overflow is agreed by every rank of dp x tp";
   EXPECT_EQ(got.initial_digest, ref.initial_digest) << what << ": the initial model differs from tp 1's";
   ASSERT_EQ(got.losses.size(), ref.losses.size());
   double worst = 0;
@@ -224,6 +236,10 @@ void expect_same_training(const RunResult& got, const RunResult& ref, double rto
   if (test::world().rank() == 0) std::printf("%s: losses within %.2e relative of tp 1's over %d steps\n", what.c_str(), worst, kSteps);
   for (size_t i = 0; i < ref.losses.size(); ++i) {
     EXPECT_NEAR(got.losses[i], ref.losses[i], rtol * std::abs(ref.losses[i])) << what << ", step " << i + 1;
+    if (!std::isfinite(ref.norms[i])) {  // an fp16 overflow: skipped by every rank alike
+      EXPECT_FALSE(std::isfinite(got.norms[i])) << what << ", step " << i + 1 << " overflowed at tp 1 only";
+      continue;
+    }
     EXPECT_NEAR(got.norms[i], ref.norms[i], 10 * rtol * std::abs(ref.norms[i])) << what << ", grad norm of step " << i + 1;
   }
   ASSERT_EQ(got.fc.size(), ref.fc.size()) << what << ": fp32_param must give the full tp = 1 tensor";
@@ -241,11 +257,12 @@ void expect_same_training(const RunResult& got, const RunResult& ref, double rto
 std::string describe(const Case& k) {
   return fmt::format("{}, stage {}, {}, accumulation {}{}{}{}", k.gpt ? (k.tied ? "GPT" : "GPT untied") : "TpLm", k.stage, precision_name(k.precision), k.accumulation,
                      k.sequence_parallel ? ", sequence parallel" : "",
-                     k.offload != OffloadDevice::kNone ? ", offload cpu" : "", k.lamb ? ", Lamb" : "");
+                     k.offload == OffloadDevice::kCpu ? ", offload cpu" : k.offload == OffloadDevice::kNvme ? ", offload nvme" : "",
+                     k.lamb ? ", Lamb" : "");
 }
 
-void expect_tp_trains_as_tp1(const Case& k, double rtol) {
-  if (test::world().size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+// Returns tp 1's run (the reference).
+RunResult expect_tp_trains_as_tp1(const Case& k, double rtol) {
   const RunResult ref = train(k, 1);
   EXPECT_EQ(ref.tp_bytes, 0u);
   for (int tp : {2, 4}) {
@@ -257,9 +274,22 @@ void expect_tp_trains_as_tp1(const Case& k, double rtol) {
   }
   // The loss fell: the runs trained, not merely agreed.
   EXPECT_LT(ref.losses.back(), ref.losses.front());
+  return ref;
 }
 
-class EveryStage : public ::testing::TestWithParam<int> {};
+// dp x tp over 4 ranks: other world sizes skip.
+class EveryStage : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (test::world().size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+  }
+};
+class TpEngine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::world().size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+  }
+};
 
 TEST_P(EveryStage, GptTrainsAsTp1) { expect_tp_trains_as_tp1({.stage = GetParam()}, 1e-5); }
 TEST_P(EveryStage, GptSequenceParallelTrainsAsTp1) {
@@ -271,24 +301,33 @@ TEST_P(EveryStage, OwnModelTrainsAsTp1) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, EveryStage, ::testing::Values(0, 1, 2, 3));
 
-TEST(TpEngine, Bf16TrainsAsTp1) {
+TEST_F(TpEngine, Bf16TrainsAsTp1) {
   // bf16 products round once per output; split over tp ranks a product's partial sums round
   // separately, so the losses agree to bf16's precision, not fp32's.
   expect_tp_trains_as_tp1({.tied = false, .stage = 2, .precision = Precision::kBf16, .sequence_parallel = true}, 1e-2);
 }
 
-TEST(TpEngine, OffloadTrainsAsTp1) {
-  expect_tp_trains_as_tp1({.stage = 2, .offload = OffloadDevice::kCpu}, 1e-5);
-  expect_tp_trains_as_tp1({.stage = 3, .accumulation = 1, .offload = OffloadDevice::kCpu}, 1e-5);
+TEST_F(TpEngine, Fp16OverflowsAreSkippedTogether) {
+  // A first scale of 2^40 overflows fp16 gradients: the first steps are skipped, each halving the
+  // scale, until it fits. An overflow seen by one rank's shard only (a TP shard's gradients differ
+  // per tp rank) must skip the step on every rank, so tp 2 and 4 skip exactly the steps tp 1 skips.
+  const Case k{.stage = 1, .precision = Precision::kFp16, .sequence_parallel = true, .scale_power = 40};
+  EXPECT_GT(expect_tp_trains_as_tp1(k, 1e-2).skipped, 0) << "no step overflowed: the test proves nothing";
 }
 
-TEST(TpEngine, LambTrustRatioOverWholeTensors) {
+TEST_F(TpEngine, OffloadTrainsAsTp1) {
+  expect_tp_trains_as_tp1({.stage = 2, .offload = OffloadDevice::kCpu}, 1e-5);
+  expect_tp_trains_as_tp1({.stage = 3, .accumulation = 1, .offload = OffloadDevice::kCpu}, 1e-5);
+  // NVMe: the optimizer states and the stage-3 parameter shards of this rank's slices in swap files.
+  expect_tp_trains_as_tp1({.stage = 3, .accumulation = 1, .offload = OffloadDevice::kNvme}, 1e-5);
+}
+
+TEST_F(TpEngine, LambTrustRatioOverWholeTensors) {
   expect_tp_trains_as_tp1({.gpt = false, .stage = 0, .lamb = true}, 1e-5);
   expect_tp_trains_as_tp1({.stage = 1, .accumulation = 1, .lamb = true}, 1e-5);
 }
 
-TEST(TpEngine, ReplicasThatDifferAreAModelError) {
-  if (test::world().size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+TEST_F(TpEngine, ReplicasThatDifferAreAModelError) {
   const comm::Topology& t = topologies().of(2);
   TpLm model({.group = &t.tensor_parallel()});
   const EngineConfig cfg = make_config({.stage = 0}, t.data_parallel_size());
@@ -317,8 +356,7 @@ TEST(TpEngine, ReplicasThatDifferAreAModelError) {
   }
 }
 
-TEST(TpEngine, ModelOfAnotherDegreeIsRefused) {
-  if (test::world().size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+TEST_F(TpEngine, ModelOfAnotherDegreeIsRefused) {
   // Built for tp 4, given tp 2: refused before any collective, naming a parameter and both sizes.
   TpLm model({.group = &topologies().of(4).tensor_parallel()});
   const comm::Topology& t = topologies().of(2);

@@ -73,6 +73,15 @@ TEST(RunConfig, TensorParallelKeys) {
   EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
       "tensor_parallel_size": 2, "sequence_parallel": true}, "data": {"min_seq_len": 8}})", 2),
                   "data.min_seq_len: varying sequence lengths are not supported with model.sequence_parallel");
+  // partition_activations at tp 2: sequence parallelism's shards are that split (noted); without it, refused.
+  const RunConfig split = parse(R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true},
+      "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2,
+                "sequence_parallel": true}})", 2);
+  ASSERT_FALSE(split.notes.empty());
+  EXPECT_CONTAINS(split.notes.back(), "keeps its input as this rank's sequence shard, 1/2 of the activation");
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true},
+      "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2}})", 2),
+                  "activation_checkpointing.partition_activations: true at model.tensor_parallel_size 2 would split");
   // The batch is checked against the data-parallel size: 6 samples over 2 data-parallel ranks of 4.
   EXPECT_CONTAINS(error(R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 1,
       "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2}})", 4), "x data-parallel size (2)");
