@@ -20,7 +20,7 @@ namespace zs::engine {
 
 struct RecomputeConfig {
   // Which blocks of the built-in GPT recompute (checkpoint_blocks). A program's own model marks its
-  // modules itself (nn::Module::set_checkpointed); the storage keys below apply to any checkpointed module.
+  // modules itself (nn::Module::set_recomputed); the storage keys below apply to any checkpointed module.
   enum class Blocks {
     kNone,
     kEvery,      // "all" (k = 1) or an integer k: blocks 0, k, 2k, ...
