@@ -2,8 +2,9 @@
 # Both install missing Debian packages first (scripts/install-deps.sh), then configure and build.
 PRESET ?= release
 JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
 
-.PHONY: all deps bench-deps build demo test bench clean
+.PHONY: all deps bench-deps build demo test bench install clean
 
 all: build
 
@@ -18,8 +19,9 @@ build: deps
 	cmake --preset $(PRESET)
 	cmake --build --preset $(PRESET) -j $(JOBS)
 
-# The test preset leaves out labels slow (the demo) and tcp (the MPI tests again over TCP, which
-# .ci/run runs after this).
+# The test preset leaves out labels slow, tcp (the MPI tests again over TCP) and docs_output (the demo
+# and the runs whose output README.md and docs/ quote, checked by tests/docs), which .ci/run runs after
+# this.
 # The preset retries a test that timed out once (the machine stalling); scripts/ctest-retries.sh names
 # every test that passed only so. The long fault and fuzz runs (labels faults_long, fuzz_long) are
 # .ci/run phases of their own.
@@ -33,6 +35,12 @@ bench: build
 
 demo: build
 	bash scripts/demo.sh build/$(PRESET)
+
+# The `zeroshard` tool into $(PREFIX)/bin (on PATH for /usr/local), with the library, its headers and
+# its CMake package (find_package(zeroshard), README.md). The docs write plain `zeroshard` for it; without
+# `make install` it is build/$(PRESET)/tools/zeroshard.
+install: build
+	cmake --install build/$(PRESET) --prefix $(PREFIX)
 
 clean:
 	rm -rf build

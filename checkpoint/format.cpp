@@ -35,14 +35,14 @@ void Layout::validate() const {
   std::set<std::string_view> names;
   for (const TensorInfo& t : tensors) {
     if (t.name.empty() || !std::all_of(t.name.begin(), t.name.end(), [](char c) { return valid_name_char(c, false); })) {
-      throw UsageError(fmt::format("checkpoint layout: tensor name '{}' must be non-empty [A-Za-z0-9_.:/-]", t.name));
+      throw UsageError(fmt::format("checkpoint layout: tensor name '{}' must be non-empty [A-Za-z0-9_.:/-]", printable(t.name)));
     }
     if (!names.insert(t.name).second) throw UsageError(fmt::format("checkpoint layout: tensor '{}' twice", t.name));
   }
   std::set<std::string_view> buffer_names;
   for (const BufferLayout& b : buffers) {
     if (b.name.empty() || !std::all_of(b.name.begin(), b.name.end(), [](char c) { return valid_name_char(c, true); })) {
-      throw UsageError(fmt::format("checkpoint layout: buffer name '{}' must be non-empty [A-Za-z0-9_.-]", b.name));
+      throw UsageError(fmt::format("checkpoint layout: buffer name '{}' must be non-empty [A-Za-z0-9_.-]", printable(b.name)));
     }
     if (!buffer_names.insert(b.name).second) throw UsageError(fmt::format("checkpoint layout: buffer '{}' twice", b.name));
     if (b.ranks.size() != static_cast<size_t>(world_size)) {

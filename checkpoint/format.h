@@ -12,7 +12,10 @@
 // Experts are tensors under their global names ("layers.3.moe.experts.5.w1"): an ep_size change is a
 // different set of requested names per rank, nothing more. States that are not element-aligned with a
 // parameter (CAdam's per-block scales, say) are tensors of their own ("<param>.scales") with their own
-// shape, listed in the buffer that holds them.
+// shape, listed in the buffer that holds them. A tensor is always the whole tensor of the tp = 1
+// model: a tensor-parallel rank writes its slice's runs at their places in it (Note [tensor-parallel
+// checkpoints] in engine/engine_checkpoint_items.cpp), so neither the files nor this layer know the
+// tp degree that wrote them.
 #pragma once
 
 #include <cstdint>

@@ -144,7 +144,7 @@ struct CheckpointReader::Impl {
       if (algorithm != detail::kChecksumAlgorithm) {
         throw CheckpointError(fmt::format("checkpoint file '{}': buffer '{}' has checksums of kind '{}', this "
                                           "zeroshard knows '{}'",
-                                          path.string(), buffer, algorithm, detail::kChecksumAlgorithm));
+                                          path.string(), buffer, printable(algorithm), detail::kChecksumAlgorithm));
       }
       d.sums = h5::read_u64_table(group.get(), "checksums", 1, path);
       h5::Handle table = h5::dataset_open(group.get(), "checksums", path);
@@ -320,14 +320,15 @@ fs::path tag_dir(const fs::path& root, std::string_view tag) {
   if (tag.empty() || tag == "." || tag == ".." || tag.size() > 200 || tag.find_first_of(std::string_view("/\0", 2)) != std::string_view::npos) {
     throw CheckpointError(fmt::format("checkpoint tag '{}' under '{}' is not a tag name (one directory name of at most "
                                       "200 bytes); if it came from '{}', that file is corrupt",
-                                      tag.substr(0, 80), root.string(), (root / kLatestFile).string()));
+                                      printable(tag.substr(0, 80)), root.string(), (root / kLatestFile).string()));
   }
   std::error_code ec;
   fs::path dir = root / std::string(tag);
   if (fs::is_directory(dir, ec)) return dir;
   fs::path replaced = root / (std::string(tag) + ".replaced");
   if (fs::is_directory(replaced, ec)) return replaced;
-  throw CheckpointError(fmt::format("checkpoint tag '{}' not found in '{}'", tag, root.string()));
+  // The tag may be the `latest` file's bytes: quoted printable (a corrupt byte shows as \xNN).
+  throw CheckpointError(fmt::format("checkpoint tag '{}' not found in '{}'", printable(tag), root.string()));
 }
 
 CheckpointReader::CheckpointReader(const fs::path& root, std::string_view tag)
@@ -431,7 +432,17 @@ void CheckpointReader::read(std::string_view buffer, std::string_view tensor, ui
   const size_t in_size = memory::dtype_size(stored), out_size = memory::dtype_size(out_dtype);
   auto* dst = static_cast<std::byte*>(out);
   uint64_t covered = 0;
-  for (const Piece& p : it->second[static_cast<size_t>(t)]) {
+  // The pieces are sorted by begin and disjoint: start at the last non-empty one that begins at or
+  // before `begin` (a tensor-parallel slice's load reads one run per row of a row-parallel weight,
+  // among as many pieces: no scan from the tensor's first piece per read).
+  const std::vector<Piece>& pieces = it->second[static_cast<size_t>(t)];
+  auto from = std::upper_bound(pieces.begin(), pieces.end(), begin,
+                               [](uint64_t b, const Piece& p) { return b < p.begin; });
+  while (from != pieces.begin()) {
+    if ((--from)->count > 0) break;
+  }
+  for (auto pi = from; pi != pieces.end() && pi->begin < begin + count; ++pi) {
+    const Piece& p = *pi;
     uint64_t lo = std::max(begin, p.begin), hi = std::min(begin + count, p.begin + p.count);
     if (lo >= hi) continue;
     fs::path path = dir_ / rank_file_name(p.rank);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/errors.h"
@@ -29,16 +30,42 @@ std::string scalar_text(const Scalar& s) {
 
 std::string shape_text(const std::vector<uint64_t>& shape) { return fmt::format("({})", fmt::join(shape, ", ")); }
 
-void flatten(const json::value& v, const std::string& path, std::map<std::string, std::string>& out) {
+void flatten(const json::value& v, const std::string& path, std::map<std::string, json::value>& out) {
   if (v.is_object() && !v.as_object().empty()) {
     for (const auto& [k, child] : v.as_object()) flatten(child, path.empty() ? std::string(k) : path + "." + std::string(k), out);
   } else {
-    out[path.empty() ? "(root)" : path] = json::serialize(v);
+    out[path.empty() ? "(root)" : path] = v;
   }
 }
 
-std::map<std::string, std::string> flat_config(const std::string& text, const std::string& what) {
-  std::map<std::string, std::string> out;
+// A config value as people write it: 1 and 0.001, not Boost's 1E0 and 1E-3.
+std::string value_text(const json::value& v) {
+  if (v.is_double()) return fmt::format("{}", v.get_double());
+  if (v.is_array()) {
+    std::vector<std::string> items;
+    for (const json::value& x : v.as_array()) items.push_back(value_text(x));
+    return fmt::format("[{}]", fmt::join(items, ","));
+  }
+  return printable(json::serialize(v));
+}
+
+// Numbers compare as numbers (1.0 and 1 are one value, as the config parser reads them), in arrays
+// too; everything else by its JSON text.
+bool same_value(const json::value& a, const json::value& b) {
+  if (a.is_number() && b.is_number()) return a.to_number<double>() == b.to_number<double>();
+  if (a.is_array() && b.is_array()) {
+    const json::array &x = a.as_array(), &y = b.as_array();
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!same_value(x[i], y[i])) return false;
+    }
+    return true;
+  }
+  return json::serialize(a) == json::serialize(b);
+}
+
+std::map<std::string, json::value> flat_config(const std::string& text, const std::string& what) {
+  std::map<std::string, json::value> out;
   if (text.empty()) return out;
   try {
     flatten(json::parse(text), "", out);
@@ -46,6 +73,25 @@ std::map<std::string, std::string> flat_config(const std::string& text, const st
     throw CheckpointError(fmt::format("{} is not JSON: {}", what, e.what()));
   }
   return out;
+}
+
+// Note [compare: state and layout]. `compare` answers "do these two checkpoints hold the same
+// training state?", which a load at any world size, stage or offload target relies on: the model and
+// optimizer tensors by name and the training scalars. How the state was laid out when it was saved
+// (the world size, the tp degree, the ZeRO stage, the offload targets, a one-bit optimizer's per-rank tensors and
+// padded flat size) is not state: a load re-slices it. So such differences are reported as
+// information (a "layout:" line) and leave the verdict alone, and a 2-rank stage-0 checkpoint equals
+// a 1-rank stage-3 one of the same run.
+bool is_layout_scalar(const std::string& name) {
+  return name == "world_size" || name == "tensor_parallel_size" || name == "zero.stage" || name == "offload_optimizer" || name == "offload_param" ||
+         name == "compressed.flat_elements";
+}
+
+// A one-bit optimizer's per-rank tensor ("error_feedback.worker.rank1"): one per rank of the saving run.
+bool is_rank_local_tensor(const std::string& name) {
+  const size_t at = name.rfind(".rank");
+  return at != std::string::npos && at + 5 < name.size() &&
+         name.find_first_not_of("0123456789", at + 5) == std::string::npos;
 }
 
 }  // namespace
@@ -59,7 +105,7 @@ std::string inspect(const fs::path& path, const std::optional<std::string>& conf
     tags = list_tags(path);
     if (fs::exists(path / kLatestFile)) latest = read_latest(path);
     out << fmt::format("checkpoint root {}: {} tag(s), latest: {}\n", path.string(), tags.size(),
-                       latest.empty() ? "(none)" : latest);
+                       latest.empty() ? "(none)" : printable(latest));
     for (const TagInfo& t : tags) {
       CheckpointReader r = CheckpointReader::open_dir(path / t.tag);
       auto step = r.metadata().scalars.find("global_step");
@@ -70,8 +116,11 @@ std::string inspect(const fs::path& path, const std::optional<std::string>& conf
   }
   CheckpointReader r = single ? CheckpointReader::open_dir(path) : CheckpointReader(path);
   const Metadata& m = r.metadata();
-  out << fmt::format("tag {}: format version {}, run id {}, world size {}, {} bytes\n", m.tag, m.version, m.run_id,
-                     m.layout.world_size, r.stored_bytes());
+  // Tensors are whole whatever tp degree wrote them (Note [Checkpoint layout]); the degree is information.
+  auto tp = m.scalars.find("tensor_parallel_size");
+  out << fmt::format("tag {}: format version {}, run id {}, world size {}{}, {} bytes\n", m.tag, m.version, m.run_id,
+                     m.layout.world_size, tp == m.scalars.end() ? "" : fmt::format(" (tp {})", scalar_text(tp->second)),
+                     r.stored_bytes());
   for (const BufferLayout& b : m.layout.buffers) {
     uint64_t n = 0;
     for (int rank = 0; rank < m.layout.world_size; ++rank) n += b.rank_elements(rank);
@@ -92,16 +141,16 @@ std::string inspect(const fs::path& path, const std::optional<std::string>& conf
     for (const auto& [k, v] : saved) {
       auto it = given.find(k);
       if (it == given.end()) {
-        out << fmt::format("  config - {}: {} (only in the checkpoint)\n", k, v);
+        out << fmt::format("  config - {}: {} (only in the checkpoint)\n", printable(k), value_text(v));
         ++diffs;
-      } else if (it->second != v) {
-        out << fmt::format("  config ~ {}: {} -> {}\n", k, v, it->second);
+      } else if (!same_value(v, it->second)) {
+        out << fmt::format("  config ~ {}: {} -> {}\n", printable(k), value_text(v), value_text(it->second));
         ++diffs;
       }
     }
     for (const auto& [k, v] : given) {
       if (!saved.contains(k)) {
-        out << fmt::format("  config + {}: {} (only in --config)\n", k, v);
+        out << fmt::format("  config + {}: {} (only in --config)\n", printable(k), value_text(v));
         ++diffs;
       }
     }
@@ -185,6 +234,13 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
     res.equal = false;
     out << line << '\n';
   };
+  // Note [compare: state and layout]: reported, not a difference.
+  size_t layout_notes = 0;
+  auto layout = [&](const std::string& line) {
+    out << "layout: " << line << '\n';
+    ++layout_notes;
+  };
+  const bool same_world = la.world_size == lb.world_size;
   size_t compared = 0;
   std::vector<float> va, vb;
   std::vector<int32_t> ia, ib;
@@ -192,7 +248,8 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
   for (const TensorInfo& t : la.tensors) {
     int j = lb.find_tensor(t.name);
     if (j < 0) {
-      differ(fmt::format("tensor {}: only in A", t.name));
+      if (!same_world && is_rank_local_tensor(t.name)) layout(fmt::format("tensor {}: only in A (per rank)", t.name));
+      else differ(fmt::format("tensor {}: only in A", t.name));
       continue;
     }
     const TensorInfo& u = lb.tensors[static_cast<size_t>(j)];
@@ -246,22 +303,28 @@ CompareResult compare(const fs::path& a, const fs::path& b, double rtol, double 
     }
   }
   for (const TensorInfo& u : lb.tensors) {
-    if (la.find_tensor(u.name) < 0) differ(fmt::format("tensor {}: only in B", u.name));
+    if (la.find_tensor(u.name) >= 0) continue;
+    if (!same_world && is_rank_local_tensor(u.name)) layout(fmt::format("tensor {}: only in B (per rank)", u.name));
+    else differ(fmt::format("tensor {}: only in B", u.name));
   }
   const auto &sa = ra.metadata().scalars, &sb = rb.metadata().scalars;
   for (const auto& [k, v] : sa) {
     auto it = sb.find(k);
+    const auto report = [&](const std::string& line) { is_layout_scalar(k) ? layout(line) : differ(line); };
     if (it == sb.end()) {
-      differ(fmt::format("scalar {}: only in A", k));
+      report(fmt::format("scalar {}: only in A", k));
     } else if (scalar_text(it->second) != scalar_text(v)) {
-      differ(fmt::format("scalar {}: {} in A, {} in B", k, scalar_text(v), scalar_text(it->second)));
+      report(fmt::format("scalar {}: {} in A, {} in B", k, printable(scalar_text(v)), printable(scalar_text(it->second))));
     }
   }
   for (const auto& [k, v] : sb) {
-    if (!sa.contains(k)) differ(fmt::format("scalar {}: only in B", k));
+    if (sa.contains(k)) continue;
+    if (is_layout_scalar(k)) layout(fmt::format("scalar {}: only in B", k));
+    else differ(fmt::format("scalar {}: only in B", k));
   }
-  out << fmt::format("{}: {} tensor buffers compared (rtol {:g}, atol {:g})\n", res.equal ? "equal" : "DIFFERENT",
-                     compared, rtol, atol);
+  out << fmt::format("{}: {} tensor buffers compared (rtol {:g}, atol {:g}){}\n", res.equal ? "equal" : "DIFFERENT",
+                     compared, rtol, atol,
+                     layout_notes == 0 ? "" : fmt::format("; {} layout difference(s), not state", layout_notes));
   res.report = out.str();
   return res;
 }

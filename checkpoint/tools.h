@@ -24,7 +24,9 @@ struct CompareResult {
   std::string report;  // one line per difference, then a summary line
 };
 // Every buffer of every tensor, element by element in fp32 (|a-b| <= atol + rtol*|b|), the layouts'
-// tensor names, shapes and buffers, and the scalars. World sizes may differ.
+// tensor names, shapes and buffers, and the scalars. World sizes, tp degrees, ZeRO stages and offload
+// targets may differ: they are reported as "layout:" lines and do not make the checkpoints different
+// (Note [compare: state and layout] in tools.cpp).
 CompareResult compare(const std::filesystem::path& a, const std::filesystem::path& b, double rtol = 0.0,
                       double atol = 0.0);
 

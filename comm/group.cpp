@@ -110,6 +110,7 @@ int Group::size() const { return state_->size; }
 const std::string& Group::name() const { return state_->name; }
 const CommConfig& Group::config() const { return state_->config; }
 CommCounters Group::counters() const { return state_->runtime->counters(); }
+uint64_t Group::bytes_sent() const { return state_->bytes_sent.load(std::memory_order_relaxed); }
 std::vector<OpStats> Group::op_stats() const { return state_->runtime->op_stats(); }
 bool Group::is_mpi() const { return !state_->local(); }
 namespace detail {

@@ -71,6 +71,10 @@ class Group {
   // only trains never includes <mpi.h>).
   // This rank's byte counters of the whole World (every group), as World::counters() gives them.
   CommCounters counters() const;
+  // This rank's bytes sent through this group's collectives alone, since the group was made (the
+  // counters' rule; a simulated group counts what the real one would send): the tensor-parallel
+  // group's share of the step's traffic, for instance.
+  uint64_t bytes_sent() const;
   // This rank's per-collective tallies of the whole World (comms_logger; OpStats in comm/config.h).
   std::vector<OpStats> op_stats() const;
 

@@ -79,6 +79,13 @@ class InternalError : public Error {
   using Error::Error;
 };
 
+// Text read from a file (a `latest` tag, a name in a checkpoint's metadata, a config string), made
+// safe to quote in a message: printable ASCII and well-formed UTF-8 are kept, every other byte
+// (control characters, bytes that are not UTF-8) becomes \xNN, so a corrupt file cannot put raw
+// bytes on the terminal or into a log, and the message shows which bytes they were:
+// printable("global_st\xe5p4") == "global_st\\xe5p4" (the four characters \ x e 5).
+std::string printable(std::string_view text);
+
 namespace detail {
 
 [[noreturn]] void throw_assert_failure(const char* cond, const char* file, int line, std::string_view msg);

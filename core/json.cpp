@@ -216,7 +216,7 @@ std::string near_text(std::string_view text, std::size_t offset) {
   for (std::size_t i = offset; i < text.size() && snippet.size() < 12 && text[i] != '\n' && text[i] != '\r'; ++i) {
     snippet.push_back(text[i]);
   }
-  return snippet.empty() ? "at the end of the line" : fmt::format("near '{}'", snippet);
+  return snippet.empty() ? "at the end of the line" : fmt::format("near '{}'", printable(snippet));
 }
 
 }  // namespace
@@ -537,7 +537,7 @@ std::size_t ObjectReader::match_choice(const json::value& v, const std::string& 
   std::string list;
   for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
   std::string hint = closest_match(text, names);
-  throw ConfigError(fmt::format("{}: '{}' is not a valid choice; {}use one of: {}", json_path_display(path), text,
+  throw ConfigError(fmt::format("{}: '{}' is not a valid choice; {}use one of: {}", json_path_display(path), printable(text),
                                 hint.empty() ? "" : fmt::format("did you mean '{}'? ", hint), list));
 }
 

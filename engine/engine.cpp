@@ -83,13 +83,43 @@ void check_expert_sizes(const comm::Group& group, const std::vector<int>& sizes,
   }
 }
 
+// Note [tensor-parallel parameters] (engine/engine.h): every TP shard must be a slice of the tensor-
+// parallel group the engine was given (parts its size, index this rank's), so the tp ranks' layouts
+// line up and a model built for another degree is refused before any collective.
+void check_tensor_slices(const std::vector<nn::Parameter*>& params, const comm::Group* tp, const EngineConfig& cfg) {
+  const int size = tp != nullptr ? tp->size() : 1;
+  const int rank = tp != nullptr ? tp->rank() : 0;
+  for (const nn::Parameter* p : params) {
+    const nn::TensorSlice& s = p->tensor_slice();
+    if (s.whole()) continue;
+    if (s.parts != size || s.index != rank) {
+      throw ModelError(fmt::format(
+          "parameter '{}' is tensor-parallel slice {} of {}, but the engine runs with a tensor-parallel group of {} "
+          "rank(s){}: build the model with the same group the engine is given (the Engine constructor with "
+          "`tensor_parallel`; model.tensor_parallel_size for the built-in GPT)",
+          p->full_name(), s.index, s.parts, size, size > 1 ? fmt::format(" (this is its rank {})", rank) : std::string()));
+    }
+  }
+  if (size > 1 && cfg.optimizer.compressed()) {
+    throw ConfigError(fmt::format(
+        "optimizer.type: {} with model.tensor_parallel_size {} is not supported: its compressed allreduce scales "
+        "each chunk of the whole momentum by one value, and chunks mixing TP shards and replicated parameters would "
+        "let the tensor-parallel replicas drift apart; use Adam/AdamW, Lamb or Lion with tensor parallelism, or "
+        "model.tensor_parallel_size 1",
+        cfg.optimizer.name(), size));
+  }
+}
+
 // The parameters by partition group, and the expert-data-parallel groups of their E > 1 (into
 // `expert_groups`, in the order of the returned sets after the dense one). Collective over `group`
 // when the model has expert parameters.
 std::vector<std::unique_ptr<ModelStates>> make_sets(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
+                                                 const comm::Group* tp,
                                                  std::vector<std::unique_ptr<comm::Group>>& expert_groups) {
   nn::assign_names(model);
-  std::vector<ParamGroup> groups = group_by_expert_parallel_size(model.all_params());
+  const std::vector<nn::Parameter*> params = model.all_params();
+  check_tensor_slices(params, tp, cfg);
+  std::vector<ParamGroup> groups = group_by_expert_parallel_size(params);
   const PlacementRules rules = placement_rules(cfg);
   std::vector<int> sizes;
   for (size_t g = 1; g < groups.size(); ++g) sizes.push_back(groups[g].expert_parallel_size);
@@ -112,11 +142,12 @@ bool wants_shared_arena(const EngineConfig& cfg, const comm::Group& group) {
 
 }  // namespace
 
-Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
+Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group, const comm::Group* tp,
                    std::unique_ptr<memory::Backend> backend)
     : cfg_(cfg),
       group_(group),
-      sets_(make_sets(model, cfg, group, expert_groups_)),
+      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+      sets_(make_sets(model, cfg, group, tp_, expert_groups_)),
       plan_(sets_.front()->plan),
       stage_(cfg.zero.stage),
       grad_stage_(plan_.grad_stage),
@@ -131,7 +162,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
       optimizer_(cfg.optimizer.make()),  // nullptr: compressed_step.cpp drives the one-bit optimizers' kernels itself
       schedule_(schedule_config(cfg)),
       scaler_(cfg.precision == Precision::kFp16 ? optim::LossScaler(cfg.loss_scaler) : optim::LossScaler()),
-      env_(cfg, *backend_, *device_, tracker_, optimizer_.get(), group.rank(), std::max(1, nn::compute_threads())),
+      env_(cfg, *backend_, *device_, tracker_, optimizer_.get(), group.rank(), std::max(1, nn::compute_threads()), tp_),
       ctx_(arena_, *this) {
   if (wants_shared_arena(cfg, group)) {  // collective over the group; the same condition on every rank
     shared_arena_ = comm::SharedArena(group, backend_->shared_mapping(device_->base()));
@@ -142,7 +173,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
                   shared_arena_.inactive_reason());
     }
   }
-  if (!cfg.device.alloc_trace.empty() && group.rank() == 0) {
+  if (!cfg.device.alloc_trace.empty() && group.rank() == 0 && (tp_ == nullptr || tp_->rank() == 0)) {  // world rank 0
     // Fail now, not after the run, when the trace cannot be written. After the shared arena's
     // registration, whose collectives every rank must enter: rank 0 failing before them left rank 1
     // waiting in them while rank 0 waited in the caller's error agreement (a hang until
@@ -192,6 +223,27 @@ void Engine::Impl::place_all(nn::Model& model) {
   }
 }
 
+std::vector<float> Engine::Impl::gather_full(const nn::Parameter& p, std::vector<float> local) const {
+  const nn::TensorSlice& slice = p.tensor_slice();
+  if (slice.whole() || tp_ == nullptr) return local;
+  // Every tp rank's slice (equal sizes), then each into its full positions: rank r's slice is the one
+  // with index r (the same dim, parts and stride), mapped by Parameter::for_each_full_run.
+  const size_t n = local.size();
+  std::vector<float> all(n * static_cast<size_t>(tp_->size()));
+  tp_->allgather(memory::Tensor(local.data(), memory::DType::kF32, {static_cast<int64_t>(n)}),
+                 memory::Tensor(all.data(), memory::DType::kF32, {static_cast<int64_t>(all.size())}));
+  std::vector<float> full(static_cast<size_t>(p.full_numel()));
+  for (int r = 0; r < tp_->size(); ++r) {
+    nn::Parameter peer(p.name(), p.shape(), p.init());
+    peer.set_tensor_slice({.dim = slice.dim, .parts = slice.parts, .index = r, .stride = slice.stride});
+    const float* from = all.data() + static_cast<size_t>(r) * n;
+    peer.for_each_full_run(0, n, [&](uint64_t local_at, uint64_t full_at, uint64_t count) {
+      std::copy_n(from + local_at, count, full.data() + full_at);
+    });
+  }
+  return full;
+}
+
 Engine::Impl::~Impl() {
   // The sets' buffers live in the arena, declared after them: they go first (their reducers and
   // gatherers wait for their collectives), while the arena and the expert groups are still there.
@@ -219,22 +271,51 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
 Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel,
                std::unique_ptr<memory::Backend> backend)
     : model_(model), config_(config), group_(data_parallel) {
-  impl_ = std::make_unique<Impl>(model_, config_, group_, std::move(backend));
+  start(std::move(backend));
+}
+
+Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel,
+               const comm::Group& tensor_parallel, std::unique_ptr<memory::Backend> backend)
+    : model_(model), config_(config), group_(data_parallel), tp_(tensor_parallel.size() > 1 ? &tensor_parallel : nullptr) {
+  start(std::move(backend));
+}
+
+void Engine::start(std::unique_ptr<memory::Backend> backend) {
+  impl_ = std::make_unique<Impl>(model_, config_, group_, tp_, std::move(backend));
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
+  if (tp_ != nullptr) impl_->tp_bytes_at_step_start_ = tp_->bytes_sent();
   // A measuring engine (the estimator) is one of many made in a row: it says so only when asked.
   if (impl_->kernels()) {
     // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
-    if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, group_.rank());
+    // Rank 0 of the job writes: with tensor parallelism the world rank is tp rank + tp x dp rank
+    // (comm::Topology's order), so the other tp ranks' dp rank 0 does not write the same files.
+    const int world_rank = tp_ != nullptr ? tp_->rank() + tp_->size() * group_.rank() : group_.rank();
+    if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, world_rank);
     // DeepSpeed profiles on global rank 0 only.
-    if (config_.monitor.flops.enabled && group_.rank() == 0) {
+    if (config_.monitor.flops.enabled && world_rank == 0) {
       impl_->profiler_ = std::make_unique<FlopsProfiler>(config_.monitor.flops);
     }
     size_t buckets = 0;
     for (const auto& set : impl_->sets_) buckets += set->reducer->bucket_count();
-    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s), {} gradient buckets averaged in {}, device "
-                "arena {} MiB",
+    ZS_LOG_INFO("engine: {} parameters, ZeRO stage {}, {}, {} on {} rank(s){}, {} gradient buckets averaged in {}, "
+                "device arena {} MiB",
                 param_count(), config_.zero.stage, config_.optimizer.name(), precision_name(config_.precision), group_.size(),
+                tp_ != nullptr ? fmt::format(" x tensor-parallel {} (dp {} x tp {})", tp_->size(), group_.size(), tp_->size())
+                               : std::string(),
                 buckets, memory::dtype_name(config_.gradient_comm_dtype()), config_.device.memory_mb);
+    if (tp_ != nullptr) {
+      size_t shards = 0, shard_elements = 0;
+      for (const auto& set : impl_->sets_) {
+        for (const ParamSlot& slot : set->layout.slots()) {
+          if (slot.param->tensor_slice().whole()) continue;
+          ++shards;
+          shard_elements += slot.numel;
+        }
+      }
+      ZS_LOG_INFO("engine: {} tensor-parallel shard(s) of {} elements on this rank; the other parameters are replicated "
+                  "over the tp group and counted once in the gradient norm",
+                  shards, shard_elements);
+    }
     if (config_.precision == Precision::kBf16) ZS_LOG_INFO("engine: bf16 products on {}", nn::bf16_products_description());
     for (const auto& set : impl_->sets_) {
       if (!set->expert()) continue;
@@ -289,7 +370,15 @@ void Engine::Impl::log_startup_collectives() {
 int64_t Engine::param_count() const {
   size_t n = 0;
   // An expert set holds this rank's experts; the EP group's expert_parallel_size ranks hold one each.
-  for (const auto& set : impl_->sets_) n += set->layout.param_elements() * static_cast<size_t>(set->expert_parallel_size());
+  // A TP shard stands for its whole tp = 1 tensor.
+  for (const auto& set : impl_->sets_) {
+    size_t elements = set->layout.param_elements();
+    if (tp_ != nullptr) {
+      elements = 0;
+      for (const ParamSlot& slot : set->layout.slots()) elements += static_cast<size_t>(slot.param->full_numel());
+    }
+    n += elements * static_cast<size_t>(set->expert_parallel_size());
+  }
   return static_cast<int64_t>(n);
 }
 
@@ -495,7 +584,8 @@ std::vector<float> Engine::fp32_param(const std::string& name) const {
                                  name, impl_->slot_by_name_.empty() ? "" : impl_->slot_by_name_.begin()->first));
   }
   const ModelStates& set = *impl_->sets_[it->second.first];
-  return impl_->gather_fp32(set, set.layout.slots()[it->second.second]);
+  const ParamSlot& slot = set.layout.slots()[it->second.second];
+  return impl_->gather_full(*slot.param, impl_->gather_fp32(set, slot));
 }
 
 }  // namespace zs::engine

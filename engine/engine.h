@@ -68,6 +68,35 @@
 // its edp group and known only on the ranks that hold it; param_digest covers every expert of the
 // model once (it exchanges per-parameter digests over dp), so it is the same for every ep_size.
 //
+// Note [tensor-parallel parameters]
+// Tensor parallelism follows the same pattern. An engine given a tensor-parallel group of size T > 1
+// (the constructor with `tensor_parallel`; comm::Topology's "tp") trains a model whose parameters
+// with a non-whole nn::TensorSlice are this rank's slices of the tp = 1 model's tensors (tp/, Note
+// [tensor slices] in nn/parameter.h); each slice must be of T parts, its index this rank's in the tp
+// group (ModelError otherwise). Every tp rank of one data-parallel replica runs the same micro-batch,
+// so the data-parallel group given here is the one the samples, the loss mean and ZeRO follow:
+//   - model states: a TP shard is a parameter like any other of this rank's layout, partitioned by
+//     ZeRO 1-3 over the data-parallel group only; the T ranks of a tp group hold layouts of the same
+//     structure (same slots, same sizes), so their dp partitions cut at the same places. Stage-3
+//     gathers and NVMe or host offload move this rank's slices only;
+//   - gradient norm (clipping, fp16 overflow): every element of the tp = 1 model once: a TP shard's
+//     elements on every tp rank, a parameter whose slice is whole (replicated: a norm without
+//     sequence parallelism, a row layer's bias, the position embedding) on tp rank 0 only; the dp sum
+//     is then summed over tp, so every rank of dp x tp clips with, and skips on, the same value. Lamb's
+//     per-tensor sums are summed over tp the same way (a TP shard's), so its trust ratio is the whole
+//     tensor's;
+//   - replicated parameters get identical gradients on every tp rank (the layers' all-reduces make
+//     their inputs and output gradients identical; with sequence parallelism a norm on sequence
+//     shards sums its gradient over tp in its own backward, Note [replicated gradients of sequence
+//     shards] in tp/mappings.h) and identical updates, so they stay bitwise equal; param_digest checks
+//     them bitwise across tp (ModelError naming the first that differs);
+//   - fp32_param(name) and param_digest see the full tp = 1 tensors (a TP shard is gathered over tp
+//     into its full positions, Parameter::for_each_full_run), so tp 2 and tp 1 runs of one model give
+//     the same digest; param_count counts the tp = 1 model;
+//   - StepReport::tp_comm_bytes_sent: what the layers sent over the tp group during the step.
+// Compressed optimizers are refused with T > 1 (ConfigError naming model.tensor_parallel_size): their
+// per-chunk scales would mix TP shards and replicated parameters, so replicas would drift apart.
+//
 // Mixed precision follows DeepSpeed: bf16 and fp16 keep fp32 master weights; fp16 scales the loss
 // dynamically and skips a step whose gradients overflow (the schedule does not advance then).
 //
@@ -124,6 +153,9 @@ struct StepReport {
   uint64_t comm_bytes_sent = 0;  // bytes this rank sent since the previous step ended (all collectives)
   // Of those, the gradient reductions' (averaging in communication_data_type; 0 on compressed steps).
   uint64_t grad_comm_bytes_sent = 0;
+  // Of comm_bytes_sent, what went over the tensor-parallel group (the TP layers' all-reduces, or
+  // reduce-scatters and all-gathers with sequence parallelism); 0 without one.
+  uint64_t tp_comm_bytes_sent = 0;
   // Bytes the backend moved between host and device during this step (offload's gradient and
   // parameter traffic; what a GPU user watches on PCIe).
   memory::TransferStats transfers;
@@ -148,6 +180,11 @@ class Engine {
   // of memory::make_backend(config.device.backend); the arena takes the backend's device capacity.
   Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel,
          std::unique_ptr<memory::Backend> backend);
+  // Tensor parallelism (Note [tensor-parallel parameters]): `tensor_parallel` is this rank's "tp" group
+  // of a comm::Topology whose "dp" group is `data_parallel`; a group of one is tp 1. The model's
+  // tensor-parallel layers use the same group. Backend null: memory::make_backend, as above.
+  Engine(nn::Model& model, const EngineConfig& config, const comm::Group& data_parallel,
+         const comm::Group& tensor_parallel, std::unique_ptr<memory::Backend> backend = nullptr);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -186,14 +223,18 @@ class Engine {
   const StepReport& last_step() const { return last_; }
   int64_t global_step() const { return global_step_; }
   const EngineConfig& config() const { return config_; }
-  const comm::Group& group() const { return group_; }
+  const comm::Group& group() const { return group_; }  // the data-parallel group
+  // The tensor-parallel group, or nullptr for tp 1 (Note [tensor-parallel parameters]).
+  const comm::Group* tensor_parallel() const { return tp_; }
+  int tensor_parallel_size() const { return tp_ != nullptr ? tp_->size() : 1; }
   nn::Model& model() const { return model_; }
 
   // Total parameter elements of the model (padding excluded), every expert counted once: a rank holds
-  // 1 / expert_parallel_size of an expert set's experts.
+  // 1 / expert_parallel_size of an expert set's experts; a TP shard counts its whole tp = 1 tensor.
   int64_t param_count() const;
-  // The full fp32 parameters of parameter `name` (the master weights), in its flattened order.
-  // Collective at ZeRO stage >= 1 (the master weights are sharded): every rank must call it.
+  // The full fp32 parameters of parameter `name` (the master weights), in its flattened order; of a
+  // TP shard, the whole tp = 1 tensor. Collective at ZeRO stage >= 1 (the master weights are sharded)
+  // and, for a TP shard, over the tensor-parallel group: every rank must call it.
   std::vector<float> fp32_param(const std::string& name) const;
   // SHA-256 (hex) over the whole model: the concatenated SHA-256 digests of every parameter's full
   // fp32 values (little-endian bytes), parameters in name order (sorted by full name), each expert
@@ -292,9 +333,11 @@ class Engine {
   friend class EngineContext;
   // What the checkpoint code may reach (engine/detail/engine_checkpoint.h): handed over, no friend.
   CheckpointAccess checkpoint_access();
+  void start(std::unique_ptr<memory::Backend> backend);  // the constructors' common part
   nn::Model& model_;
   EngineConfig config_;
   const comm::Group& group_;
+  const comm::Group* tp_ = nullptr;  // null: tp 1
   std::unique_ptr<Impl> impl_;
   StepReport last_;
   int64_t global_step_ = 0;

@@ -93,6 +93,12 @@ std::shared_ptr<CheckpointSnapshot> EngineCheckpoint::snapshot_memory(size_t byt
 
 namespace {
 
+// The tensor-parallel degree that wrote a checkpoint: 1 for one written before it was recorded.
+int64_t saved_tensor_parallel(const checkpoint::Metadata& m) {
+  const checkpoint::Scalar v = scalar_or(m, "tensor_parallel_size", int64_t{1});
+  return std::holds_alternative<int64_t>(v) ? std::get<int64_t>(v) : 1;
+}
+
 // Whether the optimizer named `saved` (a checkpoint's optimizer.type) drives compressed communication.
 bool compressed_type(std::string_view saved) {
   const optim::OptimizerType* t = optim::find_optimizer_type(saved);
@@ -102,7 +108,6 @@ bool compressed_type(std::string_view saved) {
 }  // namespace
 
 std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
-  const comm::Group& g = a_.group;
   if (a_.micro_step != 0 || a_.forward_pending) {
     throw UsageError(fmt::format("Engine::save_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
                                  "run): save after step() has returned true",
@@ -112,10 +117,12 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
   const double call_t0 = now_seconds(), call_cpu0 = thread_cpu_seconds();
   if (tag.empty()) tag = fmt::format("global_step{}", a_.global_step);
   const CheckpointConfig& cc = a_.config.checkpoint;
-  std::vector<Item> mine = items(Purpose::kSave);
+  std::vector<Item> mine;
+  // Agreed: a slice whose packed states cannot be stored is refused on the ranks that hold it.
+  ranks_.agreed([&] { mine = items(Purpose::kSave); });
   // One gather: every rank's items (the layout), rank 0's tag and run id, and each rank's tag.
-  std::string run_id = g.rank() == 0 ? checkpoint::new_run_id() : std::string();
-  const std::vector<std::string> all = allgather_strings(g, fmt::format("{}\n{}\n{}", tag, run_id, describe(mine)));
+  std::string run_id = ranks_.rank() == 0 ? checkpoint::new_run_id() : std::string();
+  const std::vector<std::string> all = ranks_.allgather(fmt::format("{}\n{}\n{}", tag, run_id, describe(mine)));
   std::vector<std::string> descriptions;
   std::vector<std::string> tags;
   for (const std::string& d : all) {
@@ -132,7 +139,7 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
     if (cc.tag_validation == TagValidation::kFail) {
       throw CheckpointError(fmt::format("{} (checkpoint.tag_validation is \"Fail\"): pass every rank the same tag", what));
     }
-    if (g.rank() == 0) ZS_LOG_WARN("{}; saving under rank 0's tag (checkpoint.tag_validation \"Warn\")", what);
+    if (ranks_.rank() == 0) ZS_LOG_WARN("{}; saving under rank 0's tag (checkpoint.tag_validation \"Warn\")", what);
   }
   tag = tags.front();
 
@@ -148,18 +155,18 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
   std::span<const fs::path> pruning;
   if (prune && prune->prune_only) pruning = prune->pruning;
   fs::path staging;
-  agreed(g, [&] {
-    if (g.rank() == 0) staging = checkpoint::begin_save(root, tag, pruning);
+  ranks_.agreed([&] {
+    if (ranks_.rank() == 0) staging = checkpoint::begin_save(root, tag, pruning);
   });
-  staging = allgather_strings(g, staging.string()).front();
+  staging = ranks_.allgather(staging.string()).front();
   if (cc.async) {
     auto pending = std::make_shared<PendingCheckpoint>();
     pending->root = root;
     pending->staging = staging;
     pending->meta = meta;
-    pending->rank = g.rank();
+    pending->rank = ranks_.rank();
     // The snapshot: the states may change as soon as this returns.
-    agreed(g, [&] {
+    ranks_.agreed([&] {
       size_t total = 0;
       for (const Item& it : mine) {
         pending->snapshot.push_back({it.buffer, total, it.count * memory::dtype_size(it.buffer_dtype)});
@@ -212,10 +219,10 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
                 (root / tag).string());
     return tag;
   }
-  agreed(g, [&] {
+  ranks_.agreed([&] {
     // The training thread waits for this save: its compute threads hash while it writes (the
     // background writer above keeps to one thread).
-    checkpoint::ShardWriter w(staging, meta, g.rank(), checkpoint::WriteOptions{.hash_threads = nn::compute_threads()});
+    checkpoint::ShardWriter w(staging, meta, ranks_.rank(), checkpoint::WriteOptions{.hash_threads = nn::compute_threads()});
     std::vector<std::byte> piece;
     memory::DeviceAccess access(a_.backend);
     for (const Item& it : mine) {
@@ -234,11 +241,10 @@ std::string EngineCheckpoint::save(const fs::path& root, std::string tag) {
 
 void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, const checkpoint::Metadata& meta,
                               bool metadata_written) {
-  const comm::Group& g = a_.group;
   const CheckpointConfig& cc = a_.config.checkpoint;
   std::vector<fs::path> pruned;
-  agreed(g, [&] {
-    if (g.rank() != 0) return;
+  ranks_.agreed([&] {
+    if (ranks_.rank() != 0) return;
     if (!metadata_written) checkpoint::write_metadata(staging, meta);
     if (cc.gather_16bit_weights) write_16bit(staging);
     checkpoint::commit_save(root, meta.tag, static_cast<int>(cc.keep_last), &pruned);
@@ -265,7 +271,7 @@ void EngineCheckpoint::commit(const fs::path& root, const fs::path& staging, con
     a_.pending = std::move(prune);
   }
   ZS_LOG_INFO("checkpoint: saved step {} to {} (tag {}, {} rank file(s))", std::get<int64_t>(meta.scalars.at("global_step")),
-              (root / meta.tag).string(), meta.tag, g.size());
+              (root / meta.tag).string(), meta.tag, ranks_.size());
 }
 
 void EngineCheckpoint::finish_pending() {
@@ -281,7 +287,7 @@ void EngineCheckpoint::finish_pending() {
   set_writer_priority(p->writer.native_handle(), false);
   p->writer.join();
   const double t1 = now_seconds();
-  agreed(a_.group, [&] {
+  ranks_.agreed([&] {
     switch (p->error_kind) {
       case kNoError: return;
       case kCheckpointError: throw CheckpointError(p->error);
@@ -345,11 +351,21 @@ void EngineCheckpoint::check_compatible(const checkpoint::CheckpointReader& r) c
                                           dir.string(), name, layout.tensors.size(),
                                           layout.tensors.empty() ? "" : layout.tensors.front().name));
       }
-      const std::vector<uint64_t> want = shape_of(slot.param->shape());
-      if (layout.tensors[static_cast<size_t>(t)].shape != want) {
-        throw CheckpointError(fmt::format("checkpoint '{}': parameter '{}' has shape {} there but {} in this model",
-                                          dir.string(), name, shape_text(layout.tensors[static_cast<size_t>(t)].shape),
-                                          shape_text(want)));
+      // The checkpoint holds the full tensor (Note [tensor-parallel checkpoints]); this rank's slice of
+      // it is read whatever tp degree wrote it.
+      const std::vector<uint64_t> want = full_shape_of(*slot.param);
+      const std::vector<uint64_t>& have = layout.tensors[static_cast<size_t>(t)].shape;
+      if (have != want) {
+        const nn::TensorSlice& ts = slot.param->tensor_slice();
+        const std::string sliced =
+            ts.whole() ? std::string()
+                       : fmt::format(" (this rank's slice {}: piece {} of {} along dim {}, stride {})",
+                                     shape_text(shape_of(slot.param->shape())), ts.index, ts.parts, ts.dim, ts.stride);
+        throw CheckpointError(fmt::format("checkpoint '{}': parameter '{}' has shape {} there but {} in this model{}; "
+                                          "checkpoints hold full tensors at any tp degree (this one was saved at tp "
+                                          "{}), so the shapes must agree: a checkpoint of another model?",
+                                          dir.string(), name, shape_text(have), shape_text(want), sliced,
+                                          saved_tensor_parallel(m)));
       }
     }
   }
@@ -413,7 +429,6 @@ void EngineCheckpoint::restore_scalars(const checkpoint::Metadata& m, const fs::
 }
 
 std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag) {
-  const comm::Group& g = a_.group;
   if (a_.micro_step != 0 || a_.forward_pending) {
     throw UsageError(fmt::format("Engine::load_checkpoint in the middle of an accumulation window ({} of {} micro-batches "
                                  "run): load before training, or after step() has returned true",
@@ -422,26 +437,28 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   finish_pending();  // a save still being written is committed first: it may be the one to load
   std::optional<checkpoint::CheckpointReader> reader;
   // 1. Open and check (nothing in the engine changes yet).
-  agreed(g, [&] {
+  ranks_.agreed([&] {
     reader.emplace(root, tag);
     check_compatible(*reader);
     const checkpoint::Metadata& m = reader->metadata();
     const std::string saved = string_scalar(m, "optimizer.type");
+    const int64_t saved_tp = saved_tensor_parallel(m);
     compressed_source_ = compressed_type(saved);
-    rank_local_ok_ = a_.compressed && compressed_source_ && int_scalar(m, "world_size", reader->dir()) == g.size() &&
+    rank_local_ok_ = a_.compressed && compressed_source_ &&
+                     int_scalar(m, "world_size", reader->dir()) == ranks_.size() && saved_tp == ranks_.tp_size() &&
                      std::get<int64_t>(scalar_or(m, "compressed.flat_elements", int64_t{-1})) ==
                          static_cast<int64_t>(dense().layout.total()) &&
                      std::get<int64_t>(scalar_or(m, "compressed.rank_local_states", int64_t{0})) ==
                          static_cast<int64_t>(!a_.compressed->accumulator.empty());
     // A rank file lost since the save: rank-local states need this rank's own tensors.
-    if (rank_local_ok_ && !reader->holds(kCkptErrorFeedback, fmt::format("error_feedback.worker.rank{}", g.rank()))) {
+    if (rank_local_ok_ && !reader->holds(kCkptErrorFeedback, fmt::format("error_feedback.worker.rank{}", ranks_.rank()))) {
       rank_local_ok_ = false;
     }
   });
   const checkpoint::Metadata& m = reader->metadata();
   const fs::path dir = reader->dir();
   // 2. Read this rank's ranges of every state, re-sliced by name (Note [checkpoint buffers]).
-  agreed(g, [&] {
+  ranks_.agreed([&] {
     std::vector<Item> wanted = items(Purpose::kLoad);
     std::vector<std::byte> piece;
     memory::DeviceAccess access(a_.backend);
@@ -455,12 +472,12 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
     }
   });
   // The counters only once every rank has read its data, so that no rank moves on alone.
-  agreed(g, [&] { restore_scalars(m, dir); });
+  ranks_.agreed([&] { restore_scalars(m, dir); });
   // 3. The parameters every rank holds from the loaded states, the gradients zeroed
   // (CheckpointAccess::loaded, Engine::checkpoint_access).
   a_.loaded();
   const std::string saved_optimizer = string_scalar(m, "optimizer.type");
-  if (g.rank() == 0) {
+  if (ranks_.rank() == 0) {
     if (compressed_source_ && !a_.compressed) {
       ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers are dropped: {} keeps none, and continues from the "
                   "checkpoint's exp_avg and exp_avg_sq",
@@ -469,11 +486,12 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
       ZS_LOG_INFO("checkpoint: {}'s error-feedback buffers and rank-local momenta (saved at {} rank(s)) do not fit "
                   "this run ({} at {} rank(s)): the error feedback restarts at zero and the momentum is the saved "
                   "owners' copy",
-                  saved_optimizer, int_scalar(m, "world_size", dir), a_.config.optimizer.name(), g.size());
+                  saved_optimizer, int_scalar(m, "world_size", dir), a_.config.optimizer.name(), ranks_.size());
     }
-    ZS_LOG_INFO("checkpoint: loaded {} (step {}, saved at {} rank(s), ZeRO stage {}) at {} rank(s), ZeRO stage {}",
-                dir.string(), a_.global_step, int_scalar(m, "world_size", dir), int_scalar(m, "zero.stage", dir),
-                g.size(), a_.stage);
+    ZS_LOG_INFO("checkpoint: loaded {} (step {}, saved at {} rank(s), tp {}, ZeRO stage {}) at {} rank(s), tp {}, ZeRO "
+                "stage {}",
+                dir.string(), a_.global_step, int_scalar(m, "world_size", dir), saved_tensor_parallel(m),
+                int_scalar(m, "zero.stage", dir), ranks_.size(), ranks_.tp_size(), a_.stage);
   }
   return m.tag;
 }
@@ -492,6 +510,7 @@ CheckpointAccess Engine::checkpoint_access() {
   Impl& s = *impl_;
   return CheckpointAccess{.config = config_,
                           .group = group_,
+                          .tensor_parallel = tp_,
                           .sets = s.sets_,
                           .compressed = s.compressed_ ? &*s.compressed_ : nullptr,
                           .specs = s.env_.specs,

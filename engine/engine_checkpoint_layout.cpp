@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 #include "comm/agree.h"
@@ -44,15 +45,82 @@ std::vector<std::string> allgather_strings(const comm::Group& g, const std::stri
 // prefixed with that rank; an error of no checkpoint-related kind becomes a CheckpointError.
 void agreed(const comm::Group& g, const std::function<void()>& fn) { comm::run_agreed<CheckpointError>(g, fn); }
 
+std::vector<std::string> CheckpointRanks::allgather(const std::string& mine) const {
+  if (!tp_) return allgather_strings(dp_, mine);
+  // Over the data-parallel group, then the tensor-parallel group's packed results: [t][d] is rank t + tp * d.
+  std::string packed;
+  for (const std::string& s : allgather_strings(dp_, mine)) packed += fmt::format("{}\n{}", s.size(), s);
+  const std::vector<std::string> by_tp = allgather_strings(*tp_, packed);
+  const int tp = tp_size();
+  std::vector<std::string> out(static_cast<size_t>(size()));
+  for (int t = 0; t < tp; ++t) {
+    const std::string& p = by_tp[static_cast<size_t>(t)];
+    size_t at = 0;
+    for (int d = 0; d < dp_.size(); ++d) {
+      const size_t nl = p.find('\n', at);
+      const size_t len = std::stoull(p.substr(at, nl - at));
+      out[static_cast<size_t>(t + tp * d)] = p.substr(nl + 1, len);
+      at = nl + 1 + len;
+    }
+  }
+  return out;
+}
+
+void CheckpointRanks::agreed(const std::function<void()>& fn) const {
+  if (!tp_) {
+    engine::agreed(dp_, fn);
+    return;
+  }
+  // The data-parallel group agrees first; its failure, named by checkpoint rank, is then agreed over
+  // the tensor-parallel group, so every rank throws the same error.
+  std::exception_ptr local;
+  try {
+    fn();
+  } catch (...) {
+    local = std::current_exception();
+  }
+  std::exception_ptr mine;
+  if (std::optional<comm::RankFailure> f = comm::agree_outcome(dp_, local)) {
+    try {
+      comm::detail::throw_failure(*f, fmt::format("rank {}: {}", tp_rank() + tp_size() * f->rank, f->message));
+    } catch (...) {
+      mine = std::current_exception();
+    }
+  }
+  if (std::optional<comm::RankFailure> f = comm::agree_outcome(*tp_, mine)) {
+    if (f->kind == comm::ErrorKind::kOther) throw CheckpointError(f->message);
+    comm::detail::throw_failure(*f, f->message);
+  }
+}
+
 std::string shape_text(const std::vector<uint64_t>& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
 
 // The description of this rank's items, for the layout every rank builds from all of them:
-//   T <name> <dtype> <d0,d1,...>    a tensor          S <buffer> <dtype> <tensor> <begin> <count>
+//   T <name> <dtype> <d0,d1,...>    a tensor (once)
+//   S <buffer> <dtype> <tensor> <begin> <count> [<pitch> <repeats>]
+// segments [begin + i * pitch, + count) for i < repeats (1 without them): consecutive items of one
+// buffer and tensor with one count and pitch, as a tensor-parallel slice's runs are (a row-parallel
+// weight is one per row), are one line.
 std::string describe(const std::vector<Item>& items) {
   std::string out;
-  for (const Item& it : items) {
-    out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
-    out += fmt::format("S {} {} {} {} {}\n", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+  std::set<std::string_view> described;
+  auto same_kind = [](const Item& a, const Item& b) {
+    return a.buffer == b.buffer && a.buffer_dtype == b.buffer_dtype && a.tensor == b.tensor && a.count == b.count;
+  };
+  for (size_t i = 0; i < items.size();) {
+    const Item& it = items[i];
+    if (described.insert(it.tensor).second) {
+      out += fmt::format("T {} {} {}\n", it.tensor, memory::dtype_name(it.tensor_dtype), fmt::join(it.shape, ","));
+    }
+    size_t j = i + 1;
+    uint64_t pitch = 0;
+    if (j < items.size() && same_kind(it, items[j]) && items[j].begin > it.begin) {
+      pitch = items[j].begin - it.begin;
+      while (j < items.size() && same_kind(it, items[j]) && items[j].begin == items[j - 1].begin + pitch) ++j;
+    }
+    out += fmt::format("S {} {} {} {} {}", it.buffer, memory::dtype_name(it.buffer_dtype), it.tensor, it.begin, it.count);
+    out += j - i > 1 ? fmt::format(" {} {}\n", pitch, j - i) : std::string("\n");
+    i = j;
   }
   return out;
 }
@@ -88,14 +156,18 @@ checkpoint::Layout build_layout(const std::vector<std::string>& descriptions) {
           ZS_ASSERT(layout.tensors[tensor_ids[name]].shape == shape, "tensor '{}' has two shapes across ranks", name);
         }
       } else {
-        std::string buffer, dtype, tensor;
-        uint64_t begin = 0, count = 0;
+        std::string buffer, dtype, tensor, line;
+        uint64_t begin = 0, count = 0, pitch = 0, repeats = 1;
         in >> buffer >> dtype >> tensor >> begin >> count;
+        std::getline(in, line);  // " <pitch> <repeats>" or nothing
+        if (line.find_first_not_of(' ') != std::string::npos) std::istringstream(line) >> pitch >> repeats;
         auto [it, fresh] = buffer_ids.emplace(buffer, layout.buffers.size());
         if (fresh) {
-          layout.buffers.push_back({buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
+          layout.buffers.push_back(
+              {buffer, dtype_named(dtype), std::vector<std::vector<checkpoint::Segment>>(descriptions.size())});
         }
-        layout.buffers[it->second].ranks[r].push_back({tensor_ids.at(tensor), begin, count});
+        const uint32_t id = tensor_ids.at(tensor);
+        for (uint64_t i = 0; i < repeats; ++i) layout.buffers[it->second].ranks[r].push_back({id, begin + i * pitch, count});
       }
     }
   }
@@ -125,9 +197,11 @@ double real_scalar(const checkpoint::Metadata& m, const std::string& key, const 
   return std::get<double>(it->second);
 }
 
+// Made printable (core/errors.h): the value is the file's and reaches messages ("saved with optimizer
+// '...'"); a well-formed value is unchanged.
 std::string string_scalar(const checkpoint::Metadata& m, const std::string& key) {
   auto v = scalar_or(m, key, std::string());
-  return std::holds_alternative<std::string>(v) ? std::get<std::string>(v) : std::string();
+  return std::holds_alternative<std::string>(v) ? printable(std::get<std::string>(v)) : std::string();
 }
 
 }  // namespace zs::engine

@@ -8,6 +8,7 @@
 
 #include "core/clock.h"
 #include "core/errors.h"
+#include "core/parallel.h"
 #include "engine/detail/engine_impl.h"
 #include "nn/flops.h"
 #include "optim/clip.h"
@@ -90,17 +91,47 @@ Engine::Impl::LossAndNorm Engine::Impl::agree_loss_and_norm(bool local) {
   // rank clips with the same bits.
   out.sum_sq = agree_norm ? agreed[1] : static_cast<float>(sum_sq);
   if (local) out.sum_sq /= group_.size();
+  if (tp_ != nullptr) {
+    // Each tp rank's total covers its TP shards (and, on tp rank 0, the replicated parameters): their
+    // sum is the tp = 1 model's, the same on every rank of dp x tp (Note [tensor-parallel parameters]).
+    float total = static_cast<float>(out.sum_sq);
+    tp_->allreduce(memory::Tensor::of(std::span<float>(&total, 1)));
+    out.sum_sq = total;
+  }
   return out;
 }
 
 double Engine::Impl::grad_sum_of_squares(const ModelStates& set, memory::ShardRange range) {
   // Per-piece sums added in piece order: the same bits for any thread count.
-  std::vector<double> piece_sums((range.size + kPieceElements - 1) / kPieceElements);
-  memory::run_kernel(*backend_, [&] {
-    set.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
-      piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(set.grad_f32(at, n, t));
+  std::vector<double> piece_sums;
+  if (tp_ == nullptr || tp_->rank() == 0) {
+    piece_sums.resize((range.size + kPieceElements - 1) / kPieceElements);
+    memory::run_kernel(*backend_, [&] {
+      set.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
+        piece_sums[(at - range.offset) / kPieceElements] = optim::sum_of_squares(set.grad_f32(at, n, t));
+      });
     });
-  });
+  } else {
+    // Note [tensor-parallel parameters]: the other tp ranks count their TP shards only (tp rank 0
+    // counts the replicated parameters for the group), slot by slot.
+    std::vector<memory::ShardRange> pieces;
+    for (const ParamSlot& slot : set.layout.slots()) {
+      if (!env_.counts(*slot.param)) continue;
+      const memory::ShardRange part = slot.range().intersect(range);
+      for (size_t off = 0; off < part.size; off += kPieceElements) {
+        pieces.push_back({part.offset + off, std::min(kPieceElements, part.size - off)});
+      }
+    }
+    piece_sums.resize(pieces.size());
+    memory::run_kernel(*backend_, [&] {
+      parallel_for_threads(env_.threads(), static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e, int t) {
+        for (int64_t p = b; p < e; ++p) {
+          const memory::ShardRange& pc = pieces[static_cast<size_t>(p)];
+          piece_sums[static_cast<size_t>(p)] = optim::sum_of_squares(set.grad_f32(pc.offset, pc.size, t));
+        }
+      });
+    });
+  }
   double sum_sq = 0.0;
   for (double v : piece_sums) sum_sq += v;
   // Experts: the reduced gradients are averaged over edp; the model's gradient is that / E.
@@ -145,6 +176,11 @@ void Engine::Impl::finish_report(StepReport& report, double t0) {
   for (const auto& set : sets_) grad_sent += set->reducer->bytes_sent();
   report.grad_comm_bytes_sent = grad_sent - grad_bytes_sent_at_step_start_;
   grad_bytes_sent_at_step_start_ = grad_sent;
+  if (tp_ != nullptr) {
+    const uint64_t tp_sent = tp_->bytes_sent();
+    report.tp_comm_bytes_sent = tp_sent - tp_bytes_at_step_start_;
+    tp_bytes_at_step_start_ = tp_sent;
+  }
   const memory::TransferStats moved = backend_->transfers();
   report.transfers = {moved.host_to_device_bytes - transfers_at_step_start_.host_to_device_bytes,
                       moved.device_to_host_bytes - transfers_at_step_start_.device_to_host_bytes};

@@ -12,13 +12,15 @@
 namespace zs::engine {
 
 StateEnv::StateEnv(const EngineConfig& cfg, memory::Backend& backend, memory::DeviceAllocator& device,
-                   memory::MemoryTracker& tracker, const optim::Optimizer* optimizer, int rank, int threads)
+                   memory::MemoryTracker& tracker, const optim::Optimizer* optimizer, int rank, int threads,
+                   const comm::Group* tp)
     : cfg(cfg),
       backend(backend),
       device(device),
       tracker(tracker),
       optimizer(optimizer),
       rank(rank),
+      tp(tp),
       dtype(cfg.compute_dtype()),
       elem(memory::dtype_size(dtype)),
       scratch(kChunkElements) {

@@ -88,7 +88,9 @@ void ModelStates::step_elementwise(optim::Optimizer& optimizer, const optim::Ste
 // allreduce of slots x tensor_sums() floats over the set's partition group (dp, or edp for experts:
 // Note [expert parameters]) makes them the whole tensors'
 // sums on every rank (stage 0 steps every element on every rank: its sums are whole already; one
-// rank rounds through fp32 too, so every stage of one rank gives the same bits). Pass 2 applies the
+// rank rounds through fp32 too, so every stage of one rank gives the same bits). With tensor
+// parallelism a second allreduce over tp adds the TP shards' slices (Note [tensor-parallel parameters]
+// in engine/engine.h). Pass 2 applies the
 // update with its slot's totals through with_master, like the elementwise step. Over the measuring
 // backend both passes are skipped (kernels) and the allreduce moves nothing. NVMe offload streams
 // sub-groups once per step, so it is refused for these optimizers (Engine::Impl's constructor).
@@ -138,6 +140,15 @@ void ModelStates::step_tensorwise(optim::Optimizer& optimizer, const optim::Step
     for (size_t i = 0; i < exact.size(); ++i) slot_sums[i] = static_cast<float>(exact[i]);
   }
   if (plan.stage > 0 && group.size() > 1 && !slot_sums.empty()) group.allreduce(memory::Tensor::of(std::span<float>(slot_sums)));
+  if (env_->tp != nullptr && !slot_sums.empty()) {
+    // A TP shard's sums are its slice's: summed over tp they are the whole tensor's. A replicated
+    // parameter's are whole already; tp rank 0's go in, the others add zeros (Note [tensor-parallel
+    // parameters] in engine/engine.h), so every tp rank applies the same bits to its replica.
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (!env_->counts(*slots[i].param)) std::fill_n(slot_sums.begin() + static_cast<ptrdiff_t>(i * k), k, 0.0f);
+    }
+    env_->tp->allreduce(memory::Tensor::of(std::span<float>(slot_sums)));
+  }
   memory::run_kernel(backend(), [&] {
     parallel_for_threads(threads, static_cast<int64_t>(pieces.size()), 1, [&](int64_t b, int64_t e, int t) {
       for (int64_t p = b; p < e; ++p) {

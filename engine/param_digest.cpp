@@ -20,6 +20,11 @@ namespace zs::engine {
 // order. With expert sets the ranks exchange (name, digest) pairs of their expert parameters over dp
 // (a few bytes per parameter) and keep each name once: the edp replicas of an expert hold the same
 // values. Dense and ep_size-1 models take the same definition without the exchange.
+// With tensor parallelism (Note [tensor-parallel parameters] in engine/engine.h) a TP shard is hashed
+// as its full tp = 1 tensor (gathered over tp), so the digest is the same for every tp degree; a
+// replicated parameter is hashed as it is, and the tp ranks compare those hashes (one allgather of
+// 32 bytes per replicated parameter): replicas that differ in any bit are a ModelError naming the
+// parameter, not a digest that silently depends on which rank wrote it.
 
 namespace {
 
@@ -63,17 +68,51 @@ void unpack(std::span<const int32_t> words, std::map<std::string, Sha256>& into)
   }
 }
 
+// Every tp rank's digests of its replicated parameters (`names` in slot order, the same on every tp
+// rank) must be equal; the first that differs is a ModelError on every rank. Collective over `tp`.
+void check_replicas(const comm::Group& tp, const std::vector<std::string>& names, const std::vector<Sha256>& hashes) {
+  constexpr size_t kWords = sizeof(Sha256) / sizeof(int32_t);
+  std::vector<int32_t> mine(std::max<size_t>(1, hashes.size()) * kWords, 0);
+  if (!hashes.empty()) std::memcpy(mine.data(), hashes.data(), hashes.size() * sizeof(Sha256));
+  std::vector<int32_t> all(mine.size() * static_cast<size_t>(tp.size()));
+  tp.allgather(memory::Tensor(mine.data(), memory::DType::kI32, {static_cast<int64_t>(mine.size())}),
+               memory::Tensor(all.data(), memory::DType::kI32, {static_cast<int64_t>(all.size())}));
+  for (size_t i = 0; i < names.size(); ++i) {
+    for (int r = 1; r < tp.size(); ++r) {
+      const int32_t* first = all.data() + i * kWords;
+      const int32_t* other = all.data() + static_cast<size_t>(r) * mine.size() + i * kWords;
+      if (std::memcmp(first, other, sizeof(Sha256)) != 0) {
+        throw ModelError(fmt::format(
+            "parameter '{}' is replicated over the tensor-parallel group (its slice is whole) but its values on tp "
+            "rank {} differ from tp rank 0's: a replicated parameter must get the same gradient on every tp rank (a "
+            "layer whose output gradient differs between tp ranks, or a parameter used on sequence shards whose "
+            "gradient is not summed over tp, breaks that; Note [tensor-parallel parameters] in engine/engine.h)",
+            names[i], r));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::string Engine::param_digest() const {
   // Set by set (each set's gathers are collective over its own group, in its slot order).
   std::map<std::string, Sha256> dense, experts;
+  std::vector<std::string> replicated;  // tp > 1: the replicated parameters, and their digests
+  std::vector<Sha256> replicated_hashes;
   for (const auto& set : impl_->sets_) {
     for (const ParamSlot& s : set->layout.slots()) {
-      std::vector<float> values = impl_->gather_fp32(*set, s);  // x86-64: little-endian bytes as they are
-      (set->expert() ? experts : dense)[s.param->full_name()] = sha256(values.data(), values.size() * sizeof(float));
+      // A TP shard's full tensor (Note [whole-model digest]). x86-64: little-endian bytes as they are.
+      std::vector<float> values = impl_->gather_full(*s.param, impl_->gather_fp32(*set, s));
+      const Sha256 hash = sha256(values.data(), values.size() * sizeof(float));
+      (set->expert() ? experts : dense)[s.param->full_name()] = hash;
+      if (tp_ != nullptr && s.param->tensor_slice().whole()) {
+        replicated.push_back(s.param->full_name());
+        replicated_hashes.push_back(hash);
+      }
     }
   }
+  if (tp_ != nullptr) check_replicas(*tp_, replicated, replicated_hashes);
   const bool any_experts = std::any_of(impl_->sets_.begin(), impl_->sets_.end(), [](const auto& s) { return s->expert(); });
   if (any_experts && group_.size() > 1 && group_.is_mpi()) {
     // Every rank's expert entries to every rank (Note [whole-model digest]).

@@ -124,7 +124,7 @@ void Engine::Impl::setup_recompute(nn::Model& model) {
                       "train` and `zeroshard estimate` do it); a program building its own engine resolves it first, or "
                       "names checkpoint_blocks");
   }
-  if (ac.blocks != RecomputeConfig::Blocks::kNone) {
+  if (ac.blocks != RecomputeConfig::Blocks::kNone && !ac.applied_by_program) {
     auto* gpt = dynamic_cast<nn::GptModel*>(&model);
     if (gpt == nullptr) {
       throw ConfigError(fmt::format(

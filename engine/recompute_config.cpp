@@ -29,16 +29,34 @@ std::string checkpoint_blocks_name(const RecomputeConfig& c) {
   return "none";
 }
 
+void check_partition_activations(const RecomputeConfig& c, int tensor_parallel_size, bool sequence_parallel,
+                                 std::vector<std::string>& notes) {
+  if (!c.partition_activations || tensor_parallel_size <= 1) return;
+  if (sequence_parallel) {
+    notes.push_back(fmt::format("activation_checkpointing.partition_activations: with model.sequence_parallel every "
+                                "checkpointed block keeps its input as this rank's sequence shard, 1/{} of the "
+                                "activation: the split DeepSpeed's partition_activations makes, already done",
+                                tensor_parallel_size));
+    return;
+  }
+  throw ConfigError(fmt::format("activation_checkpointing.partition_activations: true at model.tensor_parallel_size {} "
+                                "would split each kept activation across the tensor-parallel group, which zeroshard "
+                                "does only through sequence parallelism: set model.sequence_parallel to true (each "
+                                "checkpointed block then keeps its input as a 1/{} sequence shard), or set "
+                                "partition_activations to false",
+                                tensor_parallel_size, tensor_parallel_size));
+}
+
 namespace detail {
 
 void read_recompute(ObjectReader& r, RecomputeConfig& c, std::vector<std::string>& notes) {
-  bool partition = false;
-  if (r.read("partition_activations", partition) && partition) {
-    throw ConfigError(fmt::format("{}: true splits each kept activation across tensor-parallel ranks (Megatron's model "
-                                  "parallelism), which zeroshard does not have: every rank holds whole activations of "
-                                  "its own micro-batch; set it to false (cpu_checkpointing moves kept inputs off the "
-                                  "device instead)",
-                                  r.path_of("partition_activations")));
+  // DeepSpeed's partition_activations splits each kept activation across the tensor-parallel group;
+  // at tensor-parallel size 1 it does nothing there, and here (Megatron's DeepSpeed configs set it).
+  if (r.read("partition_activations", c.partition_activations) && c.partition_activations) {
+    notes.push_back(fmt::format("{}: accepted; it splits kept activations across the tensor-parallel group, so at "
+                                "tensor-parallel size 1 it is a no-op (as in DeepSpeed); above 1 it needs "
+                                "model.sequence_parallel, whose sequence shards are that split",
+                                r.path_of("partition_activations")));
   }
   r.read("cpu_checkpointing", c.cpu_checkpointing);
   r.read("contiguous_memory_optimization", c.contiguous_memory_optimization);

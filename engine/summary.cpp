@@ -14,22 +14,35 @@
 namespace zs::engine {
 namespace {
 
-// + host->device, device->host transfer bytes, gradient bytes; model and recomputed FLOPs over the timed steps, the
-// cores' peak FLOP/s (model FLOPs utilisation)
-constexpr size_t kFields = 18 + memory::kNumCategories + 3 + 3;
+// + host->device, device->host transfer bytes, gradient bytes, tensor-parallel bytes; model and recomputed FLOPs
+// over the timed steps, the cores' peak FLOP/s (model FLOPs utilisation)
+constexpr size_t kFields = 18 + memory::kNumCategories + 4 + 3;
+using Fields = std::array<uint64_t, kFields>;
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
-std::vector<std::array<uint64_t, kFields>> gather_u64(const comm::Group& group, const std::array<uint64_t, kFields>& mine) {
-  std::vector<std::array<uint64_t, kFields>> all(static_cast<size_t>(group.size()));
-  if (group.size() == 1) {
-    all[0] = mine;
-    return all;
-  }
-  std::array<uint64_t, kFields> in = mine;
-  memory::Tensor input(in.data(), memory::DType::kI32, {static_cast<int64_t>(2 * kFields)});
+std::vector<Fields> gather_u64(const comm::Group& group, const std::vector<Fields>& mine) {
+  std::vector<Fields> all(mine.size() * static_cast<size_t>(group.size()));
+  if (group.size() == 1) return mine;
+  std::vector<Fields> in = mine;
+  memory::Tensor input(in.data(), memory::DType::kI32, {static_cast<int64_t>(2 * kFields * in.size())});
   memory::Tensor output(all.data(), memory::DType::kI32, {static_cast<int64_t>(2 * kFields * all.size())});
   group.allgather(input, output);
   return all;
+}
+
+// Every rank's fields in world order (comm::Topology's: tp ranks consecutive, world rank = tp rank +
+// tp * dp rank): gathered over dp, then those blocks over tp. Collective over both groups.
+std::vector<Fields> gather_ranks(const Engine& engine, const Fields& mine) {
+  std::vector<Fields> by_dp = gather_u64(engine.group(), {mine});
+  const comm::Group* tp = engine.tensor_parallel();
+  if (tp == nullptr) return by_dp;
+  const std::vector<Fields> blocks = gather_u64(*tp, by_dp);  // [tp rank][dp rank]
+  const size_t dp = by_dp.size(), t = static_cast<size_t>(tp->size());
+  std::vector<Fields> world(dp * t);
+  for (size_t tr = 0; tr < t; ++tr) {
+    for (size_t d = 0; d < dp; ++d) world[tr + t * d] = blocks[tr * dp + d];
+  }
+  return world;
 }
 
 }  // namespace
@@ -52,7 +65,9 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   auto& kind = report.compressed ? compressed_steps_ : exact_steps_;
   kind.steps += 1;
   kind.bytes += report.comm_bytes_sent;
-  kind.grad_bytes += report.grad_comm_bytes_sent;  transfers_.host_to_device_bytes += report.transfers.host_to_device_bytes;
+  kind.grad_bytes += report.grad_comm_bytes_sent;
+  tp_bytes_ += report.tp_comm_bytes_sent;
+  transfers_.host_to_device_bytes += report.transfers.host_to_device_bytes;
   transfers_.device_to_host_bytes += report.transfers.device_to_host_bytes;
 }
 
@@ -81,7 +96,7 @@ double SummaryRecorder::mfu() const {
 boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) const {
   const comm::Group& group = engine_.group();
   Engine::MemoryReport mem = engine_.memory_report();
-  std::array<uint64_t, kFields> mine = {mem.model_states.params,   mem.model_states.grads,     mem.model_states.optimizer,
+  Fields mine = {mem.model_states.params,   mem.model_states.grads,     mem.model_states.optimizer,
                                         mem.device_peak_bytes,     mem.device_reserved_peak_bytes, mem.host_peak_bytes,
                                         mem.nvme_bytes,            rss_peak_bytes(),           counters.bytes_sent,
                                         counters.bytes_received,   mem.activation_peak_bytes,
@@ -93,18 +108,25 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   mine[kTransfers] = transfers_.host_to_device_bytes;
   mine[kTransfers + 1] = transfers_.device_to_host_bytes;
   mine[kTransfers + 2] = exact_steps_.grad_bytes;
-  constexpr size_t kFlops = kTransfers + 3;
+  mine[kTransfers + 3] = tp_bytes_;
+  constexpr size_t kFlops = kTransfers + 4;
   const memory::PeakFlops& peak = nn::product_peak(engine_.config().compute_dtype());
   mine[kFlops] = timed_sum(model_flops_);
   mine[kFlops + 1] = timed_sum(recompute_flops_);
   mine[kFlops + 2] = static_cast<uint64_t>(peak.flops_per_s);
-  auto all = gather_u64(group, mine);
+  const std::vector<Fields> all = gather_ranks(engine_, mine);
   // Every rank computes the digest (collective at stages >= 1 and with experts); rank 0's goes in.
   std::string digest = engine_.param_digest();
 
   boost::json::object s;
   const EngineConfig& cfg = engine_.config();
-  s["world_size"] = group.size();
+  const int tp = engine_.tensor_parallel_size();
+  s["world_size"] = group.size() * tp;
+  // dp x tp (Note [tensor-parallel parameters] in engine/engine.h): the per-rank lists below are in
+  // world order, tensor-parallel ranks consecutive.
+  s["data_parallel_size"] = group.size();
+  s["tensor_parallel_size"] = tp;
+  s["topology"] = fmt::format("dp {} x tp {}", group.size(), tp);
   s["zero_stage"] = cfg.zero.stage;
   s["precision"] = precision_name(cfg.precision);
   s["communication_data_type"] = memory::dtype_name(cfg.gradient_comm_dtype());
@@ -205,6 +227,8 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                               // the gradient averaging's share of exact_mean, in
                                               // communication_data_type (half of fp32's for bf16/fp16)
                                               {"exact_gradient_mean", mean(v[14], v[kTransfers + 2])},
+                                               // over the tensor-parallel group (0 at tp 1)
+                                               {"tensor_parallel_mean", mean(v[14] + v[16], v[kTransfers + 3])},
                                                {"compressed_steps", v[16]},
                                                {"compressed_mean", mean(v[16], v[17])},
                                                {"compressed_over_exact", v[14] && v[16] ? mean(v[16], v[17]) / mean(v[14], v[15]) : 0.0}}}});
@@ -237,7 +261,9 @@ void SummaryRecorder::write(const std::string& path, const comm::CommCounters& c
                             const boost::json::object& extra) const {
   boost::json::object s = build(counters);
   for (const auto& [key, value] : extra) s[key] = value;
-  if (engine_.group().rank() != 0) return;
+  // World rank 0 writes: rank 0 of the data-parallel group of tensor-parallel rank 0.
+  const comm::Group* tp = engine_.tensor_parallel();
+  if (engine_.group().rank() != 0 || (tp != nullptr && tp->rank() != 0)) return;
   std::ofstream out(path);
   if (!out) throw IoError(fmt::format("--summary: cannot write '{}': check that the directory exists and is writable", path));
   out << boost::json::serialize(s) << "\n";

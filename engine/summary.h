@@ -2,7 +2,7 @@
 //
 //   SummaryRecorder rec(engine);
 //   rec.record(engine.train_batch(source), tokens_in_step);   // every step
-//   rec.write(path, world_counters_of_this_rank);              // collective: every rank calls it
+//   rec.write(path, world_counters_of_this_rank);              // collective: every rank calls it (world rank 0 writes)
 #pragma once
 
 #include <boost/json/object.hpp>
@@ -34,8 +34,8 @@ class SummaryRecorder {
   // (nn::product_peak). The summary's "mfu" object has the figure for all ranks together.
   double mfu() const;
 
-  // Collective over the engine's group: gathers every rank's memory and comm figures and returns the
-  // summary object (complete on every rank).
+  // Collective over the engine's groups (data- and tensor-parallel): gathers every rank's memory and
+  // comm figures and returns the summary object (complete on every rank).
   boost::json::object build(const comm::CommCounters& counters) const;
   // build() plus the fields of `extra` (a program's own, e.g. the MoE routing figures) and, on rank 0,
   // writes it to `path` (throws IoError naming the path).
@@ -56,6 +56,7 @@ class SummaryRecorder {
   };
   StepBytes exact_steps_, compressed_steps_;  // this rank's bytes sent, by kind of step
   memory::TransferStats transfers_;           // this rank's host <-> device bytes over the steps
+  uint64_t tp_bytes_ = 0;                     // this rank's bytes over the tensor-parallel group
 };
 
 // Peak resident set size of this process in bytes (getrusage).

@@ -60,7 +60,11 @@ void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& 
   run::RunConfig rules = cfg;
   rules.model.reset();
   rules.model_moe.reset();
-  EstimateInput in = estimate_input_for_config(rules, ranks, counts.dense);
+  // Tensor parallelism: each rank holds about 1/tp of the parameters (a lower bound: replicated norms,
+  // biases and wpe are whole on every rank), sharded over ranks / tp; the check refuses only what
+  // cannot fit, so a lower bound is the safe side.
+  const int tp = cfg.tensor_parallel.tensor_parallel_size;
+  EstimateInput in = estimate_input_for_config(rules, ranks / tp, counts.dense / static_cast<uint64_t>(tp));
   if (counts.expert > 0) {
     in.model.experts.push_back({counts.expert_parallel_size, round_up(counts.expert, kAlign)});
   }

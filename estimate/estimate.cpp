@@ -15,6 +15,7 @@
 #include "memory/shard.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "tp/gpt.h"
 
 namespace zs::engine {
 namespace detail {
@@ -198,7 +199,20 @@ struct MeasuredGptMoe {
   moe::GptMoeModel model;
 };
 
+// The tensor-parallel GPT as the estimator measures it: tp rank 0's slices over a simulated tp group
+// (every tp rank holds slices of the same sizes; the layers' collectives move nothing there).
+struct MeasuredTpGpt {
+  MeasuredTpGpt(const nn::GptConfig& c, const tp::TensorParallelConfig& par)
+      : group(comm::Group::simulated(0, par.tensor_parallel_size, "tp")), model(c, par, &group) {}
+  comm::Group group;  // the model keeps a pointer: declared first, destroyed last
+  tp::GptModel model;
+};
+
 std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
+  if (cfg.tensor_parallel.tensor_parallel_size > 1) {
+    auto target = std::make_shared<MeasuredTpGpt>(*cfg.model, cfg.tensor_parallel);
+    return std::shared_ptr<nn::Model>(target, &target->model);
+  }
   if (!cfg.model_moe) return std::make_shared<nn::GptModel>(*cfg.model);
   const int e = cfg.model_moe->moe.ep_size;
   if (ranks % e != 0) {
@@ -212,9 +226,17 @@ std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
 
 }  // namespace
 
-EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks, std::optional<uint64_t> n_params) {
+EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, std::optional<uint64_t> n_params) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
+  // Tensor parallelism: the states are rank 0's slices, sharded over the data-parallel ranks (Note
+  // [tensor-parallel parameters] in engine/engine.h); every tp rank's are of the same sizes.
+  const int tp = cfg.model ? cfg.tensor_parallel.tensor_parallel_size : 1;
+  if (world % tp != 0) {
+    throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide the {} ranks estimated; estimate a "
+                                  "multiple of {} ranks", tp, world, tp));
+  }
+  const int ranks = world / tp;
   if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
@@ -226,13 +248,23 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks, st
         cfg.model_moe ? fmt::format(", {} experts top-{} every {} block(s), ep_size {}", cfg.model_moe->moe.num_experts,
                                     cfg.model_moe->moe.k, cfg.model_moe->every_n_layers, cfg.model_moe->moe.ep_size)
                       : std::string();
-    in.model.description = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}{}{}: {} parameters",
+    const std::string tp_part =
+        tp > 1 ? fmt::format(", tensor-parallel {}{} (one tp rank's slices, over {} data-parallel ranks)", tp,
+                             cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "", ranks)
+               : std::string();
+    in.model.description = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}{}{}{}: {} parameters",
                                        cfg.model_moe ? "-MoE" : "", m.n_layer, m.d_model, m.n_head, m.seq_len,
-                                       m.vocab_size, m.tied_embeddings ? "" : " (untied head)", moe_part,
+                                       m.vocab_size, m.tied_embeddings ? "" : " (untied head)", moe_part, tp_part,
                                        group_digits(in.model.param_elements));
     // Batches of the built-in corpus: their shapes are what counts (the arithmetic is skipped).
     auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(m.seq_len), cfg.seed);
-    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, cfg});
+    EngineConfig measured = cfg;
+    if (tp > 1 && cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
+      // As zeroshard train does: the tensor-parallel GPT's blocks are marked here, not by the engine.
+      static_cast<tp::GptModel&>(*model).set_recompute(gpt_recompute(cfg.recompute, m.n_layer));
+      measured.recompute.applied_by_program = true;
+    }
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
   } else {
     if (!n_params) {
       throw ConfigError("model: the config has no model section, so the estimator does not know the model size; add a "
@@ -414,10 +446,14 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
     const uint64_t prefetch = static_cast<uint64_t>(in.zero.stage3_prefetch_bucket_size);
     if (f.exact_layout) {
       st.gathered_params.bytes = b * std::min(f.nonpersistent_elements, f.gather_chain_elements + prefetch);
-      st.gathered_params.formula = fmt::format(
-          "{} x min(non-persistent {}, running chain {} (down to {}) + stage3_prefetch_bucket_size {})", b,
-          group_digits(f.nonpersistent_elements), group_digits(f.gather_chain_elements), f.gather_chain_module,
-          group_digits(prefetch));
+      // No chain when every module is below stage3_param_persistence_threshold (a small model: all
+      // kept gathered), so there is no module to name.
+      const std::string chain = f.gather_chain_module.empty()
+                                    ? std::string("running chain 0 (every module persistent)")
+                                    : fmt::format("running chain {} (down to {})", group_digits(f.gather_chain_elements),
+                                                  f.gather_chain_module);
+      st.gathered_params.formula = fmt::format("{} x min(non-persistent {}, {} + stage3_prefetch_bucket_size {})", b,
+                                               group_digits(f.nonpersistent_elements), chain, group_digits(prefetch));
       st.persistent_params.applies = true;
       st.persistent_params.bytes = b * f.persistent_elements;
       st.persistent_params.formula =

@@ -59,6 +59,13 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
     }
     return sizes;
   };
+  // A tensor-parallel model (Note [tensor-parallel parameters] in engine/engine.h) is measured as the
+  // tp rank its slices are of, over a simulated tp group of their parts (one, without slices).
+  nn::TensorSlice slice;
+  for (const nn::Parameter* p : model.all_params()) {
+    if (!p->tensor_slice().whole()) slice = p->tensor_slice();
+  }
+  const comm::Group tp = comm::Group::simulated(slice.index, slice.parts, "tp");
   Measurement out;
   out.ranks = ranks;
   out.steps = steps;
@@ -67,7 +74,7 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
     int last = r;
     while (last + 1 < ranks && shards_of(last + 1) == shard) ++last;
     comm::Group group = comm::Group::simulated(r, ranks, "dp");
-    Engine engine(model, config, group, std::make_unique<memory::MeasuringBackend>(kUncappedDevice));
+    Engine engine(model, config, group, tp, std::make_unique<memory::MeasuringBackend>(kUncappedDevice));
     RankMeasurement m{.first_rank = r, .last_rank = last};
     for (int s = 0; s < steps; ++s) {
       const StepReport& report = engine.train_batch(source);

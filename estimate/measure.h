@@ -44,6 +44,8 @@ struct Measurement {
   const RankMeasurement& of_rank(int rank) const;
 };
 
+// A tensor-parallel model (parameters with nn::TensorSlice parts T > 1, all of one tp rank) is measured
+// as that tp rank over a simulated tp group of T; `ranks` are then the data-parallel ranks.
 // Trains `steps` (>= 2: the first records ZeRO-3's module order, the second prefetches along it)
 // optimizer steps of `model` under `config` (parsed for a world of `ranks`: its micro-batch and
 // accumulation are used as they are) as each class of rank among `ranks`, measuring only.

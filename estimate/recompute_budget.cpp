@@ -18,7 +18,7 @@ RecomputeChoice resolve_recompute_budget(run::RunConfig& cfg, int ranks) {
   const char* key = "activation_checkpointing.device_budget_mb";
   if (!cfg.model || cfg.model_moe) {
     throw ConfigError(fmt::format("{}: the budget chooses blocks of the built-in GPT (a `model` section without moe); "
-                                  "with {} mark checkpointed modules yourself (nn::Module::set_checkpointed) and "
+                                  "with {} mark checkpointed modules yourself (nn::Module::set_recomputed) and "
                                   "remove device_budget_mb",
                                   key, cfg.model_moe ? "the GPT-MoE" : "your own model"));
   }

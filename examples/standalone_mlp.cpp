@@ -21,6 +21,7 @@
 // Errors follow the zeroshard tool's edge conventions (tools/train_command.cpp): a bad config is
 // reported once, by rank 0, and every rank exits 1; any later error ends the whole job through
 // comm::World::abort, so no rank is left waiting in a collective.
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -101,8 +102,22 @@ int estimate(const std::string& path, const std::string& ranks_text) {
 
 int main(int argc, char** argv) {
   zs::launch::select_blas_kernels(argv);  // first: may re-exec with faster OpenBLAS kernels
+  const char* usage = "usage: %s CONFIG.json [STEPS]\n       %s CONFIG.json --estimate RANKS\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::printf(usage, argv[0], argv[0]);
+      return 0;
+    }
+    const bool option = arg.size() > 1 && arg[0] == '-' && (arg[1] == '-' || std::isalpha(static_cast<unsigned char>(arg[1])));
+    if (option && arg != "--estimate") {  // not a config path: say so, not "cannot open JSON file '--x'"
+      std::fprintf(stderr, "standalone_mlp: unknown option '%s'\n", arg.c_str());
+      std::fprintf(stderr, usage, argv[0], argv[0]);
+      return 2;
+    }
+  }
   if (argc < 2 || argc > 4) {
-    std::fprintf(stderr, "usage: %s CONFIG.json [STEPS]\n       %s CONFIG.json --estimate RANKS\n", argv[0], argv[0]);
+    std::fprintf(stderr, usage, argv[0], argv[0]);
     return 2;
   }
   if (argc >= 3 && std::string(argv[2]) == "--estimate") return estimate(argv[1], argc == 4 ? argv[3] : "1");

@@ -74,10 +74,19 @@ PreemptionWatch::~PreemptionWatch() {
 int PreemptionWatch::signal() const { return g_first.load(std::memory_order_relaxed); }
 
 bool agree_preempted(const PreemptionWatch& watch, const comm::Group& group, int* signal_out) {
+  const comm::Group* groups[] = {&group};
+  return agree_preempted(watch, groups, signal_out);
+}
+
+bool agree_preempted(const PreemptionWatch& watch, std::span<const comm::Group* const> groups, int* signal_out) {
   const int sig = watch.signal();
   // {ranks that saw a signal, ranks whose first was SIGTERM}: the job reports SIGTERM if any rank got it.
+  // Summed over each group in turn, the second carrying the first's sums: over a Topology's dp, then
+  // tp (the dp groups of one tp group's ranks partition the job) every rank ends with the job's totals.
   int32_t seen[2] = {sig != 0 ? 1 : 0, sig == SIGTERM ? 1 : 0};
-  if (group.size() > 1) group.allreduce(memory::Tensor(seen, memory::DType::kI32, {2}), comm::ReduceOp::kSum);
+  for (const comm::Group* group : groups) {
+    if (group->size() > 1) group->allreduce(memory::Tensor(seen, memory::DType::kI32, {2}), comm::ReduceOp::kSum);
+  }
   if (signal_out != nullptr) *signal_out = seen[0] == 0 ? 0 : seen[1] > 0 ? SIGTERM : SIGINT;
   return seen[0] > 0;
 }

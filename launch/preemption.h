@@ -24,6 +24,8 @@
 // interrupted read or write resumes; calls that never restart (poll, io_uring waits) retry on EINTR.
 #pragma once
 
+#include <span>
+
 #include "comm/group.h"
 
 namespace zs::launch {
@@ -49,6 +51,9 @@ class PreemptionWatch {
 // got the signal, or one got it later than the others. One 4-byte allreduce. `signal_out` (optional)
 // gets the lowest signal number any rank saw.
 bool agree_preempted(const PreemptionWatch& watch, const comm::Group& group, int* signal_out = nullptr);
+// The same over several groups in turn whose product is the job (a Topology's dp, then tp): one
+// 8-byte allreduce per group, so a stalled rank is named by the group it shares with the others.
+bool agree_preempted(const PreemptionWatch& watch, std::span<const comm::Group* const> groups, int* signal_out = nullptr);
 
 // "SIGTERM", "SIGINT", or "a signal".
 const char* signal_name(int sig);

@@ -63,7 +63,7 @@ class RunningScope {
 }  // namespace
 
 // Note [activation recomputation]
-// A recomputed module (Module::set_checkpointed) runs its training forward as any module, through
+// A recomputed module (Module::set_recomputed) runs its training forward as any module, through
 // the hooks; when it returns, its subtree's saved tensors are dropped (clear_saved) and only its input
 // is kept (keep_recompute_input). Its backward starts by restoring the input and running the forward
 // again through Context::forward, hooks and all: ZeRO-3 gathers the subtree's parameters for the

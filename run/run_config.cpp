@@ -16,7 +16,18 @@ constexpr int64_t kMaxSeqLen = int64_t{1} << 20;     // one million positions
 constexpr int64_t kMaxEvalBatches = int64_t{1} << 16;
 constexpr int64_t kMaxExperts = 4096;
 
-void read_model(ObjectReader& r, nn::GptConfig& m) {
+// model.tensor_parallel_size as written, before the engine's pass: the batch arithmetic divides by
+// the data-parallel size, ranks / tp. A value that is not a positive divisor of `ranks` counts as 1
+// here; the model section's reader then reports it (before the batch is resolved).
+int peek_tensor_parallel_size(const boost::json::value& doc, int ranks) {
+  const boost::json::value* model = doc.is_object() ? doc.as_object().if_contains("model") : nullptr;
+  const boost::json::value* tp = model && model->is_object() ? model->as_object().if_contains("tensor_parallel_size") : nullptr;
+  if (tp == nullptr || !tp->is_int64()) return 1;
+  const int64_t v = tp->as_int64();
+  return v >= 1 && v <= ranks && ranks % v == 0 ? static_cast<int>(v) : 1;
+}
+
+void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, std::vector<std::string>& notes) {
   std::string type = "gpt";
   r.read_choice("type", type, {"gpt"});
   r.read("n_layer", m.n_layer, IntRange{1, kMaxLayers});  // Note [bounded keys]
@@ -27,6 +38,14 @@ void read_model(ObjectReader& r, nn::GptConfig& m) {
   r.read("tied_embeddings", m.tied_embeddings);
   r.read("init_std", m.init_std, RealRange::positive());
   nn::validate(m);
+  tp::TensorParallelConfig& par = cfg.tensor_parallel;
+  r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
+  r.read("sequence_parallel", par.sequence_parallel);
+  tp::validate(m, par, ranks);
+  if (par.sequence_parallel && par.tensor_parallel_size == 1) {
+    notes.push_back("model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence "
+                        "parallelism splits the sequence across the tensor-parallel group), as in Megatron-LM");
+  }
 }
 
 // model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
@@ -73,6 +92,13 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
     throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.seq_len = {}; choose a value from 1 to {}",
                                   cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
   }
+  if (cfg.data.min_seq_len > 0 && cfg.tensor_parallel.sequence_parallel && cfg.tensor_parallel.tensor_parallel_size > 1) {
+    throw ConfigError(fmt::format("data.min_seq_len: varying sequence lengths are not supported with "
+                                  "model.sequence_parallel (each step's length would have to divide by "
+                                  "model.tensor_parallel_size {}); remove data.min_seq_len or set sequence_parallel "
+                                  "to false",
+                                  cfg.tensor_parallel.tensor_parallel_size));
+  }
   const bool fraction = r.read("eval_fraction", cfg.data.eval_fraction, RealRange{0.0, 1.0, true, true});
   const bool batches = r.read("eval_batches", cfg.data.eval_batches, IntRange{1, kMaxEvalBatches});
   if ((fraction || batches) && cfg.data.eval_interval == 0) {
@@ -84,16 +110,24 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
 
 }  // namespace
 
-RunConfig parse_run_config(const boost::json::value& doc, int dp) {
+RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   RunConfig cfg;
+  const int dp = ranks / peek_tensor_parallel_size(doc, ranks);
+  std::vector<std::string> notes;  // the program sections' (the engine's pass assigns cfg's own)
   // Read in the engine's pass, each at its place in the validation order (Note [program sections] in
   // engine/config.cpp); the engine's part is assigned after, which leaves these members alone.
   const engine::ProgramSection sections[] = {
       {"model", "device",
        [&](ObjectReader& r, const engine::EngineConfig& parsed) {
          nn::GptConfig m;
-         read_model(r, m);
+         read_model(r, m, cfg, ranks, notes);
          r.read_object("moe", [&](ObjectReader& sub) {
+           if (cfg.tensor_parallel.tensor_parallel_size > 1) {
+             throw ConfigError(fmt::format(
+                 "model.moe: MoE layers with model.tensor_parallel_size {} are not supported yet: the GPT-MoE's "
+                 "blocks are not tensor-parallel; set model.tensor_parallel_size to 1 for MoE models",
+                 cfg.tensor_parallel.tensor_parallel_size));
+           }
            cfg.model_moe = read_model_moe(sub, r, m, dp);
            cfg.model_moe->moe.rng_seed = parsed.seed;  // the gates' random draws follow the run's seed
          });
@@ -107,6 +141,9 @@ RunConfig parse_run_config(const boost::json::value& doc, int dp) {
        }},
   };
   static_cast<engine::EngineConfig&>(cfg) = engine::parse_config(doc, dp, sections);
+  cfg.notes.insert(cfg.notes.end(), notes.begin(), notes.end());
+  engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel.tensor_parallel_size,
+                                     cfg.tensor_parallel.sequence_parallel, cfg.notes);
   cfg.data_seed = cfg.data.seed;
   return cfg;
 }

@@ -8,7 +8,7 @@
 // order (ProgramSection, engine/config.h), so the first problem reported, the unknown-key check and
 // its did-you-mean are the same whichever part of the program reads a section.
 //
-//   RunConfig cfg = parse_run_config(parse_json_file(path), /*data_parallel_size=*/world.size());
+//   RunConfig cfg = parse_run_config(parse_json_file(path), /*ranks=*/world.size());
 //   init_logging({rank, size}, cfg.log);
 //   nn::GptModel model(*cfg.model);
 //   engine::Engine engine(model, cfg, group);
@@ -24,6 +24,7 @@
 #include "engine/config.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "tp/gpt.h"
 
 namespace zs::run {
 
@@ -55,13 +56,20 @@ struct RunConfig : engine::EngineConfig {
   // `model.moe`: the built-in GPT with MoE layers (moe/gpt_moe.h); its `gpt` equals *model. The engine
   // never reads it (expert parameters reach it through parameter metadata).
   std::optional<moe::GptMoeConfig> model_moe;
+  // Tensor parallelism of the built-in GPT (Megatron's names, in the `model` section): the ranks of
+  // each consecutive group of tensor_parallel_size split every block's weights (tp/), and the engine
+  // shards states over the data-parallel size ranks / tensor_parallel_size (comm::Topology's order).
+  // model.tensor_parallel_size and model.sequence_parallel (norms and the residual stream on sequence
+  // shards); validated by tp::validate.
+  tp::TensorParallelConfig tensor_parallel;
   DataConfig data;
   LogConfig log;
 };
 
-// Parses and validates a whole config document for a run with `data_parallel_size` ranks (the
-// engine's keys through engine::parse_config, the program's sections here). Throws ConfigError naming
-// the JSON path of the first problem and how to fix it.
-RunConfig parse_run_config(const boost::json::value& doc, int data_parallel_size);
+// Parses and validates a whole config document for a run of `ranks` processes (the engine's keys
+// through engine::parse_config, the program's sections here). The batch arithmetic is over the
+// data-parallel size, ranks / model.tensor_parallel_size (ranks itself at tp 1). Throws ConfigError
+// naming the JSON path of the first problem and how to fix it.
+RunConfig parse_run_config(const boost::json::value& doc, int ranks);
 
 }  // namespace zs::run

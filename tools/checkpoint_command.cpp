@@ -13,6 +13,7 @@
 #include "core/errors.h"
 #include "checkpoint/tools.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 
 namespace zs::tools {
 namespace {
@@ -46,6 +47,13 @@ int run(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::string& sub = args[0];
+  // `zeroshard checkpoint compare --help`: the usage, as for `zeroshard train --help` (exit 0).
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::fputs(kCheckpointUsage, stdout);
+      return 0;
+    }
+  }
   std::vector<std::string> pos;
   std::optional<std::string> config;
   double rtol = 0, atol = 0;
@@ -62,7 +70,12 @@ int run(const std::vector<std::string>& args) {
     } else if (a == "--atol" && sub == "compare") {
       atol = parse_tolerance(a, value());
     } else if (a.rfind("--", 0) == 0) {
-      throw ConfigError(fmt::format("zeroshard checkpoint {}: unknown option '{}'\n{}", sub, a, kCheckpointUsage));
+      // Options are taken only in full (Note [no option abbreviations] in tools/options.cpp).
+      const std::vector<std::string> known = sub == "inspect"   ? std::vector<std::string>{"config", "help"}
+                                             : sub == "compare" ? std::vector<std::string>{"rtol", "atol", "help"}
+                                                                : std::vector<std::string>{"help"};
+      throw ConfigError(fmt::format("zeroshard checkpoint {}: unknown option '{}'{}\n{}", sub, a,
+                                    did_you_mean_option(a, known), kCheckpointUsage));
     } else {
       pos.push_back(a);
     }

@@ -23,6 +23,7 @@
 #include "estimate/estimate.h"
 #include "estimate/recompute_budget.h"
 #include "tools/commands.h"
+#include "tools/options.h"
 
 namespace zs::tools {
 namespace {
@@ -157,13 +158,7 @@ int estimate_command(const std::vector<std::string>& args) {
       "offload none, cpu or nvme: optimizer states (stages 1-3) and parameters (stage 3); default: the config's, else none")(
       "json", "print the estimate as one JSON object on stdout");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "zeroshard estimate: %s\n%s", e.what(), kEstimateUsage);
-    return 2;
-  }
+  if (!parse_command_line("estimate", args, opts, kEstimateUsage, vm)) return 2;
   if (vm.count("help")) {
     std::ostringstream o;
     o << opts;

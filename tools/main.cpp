@@ -1,7 +1,7 @@
 // zeroshard: the command-line tool (README.md).
 //
-//   zeroshard train --config FILE [--steps N] [--summary FILE.json]
-//   mpirun -np 4 zeroshard train --config FILE
+//   zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR] [--load DIR]
+//   mpirun --oversubscribe -np 4 zeroshard train --config FILE
 //   zeroshard estimate --params 1.5B --ranks 8
 //   zeroshard checkpoint inspect DIR
 #include <cstdio>
@@ -18,13 +18,17 @@ constexpr const char* kUsage =
     "usage: zeroshard <command> [options]\n"
     "\n"
     "commands:\n"
-    "  train --config FILE [--steps N] [--summary FILE.json]   train the config's model\n"
+    "  train --config FILE [--steps N] [--summary FILE.json] [--save DIR] [--load DIR [--load-tag TAG]]\n"
+    "                                                          train the config's model; --save writes checkpoints\n"
+    "                                                          to DIR, --load resumes from one (DIR's latest, or a\n"
+    "                                                          tag directory DIR/global_step15)\n"
     "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
     "                                                          memory per rank at each ZeRO stage and tier\n"
     "  checkpoint inspect|consolidate|compare ...              look into, merge and compare checkpoints\n"
     "\n"
     "Run `zeroshard <command> --help` for a command's options, `zeroshard --version` for the version.\n"
-    "Multi-rank runs: mpirun -np R zeroshard train ...\n";
+    "Multi-rank runs: mpirun -np R zeroshard train ... (more ranks than cores: mpirun --oversubscribe; as root:\n"
+    "export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1)\n";
 
 }  // namespace
 

@@ -9,10 +9,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/agree.h"
 #include "comm/topology.h"
 #include "comm/world.h"
@@ -34,8 +36,10 @@
 #include "nn/flops.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "tp/gpt.h"
 #include "tools/commands.h"
 #include "tools/moe_report.h"
+#include "tools/options.h"
 
 namespace zs::tools {
 namespace {
@@ -43,14 +47,18 @@ namespace {
 namespace po = boost::program_options;
 
 constexpr const char* kTrainUsage =
-    "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR] [--load DIR]\n";
+    "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR]\n"
+    "                       [--load DIR [--load-tag TAG]]\n"
+    "  --load DIR: a checkpoint directory (resumes from the tag its `latest` file names) or one tag's\n"
+    "              directory (DIR/global_step15); --load-tag TAG picks another tag of DIR\n";
 
 struct TrainArgs {
   std::string config;
   std::optional<int64_t> steps;
   std::string summary;
   std::string save;  // checkpoint directory to save to (else checkpoint.dir)
-  std::string load;  // checkpoint directory to resume from (its `latest` tag)
+  std::string load;      // checkpoint directory to resume from (its `latest` tag), or one tag's directory
+  std::string load_tag;  // --load-tag: the tag under `load` instead of `latest`
 };
 
 // Returns nullopt after printing usage (exit code in `code`).
@@ -62,13 +70,11 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
       "save", po::value<std::string>(),
       "save checkpoints here every checkpoint.save_interval steps and at the end (default: checkpoint.dir)")(
       "load", po::value<std::string>(),
-      "resume from the latest checkpoint here (any world size, ZeRO stage or offload); --steps stays the total");
+      "resume from the latest checkpoint here, or from the tag directory given (any world size, ZeRO stage or "
+      "offload); --steps stays the total")(
+      "load-tag", po::value<std::string>(), "with --load DIR: resume from this tag of DIR instead of its latest");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(opts).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::fprintf(stderr, "zeroshard train: %s\n%s", e.what(), kTrainUsage);
+  if (!parse_command_line("train", args, opts, kTrainUsage, vm)) {
     code = 2;
     return std::nullopt;
   }
@@ -97,6 +103,13 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   if (vm.count("summary")) a.summary = vm["summary"].as<std::string>();
   if (vm.count("save")) a.save = vm["save"].as<std::string>();
   if (vm.count("load")) a.load = vm["load"].as<std::string>();
+  if (vm.count("load-tag")) a.load_tag = vm["load-tag"].as<std::string>();
+  if (!a.load_tag.empty() && a.load.empty()) {
+    std::fprintf(stderr, "zeroshard train: --load-tag needs --load DIR (the checkpoint directory holding the tag)\n%s",
+                 kTrainUsage);
+    code = 2;
+    return std::nullopt;
+  }
   return a;
 }
 
@@ -146,6 +159,21 @@ std::string read_config_everywhere(const comm::Group& group, const std::string& 
   }
   if (!header[0]) throw ConfigError(text);
   return text;
+}
+
+// --load DIR [--load-tag TAG] -> (checkpoint root, tag; "" for the root's `latest`). A tag directory
+// (one holding the metadata file, as `zeroshard checkpoint inspect` accepts) stands for its parent
+// and its own name.
+std::pair<std::string, std::string> load_target(const TrainArgs& a) {
+  if (!a.load_tag.empty()) return {a.load, a.load_tag};
+  std::filesystem::path dir = std::filesystem::path(a.load).lexically_normal();
+  if (!dir.has_filename() && dir.has_parent_path()) dir = dir.parent_path();  // "ckpt/global_step15/"
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(dir / checkpoint::kMetadataFile, ec) && dir.has_filename()) {
+    const std::filesystem::path parent = dir.has_parent_path() ? dir.parent_path() : std::filesystem::path(".");
+    return {parent.string(), dir.filename().string()};
+  }
+  return {a.load, ""};
 }
 
 std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
@@ -212,15 +240,38 @@ int train_command(const std::vector<std::string>& args) {
 
   std::unique_ptr<comm::Group> dp;
   std::optional<comm::ExpertGroups> expert_groups;  // model.moe: a comm::Topology's dp/ep/edp over dp
+  // model.tensor_parallel_size > 1: a comm::Topology over every rank (its "dp" and "tp" groups); the
+  // data come by dp rank, every tp rank of a replica computing on the same micro-batch.
+  const int tp_size = cfg.tensor_parallel.tensor_parallel_size;
+  std::unique_ptr<comm::Group> job;  // every rank, with the config's comm settings (tp > 1)
+  std::optional<comm::Topology> topology;
+  const comm::Group* data_parallel = nullptr;
+  const comm::Group* tensor_parallel = nullptr;
   moe::GptMoeModel* moe_model = nullptr;
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<engine::DatasetSource> source;
   std::unique_ptr<engine::DatasetSource> eval_source;  // data.eval_interval > 0
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
-        dp = std::make_unique<comm::Group>(everyone.dup("dp", comm::CommConfig{.timeout_s = cfg.comm.timeout_s,
-                                                                                  .shared_memory = cfg.comm.shared_memory}));
-        if (cfg.model_moe) {
+        const comm::CommConfig comm_config{.timeout_s = cfg.comm.timeout_s, .shared_memory = cfg.comm.shared_memory};
+        if (tp_size > 1) {
+          job = std::make_unique<comm::Group>(everyone.dup("world", comm_config));
+          topology.emplace(*job, comm::TopologyConfig{.tensor_parallel_size = tp_size});
+          data_parallel = &topology->data_parallel();
+          tensor_parallel = &topology->tensor_parallel();
+        } else {
+          dp = std::make_unique<comm::Group>(everyone.dup("dp", comm_config));
+          data_parallel = dp.get();
+        }
+        if (tp_size > 1) {
+          auto m = std::make_unique<tp::GptModel>(model_cfg, cfg.tensor_parallel, tensor_parallel);
+          // Its blocks are marked here: the engine applies checkpoint_blocks to nn::GptModel only.
+          if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) {
+            m->set_recompute(engine::gpt_recompute(cfg.recompute, model_cfg.n_layer));
+            cfg.recompute.applied_by_program = true;
+          }
+          model = std::move(m);
+        } else if (cfg.model_moe) {
           comm::Topology topology(*dp, {.expert_parallel_size = cfg.model_moe->moe.ep_size});  // tp = pp = 1 today
           expert_groups.emplace(comm::ExpertGroups{topology.take_data_parallel(), topology.take_expert_parallel(),
                                                    topology.take_expert_data_parallel()});
@@ -238,18 +289,27 @@ int train_command(const std::vector<std::string>& args) {
         }
         source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed),
                                                          cfg.data.min_seq_len);
-        engine = std::make_unique<engine::Engine>(*model, cfg, *dp);
+        engine = tensor_parallel != nullptr ? std::make_unique<engine::Engine>(*model, cfg, *data_parallel, *tensor_parallel)
+                                            : std::make_unique<engine::Engine>(*model, cfg, *dp);
       })) {
     return 1;
   }
   // Resume: the engine agrees on a load error itself (every rank throws the same one).
-  if (!a->load.empty() && !agree(everyone, [&] { engine->load_checkpoint(a->load); })) return 1;
+  if (!a->load.empty()) {
+    const auto [root, tag] = load_target(*a);
+    if (!agree(everyone, [&] { engine->load_checkpoint(root, tag); })) return 1;
+  }
   const std::string save_dir = !a->save.empty() ? a->save : cfg.checkpoint.dir;
 
   try {
-    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters); data: {} ({} bytes)",
+    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters){}; data: {} ({} bytes)",
                 moe_model != nullptr ? "-MoE" : "", model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
-                engine->param_count(), source->data().origin(), source->data().bytes().size());
+                engine->param_count(),
+                tp_size > 1 ? fmt::format(", tensor-parallel over {} ranks{} (dp {} x tp {})", tp_size,
+                                          cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "",
+                                          data_parallel->size(), tp_size)
+                            : std::string(),
+                source->data().origin(), source->data().bytes().size());
     if (moe_model != nullptr) {
       const moe::GptMoeConfig& mc = *cfg.model_moe;
       ZS_LOG_INFO("moe: {} MoE layer(s) (every {} block(s)) of {} experts, top-{}, capacity factor {}, ep_size {} ({} "
@@ -258,9 +318,9 @@ int train_command(const std::vector<std::string>& args) {
                   mc.moe.ep_size, mc.moe.num_experts / mc.moe.ep_size, mc.aux_loss_coef);
     }
     MoeSummary moe_summary;
-    ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} rank(s); {} steps{}",
+    ZS_LOG_INFO("batch: {} samples per step = {} per rank x {} accumulation x {} {}; {} steps{}",
                 cfg.batch.train_batch_size, cfg.batch.micro_batch_per_rank, cfg.batch.gradient_accumulation_steps,
-                world.size(), cfg.train_steps,
+                data_parallel->size(), tp_size > 1 ? "data-parallel rank(s)" : "rank(s)", cfg.train_steps,
                 cfg.data.min_seq_len > 0 ? fmt::format("; sequences of {} to {} tokens, one length per step (data.min_seq_len)",
                                                        cfg.data.min_seq_len, model_cfg.seq_len)
                                          : std::string());
@@ -312,12 +372,18 @@ int train_command(const std::vector<std::string>& args) {
                 ? std::string()
                 : fmt::format(" | host peak {} | nvme {} | to device {} | to host {}", mib(mem.host_peak_bytes),
                               mib(mem.nvme_bytes), mib(r.transfers.host_to_device_bytes), mib(r.transfers.device_to_host_bytes));
-        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | mfu {:.0f}% | model states {} | "
-                    "device peak {}{}{}",
+        // dp x tp: the tensor-parallel layers' bytes this step (this rank's sends over the tp group).
+        const std::string topo = tp_size > 1 ? fmt::format(" | dp {} x tp {} | tp sent {}", data_parallel->size(), tp_size,
+                                                           mib(r.tp_comm_bytes_sent))
+                                             : std::string();
+        // mfu last but for the skip notice: the quoted progress lines of the docs stay prefixes of it.
+        ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{} | "
+                    "mfu {:.0f}%{}",
                     r.step, cfg.train_steps, r.loss, r.lr, static_cast<double>(tokens_per_step) / dt, dt,
-                    100.0 * static_cast<double>(r.model_flops) / (dt * peak.flops_per_s),
                     mib(mem.model_states.params + mem.model_states.grads + mem.model_states.optimizer),
-                    mib(mem.device_peak_bytes), offloaded, r.skipped ? " | overflow: step skipped" : "");
+                    mib(mem.device_peak_bytes), topo, offloaded,
+                    100.0 * static_cast<double>(r.model_flops) / (dt * peak.flops_per_s),
+                    r.skipped ? " | overflow: step skipped" : "");
         if (moe_model != nullptr) {
           const MoeRouting routing = gather_routing(*moe_model, *dp);
           moe_summary.record(routing);
@@ -348,7 +414,11 @@ int train_command(const std::vector<std::string>& args) {
       // Every rank reaches this step boundary; one small allreduce makes them agree whether any rank
       // was signalled, so all stop at this step, a rank signalled late included.
       int sig = 0;
-      const bool preempted = launch::agree_preempted(preemption, *dp, &sig) && r.step < cfg.train_steps;
+      // Over every rank: at tp > 1 over dp, then tp (the tp ranks of one replica stop together).
+      const comm::Group* agree_over[] = {data_parallel, tensor_parallel};
+      const bool preempted =
+          launch::agree_preempted(preemption, std::span(agree_over, tensor_parallel != nullptr ? 2 : 1), &sig) &&
+          r.step < cfg.train_steps;
       if (saved_here || (preempted && !save_dir.empty())) {
         // An agreed error (every rank throws the same one): the job ends cleanly, rank 0 says why.
         try {

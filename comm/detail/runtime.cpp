@@ -154,6 +154,7 @@ void Runtime::start_worker() {
 Work Runtime::simulate(const Op& op, bool async) {
   tally(op, 0.0);
   bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+  op.group->bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
   bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
   collectives_.fetch_add(1, std::memory_order_relaxed);
   if (!async) return Work();
@@ -274,6 +275,7 @@ void Runtime::execute(Op& op, bool on_worker) {
   if (op.agrees_next) agreed_ = &g;
   if (g.size > 1) {
     bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+    g.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
     bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
   }
   tally(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -123,6 +123,8 @@ struct GroupState {
   std::string name;
   CommConfig config;
   std::mutex mu;
+  // Bytes this rank sent through this group's collectives (CommCounters' rule): Group::bytes_sent.
+  std::atomic<uint64_t> bytes_sent{0};
   std::string broken;  // non-empty once a timeout left this communicator unusable
   // Group::simulated: plays rank `rank` of `size` without communicating (the memory estimator).
   bool simulated = false;

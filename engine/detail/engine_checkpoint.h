@@ -118,6 +118,29 @@ int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const 
 double real_scalar(const checkpoint::Metadata& m, const std::string& key, const std::filesystem::path& dir);
 std::string string_scalar(const checkpoint::Metadata& m, const std::string& key);
 
+// The ranks of one checkpoint: the data-parallel group times the tensor-parallel group, in
+// Megatron's rank order (tensor-parallel ranks consecutive), so rank t + tp * d of the checkpoint is
+// tensor-parallel rank t of data-parallel rank d and writes zs_rank_<that>.h5 (at tp = 1 the
+// data-parallel rank, as before). Its collectives run over the two groups in turn (no group of every
+// rank is needed): Note [tensor-parallel checkpoints] in engine_checkpoint_items.cpp.
+class CheckpointRanks {
+ public:
+  CheckpointRanks(const comm::Group& dp, const comm::Group* tp)
+      : dp_(dp), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  int rank() const { return tp_rank() + tp_size() * dp_.rank(); }
+  int size() const { return tp_size() * dp_.size(); }
+  // Every rank's string, by checkpoint rank. Collective.
+  std::vector<std::string> allgather(const std::string& mine) const;
+  // agreed() over every rank of the checkpoint; the message names the failing checkpoint rank. Collective.
+  void agreed(const std::function<void()>& fn) const;
+
+ private:
+  const comm::Group& dp_;
+  const comm::Group* tp_;
+};
+
 // What the checkpoint code reaches of an engine, handed over by the engine (Engine::checkpoint_access;
 // no friend access into Engine::Impl): the state owners, which it saves and loads through their
 // public interface (Note [State owner] in engine/detail/model_states.h), the compressed optimizer's
@@ -125,6 +148,9 @@ std::string string_scalar(const checkpoint::Metadata& m, const std::string& key)
 struct CheckpointAccess {
   const EngineConfig& config;
   const comm::Group& group;                              // the data-parallel group
+  // The tensor-parallel group (nullptr or one rank: tp = 1). Parameters with a TensorSlice are stored
+  // at their places in the full tensor (Note [tensor-parallel checkpoints] in engine_checkpoint_items.cpp).
+  const comm::Group* tensor_parallel = nullptr;
   std::span<const std::unique_ptr<ModelStates>> sets;    // [0]: dense; then the expert sets
   CompressedState* compressed = nullptr;                 // one-bit Adam / 0/1 Adam only
   std::span<const optim::StateSpec> specs;               // the elementwise optimizer's states
@@ -148,7 +174,8 @@ struct CheckpointAccess {
 // each (through the state owners).
 class EngineCheckpoint {
  public:
-  explicit EngineCheckpoint(CheckpointAccess access) : a_(std::move(access)) {}
+  explicit EngineCheckpoint(CheckpointAccess access)
+      : a_(std::move(access)), ranks_(a_.group, a_.tensor_parallel) {}
 
   std::string save(const std::filesystem::path& root, std::string tag);
   std::string load(const std::filesystem::path& root, const std::string& tag);
@@ -166,13 +193,22 @@ class EngineCheckpoint {
     return whole_state ? set.partition.mine : held;
   }
 
-  // fn(slot, part) for each slot of `set` overlapping `range`, with the overlap.
+  // fn(slot, part) for each slot of `set` overlapping `range`, with the overlap. A save leaves out
+  // the parameters every tensor-parallel rank holds whole but the first's (each element is written once).
   template <typename F>
-  static void for_slots(const ModelStates& set, memory::ShardRange range, F&& fn) {
+  void for_slots(const ModelStates& set, memory::ShardRange range, Purpose p, F&& fn) const {
     for (const ParamSlot& slot : set.layout.slots()) {
+      if (p == Purpose::kSave && ranks_.tp_rank() != 0 && slot.param->tensor_slice().whole()) continue;
       memory::ShardRange part = slot.range().intersect(range);
       if (!part.empty()) fn(slot, part);
     }
+  }
+  // fn(flat, full, n) for each run of `part` (flat elements of `slot`) that is contiguous in the full
+  // tensor: flat elements [flat, flat + n) are the full tensor's [full, full + n). One run at tp = 1.
+  template <typename F>
+  static void for_full_runs(const ParamSlot& slot, memory::ShardRange part, F&& fn) {
+    slot.param->for_each_full_run(part.offset - slot.offset, part.size,
+                                  [&](uint64_t local, uint64_t full, uint64_t n) { fn(slot.offset + local, full, n); });
   }
 
   std::vector<Item> items(Purpose p);
@@ -180,6 +216,7 @@ class EngineCheckpoint {
   void add_state_items(std::vector<Item>& out, ModelStates& set, Purpose p);
   void add_compressed_items(std::vector<Item>& out, Purpose p, bool rank_local);
   static std::vector<uint64_t> shape_of(const memory::Shape& s) { return {s.begin(), s.end()}; }
+  static std::vector<uint64_t> full_shape_of(const nn::Parameter& p) { return shape_of(p.full_shape()); }
   std::map<std::string, checkpoint::Scalar> scalars() const;
 
   void check_compatible(const checkpoint::CheckpointReader& r) const;
@@ -195,6 +232,7 @@ class EngineCheckpoint {
   ModelStates& dense() const { return *a_.sets.front(); }
 
   CheckpointAccess a_;
+  CheckpointRanks ranks_;
   // Load: whether the checkpoint's rank-local states fit this run (same optimizer family and world).
   bool rank_local_ok_ = false;
   // Load: the checkpoint's compressed-optimizer states are read (else Adam-family states only).

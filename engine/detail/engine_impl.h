@@ -46,11 +46,15 @@ struct CheckpointSnapshot;  // engine/detail/engine_checkpoint.h
 class Engine::Impl final : public ModuleHooks {
  public:
   // `backend` null: memory::make_backend(cfg.device.backend).
-  Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group, std::unique_ptr<memory::Backend> backend);
+  // `tp` null or of one rank: tp 1.
+  Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group& group, const comm::Group* tp,
+       std::unique_ptr<memory::Backend> backend);
   ~Impl() override;
 
   const EngineConfig& cfg_;
   const comm::Group& group_;
+  // The tensor-parallel group when tp > 1, else null (Note [tensor-parallel parameters] in engine.h).
+  const comm::Group* const tp_;
   // The expert-data-parallel groups, one per distinct expert_parallel_size (formed from group_ with
   // DeepSpeed's layout: {i, i+E, i+2E, ...}). Declared before sets_, which refer to them.
   std::vector<std::unique_ptr<comm::Group>> expert_groups_;
@@ -94,6 +98,7 @@ class Engine::Impl final : public ModuleHooks {
   std::unique_ptr<FlopsProfiler> profiler_;   // flops_profiler enabled, rank 0 (engine/flops_profiler.h)
   uint64_t bytes_sent_at_step_start_ = 0;
   uint64_t grad_bytes_sent_at_step_start_ = 0;  // the reducers' bytes_sent, summed over the sets
+  uint64_t tp_bytes_at_step_start_ = 0;          // the tp group's bytes_sent
   memory::TransferStats transfers_at_step_start_;
   uint64_t flops_at_window_start_ = 0, recomputed_at_window_start_ = 0;  // nn/flops.h's counters
   // Device access held from the boundary backward until step() has waited for its reductions:
@@ -112,6 +117,10 @@ class Engine::Impl final : public ModuleHooks {
   void place_all(nn::Model& model);
   // The fp32 values of one parameter, whole, on every rank of the set's group. Collective over it.
   std::vector<float> gather_fp32(const ModelStates& s, const ParamSlot& slot);
+  // A TP shard's values (`local`, gathered over dp) into the full tp = 1 tensor, on every tp rank;
+  // anything else as it is. Collective over the tp group for a TP shard.
+  std::vector<float> gather_full(const nn::Parameter& p, std::vector<float> local) const;
+  int tp_size() const { return tp_ != nullptr ? tp_->size() : 1; }
 
   // engine_step.cpp: Engine::step's phases, in order.
   // Waits for the boundary backward's gradient reductions (and releases the device access they held).

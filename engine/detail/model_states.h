@@ -89,7 +89,8 @@ struct CompressedBuffers {
 // What every set's owner shares with the engine: its settings, memory and per-thread scratch.
 struct StateEnv {
   StateEnv(const EngineConfig& cfg, memory::Backend& backend, memory::DeviceAllocator& device,
-           memory::MemoryTracker& tracker, const optim::Optimizer* optimizer, int rank, int threads);
+           memory::MemoryTracker& tracker, const optim::Optimizer* optimizer, int rank, int threads,
+           const comm::Group* tp = nullptr);
 
   const EngineConfig& cfg;
   memory::Backend& backend;
@@ -97,6 +98,9 @@ struct StateEnv {
   memory::MemoryTracker& tracker;
   const optim::Optimizer* optimizer;  // nullptr: a compressed optimizer (no elementwise states)
   const int rank;                     // this rank in the data-parallel group (names the swap files)
+  // The tensor-parallel group when tp > 1, else null (Note [tensor-parallel parameters] in
+  // engine/engine.h): TP shards' per-tensor sums are summed over it.
+  const comm::Group* const tp;
   const memory::DType dtype;          // the training dtype
   const size_t elem;                  // its bytes
   std::span<const optim::StateSpec> specs;  // the optimizer's states (empty when compressed)
@@ -108,6 +112,9 @@ struct StateEnv {
   std::vector<std::vector<std::byte>> low_scratch;
 
   int threads() const { return static_cast<int>(grad_scratch.size()); }
+  // Whether this rank counts parameter `p` in sums over the whole model (the gradient norm): a TP
+  // shard on every tp rank, a replicated parameter on tp rank 0 only.
+  bool counts(const nn::Parameter& p) const { return tp == nullptr || tp->rank() == 0 || !p.tensor_slice().whole(); }
   bool mixed() const { return dtype != memory::DType::kF32; }
   // False over the measuring backend (the estimator): kernels are skipped, files are not made.
   bool kernels() const { return backend.runs_kernels(); }

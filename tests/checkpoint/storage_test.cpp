@@ -77,6 +77,33 @@ TEST(CheckpointStorage, RoundTripUnevenRanksAnyRequestingLayout) {
   }
 }
 
+// A tensor-parallel layout: each of 2 ranks holds half of every row of a (40, 24) tensor, so the
+// tensor is 80 interleaved segments; every range reads across them (the reader's search for a
+// read's first segment).
+TEST(CheckpointStorage, ReadsAnyRangeOfInterleavedRowSlices) {
+  test::TempDir tmp;
+  auto meta = test::synthetic_metadata(2, "t", 1);
+  meta.layout.tensors = {{"proj.weight", {40, 24}, DType::kF32}};
+  std::vector<std::vector<Segment>> ranks(2);
+  for (uint64_t row = 0; row < 40; ++row) {
+    for (uint32_t r = 0; r < 2; ++r) ranks[r].push_back(Segment{0, row * 24 + r * 12, 12});
+  }
+  meta.layout.buffers = {{"fp32", DType::kF32, ranks}};
+  test::save_synthetic(tmp.path(), meta);
+  CheckpointReader r(tmp.path());
+  EXPECT_TRUE(r.holds("fp32", "proj.weight"));
+  std::vector<float> got(960);
+  for (uint64_t begin : {0, 1, 11, 12, 13, 23, 24, 500, 947, 959}) {
+    for (uint64_t count : {1, 5, 12, 13, 30, 200}) {
+      if (begin + count > 960) continue;
+      r.read("fp32", "proj.weight", begin, count, DType::kF32, got.data());
+      for (uint64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(got[i], synthetic_value(0, begin + i, 0)) << "read [" << begin << ", +" << count << ") at " << i;
+      }
+    }
+  }
+}
+
 TEST(CheckpointStorage, PartialBufferCoverageIsReportedByName) {
   test::TempDir tmp;
   auto meta = test::synthetic_metadata(2, "t", 1);

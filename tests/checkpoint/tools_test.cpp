@@ -96,6 +96,54 @@ TEST(CheckpointTools, CompareAcrossWorldSizesAndFindsDifferences) {
   EXPECT_EQ(loose.report.find("exp_avg["), std::string::npos) << loose.report;
 }
 
+// Issue 39: a 2-rank stage-0 checkpoint and a 1-rank stage-3 one of the same state are equal; their
+// world_size, zero.stage and offload scalars are layout, reported as such (Note [compare: state and
+// layout]); a one-bit optimizer's per-rank tensors too. A training scalar that differs still counts.
+TEST(CheckpointTools, CompareReportsLayoutAsInformation) {
+  test::TempDir tmp;
+  fs::path a = fs::path(tmp.path()) / "a", b = fs::path(tmp.path()) / "b", c = fs::path(tmp.path()) / "c";
+  auto meta_a = test::synthetic_metadata(2, "t", 1);
+  meta_a.scalars["world_size"] = int64_t{2};
+  meta_a.scalars["zero.stage"] = int64_t{0};
+  meta_a.scalars["offload_optimizer"] = std::string("none");
+  meta_a.layout.tensors.push_back({"error_feedback.worker.rank1", {4}, DType::kF32});
+  test::save_synthetic(a, meta_a);
+  auto meta_b = test::synthetic_metadata(1, "t", 1);
+  meta_b.scalars["world_size"] = int64_t{1};
+  meta_b.scalars["zero.stage"] = int64_t{3};
+  meta_b.scalars["offload_param"] = std::string("cpu");  // offload_optimizer only in A
+  test::save_synthetic(b, meta_b);
+  CompareResult same = compare(a, b);
+  EXPECT_TRUE(same.equal) << same.report;
+  for (const char* want : {"layout: scalar world_size: 2 in A, 1 in B", "layout: scalar zero.stage: 0 in A, 3 in B",
+                           "layout: scalar offload_optimizer: only in A", "layout: scalar offload_param: only in B",
+                           "layout: tensor error_feedback.worker.rank1: only in A (per rank)",
+                           "equal: 18 tensor buffers compared (rtol 0, atol 0); 5 layout difference(s), not state"}) {
+    EXPECT_NE(same.report.find(want), std::string::npos) << "missing '" << want << "' in\n" << same.report;
+  }
+  auto meta_c = meta_b;
+  meta_c.scalars["steps_taken"] = int64_t{4};  // state: still a difference
+  test::save_synthetic(c, meta_c);
+  CompareResult diff = compare(a, c, 1.0, 1.0);
+  EXPECT_FALSE(diff.equal) << diff.report;
+  EXPECT_NE(diff.report.find("\nscalar steps_taken: only in B\n"), std::string::npos) << diff.report;
+}
+
+// 1.0 in the saved config and 1 in --config are one number (Boost writes the first as 1E0).
+TEST(CheckpointTools, InspectComparesConfigNumbersAsNumbers) {
+  test::TempDir tmp;
+  auto meta = test::synthetic_metadata(1, "t", 1);
+  meta.config_json = R"({"gradient_clipping": 1.0, "lr": 0.001, "betas": [0.9, 0.95], "n": 8, "s": "a"})";
+  test::save_synthetic(tmp.path(), meta);
+  const std::string same = inspect(tmp.path(), std::string(R"({"gradient_clipping": 1, "lr": 1e-3, "betas": [0.9, 9.5e-1], "n": 8.0, "s": "a"})"));
+  EXPECT_NE(same.find("config: 0 difference(s)"), std::string::npos) << same;
+  const std::string diff = inspect(tmp.path(), std::string(R"({"gradient_clipping": 0.5, "lr": 0.001, "betas": [0.9], "n": 8, "s": "b"})"));
+  for (const char* want : {"config ~ gradient_clipping: 1 -> 0.5", "config ~ betas: [0.9,0.95] -> [0.9]", "config ~ s: \"a\" -> \"b\"",
+                           "config: 3 difference(s)"}) {
+    EXPECT_NE(diff.find(want), std::string::npos) << "missing '" << want << "' in\n" << diff;
+  }
+}
+
 TEST(CheckpointTools, MissingCheckpointIsACheckpointError) {
   test::TempDir tmp;
   EXPECT_THROW(inspect(tmp.path(), std::nullopt), CheckpointError);

@@ -319,4 +319,23 @@ TEST(Counters, RingByteCounts) {
   EXPECT_EQ(totals.data<int32_t>()[0], totals.data<int32_t>()[1]);
 }
 
+// Group::bytes_sent: each group's own share of the World's bytes (the tensor-parallel bytes per step).
+TEST(Counters, PerGroupBytes) {
+  auto& world = test::world();
+  const auto& g = world.group();
+  const uint64_t n = static_cast<uint64_t>(g.size());
+  comm::Group half = g.split(g.rank() % 2, g.rank(), "half");
+  const uint64_t world_before = g.bytes_sent(), half_before = half.bytes_sent();
+  Tensor x = test::filled(DType::kF32, 1200, g.rank());
+  half.allreduce(x);
+  const uint64_t h = static_cast<uint64_t>(half.size());
+  EXPECT_EQ(half.bytes_sent() - half_before, 2 * (h - 1) * 1200 * 4 / h);
+  EXPECT_EQ(g.bytes_sent(), world_before) << "the other group's collectives are not its bytes";
+  g.allreduce(x);
+  EXPECT_EQ(g.bytes_sent() - world_before, 2 * (n - 1) * 1200 * 4 / n);
+  comm::Group sim = comm::Group::simulated(0, 4, "sim");
+  sim.allreduce(x);
+  EXPECT_EQ(sim.bytes_sent(), 2u * 3 * 1200 * 4 / 4) << "a simulated group counts what the real one would send";
+}
+
 }  // namespace

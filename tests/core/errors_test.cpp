@@ -51,5 +51,16 @@ TEST(Errors, TypedErrorsAreZeroshardErrors) {
   EXPECT_THROW(throw CheckpointError("x"), Error);
 }
 
+// File contents quoted in a message: a corrupt `latest` tag's byte shows as \xe5, UTF-8 text stays.
+TEST(Errors, PrintableEscapesWhatIsNotPrintable) {
+  EXPECT_EQ(printable("global_st\xe5p4"), "global_st\\xe5p4");
+  EXPECT_EQ(printable("a\nb\tc\x1b[31m\x7f"), "a\\x0ab\\x09c\\x1b[31m\\x7f");
+  EXPECT_EQ(printable("\xce\xa8 = 1.3B, \xe2\x86\x92 ok"), "\xce\xa8 = 1.3B, \xe2\x86\x92 ok");  // well-formed UTF-8 is kept
+  EXPECT_EQ(printable("\xc0\xaf"), "\\xc0\\xaf");          // an overlong '/' is not UTF-8
+  EXPECT_EQ(printable("\xe2\x86"), "\\xe2\\x86");          // a sequence cut short
+  EXPECT_EQ(printable(std::string_view("a\0b", 3)), "a\\x00b");
+  EXPECT_EQ(printable("plain tag_1.2-x"), "plain tag_1.2-x");
+}
+
 }  // namespace
 }  // namespace zs

@@ -88,6 +88,16 @@ foreach(stage 0 1 2 3)
       PASS_REGULAR_EXPRESSION "estimate agreement ok")
   endforeach()
 endforeach()
+# ... at dp 2 x tp 2 with sequence parallelism: every world rank against the estimate of its
+# data-parallel rank (one tp rank's slices; the estimator counts TP shards and their activations).
+foreach(stage 1 3)
+  set(name e2e_estimate_agrees_tp2_stage${stage}.np4)
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+    -DCONFIG=${PROJECT_SOURCE_DIR}/tests/configs/estimate_tp.json -DSTAGE=${stage} -DNP=4 -DTP=2
+    -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_tp -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 4
+    PASS_REGULAR_EXPRESSION "estimate agreement ok")
+endforeach()
 # ... and with offload: the summary's nvme_bytes and host_peak_bytes against the estimate's tiers.
 foreach(offload cpu nvme)
   foreach(stage 1 2 3)

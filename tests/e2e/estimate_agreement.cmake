@@ -11,7 +11,9 @@
 # not compared then.
 # With -DSTATES_ONLY=ON only the model_states_bytes are compared (a GPT-MoE: its activations and
 # device peak follow the routing, which the estimator takes as balanced).
-#   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=2 -DNP=3 -DWORK=dir [-DOFFLOAD=nvme]
+# With -DTP=T (a config with model.tensor_parallel_size T) world rank r is compared with the estimate's
+# data-parallel rank r / T.
+#   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=2 -DNP=3 -DWORK=dir [-DOFFLOAD=nvme] [-DTP=2]
 #         -P estimate_agreement.cmake
 file(READ ${CONFIG} text)
 string(JSON text SET "${text}" zero_optimization stage ${STAGE})
@@ -54,13 +56,19 @@ string(JSON n_groups LENGTH "${est}" stages 0 per_shard_size)
 string(JSON act_est GET "${est}" stages 0 transient activations_peak bytes)
 math(EXPR last_rank "${NP} - 1")
 math(EXPR last_group "${n_groups} - 1")
+if(NOT TP)
+  set(TP 1)
+endif()
 foreach(r RANGE ${last_rank})
   string(JSON rank GET "${sum}" memory per_rank ${r} rank)
+  # With -DTP=T the config is tensor-parallel: the summary lists world ranks (tp ranks consecutive), the
+  # estimate data-parallel ranks, each standing for its T tp ranks (slices of the same sizes).
+  math(EXPR dp_rank "${rank} / ${TP}")
   set(found OFF)
   foreach(g RANGE ${last_group})
     string(JSON first GET "${est}" stages 0 per_shard_size ${g} first_rank)
     string(JSON lastr GET "${est}" stages 0 per_shard_size ${g} last_rank)
-    if(rank GREATER_EQUAL first AND rank LESS_EQUAL lastr)
+    if(dp_rank GREATER_EQUAL first AND dp_rank LESS_EQUAL lastr)
       set(found ON)
       # The device arena's peak against the estimator's measurement (the engine's own code over the
       # measuring backend, estimate/measure.h): byte for byte on one rank; with more, reductions that

@@ -3,6 +3,8 @@
 # summary carries the routing figures, and the two runs' losses agree step for step to 5e-5 absolute
 # (about 1e-5 relative: expert parallelism moves tokens; only the order of fp32 sums changes).
 #   -DMPIEXEC=... -DTOOL=... -DCONFIG_EP4=... -DCONFIG_EP1=... [-DNP_EP1=n] -DOUT=dir -DNAME=prefix
+#   [-DDOC_CHECKER=exe -DDOC_ROOT=dir -DDOC_NAME=n]: also check the docs' quotes of the ep_size 4 run's
+#   output (blocks marked `<!-- output of n -->`, tests/docs/doc_output_check.cpp), reusing the run
 include(${CMAKE_CURRENT_LIST_DIR}/check_summary.cmake)
 if(NOT NP_EP1)
   set(NP_EP1 4)
@@ -22,6 +24,13 @@ foreach(ep 4 1)
   endif()
   if(NOT err MATCHES "  moe: l_aux [0-9.]+ \\| dropped [0-9.]+% \\| expert tokens min [0-9]+ max [1-9][0-9]* \\| all-to-all [0-9.]+ MiB")
     message(FATAL_ERROR "ep_size ${ep}: no routing line\n${err}")
+  endif()
+  if(ep EQUAL 4 AND DEFINED DOC_CHECKER)
+    file(WRITE ${OUT}/${NAME}_ep4_output.txt "${err}")
+    execute_process(COMMAND ${DOC_CHECKER} ${DOC_ROOT} ${DOC_NAME} ${OUT}/${NAME}_ep4_output.txt RESULT_VARIABLE doc_rc)
+    if(NOT doc_rc EQUAL 0)
+      message(FATAL_ERROR "ep_size 4: the docs quote output this run does not print (above)")
+    endif()
   endif()
   zs_check_summary(${summary} ${NP_EP${ep}})
   file(READ ${summary} s)

@@ -11,7 +11,9 @@ job is gone within comm.timeout_s + 30 s of the signal and the output names what
            ... timed out").
 Scenarios: collectives (ZeRO-1: reduce-scatter/allgather), zero3 (ZeRO-3 parameter gathers), nvme (ZeRO-3
 with optimizer states and parameters swapped to NVMe files), moe (GPT-MoE, expert all-to-all), checkpoint
-(ZeRO-2 saving a checkpoint after every step with `--save`, so most moments fall inside a save). After a
+(ZeRO-2 saving a checkpoint after every step with `--save`, so most moments fall inside a save), tp
+(model.tensor_parallel_size 2 with sequence parallelism: every collective is the "tp" group's, and a
+SIGSTOP must be named as a collective on group 'tp' that timed out). After a
 checkpoint trial the tag `latest` names must load whole (`zeroshard checkpoint compare` reads every
 element of it) and no partial tag may be visible; the JSON records whether the signal left a save's
 staging directory behind (it landed inside a save).
@@ -41,8 +43,10 @@ import tempfile
 import threading
 import time
 
-SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint"]
+SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint", "tp"]
 COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
+# The tp scenario (dp 1 x tp 2: every collective is the tensor-parallel group's) must name that group.
+TP_COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast)\(.*?\) on group 'tp'.*?timed out"
 PEER_GONE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on group '[^']+'.*?No such process"
 
 
@@ -68,6 +72,11 @@ def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
     elif scenario == "checkpoint":
         cfg["zero_optimization"] = {"stage": 2}
         cfg["checkpoint"] = {"save_interval": 1, "keep_last": 2}
+    elif scenario == "tp":
+        # Tensor parallelism with sequence parallelism at np 2: the layers' all-reduces, reduce-scatters
+        # and all-gathers over the "tp" group, ZeRO-2 over a data-parallel group of one.
+        cfg["zero_optimization"] = {"stage": 2}
+        cfg["model"].update(tensor_parallel_size=2, sequence_parallel=True)
     elif scenario == "moe":
         cfg["zero_optimization"] = {"stage": 2}
         cfg["model"]["tied_embeddings"] = False
@@ -266,7 +275,7 @@ def rank_trial(i, rng, args, work):
             named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None or \
                 re.search(PEER_GONE, text) is not None
         else:
-            named = re.search(COLLECTIVE, text) is not None
+            named = re.search(TP_COLLECTIVE if scenario == "tp" else COLLECTIVE, text, re.S) is not None
         hung = proc.poll() is None or alive != []
         loads = True
         if scenario == "checkpoint" and not hung:

@@ -44,6 +44,49 @@ TEST(RunConfig, ReadsTheProgramsSectionsBesideTheEngines) {
   EXPECT_EQ(parse_run_config(parse_json_text(R"({"train_batch_size": 4})"), 1).data_seed, std::nullopt);
 }
 
+// model.tensor_parallel_size and model.sequence_parallel (Megatron's names): the batch arithmetic is over
+// the data-parallel size ranks / tp; errors name the keys.
+TEST(RunConfig, TensorParallelKeys) {
+  auto parse = [](std::string_view text, int ranks) { return parse_run_config(parse_json_text(text, "cfg.json"), ranks); };
+  const RunConfig c = parse(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+      "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2,
+                "sequence_parallel": true}})", 8);
+  EXPECT_EQ(c.tensor_parallel.tensor_parallel_size, 2);
+  EXPECT_TRUE(c.tensor_parallel.sequence_parallel);
+  EXPECT_EQ(c.batch.gradient_accumulation_steps, 1);  // 8 = 2 per rank x 1 x 4 data-parallel ranks
+  const RunConfig one = parse(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4,
+      "seq_len": 16, "sequence_parallel": true}})", 2);
+  EXPECT_EQ(one.tensor_parallel.tensor_parallel_size, 1);
+  ASSERT_FALSE(one.notes.empty());
+  EXPECT_CONTAINS(one.notes.back(), "model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1");
+
+  auto error = [&](std::string_view text, int ranks) {
+    return error_of([&](const boost::json::value& d) { parse_run_config(d, ranks); }, text);
+  };
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
+      "tensor_parallel_size": 2}})", 3), "model.tensor_parallel_size: 2 does not divide the world size (ranks) = 3");
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
+      "tensor_parallel_size": 0}})", 2), "model.tensor_parallel_size");
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
+      "tensor_parallel_size": 2, "moe": {"num_experts": 2}}})", 2),
+                  "model.moe: MoE layers with model.tensor_parallel_size 2 are not supported yet");
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
+      "tensor_parallel_size": 2, "sequence_parallel": true}, "data": {"min_seq_len": 8}})", 2),
+                  "data.min_seq_len: varying sequence lengths are not supported with model.sequence_parallel");
+  // partition_activations at tp 2: sequence parallelism's shards are that split (noted); without it, refused.
+  const RunConfig split = parse(R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true},
+      "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2,
+                "sequence_parallel": true}})", 2);
+  ASSERT_FALSE(split.notes.empty());
+  EXPECT_CONTAINS(split.notes.back(), "keeps its input as this rank's sequence shard, 1/2 of the activation");
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activations": true},
+      "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2}})", 2),
+                  "activation_checkpointing.partition_activations: true at model.tensor_parallel_size 2 would split");
+  // The batch is checked against the data-parallel size: 6 samples over 2 data-parallel ranks of 4.
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 1,
+      "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2}})", 4), "x data-parallel size (2)");
+}
+
 TEST(RunConfig, TheEngineAloneRefusesTheProgramsSectionsAsUnknown) {
   EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "model": {"n_layer": 2}})"), "model: unknown key");
   EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "log": {"level": "warn"}})"), "log: unknown key");
