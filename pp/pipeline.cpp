@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -133,15 +134,29 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
 
   StepStats st;
   st.ideal_bubble = pl.bubble[static_cast<size_t>(r)];
-  std::map<Key, Slot> inbox;   // received (or handed over locally), until the consuming pass
-  std::map<Key, Tensor> outbox;  // produced, until its send
-  std::vector<Slot> sent;        // async sends in flight
+  std::map<Key, std::shared_ptr<Slot>> inbox;  // received (or handed over locally), until the consuming pass
+  std::map<Key, Tensor> outbox;                 // produced, until its send
+  std::vector<std::shared_ptr<Slot>> posted;    // transfers not yet known complete, in posting order
   double loss_sum = 0.0;
+  // Waits for one transfer. When it fails, the first failed transfer before it is rethrown instead:
+  // comm runs them in posting order, so that one names the stuck peer and the timeout, while the later
+  // ones only say the group is unusable after it.
+  auto wait = [&](Slot& slot) {
+    try {
+      slot.w.wait();
+    } catch (...) {
+      for (auto& q : posted) {
+        if (q.get() == &slot) break;
+        q->w.test();
+      }
+      throw;
+    }
+  };
   auto take = [&](const Key& k) {
     auto it = inbox.find(k);
     ZS_ASSERT(it != inbox.end(), "pp: a pass's input never arrived (plan bug)");
-    it->second.w.wait();
-    Tensor t = std::move(it->second.t);
+    wait(*it->second);
+    Tensor t = std::move(it->second->t);
     inbox.erase(it);
     return t;
   };
@@ -152,18 +167,19 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
       if (x.src == r) continue;  // handed over by the send below
       Tensor t = ctx.allocate(boundary, DType::kF32, x.kind == Op::kForward ? nn::MemoryUse::kActivation : nn::MemoryUse::kGradient);
       comm::Work w = group_.recv_async(t, x.src);
-      inbox[xk] = Slot{std::move(t), std::move(w)};
+      inbox[xk] = std::make_shared<Slot>(Slot{std::move(t), std::move(w)});
+      posted.push_back(inbox[xk]);
     } else if (act.kind == Action::kSend) {
       auto it = outbox.find(xk);
       ZS_ASSERT(it != outbox.end(), "pp: a send before its pass (plan bug)");
       Tensor t = std::move(it->second);
       outbox.erase(it);
       if (x.dst == r) {
-        inbox[xk] = Slot{std::move(t), {}};
+        inbox[xk] = std::make_shared<Slot>(Slot{std::move(t), {}});
       } else {
         st.bytes_sent += static_cast<int64_t>(t.nbytes());
         comm::Work w = group_.send_async(t, x.dst);
-        sent.push_back(Slot{std::move(t), std::move(w)});
+        posted.push_back(std::make_shared<Slot>(Slot{std::move(t), std::move(w)}));
       }
     } else {
       const Op& o = act.op;
@@ -186,10 +202,10 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
         release(o.chunk, o.micro_batch);
       }
     }
-    // Drop the handles of sends already done (their tensors go back to the Context).
-    std::erase_if(sent, [](Slot& s) { return s.w.test(); });
+    // Forget transfers already done (a sent tensor goes back to the Context).
+    std::erase_if(posted, [](const std::shared_ptr<Slot>& q) { return q->w.test(); });
   }
-  for (auto& s : sent) s.w.wait();
+  for (auto& q : posted) wait(*q);
   ZS_ASSERT(inbox.empty() && outbox.empty(), "pp: {} transfers left over (plan bug)", inbox.size() + outbox.size());
 
   // The mean loss, from the last stage to every stage.
