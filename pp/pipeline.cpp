@@ -138,6 +138,13 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
   std::map<Key, Tensor> outbox;                 // produced, until its send
   std::vector<std::shared_ptr<Slot>> posted;    // transfers not yet known complete, in posting order
   double loss_sum = 0.0;
+  // ZB-H1: each backward's deferred weight gradients, until its W pass (Note [ZB-H1] in pp/schedule.h).
+  const bool split = cfg_.schedule == Schedule::kZeroBubbleH1;
+  std::map<std::pair<int, int64_t>, std::vector<nn::DeferredGrad>> deferred;
+  struct SinkScope {
+    nn::Context& ctx;
+    ~SinkScope() { ctx.set_weight_grad_sink(nullptr); }
+  };
   // Waits for one transfer. When it fails, the first failed transfer before it is rethrown instead:
   // comm runs them in posting order, so that one names the stuck peer and the timeout, while the later
   // ones only say the group is unusable after it.
@@ -192,11 +199,24 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
         const float loss = ctx.forward_loss(s, in);
         if (g == G - 1) loss_sum += loss; else outbox[Key{Op::kForward, o.micro_batch, g}] = s.take_output();
         st.busy_seconds += now_seconds() - t0;
+      } else if (o.kind == Op::kWeight) {
+        auto it = deferred.find({o.chunk, o.micro_batch});
+        ZS_ASSERT(it != deferred.end(), "pp: W pass of micro-batch {} before its B (plan bug)", o.micro_batch);
+        const double t0 = now_seconds();
+        ctx.run_deferred(it->second);
+        st.busy_seconds += now_seconds() - t0;
+        deferred.erase(it);
       } else {
         StageModel& s = holder(o.chunk, o.micro_batch);
         if (g != G - 1) s.set_output_grad(take(Key{Op::kBackward, o.micro_batch, g + 1}));
         const double t0 = now_seconds();
-        ctx.backward_loss(s, grad_scale);
+        if (split) {
+          SinkScope scope{ctx};
+          ctx.set_weight_grad_sink(&deferred[{o.chunk, o.micro_batch}]);
+          ctx.backward_loss(s, grad_scale);
+        } else {
+          ctx.backward_loss(s, grad_scale);
+        }
         if (g != 0) outbox[Key{Op::kBackward, o.micro_batch, g}] = s.take_input_grad();
         st.busy_seconds += now_seconds() - t0;
         release(o.chunk, o.micro_batch);
@@ -206,7 +226,8 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
     std::erase_if(posted, [](const std::shared_ptr<Slot>& q) { return q->w.test(); });
   }
   for (auto& q : posted) wait(*q);
-  ZS_ASSERT(inbox.empty() && outbox.empty(), "pp: {} transfers left over (plan bug)", inbox.size() + outbox.size());
+  ZS_ASSERT(inbox.empty() && outbox.empty() && deferred.empty(), "pp: {} transfers or W passes left over (plan bug)",
+            inbox.size() + outbox.size() + deferred.size());
 
   // The mean loss, from the last stage to every stage.
   Tensor l = Tensor::empty({1}, DType::kF32);

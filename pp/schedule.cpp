@@ -14,16 +14,17 @@ std::string schedule_name(Schedule s) {
     case Schedule::kAllForwardAllBackward: return "afab";
     case Schedule::kOneFOneB: return "1f1b";
     case Schedule::kInterleaved: return "interleaved";
+    case Schedule::kZeroBubbleH1: return "zb-h1";
   }
   return "?";
 }
 
 Schedule parse_schedule(const std::string& name) {
-  for (auto s : {Schedule::kAllForwardAllBackward, Schedule::kOneFOneB, Schedule::kInterleaved}) {
+  for (auto s : {Schedule::kAllForwardAllBackward, Schedule::kOneFOneB, Schedule::kInterleaved, Schedule::kZeroBubbleH1}) {
     if (schedule_name(s) == name) return s;
   }
   throw ConfigError(fmt::format("pipeline.schedule: \"{}\" is not a schedule; use \"afab\" (all forward, all "
-                                "backward), \"1f1b\" or \"interleaved\" (with model.virtual_pipeline_size >= 2)",
+                                "backward), \"1f1b\", \"interleaved\" (with model.virtual_pipeline_size >= 2) or \"zb-h1\"",
                                 name));
 }
 
@@ -59,6 +60,58 @@ void validate(Schedule s, const PipelineShape& shape) {
   }
 }
 
+namespace {
+
+// Note [ZB-H1] in pp/schedule.h: every rank's order from a unit-time list schedule. At each free
+// moment a rank runs, by priority, the input gradient B of its oldest micro-batch whose output
+// gradient has arrived (B is what the previous stage waits for); else the forward of its next
+// micro-batch, if it has arrived and fewer than stages - rank micro-batches wait for their B (1F1B's
+// bound on held activations); else its oldest pending weight gradient W; else it idles.
+std::vector<std::vector<Op>> zero_bubble_h1(const PipelineShape& shape) {
+  const int p = shape.stages;
+  const int64_t m = shape.micro_batches;
+  constexpr int64_t kNever = INT64_MAX;
+  struct Rank {
+    int64_t busy_until = 0, next_f = 0, next_b = 0, next_w = 0;
+    std::vector<int64_t> act, grad;  // arrival times of micro-batch inputs / output gradients
+    std::vector<Op> ops;
+  };
+  std::vector<Rank> rk(static_cast<size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    rk[static_cast<size_t>(r)].act.assign(static_cast<size_t>(m), r == 0 ? 0 : kNever);
+    rk[static_cast<size_t>(r)].grad.assign(static_cast<size_t>(m), kNever);
+  }
+  for (int64_t t = 0;; ++t) {
+    bool all_done = true;
+    for (int r = 0; r < p; ++r) {
+      Rank& k = rk[static_cast<size_t>(r)];
+      if (k.next_w < m) all_done = false;
+      if (k.busy_until > t || k.next_w == m) continue;
+      if (k.next_b < k.next_f && k.grad[static_cast<size_t>(k.next_b)] <= t) {
+        const int64_t b = k.next_b++;
+        k.ops.push_back({Op::kBackward, b, 0});
+        if (r > 0) rk[static_cast<size_t>(r - 1)].grad[static_cast<size_t>(b)] = t + 1;
+      } else if (k.next_f < m && k.act[static_cast<size_t>(k.next_f)] <= t && k.next_f - k.next_b < p - r) {
+        const int64_t f = k.next_f++;
+        k.ops.push_back({Op::kForward, f, 0});
+        if (r + 1 < p) rk[static_cast<size_t>(r + 1)].act[static_cast<size_t>(f)] = t + 1;
+        else k.grad[static_cast<size_t>(f)] = t + 1;
+      } else if (k.next_w < k.next_b) {
+        k.ops.push_back({Op::kWeight, k.next_w++, 0});
+      } else {
+        continue;
+      }
+      k.busy_until = t + 1;
+    }
+    if (all_done) break;
+  }
+  std::vector<std::vector<Op>> out;
+  for (auto& k : rk) out.push_back(std::move(k.ops));
+  return out;
+}
+
+}  // namespace
+
 std::vector<Op> schedule_ops(Schedule s, const PipelineShape& shape, int rank) {
   validate(s, shape);
   const int64_t p = shape.stages, v = shape.chunks, m = shape.micro_batches, total = m * v;
@@ -70,7 +123,7 @@ std::vector<Op> schedule_ops(Schedule s, const PipelineShape& shape, int rank) {
     return Op{kind, (k / (p * v)) * p + in_group % p, static_cast<int>(chunk)};
   };
   int64_t warmup = total;
-  if (s == Schedule::kOneFOneB) warmup = std::min<int64_t>(p - rank - 1, m);
+  if (s == Schedule::kOneFOneB || s == Schedule::kZeroBubbleH1) warmup = std::min<int64_t>(p - rank - 1, m);
   if (s == Schedule::kInterleaved) warmup = m == p ? total : std::min<int64_t>((p - rank - 1) * 2 + (v - 1) * p, total);
   std::vector<Op> ops;
   for (int64_t k = 0; k < warmup; ++k) ops.push_back(op(Op::kForward, k));
@@ -79,7 +132,15 @@ std::vector<Op> schedule_ops(Schedule s, const PipelineShape& shape, int rank) {
     ops.push_back(op(Op::kBackward, i));
   }
   for (int64_t k = std::max<int64_t>(total - warmup, 0); k < total; ++k) ops.push_back(op(Op::kBackward, k));
+  if (s == Schedule::kZeroBubbleH1) return zero_bubble_h1(shape)[static_cast<size_t>(rank)];
   return ops;
+}
+
+// Unit pass times of the simulation: forward 1, backward 2 (input and weight gradients, each about a
+// forward's work), or 1 and 1 where ZB-H1 splits them.
+static int64_t pass_time(Schedule s, Op::Kind k) {
+  if (k == Op::kForward) return 1;
+  return s == Schedule::kZeroBubbleH1 ? 1 : 2;
 }
 
 Plan plan(Schedule s, const PipelineShape& shape) {
@@ -102,16 +163,18 @@ Plan plan(Schedule s, const PipelineShape& shape) {
         const Op& o = list[i];
         const int g = o.chunk * p + r;
         int64_t dep = 0;
-        if (o.kind == Op::kForward) {
+        if (o.kind == Op::kWeight) {
+          dep = at(bend, o.micro_batch, g);  // its own input gradient, earlier on this rank
+        } else if (o.kind == Op::kForward) {
           dep = g == 0 ? 0 : at(fend, o.micro_batch, g - 1);
         } else {
           dep = g == G - 1 ? at(fend, o.micro_batch, g) : at(bend, o.micro_batch, g + 1);
           if (at(fend, o.micro_batch, g) < 0) dep = -1;
         }
         if (dep < 0) break;
-        const int64_t t0 = std::max(free_at[static_cast<size_t>(r)], dep), d = o.kind == Op::kForward ? 1 : 2;
+        const int64_t t0 = std::max(free_at[static_cast<size_t>(r)], dep), d = pass_time(s, o.kind);
         start[static_cast<size_t>(r)].push_back(t0);
-        at(o.kind == Op::kForward ? fend : bend, o.micro_batch, g) = t0 + d;
+        if (o.kind != Op::kWeight) at(o.kind == Op::kForward ? fend : bend, o.micro_batch, g) = t0 + d;
         free_at[static_cast<size_t>(r)] = t0 + d;
         busy[static_cast<size_t>(r)] += d;
         progress = true;
@@ -137,7 +200,7 @@ Plan plan(Schedule s, const PipelineShape& shape) {
       items[static_cast<size_t>(r)].push_back({Key{start[static_cast<size_t>(r)][i], 1, 0, 0, 0, i}, Action{Action::kRun, o, {}}});
       const int g = o.chunk * p + r;
       const bool fwd = o.kind == Op::kForward;
-      if (fwd ? g == G - 1 : g == 0) continue;
+      if (o.kind == Op::kWeight || (fwd ? g == G - 1 : g == 0)) continue;
       const int to = (fwd ? g + 1 : g - 1) % p;
       const Transfer x{o.kind, o.micro_batch, g, r, to};
       const Key key{at(fwd ? fend : bend, o.micro_batch, g), 0, fwd ? 0 : 1, o.micro_batch, g, 0};

@@ -13,6 +13,9 @@
 //   kOneFOneB               rank r runs min(stages - r - 1, m) forwards, then one forward and one
 //                           backward alternately, then the remaining backwards (at most stages - r in
 //                           flight; bubble (stages - 1) / (m + stages - 1) with equal pass times)
+//   kZeroBubbleH1           1F1B's memory bound with every backward split into the input gradient (B,
+//                           sent on at once) and the weight gradient (W), which fills the idle time
+//                           (Note [ZB-H1])
 //   kInterleaved            1F1B over `chunks` virtual chunks per rank in Megatron's order: micro-batches
 //                           in groups of `stages`, each group through chunk 0, then 1, ...; warm-up
 //                           (stages - r - 1) * 2 + (chunks - 1) * stages forwards; needs m % stages == 0
@@ -35,9 +38,20 @@
 
 namespace zs::pp {
 
-enum class Schedule { kAllForwardAllBackward, kOneFOneB, kInterleaved };
+enum class Schedule { kAllForwardAllBackward, kOneFOneB, kInterleaved, kZeroBubbleH1 };
 
-// "afab", "1f1b", "interleaved"; parse throws ConfigError naming pipeline.schedule.
+// Note [ZB-H1]
+// Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024), schedule ZB-H1: the previous stage waits
+// only for a backward's input gradient, so B is run and sent as soon as possible and the weight
+// gradient W, which nothing waits for, moves into what would be bubble. With F = B = W in time, the
+// 1F1B bubble of (stages - 1) * (F + B + W) per rank shrinks towards (stages - 1) * (F + B - W), about
+// a third. The order comes from a unit-time list schedule (pp/schedule.cpp: B first, then F within
+// 1F1B's bound of stages - rank micro-batches between forward and B, then W). Layers defer W through
+// nn's Note [deferred weight gradients] (nn::Linear does: the GPT's matmuls); a chunk's other weight
+// gradients (norms, embeddings, the tied head) are computed in B. A deferred W keeps the layer's input
+// and a copy of its output gradient until it runs.
+
+// "afab", "1f1b", "interleaved", "zb-h1"; parse throws ConfigError naming pipeline.schedule.
 std::string schedule_name(Schedule s);
 Schedule parse_schedule(const std::string& name);
 
@@ -53,7 +67,7 @@ struct PipelineShape {
 void validate(Schedule s, const PipelineShape& shape);
 
 struct Op {
-  enum Kind : uint8_t { kForward, kBackward };
+  enum Kind : uint8_t { kForward, kBackward, kWeight };  // kWeight: ZB-H1's deferred weight gradients
   Kind kind;
   int64_t micro_batch;
   int chunk;  // local chunk index on the rank (global chunk = chunk * stages + rank)
@@ -82,7 +96,7 @@ struct Action {
 
 struct Plan {
   std::vector<std::vector<Action>> ranks;  // per rank
-  // Simulated with forward 1 and backward 2: the last pass's end, and each rank's idle fraction of it.
+  // Simulated with forward 1 and backward 2 (ZB-H1: B 1, W 1): the last pass's end, and each rank's idle fraction of it.
   double makespan = 0.0;
   std::vector<double> bubble;
 };

@@ -1,6 +1,6 @@
 // Pipeline parallelism (pp/) under mpirun at 1, 2 and 4 ranks: the world as one pipeline, and at 4
 // ranks also two pipelines of 2 (comm::Topology's "pp" groups). For every schedule (all-forward-all-
-// backward, 1F1B, interleaved with 2 chunks per rank), tied and untied embeddings, activation
+// backward, 1F1B, interleaved with 2 chunks per rank, ZB-H1), tied and untied embeddings, activation
 // recomputation on: the mean loss over the micro-batches and every parameter's gradient equal
 // nn::GptModel's run over the same micro-batches (fp32 1e-5), each parameter under its GptModel name
 // and init. Partitioning and the schedules' plans (every pass once, the ideal bubble against
@@ -13,6 +13,7 @@
 #include "core/errors.h"
 #include "nn/gpt.h"
 #include "nn/host_context.h"
+#include "nn/layers.h"
 #include "pp/pp.h"
 #include "tests/tp/tp_test_util.h"
 
@@ -85,7 +86,7 @@ TEST(Partition, ErrorsNameTheKeys) {
 // ---- Schedules ----
 
 TEST(Schedule, PlansRunEveryPassOnceWithTheFormulaBubble) {
-  for (Schedule s : {Schedule::kAllForwardAllBackward, Schedule::kOneFOneB, Schedule::kInterleaved}) {
+  for (Schedule s : {Schedule::kAllForwardAllBackward, Schedule::kOneFOneB, Schedule::kInterleaved, Schedule::kZeroBubbleH1}) {
     for (int p : {1, 2, 4}) {
       for (int64_t m : {4, 8, 16}) {
         const PipelineShape shape{.stages = p, .chunks = s == Schedule::kInterleaved ? 2 : 1, .micro_batches = m};
@@ -97,22 +98,25 @@ TEST(Schedule, PlansRunEveryPassOnceWithTheFormulaBubble) {
           for (const Action& a : pl.ranks[static_cast<size_t>(r)]) {
             if (a.kind != Action::kRun) continue;
             EXPECT_TRUE(seen.insert({a.op.kind, a.op.micro_batch, a.op.chunk}).second);
-            in_flight += a.op.kind == Op::kForward ? 1 : -1;
+            if (a.op.kind != Op::kWeight) in_flight += a.op.kind == Op::kForward ? 1 : -1;
             most = std::max(most, in_flight);
           }
-          EXPECT_EQ(static_cast<int64_t>(seen.size()), 2 * m * shape.chunks);
-          if (s == Schedule::kOneFOneB) {  // stage r holds at most pp - r
+          EXPECT_EQ(static_cast<int64_t>(seen.size()), (s == Schedule::kZeroBubbleH1 ? 3 : 2) * m * shape.chunks);
+          if (s == Schedule::kOneFOneB || s == Schedule::kZeroBubbleH1) {  // stage r holds at most pp - r
             EXPECT_LE(most, p - r);
           }
           if (s == Schedule::kAllForwardAllBackward) {
             EXPECT_EQ(most, m);
           }
           const double formula = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
-          if (s != Schedule::kInterleaved) {
+          if (s == Schedule::kAllForwardAllBackward || s == Schedule::kOneFOneB) {
             EXPECT_NEAR(pl.bubble[static_cast<size_t>(r)], formula, 1e-12);
           }
           if (s == Schedule::kInterleaved && p > 1) {
             EXPECT_LT(pl.bubble[static_cast<size_t>(r)], formula);
+          }
+          if (s == Schedule::kZeroBubbleH1) {  // ZB-H1: at most half of 1F1B's (a third in the limit)
+            EXPECT_LE(pl.bubble[static_cast<size_t>(r)], 0.5 * formula + 1e-12);
           }
         }
       }
@@ -137,6 +141,37 @@ TEST(Schedule, ErrorsNameTheKeys) {
             std::string::npos);
   EXPECT_THROW(parse_schedule("zb-h2"), ConfigError);
   EXPECT_EQ(parse_schedule("1f1b"), Schedule::kOneFOneB);
+}
+
+// ---- Deferred weight gradients (ZB-H1's W pass, Note [deferred weight gradients] in nn/context.h) ----
+
+TEST(DeferredWeightGrads, LinearQueuesItsWeightGradientAndRunDeferredAddsIt) {
+  nn::Linear now(6, 5), later(6, 5);
+  nn::materialize(now, 4);
+  nn::materialize(later, 4);
+  randomize(now, 5);
+  randomize(later, 5);
+  Tensor x = Tensor::empty({3, 6}, DType::kF32), dy = Tensor::empty({3, 5}, DType::kF32);
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 0.2f * static_cast<float>(i % 5) - 0.4f;
+  nn::HostContext ctx;
+  ctx.forward(now, x);
+  Tensor dx_now = ctx.backward(now, dy);
+  std::vector<nn::DeferredGrad> sink;
+  ctx.forward(later, x);
+  ctx.set_weight_grad_sink(&sink);
+  Tensor dx_later = ctx.backward(later, dy);
+  ctx.set_weight_grad_sink(nullptr);
+  expect_close(dx_later, dx_now, "input gradient", 0.0);
+  ASSERT_EQ(sink.size(), 1u);
+  for (nn::Parameter* p : later.all_params()) {  // nothing yet: the weight and bias gradients wait
+    for (float g : p->grad().f32()) ASSERT_EQ(g, 0.0f) << p->full_name();
+  }
+  dy.zero();  // the caller may reuse dy: the deferred gradient kept its own copy
+  ctx.run_deferred(sink);
+  EXPECT_TRUE(sink.empty());
+  expect_close(later.all_params()[0]->grad(), now.all_params()[0]->grad(), "weight gradient", 0.0);
+  expect_close(later.all_params()[1]->grad(), now.all_params()[1]->grad(), "bias gradient", 0.0);
 }
 
 // ---- The GPT as a pipeline against nn::GptModel ----
@@ -176,7 +211,7 @@ void check(const comm::Group& group, const Case& c, int64_t m) {
   const StepStats st = gpt.step(ctx, mbs, scale);
   EXPECT_NEAR(st.loss, ref_loss, 1e-5 * std::abs(ref_loss));
   EXPECT_GT(st.max_in_flight, 0);
-  if (c.schedule == Schedule::kOneFOneB) {
+  if (c.schedule == Schedule::kOneFOneB || c.schedule == Schedule::kZeroBubbleH1) {
     EXPECT_LE(st.max_in_flight, group.size() - group.rank());
   }
   int64_t checked = 0;
@@ -208,6 +243,7 @@ TEST(GptPipeline, EveryScheduleMatchesGptModel) {
       check(group, {.schedule = Schedule::kOneFOneB, .tied = tied}, 4);
       check(group, {.schedule = Schedule::kOneFOneB, .tied = tied, .method = PartitionMethod::kUniform}, 3);
       check(group, {.schedule = Schedule::kInterleaved, .chunks = 2, .tied = tied}, 4);
+      check(group, {.schedule = Schedule::kZeroBubbleH1, .tied = tied}, 4);
     }
   }
 }
