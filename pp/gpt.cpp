@@ -9,6 +9,8 @@
 #include "nn/detail/ops.h"
 #include "nn/param_access.h"
 #include "nn/transformer.h"
+#include "pp/detail/blocks.h"
+#include "tp/gpt.h"
 
 namespace zs::pp {
 
@@ -16,34 +18,6 @@ using memory::DType;
 using memory::Tensor;
 using nn::MemoryUse;
 
-namespace {
-
-// Blocks [first, end) of the GPT under their global names ("blocks.3"), run in order.
-class BlockRange : public nn::Module {
- public:
-  BlockRange(const nn::GptConfig& cfg, int64_t first, int64_t end, bool recompute) {
-    const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
-    for (int64_t i = first; i < end; ++i) {
-      add_child<nn::Block>(std::to_string(i), cfg.d_model, cfg.n_head, cfg.init_std, proj_std).set_recomputed(recompute);
-    }
-  }
-  std::string_view type_name() const override { return "Sequential"; }
-
- protected:
-  Tensor forward(nn::Context& ctx, const Tensor& x) override {
-    Tensor h = x;
-    for (Module* b : children()) h = ctx.forward(*b, h);
-    return h;
-  }
-  Tensor backward(nn::Context& ctx, const Tensor& dy) override {
-    Tensor d = dy;
-    auto c = children();
-    for (auto it = c.rbegin(); it != c.rend(); ++it) d = ctx.backward(**it, d);
-    return d;
-  }
-};
-
-}  // namespace
 
 std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks) {
   nn::validate(cfg);
@@ -61,7 +35,12 @@ GptStage::GptStage(const nn::GptConfig& cfg, int64_t first_block, int64_t end_bl
     wte_ = &declare_param("wte", {cfg.vocab_size, cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std));
   }
   if (first) wpe_ = &declare_param("wpe", {cfg.seq_len, cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std));
-  blocks_ = &add_child<BlockRange>("blocks", cfg, first_block, end_block, recompute);
+  auto& blocks = add_child<detail::BlockRange>("blocks");
+  const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  for (int64_t i = first_block; i < end_block; ++i) {
+    blocks.add<nn::Block>(i, cfg.d_model, cfg.n_head, cfg.init_std, proj_std).set_recomputed(recompute);
+  }
+  blocks_ = &blocks;
   if (last) {
     ln_f_ = &add_child<nn::LayerNorm>("ln_f", cfg.d_model);
     if (!cfg.tied_embeddings) lm_head_ = &add_child<nn::Linear>("lm_head", cfg.d_model, cfg.vocab_size, false, cfg.init_std);
@@ -166,11 +145,27 @@ GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, con
   if (v < 1) throw ConfigError(fmt::format("model.virtual_pipeline_size: must be a positive integer, got {}", v));
   bounds_ = gpt_partition(cfg, pc.partition, p * v);
   const int G = p * v;
+  const comm::Group* tg = pc.tensor_parallel_group;
+  if (tg != nullptr) {
+    tp::validate(cfg, {.tensor_parallel_size = tg->size(), .sequence_parallel = pc.sequence_parallel}, tg->size());
+  } else if (pc.sequence_parallel) {
+    throw ConfigError("model.sequence_parallel: needs tensor parallelism (model.tensor_parallel_size > 1)");
+  }
   std::vector<ChunkFactory> factories;
   for (int c = 0; c < v; ++c) {
     const int g = c * p + r;
-    factories.push_back([cfg, g, G, b0 = bounds_[static_cast<size_t>(g)], b1 = bounds_[static_cast<size_t>(g) + 1],
-                         rc = pc.recompute] { return std::make_unique<GptStage>(cfg, b0, b1, g == 0, g == G - 1, rc); });
+    const int64_t b0 = bounds_[static_cast<size_t>(g)], b1 = bounds_[static_cast<size_t>(g) + 1];
+    const bool first = g == 0, last = g == G - 1, rc = pc.recompute;
+    if (tg != nullptr) {
+      const tp::TensorParallel tpar{.group = tg, .sequence_parallel = pc.sequence_parallel};
+      factories.push_back([=]() -> std::unique_ptr<StageModel> {
+        return std::make_unique<TpGptStage>(cfg, tpar, b0, b1, first, last, rc);
+      });
+    } else {
+      factories.push_back([=]() -> std::unique_ptr<StageModel> {
+        return std::make_unique<GptStage>(cfg, b0, b1, first, last, rc);
+      });
+    }
   }
   pipe_ = std::make_unique<Pipeline>(group, pc.pipeline, std::move(factories));
 }
@@ -193,8 +188,8 @@ StepStats GptPipeline::step(nn::Context& ctx, std::span<const nn::Batch> micro_b
   if (!cfg_.tied_embeddings || p * v == 1) return st;
   // Megatron's embedding group: the first chunk's wte (rank 0, chunk 0) and the last chunk's copy
   // (rank p - 1, chunk v - 1) each add the other's gradient; a + b == b + a, so both hold the same bits.
-  auto* first = r == 0 ? static_cast<GptStage&>(pipe_->chunk(0)).wte() : nullptr;
-  auto* last = r == p - 1 ? static_cast<GptStage&>(pipe_->chunk(v - 1)).wte() : nullptr;
+  nn::Parameter* first = r == 0 ? pipe_->chunk(0).shared_embedding() : nullptr;
+  nn::Parameter* last = r == p - 1 ? pipe_->chunk(v - 1).shared_embedding() : nullptr;
   for (nn::Parameter* q : {first, last}) {
     if (q != nullptr) {
       ZS_ASSERT(q->grad().dtype() == DType::kF32, "pp: the tied embedding's gradient must be fp32 (got {})",

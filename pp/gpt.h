@@ -27,6 +27,8 @@
 #include "nn/gpt.h"
 #include "pp/partition.h"
 #include "pp/pipeline.h"
+#include "tp/cross_entropy.h"
+#include "tp/mappings.h"
 
 namespace zs::pp {
 
@@ -35,6 +37,10 @@ struct GptPipelineConfig {
   PipelineConfig pipeline;
   PartitionConfig partition;
   bool recompute = false;         // every block recomputes its activations in the backward
+  // Tensor parallelism inside every stage (tp/'s layers, TpGptStage): the "tp" group of
+  // comm::Topology; nullptr: none. With it, the "pp" group links ranks of the same tp rank.
+  const comm::Group* tensor_parallel_group = nullptr;
+  bool sequence_parallel = false;  // model.sequence_parallel (with a tensor-parallel group)
 };
 
 // Block boundaries of the global chunks (global_chunks + 1 entries), ConfigError as pp::partition.
@@ -49,6 +55,7 @@ class GptStage : public StageModel {
   memory::Shape boundary_shape(int64_t batch, int64_t seq) const override { return {batch, seq, cfg_.d_model}; }
   // The token embedding (the first chunk's, or the last chunk's tied head); nullptr where neither.
   nn::Parameter* wte() { return wte_; }
+  nn::Parameter* shared_embedding() override { return cfg_.tied_embeddings ? wte_ : nullptr; }
 
  protected:
   float forward_loss(nn::Context& ctx, const nn::Batch& batch) override;
@@ -66,6 +73,39 @@ class GptStage : public StageModel {
   nn::SoftmaxCrossEntropy loss_;
   memory::Tensor ids_;      // first chunk: (B, T) int32
   memory::Tensor final_x_;  // last chunk, tied head: ln_f output
+};
+
+// The same chunk of tp::GptModel (tp/gpt.h): tp::ParallelBlock blocks, the vocab-parallel embedding on
+// the first chunk, ln_f (sequence-parallel with sequence_parallel), the column-parallel or tied
+// vocab-parallel head and tp::VocabParallelCrossEntropy on the last. Parameters are the slices of the
+// tp = 1 tensors under their full names (Note [tensor slices] in nn/parameter.h). With sequence
+// parallelism the activation between chunks is this rank's sequence shard.
+class TpGptStage : public StageModel {
+ public:
+  TpGptStage(const nn::GptConfig& cfg, tp::TensorParallel tp, int64_t first_block, int64_t end_block, bool first,
+             bool last, bool recompute);
+  std::string_view type_name() const override { return "TensorParallelGptStage"; }
+  memory::Shape boundary_shape(int64_t batch, int64_t seq) const override;
+  nn::Parameter* shared_embedding() override { return cfg_.tied_embeddings ? wte_ : nullptr; }
+
+ protected:
+  float forward_loss(nn::Context& ctx, const nn::Batch& batch) override;
+  void backward_loss(nn::Context& ctx, float grad_scale) override;
+  void clear_own_saved() override;
+
+ private:
+  nn::GptConfig cfg_;
+  tp::TensorParallel tp_;
+  bool first_, last_;
+  nn::Parameter* wte_ = nullptr;  // this rank's vocabulary rows
+  nn::Parameter* wpe_ = nullptr;
+  nn::Module* blocks_ = nullptr;
+  nn::Module* ln_f_ = nullptr;
+  nn::Module* lm_head_ = nullptr;
+  tp::VocabParallelCrossEntropy loss_;
+  int64_t batch_ = 0, seq_ = 0;
+  memory::Tensor ids_;
+  memory::Tensor final_x_;
 };
 
 class GptPipeline {

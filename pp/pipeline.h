@@ -51,6 +51,9 @@ class StageModel : public nn::Model {
   void set_output_grad(memory::Tensor dy) { output_grad_ = std::move(dy); }
   // After the backward of a chunk that is not the first: the gradient of its input activation.
   memory::Tensor take_input_grad() { return std::exchange(input_grad_, {}); }
+  // The parameter this chunk shares with another stage's chunk (a tied embedding, whose two copies'
+  // gradients are summed: pp::GptPipeline::step), or nullptr.
+  virtual nn::Parameter* shared_embedding() { return nullptr; }
 
  protected:
   memory::Tensor output_, output_grad_, input_grad_;

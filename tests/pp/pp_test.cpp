@@ -3,7 +3,7 @@
 // backward, 1F1B, interleaved with 2 chunks per rank, ZB-H1), tied and untied embeddings, activation
 // recomputation on: the mean loss over the micro-batches and every parameter's gradient equal
 // nn::GptModel's run over the same micro-batches (fp32 1e-5), each parameter under its GptModel name
-// and init. Partitioning and the schedules' plans (every pass once, the ideal bubble against
+// and init; pp x tp (pp::TpGptStage) at 2 and 4 ranks, sequence parallelism off and on. Partitioning and the schedules' plans (every pass once, the ideal bubble against
 // (pp - 1) / (m + pp - 1), micro-batches in flight) without MPI; errors name the config keys.
 #include <gtest/gtest.h>
 
@@ -183,9 +183,11 @@ struct Case {
   PartitionMethod method = PartitionMethod::kParameters;
 };
 
-void check(const comm::Group& group, const Case& c, int64_t m) {
-  SCOPED_TRACE(fmt::format("pp {} {} chunks {} tied {} partition {} m {}", group.size(), schedule_name(c.schedule),
-                           c.chunks, c.tied, partition_method_name(c.method), m));
+// `tpg`: each stage tensor-parallel over it (pp::TpGptStage), gradients compared as slices.
+void check(const comm::Group& group, const Case& c, int64_t m, const comm::Group* tpg = nullptr, bool sp = false) {
+  SCOPED_TRACE(fmt::format("pp {} tp {} sp {} {} chunks {} tied {} partition {} m {}", group.size(),
+                           tpg ? tpg->size() : 1, sp, schedule_name(c.schedule), c.chunks, c.tied,
+                           partition_method_name(c.method), m));
   const nn::GptConfig cfg = config(c.tied);
   const auto mbs = micro_batches(m);
   const float scale = 1.0f / static_cast<float>(m);
@@ -204,7 +206,7 @@ void check(const comm::Group& group, const Case& c, int64_t m) {
 
   GptPipeline gpt(cfg, group,
                   {.virtual_pipeline_size = c.chunks, .pipeline = {.schedule = c.schedule}, .partition = {.method = c.method},
-                   .recompute = true});
+                   .recompute = true, .tensor_parallel_group = tpg, .sequence_parallel = sp});
   gpt.materialize(7);
   for (int ch = 0; ch < gpt.pipeline().chunks(); ++ch) randomize(gpt.pipeline().chunk(ch), 8, 0.3f);
   nn::HostContext ctx;
@@ -218,8 +220,8 @@ void check(const comm::Group& group, const Case& c, int64_t m) {
   for (nn::Parameter* p : gpt.params()) {
     nn::Parameter* r = ref.find_param(p->full_name());
     ASSERT_NE(r, nullptr) << p->full_name() << " is not a parameter of nn::GptModel";
-    ASSERT_EQ(p->shape(), r->shape()) << p->full_name();
-    expect_close(p->grad(), r->grad(), "grad of " + p->full_name());
+    ASSERT_EQ(p->full_shape(), r->shape()) << p->full_name();
+    expect_close(p->grad(), zs::tp::test::slice_for(*p, r->grad()), "grad of " + p->full_name());
     ++checked;
   }
   // Every parameter of the model is on some stage (the tied head's copy counted once more).
@@ -245,6 +247,21 @@ TEST(GptPipeline, EveryScheduleMatchesGptModel) {
       check(group, {.schedule = Schedule::kInterleaved, .chunks = 2, .tied = tied}, 4);
       check(group, {.schedule = Schedule::kZeroBubbleH1, .tied = tied}, 4);
     }
+  }
+}
+
+TEST(GptPipeline, TensorParallelStagesMatchGptModel) {
+  auto& world = zs::test::world();
+  if (world.size() % 2 != 0) GTEST_SKIP() << "needs tp = 2";
+  const int p = world.size() / 2;  // np 2: pp 1 x tp 2; np 4: pp 2 x tp 2
+  comm::Topology topo(world.group(), {.tensor_parallel_size = 2, .pipeline_parallel_size = p});
+  ASSERT_EQ(topo.tensor_parallel().name(), "tp");
+  for (bool sp : {false, true}) {
+    for (bool tied : {true, false}) {
+      check(topo.pipeline_parallel(), {.schedule = Schedule::kOneFOneB, .tied = tied}, 4, &topo.tensor_parallel(), sp);
+    }
+    check(topo.pipeline_parallel(), {.schedule = Schedule::kInterleaved, .chunks = 2}, 4, &topo.tensor_parallel(), sp);
+    check(topo.pipeline_parallel(), {.schedule = Schedule::kZeroBubbleH1}, 4, &topo.tensor_parallel(), sp);
   }
 }
 
