@@ -34,8 +34,8 @@ namespace zs::pp {
 
 struct GptPipelineConfig {
   int virtual_pipeline_size = 1;  // model.virtual_pipeline_size: chunks per rank (interleaved)
-  PipelineConfig pipeline;
-  PartitionConfig partition;
+  PipelineConfig pipeline = {};
+  PartitionConfig partition = {};
   bool recompute = false;         // every block recomputes its activations in the backward
   // Tensor parallelism inside every stage (tp/'s layers, TpGptStage): the "tp" group of
   // comm::Topology; nullptr: none. With it, the "pp" group links ranks of the same tp rank.
