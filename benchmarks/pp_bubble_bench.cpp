@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
       for (std::string x; std::getline(in, x, ',');) ms.push_back(std::stoll(x));
     }
     const nn::GptConfig cfg{.n_layer = layers, .d_model = d, .n_head = 4, .seq_len = T, .vocab_size = 256};
-    bench::Report report{.benchmark = "pp_bubble_bench"};
+    bench::Report report;
+    report.benchmark = "pp_bubble_bench";
     report.config = {{"pp", p}, {"d_model", d}, {"n_layer", layers}, {"seq", T}, {"batch", B}, {"reps", reps}};
     boost::json::object ratios;
     if (me == 0) std::printf("%-12s %4s %4s %10s %10s %10s %8s %10s\n", "schedule", "pp", "m", "measured", "ideal", "formula", "ratio", "step_ms");
