@@ -65,8 +65,12 @@ namespace {
 // Note [ZB-H1] in pp/schedule.h: every rank's order from a unit-time list schedule. At each free
 // moment a rank runs, by priority, the input gradient B of its oldest micro-batch whose output
 // gradient has arrived (B is what the previous stage waits for); else the forward of its next
-// micro-batch, if it has arrived and fewer than stages - rank micro-batches wait for their B (1F1B's
-// bound on held activations); else its oldest pending weight gradient W; else it idles.
+// micro-batch, if it has arrived, fewer than stages - rank micro-batches wait for their B (1F1B's
+// bound on whole activations) and fewer than 2 * stages - rank - 1 for their W (what a deferred W
+// keeps: without this bound W would all drift to the end of the step, holding every micro-batch's
+// inputs); else its oldest pending weight gradient W; else it idles. The steady state is then F B W,
+// with stages - rank - 1 W passes delayed into the cool-down, and the bubble ZB-H1's
+// (stages - 1) * (F + B - W): 1/3 of 1F1B's per rank in the limit of many micro-batches.
 std::vector<std::vector<Op>> zero_bubble_h1(const PipelineShape& shape) {
   const int p = shape.stages;
   const int64_t m = shape.micro_batches;
@@ -91,7 +95,8 @@ std::vector<std::vector<Op>> zero_bubble_h1(const PipelineShape& shape) {
         const int64_t b = k.next_b++;
         k.ops.push_back({Op::kBackward, b, 0});
         if (r > 0) rk[static_cast<size_t>(r - 1)].grad[static_cast<size_t>(b)] = t + 1;
-      } else if (k.next_f < m && k.act[static_cast<size_t>(k.next_f)] <= t && k.next_f - k.next_b < p - r) {
+      } else if (k.next_f < m && k.act[static_cast<size_t>(k.next_f)] <= t && k.next_f - k.next_b < p - r &&
+                 k.next_f - k.next_w < 2 * p - r - 1) {
         const int64_t f = k.next_f++;
         k.ops.push_back({Op::kForward, f, 0});
         if (r + 1 < p) rk[static_cast<size_t>(r + 1)].act[static_cast<size_t>(f)] = t + 1;

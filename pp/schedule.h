@@ -46,7 +46,8 @@ enum class Schedule { kAllForwardAllBackward, kOneFOneB, kInterleaved, kZeroBubb
 // gradient W, which nothing waits for, moves into what would be bubble. With F = B = W in time, the
 // 1F1B bubble of (stages - 1) * (F + B + W) per rank shrinks towards (stages - 1) * (F + B - W), about
 // a third. The order comes from a unit-time list schedule (pp/schedule.cpp: B first, then F within
-// 1F1B's bound of stages - rank micro-batches between forward and B, then W). Layers defer W through
+// 1F1B's bound of stages - rank micro-batches between forward and B and 2 * stages - rank - 1 between
+// forward and W, then W). Layers defer W through
 // nn's Note [deferred weight gradients] (nn::Linear does: the GPT's matmuls); a chunk's other weight
 // gradients (norms, embeddings, the tied head) are computed in B. A deferred W keeps the layer's input
 // and a copy of its output gradient until it runs.

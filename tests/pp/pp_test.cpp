@@ -94,12 +94,14 @@ TEST(Schedule, PlansRunEveryPassOnceWithTheFormulaBubble) {
         const Plan pl = plan(s, shape);
         for (int r = 0; r < p; ++r) {
           std::set<std::tuple<int, int64_t, int>> seen;
-          int in_flight = 0, most = 0;
+          int in_flight = 0, most = 0, awaiting_w = 0, most_w = 0;
           for (const Action& a : pl.ranks[static_cast<size_t>(r)]) {
             if (a.kind != Action::kRun) continue;
             EXPECT_TRUE(seen.insert({a.op.kind, a.op.micro_batch, a.op.chunk}).second);
             if (a.op.kind != Op::kWeight) in_flight += a.op.kind == Op::kForward ? 1 : -1;
+            if (a.op.kind != Op::kBackward) awaiting_w += a.op.kind == Op::kForward ? 1 : -1;
             most = std::max(most, in_flight);
+            most_w = std::max(most_w, awaiting_w);
           }
           EXPECT_EQ(static_cast<int64_t>(seen.size()), (s == Schedule::kZeroBubbleH1 ? 3 : 2) * m * shape.chunks);
           if (s == Schedule::kOneFOneB || s == Schedule::kZeroBubbleH1) {  // stage r holds at most pp - r
@@ -115,8 +117,11 @@ TEST(Schedule, PlansRunEveryPassOnceWithTheFormulaBubble) {
           if (s == Schedule::kInterleaved && p > 1) {
             EXPECT_LT(pl.bubble[static_cast<size_t>(r)], formula);
           }
-          if (s == Schedule::kZeroBubbleH1) {  // ZB-H1: at most half of 1F1B's (a third in the limit)
+          if (s == Schedule::kZeroBubbleH1) {  // ZB-H1: (pp - 1) (F + B - W) per rank, at most half of 1F1B's
+            EXPECT_NEAR(pl.bubble[static_cast<size_t>(r)], static_cast<double>(p - 1) / static_cast<double>(3 * m + p - 1),
+                        1e-12);
             EXPECT_LE(pl.bubble[static_cast<size_t>(r)], 0.5 * formula + 1e-12);
+            EXPECT_LE(most_w, std::max(2 * p - r - 1, 1));  // deferred W passes stay bounded (Note [ZB-H1])
           }
         }
       }
