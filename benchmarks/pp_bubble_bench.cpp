@@ -13,6 +13,9 @@
 // even), interleaved lower by about its chunk count, ZB-H1 at most half of 1F1B. Pass times here are
 // not even (the last stage computes the head and loss; B is about 2 F) and the ranks may share cores,
 // so the ideal column is the schedule's own figure and the measured one what this machine did.
+// peak_act_MiB: the largest rank's peak activation bytes (nn::HostContext's kActivation peak over the
+// step: every micro-batch in flight), which does not depend on timing: all-forward-all-backward holds
+// m micro-batches, 1F1B at most pp.
 #include <mpi.h>
 
 #include <cstdio>
@@ -49,7 +52,10 @@ int main(int argc, char** argv) {
     report.benchmark = "pp_bubble_bench";
     report.config = {{"pp", p}, {"d_model", d}, {"n_layer", layers}, {"seq", T}, {"batch", B}, {"reps", reps}};
     boost::json::object ratios;
-    if (me == 0) std::printf("%-12s %4s %4s %10s %10s %10s %8s %10s\n", "schedule", "pp", "m", "measured", "ideal", "formula", "ratio", "step_ms");
+    if (me == 0) {
+      std::printf("%-12s %4s %4s %10s %10s %10s %8s %10s %12s\n", "schedule", "pp", "m", "measured", "ideal", "formula",
+                  "ratio", "step_ms", "peak_act_MiB");
+    }
     struct Sched {
       pp::Schedule s;
       int chunks;
@@ -59,8 +65,8 @@ int main(int argc, char** argv) {
       if (sc.chunks * p > layers) continue;
       pp::GptPipeline gpt(cfg, group, {.virtual_pipeline_size = sc.chunks, .pipeline = {.schedule = sc.s}});
       gpt.materialize(1);
-      nn::HostContext ctx;
       for (int64_t m : ms) {
+        nn::HostContext ctx;  // per m: its peaks are this configuration's
         if (sc.s == pp::Schedule::kInterleaved && m % p != 0) continue;
         std::vector<nn::Batch> mbs;
         for (int64_t k = 0; k < m; ++k) {
@@ -85,18 +91,22 @@ int main(int argc, char** argv) {
           seconds.push_back(v[1] / p);
           ideal = v[2] / p;
         }
+        // Peak activation bytes (forward outputs and saved tensors, every instance in flight), the
+        // largest over ranks: timing-independent, unlike the bubble.
+        double peak = static_cast<double>(ctx.peak_bytes(nn::MemoryUse::kActivation));
+        MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         const double meas = bench::median(measured), secs = bench::median(seconds);
         const double formula = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
         const double ratio = formula > 0.0 ? meas / formula : 0.0;
         const std::string name = pp::schedule_name(sc.s);
         if (me == 0) {
-          std::printf("%-12s %4d %4lld %10.3f %10.3f %10.3f %8.2f %10.2f\n", name.c_str(), p, static_cast<long long>(m), meas,
-                      ideal, formula, ratio, secs * 1e3);
+          std::printf("%-12s %4d %4lld %10.3f %10.3f %10.3f %8.2f %10.2f %12.2f\n", name.c_str(), p,
+                      static_cast<long long>(m), meas, ideal, formula, ratio, secs * 1e3, peak / (1 << 20));
           std::fflush(stdout);
         }
         report.results.push_back(boost::json::object{{"schedule", name}, {"chunks", sc.chunks}, {"pp", p}, {"m", m},
                                                      {"measured_bubble", meas}, {"ideal_bubble", ideal},
-                                                     {"step_s", secs}});
+                                                     {"step_s", secs}, {"peak_activation_bytes", peak}});
         report.baseline[name + "/m" + std::to_string(m)] = boost::json::object{{"formula_1f1b", formula}};
         ratios[name + "/m" + std::to_string(m)] = ratio;
       }
