@@ -128,7 +128,12 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
   const PipelineShape shape{.stages = p, .chunks = chunks(), .micro_batches = m};
   const Plan pl = plan(cfg_.schedule, shape);
   for (auto& ch : chunks_) {
-    for (size_t i = 1; i < ch->inst.size(); ++i) bind(*ch->inst[i], *ch->inst[0]);
+    for (size_t i = 0; i < ch->inst.size(); ++i) {
+      if (i > 0) bind(*ch->inst[i], *ch->inst[0]);
+      // A run that threw (a model error) left instances mid-pass: this one starts clean.
+      if (ch->holds[i] >= 0) ch->inst[i]->clear_saved();
+      ch->holds[i] = -1;
+    }
   }
   const memory::Shape boundary = chunk(0).boundary_shape(B, T);
 
