@@ -450,8 +450,18 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
                          static_cast<int64_t>(dense().layout.total()) &&
                      std::get<int64_t>(scalar_or(m, "compressed.rank_local_states", int64_t{0})) ==
                          static_cast<int64_t>(!a_.compressed->accumulator.empty());
-    // A rank file lost since the save: rank-local states need this rank's own tensors.
-    if (rank_local_ok_ && !reader->holds(kCkptErrorFeedback, fmt::format("error_feedback.worker.rank{}", ranks_.rank()))) {
+    // A rank file lost since the save: rank-local states need this rank's own tensors. And they must be
+    // this run's sizes: optimizer.params.compression_scale changed between save and load ("block" and
+    // "tensor" keep error feedback of different lengths) restarts the error feedback at zero, as a new
+    // world size does.
+    auto fits = [&](const char* name, size_t numel) {
+      const std::string tensor = fmt::format("{}.rank{}", name, ranks_.rank());
+      const int k = m.layout.find_tensor(tensor);
+      return k >= 0 && m.layout.tensors[static_cast<size_t>(k)].numel() == numel &&
+             reader->holds(kCkptErrorFeedback, tensor);
+    };
+    if (rank_local_ok_ && !(fits("error_feedback.worker", a_.compressed->reduce->worker_error().size()) &&
+                            fits("error_feedback.server", a_.compressed->reduce->server_error().size()))) {
       rank_local_ok_ = false;
     }
   });

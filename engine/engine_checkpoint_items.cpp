@@ -226,8 +226,8 @@ void EngineCheckpoint::add_compressed_items(std::vector<Item>& out, Purpose p, b
   };
   local(kCkptErrorFeedback, "error_feedback.worker", c.reduce->worker_error().size(), span_io(c.reduce->worker_error()));
   local(kCkptErrorFeedback, "error_feedback.server", c.reduce->server_error().size(), span_io(c.reduce->server_error()));
-  // The whole flat momentum, padding included: the compressed allreduce gives the padding between
-  // parameters values too, and they take part in the next compressions' scales.
+  // The whole flat momentum, alignment gaps included (the compressed allreduce reads and writes them
+  // as zero, comm/compressed_allreduce.h): one buffer per rank, as the step keeps it.
   const uint64_t total = set.layout.total();
   ModelStates* sp = &set;
   std::vector<std::pair<const char*, const StateBuffer*>> flat = {{"rank_local.exp_avg", &c.momentum}};

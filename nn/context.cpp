@@ -62,6 +62,14 @@ class RunningScope {
 
 }  // namespace
 
+void Context::run_deferred(std::vector<DeferredGrad>& grads) {
+  for (DeferredGrad& g : grads) {
+    RunningScope scope(running_, *g.owner);
+    g.compute(*this);
+  }
+  grads.clear();
+}
+
 // Note [activation recomputation]
 // A recomputed module (Module::set_recomputed) runs its training forward as any module, through
 // the hooks; when it returns, its subtree's saved tensors are dropped (clear_saved) and only its input

@@ -35,12 +35,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "memory/tensor.h"
 
 namespace zs::nn {
 
 class Module;
+class Context;
 class Model;
 struct Batch;
 
@@ -53,6 +56,21 @@ struct BatchPosition {
   int64_t step = 0;
   int64_t first_sample = 0;
   int64_t samples = -1;  // this rank's samples in the micro-batch; -1: not set
+};
+
+// Note [deferred weight gradients]
+// A zero-bubble pipeline schedule (pp/'s ZB-H1) splits a backward into the input gradient (B), which
+// the previous stage waits for, and the weight gradient (W), run later to fill the pipeline's bubble.
+// While a sink is installed (Context::set_weight_grad_sink), a layer that supports it (nn::Linear, the
+// GPT's matmuls) computes only its input gradient in its backward and appends its weight gradient to
+// the sink, keeping what it needs (its input and a copy of dy); Context::run_deferred computes them
+// later as part of their owners (whose parameters they read and write). Every other layer computes
+// all its gradients in its backward, as without a sink: the split moves work, the sums are the same.
+// No hooks run around a deferred gradient (an engine that marks gradients ready in after_backward
+// must wait for the W pass: not integrated yet).
+struct DeferredGrad {
+  const Module* owner;
+  std::function<void(Context&)> compute;
 };
 
 enum class MemoryUse : uint8_t {
@@ -98,6 +116,13 @@ class Context {
   const BatchPosition& batch_position() const { return position_; }
   void set_batch_position(const BatchPosition& p) { position_ = p; }
 
+  // Note [deferred weight gradients]: while `sink` is set, layers that can defer their weight gradient
+  // append it there instead of computing it in backward; nullptr (the default) computes everything.
+  void set_weight_grad_sink(std::vector<DeferredGrad>* sink) { weight_grad_sink_ = sink; }
+  std::vector<DeferredGrad>* weight_grad_sink() const { return weight_grad_sink_; }
+  // Computes the deferred gradients in order, each as part of its owner, and clears the list.
+  void run_deferred(std::vector<DeferredGrad>& grads);
+
   // A tensor for `use` (see above). May throw OutOfMemoryError.
   virtual memory::Tensor allocate(memory::Shape shape, memory::DType dtype, MemoryUse use) = 0;
   // Training mode: modules save activations for backward. Evaluation: they do not.
@@ -127,6 +152,7 @@ class Context {
   void recompute(Module& child);
 
   const Module* running_ = nullptr;
+  std::vector<DeferredGrad>* weight_grad_sink_ = nullptr;
   BatchPosition position_;
   int recompute_depth_ = 0;
   RecomputeStats recompute_;

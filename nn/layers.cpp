@@ -80,6 +80,34 @@ Tensor detail::linear_backward(Context& ctx, const Tensor& dy, int64_t n, const 
   return dx;
 }
 
+Tensor detail::linear_backward_input(Context& ctx, const Tensor& dy, int64_t n, const Tensor& x, const Parameter& weight) {
+  const int64_t out = weight.shape()[0], in = weight.shape()[1];
+  const Tensor w = weight_for(ctx, weight);
+  Tensor dx = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kGradient);
+  detail::gemm(detail::gemm_path_for(w.dtype()), n, in, out, 1.0f, Matrix::f32(dy.data<float>(), out), Matrix::of(w),
+               0.0f, dx.data<float>(), in);
+  return dx;
+}
+
+void detail::linear_backward_weight(Context& ctx, const Tensor& dy, int64_t n, const Tensor& x, Parameter& weight,
+                                    Parameter* bias) {
+  const int64_t out = weight.shape()[0], in = weight.shape()[1];
+  const float* dyp = dy.data<float>();
+  // The products' path linear_backward takes: that of the weight as weight_for gives it.
+  const detail::GemmPath path = detail::gemm_path_for(weight_for(ctx, weight).dtype());
+  {
+    GradAccumulator gw(ctx, weight);
+    detail::gemm(path, out, in, n, 1.0f, Matrix::f32(dyp, out, /*trans=*/true), Matrix::f32(x.data<float>(), in), 1.0f,
+                 gw.data(), in);
+    gw.commit();
+  }
+  if (bias != nullptr) {
+    GradAccumulator gb(ctx, *bias);
+    detail::sum_rows_into(dyp, n, out, 1, gb.data());
+    gb.commit();
+  }
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_std)
     : in_(in_features),
       out_(out_features),
@@ -98,6 +126,16 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = detail::rows_of(dy, out_, "Linear backward");
   ZS_MODEL_CHECK(input_.numel() == n * in_, "Linear backward: saved input {} does not match dy {}",
             memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
+  if (std::vector<DeferredGrad>* later = ctx.weight_grad_sink()) {  // Note [deferred weight gradients]
+    Tensor dx = detail::linear_backward_input(ctx, dy, n, input_, weight_);
+    Tensor dy_kept = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);  // the caller may reuse dy
+    dy_kept.copy_from(dy);
+    later->push_back({this, [this, n, x = std::move(input_), d = std::move(dy_kept)](Context& c) {
+                        detail::linear_backward_weight(c, d, n, x, weight_, bias_);
+                      }});
+    input_ = {};
+    return dx;
+  }
   Tensor dx = detail::linear_backward(ctx, dy, n, input_, weight_, bias_);
   input_ = {};
   return dx;

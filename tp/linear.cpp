@@ -1,6 +1,7 @@
 #include "tp/linear.h"
 
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -60,7 +61,20 @@ Tensor ColumnParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   const Tensor full = tp_.sharded_sequence() ? gather_sequence(ctx, tp_, input_, MemoryUse::kScratch) : input_;
   ZS_MODEL_CHECK(full.numel() == n * in_, "ColumnParallelLinear backward: saved input {} does not match dy {}",
                  memory::shape_string(full.shape()), memory::shape_string(dy.shape()));
-  Tensor dx = nn::detail::linear_backward(ctx, dy, n, full, weight_, bias_);
+  Tensor dx;
+  if (std::vector<nn::DeferredGrad>* later = ctx.weight_grad_sink()) {  // Note [deferred weight gradients]
+    dx = nn::detail::linear_backward_input(ctx, dy, n, full, weight_);
+    Tensor d = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);  // the caller may reuse dy
+    d.copy_from(dy);
+    // The input as saved (a sequence shard with sequence parallelism: gathered again when W runs, the
+    // same collective on every rank of the group, whose W passes run in one order).
+    later->push_back({this, [this, n, x = std::move(input_), d = std::move(d)](nn::Context& c) {
+                        const Tensor xf = tp_.sharded_sequence() ? gather_sequence(c, tp_, x, MemoryUse::kScratch) : x;
+                        nn::detail::linear_backward_weight(c, d, n, xf, weight_, bias_);
+                      }});
+  } else {
+    dx = nn::detail::linear_backward(ctx, dy, n, full, weight_, bias_);
+  }
   input_ = {};
   // dx is this rank's part of the sum over the group (each rank's columns of y contribute).
   if (tp_.sharded_sequence()) return reduce_scatter_sequence(ctx, tp_, dx, MemoryUse::kGradient);
@@ -114,8 +128,19 @@ Tensor RowParallelLinear::backward(nn::Context& ctx, const Tensor& dy) {
   ZS_MODEL_CHECK(input_.numel() == n * local_in_features(),
                  "RowParallelLinear backward: saved input {} does not match dy {}",
                  memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
-  Tensor dx = nn::detail::linear_backward(ctx, full, n, input_, weight_, nullptr);
+  Tensor dx;
+  if (std::vector<nn::DeferredGrad>* later = ctx.weight_grad_sink()) {  // Note [deferred weight gradients]
+    dx = nn::detail::linear_backward_input(ctx, full, n, input_, weight_);
+    Tensor d = ctx.allocate(full.shape(), DType::kF32, MemoryUse::kGradient);  // whole rows, kept until W
+    d.copy_from(full);
+    later->push_back({this, [this, n, x = std::move(input_), d = std::move(d)](nn::Context& c) {
+                        nn::detail::linear_backward_weight(c, d, n, x, weight_, nullptr);
+                      }});
+  } else {
+    dx = nn::detail::linear_backward(ctx, full, n, input_, weight_, nullptr);
+  }
   input_ = {};
+  // The bias's gradient (summed over the group's shards) stays in the backward.
   if (bias_ != nullptr) {
     ReplicatedGradients replicated(ctx, tp_, {bias_});  // dy is a sequence shard with sequence parallelism
     {

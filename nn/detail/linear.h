@@ -23,5 +23,12 @@ memory::Tensor linear_forward(Context& ctx, const memory::Tensor& x, int64_t n, 
 // bias != nullptr, bias.grad += the column sums of dy.
 memory::Tensor linear_backward(Context& ctx, const memory::Tensor& dy, int64_t n, const memory::Tensor& x,
                                Parameter& weight, Parameter* bias);
+// Its two halves (the same products as linear_backward, which keeps one weight view for both): dx = dy W; and weight.grad += dy^T x
+// with the bias's column sums (a zero-bubble pipeline runs the second later: Note [deferred weight
+// gradients] in nn/context.h).
+memory::Tensor linear_backward_input(Context& ctx, const memory::Tensor& dy, int64_t n, const memory::Tensor& x,
+                                     const Parameter& weight);
+void linear_backward_weight(Context& ctx, const memory::Tensor& dy, int64_t n, const memory::Tensor& x,
+                            Parameter& weight, Parameter* bias);
 
 }  // namespace zs::nn::detail

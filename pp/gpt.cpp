@@ -1,0 +1,213 @@
+#include "pp/gpt.h"
+
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/errors.h"
+#include "nn/detail/ops.h"
+#include "nn/param_access.h"
+#include "nn/transformer.h"
+#include "pp/detail/blocks.h"
+#include "tp/gpt.h"
+
+namespace zs::pp {
+
+using memory::DType;
+using memory::Tensor;
+using nn::MemoryUse;
+
+
+std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks) {
+  nn::validate(cfg);
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, L = cfg.n_layer;
+  std::vector<int64_t> cost(static_cast<size_t>(L), 12 * C * C + 13 * C);
+  cost.front() += V * C + cfg.seq_len * C;  // wte, wpe
+  cost.back() += 2 * C + V * C;             // ln_f, the head (lm_head, or the tied copy of wte)
+  return partition(part, cost, global_chunks);
+}
+
+GptStage::GptStage(const nn::GptConfig& cfg, int64_t first_block, int64_t end_block, bool first, bool last,
+                   bool recompute)
+    : cfg_(cfg), first_(first), last_(last) {
+  if (first || (last && cfg.tied_embeddings)) {
+    wte_ = &declare_param("wte", {cfg.vocab_size, cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std));
+  }
+  if (first) wpe_ = &declare_param("wpe", {cfg.seq_len, cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std));
+  auto& blocks = add_child<detail::BlockRange>("blocks");
+  const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  for (int64_t i = first_block; i < end_block; ++i) {
+    blocks.add<nn::Block>(i, cfg.d_model, cfg.n_head, cfg.init_std, proj_std).set_recomputed(recompute);
+  }
+  blocks_ = &blocks;
+  if (last) {
+    ln_f_ = &add_child<nn::LayerNorm>("ln_f", cfg.d_model);
+    if (!cfg.tied_embeddings) lm_head_ = &add_child<nn::Linear>("lm_head", cfg.d_model, cfg.vocab_size, false, cfg.init_std);
+  }
+  nn::assign_names(*this);
+}
+
+void GptStage::clear_own_saved() {
+  loss_.clear();
+  ids_ = final_x_ = output_ = output_grad_ = input_grad_ = {};
+}
+
+// The same arithmetic as nn::GptModel::forward_loss, cut at the chunk's ends.
+float GptStage::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
+  const bool train = ctx.training();
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_size;
+  Tensor x;
+  if (first_) {
+    const Tensor& ids = batch.inputs;
+    ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
+                   "GptStage: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}",
+                   memory::dtype_name(ids.dtype()), memory::shape_string(ids.shape()));
+    const int64_t B = ids.size(0), T = ids.size(1);
+    if (T > cfg_.seq_len) {
+      throw ConfigError(fmt::format("data: sequences of {} tokens exceed model.seq_len = {}; raise model.seq_len or "
+                                    "shorten the data sequence length",
+                                    T, cfg_.seq_len));
+    }
+    Tensor wte = nn::weight_f32(ctx, *wte_), wpe = nn::weight_f32(ctx, *wpe_);
+    x = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kActivation);
+    nn::detail::embedding_lookup(ids.data<int32_t>(), B * T, wte.data<float>(), V, C, wpe.data<float>(), T,
+                                 x.data<float>());
+    if (train) ids_ = ids;
+  } else {
+    x = batch.inputs;
+    ZS_MODEL_CHECK(x.dtype() == DType::kF32 && x.dim() == 3 && x.size(2) == C,
+                   "GptStage: a middle chunk's input must be the fp32 activation (B, T, {}), got {}", C,
+                   memory::shape_string(x.shape()));
+  }
+  x = ctx.forward(*blocks_, x);
+  if (!last_) {
+    output_ = x;
+    return 0.0f;
+  }
+  x = ctx.forward(*ln_f_, x);
+  Tensor logits;
+  if (lm_head_ != nullptr) {
+    logits = ctx.forward(*lm_head_, x);
+  } else {
+    const int64_t N = x.size(0) * x.size(1);
+    Tensor wte = nn::weight_f32(ctx, *wte_);
+    logits = ctx.allocate({x.size(0), x.size(1), V}, DType::kF32, MemoryUse::kActivation);
+    nn::detail::gemm(false, true, N, V, C, 1.0f, x.data<float>(), C, wte.data<float>(), C, 0.0f, logits.data<float>(), V);
+    if (train) final_x_ = x;
+  }
+  return loss_.forward(ctx, logits, batch.targets);
+}
+
+void GptStage::backward_loss(nn::Context& ctx, float grad_scale) {
+  const int64_t C = cfg_.d_model, V = cfg_.vocab_size;
+  Tensor dx;
+  if (last_) {
+    Tensor dlogits = loss_.backward(ctx, grad_scale);
+    if (lm_head_ != nullptr) {
+      dx = ctx.backward(*lm_head_, dlogits);
+    } else {
+      const int64_t N = final_x_.size(0) * final_x_.size(1);
+      Tensor wte = nn::weight_f32(ctx, *wte_);
+      dx = ctx.allocate(final_x_.shape(), DType::kF32, MemoryUse::kGradient);
+      nn::detail::gemm(false, false, N, C, V, 1.0f, dlogits.data<float>(), V, wte.data<float>(), C, 0.0f,
+                       dx.data<float>(), C);
+      nn::GradAccumulator g(ctx, *wte_);
+      nn::detail::gemm(true, false, V, C, N, 1.0f, dlogits.data<float>(), V, final_x_.data<float>(), C, 1.0f, g.data(), C);
+      g.commit();
+    }
+    final_x_ = {};
+    dx = ctx.backward(*ln_f_, dx);
+  } else {
+    ZS_ASSERT(output_grad_.raw() != nullptr, "GptStage backward without set_output_grad");
+    dx = std::exchange(output_grad_, {});
+  }
+  dx = ctx.backward(*blocks_, dx);
+  if (first_) {
+    const int64_t N = ids_.numel(), T = ids_.size(1);
+    {
+      nn::GradAccumulator g(ctx, *wte_);
+      nn::detail::embedding_accumulate(ids_.data<int32_t>(), N, dx.data<float>(), C, g.data());
+      g.commit();
+    }
+    nn::GradAccumulator g(ctx, *wpe_);
+    nn::detail::sum_rows_into(dx.data<float>(), N, C, T, g.data());
+    g.commit();
+    ids_ = {};
+  } else {
+    input_grad_ = dx;
+  }
+}
+
+GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, const GptPipelineConfig& pc)
+    : cfg_(cfg), group_(group) {
+  const int p = group.size(), v = pc.virtual_pipeline_size, r = group.rank();
+  if (v < 1) throw ConfigError(fmt::format("model.virtual_pipeline_size: must be a positive integer, got {}", v));
+  bounds_ = gpt_partition(cfg, pc.partition, p * v);
+  const int G = p * v;
+  const comm::Group* tg = pc.tensor_parallel_group;
+  if (tg != nullptr) {
+    tp::validate(cfg, {.tensor_parallel_size = tg->size(), .sequence_parallel = pc.sequence_parallel}, tg->size());
+  } else if (pc.sequence_parallel) {
+    throw ConfigError("model.sequence_parallel: needs tensor parallelism (model.tensor_parallel_size > 1)");
+  }
+  std::vector<ChunkFactory> factories;
+  for (int c = 0; c < v; ++c) {
+    const int g = c * p + r;
+    const int64_t b0 = bounds_[static_cast<size_t>(g)], b1 = bounds_[static_cast<size_t>(g) + 1];
+    const bool first = g == 0, last = g == G - 1, rc = pc.recompute;
+    if (tg != nullptr) {
+      const tp::TensorParallel tpar{.group = tg, .sequence_parallel = pc.sequence_parallel};
+      factories.push_back([=]() -> std::unique_ptr<StageModel> {
+        return std::make_unique<TpGptStage>(cfg, tpar, b0, b1, first, last, rc);
+      });
+    } else {
+      factories.push_back([=]() -> std::unique_ptr<StageModel> {
+        return std::make_unique<GptStage>(cfg, b0, b1, first, last, rc);
+      });
+    }
+  }
+  pipe_ = std::make_unique<Pipeline>(group, pc.pipeline, std::move(factories));
+}
+
+std::vector<nn::Parameter*> GptPipeline::params() {
+  std::vector<nn::Parameter*> out;
+  for (int c = 0; c < pipe_->chunks(); ++c) {
+    for (nn::Parameter* q : pipe_->chunk(c).all_params()) out.push_back(q);
+  }
+  return out;
+}
+
+void GptPipeline::materialize(uint64_t seed, memory::DType dtype) {
+  for (int c = 0; c < pipe_->chunks(); ++c) nn::materialize(pipe_->chunk(c), seed, dtype);
+}
+
+StepStats GptPipeline::step(nn::Context& ctx, std::span<const nn::Batch> micro_batches, float grad_scale) {
+  StepStats st = pipe_->run(ctx, micro_batches, grad_scale);
+  const int p = group_.size(), v = pipe_->chunks(), r = group_.rank();
+  if (!cfg_.tied_embeddings || p * v == 1) return st;
+  // Megatron's embedding group: the first chunk's wte (rank 0, chunk 0) and the last chunk's copy
+  // (rank p - 1, chunk v - 1) each add the other's gradient; a + b == b + a, so both hold the same bits.
+  nn::Parameter* first = r == 0 ? pipe_->chunk(0).shared_embedding() : nullptr;
+  nn::Parameter* last = r == p - 1 ? pipe_->chunk(v - 1).shared_embedding() : nullptr;
+  for (nn::Parameter* q : {first, last}) {
+    if (q != nullptr) {
+      ZS_ASSERT(q->grad().dtype() == DType::kF32, "pp: the tied embedding's gradient must be fp32 (got {})",
+                memory::dtype_name(q->grad().dtype()));
+    }
+  }
+  if (p == 1) {
+    std::span<float> a = first->grad().f32(), b = last->grad().f32();
+    for (size_t i = 0; i < a.size(); ++i) a[i] = b[i] = a[i] + b[i];
+    return st;
+  }
+  if (r != 0 && r != p - 1) return st;
+  nn::Parameter* mine = r == 0 ? first : last;
+  Tensor other = Tensor::empty(mine->grad().shape(), DType::kF32);
+  group_.sendrecv(mine->grad(), r == 0 ? p - 1 : 0, other, r == 0 ? p - 1 : 0);
+  std::span<float> a = mine->grad().f32(), b = other.f32();
+  for (size_t i = 0; i < a.size(); ++i) a[i] += b[i];
+  return st;
+}
+
+}  // namespace zs::pp
