@@ -31,7 +31,8 @@ so counted in the next step's bytes): the run's total must equal all of it exact
 --largest: the largest GPT (--largest-layers blocks, seq 1024, head dim 64, d_model a multiple of 256,
 micro-batch 1, fp32 Adam) whose device peak fits 4 ranks with 4 GiB device arenas (device.memory_mb
 4096), tp 4 + SP + ZeRO-1 (dp 1) against ZeRO-3 alone (dp 4), found with `zeroshard estimate` and
-confirmed by a 1-step run of each (about a minute each on 2 loaded cores, 4 x 4 GiB of host memory).
+confirmed by a 2-step run of each (the estimator measures 2 steps; at ZeRO-3 the second step peaks higher
+than the first), about 1.5 minutes each on 2 loaded cores, 4 x 4 GiB of host memory.
 """
 import argparse
 import json
@@ -106,7 +107,7 @@ def largest(args, tmp):
             m.update(tensor_parallel_size=tp, sequence_parallel=True)
         return {"train_batch_size": 4 // tp, "train_micro_batch_size_per_gpu": 1,
                 "optimizer": {"type": "Adam", "params": {"lr": 1e-4}}, "zero_optimization": {"stage": stage},
-                "model": m, "train_steps": 1, "device": {"memory_mb": 4096}, "seed": 1}
+                "model": m, "train_steps": 2, "device": {"memory_mb": 4096}, "seed": 1}
 
     def estimate(c):
         path = os.path.join(tmp, "largest.json")
