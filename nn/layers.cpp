@@ -93,8 +93,10 @@ void detail::linear_backward_weight(Context& ctx, const Tensor& dy, int64_t n, c
                                     Parameter* bias) {
   const int64_t out = weight.shape()[0], in = weight.shape()[1];
   const float* dyp = dy.data<float>();
-  // The products' path linear_backward takes: that of the weight as weight_for gives it.
-  const detail::GemmPath path = detail::gemm_path_for(weight_for(ctx, weight).dtype());
+  // The products' path linear_backward takes, read from the stored dtype: weight_for keeps a weight
+  // whose path is not sgemm and converts only sgemm's to fp32, whose path is sgemm again, so the path
+  // needs no conversion (weight_for here converted a bf16 weight on an AVX2 host just for its dtype).
+  const detail::GemmPath path = detail::gemm_path_for(weight_stored(ctx, weight).dtype());
   {
     GradAccumulator gw(ctx, weight);
     detail::gemm(path, out, in, n, 1.0f, Matrix::f32(dyp, out, /*trans=*/true), Matrix::f32(x.data<float>(), in), 1.0f,
