@@ -232,8 +232,11 @@ def wait_for_start(out, proc, regex, args, result):
 def rank_trial(i, rng, args, work):
     scenarios = args.scenarios.split(",")
     scenario = scenarios[i % len(scenarios)] if args.cycle else rng.choice(scenarios)
-    if args.cycle:  # every scenario with both signals in turn; the rank and the moment stay random
-        sig = [signal.SIGKILL, signal.SIGSTOP][(i // len(scenarios)) % 2]
+    if args.cycle:
+        # Scenarios in turn, the signals alternating within a round and swapped in the next: one round
+        # gives every scenario one signal (half of them each), two rounds give every scenario both. The
+        # rank and the moment stay random.
+        sig = [signal.SIGKILL, signal.SIGSTOP][(i % len(scenarios) + i // len(scenarios)) % 2]
     else:
         sig = rng.choice([signal.SIGKILL, signal.SIGSTOP])
     nvme = tempfile.mkdtemp(prefix="nvme-", dir=work)
