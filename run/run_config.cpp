@@ -50,7 +50,8 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
 
 // model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
 // already-read model section; the GPT-MoE has an untied head, so tied_embeddings defaults to false here.
-moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int world) {
+// dp: the data-parallel ranks (ranks / model.tensor_parallel_size), over which the experts spread.
+moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int dp, int tp) {
   moe::GptMoeConfig c;
   if (model.object().find("tied_embeddings") == model.object().end()) gpt.tied_embeddings = false;
   moe::MoEOptions& o = c.moe;
@@ -72,10 +73,16 @@ moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptCo
   r.read("every_n_layers", c.every_n_layers, IntRange::positive());
   r.read("aux_loss_coef", c.aux_loss_coef, RealRange::non_negative());
   r.read("expert_hidden", c.expert_hidden, IntRange::non_negative());
-  if (world % o.ep_size != 0) {
+  if (dp % o.ep_size != 0) {
+    if (tp > 1) {
+      throw ConfigError(fmt::format("{}: {} does not divide the number of data-parallel ranks ({} = ranks / "
+                                    "model.tensor_parallel_size {}): expert-parallel groups are {} data-parallel "
+                                    "replicas; choose a divisor of {} or run on a multiple of {} ranks",
+                                    r.path_of("ep_size"), o.ep_size, dp, tp, o.ep_size, dp, o.ep_size * tp));
+    }
     throw ConfigError(fmt::format("{}: {} does not divide the number of ranks ({}): expert-parallel groups are {} "
                                   "consecutive ranks; choose a divisor of {} or run on a multiple of {} ranks",
-                                  r.path_of("ep_size"), o.ep_size, world, o.ep_size, world, o.ep_size));
+                                  r.path_of("ep_size"), o.ep_size, dp, o.ep_size, dp, o.ep_size));
   }
   c.gpt = gpt;
   moe::validate(c);
@@ -122,13 +129,7 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
          nn::GptConfig m;
          read_model(r, m, cfg, ranks, notes);
          r.read_object("moe", [&](ObjectReader& sub) {
-           if (cfg.tensor_parallel.tensor_parallel_size > 1) {
-             throw ConfigError(fmt::format(
-                 "model.moe: MoE layers with model.tensor_parallel_size {} are not supported yet: the GPT-MoE's "
-                 "blocks are not tensor-parallel; set model.tensor_parallel_size to 1 for MoE models",
-                 cfg.tensor_parallel.tensor_parallel_size));
-           }
-           cfg.model_moe = read_model_moe(sub, r, m, dp);
+           cfg.model_moe = read_model_moe(sub, r, m, dp, cfg.tensor_parallel.tensor_parallel_size);
            cfg.model_moe->moe.rng_seed = parsed.seed;  // the gates' random draws follow the run's seed
          });
          cfg.model = m;
