@@ -18,7 +18,10 @@ using nn::MemoryUse;
 
 void validate(const GptMoeConfig& cfg, int tensor_parallel_size, bool sequence_parallel, int world_size) {
   if (tensor_parallel_size != 1) {
-    tp::validate(cfg.gpt, {.tensor_parallel_size = tensor_parallel_size, .sequence_parallel = sequence_parallel},
+    tp::validate(cfg.gpt,
+                 {.tensor_parallel_size = tensor_parallel_size,
+                  .sequence_parallel = sequence_parallel,
+                  .make_vocab_size_divisible_by = cfg.make_vocab_size_divisible_by},
                  world_size);
   } else {
     nn::validate(cfg.gpt);
@@ -65,6 +68,12 @@ namespace {
 const GptMoeConfig& checked(const GptMoeConfig& cfg, const tp::TensorParallel& tp) {
   validate(cfg, tp.size(), tp.sequence_parallel, tp.size());
   return cfg;
+}
+
+// The vocabulary the vocab-parallel embedding and head hold (tp::padded_vocab_size).
+int64_t padded_vocab(const GptMoeConfig& cfg, const tp::TensorParallel& tp) {
+  return tp::padded_vocab_size(cfg.gpt.vocab_size, {.tensor_parallel_size = tp.size(),
+                                                    .make_vocab_size_divisible_by = cfg.make_vocab_size_divisible_by});
 }
 
 // The pre-LN block of nn::Block with its feed-forward part chosen by the builder (Mlp or MoE); with
@@ -179,7 +188,7 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
     : cfg_(checked(cfg, tp)),
       tp_(tp),
       wte_(tp.size() > 1 ? static_cast<nn::Module&>(add_child<tp::VocabParallelEmbedding>(
-                               "wte", cfg.gpt.vocab_size, cfg.gpt.d_model, tp, cfg.gpt.init_std))
+                               "wte", cfg.gpt.vocab_size, cfg.gpt.d_model, tp, cfg.gpt.init_std, padded_vocab(cfg, tp)))
                          : add_child<nn::Embedding>("wte", cfg.gpt.vocab_size, cfg.gpt.d_model, cfg.gpt.init_std)),
       wpe_(tp.sharded_sequence() ? add_child<PositionEmbedding>("wpe", cfg.gpt.seq_len, cfg.gpt.d_model, cfg.gpt.init_std, tp)
                                  : add_child<nn::Embedding>("wpe", cfg.gpt.seq_len, cfg.gpt.d_model, cfg.gpt.init_std)),
@@ -187,10 +196,11 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
       ln_f_(tp.sharded_sequence() ? add_child<tp::SequenceParallelLayerNorm>("ln_f", cfg.gpt.d_model, tp)
                                   : add_child<nn::LayerNorm>("ln_f", cfg.gpt.d_model)),
       lm_head_(tp.size() > 1 ? static_cast<nn::Module&>(add_child<tp::ColumnParallelLinear>(
-                                   "lm_head", cfg.gpt.d_model, cfg.gpt.vocab_size, tp, false, cfg.gpt.init_std))
+                                   "lm_head", cfg.gpt.d_model, cfg.gpt.vocab_size, tp, false, cfg.gpt.init_std,
+                                   /*stride=*/1, padded_vocab(cfg, tp)))
                              : add_child<nn::Linear>("lm_head", cfg.gpt.d_model, cfg.gpt.vocab_size, false,
                                                      cfg.gpt.init_std)),
-      tp_loss_(tp) {
+      tp_loss_(tp, cfg.gpt.vocab_size) {
   const float proj_std = cfg.gpt.init_std / std::sqrt(2.0f * static_cast<float>(cfg.gpt.n_layer));
   for (int64_t i = 0; i < cfg.gpt.n_layer; ++i) {
     const bool is_moe = (i + 1) % cfg.every_n_layers == 0;

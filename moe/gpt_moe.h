@@ -43,6 +43,9 @@ struct GptMoeConfig {
   // Hidden width of each expert's MLP; 0: 4 * d_model as the dense blocks. A top-k MoE with experts of
   // 4 * d_model / k does the dense MLP's FLOPs per token (benchmarks/moe_train_bench compares so).
   int64_t expert_hidden = 0;
+  // model.make_vocab_size_divisible_by: with tensor parallelism the vocabulary is padded to a multiple
+  // of this times tp (tp::padded_vocab_size); no effect at tp 1.
+  int make_vocab_size_divisible_by = 1;
 };
 
 // ConfigErrors naming "model.*" / "model.moe.*" keys; with tp > 1 also tp::validate's

@@ -41,7 +41,18 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   tp::TensorParallelConfig& par = cfg.tensor_parallel;
   r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
   r.read("sequence_parallel", par.sequence_parallel);
+  r.read("make_vocab_size_divisible_by", par.make_vocab_size_divisible_by, IntRange{1, 1 << 24});
   tp::validate(m, par, ranks);
+  if (const int64_t padded = tp::padded_vocab_size(m.vocab_size, par); padded != m.vocab_size) {
+    notes.push_back(fmt::format("model.vocab_size: {} padded to {} (a multiple of model.make_vocab_size_divisible_by "
+                                "{} x model.tensor_parallel_size {}) for the vocab-parallel embedding and head; the "
+                                "{} padded rows are zeros outside the softmax and the checkpoints",
+                                m.vocab_size, padded, par.make_vocab_size_divisible_by, par.tensor_parallel_size,
+                                padded - m.vocab_size));
+  } else if (par.make_vocab_size_divisible_by != 1 && par.tensor_parallel_size == 1) {
+    notes.push_back("model.make_vocab_size_divisible_by: accepted; no effect at model.tensor_parallel_size 1 (the "
+                    "vocabulary is padded only to split it over the tensor-parallel group)");
+  }
   if (par.sequence_parallel && par.tensor_parallel_size == 1) {
     notes.push_back("model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence "
                         "parallelism splits the sequence across the tensor-parallel group), as in Megatron-LM");
@@ -130,6 +141,7 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
          read_model(r, m, cfg, ranks, notes);
          r.read_object("moe", [&](ObjectReader& sub) {
            cfg.model_moe = read_model_moe(sub, r, m, dp, cfg.tensor_parallel.tensor_parallel_size);
+           cfg.model_moe->make_vocab_size_divisible_by = cfg.tensor_parallel.make_vocab_size_divisible_by;
            cfg.model_moe->moe.rng_seed = parsed.seed;  // the gates' random draws follow the run's seed
          });
          cfg.model = m;
