@@ -235,7 +235,9 @@ std::vector<float> Engine::Impl::gather_full(const nn::Parameter& p, std::vector
   std::vector<float> full(static_cast<size_t>(p.full_numel()));
   for (int r = 0; r < tp_->size(); ++r) {
     nn::Parameter peer(p.name(), p.shape(), p.init());
-    peer.set_tensor_slice({.dim = slice.dim, .parts = slice.parts, .index = r, .stride = slice.stride});
+    nn::TensorSlice piece = slice;
+    piece.index = r;
+    peer.set_tensor_slice(piece);
     const float* from = all.data() + static_cast<size_t>(r) * n;
     peer.for_each_full_run(0, n, [&](uint64_t local_at, uint64_t full_at, uint64_t count) {
       std::copy_n(from + local_at, count, full.data() + full_at);

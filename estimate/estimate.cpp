@@ -208,7 +208,29 @@ struct MeasuredTpGpt {
   tp::GptModel model;
 };
 
+// The GPT-MoE at tp > 1: tp rank 0's slices and whole experts over simulated tp and expert groups.
+struct MeasuredTpGptMoe {
+  MeasuredTpGptMoe(const moe::GptMoeConfig& c, const tp::TensorParallelConfig& par, int ranks)
+      : group(comm::Group::simulated(0, par.tensor_parallel_size, "tp")),
+        groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep"),
+               comm::Group::simulated(0, ranks / c.moe.ep_size, "edp")},
+        model(c, &groups, {.group = &group, .sequence_parallel = par.sequence_parallel}) {}
+  comm::Group group;          // the model keeps pointers: declared first, destroyed last
+  comm::ExpertGroups groups;
+  moe::GptMoeModel model;
+};
+
 std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
+  if (cfg.tensor_parallel.tensor_parallel_size > 1 && cfg.model_moe) {
+    if (ranks % cfg.model_moe->moe.ep_size != 0) {
+      throw ConfigError(fmt::format("model.moe.ep_size: {} does not divide the {} data-parallel ranks estimated; "
+                                    "estimate a multiple of {} ranks",
+                                    cfg.model_moe->moe.ep_size, ranks,
+                                    cfg.model_moe->moe.ep_size * cfg.tensor_parallel.tensor_parallel_size));
+    }
+    auto target = std::make_shared<MeasuredTpGptMoe>(*cfg.model_moe, cfg.tensor_parallel, ranks);
+    return std::shared_ptr<nn::Model>(target, &target->model);
+  }
   if (cfg.tensor_parallel.tensor_parallel_size > 1) {
     auto target = std::make_shared<MeasuredTpGpt>(*cfg.model, cfg.tensor_parallel);
     return std::shared_ptr<nn::Model>(target, &target->model);
@@ -259,7 +281,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
     // Batches of the built-in corpus: their shapes are what counts (the arithmetic is skipped).
     auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(m.seq_len), cfg.seed);
     EngineConfig measured = cfg;
-    if (tp > 1 && cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
+    if (tp > 1 && !cfg.model_moe && cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
       // As zeroshard train does: the tensor-parallel GPT's blocks are marked here, not by the engine.
       static_cast<tp::GptModel&>(*model).set_recompute(gpt_recompute(cfg.recompute, m.n_layer));
       measured.recompute.applied_by_program = true;

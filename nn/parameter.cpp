@@ -93,22 +93,41 @@ void Parameter::set_tensor_slice(const TensorSlice& slice) {
                                  full_name_, memory::shape_string(shape_), slice.dim, slice.parts, slice.index,
                                  slice.stride));
   }
+  const int64_t padded = shape_[slice.dim] * slice.parts;
+  if (slice.full_extent != 0 && (slice.stride != 1 || slice.full_extent < 0 || slice.full_extent > padded)) {
+    throw ModelError(fmt::format("parameter '{}' of shape {}: a padded tensor slice needs stride 1 and a full extent "
+                                 "in [1, {}] along dim {}, got stride {} and full extent {} (Note [tensor slices] in "
+                                 "nn/parameter.h)",
+                                 full_name_, memory::shape_string(shape_), padded, slice.dim, slice.stride,
+                                 slice.full_extent));
+  }
   slice_ = slice;
   inner_ = 1;
   for (int d = slice.dim + 1; d < rank; ++d) inner_ *= static_cast<uint64_t>(shape_[d]);
   local_block_ = static_cast<uint64_t>(shape_[slice.dim] / slice.stride);
-  full_dim_ = static_cast<uint64_t>(shape_[slice.dim]) * static_cast<uint64_t>(slice.parts);
+  full_dim_ = static_cast<uint64_t>(slice.full_extent != 0 ? slice.full_extent : padded);
+  const int64_t first_row = shape_[slice.dim] * slice.index;
+  valid_rows_ = static_cast<uint64_t>(
+      slice.full_extent != 0 ? std::clamp<int64_t>(slice.full_extent - first_row, 0, shape_[slice.dim])
+                             : shape_[slice.dim] / slice.stride);
 }
 
 memory::Shape Parameter::full_shape() const {
   memory::Shape full = shape_;
-  if (!slice_.whole()) full[slice_.dim] *= slice_.parts;
+  if (!slice_.whole()) full[slice_.dim] = static_cast<int64_t>(full_dim_);
   return full;
 }
 
-int64_t Parameter::full_numel() const { return numel() * slice_.parts; }
+int64_t Parameter::full_numel() const {
+  if (slice_.full_extent == 0) return numel() * slice_.parts;
+  int64_t n = 1;
+  for (int64_t d : full_shape()) n *= d;
+  return n;
+}
 
 void Parameter::init_values(std::span<float> out, uint64_t first, uint64_t seed) const {
+  // Padding has no place in the full tensor: zeros (what a padded vocabulary's rows must stay).
+  if (slice_.full_extent != 0) std::fill(out.begin(), out.end(), 0.0f);
   for_each_full_run(first, out.size(), [&](uint64_t local, uint64_t full, uint64_t n) {
     init_.fill(out.subspan(local - first, n), full, seed, full_name_);
   });

@@ -47,11 +47,17 @@ inline constexpr std::string_view kTagExpert = "expert";                  // MoE
 // a TP shard initialises as the slice of the tp = 1 tensor, so tp = 2 trains as tp = 1 does.
 // A parameter with parts == 1 in a tensor-parallel model is replicated on every rank of the group (a
 // norm, a row layer's bias): the engine counts it once in the gradient norm.
+// Padding (Megatron's padded vocabulary, --make-vocab-size-divisible-by): with `full_extent` > 0 the
+// pieces (stride 1) cover parts * shape[dim] positions of `dim`, of which only the first full_extent
+// belong to the full tensor; the rest, at the end of the last pieces, are padding that has no place in
+// it: full_shape() has full_extent along dim, for_each_full_run skips the padding, and init_values
+// gives it zeros (a layer keeps it out of its results: a padded vocabulary's logits are masked).
 struct TensorSlice {
   int dim = 0;     // the full tensor's dimension that is split
   int parts = 1;   // tensor-parallel size; 1: the whole tensor
   int index = 0;   // this rank's piece, 0 <= index < parts
   int stride = 1;  // equal blocks of `dim`, each split into `parts` (Megatron's partition_stride)
+  int64_t full_extent = 0;  // the full tensor's size along dim when the pieces are padded; 0: parts * shape[dim]
   bool whole() const { return parts == 1; }
   bool operator==(const TensorSlice&) const = default;
 };
@@ -148,8 +154,8 @@ class Parameter {
   int expert_parallel_size_ = 1;
   TensorSlice slice_;
   // Of the slice (set_tensor_slice): elements of one run's row below `dim` (the local inner size), the
-  // local and full extents of one block of `dim`.
-  uint64_t inner_ = 1, local_block_ = 1, full_dim_ = 1;
+  // local and full extents of one block of `dim`, and the rows of this piece that are not padding.
+  uint64_t inner_ = 1, local_block_ = 1, full_dim_ = 1, valid_rows_ = 1;
 };
 
 template <typename Fn>
@@ -161,18 +167,24 @@ void Parameter::for_each_full_run(uint64_t first, uint64_t count, Fn&& fn) const
   // Local element i = ((o * local_dim) + j) * inner + k, j = b * local_block + q (block b, row q of
   // this rank's piece); in the full tensor it is ((o * full_dim) + b * full_block + index * local_block
   // + q) * inner + k, full_block = parts * local_block. A run is one piece row-block: local_block *
-  // inner contiguous elements.
+  // inner contiguous elements, of which the first valid_rows * inner are the full tensor's (padding:
+  // the rest are skipped).
   const uint64_t run = local_block_ * inner_;
+  const uint64_t valid = valid_rows_ * inner_;
   const uint64_t blocks = static_cast<uint64_t>(slice_.stride);
   const uint64_t full_block = static_cast<uint64_t>(slice_.parts) * local_block_;
   uint64_t at = first;
   const uint64_t end = first + count;
   while (at < end) {
     const uint64_t r = at / run, within = at % run;  // r = o * blocks + b
+    if (within >= valid) {  // padding: no place in the full tensor
+      at = std::min(end, (r + 1) * run);
+      continue;
+    }
     const uint64_t o = r / blocks, b = r % blocks;
     const uint64_t full =
         (o * full_dim_ + b * full_block + static_cast<uint64_t>(slice_.index) * local_block_) * inner_ + within;
-    const uint64_t n = std::min(run - within, end - at);
+    const uint64_t n = std::min(valid - within, end - at);
     fn(at, full, n);
     at += n;
   }

@@ -148,6 +148,13 @@ GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, con
   const comm::Group* tg = pc.tensor_parallel_group;
   if (tg != nullptr) {
     tp::validate(cfg, {.tensor_parallel_size = tg->size(), .sequence_parallel = pc.sequence_parallel}, tg->size());
+    // The pipeline's tensor-parallel stages split the vocabulary without padding.
+    if (cfg.vocab_size % tg->size() != 0) {
+      throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide model.vocab_size = {}, which the "
+                                    "pipeline's tensor-parallel stages split unpadded; choose a vocabulary divisible "
+                                    "by {}",
+                                    tg->size(), cfg.vocab_size, tg->size()));
+    }
   } else if (pc.sequence_parallel) {
     throw ConfigError("model.sequence_parallel: needs tensor parallelism (model.tensor_parallel_size > 1)");
   }

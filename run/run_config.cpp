@@ -41,7 +41,18 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   tp::TensorParallelConfig& par = cfg.tensor_parallel;
   r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
   r.read("sequence_parallel", par.sequence_parallel);
+  r.read("make_vocab_size_divisible_by", par.make_vocab_size_divisible_by, IntRange{1, 1 << 24});
   tp::validate(m, par, ranks);
+  if (const int64_t padded = tp::padded_vocab_size(m.vocab_size, par); padded != m.vocab_size) {
+    notes.push_back(fmt::format("model.vocab_size: {} padded to {} (a multiple of model.make_vocab_size_divisible_by "
+                                "{} x model.tensor_parallel_size {}) for the vocab-parallel embedding and head; the "
+                                "{} padded rows are zeros outside the softmax and the checkpoints",
+                                m.vocab_size, padded, par.make_vocab_size_divisible_by, par.tensor_parallel_size,
+                                padded - m.vocab_size));
+  } else if (par.make_vocab_size_divisible_by != 1 && par.tensor_parallel_size == 1) {
+    notes.push_back("model.make_vocab_size_divisible_by: accepted; no effect at model.tensor_parallel_size 1 (the "
+                    "vocabulary is padded only to split it over the tensor-parallel group)");
+  }
   if (par.sequence_parallel && par.tensor_parallel_size == 1) {
     notes.push_back("model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence "
                         "parallelism splits the sequence across the tensor-parallel group), as in Megatron-LM");
@@ -50,7 +61,8 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
 
 // model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
 // already-read model section; the GPT-MoE has an untied head, so tied_embeddings defaults to false here.
-moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int world) {
+// dp: the data-parallel ranks (ranks / model.tensor_parallel_size), over which the experts spread.
+moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptConfig& gpt, int dp, int tp) {
   moe::GptMoeConfig c;
   if (model.object().find("tied_embeddings") == model.object().end()) gpt.tied_embeddings = false;
   moe::MoEOptions& o = c.moe;
@@ -72,10 +84,16 @@ moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptCo
   r.read("every_n_layers", c.every_n_layers, IntRange::positive());
   r.read("aux_loss_coef", c.aux_loss_coef, RealRange::non_negative());
   r.read("expert_hidden", c.expert_hidden, IntRange::non_negative());
-  if (world % o.ep_size != 0) {
+  if (dp % o.ep_size != 0) {
+    if (tp > 1) {
+      throw ConfigError(fmt::format("{}: {} does not divide the number of data-parallel ranks ({} = ranks / "
+                                    "model.tensor_parallel_size {}): expert-parallel groups are {} data-parallel "
+                                    "replicas; choose a divisor of {} or run on a multiple of {} ranks",
+                                    r.path_of("ep_size"), o.ep_size, dp, tp, o.ep_size, dp, o.ep_size * tp));
+    }
     throw ConfigError(fmt::format("{}: {} does not divide the number of ranks ({}): expert-parallel groups are {} "
                                   "consecutive ranks; choose a divisor of {} or run on a multiple of {} ranks",
-                                  r.path_of("ep_size"), o.ep_size, world, o.ep_size, world, o.ep_size));
+                                  r.path_of("ep_size"), o.ep_size, dp, o.ep_size, dp, o.ep_size));
   }
   c.gpt = gpt;
   moe::validate(c);
@@ -122,13 +140,8 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
          nn::GptConfig m;
          read_model(r, m, cfg, ranks, notes);
          r.read_object("moe", [&](ObjectReader& sub) {
-           if (cfg.tensor_parallel.tensor_parallel_size > 1) {
-             throw ConfigError(fmt::format(
-                 "model.moe: MoE layers with model.tensor_parallel_size {} are not supported yet: the GPT-MoE's "
-                 "blocks are not tensor-parallel; set model.tensor_parallel_size to 1 for MoE models",
-                 cfg.tensor_parallel.tensor_parallel_size));
-           }
-           cfg.model_moe = read_model_moe(sub, r, m, dp);
+           cfg.model_moe = read_model_moe(sub, r, m, dp, cfg.tensor_parallel.tensor_parallel_size);
+           cfg.model_moe->make_vocab_size_divisible_by = cfg.tensor_parallel.make_vocab_size_divisible_by;
            cfg.model_moe->moe.rng_seed = parsed.seed;  // the gates' random draws follow the run's seed
          });
          cfg.model = m;

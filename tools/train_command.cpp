@@ -256,14 +256,27 @@ int train_command(const std::vector<std::string>& args) {
         const comm::CommConfig comm_config{.timeout_s = cfg.comm.timeout_s, .shared_memory = cfg.comm.shared_memory};
         if (tp_size > 1) {
           job = std::make_unique<comm::Group>(everyone.dup("world", comm_config));
-          topology.emplace(*job, comm::TopologyConfig{.tensor_parallel_size = tp_size});
+          // With model.moe the Topology's "ep" groups join the same tp rank of ep_size replicas (Note
+          // [experts under tensor parallelism] in moe/gpt_moe.cpp); the engine forms the matching edp.
+          topology.emplace(*job, comm::TopologyConfig{.tensor_parallel_size = tp_size,
+                                                      .expert_parallel_size = cfg.model_moe ? cfg.model_moe->moe.ep_size : 1});
           data_parallel = &topology->data_parallel();
           tensor_parallel = &topology->tensor_parallel();
+          if (cfg.model_moe) {
+            expert_groups.emplace(comm::ExpertGroups{data_parallel->dup("dp", comm_config), topology->take_expert_parallel(),
+                                                     topology->take_expert_data_parallel()});
+          }
         } else {
           dp = std::make_unique<comm::Group>(everyone.dup("dp", comm_config));
           data_parallel = dp.get();
         }
-        if (tp_size > 1) {
+        if (tp_size > 1 && cfg.model_moe) {
+          auto m = std::make_unique<moe::GptMoeModel>(
+              *cfg.model_moe, &*expert_groups,
+              tp::TensorParallel{.group = tensor_parallel, .sequence_parallel = cfg.tensor_parallel.sequence_parallel});
+          moe_model = m.get();
+          model = std::move(m);
+        } else if (tp_size > 1) {
           auto m = std::make_unique<tp::GptModel>(model_cfg, cfg.tensor_parallel, tensor_parallel);
           // Its blocks are marked here: the engine applies checkpoint_blocks to nn::GptModel only.
           if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) {
@@ -385,7 +398,7 @@ int train_command(const std::vector<std::string>& args) {
                     100.0 * static_cast<double>(r.model_flops) / (dt * peak.flops_per_s),
                     r.skipped ? " | overflow: step skipped" : "");
         if (moe_model != nullptr) {
-          const MoeRouting routing = gather_routing(*moe_model, *dp);
+          const MoeRouting routing = gather_routing(*moe_model, *data_parallel);
           moe_summary.record(routing);
           ZS_LOG_INFO("  moe: {}", routing_line(routing));
         }

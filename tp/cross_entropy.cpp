@@ -14,12 +14,19 @@ using memory::DType;
 using memory::Tensor;
 using nn::MemoryUse;
 
+int64_t VocabParallelCrossEntropy::real_columns(int64_t Vl) const {
+  if (vocab_ == 0) return Vl;
+  return std::clamp<int64_t>(vocab_ - Vl * tp_.rank(), 0, Vl);
+}
+
 float VocabParallelCrossEntropy::forward(nn::Context& ctx, const Tensor& logits, const Tensor& targets) {
   ZS_MODEL_CHECK(logits.raw() != nullptr && logits.dtype() == DType::kF32 && logits.is_contiguous() &&
                      logits.dim() >= 1,
                  "vocab-parallel cross-entropy: expected contiguous fp32 logits");
   const int64_t Vl = logits.size(-1), N = logits.numel() / Vl, P = tp_.size();
-  const int64_t first = Vl * tp_.rank(), V = Vl * P;
+  const int64_t first = Vl * tp_.rank(), V = vocab_ != 0 ? vocab_ : Vl * P, Vr = real_columns(Vl);
+  ZS_MODEL_CHECK(V <= Vl * P, "vocab-parallel cross-entropy: a vocabulary of {} in {} columns per rank over {} ranks",
+                 V, Vl, P);
   ZS_MODEL_CHECK(targets.raw() != nullptr && targets.dtype() == DType::kI32 && targets.numel() == N,
                  "vocab-parallel cross-entropy: {} int32 targets needed for logits {}, got a {} tensor {}", N,
                  memory::shape_string(logits.shape()), memory::dtype_name(targets.dtype()),
@@ -34,9 +41,10 @@ float VocabParallelCrossEntropy::forward(nn::Context& ctx, const Tensor& logits,
   nn::detail::parallel_for(N, 8, [=](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = lp + r * Vl;
-      const float mx = nn::detail::max_of(row, Vl);
+      // Padded columns (from Vr on) are out of the softmax (Note [padded vocabulary]).
+      const float mx = Vr > 0 ? nn::detail::max_of(row, Vr) : -std::numeric_limits<float>::infinity();
       float sum = 0.0f;
-      for (int64_t j = 0; j < Vl; ++j) sum += std::exp(row[j] - mx);
+      for (int64_t j = 0; j < Vr; ++j) sum += std::exp(row[j] - mx);
       const int64_t t = static_cast<int64_t>(tp[r]) - first;
       sp[3 * r] = mx;
       sp[3 * r + 1] = sum;
@@ -82,7 +90,7 @@ float VocabParallelCrossEntropy::forward(nn::Context& ctx, const Tensor& logits,
 
 Tensor VocabParallelCrossEntropy::backward(nn::Context& ctx, float grad_scale) {
   ZS_ASSERT(logits_.raw() != nullptr, "vocab-parallel cross-entropy backward without a training-mode forward");
-  const int64_t Vl = logits_.size(-1), N = logits_.numel() / Vl, first = Vl * tp_.rank();
+  const int64_t Vl = logits_.size(-1), N = logits_.numel() / Vl, first = Vl * tp_.rank(), Vr = real_columns(Vl);
   Tensor d = ctx.allocate(logits_.shape(), DType::kF32, MemoryUse::kGradient);
   const float s = N > 0 ? grad_scale / static_cast<float>(N) : 0.0f;
   const float* lp = logits_.data<float>();
@@ -94,7 +102,8 @@ Tensor VocabParallelCrossEntropy::backward(nn::Context& ctx, float grad_scale) {
       const float* row = lp + r * Vl;
       float* dr = dp + r * Vl;
       const float l = lsep[r];
-      for (int64_t j = 0; j < Vl; ++j) dr[j] = s * std::exp(row[j] - l);
+      for (int64_t j = 0; j < Vr; ++j) dr[j] = s * std::exp(row[j] - l);
+      for (int64_t j = Vr; j < Vl; ++j) dr[j] = 0.0f;  // padding
       const int64_t t = static_cast<int64_t>(tp[r]) - first;
       if (t >= 0 && t < Vl) dr[t] -= s;
     }

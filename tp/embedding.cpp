@@ -52,13 +52,16 @@ int64_t rows_per_rank(int64_t num, int parts) {
 }
 }  // namespace
 
-VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, TensorParallel tp, float init_std)
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, TensorParallel tp, float init_std,
+                                               int64_t padded_num)
     : num_(num_embeddings),
       dim_(dim),
       tp_(tp),
-      first_(rows_per_rank(num_embeddings, tp.size()) * tp.rank()),
-      weight_(declare_param("weight", {num_embeddings / tp.size(), dim}, nn::Init::normal(0.0f, init_std))) {
-  weight_.set_tensor_slice({.dim = 0, .parts = tp.size(), .index = tp.rank()});
+      first_(rows_per_rank(std::max(num_embeddings, padded_num), tp.size()) * tp.rank()),
+      weight_(declare_param("weight", {std::max(num_embeddings, padded_num) / tp.size(), dim},
+                            nn::Init::normal(0.0f, init_std))) {
+  weight_.set_tensor_slice(
+      {.dim = 0, .parts = tp.size(), .index = tp.rank(), .full_extent = padded_num > num_embeddings ? num_embeddings : 0});
 }
 
 Tensor VocabParallelEmbedding::forward(nn::Context& ctx, const Tensor& ids) {

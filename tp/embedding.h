@@ -22,8 +22,11 @@ namespace zs::tp {
 
 class VocabParallelEmbedding : public nn::Module {
  public:
-  // num_embeddings divisible by tp.size(): ModelError otherwise.
-  VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, TensorParallel tp, float init_std = 0.02f);
+  // num_embeddings divisible by tp.size(): ModelError otherwise. padded_num > num_embeddings: the rows
+  // are padded to padded_num (a multiple of tp.size(), tp::padded_vocab_size): padded_num / tp rows
+  // per rank, the padding zeros that no id looks up (Note [padded vocabulary] in tp/cross_entropy.h).
+  VocabParallelEmbedding(int64_t num_embeddings, int64_t dim, TensorParallel tp, float init_std = 0.02f,
+                         int64_t padded_num = 0);
   std::string_view type_name() const override { return "VocabParallelEmbedding"; }
   nn::Parameter& weight() { return weight_; }
   int64_t first_row() const { return first_; }  // this rank's rows: [first_row, first_row + weight rows)

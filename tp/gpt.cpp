@@ -18,10 +18,21 @@ using memory::DType;
 using memory::Tensor;
 using nn::MemoryUse;
 
+int64_t padded_vocab_size(int64_t vocab, const TensorParallelConfig& par) {
+  if (par.tensor_parallel_size <= 1) return vocab;
+  const int64_t multiple = int64_t{par.make_vocab_size_divisible_by} * par.tensor_parallel_size;
+  return (vocab + multiple - 1) / multiple * multiple;
+}
+
 void validate(const nn::GptConfig& cfg, const TensorParallelConfig& par, int world_size) {
   nn::validate(cfg);
   const int t = par.tensor_parallel_size;
   if (t < 1) throw ConfigError(fmt::format("model.tensor_parallel_size: must be a positive integer, got {}", t));
+  if (par.make_vocab_size_divisible_by < 1) {
+    throw ConfigError(fmt::format("model.make_vocab_size_divisible_by: must be a positive integer (1: pad the "
+                                  "vocabulary only to a multiple of model.tensor_parallel_size), got {}",
+                                  par.make_vocab_size_divisible_by));
+  }
   auto divides = [&](int64_t v, const std::string& what) {
     if (v % t != 0) {
       throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide {} = {}; choose a tensor-parallel "
@@ -31,7 +42,6 @@ void validate(const nn::GptConfig& cfg, const TensorParallelConfig& par, int wor
   };
   divides(cfg.n_head, "model.n_head");
   divides(4 * cfg.d_model, "the MLP width 4 * model.d_model");
-  divides(cfg.vocab_size, "model.vocab_size");
   divides(world_size, "the world size (ranks)");
   if (par.sequence_parallel && cfg.seq_len % t != 0) {
     throw ConfigError(fmt::format("model.sequence_parallel: splits sequences over model.tensor_parallel_size = {} "
@@ -59,19 +69,25 @@ const nn::GptConfig& checked(const nn::GptConfig& cfg, const TensorParallelConfi
 GptModel::GptModel(const nn::GptConfig& cfg, const TensorParallelConfig& par, const comm::Group* group)
     : cfg_(checked(cfg, par, group)),
       tp_{.group = group, .sequence_parallel = par.sequence_parallel},
-      wte_(declare_param("wte", {cfg.vocab_size / tp_.size(), cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std))),
+      wte_(declare_param("wte", {padded_vocab_size(cfg.vocab_size, par) / tp_.size(), cfg.d_model},
+                         nn::Init::normal(0.0f, cfg.init_std))),
       wpe_(declare_param("wpe", {cfg.seq_len, cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std))),
       blocks_(add_child<nn::Sequential>("blocks")),
       ln_f_(tp_.sharded_sequence() ? add_child<SequenceParallelLayerNorm>("ln_f", cfg.d_model, tp_)
                                    : add_child<nn::LayerNorm>("ln_f", cfg.d_model)),
-      loss_(tp_) {
-  wte_.set_tensor_slice({.dim = 0, .parts = tp_.size(), .index = tp_.rank()});
+      padded_vocab_(padded_vocab_size(cfg.vocab_size, par)),
+      loss_(tp_, cfg.vocab_size) {
+  wte_.set_tensor_slice({.dim = 0,
+                         .parts = tp_.size(),
+                         .index = tp_.rank(),
+                         .full_extent = padded_vocab_ != cfg.vocab_size ? cfg.vocab_size : 0});
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
     blocks_.append<ParallelBlock>(cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std);
   }
   if (!cfg.tied_embeddings) {
-    lm_head_ = &add_child<ColumnParallelLinear>("lm_head", cfg.d_model, cfg.vocab_size, tp_, false, cfg.init_std);
+    lm_head_ = &add_child<ColumnParallelLinear>("lm_head", cfg.d_model, cfg.vocab_size, tp_, false, cfg.init_std,
+                                                /*stride=*/1, padded_vocab_);
   }
   nn::assign_names(*this);
 }

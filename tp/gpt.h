@@ -10,7 +10,8 @@
 //   float loss = ctx.forward_loss(model, batch);          // every tp rank: the same batch, the same loss
 //
 // Layout (names as nn/gpt.h):
-//   wte (vocab/tp, d)   vocab-parallel token embedding (rows); with tied_embeddings also the head: each
+//   wte (vocab/tp, d)   vocab-parallel token embedding (rows; padded / tp with a padded vocabulary,
+//                       tp::padded_vocab_size); with tied_embeddings also the head: each
 //                       rank's logits are its vocabulary columns, fed to the vocab-parallel loss
 //   wpe, ln_f, blocks.<i>.ln{1,2}   whole on every rank (replicated)
 //   blocks.<i>          tp::ParallelBlock (attn.qkv, mlp.fc column-parallel; attn.proj, mlp.proj
@@ -39,11 +40,22 @@ namespace zs::tp {
 struct TensorParallelConfig {
   int tensor_parallel_size = 1;    // model.tensor_parallel_size
   bool sequence_parallel = false;  // model.sequence_parallel
+  // model.make_vocab_size_divisible_by (Megatron's --make-vocab-size-divisible-by, whose default is
+  // 128; ours is 1, so a vocabulary divisible by tp is not padded and existing runs stay the same).
+  int make_vocab_size_divisible_by = 1;
 };
 
+// Megatron's padded vocabulary: vocab rounded up to a multiple of make_vocab_size_divisible_by *
+// tensor_parallel_size, at tp > 1; at tp 1 the vocabulary itself (nothing is split, so nothing to pad).
+// The vocab-parallel layers hold padded / tp rows each; the padded rows are zeros whose logits are
+// masked out of the softmax, and checkpoints, digests and fp32_param see the unpadded tensor (Note
+// [padded vocabulary] in tp/cross_entropy.h).
+int64_t padded_vocab_size(int64_t vocab, const TensorParallelConfig& par);
+
 // nn::validate(cfg), then ConfigErrors naming the key: model.tensor_parallel_size must be >= 1 and
-// divide model.n_head, the MLP width 4 * model.d_model, model.vocab_size and the world size;
-// model.sequence_parallel needs model.seq_len divisible by it.
+// divide model.n_head, the MLP width 4 * model.d_model and the world size (the vocabulary is padded
+// to a multiple of it instead); model.sequence_parallel needs model.seq_len divisible by it;
+// model.make_vocab_size_divisible_by >= 1.
 void validate(const nn::GptConfig& cfg, const TensorParallelConfig& par, int world_size);
 
 class GptModel : public nn::Model {
@@ -76,6 +88,7 @@ class GptModel : public nn::Model {
   nn::Parameter& wpe_;
   nn::Sequential& blocks_;
   nn::LayerNorm& ln_f_;
+  int64_t padded_vocab_;
   ColumnParallelLinear* lm_head_ = nullptr;
   VocabParallelCrossEntropy loss_;
   memory::Tensor ids_;      // (B, T) int32

@@ -1,5 +1,6 @@
 #include "tp/linear.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,18 +33,21 @@ int64_t split(int64_t features, int parts, int stride, const char* layer, const 
 // ---- ColumnParallelLinear ----
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, TensorParallel tp, bool bias,
-                                           float init_std, int stride)
+                                           float init_std, int stride, int64_t padded_out)
     : in_(in_features),
-      out_(out_features),
+      out_(std::max(out_features, padded_out)),
       tp_(tp),
       weight_(declare_param("weight",
-                            {split(out_features, tp.size(), stride, "ColumnParallelLinear", "out_features"),
-                             in_features},
+                            {split(out_, tp.size(), stride, "ColumnParallelLinear", "out_features"), in_features},
                             nn::Init::normal(0.0f, init_std))) {
-  const nn::TensorSlice slice{.dim = 0, .parts = tp.size(), .index = tp.rank(), .stride = stride};
+  const nn::TensorSlice slice{.dim = 0,
+                              .parts = tp.size(),
+                              .index = tp.rank(),
+                              .stride = stride,
+                              .full_extent = padded_out > out_features ? out_features : 0};
   weight_.set_tensor_slice(slice);
   if (bias) {
-    bias_ = &declare_param("bias", {out_features / tp.size()}, nn::Init::zeros(), {std::string(nn::kTagNoWeightDecay)});
+    bias_ = &declare_param("bias", {out_ / tp.size()}, nn::Init::zeros(), {std::string(nn::kTagNoWeightDecay)});
     bias_->set_tensor_slice(slice);
   }
 }

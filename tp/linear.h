@@ -39,12 +39,16 @@ namespace zs::tp {
 class ColumnParallelLinear : public nn::Module {
  public:
   // out_features (the full layer's) divisible by tp.size() * stride: ModelError otherwise.
+  // padded_out > out_features (stride 1): the outputs are padded to padded_out (a multiple of
+  // tp.size(); a padded vocabulary's head, tp::padded_vocab_size): padded_out / tp rows of the weight
+  // per rank, the padding zeros, whose outputs the model keeps out of its results (Note [padded
+  // vocabulary] in tp/cross_entropy.h).
   ColumnParallelLinear(int64_t in_features, int64_t out_features, TensorParallel tp, bool bias = true,
-                       float init_std = 0.02f, int stride = 1);
+                       float init_std = 0.02f, int stride = 1, int64_t padded_out = 0);
   std::string_view type_name() const override { return "ColumnParallelLinear"; }
 
   int64_t in_features() const { return in_; }
-  int64_t out_features() const { return out_; }                    // the full layer's
+  int64_t out_features() const { return out_; }                    // the full layer's (padded_out if padded)
   int64_t local_out_features() const { return out_ / tp_.size(); }  // this rank's
   const TensorParallel& tensor_parallel() const { return tp_; }
   nn::Parameter& weight() { return weight_; }

@@ -370,7 +370,8 @@ TEST(TensorParallelCheckpoint, RefusesAnotherShapeAndCutBlocks) {
 // The tiny GPT every degree 1, 2 and 4 divides (heads, MLP width, vocabulary).
 nn::GptConfig tp_gpt() { return {.n_layer = 2, .d_model = 32, .n_head = 4, .seq_len = 8, .vocab_size = 256}; }
 
-zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload, const fs::path& nvme) {
+zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload, const fs::path& nvme,
+                              const nn::GptConfig& gpt = tp_gpt()) {
   zs::run::RunConfig c;
   c.batch = resolve_batch(8, 0, 1, dp);
   c.zero.stage = stage;
@@ -383,7 +384,7 @@ zs::run::RunConfig gpt_config(int dp, int stage, OffloadDevice offload, const fs
   c.gradient_clipping = 1.0;
   c.device.memory_mb = 32;
   c.seed = 42;
-  c.model = tp_gpt();
+  c.model = gpt;
   return c;
 }
 
@@ -395,18 +396,21 @@ struct GptRun {
   std::map<std::string, std::vector<float>> loaded, saved, final;
 };
 
+// gpt, divisible_by: the model and model.make_vocab_size_divisible_by (a padded vocabulary at tp > 1).
 GptRun run_gpt(const comm::Group& world, int tp, int stage, OffloadDevice offload, const fs::path& swap, int to,
-               const fs::path& load, const fs::path& save = {}, int save_at = -1) {
+               const fs::path& load, const fs::path& save = {}, int save_at = -1, const nn::GptConfig& gpt = tp_gpt(),
+               int divisible_by = 1) {
   comm::Topology topo(world, {.tensor_parallel_size = tp});
-  const zs::run::RunConfig cfg = gpt_config(topo.data_parallel_size(), stage, offload, swap);
+  const zs::run::RunConfig cfg = gpt_config(topo.data_parallel_size(), stage, offload, swap, gpt);
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<Engine> engine;
   if (tp == 1) {
     model = std::make_unique<nn::GptModel>(*cfg.model);
     engine = std::make_unique<Engine>(*model, cfg, world);
   } else {
-    model = std::make_unique<tp::GptModel>(*cfg.model, tp::TensorParallelConfig{.tensor_parallel_size = tp},
-                                           &topo.tensor_parallel());
+    model = std::make_unique<tp::GptModel>(
+        *cfg.model, tp::TensorParallelConfig{.tensor_parallel_size = tp, .make_vocab_size_divisible_by = divisible_by},
+        &topo.tensor_parallel());
     engine = std::make_unique<Engine>(*model, cfg, topo.data_parallel(), topo.tensor_parallel());
   }
   DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 7);
@@ -474,6 +478,42 @@ TEST(TensorParallelCheckpoint, GptSavedAtDp2Tp2ResumesAtDp4Tp1AndDp1Tp4) {
     }
     EXPECT_EQ(whole, straight.saved);
     expect_close(whole, tp1.final, "consolidated against the tp 1 run");
+  }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
+}
+
+// A vocabulary of 257 (odd: no tp divides it) padded as Megatron's --make-vocab-size-divisible-by:
+// at tp 2 with 64 to 384 rows (rank 1 holds 65 real rows and 127 of padding), at tp 4 with 1 to 260.
+// The padding never enters the softmax and is not stored: dp 2 x tp 2 trains as dp 4 x tp 1 (the
+// unpadded nn::GptModel), its checkpoint holds (257, C) tensors, and it resumes at dp 4 x tp 1 and at
+// dp 1 x tp 4 with the uninterrupted run's losses.
+TEST(TensorParallelCheckpoint, PaddedVocabularyTrainsAsTp1AndResumesAtAnyTp) {
+  const comm::Group& world = test::world().group();
+  if (world.size() != 4) GTEST_SKIP() << "dp x tp over 4 ranks";
+  const fs::path dir = shared_dir(world, "padded");
+  nn::GptConfig odd = tp_gpt();
+  odd.vocab_size = 257;
+  for (bool tied : {true, false}) {
+    odd.tied_embeddings = tied;
+    const std::string head = tied ? "tied" : "untied";
+    const GptRun straight = run_gpt(world, 2, 3, OffloadDevice::kNone, {}, 6, {}, dir / head, 3, odd, 64);
+    const GptRun tp1 = run_gpt(world, 1, 3, OffloadDevice::kNone, {}, 6, {}, {}, -1, odd);
+    ASSERT_EQ(straight.losses.size(), tp1.losses.size());
+    for (size_t i = 0; i < tp1.losses.size(); ++i) {
+      EXPECT_NEAR(straight.losses[i], tp1.losses[i], 1e-5 * std::abs(tp1.losses[i])) << head << ", step " << i + 1;
+    }
+    expect_close(straight.final, tp1.final, head + ": padded tp 2 against tp 1");
+    EXPECT_EQ(straight.saved.at(tied ? "wte" : "lm_head.weight").size(), 257u * 32) << "the unpadded tensor";
+    for (int tp : {1, 4}) {
+      const GptRun resumed = run_gpt(world, tp, 1, OffloadDevice::kNone, {}, 6, dir / head, {}, -1, odd);
+      EXPECT_EQ(resumed.loaded, straight.saved) << head << ", tp " << tp;  // bit for bit
+      ASSERT_EQ(resumed.losses.size(), 3u);
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_NEAR(resumed.losses[i], straight.losses[3 + i], 1e-5 * std::abs(straight.losses[3 + i]))
+            << head << ", resumed at tp " << tp << ", step " << 4 + i;
+      }
+    }
   }
   world.barrier();
   if (world.rank() == 0) fs::remove_all(dir);

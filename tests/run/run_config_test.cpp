@@ -67,9 +67,23 @@ TEST(RunConfig, TensorParallelKeys) {
       "tensor_parallel_size": 2}})", 3), "model.tensor_parallel_size: 2 does not divide the world size (ranks) = 3");
   EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
       "tensor_parallel_size": 0}})", 2), "model.tensor_parallel_size");
+  // A vocabulary tp does not divide is padded (model.make_vocab_size_divisible_by), with a note.
+  const RunConfig padded = parse(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4,
+      "seq_len": 16, "vocab_size": 257, "tensor_parallel_size": 2, "make_vocab_size_divisible_by": 64}})", 2);
+  EXPECT_EQ(padded.tensor_parallel.make_vocab_size_divisible_by, 64);
+  ASSERT_FALSE(padded.notes.empty());
+  EXPECT_CONTAINS(padded.notes.back(), "model.vocab_size: 257 padded to 384");
   EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
-      "tensor_parallel_size": 2, "moe": {"num_experts": 2}}})", 2),
-                  "model.moe: MoE layers with model.tensor_parallel_size 2 are not supported yet");
+      "tensor_parallel_size": 2, "make_vocab_size_divisible_by": 0}})", 2), "model.make_vocab_size_divisible_by");
+  // MoE with tp: the experts spread over the data-parallel ranks (ranks / tp), which ep_size must divide.
+  const RunConfig moe_tp = parse(R"({"train_batch_size": 8, "model": {"n_layer": 2, "d_model": 32, "n_head": 4,
+      "seq_len": 16, "tensor_parallel_size": 2, "moe": {"num_experts": 4, "ep_size": 2}}})", 4);
+  ASSERT_TRUE(moe_tp.model_moe.has_value());
+  EXPECT_EQ(moe_tp.model_moe->moe.ep_size, 2);
+  EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 2, "d_model": 32, "n_head": 4, "seq_len": 16,
+      "tensor_parallel_size": 2, "moe": {"num_experts": 4, "ep_size": 2}}})", 2),
+                  "model.moe.ep_size: 2 does not divide the number of data-parallel ranks (1 = ranks / "
+                  "model.tensor_parallel_size 2)");
   EXPECT_CONTAINS(error(R"({"train_batch_size": 8, "model": {"n_layer": 1, "d_model": 32, "n_head": 4, "seq_len": 16,
       "tensor_parallel_size": 2, "sequence_parallel": true}, "data": {"min_seq_len": 8}})", 2),
                   "data.min_seq_len: varying sequence lengths are not supported with model.sequence_parallel");

@@ -18,8 +18,8 @@ using nn::HostContext;
 
 constexpr int64_t kB = 2, kT = 8;
 
-nn::GptConfig config(bool tied) {
-  return {.n_layer = 2, .d_model = 16, .n_head = 4, .seq_len = kT, .vocab_size = 16, .tied_embeddings = tied};
+nn::GptConfig config(bool tied, int64_t vocab = 16) {
+  return {.n_layer = 2, .d_model = 16, .n_head = 4, .seq_len = kT, .vocab_size = vocab, .tied_embeddings = tied};
 }
 
 nn::Batch batch(int pass, int64_t T = kT) {
@@ -39,15 +39,19 @@ struct Case {
   bool recompute = false;
   DType dtype = DType::kF32;
   double tol = 1e-5;
+  int64_t vocab = 16;    // 17: no tp > 1 divides it, the vocabulary is padded
+  int divisible_by = 1;  // model.make_vocab_size_divisible_by
 };
 
 void check(const Case& c) {
-  SCOPED_TRACE(fmt::format("tp {} sequence_parallel {} tied {} recompute {} {}", c.tp, c.sp, c.tied, c.recompute,
-                           memory::dtype_name(c.dtype)));
+  SCOPED_TRACE(fmt::format("tp {} sequence_parallel {} tied {} recompute {} {} vocab {} divisible by {}", c.tp, c.sp,
+                           c.tied, c.recompute, memory::dtype_name(c.dtype), c.vocab, c.divisible_by));
   comm::Group group = tp_group(c.tp);
-  const nn::GptConfig cfg = config(c.tied);
+  const nn::GptConfig cfg = config(c.tied, c.vocab);
   nn::GptModel ref(cfg);
-  GptModel par(cfg, {.tensor_parallel_size = c.tp, .sequence_parallel = c.sp}, &group);
+  GptModel par(cfg,
+               {.tensor_parallel_size = c.tp, .sequence_parallel = c.sp, .make_vocab_size_divisible_by = c.divisible_by},
+               &group);
   nn::materialize(ref, 5, c.dtype);
   nn::materialize(par, 5, c.dtype);
   // Initialisation: every parameter is the slice of the tp = 1 tensor, bit for bit.
@@ -88,6 +92,23 @@ TEST(TensorParallelGpt, EqualsTheTpOneModel) {
   }
 }
 
+// Megatron's padded vocabulary (Note [padded vocabulary] in tp/cross_entropy.h): 17 tokens padded to a
+// multiple of tp (18, 20) or of 4 tp (24, 32: at tp 4 rank 2 holds one real row, rank 3 none); the
+// padding is zeros outside the softmax, so the loss and every real gradient are the tp = 1 model's and
+// the padding's gradient is zero (slice_for gives zeros there).
+TEST(TensorParallelGpt, PaddedVocabularyEqualsTheTpOneModel) {
+  for (int t : tp_sizes()) {
+    for (int divisible_by : {1, 4}) {
+      EXPECT_EQ(padded_vocab_size(17, {.tensor_parallel_size = t, .make_vocab_size_divisible_by = divisible_by}),
+                t == 1 ? 17 : (17 + divisible_by * t - 1) / (divisible_by * t) * (divisible_by * t));
+      for (bool tied : {true, false}) {
+        check({.tp = t, .sp = divisible_by == 4, .tied = tied, .vocab = 17, .divisible_by = divisible_by});
+      }
+    }
+  }
+  EXPECT_EQ(padded_vocab_size(50257, {.tensor_parallel_size = 2, .make_vocab_size_divisible_by = 128}), 50432);
+}
+
 TEST(TensorParallelGpt, Bf16ParametersStayCloseToTheTpOneModel) {
   // bf16 products round their operands to bf16 (Note [bf16 products]): the tp = 1 and tp > 1 sums
   // differ in order, so an operand may round the other way: the results agree to bf16's precision,
@@ -117,8 +138,11 @@ TEST(TensorParallelGpt, ValidateNamesTheConfigKeys) {
   expect_config_error({.n_layer = 1, .d_model = 10, .n_head = 2, .seq_len = 8, .vocab_size = 16},
                       {.tensor_parallel_size = 8}, 8, "model.tensor_parallel_size", "model.n_head");
   // (The MLP width 4 * d_model is checked too, but a tp dividing n_head divides it: n_head divides d_model.)
-  expect_config_error({.n_layer = 1, .d_model = 16, .n_head = 4, .seq_len = 8, .vocab_size = 18},
-                      {.tensor_parallel_size = 4}, 4, "model.tensor_parallel_size", "model.vocab_size");
+  // A vocabulary tp does not divide is padded (make_vocab_size_divisible_by), not refused.
+  EXPECT_NO_THROW(validate({.n_layer = 1, .d_model = 16, .n_head = 4, .seq_len = 8, .vocab_size = 18},
+                           {.tensor_parallel_size = 4}, 4));
+  expect_config_error(cfg, {.tensor_parallel_size = 2, .make_vocab_size_divisible_by = 0}, 4,
+                      "model.make_vocab_size_divisible_by", "positive");
   expect_config_error(cfg, {.tensor_parallel_size = 2}, 3, "model.tensor_parallel_size", "world size");
   expect_config_error({.n_layer = 1, .d_model = 16, .n_head = 4, .seq_len = 9, .vocab_size = 16},
                       {.tensor_parallel_size = 2, .sequence_parallel = true}, 2, "model.sequence_parallel",

@@ -55,7 +55,14 @@ inline Tensor take_slice(const Tensor& full, int dim, int parts, int index, int 
 inline Tensor slice_for(const nn::Parameter& p, const Tensor& full) {
   const nn::TensorSlice& s = p.tensor_slice();
   if (s.whole()) return full;
-  return take_slice(full, s.dim, s.parts, s.index, s.stride);
+  if (s.full_extent == 0) return take_slice(full, s.dim, s.parts, s.index, s.stride);
+  // A padded slice (Note [tensor slices]): the full tensor's runs, zeros in the padding.
+  Tensor out = Tensor::empty(p.shape(), DType::kF32);
+  std::fill_n(out.data<float>(), out.numel(), 0.0f);
+  p.for_each_full_run(0, static_cast<uint64_t>(p.numel()), [&](uint64_t l, uint64_t g, uint64_t n) {
+    std::copy_n(full.data<float>() + g, n, out.data<float>() + l);
+  });
+  return out;
 }
 
 // Sets every parameter to values keyed by its full name and FULL element index (so a TP model gets
@@ -64,6 +71,7 @@ inline void randomize(nn::Module& m, uint64_t seed, float scale = 0.3f) {
   m.visit_params([&](nn::Parameter& p) {
     CounterRng rng(seed, p.full_name());
     Tensor v = Tensor::empty(p.shape(), DType::kF32);
+    std::fill_n(v.data<float>(), v.numel(), 0.0f);  // a padded slice's padding stays zero
     p.for_each_full_run(0, static_cast<uint64_t>(p.numel()), [&](uint64_t l, uint64_t g, uint64_t n) {
       const float offset = p.has_tag(nn::kTagNoWeightDecay) ? 0.5f : 0.0f;  // norm weights near 1, biases not 0
       for (uint64_t i = 0; i < n; ++i) v.data<float>()[l + i] = scale * rng.normal(g + i) + offset;
