@@ -507,10 +507,12 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
 }
 
 std::string Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
+  impl_->check_checkpoint_supported();
   return EngineCheckpoint(checkpoint_access()).save(dir, tag);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  impl_->check_checkpoint_supported();
   return EngineCheckpoint(checkpoint_access()).load(dir, tag);
 }
 
