@@ -140,7 +140,7 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   s["tensor_parallel_size"] = tp;
   s["topology"] = fmt::format("dp {} x tp {}", group.size(), tp);
   if (const int pp = engine_.pipeline_parallel_size(); pp > 1) {
-    // Pipeline parallelism: params_total and param_digest below are stage 0's; per stage, the schedule's
+    // Pipeline parallelism: param_digest below is stage 0's parameters' (params_total the whole model's); per stage, the schedule's
     // seconds summed over the steps (mean over the stage's ranks), its measured bubble and the bytes
     // its ranks sent to the neighbouring stages.
     s["world_size"] = group.size() * tp * pp;
@@ -169,6 +169,22 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   s["steps"] = static_cast<int64_t>(losses_.size());
   s["skipped_steps"] = skipped_;
   s["params_total"] = engine_.param_count();
+  if (const int pp = engine_.pipeline_parallel_size(); pp > 1) {
+    // The whole model: every stage's parameters, a copy another stage counts (the tied head) once.
+    int64_t mine_params = engine_.param_count();
+    if (auto* stage = dynamic_cast<PipelineModel*>(&engine_.model())) {
+      for (const PipelineModel::Shared& sh : stage->shared_params()) {
+        if (!sh.counted) mine_params -= sh.param->full_numel();
+      }
+    }
+    int32_t halves[2] = {static_cast<int32_t>(mine_params & 0x7fffffff), static_cast<int32_t>(mine_params >> 31)};
+    std::vector<int32_t> all_halves(2 * static_cast<size_t>(pp));
+    engine_.pipeline_parallel()->allgather(memory::Tensor(halves, memory::DType::kI32, {2}),
+                                           memory::Tensor(all_halves.data(), memory::DType::kI32, {2 * pp}));
+    int64_t params_total = 0;
+    for (int q = 0; q < pp; ++q) params_total += all_halves[2 * q] + (int64_t{all_halves[2 * q + 1]} << 31);
+    s["params_total"] = params_total;
+  }
   s["train_batch_size"] = cfg.batch.train_batch_size;
   s["micro_batch_per_rank"] = cfg.batch.micro_batch_per_rank;
   s["gradient_accumulation_steps"] = cfg.batch.gradient_accumulation_steps;
