@@ -507,12 +507,10 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
 }
 
 std::string Engine::save_checkpoint(const std::string& dir, const std::string& tag) {
-  impl_->check_checkpoint_supported();
   return EngineCheckpoint(checkpoint_access()).save(dir, tag);
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  impl_->check_checkpoint_supported();
   return EngineCheckpoint(checkpoint_access()).load(dir, tag);
 }
 
@@ -523,6 +521,8 @@ CheckpointAccess Engine::checkpoint_access() {
   return CheckpointAccess{.config = config_,
                           .group = group_,
                           .tensor_parallel = tp_,
+                          .pipeline_parallel = pipeline_parallel(),
+                          .copies = &s.env_.uncounted,
                           .sets = s.sets_,
                           .compressed = s.compressed_ ? &*s.compressed_ : nullptr,
                           .specs = s.env_.specs,

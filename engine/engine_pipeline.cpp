@@ -52,15 +52,6 @@ void Engine::Impl::setup_pipeline(nn::Model& model) {
   }
 }
 
-void Engine::Impl::check_checkpoint_supported() const {
-  if (pipeline_ == nullptr || pipeline_->pipeline_group().size() == 1) return;
-  throw UsageError(fmt::format("checkpoints of a pipeline-parallel run (model.pipeline_parallel_size {}) are not "
-                               "supported yet: each stage's ranks would write files under the same data- and "
-                               "tensor-parallel rank names; train without --save/--load and checkpoint.dir, or at "
-                               "model.pipeline_parallel_size 1",
-                               pipeline_->pipeline_group().size()));
-}
-
 void Engine::Impl::sum_shared_grads() {
   const comm::Group& pp = pipeline_->pipeline_group();
   for (const PipelineModel::Shared& sh : pipeline_->shared_params()) {

@@ -259,11 +259,6 @@ int train_command(const std::vector<std::string>& args) {
   if (!agree(everyone, [&] {
         const comm::CommConfig comm_config{.timeout_s = cfg.comm.timeout_s, .shared_memory = cfg.comm.shared_memory};
         if (tp_size > 1 || pp_size > 1) {
-          if (pp_size > 1 && (!a->save.empty() || !a->load.empty())) {
-            throw ConfigError(fmt::format("--save/--load: checkpoints with model.pipeline_parallel_size {} are not "
-                                          "supported yet; train without them",
-                                          pp_size));
-          }
           job = std::make_unique<comm::Group>(everyone.dup("world", comm_config));
           topology.emplace(*job, comm::TopologyConfig{.tensor_parallel_size = tp_size, .pipeline_parallel_size = pp_size});
           data_parallel = &topology->data_parallel();

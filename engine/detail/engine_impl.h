@@ -170,7 +170,6 @@ class Engine::Impl final : public ModuleHooks {
   void sum_shared_grads();
   // The squared gradient norm of this stage summed over the pipeline (identity without one).
   double pipeline_sum(double sum_sq) const;
-  void check_checkpoint_supported() const;
 
   // recompute.cpp: cfg_.recompute applied to the model and ctx_.
   void setup_recompute(nn::Model& model);

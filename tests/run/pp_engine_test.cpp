@@ -1,15 +1,17 @@
 // Pipeline parallelism through the engine (Note [pipeline stages in the engine] in
 // engine/pipeline_model.h): run::GptPipelineModel stages at pp 2 (np 2: pp 2; np 4: pp 2 x dp 2,
 // pp 2 x tp 2) and pp 4 (np 4) train the built-in GPT like nn::GptModel at pp 1 over every rank (the
-// same global batch): losses equal to 1e-5 relative (fp32) for every schedule at ZeRO 0, 1 and 2 with
-// gradient accumulation, clipping below the gradient norm (a norm missing a stage, or counting the tied
-// embedding twice, changes every update), tied and untied embeddings, recomputed blocks, bf16 (1e-2)
-// and optimizer offload to the host. The config's pipeline keys and their mistakes are checked at
+// same global batch): losses and gradient norms equal to 1e-5 relative (fp32) for every schedule at
+// ZeRO 0, 1 and 2 with gradient accumulation, clipping below the gradient norm (a norm missing a stage,
+// or counting the tied embedding twice, is compared directly), tied and untied embeddings, recomputed blocks, bf16 and fp16
+// (1e-2; fp16's overflowing first steps skipped alike on every stage) and optimizer offload to the
+// host. The config's pipeline keys and their mistakes are checked at
 // the end (no MPI needed).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,10 +38,10 @@ struct Case {
   std::string schedule = "1f1b";
   int virtual_size = 1;
   int zero = 1;
-  bool bf16 = false, tied = true, recompute = false, offload = false;
+  bool bf16 = false, tied = true, recompute = false, offload = false, fp16 = false;
   std::string describe() const {
     return fmt::format("pp {} tp {} {}{} zero {}{}{}{}{}", pp, tp, schedule,
-                       virtual_size > 1 ? fmt::format(" v{}", virtual_size) : "", zero, bf16 ? " bf16" : "",
+                       virtual_size > 1 ? fmt::format(" v{}", virtual_size) : "", zero, bf16 ? " bf16" : fp16 ? " fp16" : "",
                        tied ? " tied" : " untied", recompute ? " recompute" : "", offload ? " offload" : "");
   }
 };
@@ -53,18 +55,22 @@ std::string config_json(const Case& c, bool reference) {
   return fmt::format(
       R"({{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.3,
           "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
-          "zero_optimization": {}, "bf16": {{"enabled": {}}}, "device": {{"memory_mb": 256}},
+          "zero_optimization": {}, "bf16": {{"enabled": {}}}, "fp16": {{"enabled": {}, "initial_scale_power": 18}},
+          "device": {{"memory_mb": 256}},
           "comm": {{"timeout_s": 60}},
           "activation_checkpointing": {{"checkpoint_blocks": "{}"}},
           "model": {{"n_layer": 8, "d_model": 32, "n_head": 2, "seq_len": 16, "tied_embeddings": {},
                     "tensor_parallel_size": {}, "pipeline_parallel_size": {}, "virtual_pipeline_size": {}}}{}}})",
-      zero, c.bf16, c.recompute ? "all" : "none", c.tied, tp, pp, reference ? 1 : c.virtual_size, pipeline);
+      zero, c.bf16, c.fp16, c.recompute ? "all" : "none", c.tied, tp, pp, reference ? 1 : c.virtual_size, pipeline);
 }
 
 // Losses and gradient norms of kSteps optimizer steps of one run of the case (or of its pp 1 reference
 // over every rank): losses[s], then norms at losses[kSteps + s]. Adam hides a wrong clipping scale
 // in the losses (its update is nearly invariant to a gradient's scale), so the norms are compared too.
-std::vector<double> train(const Case& c, bool reference) {
+// Checkpoints: `load` (a directory; empty: none) is loaded before training, `save` written after
+// `save_after` steps.
+std::vector<double> train(const Case& c, bool reference, int steps = kSteps, const std::string& load = "",
+                          const std::string& save = "", int save_after = 0) {
   const comm::Group& world = test::world().group();
   RunConfig cfg = parse_run_config(parse_json_text(config_json(c, reference), "case"), world.size());
   const int pp = cfg.pipeline.pipeline_parallel_size, tp = cfg.tensor_parallel.tensor_parallel_size;
@@ -80,16 +86,22 @@ std::vector<double> train(const Case& c, bool reference) {
   engine::DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), cfg.seed);
   engine::Engine engine = tp_group != nullptr ? engine::Engine(*model, cfg, topo.data_parallel(), *tp_group)
                                               : engine::Engine(*model, cfg, topo.data_parallel());
+  if (!load.empty()) engine.load_checkpoint(load);
   std::vector<double> losses, norms;
-  for (int s = 0; s < kSteps; ++s) {
+  int skipped = 0;
+  for (int s = 0; s < steps; ++s) {
+    if (!save.empty() && s == save_after) engine.save_checkpoint(save);
     const engine::StepReport& r = engine.train_batch(source);
     losses.push_back(r.loss);
-    norms.push_back(r.grad_norm);
+    norms.push_back(std::isfinite(r.grad_norm) ? r.grad_norm : -1.0);  // an fp16 overflow: the same on every run
+    skipped += r.skipped ? 1 : 0;
     if (pp > 1 && !reference) {
       EXPECT_GT(r.pipeline.seconds, 0.0);
       EXPECT_GT(r.pipeline.bytes_sent, 0);
     }
   }
+  if (!save.empty() && steps == save_after) engine.save_checkpoint(save);
+  if (c.fp16) EXPECT_TRUE(skipped > 0 && skipped < steps) << c.describe() << ": " << skipped << " skipped steps";
   losses.insert(losses.end(), norms.begin(), norms.end());
   return losses;
 }
@@ -97,7 +109,7 @@ std::vector<double> train(const Case& c, bool reference) {
 void expect_same_losses(const Case& c) {
   const std::vector<double> ref = train(c, /*reference=*/true);
   const std::vector<double> got = train(c, /*reference=*/false);
-  const double tol = c.bf16 ? 1e-2 : 1e-5;
+  const double tol = c.bf16 || c.fp16 ? 1e-2 : 1e-5;
   double worst = 0.0;
   for (size_t i = 0; i < ref.size(); ++i) {
     const double rel = std::abs(got[i] - ref[i]) / std::abs(ref[i]);
@@ -144,10 +156,39 @@ TEST(PipelineEngine, Bf16RecomputeUntiedOffload) {
   if (n != 2 && n != 4) GTEST_SKIP() << "pp 2 over 2 or 4 ranks";
   expect_same_losses({.schedule = "1f1b", .zero = 2, .bf16 = true});
   expect_same_losses({.schedule = "zb-h1", .zero = 1, .bf16 = true});
+  // fp16 from a loss scale of 2^18: the first 2 steps overflow and are skipped on every stage alike.
+  expect_same_losses({.schedule = "1f1b", .zero = 2, .fp16 = true});
   expect_same_losses({.schedule = "zb-h1", .zero = 1, .recompute = true});
   expect_same_losses({.schedule = "interleaved", .virtual_size = 2, .zero = 0, .tied = false, .recompute = true});
   expect_same_losses({.schedule = "1f1b", .zero = 2, .offload = true});
   expect_same_losses({.schedule = "zb-h1", .zero = 1, .offload = true});
+}
+
+// Checkpoints by parameter name: a pp 2 x dp 2 run's checkpoint after 2 steps resumes at pp 1 x dp 4
+// and at pp 4 with the same continued losses and gradient norms as the pp 2 x dp 2 run itself.
+TEST(PipelineEngine, CheckpointResumesAtAnotherPp) {
+  const comm::Group& world = test::world().group();
+  if (world.size() != 4) GTEST_SKIP() << "pp 2 x dp 2, pp 1 x dp 4 and pp 4 over 4 ranks";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::current_path() / "zs-pp-ckpt-test";
+  if (world.rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world.barrier();
+  const Case pp2{.pp = 2, .schedule = "zb-h1", .zero = 2};
+  const std::vector<double> straight = train(pp2, false, 4, "", (dir / "pp2").string(), 2);
+  const std::vector<double> tail(straight.begin() + 2, straight.begin() + 4);
+  const std::vector<double> tail_norms(straight.begin() + 6, straight.begin() + 8);
+  for (const Case& at : {Case{.pp = 1, .schedule = "1f1b", .zero = 1}, Case{.pp = 4, .schedule = "1f1b", .zero = 2}}) {
+    const std::vector<double> got = train(at, at.pp == 1, 2, (dir / "pp2").string());
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_NEAR(got[i], tail[i], 1e-5 * tail[i]) << "resumed at pp " << at.pp << ", step " << i + 3 << " loss";
+      EXPECT_NEAR(got[2 + i], tail_norms[i], 1e-5 * tail_norms[i]) << "resumed at pp " << at.pp << ", step " << i + 3 << " norm";
+    }
+  }
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
 }
 
 // ---- config keys (no MPI) ---------------------------------------------------------------------------
