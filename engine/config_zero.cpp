@@ -167,8 +167,8 @@ void read_checkpoint(ObjectReader& r, CheckpointConfig& c, Notes& notes) {
   r.read_object("parallel_write", [&](ObjectReader& p) {
     bool pipeline_stage = false;
     if (p.read("pipeline_stage", pipeline_stage) && pipeline_stage) {
-      throw ConfigError(fmt::format("{}: zeroshard has no pipeline parallelism; every rank already writes its own file in "
-                                    "parallel. Set it to false or remove it",
+      throw ConfigError(fmt::format("{}: every rank, of every pipeline stage, already writes its own file in parallel. "
+                                    "Set it to false or remove it",
                                     p.path_of("pipeline_stage")));
     }
   });

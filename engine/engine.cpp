@@ -200,6 +200,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
               optimizer_->state_specs().size(), kMaxStates);
   }
   try {
+    setup_pipeline(model);
     place_all(model);
     setup_recompute(model);
   } catch (...) {
@@ -291,7 +292,8 @@ void Engine::start(std::unique_ptr<memory::Backend> backend) {
     // Only an engine that trains monitors: a measuring one (the estimator) must not create files.
     // Rank 0 of the job writes: with tensor parallelism the world rank is tp rank + tp x dp rank
     // (comm::Topology's order), so the other tp ranks' dp rank 0 does not write the same files.
-    const int world_rank = tp_ != nullptr ? tp_->rank() + tp_->size() * group_.rank() : group_.rank();
+    const int pp_rank = impl_->pipeline_ ? impl_->pipeline_->pipeline_group().rank() : 0;
+    const int world_rank = tensor_parallel_size() * (group_.rank() + group_.size() * pp_rank) + (tp_ ? tp_->rank() : 0);
     if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, world_rank);
     // DeepSpeed profiles on global rank 0 only.
     if (config_.monitor.flops.enabled && world_rank == 0) {
@@ -528,11 +530,12 @@ StepReport Engine::train_batch(BatchSource& source) {
         model_.forward_pending() ? ", and a forward() without its backward()" : ""));
   }
   nn::Batch batch;
-  for (int64_t m = 0; m < config_.batch.gradient_accumulation_steps; ++m) {
+  for (int64_t m = 0; s.pipeline_ == nullptr && m < config_.batch.gradient_accumulation_steps; ++m) {
     s.fill_micro_batch(source, batch, global_step_, m);
     forward(batch);
     backward();
   }
+  if (s.pipeline_ != nullptr) s.run_pipeline_window(model_, source, global_step_);  // the schedule's window
   bool stepped = step();
   ZS_ASSERT(stepped, "train_batch ended between accumulation boundaries");
   return last_;

@@ -116,6 +116,7 @@
 
 #include "comm/group.h"
 #include "engine/config.h"
+#include "engine/pipeline_model.h"
 #include "memory/backend.h"
 #include "memory/category.h"
 #include "memory/tensor.h"
@@ -164,6 +165,10 @@ struct StepReport {
   // apart, the recomputation's (activation checkpointing re-runs, selective score recompute).
   uint64_t model_flops = 0;
   uint64_t recompute_flops = 0;
+  // A pipeline stage (engine/pipeline_model.h): this rank's schedule - its time, its measured bubble
+  // (1 - busy / seconds), the bytes sent to the neighbouring stages; all zero otherwise.
+  PipelineRun pipeline;
+  double pipeline_bubble() const { return pipeline.seconds > 0 ? 1.0 - pipeline.busy_seconds / pipeline.seconds : 0.0; }
 };
 
 // Bytes of the flat model states of this rank, by category (the summary's model_states_bytes).
@@ -227,6 +232,9 @@ class Engine {
   // The tensor-parallel group, or nullptr for tp 1 (Note [tensor-parallel parameters]).
   const comm::Group* tensor_parallel() const { return tp_; }
   int tensor_parallel_size() const { return tp_ != nullptr ? tp_->size() : 1; }
+  // The "pp" group when the model is a pipeline stage (engine/pipeline_model.h), else nullptr.
+  const comm::Group* pipeline_parallel() const;
+  int pipeline_parallel_size() const { return pipeline_parallel() != nullptr ? pipeline_parallel()->size() : 1; }
   nn::Model& model() const { return model_; }
 
   // Total parameter elements of the model (padding excluded), every expert counted once: a rank holds

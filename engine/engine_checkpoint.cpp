@@ -521,6 +521,8 @@ CheckpointAccess Engine::checkpoint_access() {
   return CheckpointAccess{.config = config_,
                           .group = group_,
                           .tensor_parallel = tp_,
+                          .pipeline_parallel = pipeline_parallel(),
+                          .copies = &s.env_.uncounted,
                           .sets = s.sets_,
                           .compressed = s.compressed_ ? &*s.compressed_ : nullptr,
                           .specs = s.env_.specs,

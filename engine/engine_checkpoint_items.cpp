@@ -281,6 +281,7 @@ std::map<std::string, checkpoint::Scalar> EngineCheckpoint::scalars() const {
   m["world_size"] = static_cast<int64_t>(ranks_.size());  // the rank files
   // Information (a load at any tp degree reads the full tensors): Note [tensor-parallel checkpoints].
   m["tensor_parallel_size"] = static_cast<int64_t>(ranks_.tp_size());
+  if (ranks_.pp_size() > 1) m["pipeline_parallel_size"] = static_cast<int64_t>(ranks_.pp_size());  // information only
   m["offload_optimizer"] = offload_device_name(cfg.zero.offload_optimizer.device);
   m["offload_param"] = offload_device_name(cfg.zero.offload_param.device);
   if (a_.compressed) {

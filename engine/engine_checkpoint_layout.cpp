@@ -46,13 +46,32 @@ std::vector<std::string> allgather_strings(const comm::Group& g, const std::stri
 void agreed(const comm::Group& g, const std::function<void()>& fn) { comm::run_agreed<CheckpointError>(g, fn); }
 
 std::vector<std::string> CheckpointRanks::allgather(const std::string& mine) const {
+  const std::vector<std::string> stage = allgather_stage(mine);
+  if (!pp_) return stage;
+  // The stages' results in turn: stage s's block of dp x tp ranks follows stage s - 1's.
+  std::string packed;
+  for (const std::string& x : stage) packed += fmt::format("{}\n{}", x.size(), x);
+  std::vector<std::string> out;
+  for (const std::string& p : allgather_strings(*pp_, packed)) {
+    size_t at = 0;
+    for (size_t i = 0; i < stage.size(); ++i) {
+      const size_t nl = p.find('\n', at);
+      const size_t len = std::stoull(p.substr(at, nl - at));
+      out.push_back(p.substr(nl + 1, len));
+      at = nl + 1 + len;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> CheckpointRanks::allgather_stage(const std::string& mine) const {
   if (!tp_) return allgather_strings(dp_, mine);
   // Over the data-parallel group, then the tensor-parallel group's packed results: [t][d] is rank t + tp * d.
   std::string packed;
   for (const std::string& s : allgather_strings(dp_, mine)) packed += fmt::format("{}\n{}", s.size(), s);
   const std::vector<std::string> by_tp = allgather_strings(*tp_, packed);
   const int tp = tp_size();
-  std::vector<std::string> out(static_cast<size_t>(size()));
+  std::vector<std::string> out(static_cast<size_t>(tp * dp_.size()));
   for (int t = 0; t < tp; ++t) {
     const std::string& p = by_tp[static_cast<size_t>(t)];
     size_t at = 0;
@@ -67,6 +86,25 @@ std::vector<std::string> CheckpointRanks::allgather(const std::string& mine) con
 }
 
 void CheckpointRanks::agreed(const std::function<void()>& fn) const {
+  if (!pp_) {
+    agreed_stage(fn);
+    return;
+  }
+  // The stage agrees first (its failure named by checkpoint rank), then the stages.
+  std::exception_ptr mine;
+  try {
+    agreed_stage(fn);
+  } catch (...) {
+    mine = std::current_exception();
+  }
+  if (std::optional<comm::RankFailure> f = comm::agree_outcome(*pp_, mine)) {
+    const std::string message = fmt::format("pipeline stage {}: {}", f->rank, f->message);
+    if (f->kind == comm::ErrorKind::kOther) throw CheckpointError(message);
+    comm::detail::throw_failure(*f, message);
+  }
+}
+
+void CheckpointRanks::agreed_stage(const std::function<void()>& fn) const {
   if (!tp_) {
     engine::agreed(dp_, fn);
     return;

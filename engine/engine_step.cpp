@@ -98,13 +98,14 @@ Engine::Impl::LossAndNorm Engine::Impl::agree_loss_and_norm(bool local) {
     tp_->allreduce(memory::Tensor::of(std::span<float>(&total, 1)));
     out.sum_sq = total;
   }
+  out.sum_sq = pipeline_sum(out.sum_sq);  // every stage's part (Note [pipeline stages in the engine])
   return out;
 }
 
 double Engine::Impl::grad_sum_of_squares(const ModelStates& set, memory::ShardRange range) {
   // Per-piece sums added in piece order: the same bits for any thread count.
   std::vector<double> piece_sums;
-  if (tp_ == nullptr || tp_->rank() == 0) {
+  if ((tp_ == nullptr || tp_->rank() == 0) && env_.uncounted.empty()) {
     piece_sums.resize((range.size + kPieceElements - 1) / kPieceElements);
     memory::run_kernel(*backend_, [&] {
       set.for_each_span(range, kPieceElements, [&](size_t at, size_t n, int t) {
@@ -113,7 +114,8 @@ double Engine::Impl::grad_sum_of_squares(const ModelStates& set, memory::ShardRa
     });
   } else {
     // Note [tensor-parallel parameters]: the other tp ranks count their TP shards only (tp rank 0
-    // counts the replicated parameters for the group), slot by slot.
+    // counts the replicated parameters for the group), slot by slot; a pipeline stage skips its copy
+    // of a parameter another stage counts.
     std::vector<memory::ShardRange> pieces;
     for (const ParamSlot& slot : set.layout.slots()) {
       if (!env_.counts(*slot.param)) continue;
@@ -168,6 +170,7 @@ void Engine::Impl::gather_updated_params() {
 void Engine::Impl::finish_report(StepReport& report, double t0) {
   report.forward_s = forward_s_;
   report.backward_s = backward_s_;
+  if (pipeline_ != nullptr) report.pipeline = pipeline_run_;
   report.optimizer_s = now_seconds() - t0;
   const uint64_t sent = group_.counters().bytes_sent;
   report.comm_bytes_sent = sent - bytes_sent_at_step_start_;

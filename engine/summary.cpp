@@ -15,8 +15,9 @@ namespace zs::engine {
 namespace {
 
 // + host->device, device->host transfer bytes, gradient bytes, tensor-parallel bytes; model and recomputed FLOPs
-// over the timed steps, the cores' peak FLOP/s (model FLOPs utilisation)
-constexpr size_t kFields = 18 + memory::kNumCategories + 4 + 3;
+// over the timed steps, the cores' peak FLOP/s (model FLOPs utilisation); a pipeline stage's schedule
+// seconds and busy seconds (in microseconds) and bytes sent between stages
+constexpr size_t kFields = 18 + memory::kNumCategories + 4 + 3 + 3;
 using Fields = std::array<uint64_t, kFields>;
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
@@ -35,14 +36,18 @@ std::vector<Fields> gather_u64(const comm::Group& group, const std::vector<Field
 std::vector<Fields> gather_ranks(const Engine& engine, const Fields& mine) {
   std::vector<Fields> by_dp = gather_u64(engine.group(), {mine});
   const comm::Group* tp = engine.tensor_parallel();
-  if (tp == nullptr) return by_dp;
-  const std::vector<Fields> blocks = gather_u64(*tp, by_dp);  // [tp rank][dp rank]
-  const size_t dp = by_dp.size(), t = static_cast<size_t>(tp->size());
-  std::vector<Fields> world(dp * t);
-  for (size_t tr = 0; tr < t; ++tr) {
-    for (size_t d = 0; d < dp; ++d) world[tr + t * d] = blocks[tr * dp + d];
+  std::vector<Fields> world = by_dp;
+  if (tp != nullptr) {
+    const std::vector<Fields> blocks = gather_u64(*tp, by_dp);  // [tp rank][dp rank]
+    const size_t dp = by_dp.size(), t = static_cast<size_t>(tp->size());
+    world.assign(dp * t, Fields{});
+    for (size_t tr = 0; tr < t; ++tr) {
+      for (size_t d = 0; d < dp; ++d) world[tr + t * d] = blocks[tr * dp + d];
+    }
   }
-  return world;
+  // Pipeline stages: world rank = tp rank + tp * (dp rank + dp * pp rank), so stage blocks follow each other.
+  const comm::Group* pp = engine.pipeline_parallel();
+  return pp != nullptr && pp->size() > 1 ? gather_u64(*pp, world) : world;
 }
 
 }  // namespace
@@ -67,6 +72,9 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   kind.bytes += report.comm_bytes_sent;
   kind.grad_bytes += report.grad_comm_bytes_sent;
   tp_bytes_ += report.tp_comm_bytes_sent;
+  pp_seconds_ += report.pipeline.seconds;
+  pp_busy_seconds_ += report.pipeline.busy_seconds;
+  pp_bytes_ += static_cast<uint64_t>(report.pipeline.bytes_sent);
   transfers_.host_to_device_bytes += report.transfers.host_to_device_bytes;
   transfers_.device_to_host_bytes += report.transfers.device_to_host_bytes;
 }
@@ -110,6 +118,10 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   mine[kTransfers + 2] = exact_steps_.grad_bytes;
   mine[kTransfers + 3] = tp_bytes_;
   constexpr size_t kFlops = kTransfers + 4;
+  constexpr size_t kPipeline = kFlops + 3;
+  mine[kPipeline] = static_cast<uint64_t>(pp_seconds_ * 1e6);
+  mine[kPipeline + 1] = static_cast<uint64_t>(pp_busy_seconds_ * 1e6);
+  mine[kPipeline + 2] = pp_bytes_;
   const memory::PeakFlops& peak = nn::product_peak(engine_.config().compute_dtype());
   mine[kFlops] = timed_sum(model_flops_);
   mine[kFlops + 1] = timed_sum(recompute_flops_);
@@ -127,12 +139,52 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   s["data_parallel_size"] = group.size();
   s["tensor_parallel_size"] = tp;
   s["topology"] = fmt::format("dp {} x tp {}", group.size(), tp);
+  if (const int pp = engine_.pipeline_parallel_size(); pp > 1) {
+    // Pipeline parallelism: param_digest below is stage 0's parameters' (params_total the whole model's); per stage, the schedule's
+    // seconds summed over the steps (mean over the stage's ranks), its measured bubble and the bytes
+    // its ranks sent to the neighbouring stages.
+    s["world_size"] = group.size() * tp * pp;
+    s["pipeline_parallel_size"] = pp;
+    s["topology"] = fmt::format("dp {} x tp {} x pp {}", group.size(), tp, pp);
+    boost::json::array stages;
+    const size_t per_stage = all.size() / static_cast<size_t>(pp);
+    for (size_t st = 0; st < static_cast<size_t>(pp); ++st) {
+      double secs = 0, busy = 0;
+      uint64_t bytes = 0;
+      for (size_t r = st * per_stage; r < (st + 1) * per_stage; ++r) {
+        secs += static_cast<double>(all[r][kPipeline]) * 1e-6;
+        busy += static_cast<double>(all[r][kPipeline + 1]) * 1e-6;
+        bytes += all[r][kPipeline + 2];
+      }
+      stages.push_back(boost::json::object{{"stage", static_cast<int64_t>(st)},
+                                           {"seconds", secs / static_cast<double>(per_stage)},
+                                           {"bubble", ratio(secs - busy, secs)},
+                                           {"bytes_sent", bytes}});
+    }
+    s["pipeline"] = boost::json::object{{"stages", std::move(stages)}};
+  }
   s["zero_stage"] = cfg.zero.stage;
   s["precision"] = precision_name(cfg.precision);
   s["communication_data_type"] = memory::dtype_name(cfg.gradient_comm_dtype());
   s["steps"] = static_cast<int64_t>(losses_.size());
   s["skipped_steps"] = skipped_;
   s["params_total"] = engine_.param_count();
+  if (const int pp = engine_.pipeline_parallel_size(); pp > 1) {
+    // The whole model: every stage's parameters, a copy another stage counts (the tied head) once.
+    int64_t mine_params = engine_.param_count();
+    if (auto* stage = dynamic_cast<PipelineModel*>(&engine_.model())) {
+      for (const PipelineModel::Shared& sh : stage->shared_params()) {
+        if (!sh.counted) mine_params -= sh.param->full_numel();
+      }
+    }
+    int32_t halves[2] = {static_cast<int32_t>(mine_params & 0x7fffffff), static_cast<int32_t>(mine_params >> 31)};
+    std::vector<int32_t> all_halves(2 * static_cast<size_t>(pp));
+    engine_.pipeline_parallel()->allgather(memory::Tensor(halves, memory::DType::kI32, {2}),
+                                           memory::Tensor(all_halves.data(), memory::DType::kI32, {2 * pp}));
+    int64_t params_total = 0;
+    for (int q = 0; q < pp; ++q) params_total += all_halves[2 * q] + (int64_t{all_halves[2 * q + 1]} << 31);
+    s["params_total"] = params_total;
+  }
   s["train_batch_size"] = cfg.batch.train_batch_size;
   s["micro_batch_per_rank"] = cfg.batch.micro_batch_per_rank;
   s["gradient_accumulation_steps"] = cfg.batch.gradient_accumulation_steps;
@@ -263,7 +315,8 @@ void SummaryRecorder::write(const std::string& path, const comm::CommCounters& c
   for (const auto& [key, value] : extra) s[key] = value;
   // World rank 0 writes: rank 0 of the data-parallel group of tensor-parallel rank 0.
   const comm::Group* tp = engine_.tensor_parallel();
-  if (engine_.group().rank() != 0 || (tp != nullptr && tp->rank() != 0)) return;
+  const comm::Group* pp = engine_.pipeline_parallel();
+  if (engine_.group().rank() != 0 || (tp != nullptr && tp->rank() != 0) || (pp != nullptr && pp->rank() != 0)) return;
   std::ofstream out(path);
   if (!out) throw IoError(fmt::format("--summary: cannot write '{}': check that the directory exists and is writable", path));
   out << boost::json::serialize(s) << "\n";

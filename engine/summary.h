@@ -56,6 +56,8 @@ class SummaryRecorder {
   };
   StepBytes exact_steps_, compressed_steps_;  // this rank's bytes sent, by kind of step
   memory::TransferStats transfers_;           // this rank's host <-> device bytes over the steps
+  double pp_seconds_ = 0, pp_busy_seconds_ = 0;  // this rank's pipeline schedule (StepReport::pipeline)
+  uint64_t pp_bytes_ = 0;
   uint64_t tp_bytes_ = 0;                     // this rank's bytes over the tensor-parallel group
 };
 

@@ -63,8 +63,10 @@ void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& 
   // Tensor parallelism: each rank holds about 1/tp of the parameters (a lower bound: replicated norms,
   // biases and wpe are whole on every rank), sharded over ranks / tp; the check refuses only what
   // cannot fit, so a lower bound is the safe side.
+  // Pipeline stages likewise: the largest stage holds at least 1/pp of them, over ranks / (tp x pp).
   const int tp = cfg.tensor_parallel.tensor_parallel_size;
-  EstimateInput in = estimate_input_for_config(rules, ranks / tp, counts.dense / static_cast<uint64_t>(tp));
+  const int pp = cfg.pipeline.pipeline_parallel_size;
+  EstimateInput in = estimate_input_for_config(rules, ranks / tp / pp, counts.dense / static_cast<uint64_t>(tp * pp));
   if (counts.expert > 0) {
     in.model.experts.push_back({counts.expert_parallel_size, round_up(counts.expert, kAlign)});
   }

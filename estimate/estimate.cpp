@@ -259,6 +259,13 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
                                   "multiple of {} ranks", tp, world, tp));
   }
   const int ranks = world / tp;
+  if (cfg.model && cfg.pipeline.pipeline_parallel_size > 1) {
+    throw ConfigError(fmt::format("model.pipeline_parallel_size: {}: zeroshard estimate does not measure pipeline stages "
+                                  "yet (each stage's share of the model and its micro-batches in flight under "
+                                  "pipeline.schedule); estimate the config at model.pipeline_parallel_size 1 for the "
+                                  "whole model on one stage, an upper bound",
+                                  cfg.pipeline.pipeline_parallel_size));
+  }
   if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");

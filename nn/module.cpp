@@ -41,6 +41,12 @@ void Module::adopt_child(std::string name, std::unique_ptr<Module> child) {
   children_.push_back(std::move(child));
 }
 
+void Module::adopt_part(std::unique_ptr<Module> part) {
+  part->local_name_.clear();
+  part->name_.clear();
+  children_.push_back(std::move(part));
+}
+
 std::vector<Parameter*> Module::params() const {
   std::vector<Parameter*> out;
   out.reserve(params_.size());
@@ -127,7 +133,8 @@ namespace {
 void name_tree(Module& m, const std::string& path) {
   for (Parameter* p : m.params()) p->set_full_name(path.empty() ? p->name() : path + "." + p->name());
   for (Module* c : m.children()) {
-    std::string child_path = path.empty() ? c->local_name() : path + "." + c->local_name();
+    // A part (adopt_part) adds no component.
+    std::string child_path = path.empty() || c->local_name().empty() ? path + c->local_name() : path + "." + c->local_name();
     name_tree(*c, child_path);
   }
 }
@@ -138,7 +145,9 @@ void assign_names(Module& root) {
   root.local_name_.clear();
   root.name_.clear();
   for (Module* m : root.named_modules()) {
-    for (Module* c : m->children()) c->name_ = m->name_.empty() ? c->local_name_ : m->name_ + "." + c->local_name_;
+    for (Module* c : m->children()) {
+      c->name_ = m->name_.empty() || c->local_name_.empty() ? m->name_ + c->local_name_ : m->name_ + "." + c->local_name_;
+    }
   }
   name_tree(root, "");
 }

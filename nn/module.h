@@ -137,6 +137,10 @@ class Module {
     return ref;
   }
   void adopt_child(std::string name, std::unique_ptr<Module> child);
+  // A child that adds no component to its subtree's names: a container of model parts that keep their
+  // own full names (a pipeline stage holding several chunks of one model, pp/ and run/). The parts'
+  // full names must not clash (the engine's layout refuses duplicates).
+  void adopt_part(std::unique_ptr<Module> part);
 
   // y = f(x). Training mode: save what backward needs. Called only by Context::forward.
   virtual memory::Tensor forward(Context& ctx, const memory::Tensor& input) = 0;

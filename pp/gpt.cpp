@@ -11,6 +11,7 @@
 #include "nn/transformer.h"
 #include "pp/detail/blocks.h"
 #include "tp/gpt.h"
+#include "tp/transformer.h"
 
 namespace zs::pp {
 
@@ -139,11 +140,28 @@ void GptStage::backward_loss(nn::Context& ctx, float grad_scale) {
   }
 }
 
-GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, const GptPipelineConfig& pc)
-    : cfg_(cfg), group_(group) {
+namespace {
+
+// pc.recompute_plan onto a chunk's blocks (named by their global index).
+template <typename Block>
+void apply_recompute_plan(StageModel& chunk, const nn::GptRecompute& plan) {
+  for (nn::Module* m : chunk.named_modules()) {
+    auto* b = dynamic_cast<Block*>(m);
+    if (b == nullptr) continue;
+    const std::string& local = b->local_name();
+    const auto i = static_cast<size_t>(std::stoll(local));
+    if (i < plan.blocks.size() && plan.blocks[i]) b->set_recomputed(true);
+    if (plan.selective) b->attention().set_recompute_scores(true);
+  }
+}
+
+}  // namespace
+
+std::vector<ChunkFactory> gpt_chunk_factories(const nn::GptConfig& cfg, const comm::Group& group,
+                                              const GptPipelineConfig& pc, std::vector<int64_t>* bounds) {
   const int p = group.size(), v = pc.virtual_pipeline_size, r = group.rank();
   if (v < 1) throw ConfigError(fmt::format("model.virtual_pipeline_size: must be a positive integer, got {}", v));
-  bounds_ = gpt_partition(cfg, pc.partition, p * v);
+  *bounds = gpt_partition(cfg, pc.partition, p * v);
   const int G = p * v;
   const comm::Group* tg = pc.tensor_parallel_group;
   if (tg != nullptr) {
@@ -159,21 +177,32 @@ GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, con
     throw ConfigError("model.sequence_parallel: needs tensor parallelism (model.tensor_parallel_size > 1)");
   }
   std::vector<ChunkFactory> factories;
+  const nn::GptRecompute plan = pc.recompute_plan;
   for (int c = 0; c < v; ++c) {
     const int g = c * p + r;
-    const int64_t b0 = bounds_[static_cast<size_t>(g)], b1 = bounds_[static_cast<size_t>(g) + 1];
+    const int64_t b0 = (*bounds)[static_cast<size_t>(g)], b1 = (*bounds)[static_cast<size_t>(g) + 1];
     const bool first = g == 0, last = g == G - 1, rc = pc.recompute;
     if (tg != nullptr) {
       const tp::TensorParallel tpar{.group = tg, .sequence_parallel = pc.sequence_parallel};
       factories.push_back([=]() -> std::unique_ptr<StageModel> {
-        return std::make_unique<TpGptStage>(cfg, tpar, b0, b1, first, last, rc);
+        auto s = std::make_unique<TpGptStage>(cfg, tpar, b0, b1, first, last, rc);
+        apply_recompute_plan<tp::ParallelBlock>(*s, plan);
+        return s;
       });
     } else {
       factories.push_back([=]() -> std::unique_ptr<StageModel> {
-        return std::make_unique<GptStage>(cfg, b0, b1, first, last, rc);
+        auto s = std::make_unique<GptStage>(cfg, b0, b1, first, last, rc);
+        apply_recompute_plan<nn::Block>(*s, plan);
+        return s;
       });
     }
   }
+  return factories;
+}
+
+GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, const GptPipelineConfig& pc)
+    : cfg_(cfg), group_(group) {
+  std::vector<ChunkFactory> factories = gpt_chunk_factories(cfg, group, pc, &bounds_);
   pipe_ = std::make_unique<Pipeline>(group, pc.pipeline, std::move(factories));
 }
 

@@ -37,6 +37,9 @@ struct GptPipelineConfig {
   PipelineConfig pipeline = {};
   PartitionConfig partition = {};
   bool recompute = false;         // every block recomputes its activations in the backward
+  // Or, as nn::GptModel::set_recompute: block i (its global index) recomputed where blocks[i], and
+  // selective recompute of the attention scores (activation_checkpointing.checkpoint_blocks).
+  nn::GptRecompute recompute_plan = {};
   // Tensor parallelism inside every stage (tp/'s layers, TpGptStage): the "tp" group of
   // comm::Topology; nullptr: none. With it, the "pp" group links ranks of the same tp rank.
   const comm::Group* tensor_parallel_group = nullptr;
@@ -45,6 +48,12 @@ struct GptPipelineConfig {
 
 // Block boundaries of the global chunks (global_chunks + 1 entries), ConfigError as pp::partition.
 std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks);
+
+// One factory per local chunk of this rank (rank r of `group` holds global chunks r, r + stages, ...),
+// and the block boundaries of the global chunks into `bounds`. ConfigError as gpt_partition, or for a
+// virtual_pipeline_size below 1.
+std::vector<ChunkFactory> gpt_chunk_factories(const nn::GptConfig& cfg, const comm::Group& group,
+                                              const GptPipelineConfig& pc, std::vector<int64_t>* bounds);
 
 // Global chunk holding blocks [first_block, end_block) of the GPT, with the embeddings if `first`, the
 // final norm, head and loss if `last`.

@@ -19,7 +19,8 @@ using memory::Tensor;
 // Instances of one local chunk (Note [micro-batches in flight]); inst[0] holds the storage.
 struct Pipeline::Chunk {
   ChunkFactory factory;
-  std::vector<std::unique_ptr<StageModel>> inst;
+  std::vector<std::unique_ptr<StageModel>> owned;  // the instances this pipeline built
+  std::vector<StageModel*> inst;                   // inst[0]: the first (owned, or the caller's)
   std::vector<int64_t> holds;  // the micro-batch each instance holds, -1: free
 };
 
@@ -46,13 +47,21 @@ struct Slot {
 
 }  // namespace
 
-Pipeline::Pipeline(const comm::Group& group, const PipelineConfig& cfg, std::vector<ChunkFactory> factories)
+Pipeline::Pipeline(const comm::Group& group, const PipelineConfig& cfg, std::vector<ChunkFactory> factories,
+                   std::vector<StageModel*> first)
     : group_(group), cfg_(cfg) {
   ZS_ASSERT(!factories.empty(), "pp::Pipeline needs at least one chunk factory");
-  for (auto& f : factories) {
+  ZS_ASSERT(first.empty() || first.size() == factories.size(), "pp::Pipeline: {} first instances for {} chunks",
+            first.size(), factories.size());
+  for (size_t i = 0; i < factories.size(); ++i) {
     auto c = std::make_unique<Chunk>();
-    c->factory = std::move(f);
-    c->inst.push_back(c->factory());
+    c->factory = std::move(factories[i]);
+    if (first.empty()) {
+      c->owned.push_back(c->factory());
+      c->inst.push_back(c->owned.back().get());
+    } else {
+      c->inst.push_back(first[i]);
+    }
     c->holds.push_back(-1);
     chunks_.push_back(std::move(c));
   }
@@ -67,7 +76,8 @@ StageModel& Pipeline::acquire(int c, int64_t mb, int* in_flight) {
   auto it = std::find(ch.holds.begin(), ch.holds.end(), int64_t{-1});
   size_t i = static_cast<size_t>(it - ch.holds.begin());
   if (it == ch.holds.end()) {
-    ch.inst.push_back(ch.factory());
+    ch.owned.push_back(ch.factory());
+    ch.inst.push_back(ch.owned.back().get());
     ch.holds.push_back(-1);
     bind(*ch.inst.back(), *ch.inst[0]);
   }

@@ -79,8 +79,11 @@ struct StepStats {
 class Pipeline {
  public:
   // `group`: the "pp" group (comm::Topology::pipeline_parallel()), this rank its stage. One factory
-  // per local chunk (chunks = factories.size()); each call builds a fresh, named chunk.
-  Pipeline(const comm::Group& group, const PipelineConfig& cfg, std::vector<ChunkFactory> factories);
+  // per local chunk (chunks = factories.size()); each call builds a fresh, named chunk. `first`: the
+  // chunks' first instances, built by the caller from the same factories and owned by it (an engine's
+  // model holding them as parts, run/gpt_pipeline.h); empty: the pipeline builds them.
+  Pipeline(const comm::Group& group, const PipelineConfig& cfg, std::vector<ChunkFactory> factories,
+           std::vector<StageModel*> first = {});
   ~Pipeline();
 
   int chunks() const { return static_cast<int>(chunks_.size()); }

@@ -6,4 +6,5 @@
 //   engine::Engine engine(model, cfg, group);   // a RunConfig is an engine::EngineConfig
 #pragma once
 
+#include "run/gpt_pipeline.h"  // GptPipelineModel: a pipeline stage of the built-in GPT
 #include "run/run_config.h"  // RunConfig, DataConfig, parse_run_config

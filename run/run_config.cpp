@@ -4,6 +4,7 @@
 
 #include "core/errors.h"
 #include "core/json.h"
+#include "pp/gpt.h"
 
 namespace zs::run {
 namespace {
@@ -16,15 +17,22 @@ constexpr int64_t kMaxSeqLen = int64_t{1} << 20;     // one million positions
 constexpr int64_t kMaxEvalBatches = int64_t{1} << 16;
 constexpr int64_t kMaxExperts = 4096;
 
-// model.tensor_parallel_size as written, before the engine's pass: the batch arithmetic divides by
-// the data-parallel size, ranks / tp. A value that is not a positive divisor of `ranks` counts as 1
-// here; the model section's reader then reports it (before the batch is resolved).
-int peek_tensor_parallel_size(const boost::json::value& doc, int ranks) {
+// model.tensor_parallel_size (or pipeline_parallel_size) as written, before the engine's pass: the
+// batch arithmetic divides by the data-parallel size, ranks / (tp x pp). A value that is not a
+// positive divisor of `ranks` counts as 1 here; the model section's reader then reports it (before the
+// batch is resolved).
+int peek_model_size(const boost::json::value& doc, int ranks, std::string_view key) {
   const boost::json::value* model = doc.is_object() ? doc.as_object().if_contains("model") : nullptr;
-  const boost::json::value* tp = model && model->is_object() ? model->as_object().if_contains("tensor_parallel_size") : nullptr;
+  const boost::json::value* tp = model && model->is_object() ? model->as_object().if_contains(key) : nullptr;
   if (tp == nullptr || !tp->is_int64()) return 1;
   const int64_t v = tp->as_int64();
   return v >= 1 && v <= ranks && ranks % v == 0 ? static_cast<int>(v) : 1;
+}
+
+int peek_data_parallel_size(const boost::json::value& doc, int ranks) {
+  const int tp = peek_model_size(doc, ranks, "tensor_parallel_size");
+  const int pp = peek_model_size(doc, ranks / tp, "pipeline_parallel_size");
+  return ranks / tp / pp;
 }
 
 void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, std::vector<std::string>& notes) {
@@ -52,6 +60,23 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   } else if (par.make_vocab_size_divisible_by != 1 && par.tensor_parallel_size == 1) {
     notes.push_back("model.make_vocab_size_divisible_by: accepted; no effect at model.tensor_parallel_size 1 (the "
                     "vocabulary is padded only to split it over the tensor-parallel group)");
+  }
+  PipelineRunConfig& pl = cfg.pipeline;
+  r.read("pipeline_parallel_size", pl.pipeline_parallel_size, IntRange{1, kMaxLayers});
+  r.read("virtual_pipeline_size", pl.virtual_pipeline_size, IntRange{1, kMaxLayers});
+  if (ranks % (pl.pipeline_parallel_size * par.tensor_parallel_size) != 0) {
+    throw ConfigError(fmt::format("model.pipeline_parallel_size: {} stages x model.tensor_parallel_size {} = {} ranks "
+                                  "per model replica does not divide the number of ranks ({}); choose sizes whose "
+                                  "product divides {} or run on a multiple of {} ranks",
+                                  pl.pipeline_parallel_size, par.tensor_parallel_size,
+                                  pl.pipeline_parallel_size * par.tensor_parallel_size, ranks, ranks,
+                                  pl.pipeline_parallel_size * par.tensor_parallel_size));
+  }
+  if (pl.virtual_pipeline_size > 1 && pl.pipeline_parallel_size == 1) {
+    throw ConfigError(fmt::format("model.virtual_pipeline_size: {} chunks per rank need pipeline parallelism; set "
+                                  "model.pipeline_parallel_size above 1 (and pipeline.schedule \"interleaved\") or "
+                                  "remove the key",
+                                  pl.virtual_pipeline_size));
   }
   if (par.sequence_parallel && par.tensor_parallel_size == 1) {
     notes.push_back("model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence "
@@ -100,6 +125,79 @@ moe::GptMoeConfig read_model_moe(ObjectReader& r, ObjectReader& model, nn::GptCo
   return c;
 }
 
+// The `pipeline` section (after the model's, whose stage counts it partitions).
+void read_pipeline(ObjectReader& r, RunConfig& cfg) {
+  PipelineRunConfig& pl = cfg.pipeline;
+  std::string schedule = pp::schedule_name(pl.schedule);
+  r.read_choice("schedule", schedule, {"afab", "1f1b", "interleaved", "zb-h1"});
+  pl.schedule = pp::parse_schedule(schedule);
+  std::string method = pp::partition_method_name(pl.partition.method);
+  const bool has_method = r.read_choice("partition_method", method, {"parameters", "uniform", "explicit"});
+  pl.partition.method = pp::parse_partition_method(method);
+  if (r.read("partition_boundaries", pl.partition.boundaries)) {
+    if (has_method && pl.partition.method != pp::PartitionMethod::kExplicit) {
+      throw ConfigError(fmt::format("pipeline.partition_boundaries: given with pipeline.partition_method \"{}\"; "
+                                    "boundaries are the \"explicit\" method: remove one of the two",
+                                    method));
+    }
+    pl.partition.method = pp::PartitionMethod::kExplicit;
+  } else if (pl.partition.method == pp::PartitionMethod::kExplicit) {
+    throw ConfigError("pipeline.partition_method: \"explicit\" needs pipeline.partition_boundaries (stages x "
+                      "model.virtual_pipeline_size + 1 block indices from 0 to model.n_layer)");
+  }
+  if (!cfg.model) {
+    throw ConfigError("pipeline: pipeline parallelism is of the built-in GPT; add a `model` section or remove `pipeline`");
+  }
+}
+
+// Pipeline parallelism against the rest of the config, once the batch is resolved: errors name the keys.
+void check_pipeline(RunConfig& cfg) {
+  const PipelineRunConfig& pl = cfg.pipeline;
+  const int p = pl.pipeline_parallel_size;
+  if (!cfg.model) return;
+  // Stage boundaries: more stages x chunks than blocks, or bad explicit boundaries, name the keys.
+  (void)pp::gpt_partition(*cfg.model, pl.partition, p * pl.virtual_pipeline_size);
+  if (p == 1) return;
+  const int64_t m = cfg.batch.gradient_accumulation_steps;
+  pp::validate(pl.schedule, {.stages = p, .chunks = pl.virtual_pipeline_size, .micro_batches = m});
+  if (pl.schedule != pp::Schedule::kAllForwardAllBackward && m < p) {
+    throw ConfigError(fmt::format("gradient_accumulation_steps: {} micro-batches per step for model.pipeline_parallel_size "
+                                  "{} stages: pipeline.schedule \"{}\" keeps every stage busy only with at least as "
+                                  "many micro-batches as stages; raise gradient_accumulation_steps to {} or more (or "
+                                  "train_batch_size accordingly)",
+                                  m, p, pp::schedule_name(pl.schedule), p));
+  }
+  if (cfg.zero.stage == 3) {
+    throw ConfigError(fmt::format("zero_optimization.stage: 3 with model.pipeline_parallel_size {} is not supported: "
+                                  "ZeRO-3 gathers each module's parameters along one recorded order per pass, while a "
+                                  "pipeline schedule interleaves several micro-batches' passes; use stage 1 or 2, or "
+                                  "model.pipeline_parallel_size 1",
+                                  p));
+  }
+  if (cfg.model_moe) {
+    throw ConfigError(fmt::format("model.moe: MoE layers with model.pipeline_parallel_size {} are not supported yet; set "
+                                  "model.pipeline_parallel_size to 1 for MoE models",
+                                  p));
+  }
+  if (cfg.data.eval_interval > 0) {
+    throw ConfigError(fmt::format("data.eval_interval: evaluation with model.pipeline_parallel_size {} is not supported "
+                                  "yet (a stage runs whole schedules only); remove data.eval_interval or train at "
+                                  "model.pipeline_parallel_size 1",
+                                  p));
+  }
+  if (cfg.recompute.budget()) {
+    throw ConfigError(fmt::format("activation_checkpointing.device_budget_mb: the budget is resolved with the estimator, "
+                                  "which does not measure pipeline stages yet (model.pipeline_parallel_size {}); name "
+                                  "checkpoint_blocks instead",
+                                  p));
+  }
+  if (cfg.monitor.flops.enabled) {
+    throw ConfigError(fmt::format("flops_profiler.enabled: the module profile with model.pipeline_parallel_size {} is "
+                                  "not supported yet; set it to false",
+                                  p));
+  }
+}
+
 void read_data(ObjectReader& r, RunConfig& cfg) {
   r.read("path", cfg.data.path);
   uint64_t seed = 0;
@@ -130,7 +228,7 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
 
 RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   RunConfig cfg;
-  const int dp = ranks / peek_tensor_parallel_size(doc, ranks);
+  const int dp = peek_data_parallel_size(doc, ranks);
   std::vector<std::string> notes;  // the program sections' (the engine's pass assigns cfg's own)
   // Read in the engine's pass, each at its place in the validation order (Note [program sections] in
   // engine/config.cpp); the engine's part is assigned after, which leaves these members alone.
@@ -147,6 +245,7 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
          cfg.model = m;
        }},
       {"data", "device", [&](ObjectReader& r, const engine::EngineConfig&) { read_data(r, cfg); }},
+      {"pipeline", "device", [&](ObjectReader& r, const engine::EngineConfig&) { read_pipeline(r, cfg); }},
       {"log", "comm",
        [&](ObjectReader& r, const engine::EngineConfig&) {
          r.read_choice("level", cfg.log.level, {"trace", "debug", "info", "warn", "error", "off"});
@@ -157,6 +256,7 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   cfg.notes.insert(cfg.notes.end(), notes.begin(), notes.end());
   engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel.tensor_parallel_size,
                                      cfg.tensor_parallel.sequence_parallel, cfg.notes);
+  check_pipeline(cfg);
   cfg.data_seed = cfg.data.seed;
   return cfg;
 }

@@ -24,6 +24,8 @@
 #include "engine/config.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "pp/partition.h"
+#include "pp/schedule.h"
 #include "tp/gpt.h"
 
 namespace zs::run {
@@ -45,6 +47,16 @@ struct DataConfig {
   int64_t min_seq_len = 0;
 };
 
+// Pipeline parallelism of the built-in GPT (docs/pipeline_parallel.md): model.pipeline_parallel_size
+// stages (comm::Topology's "pp" group: ranks tp x dp apart), model.virtual_pipeline_size chunks per
+// rank (the interleaved schedule), and the `pipeline` section.
+struct PipelineRunConfig {
+  int pipeline_parallel_size = 1;                   // model.pipeline_parallel_size
+  int virtual_pipeline_size = 1;                    // model.virtual_pipeline_size
+  pp::Schedule schedule = pp::Schedule::kOneFOneB;  // pipeline.schedule
+  pp::PartitionConfig partition;                    // pipeline.partition_method, pipeline.partition_boundaries
+};
+
 // The engine's config plus the program's sections. A RunConfig is an engine::EngineConfig (the
 // engine takes it as one and keeps only that part), so code that trains reads both from one value.
 struct RunConfig : engine::EngineConfig {
@@ -62,13 +74,14 @@ struct RunConfig : engine::EngineConfig {
   // model.tensor_parallel_size and model.sequence_parallel (norms and the residual stream on sequence
   // shards); validated by tp::validate.
   tp::TensorParallelConfig tensor_parallel;
+  PipelineRunConfig pipeline;
   DataConfig data;
   LogConfig log;
 };
 
 // Parses and validates a whole config document for a run of `ranks` processes (the engine's keys
 // through engine::parse_config, the program's sections here). The batch arithmetic is over the
-// data-parallel size, ranks / model.tensor_parallel_size (ranks itself at tp 1). Throws ConfigError
+// data-parallel size, ranks / (model.tensor_parallel_size x model.pipeline_parallel_size). Throws ConfigError
 // naming the JSON path of the first problem and how to fix it.
 RunConfig parse_run_config(const boost::json::value& doc, int ranks);
 

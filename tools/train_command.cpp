@@ -37,6 +37,7 @@
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
 #include "tp/gpt.h"
+#include "run/gpt_pipeline.h"
 #include "tools/commands.h"
 #include "tools/moe_report.h"
 #include "tools/options.h"
@@ -242,11 +243,14 @@ int train_command(const std::vector<std::string>& args) {
   std::optional<comm::ExpertGroups> expert_groups;  // model.moe: a comm::Topology's dp/ep/edp over dp
   // model.tensor_parallel_size > 1: a comm::Topology over every rank (its "dp" and "tp" groups); the
   // data come by dp rank, every tp rank of a replica computing on the same micro-batch.
+  // model.pipeline_parallel_size > 1 the same way: its "pp" group links the stages (run/gpt_pipeline.h).
   const int tp_size = cfg.tensor_parallel.tensor_parallel_size;
-  std::unique_ptr<comm::Group> job;  // every rank, with the config's comm settings (tp > 1)
+  const int pp_size = cfg.pipeline.pipeline_parallel_size;
+  std::unique_ptr<comm::Group> job;  // every rank, with the config's comm settings (tp or pp > 1)
   std::optional<comm::Topology> topology;
   const comm::Group* data_parallel = nullptr;
   const comm::Group* tensor_parallel = nullptr;
+  const comm::Group* pipeline_parallel = nullptr;
   moe::GptMoeModel* moe_model = nullptr;
   std::unique_ptr<nn::Model> model;
   std::unique_ptr<engine::DatasetSource> source;
@@ -254,14 +258,16 @@ int train_command(const std::vector<std::string>& args) {
   std::unique_ptr<engine::Engine> engine;
   if (!agree(everyone, [&] {
         const comm::CommConfig comm_config{.timeout_s = cfg.comm.timeout_s, .shared_memory = cfg.comm.shared_memory};
-        if (tp_size > 1) {
+        if (tp_size > 1 || pp_size > 1) {
           job = std::make_unique<comm::Group>(everyone.dup("world", comm_config));
           // With model.moe the Topology's "ep" groups join the same tp rank of ep_size replicas (Note
           // [experts under tensor parallelism] in moe/gpt_moe.cpp); the engine forms the matching edp.
           topology.emplace(*job, comm::TopologyConfig{.tensor_parallel_size = tp_size,
+                                                      .pipeline_parallel_size = pp_size,
                                                       .expert_parallel_size = cfg.model_moe ? cfg.model_moe->moe.ep_size : 1});
           data_parallel = &topology->data_parallel();
           tensor_parallel = &topology->tensor_parallel();
+          if (pp_size > 1) pipeline_parallel = &topology->pipeline_parallel();
           if (cfg.model_moe) {
             expert_groups.emplace(comm::ExpertGroups{data_parallel->dup("dp", comm_config), topology->take_expert_parallel(),
                                                      topology->take_expert_data_parallel()});
@@ -270,7 +276,12 @@ int train_command(const std::vector<std::string>& args) {
           dp = std::make_unique<comm::Group>(everyone.dup("dp", comm_config));
           data_parallel = dp.get();
         }
-        if (tp_size > 1 && cfg.model_moe) {
+        if (pp_size > 1) {
+          // The blocks' recompute goes with the stage's chunks (gpt_pipeline_config).
+          if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) cfg.recompute.applied_by_program = true;
+          model = std::make_unique<run::GptPipelineModel>(model_cfg, *pipeline_parallel,
+                                                          run::gpt_pipeline_config(cfg, tensor_parallel));
+        } else if (tp_size > 1 && cfg.model_moe) {
           auto m = std::make_unique<moe::GptMoeModel>(
               *cfg.model_moe, &*expert_groups,
               tp::TensorParallel{.group = tensor_parallel, .sequence_parallel = cfg.tensor_parallel.sequence_parallel});
@@ -303,7 +314,7 @@ int train_command(const std::vector<std::string>& args) {
         source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed),
                                                          cfg.data.min_seq_len);
         engine = tensor_parallel != nullptr ? std::make_unique<engine::Engine>(*model, cfg, *data_parallel, *tensor_parallel)
-                                            : std::make_unique<engine::Engine>(*model, cfg, *dp);
+                                            : std::make_unique<engine::Engine>(*model, cfg, *data_parallel);
       })) {
     return 1;
   }
@@ -318,7 +329,12 @@ int train_command(const std::vector<std::string>& args) {
     ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters){}; data: {} ({} bytes)",
                 moe_model != nullptr ? "-MoE" : "", model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
                 engine->param_count(),
-                tp_size > 1 ? fmt::format(", tensor-parallel over {} ranks{} (dp {} x tp {})", tp_size,
+                pp_size > 1 ? fmt::format(", {} pipeline stages ({}, {} micro-batches per step) x tensor-parallel {} x "
+                                          "data-parallel {} ({})",
+                                          pp_size, pp::schedule_name(cfg.pipeline.schedule),
+                                          cfg.batch.gradient_accumulation_steps, tp_size, data_parallel->size(),
+                                          topology->describe())
+                : tp_size > 1 ? fmt::format(", tensor-parallel over {} ranks{} (dp {} x tp {})", tp_size,
                                           cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "",
                                           data_parallel->size(), tp_size)
                             : std::string(),
@@ -386,9 +402,15 @@ int train_command(const std::vector<std::string>& args) {
                 : fmt::format(" | host peak {} | nvme {} | to device {} | to host {}", mib(mem.host_peak_bytes),
                               mib(mem.nvme_bytes), mib(r.transfers.host_to_device_bytes), mib(r.transfers.device_to_host_bytes));
         // dp x tp: the tensor-parallel layers' bytes this step (this rank's sends over the tp group).
-        const std::string topo = tp_size > 1 ? fmt::format(" | dp {} x tp {} | tp sent {}", data_parallel->size(), tp_size,
-                                                           mib(r.tp_comm_bytes_sent))
-                                             : std::string();
+        std::string topo = tp_size > 1 ? fmt::format(" | dp {} x tp {} | tp sent {}", data_parallel->size(), tp_size,
+                                                     mib(r.tp_comm_bytes_sent))
+                                       : std::string();
+        // pp: this rank's stage - its schedule's time, measured bubble (its ideal beside it) and bytes sent on.
+        if (pp_size > 1) {
+          topo += fmt::format(" | pp stage {}/{} {:.3f} s bubble {:.0f}% (ideal {:.0f}%) sent {}", pipeline_parallel->rank(),
+                              pp_size, r.pipeline.seconds, 100.0 * r.pipeline_bubble(), 100.0 * r.pipeline.ideal_bubble,
+                              mib(static_cast<uint64_t>(r.pipeline.bytes_sent)));
+        }
         // mfu last but for the skip notice: the quoted progress lines of the docs stay prefixes of it.
         ZS_LOG_INFO("step {}/{} | loss {:.4f} | lr {:.3e} | {:.0f} tok/s | {:.3f} s/step | model states {} | device peak {}{}{} | "
                     "mfu {:.0f}%{}",
@@ -428,9 +450,11 @@ int train_command(const std::vector<std::string>& args) {
       // was signalled, so all stop at this step, a rank signalled late included.
       int sig = 0;
       // Over every rank: at tp > 1 over dp, then tp (the tp ranks of one replica stop together).
-      const comm::Group* agree_over[] = {data_parallel, tensor_parallel};
+      const comm::Group* agree_over[] = {data_parallel, tensor_parallel != nullptr ? tensor_parallel : pipeline_parallel,
+                                         pipeline_parallel};
+      const size_t agree_groups = 1 + (tensor_parallel != nullptr ? 1 : 0) + (pipeline_parallel != nullptr ? 1 : 0);
       const bool preempted =
-          launch::agree_preempted(preemption, std::span(agree_over, tensor_parallel != nullptr ? 2 : 1), &sig) &&
+          launch::agree_preempted(preemption, std::span(agree_over, agree_groups), &sig) &&
           r.step < cfg.train_steps;
       if (saved_here || (preempted && !save_dir.empty())) {
         // An agreed error (every rank throws the same one): the job ends cleanly, rank 0 says why.

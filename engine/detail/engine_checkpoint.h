@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <unordered_set>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -118,27 +119,34 @@ int64_t int_scalar(const checkpoint::Metadata& m, const std::string& key, const 
 double real_scalar(const checkpoint::Metadata& m, const std::string& key, const std::filesystem::path& dir);
 std::string string_scalar(const checkpoint::Metadata& m, const std::string& key);
 
-// The ranks of one checkpoint: the data-parallel group times the tensor-parallel group, in
-// Megatron's rank order (tensor-parallel ranks consecutive), so rank t + tp * d of the checkpoint is
-// tensor-parallel rank t of data-parallel rank d and writes zs_rank_<that>.h5 (at tp = 1 the
-// data-parallel rank, as before). Its collectives run over the two groups in turn (no group of every
-// rank is needed): Note [tensor-parallel checkpoints] in engine_checkpoint_items.cpp.
+// The ranks of one checkpoint: the data-parallel group times the tensor-parallel group times the
+// pipeline stages, in Megatron's rank order (tensor-parallel ranks consecutive, then data-parallel,
+// then stages), so rank t + tp * (d + dp * s) of the checkpoint is tensor-parallel rank t of
+// data-parallel rank d of stage s and writes zs_rank_<that>.h5 (at tp = pp = 1 the data-parallel
+// rank, as before). Its collectives run over the groups in turn (no group of every rank is needed):
+// Note [tensor-parallel checkpoints] in engine_checkpoint_items.cpp. Each stage writes and reads its
+// own parameters by name, so a checkpoint resumes at any pp.
 class CheckpointRanks {
  public:
-  CheckpointRanks(const comm::Group& dp, const comm::Group* tp)
-      : dp_(dp), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {}
+  CheckpointRanks(const comm::Group& dp, const comm::Group* tp, const comm::Group* pp = nullptr)
+      : dp_(dp), tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr), pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {}
   int tp_size() const { return tp_ ? tp_->size() : 1; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
-  int rank() const { return tp_rank() + tp_size() * dp_.rank(); }
-  int size() const { return tp_size() * dp_.size(); }
+  int pp_size() const { return pp_ ? pp_->size() : 1; }
+  int rank() const { return tp_rank() + tp_size() * (dp_.rank() + dp_.size() * (pp_ ? pp_->rank() : 0)); }
+  int size() const { return tp_size() * dp_.size() * pp_size(); }
   // Every rank's string, by checkpoint rank. Collective.
   std::vector<std::string> allgather(const std::string& mine) const;
   // agreed() over every rank of the checkpoint; the message names the failing checkpoint rank. Collective.
   void agreed(const std::function<void()>& fn) const;
 
  private:
+  std::vector<std::string> allgather_stage(const std::string& mine) const;  // over dp x tp
+  void agreed_stage(const std::function<void()>& fn) const;
+
   const comm::Group& dp_;
   const comm::Group* tp_;
+  const comm::Group* pp_;
 };
 
 // What the checkpoint code reaches of an engine, handed over by the engine (Engine::checkpoint_access;
@@ -151,6 +159,10 @@ struct CheckpointAccess {
   // The tensor-parallel group (nullptr or one rank: tp = 1). Parameters with a TensorSlice are stored
   // at their places in the full tensor (Note [tensor-parallel checkpoints] in engine_checkpoint_items.cpp).
   const comm::Group* tensor_parallel = nullptr;
+  // The "pp" group of a pipeline stage (nullptr: none), and the parameters this stage holds a copy of
+  // that another stage writes (the tied head): read on load, not written.
+  const comm::Group* pipeline_parallel = nullptr;
+  const std::unordered_set<const nn::Parameter*>* copies = nullptr;
   std::span<const std::unique_ptr<ModelStates>> sets;    // [0]: dense; then the expert sets
   CompressedState* compressed = nullptr;                 // one-bit Adam / 0/1 Adam only
   std::span<const optim::StateSpec> specs;               // the elementwise optimizer's states
@@ -175,7 +187,7 @@ struct CheckpointAccess {
 class EngineCheckpoint {
  public:
   explicit EngineCheckpoint(CheckpointAccess access)
-      : a_(std::move(access)), ranks_(a_.group, a_.tensor_parallel) {}
+      : a_(std::move(access)), ranks_(a_.group, a_.tensor_parallel, a_.pipeline_parallel) {}
 
   std::string save(const std::filesystem::path& root, std::string tag);
   std::string load(const std::filesystem::path& root, const std::string& tag);
@@ -199,6 +211,7 @@ class EngineCheckpoint {
   void for_slots(const ModelStates& set, memory::ShardRange range, Purpose p, F&& fn) const {
     for (const ParamSlot& slot : set.layout.slots()) {
       if (p == Purpose::kSave && ranks_.tp_rank() != 0 && slot.param->tensor_slice().whole()) continue;
+      if (p == Purpose::kSave && a_.copies != nullptr && a_.copies->contains(slot.param)) continue;
       memory::ShardRange part = slot.range().intersect(range);
       if (!part.empty()) fn(slot, part);
     }

@@ -22,6 +22,7 @@
 #include "engine/detail/grad_reducer.h"
 #include "engine/detail/param_gatherer.h"
 #include "engine/partition.h"
+#include "engine/pipeline_model.h"
 #include "engine/placement.h"
 #include "memory/allocator.h"
 #include "memory/backend.h"
@@ -159,6 +160,17 @@ class Engine::Impl final : public ModuleHooks {
   void gather_momentum();
   uint64_t compressed_state_bytes() const;
 
+  // engine_pipeline.cpp (Note [pipeline stages in the engine] in engine/pipeline_model.h).
+  PipelineModel* pipeline_ = nullptr;  // the model, when it is a pipeline stage
+  PipelineRun pipeline_run_;           // the last step's schedule on this rank
+  // The constructor's checks of a pipeline stage (ZeRO-3, compressed optimizers, experts refused).
+  void setup_pipeline(nn::Model& model);
+  // One step's micro-batches through the schedule, the gradients reduced: the whole window.
+  void run_pipeline_window(nn::Model& model, BatchSource& source, int64_t step);
+  void sum_shared_grads();
+  // The squared gradient norm of this stage summed over the pipeline (identity without one).
+  double pipeline_sum(double sum_sq) const;
+
   // recompute.cpp: cfg_.recompute applied to the model and ctx_.
   void setup_recompute(nn::Model& model);
   int64_t checkpointed_modules_ = 0;
@@ -195,14 +207,14 @@ class Engine::Impl final : public ModuleHooks {
   void before_backward(nn::Module& m) override {
     for (auto& s : sets_) {
       if (s->gatherer) s->gatherer->fetch(m);
-      s->reducer->module_starting(m);
+      if (pipeline_ == nullptr) s->reducer->module_starting(m);  // a pipeline's: run_pipeline_window
     }
     if (profiling()) profiler_->enter(m);
   }
   void after_backward(nn::Module& m) override {
     if (profiling()) profiler_->leave(m, FlopsProfiler::Pass::kBackward);
     for (auto& s : sets_) {
-      s->reducer->module_done(m);
+      if (pipeline_ == nullptr) s->reducer->module_done(m);
       if (s->gatherer) s->gatherer->release(m);
     }
   }

@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_set>
 #include <vector>
 
 #include "comm/group.h"
@@ -114,7 +115,11 @@ struct StateEnv {
   int threads() const { return static_cast<int>(grad_scratch.size()); }
   // Whether this rank counts parameter `p` in sums over the whole model (the gradient norm): a TP
   // shard on every tp rank, a replicated parameter on tp rank 0 only.
-  bool counts(const nn::Parameter& p) const { return tp == nullptr || tp->rank() == 0 || !p.tensor_slice().whole(); }
+  // A pipeline stage's copy of a parameter another stage counts (a tied embedding) is not counted.
+  bool counts(const nn::Parameter& p) const {
+    return (tp == nullptr || tp->rank() == 0 || !p.tensor_slice().whole()) && !uncounted.contains(&p);
+  }
+  std::unordered_set<const nn::Parameter*> uncounted;
   bool mixed() const { return dtype != memory::DType::kF32; }
   // False over the measuring backend (the estimator): kernels are skipped, files are not made.
   bool kernels() const { return backend.runs_kernels(); }

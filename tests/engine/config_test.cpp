@@ -640,7 +640,7 @@ TEST(ConfigCheckpoint, DeepSpeedKeysAndOurs) {
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"use_node_local_storage": true}})"),
                   "checkpoint.use_node_local_storage: not supported by zeroshard");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"parallel_write": {"pipeline_stage": true}}})"),
-                  "checkpoint.parallel_write.pipeline_stage: zeroshard has no pipeline parallelism");
+                  "checkpoint.parallel_write.pipeline_stage: every rank, of every pipeline stage, already writes");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"keep_lats": 2}})"), "did you mean 'keep_last'");
   EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "checkpoint": {"save_interval": -1}})"), "checkpoint.save_interval");
 }

@@ -43,10 +43,13 @@ import tempfile
 import threading
 import time
 
-SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint", "tp"]
+SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint", "tp", "pp"]
 COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
 # The tp scenario (dp 1 x tp 2: every collective is the tensor-parallel group's) must name that group.
 TP_COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast)\(.*?\) on group 'tp'.*?timed out"
+# The pp scenario (two pipeline stages): a transfer or collective of the "pp" group, naming the peer it
+# waited for (a send/recv's rank, the loss broadcast's root) or the group's other ranks.
+PP_OP = r"(send|recv|sendrecv|allreduce|allgather|broadcast)\(.*?\) on group 'pp'.*?timed out"
 PEER_GONE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on group '[^']+'.*?No such process"
 
 
@@ -77,6 +80,12 @@ def config(scenario, timeout_s, nvme_dir, steps=1_000_000):
         # and all-gathers over the "tp" group, ZeRO-2 over a data-parallel group of one.
         cfg["zero_optimization"] = {"stage": 2}
         cfg["model"].update(tensor_parallel_size=2, sequence_parallel=True)
+    elif scenario == "pp":
+        # Two pipeline stages under ZB-H1, 4 micro-batches a step: activations and gradients between the
+        # stages, the loss broadcast and the gradient norm's sum over the "pp" group.
+        cfg["gradient_accumulation_steps"] = 4
+        cfg["model"]["pipeline_parallel_size"] = 2
+        cfg["pipeline"] = {"schedule": "zb-h1"}
     elif scenario == "moe":
         cfg["zero_optimization"] = {"stage": 2}
         cfg["model"]["tied_embeddings"] = False
@@ -278,7 +287,8 @@ def rank_trial(i, rng, args, work):
             named = re.search(rf"rank {victim} with PID \d+ .*exited on signal 9", text, re.S) is not None or \
                 re.search(PEER_GONE, text) is not None
         else:
-            named = re.search(TP_COLLECTIVE if scenario == "tp" else COLLECTIVE, text, re.S) is not None
+            pattern = {"tp": TP_COLLECTIVE, "pp": PP_OP}.get(scenario, COLLECTIVE)
+            named = re.search(pattern, text, re.S) is not None
         hung = proc.poll() is None or alive != []
         loads = True
         if scenario == "checkpoint" and not hung:
