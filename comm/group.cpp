@@ -164,7 +164,9 @@ Group Group::split_as(int color, int key, const std::string& name, const CommCon
 // ---- allreduce ----
 
 namespace {
-std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, ReduceOp r) {
+// `async`: the op may run after the call returns, so its body keeps the tensor's storage alive.
+std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, ReduceOp r,
+                                 bool async) {
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
   auto op = make_op(g, OpCode::kAllreduce, t, static_cast<int64_t>(n), 0,
@@ -178,7 +180,9 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
   op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
   if (detail::small_path(*g, t, n * wire, true)) {  // Note [Small collectives]
     detail::carry(*op, data.raw(), n * wire);
-    op->body = [data, r, o = op.get()] { detail::small_allreduce(*o, data, r); };
+    op->body = [p = data.raw(), t, n, r, keep = async ? data : memory::Tensor(), o = op.get()] {
+      detail::small_allreduce(*o, p, t, n, r);
+    };
     return op;
   }
   op->arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
@@ -189,9 +193,9 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
 }
 }  // namespace
 
-void Group::allreduce(const Tensor& data, ReduceOp op) const { state_->runtime->run(allreduce_op(state_, data, op)); }
+void Group::allreduce(const Tensor& data, ReduceOp op) const { state_->runtime->run(allreduce_op(state_, data, op, false)); }
 Work Group::allreduce_async(const Tensor& data, ReduceOp op) const {
-  return state_->runtime->submit(allreduce_op(state_, data, op));
+  return state_->runtime->submit(allreduce_op(state_, data, op, true));
 }
 
 // ---- reduce-scatter ----
@@ -317,7 +321,8 @@ Work Group::allgatherv_async(const Tensor& input, const Tensor& output, std::spa
 // ---- broadcast ----
 
 namespace {
-std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, int root) {
+std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, int root,
+                                 bool async) {
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
   auto op = make_op(g, OpCode::kBroadcast, t, static_cast<int64_t>(n), root,
@@ -331,7 +336,9 @@ std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, c
   op->bytes_received = chain_pos > 0 ? bytes : 0;
   if (detail::small_path(*g, t, bytes, false)) {  // Note [Small collectives]
     detail::carry(*op, data.raw(), bytes);
-    op->body = [data, root, o = op.get()] { detail::small_broadcast(*o, data, root); };
+    op->body = [p = data.raw(), bytes, root, keep = async ? data : memory::Tensor(), o = op.get()] {
+      detail::small_broadcast(*o, p, bytes, root);
+    };
     return op;
   }
   op->body = [g = g.get(), data, count, root, o = op.get()] {
@@ -341,9 +348,9 @@ std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, c
 }
 }  // namespace
 
-void Group::broadcast(const Tensor& data, int root) const { state_->runtime->run(broadcast_op(state_, data, root)); }
+void Group::broadcast(const Tensor& data, int root) const { state_->runtime->run(broadcast_op(state_, data, root, false)); }
 Work Group::broadcast_async(const Tensor& data, int root) const {
-  return state_->runtime->submit(broadcast_op(state_, data, root));
+  return state_->runtime->submit(broadcast_op(state_, data, root, true));
 }
 
 // ---- all-to-all(v) ----

@@ -58,7 +58,12 @@ void sum_ranks(const Op& op, DType t, size_t at, void* dst, size_t n, ReduceOp r
   std::vector<const void*> many(size > few.size() ? size : 0);
   const void** srcs = size > few.size() ? many.data() : few.data();
   for (size_t q = 0; q < size; ++q) srcs[q] = op.carried[q] + at;
-  reduce_sum({srcs, size}, t, dst, t, n, r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f);
+  const float divisor = r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f;
+  if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
+    reduce_sum_scalar(srcs, size, t, dst, t, n, divisor);
+  } else {
+    reduce_sum({srcs, size}, t, dst, t, n, divisor);
+  }
 }
 
 // Waits for every peer's post of op index e, checks its header and points s.carried at its data.
@@ -161,9 +166,7 @@ void small_done(const Op& op) {
       .store(s.small_epoch, std::memory_order_release);
 }
 
-void small_allreduce(const Op& op, const memory::Tensor& data, ReduceOp r) {
-  sum_ranks(op, data.dtype(), 0, data.raw(), static_cast<size_t>(data.numel()), r);
-}
+void small_allreduce(const Op& op, void* data, DType t, size_t n, ReduceOp r) { sum_ranks(op, t, 0, data, n, r); }
 
 void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r) {
   const size_t me = static_cast<size_t>(op.group->rank);
@@ -180,10 +183,8 @@ void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& 
   }
 }
 
-void small_broadcast(const Op& op, const memory::Tensor& data, int root) {
-  if (op.group->rank != root) {
-    std::memcpy(data.raw(), op.carried[static_cast<size_t>(root)], static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype()));
-  }
+void small_broadcast(const Op& op, void* data, size_t bytes, int root) {
+  if (op.group->rank != root) std::memcpy(data, op.carried[static_cast<size_t>(root)], bytes);
 }
 
 }  // namespace zs::comm::detail

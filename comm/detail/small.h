@@ -69,9 +69,9 @@ void small_exchange(Op& op, bool on_worker);
 void small_done(const Op& op);
 
 // The bodies: op.carried points at every rank's data.
-void small_allreduce(const Op& op, const memory::Tensor& data, ReduceOp r);
+void small_allreduce(const Op& op, void* data, memory::DType t, size_t n, ReduceOp r);
 void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r);
 void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c);
-void small_broadcast(const Op& op, const memory::Tensor& data, int root);
+void small_broadcast(const Op& op, void* data, size_t bytes, int root);
 
 }  // namespace zs::comm::detail
