@@ -5,10 +5,10 @@
 // Note [Small collectives]
 // Every collective first ran the handshake (Note [Handshake] in comm/detail/runtime.h: nonblocking
 // MPI messages, ~1 us at 2 ranks) and then its body: for a tensor under kShmAutoMinBytes MPI's own
-// collective (~0.3-0.6 us at 1 KiB), or under comm.shared_memory true a flags barrier too. So a small
-// collective paid two latencies where raw MPI pays one: comm_bench at np 2 measured 0.27-0.37x raw
-// OpenMPI at 1 KiB, 0.31-0.79x at 4 KiB (docs/benchmarks.md). Carrying the data inside the MPI
-// handshake (one round) was tried and measured no better (0.21-0.36x from 16 B to 1 KiB): the
+// collective (~0.5-1.3 us at 16 B-1 KiB), or under comm.shared_memory true a flags barrier too. So a
+// small collective paid two latencies where raw MPI pays one: comm_bench at np 2 measured 0.23-0.47x
+// raw OpenMPI from 16 B to 1 KiB, 0.49-0.77x at 4 KiB (docs/benchmarks.md). Carrying the data inside
+// the MPI handshake (one round) was tried and measured no better (0.21-0.36x from 16 B to 1 KiB): the
 // handshake's own MPI_Isend/Irecv/Testall round is the cost. On one node a collective of at most
 // kSmallMaxBytes per rank therefore replaces both with one exchange through the node window:
 //  - Each rank has two small buffers (ShmNode::small_slot). It writes a header (the op's index among
