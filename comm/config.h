@@ -10,10 +10,9 @@ namespace zs::comm {
 // through a shared-memory window (Note [Shared-memory collectives] in comm/detail/shm.h) instead of
 // MPI's collective.
 //   kAuto: when the group has ranks sharing a node, the window could be made (else MPI's) and the
-//          tensor has at least 8 KiB (kShmAutoMinBytes: 4-8 KiB are faster through MPI); an
+//          tensor has at least 8 KiB (kShmAutoMinBytes: smaller ones are faster through MPI); an
 //          all-to-all(v) of a group on one node at every size (its ranks' sizes differ, and the
-//          choice must be the same on all of them). Up to 4 KiB per rank on one node: one exchange
-//          through the window (Note [Small collectives] in comm/detail/small.h), kOn too.
+//          choice must be the same on all of them).
 //   kOn:   at every size; a window that cannot be made is an error instead of a fallback.
 //   kOff:  always MPI's collectives (no window is made).
 enum class SharedMemory { kAuto, kOn, kOff };
