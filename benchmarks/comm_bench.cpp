@@ -1,12 +1,13 @@
 // Question: how fast are zeroshard's collectives against the raw MPI calls on the same buffers? fp32
 // allreduce, reduce-scatter, allgather and allgather in place (each rank's block already in the output,
-// as ZeRO's bucket gathers call it: raw OpenMPI with MPI_IN_PLACE), 1 KiB .. 64 MiB. Three paths per size: raw OpenMPI
-// (MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather), zeroshard as configured (comm.shared_memory
+// as ZeRO's bucket gathers call it: raw OpenMPI with MPI_IN_PLACE) and broadcast from rank 0, 1 KiB .. 64 MiB
+// (--min-bytes: from fewer bytes, e.g. 16, for the small collectives; comm/detail/small.h). Three paths per size: raw OpenMPI
+// (MPI_Allreduce / MPI_Reduce_scatter_block / MPI_Allgather / MPI_Bcast), zeroshard as configured (comm.shared_memory
 // "auto": on one node, the shared-memory collectives of comm/detail/shm.h) and zeroshard with
 // comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
-//          [--min-kib 1] [--max-mib 64] [--reps 15] [--warmup 3] [--arena 1]
+//          [--min-kib 1 | --min-bytes 16] [--max-mib 64] [--reps 15] [--warmup 3] [--arena 1]
 //
 // Sizes are the full buffer (allreduce data, reduce-scatter input, allgather output), powers of 4.
 // Method (fair on a shared, noisy machine): per size `--warmup` untimed rounds, then `--reps` timed
@@ -16,7 +17,7 @@
 // between reps cancels; `ratio` for the configured path, `mpi_ratio` for the layer over OpenMPI) and
 // the noise (the largest interquartile range of the three paths, relative to its median).
 // Bandwidths follow NCCL-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce) or
-// algbw * (n-1)/n (reduce-scatter, allgather). ratio > 1: zeroshard faster.
+// algbw * (n-1)/n (reduce-scatter, allgather) or algbw (broadcast). ratio > 1: zeroshard faster.
 // Copy bound (`copy_ms`, timed in the same rotation): every rank at once memcpy's the bytes it must
 // receive (busbw's bytes: B(n-1)/n, or 2B(n-1)/n for allreduce) between two private buffers of its
 // own; copy_ms is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
@@ -65,7 +66,9 @@ int main(int argc, char** argv) {
     const comm::Group g_mpi = g.dup("world_mpi", off);
     const int n = g.size();
     const size_t max_bytes = std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20;
-    const size_t min_bytes = std::stoul(bench::arg_value(argc, argv, "--min-kib", "1")) << 10;
+    const size_t min_bytes = bench::arg_value(argc, argv, "--min-bytes", "").empty()
+                                 ? std::stoul(bench::arg_value(argc, argv, "--min-kib", "1")) << 10
+                                 : std::stoul(bench::arg_value(argc, argv, "--min-bytes", ""));
     const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "15"));
     const int warmup = std::stoi(bench::arg_value(argc, argv, "--warmup", "3"));
     const bool use_arena = bench::arg_value(argc, argv, "--arena", "1") != "0";
@@ -96,8 +99,8 @@ int main(int argc, char** argv) {
                   "zs_ms", "zs_mpi_ms", "copy_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
                   "noise%");
     }
-    const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace"};
-    for (int c = 0; c < 4; ++c) {
+    const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace", "broadcast"};
+    for (int c = 0; c < 5; ++c) {
       for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
         const size_t count = bytes / 4 / static_cast<size_t>(n) * static_cast<size_t>(n);  // divisible by n
         const size_t part = count / static_cast<size_t>(n);
@@ -114,7 +117,8 @@ int main(int argc, char** argv) {
           std::memcpy(zfull.raw(), full.raw(), count * 4);
           std::memset(zmine.raw(), 0, part * 4);
         }
-        const size_t copy_bytes = (c == 0 ? 2 : 1) * (count - part) * 4;  // what each rank must receive
+        // What each rank must receive (broadcast: a non-root rank, the whole buffer).
+        const size_t copy_bytes = c == 4 ? count * 4 : (c == 0 ? 2 : 1) * (count - part) * 4;
         std::vector<unsigned char> copy_src(copy_bytes, 1), copy_dst(copy_bytes, 0);
         auto copy = [&] { std::memcpy(copy_dst.data(), copy_src.data(), copy_bytes); };
         const int icount = static_cast<int>(count), ipart = static_cast<int>(part);
@@ -123,6 +127,7 @@ int main(int argc, char** argv) {
           if (c == 1) MPI_Reduce_scatter_block(full.raw(), mine.raw(), ipart, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           if (c == 2) MPI_Allgather(mine.raw(), ipart, MPI_FLOAT, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
           if (c == 3) MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, full.raw(), ipart, MPI_FLOAT, MPI_COMM_WORLD);
+          if (c == 4) MPI_Bcast(full.raw(), icount, MPI_FLOAT, 0, MPI_COMM_WORLD);
         };
         const memory::ShardRange own{static_cast<size_t>(g.rank()) * part, part};
         auto on = [&](const comm::Group& grp, const memory::Tensor& f, const memory::Tensor& m) {
@@ -131,6 +136,7 @@ int main(int argc, char** argv) {
             if (c == 1) grp.reduce_scatter(f, m, counts);
             if (c == 2) grp.allgather(m, f);
             if (c == 3) grp.allgather(f.range(own), f);  // in place: the own block is already there
+            if (c == 4) grp.broadcast(f, 0);
           };
         };
         auto ours = on(g, zfull, zmine);
@@ -163,7 +169,7 @@ int main(int argc, char** argv) {
         const double tc = *std::min_element(t_copy.begin(), t_copy.end());  // the bound: the best copy
         const double noise = std::max({rel_iqr(t_raw), rel_iqr(t_ours), rel_iqr(t_mpi)});
         const double b = static_cast<double>(count) * 4;
-        const double factor = c == 0 ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
+        const double factor = c == 0 ? 2.0 * (n - 1) / n : c == 4 ? 1.0 : 1.0 * (n - 1) / n;
         const double raw_bus = b / tr * factor / 1e9, ours_bus = b / to * factor / 1e9;
         const double ratio = bench::median(paired), mpi_ratio = bench::median(paired_mpi);
         if (g.rank() == 0) {

@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <climits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "comm/detail/runtime.h"
 #include "comm/detail/shm.h"         // shm_node_of
 #include "comm/detail/shm_direct.h"  // arena_vote
+#include "comm/detail/small.h"
 #include "comm/detail/transport.h"
 #include "comm/native.h"
 #include "memory/dtype.h"
@@ -50,6 +52,15 @@ std::shared_ptr<Op> make_op(const std::shared_ptr<detail::GroupState>& g, OpCode
   op->group = g;
   op->sizes = std::move(sizes);
   op->signature = {static_cast<int64_t>(code), static_cast<int64_t>(dtype), size, root};
+  return op;
+}
+// The same with the sizes formatted only when a message needs them (Note [Small collectives]).
+template <typename Format>
+  requires std::is_invocable_r_v<std::string, Format>
+std::shared_ptr<Op> make_op(const std::shared_ptr<detail::GroupState>& g, OpCode code, DType dtype, int64_t size,
+                            int64_t root, Format format) {
+  auto op = make_op(g, code, dtype, size, root, std::string());
+  op->format_sizes = std::move(format);
   return op;
 }
 
@@ -153,11 +164,13 @@ Group Group::split_as(int color, int key, const std::string& name, const CommCon
 // ---- allreduce ----
 
 namespace {
-std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, ReduceOp r) {
+// `async`: the op may run after the call returns, so its body keeps the tensor's storage alive.
+std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, ReduceOp r,
+                                 bool async) {
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
   auto op = make_op(g, OpCode::kAllreduce, t, static_cast<int64_t>(n), 0,
-                    fmt::format("{}, {} elements, {}", memory::dtype_name(t), n, reduce_name(r)));
+                    [t, n, r] { return fmt::format("{}, {} elements, {}", memory::dtype_name(t), n, reduce_name(r)); });
   check_tensor(*op, data, "data");
   check_reduce(*op, t, r);
   to_int(*op, n);
@@ -165,6 +178,13 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
   const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
   // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
   op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
+  if (detail::small_path(*g, t, n * wire, true)) {  // Note [Small collectives]
+    detail::carry(*op, data.raw(), n * wire);
+    op->body = [p = data.raw(), t, n, r, keep = async ? data : memory::Tensor(), o = op.get()] {
+      detail::small_allreduce(*o, p, t, n, r);
+    };
+    return op;
+  }
   op->arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
   op->body = [g = g.get(), data, r, n, o = op.get()] {
     if (n > 0) g->transport->allreduce(*o, data, r);  // a sum over no elements moves nothing
@@ -173,9 +193,9 @@ std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, c
 }
 }  // namespace
 
-void Group::allreduce(const Tensor& data, ReduceOp op) const { state_->runtime->run(allreduce_op(state_, data, op)); }
+void Group::allreduce(const Tensor& data, ReduceOp op) const { state_->runtime->run(allreduce_op(state_, data, op, false)); }
 Work Group::allreduce_async(const Tensor& data, ReduceOp op) const {
-  return state_->runtime->submit(allreduce_op(state_, data, op));
+  return state_->runtime->submit(allreduce_op(state_, data, op, true));
 }
 
 // ---- reduce-scatter ----
@@ -186,8 +206,10 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
   const DType t = input.dtype();
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   auto op = make_op(g, OpCode::kReduceScatter, t, static_cast<int64_t>(hash_counts(counts)), 0,
-                    fmt::format("{}, {} elements, {} counts, {}", memory::dtype_name(t), input.numel(),
-                                fmt::join(counts, "/"), reduce_name(r)));
+                    [t, in = input.numel(), counts, r] {
+                      return fmt::format("{}, {} elements, {} counts, {}", memory::dtype_name(t), in,
+                                         fmt::join(counts, "/"), reduce_name(r));
+                    });
   check_tensor(*op, input, "input");
   check_tensor(*op, output, "output");
   check_reduce(*op, t, r);
@@ -198,6 +220,11 @@ std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>&
   if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   Counts c = int_counts(*op, counts);
   count_block_bytes(*op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
+  if (detail::small_path(*g, t, total * memory::dtype_size(t), true)) {  // Note [Small collectives]
+    detail::carry(*op, input.raw(), total * memory::dtype_size(t));
+    op->body = [input, output, r, c = std::move(c), o = op.get()] { detail::small_reduce_scatter(*o, output, c, r); };
+    return op;
+  }
   op->arena = detail::arena_vote(*g, input, total * memory::dtype_size(t));  // Note [Direct collectives]
   op->body = [g = g.get(), input, output, r, c = std::move(c), o = op.get()] {
     g->transport->reduce_scatter(*o, input, output, c, r);
@@ -230,9 +257,12 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   const OpCode code = uneven_api ? OpCode::kAllgatherv : OpCode::kAllgather;
   // allgather's counts are all input.numel(): its size, readable in a mismatch's message.
-  auto op = make_op(g, code, t, uneven_api ? static_cast<int64_t>(hash_counts(counts)) : input.numel(), 0,
-                    uneven_api ? fmt::format("{}, {} counts", memory::dtype_name(t), fmt::join(counts, "/"))
-                               : fmt::format("{}, {} elements per rank", memory::dtype_name(t), input.numel()));
+  const int64_t per_rank = input.numel();
+  auto op = make_op(g, code, t, uneven_api ? static_cast<int64_t>(hash_counts(counts)) : per_rank, 0,
+                    [t, counts, uneven_api, per_rank] {
+                      return uneven_api ? fmt::format("{}, {} counts", memory::dtype_name(t), fmt::join(counts, "/"))
+                                        : fmt::format("{}, {} elements per rank", memory::dtype_name(t), per_rank);
+                    });
   check_tensor(*op, input, "input");
   check_tensor(*op, output, "output");
   if (counts.size() != static_cast<size_t>(g->size)) fail(*op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
@@ -242,6 +272,12 @@ std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, 
   if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   Counts c = int_counts(*op, counts);
   count_block_bytes(*op, total, own, memory::dtype_size(t));
+  const size_t widest = memory::dtype_size(t) * *std::max_element(counts.begin(), counts.end());
+  if (detail::small_path(*g, t, widest, false)) {  // Note [Small collectives]
+    detail::carry(*op, input.raw(), own * memory::dtype_size(t));
+    op->body = [input, output, c = std::move(c), o = op.get()] { detail::small_allgatherv(*o, output, c); };
+    return op;
+  }
   {  // Note [Direct collectives]: an input overlapping the output other than exactly in place would be
      // moved while the peers read it, so that rank votes no arena (every rank then stages).
     const size_t es = memory::dtype_size(t);
@@ -285,11 +321,12 @@ Work Group::allgatherv_async(const Tensor& input, const Tensor& output, std::spa
 // ---- broadcast ----
 
 namespace {
-std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, int root) {
+std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, int root,
+                                 bool async) {
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
   auto op = make_op(g, OpCode::kBroadcast, t, static_cast<int64_t>(n), root,
-                    fmt::format("{}, {} elements, root {}", memory::dtype_name(t), n, root));
+                    [t, n, root] { return fmt::format("{}, {} elements, root {}", memory::dtype_name(t), n, root); });
   check_tensor(*op, data, "data");
   if (root < 0 || root >= g->size) fail(*op, fmt::format("root {} is outside the group of {} ranks", root, g->size));
   const int count = to_int(*op, n);
@@ -297,6 +334,13 @@ std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, c
   const int chain_pos = (g->rank - root + g->size) % g->size;  // position in the pipeline chain from root
   op->bytes_sent = chain_pos < g->size - 1 ? bytes : 0;
   op->bytes_received = chain_pos > 0 ? bytes : 0;
+  if (detail::small_path(*g, t, bytes, false)) {  // Note [Small collectives]
+    detail::carry(*op, data.raw(), bytes);
+    op->body = [p = data.raw(), bytes, root, keep = async ? data : memory::Tensor(), o = op.get()] {
+      detail::small_broadcast(*o, p, bytes, root);
+    };
+    return op;
+  }
   op->body = [g = g.get(), data, count, root, o = op.get()] {
     if (count > 0) g->transport->broadcast(*o, data, root);
   };
@@ -304,9 +348,9 @@ std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, c
 }
 }  // namespace
 
-void Group::broadcast(const Tensor& data, int root) const { state_->runtime->run(broadcast_op(state_, data, root)); }
+void Group::broadcast(const Tensor& data, int root) const { state_->runtime->run(broadcast_op(state_, data, root, false)); }
 Work Group::broadcast_async(const Tensor& data, int root) const {
-  return state_->runtime->submit(broadcast_op(state_, data, root));
+  return state_->runtime->submit(broadcast_op(state_, data, root, true));
 }
 
 // ---- all-to-all(v) ----

@@ -55,7 +55,15 @@ Tensor Tensor::of(std::span<float> values, Shape shape) {
   return Tensor(values.data(), DType::kF32, std::move(shape));
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+bool Tensor::is_contiguous() const {  // strides_ == contiguous_strides(shape_), without allocating
+  if (strides_.size() != shape_.size()) return false;
+  int64_t s = 1;
+  for (size_t i = shape_.size(); i-- > 0;) {
+    if (strides_[i] != s) return false;
+    s *= shape_[i];
+  }
+  return true;
+}
 
 std::span<float> Tensor::f32() const {
   ZS_ASSERT(dtype_ == DType::kF32 && is_contiguous(), "f32() on a {} tensor {}", dtype_name(dtype_), shape_string(shape_));

@@ -42,7 +42,7 @@ std::unique_ptr<ShmNode> ShmNode::create(int ranks_per_node, bool required) {
   MPI_Info info = MPI_INFO_NULL;
   MPI_Info_create(&info);
   MPI_Info_set(info, "alloc_shared_noncontig", "true");  // each rank's part on its own pages (first touch)
-  const size_t bytes = kFlagBytes + 2 * kSlotBytes;
+  const size_t bytes = kFlagBytes + 2 * kSlotBytes + 2 * kSmallSlotBytes;  // small_slot() after the slots
   void* base = nullptr;
   int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 1, info, node->comm_, &base, &node->win_);
   MPI_Info_free(&info);

@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "comm/detail/shm.h"
+#include "comm/detail/small.h"
 #include "comm/mpi_check.h"
 #include "core/errors.h"
 #include "memory/dtype.h"
@@ -60,7 +61,7 @@ const char* op_name(OpCode code) {
 }
 
 std::string Op::describe() const {
-  return fmt::format("{}({}) on {}", op_name(code), sizes, group->where());
+  return fmt::format("{}({}) on {}", op_name(code), format_sizes ? format_sizes() : sizes, group->where());
 }
 
 Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
@@ -256,18 +257,28 @@ void Runtime::execute(Op& op, bool on_worker) {
   if (!g.local()) {
     if (!op.pairwise) {
       ++g.entered;  // Note [Waits across groups]: every collective on the group counts, handshake or not
-      if (!agreed) handshake(op, on_worker);
+      if (op.small) {
+        small_exchange(op, on_worker);  // Note [Small collectives]: the handshake and the data at once
+      } else if (!agreed) {
+        handshake(op, on_worker);
+      }
     }
-    const BodyWatchdog::Ticket ticket = watchdog_->arm(
-        g.config.timeout_s + BodyWatchdog::kGraceS, [](const void* o) { return static_cast<const Op*>(o)->describe(); },
-        &op);
-    try {
+    if (op.small) {  // a local sum or copy: nothing to stall in (Note [Small collectives])
       op.body();
-    } catch (...) {
+      small_done(op);
+      count_shared_memory();
+    } else {
+      const BodyWatchdog::Ticket ticket = watchdog_->arm(
+          g.config.timeout_s + BodyWatchdog::kGraceS,
+          [](const void* o) { return static_cast<const Op*>(o)->describe(); }, &op);
+      try {
+        op.body();
+      } catch (...) {
+        watchdog_->disarm(ticket);
+        throw;
+      }
       watchdog_->disarm(ticket);
-      throw;
     }
-    watchdog_->disarm(ticket);
   } else {
     op.gathered = op.gather;
     op.body();
@@ -389,21 +400,11 @@ void Runtime::handshake(Op& op, bool on_worker) {
                  "{}: posting the handshake send", op.describe());
     std::string failure;
     if (!poll_until(requests, op, on_worker, probe, failure)) [[unlikely]] {
-      std::string message = !failure.empty() ? failure : fmt::format(
-          "{} timed out after {} s waiting for the other ranks of the group (comm.timeout_s = {}): a rank is "
-          "stuck, has failed, or called a different sequence of collectives; check the other ranks' errors, "
-          "or raise comm.timeout_s if a rank legitimately computes longer",
-          op.describe(), g.config.timeout_s, g.config.timeout_s);
-      {
-        std::lock_guard lock(g.mu);
-        g.broken = fmt::format("{} {}", op_name(op.code),
-                               failure.empty() ? "timed out" : "mismatched another rank's collective");
-      }
       {
         std::lock_guard lock(orphans_mu_);
         orphans_.push_back({requests, std::move(buffer)});
       }
-      throw CommError(message);
+      fail_wait(op, failure);
     }
     if (w > 0) {  // rank - k's blocks (ranks rank-k, rank-k-1, ...): as many as are still missing
       std::copy_n(buffer->in.begin(), kV, buffer->received.begin());
@@ -413,8 +414,36 @@ void Runtime::handshake(Op& op, bool on_worker) {
     for (size_t i = 0; i < kV; ++i) buffer->mine[i] = std::max(buffer->mine[i], buffer->received[i]);
   }
   const auto& b = buffer->mine;
-  auto hi = [&](size_t i) { return b[i]; };
-  auto lo = [&](size_t i) { return -b[kF + i]; };
+  check_signatures(op, {b[0], b[1], b[2], b[3]}, {-b[kF], -b[kF + 1], -b[kF + 2], -b[kF + 3]});
+  op.agreed_arena = b[4] == -b[kF + 4] ? b[4] : 0;  // a vote, not a mismatch (Note [Direct collectives])
+  if (w > 0) {  // held[i] is rank (rank - i)'s block
+    op.gathered.resize(static_cast<size_t>(g.size) * w);
+    for (int q = 0; q < g.size; ++q) {
+      const size_t i = static_cast<size_t>((g.rank - q + g.size) % g.size);
+      std::copy_n(buffer->held.begin() + static_cast<std::ptrdiff_t>(i * w), w,
+                  op.gathered.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(q) * w));
+    }
+  }
+}
+
+void Runtime::fail_wait(const Op& op, const std::string& failure) {
+  GroupState& g = *op.group;
+  std::string message = !failure.empty() ? failure : fmt::format(
+      "{} timed out after {} s waiting for the other ranks of the group (comm.timeout_s = {}): a rank is "
+      "stuck, has failed, or called a different sequence of collectives; check the other ranks' errors, "
+      "or raise comm.timeout_s if a rank legitimately computes longer",
+      op.describe(), g.config.timeout_s, g.config.timeout_s);
+  {
+    std::lock_guard lock(g.mu);
+    g.broken = fmt::format("{} {}", op_name(op.code),
+                           failure.empty() ? "timed out" : "mismatched another rank's collective");
+  }
+  throw CommError(message);
+}
+
+void Runtime::check_signatures(const Op& op, const std::array<int64_t, 4>& high, const std::array<int64_t, 4>& low) {
+  auto hi = [&](size_t i) { return high[i]; };
+  auto lo = [&](size_t i) { return low[i]; };
   static constexpr const char* kField[] = {"collective", "dtype", "size", "root"};
   auto text = [&](size_t i, int64_t v) {  // a field's value as the caller passed it
     if (i == 1) return std::string(memory::dtype_name(static_cast<memory::DType>(v)));
@@ -434,15 +463,6 @@ void Runtime::handshake(Op& op, bool on_worker) {
           "mismatched {} across ranks: {} was called with {} {} here while other ranks passed values from {} "
           "to {}; every rank must pass the same {}",
           kField[i], op.describe(), kField[i], text(i, op.signature[i]), text(i, lo(i)), text(i, hi(i)), kField[i]));
-    }
-  }
-  op.agreed_arena = hi(4) == lo(4) ? hi(4) : 0;  // a vote, not a mismatch (Note [Direct collectives])
-  if (w > 0) {  // held[i] is rank (rank - i)'s block
-    op.gathered.resize(static_cast<size_t>(g.size) * w);
-    for (int q = 0; q < g.size; ++q) {
-      const size_t i = static_cast<size_t>((g.rank - q + g.size) % g.size);
-      std::copy_n(buffer->held.begin() + static_cast<std::ptrdiff_t>(i * w), w,
-                  op.gathered.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(q) * w));
     }
   }
 }

@@ -160,17 +160,26 @@ const char* op_name(OpCode code);
 struct Op {
   OpCode code = OpCode::kBarrier;
   std::string sizes;                  // "fp32, 1000 elements, sum": for error messages
+  // Or, where formatting per call would cost more than a small collective (Note [Small collectives]),
+  // a function that formats them when a message needs them.
+  std::function<std::string()> format_sizes;
   std::array<int64_t, 4> signature{};  // code, dtype, size, root: equal on every rank
   std::function<void()> body;         // the data exchange: the group's transport (comm/detail/transport.h)
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   std::shared_ptr<GroupState> group;
-  std::shared_ptr<WorkState> work = std::make_shared<WorkState>();
+  std::shared_ptr<WorkState> work;  // made by submit, or by run when the op waits behind the queue
   // Note [Counts in the handshake].
   std::vector<int64_t> gather;    // this rank's block, carried by the handshake
   std::vector<int64_t> gathered;  // every rank's block, in rank order, once the handshake is done
   bool agrees_next = false;
   bool after_agreed = false;
+  // Note [Small collectives] (comm/detail/small.h): `small` ops exchange carry_bytes from carry_from
+  // through the node's small buffers instead of the handshake; `carried` then points at each rank's.
+  bool small = false;
+  const void* carry_from = nullptr;
+  size_t carry_bytes = 0;
+  std::span<const unsigned char* const> carried;
   // Note [Direct collectives] (comm/detail/shm_direct.h): the shared arena holding the tensor this
   // rank's peers would read (0: none), carried by the handshake beside the signature but never a
   // mismatch; after it, `agreed_arena` is that id when every rank passed the same nonzero one, else 0.
@@ -197,6 +206,8 @@ class Runtime {
   int world_size() const { return world_size_; }
   // More ranks on this node than online CPUs (Note [Polling]).
   bool oversubscribed() const { return oversubscribed_; }
+  // MPI_TAG_UB admits the handshake's gather tags (Note [Handshake lengths]).
+  bool gather_tags() const { return gather_tags_; }
   // Collective over the world (World's constructor): makes the node's shared-memory window unless
   // config.shared_memory is kOff (comm/detail/shm.h). shm_node() is null without one.
   void init_shm(const CommConfig& config);
@@ -221,6 +232,13 @@ class Runtime {
   // Whether a wait found the cores contended within kContendedFor (Note [Contended cores]); the
   // shared-memory barriers consult and set it too.
   RecentContention& contention() { return contention_; }
+  // A wait of `op` failed (timeout_s passed, or `failure`: the text of a deadlock WaitNotices found):
+  // marks its group unusable and throws the CommError saying so (the handshake's and the small
+  // collectives' waits).
+  [[noreturn]] void fail_wait(const Op& op, const std::string& failure);
+  // CommError naming the first field of the signature that differs across the ranks, from its
+  // largest (hi) and smallest (lo) value over the group (Note [Handshake]).
+  static void check_signatures(const Op& op, const std::array<int64_t, 4>& hi, const std::array<int64_t, 4>& lo);
   // Keeps requests that a failed op leaves posted, and what they read or write, until MPI_Finalize
   // (never freed if still pending then), as the handshake's orphans are kept.
   void abandon(std::vector<MPI_Request> requests, std::shared_ptr<void> keep);

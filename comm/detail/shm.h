@@ -89,6 +89,9 @@ class ShmNode {
   // beat 4 MiB ones by up to 1.5x from 16 MiB on a 1 MiB-L2 Zen 4).
   static constexpr size_t kRoundBytes = size_t{512} << 10;
   static constexpr int kMaxGroups = 1024;                 // flag lines per rank (groups ever using shm)
+  // Note [Small collectives] (comm/detail/small.h): per rank two buffers of a 64-byte header and
+  // up to 4 KiB of data, apart from the staging slots.
+  static constexpr size_t kSmallSlotBytes = 64 + (size_t{4} << 10);
 
   // Collective over the world's ranks (blocking, like MPI_Init). `ranks_per_node` > 0 splits MPI's
   // node into consecutive blocks of that many ranks (CommConfig::shared_memory_node_ranks). Returns
@@ -102,6 +105,19 @@ class ShmNode {
   int node_size() const { return node_size_; }
   int node_id() const { return node_id_; }  // world rank of the node's first rank: equal across the node
   unsigned char* slot(int node_rank, int buffer) const { return slots_[static_cast<size_t>(node_rank)][buffer]; }
+  unsigned char* small_slot(int node_rank, int buffer) const {
+    return slots_[static_cast<size_t>(node_rank)][1] + kSlotBytes + static_cast<size_t>(buffer) * kSmallSlotBytes;
+  }
+  // This rank's record of its small buffers (Note [Small collectives]): which one the next small
+  // collective writes, and for each the group (flag line, its members' node ranks) and the small
+  // collective's index there that wrote it last, whose readers must be done before it is written again.
+  struct SmallUse {
+    int flag_index = -1;
+    uint64_t epoch = 0;
+    std::vector<int> readers;
+  };
+  std::array<SmallUse, 2> small_uses;
+  int small_next = 0;
   std::atomic<uint64_t>& flag(int node_rank, int group_index) const { return word(node_rank, group_index, 0); }
   // Word w (0..7) of a rank's flag line for a group: word 0 is the barrier flag; the others carry
   // small values a collective publishes with its next barrier (an alltoallv's rounds).
@@ -133,6 +149,8 @@ struct ShmGroup {
   int max_local = 1;               // most members on one node
   int flag_index = -1;
   uint64_t epoch = 0;              // barriers passed
+  uint64_t small_epoch = 0;        // small collectives run (Note [Small collectives] in comm/detail/small.h)
+  std::vector<const unsigned char*> carried;  // the running small collective's data, per member
 };
 
 // Collective over g.comm (blocking and untimed, like the MPI_Comm_split that made it; GroupState::

@@ -1,6 +1,7 @@
 // A deliberately broken job for the expected-failure tests (tests/comm/CMakeLists.txt). Modes:
 //   mismatch: rank 0 calls allreduce, the others allgather -> CommError on every rank -> abort
 //   timeout:  rank 0 calls allreduce, the others never do   -> CommError (timeout) on rank 0 -> abort
+//   small_timeout: the same with a small bf16 allreduce (comm/detail/small.h's exchange at any size)
 //   abort:    rank 1 throws; the others wait in a barrier   -> rank 1 aborts, every rank ends at once
 //   groups:   rank 0 allgathers on the world, the others on a duplicate 'dp' (timeout 120 s)
 //             -> CommError naming both at once (Note [Waits across groups]) -> abort
@@ -22,7 +23,7 @@ using namespace zs;
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "mismatch";
   try {
-    const double timeout_s = mode == "abort" ? 60.0 : mode == "groups" ? 120.0 : 2.0;
+    const double timeout_s = mode == "abort" ? 60.0 : mode == "groups" ? 120.0 : 2.0;  // small_timeout: 2 s
     auto world = comm::World::create(comm::CommConfig{.timeout_s = timeout_s});
     const auto& g = world.group();
     auto data = memory::Tensor::empty({1000}, memory::DType::kF32);
@@ -33,9 +34,9 @@ int main(int argc, char** argv) {
       } else {
         g.allgather(data, gathered);
       }
-    } else if (mode == "timeout") {
+    } else if (mode == "timeout" || mode == "small_timeout") {
       if (g.rank() == 0) {
-        g.allreduce(data);
+        g.allreduce(mode == "timeout" ? data : memory::Tensor::empty({64}, memory::DType::kBF16));
       } else {
         std::this_thread::sleep_for(std::chrono::seconds(40));  // a stuck rank: killed by rank 0's abort
       }

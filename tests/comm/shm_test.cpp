@@ -307,13 +307,20 @@ TEST(Shm, ConfigSwitchForcesEitherPath) {
     g->allgather(part, x4);
     EXPECT_EQ(shm_count(), before + (n > 1 && single_node() ? 2 : 0)) << g->name();
   }
-  // "auto" leaves small tensors (< 8 KiB) to MPI; true takes them too.
-  Tensor small = make(DType::kF32, 256, on.rank());
+  // "auto" leaves tensors of 4-8 KiB to MPI; true takes them too. Up to 4 KiB both take the small
+  // collectives' one exchange (Note [Small collectives] in comm/detail/small.h), on one node only.
+  Tensor mid = make(DType::kF32, 1536, on.rank());
+  before = shm_count();
+  autos.allreduce(mid);
+  EXPECT_EQ(shm_count(), before);
+  on.allreduce(mid);
+  EXPECT_EQ(shm_count(), before + (n > 1 ? 1 : 0));
+  Tensor small = make(DType::kI32, 256, on.rank());
   before = shm_count();
   autos.allreduce(small);
-  EXPECT_EQ(shm_count(), before);
   on.allreduce(small);
-  EXPECT_EQ(shm_count(), before + (n > 1 ? 1 : 0));
+  off.allreduce(small);
+  EXPECT_EQ(shm_count(), before + (n > 1 ? (single_node() ? 2 : 1) : 0));  // across nodes: true's hierarchical
 }
 
 TEST(Shm, MismatchThrowsOnEveryRank) {
@@ -483,7 +490,8 @@ TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
   const size_t m = 3001;  // allreduce elements: sub-slices of different lengths
   auto counts_of = [](size_t size) {
     std::vector<size_t> c(size);
-    for (size_t j = 0; j < size; ++j) c[j] = 700 + 17 * j;
+    // Blocks over 4 KiB: smaller gathers take the small collectives' path (comm/detail/small.h).
+    for (size_t j = 0; j < size; ++j) c[j] = 1100 + 17 * j;
     return c;
   };
   for (Case& c : cases) {

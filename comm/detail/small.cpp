@@ -1,0 +1,190 @@
+// Small collectives through the node window in one exchange (Note [Small collectives] in
+// comm/detail/small.h). No MPI call here except the wait notices' (after WaitNotices::kAnnounceAfter).
+#include "comm/detail/small.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "comm/detail/runtime.h"
+#include "comm/detail/shm_reduce.h"
+#include "comm/detail/transport.h"
+#include "memory/dtype.h"
+
+namespace zs::comm::detail {
+
+using memory::DType;
+
+namespace {
+
+constexpr int kPostWord = 4;  // + index % 2: "index << 1 | buffer" of this rank's latest posts
+constexpr int kDoneWord = 6;  // the last index whose peers' buffers this rank has finished reading
+constexpr size_t kHeader = 64;
+
+struct Header {
+  uint64_t index;
+  int64_t flag_index;  // the group's
+  std::array<int64_t, 4> signature;
+};
+static_assert(sizeof(Header) <= kHeader);
+
+// Polls until ready(); CommError after comm.timeout_s from the probe's start, or when the wait
+// notices find a deadlock (Note [Polling], Note [Waits across groups]).
+template <typename Ready>
+void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
+  Runtime& rt = *op.group->runtime;
+  const auto start = probe.start();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(op.group->config.timeout_s));
+  auto check_at = start + WaitNotices::kAnnounceAfter;
+  while (!ready()) {
+    const auto now = Clock::now();
+    if (now >= deadline) [[unlikely]] rt.fail_wait(op, {});
+    if (now >= check_at) [[unlikely]] {
+      check_at = now + WaitNotices::kCheckEvery;
+      const std::string failure = rt.notices()->find_deadlock(op);
+      if (!failure.empty()) rt.fail_wait(op, failure);
+    }
+    rt.pause(on_worker, probe);
+  }
+}
+
+// dst = the sum over ranks, in rank order, of each rank's carried bytes from `at` (n elements of t).
+void sum_ranks(const Op& op, DType t, size_t at, void* dst, size_t n, ReduceOp r) {
+  const size_t size = op.carried.size();
+  std::array<const void*, 64> few;  // a node's ranks, without an allocation per call
+  std::vector<const void*> many(size > few.size() ? size : 0);
+  const void** srcs = size > few.size() ? many.data() : few.data();
+  for (size_t q = 0; q < size; ++q) srcs[q] = op.carried[q] + at;
+  const float divisor = r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f;
+  if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
+    reduce_sum_scalar(srcs, size, t, dst, t, n, divisor);
+  } else {
+    reduce_sum({srcs, size}, t, dst, t, n, divisor);
+  }
+}
+
+// Waits for every peer's post of op index e, checks its header and points s.carried at its data.
+void read_posts(const Op& op, bool on_worker, SpinProbe& probe, const ShmNode& node, ShmGroup& s, uint64_t e,
+                int post, std::array<int64_t, 4>& hi, std::array<int64_t, 4>& lo) {
+  const size_t L = s.local.size(), me = static_cast<size_t>(s.me);
+  for (size_t p = 0; p < L; ++p) {
+    if (p == me) continue;
+    const std::atomic<uint64_t>& word = node.word(s.local[p], s.flag_index, post);
+    uint64_t posted = 0;
+    wait_for(op, on_worker, probe, [&] {
+      posted = word.load(std::memory_order_acquire);
+      return posted >> 1 == e;
+    });
+    const unsigned char* theirs = node.small_slot(s.local[p], static_cast<int>(posted & 1));
+    Header other;
+    std::memcpy(&other, theirs, sizeof other);
+    if (other.index != e || other.flag_index != s.flag_index) [[unlikely]] {
+      throw CommError(fmt::format("{}: group rank {} gave up this collective after an error (its data was replaced); "
+                                  "see that rank's error", op.describe(), p));
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      hi[i] = std::max(hi[i], other.signature[i]);
+      lo[i] = std::min(lo[i], other.signature[i]);
+    }
+    s.carried[p] = theirs + kHeader;
+  }
+}
+
+}  // namespace
+
+bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
+  if (g.local() || g.simulated || g.size < 2 || g.config.shared_memory == SharedMemory::kOff) return false;
+  const ShmGroup* s = g.shm.get();
+  if (s == nullptr || !s->enabled || s->nodes > 1 || g.runtime->shm_node() == nullptr) return false;
+  if (payload == 0 || payload > kSmallMaxBytes) return false;
+  return !reduces || t != DType::kF32 || g.size == 2;  // fp32 on more ranks: MPI's order
+}
+
+void carry(Op& op, const void* from, size_t bytes) {
+  op.small = true;
+  op.carry_from = from;
+  op.carry_bytes = bytes;
+}
+
+void small_exchange(Op& op, bool on_worker) {
+  GroupState& g = *op.group;
+  ShmGroup& s = *g.shm;
+  ShmNode& node = *g.runtime->shm_node();
+  const size_t L = s.local.size(), me = static_cast<size_t>(s.me);
+  const int self = s.local[me];
+  const uint64_t e = ++s.small_epoch;
+  const int b = node.small_next;
+  node.small_next ^= 1;
+  SpinProbe probe(Clock::now());  // one for both waits: they share the start and the timeout
+  ShmNode::SmallUse& use = node.small_uses[static_cast<size_t>(b)];
+  if (use.flag_index >= 0) {  // the readers of this buffer's last contents are done with it
+    wait_for(op, on_worker, probe, [&] {
+      for (int r : use.readers) {
+        if (node.word(r, use.flag_index, kDoneWord).load(std::memory_order_acquire) < use.epoch) return false;
+      }
+      return true;
+    });
+  }
+  unsigned char* mine = node.small_slot(self, b);
+  const Header h{e, s.flag_index, op.signature};
+  std::memcpy(mine, &h, sizeof h);
+  std::memcpy(mine + kHeader, op.carry_from, op.carry_bytes);
+  use.flag_index = s.flag_index;
+  use.epoch = e;
+  use.readers.clear();
+  for (size_t p = 0; p < L; ++p) {
+    if (p != me) use.readers.push_back(s.local[p]);
+  }
+  const int post = kPostWord + static_cast<int>(e % 2);
+  node.word(self, s.flag_index, post).store(e << 1 | static_cast<uint64_t>(b), std::memory_order_release);
+  s.carried.assign(L, nullptr);
+  s.carried[me] = mine + kHeader;
+  op.carried = s.carried;
+  std::array<int64_t, 4> hi = op.signature, lo = op.signature;
+  try {
+    read_posts(op, on_worker, probe, node, s, e, post, hi, lo);
+  } catch (...) {
+    // This rank gives up the op (the caller ends the job): nobody waits for its reads, and it does
+    // not wait for its readers before writing this buffer again (a late peer then reads another
+    // op's header and throws).
+    small_done(op);
+    use.flag_index = -1;
+    throw;
+  }
+  if (hi != lo) {
+    small_done(op);  // nothing more is read here
+    Runtime::check_signatures(op, hi, lo);
+  }
+}
+
+void small_done(const Op& op) {
+  const ShmGroup& s = *op.group->shm;
+  op.group->runtime->shm_node()->word(s.local[static_cast<size_t>(s.me)], s.flag_index, kDoneWord)
+      .store(s.small_epoch, std::memory_order_release);
+}
+
+void small_allreduce(const Op& op, void* data, DType t, size_t n, ReduceOp r) { sum_ranks(op, t, 0, data, n, r); }
+
+void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r) {
+  const size_t me = static_cast<size_t>(op.group->rank);
+  const DType t = output.dtype();
+  sum_ranks(op, t, static_cast<size_t>(c.displs[me]) * memory::dtype_size(t), output.raw(),
+            static_cast<size_t>(c.counts[me]), r);
+}
+
+void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c) {
+  const size_t es = memory::dtype_size(output.dtype());
+  auto* out = static_cast<unsigned char*>(output.raw());
+  for (size_t q = 0; q < op.carried.size(); ++q) {  // this rank's own block too: its input may lie elsewhere
+    std::memmove(out + static_cast<size_t>(c.displs[q]) * es, op.carried[q], static_cast<size_t>(c.counts[q]) * es);
+  }
+}
+
+void small_broadcast(const Op& op, void* data, size_t bytes, int root) {
+  if (op.group->rank != root) std::memcpy(data, op.carried[static_cast<size_t>(root)], bytes);
+}
+
+}  // namespace zs::comm::detail

@@ -1,0 +1,77 @@
+// Small collectives through the node window in one exchange (Note [Small collectives]). Internal to
+// comm: group.cpp decides per call (small_path) and gives the Op a body from here; Runtime::execute
+// runs small_exchange in place of the handshake and small_done after the body.
+//
+// Note [Small collectives]
+// Every collective first ran the handshake (Note [Handshake] in comm/detail/runtime.h: nonblocking
+// MPI messages, ~1 us at 2 ranks) and then its body: for a tensor under kShmAutoMinBytes MPI's own
+// collective (~0.5-1.3 us at 16 B-1 KiB), or under comm.shared_memory true a flags barrier too. So a
+// small collective paid two latencies where raw MPI pays one: comm_bench at np 2 measured 0.23-0.47x
+// raw OpenMPI from 16 B to 1 KiB, 0.49-0.77x at 4 KiB (docs/benchmarks.md). Carrying the data inside
+// the MPI handshake (one round) was tried and measured no better (0.21-0.36x from 16 B to 1 KiB): the
+// handshake's own MPI_Isend/Irecv/Testall round is the cost. On one node a collective of at most
+// kSmallMaxBytes per rank therefore replaces both with one exchange through the node window:
+//  - Each rank has two small buffers (ShmNode::small_slot). It writes a header (the op's index among
+//    the group's small collectives, its signature) and its data into the next one, then stores
+//    "index << 1 | buffer" into word kPostWord + index % 2 of its flag line for the group (release).
+//    It polls its peers' same word (acquire) until each shows the index, checks every header's
+//    signature as the handshake does (the same CommError on every rank for a mismatch), and the body
+//    sums or copies straight out of the peers' buffers. Then it stores the index into kDoneWord.
+//  - What rides per rank: allreduce its tensor, reduce-scatter its whole input (at these sizes the
+//    latency counts, not the bytes), allgather(v) its own block, broadcast its tensor (the root's is
+//    read). The payload that decides the path is the same on every rank: the tensor, or the largest
+//    count's block.
+//  - Reuse: the buffers serve every group (one collective at a time per process), and with no closing
+//    barrier a peer of the previous group may still read one. So before writing a buffer a rank waits
+//    until the readers of its last contents (that group's members) stored kDoneWord >= its index;
+//    alternating two buffers, that wait is almost always already over. A peer's post word for index
+//    e cannot be overwritten before this rank reads it: the peer's next post of the same parity is
+//    e + 2, after it has read this rank's post e + 1.
+//  - Bits: sums are reduce_sum's (comm/detail/shm_reduce.h) in rank order, as the MPI path's for
+//    bf16/fp16 (Note [16-bit reductions]) and int32 (wrapping, any order). fp32 through MPI sums in
+//    its algorithm's order, equal to rank order only on two ranks (a + b either way), so an fp32
+//    reduction on more than two ranks keeps the old path. Averages divide the fp32 sum once, as all do.
+//  - Guarantees: the waits poll like the handshake (Runtime::pause, Note [Polling]) with its deadline,
+//    so a stalled peer ends the wait after comm.timeout_s with the handshake's CommError naming the
+//    collective and group; after WaitNotices::kAnnounceAfter they consult the wait notices (Note
+//    [Waits across groups]), so a peer in another group's collective, or in this op by the other path
+//    (a size that differs across the limit), is found as a mismatch on both ranks.
+//  - Taken only where every member is on this node's window (one node, a flag line, comm.shared_memory
+//    not false); not for local or simulated groups, alltoall(v) or the count exchanges. The byte
+//    counters keep each collective's own rule (CommCounters); it counts as a shared-memory collective.
+// kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
+// shared-memory collectives already beat MPI, and their staging needs no second buffer set.
+#pragma once
+
+#include <cstddef>
+
+#include "comm/config.h"
+#include "comm/detail/shm.h"
+#include "memory/tensor.h"
+
+namespace zs::comm::detail {
+
+struct GroupState;
+struct Op;
+struct Counts;
+
+inline constexpr size_t kSmallMaxBytes = ShmNode::kSmallSlotBytes - 64;  // 4 KiB after the header
+
+// Whether a collective of dtype `t` carrying at most `payload` bytes per rank (the same on every rank) takes the
+// small path on `g` (the same answer on every rank that passed the same arguments). `reduces`: it sums.
+bool small_path(const GroupState& g, memory::DType t, size_t payload, bool reduces);
+// Marks `op` small, carrying `bytes` from `from` (read when the op runs).
+void carry(Op& op, const void* from, size_t bytes);
+// Runtime::execute, in place of the handshake: publishes this rank's data, waits for every peer's and
+// checks the signatures; op.carried then points at each rank's data. Throws CommError (timeout,
+// mismatch). small_done after the body: this rank has finished reading its peers' buffers.
+void small_exchange(Op& op, bool on_worker);
+void small_done(const Op& op);
+
+// The bodies: op.carried points at every rank's data.
+void small_allreduce(const Op& op, void* data, memory::DType t, size_t n, ReduceOp r);
+void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r);
+void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c);
+void small_broadcast(const Op& op, void* data, size_t bytes, int root);
+
+}  // namespace zs::comm::detail
