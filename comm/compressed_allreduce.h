@@ -98,6 +98,10 @@ class OneBitAllreduce {
   OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors, Scales scales);
   // DeepSpeed's padded size of an n-element tensor over `ranks` ranks: a multiple of N * divider.
   static size_t padded_tensor(size_t n, int ranks);
+  // state_floats() of an object built with these arguments, without building one (the engine's
+  // placement plan and the memory estimator size the error feedback with it): kBlocks numel +
+  // chunk_for(numel, ranks); kPerTensor sum_t padded_tensor(n_t, ranks) (1 + 1/ranks).
+  static size_t state_floats_for(size_t numel, int ranks, std::span<const memory::ShardRange> tensors, Scales scales);
   OneBitAllreduce(OneBitAllreduce&&) noexcept = default;
   OneBitAllreduce(const OneBitAllreduce&) = delete;
   OneBitAllreduce& operator=(const OneBitAllreduce&) = delete;

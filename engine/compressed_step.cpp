@@ -111,13 +111,14 @@ void Engine::Impl::init_compressed(CompressedState state) {
                                                             : cfg_.optimizer.params<optim::OneBitAdamConfig>().compression_scale;
   // The parameters' ranges: the alignment gaps between them are padding to comm (zero, as DeepSpeed's
   // padding), and per tensor they are DeepSpeed's tensors (Note [Per-tensor scales]).
-  std::vector<memory::ShardRange> tensors;
-  for (const ParamSlot& slot : dense().layout.slots()) {
-    if (slot.numel > 0) tensors.push_back(slot.range());
-  }
-  c.reduce.emplace(group_, dense().layout.total(), tensors,
+  c.reduce.emplace(group_, dense().layout.total(), dense().layout.param_ranges(),
                    scale == optim::CompressionScale::kTensor ? comm::OneBitAllreduce::Scales::kPerTensor
                                                              : comm::OneBitAllreduce::Scales::kBlocks);
+  // The plan sized the error feedback by the same rule (the estimator reads the plan): keep them one.
+  const PlannedBuffer* planned = dense().plan.find(BufferRole::kErrorFeedback);
+  ZS_ASSERT(planned != nullptr && planned->bytes == c.reduce->state_floats() * sizeof(float),
+            "the placement plan's error feedback ({} B) differs from the compressed allreduce's ({} B)",
+            planned != nullptr ? planned->bytes : 0, c.reduce->state_floats() * sizeof(float));
   c.momentum_whole = stage_ == 0 || group_.size() == 1;
   if (group_.rank() == 0) {
     if (zero_one != nullptr) warn_zero_one_sparse_variance(schedule_, *zero_one);
