@@ -22,8 +22,9 @@
 // magnitude; training with it diverged on the test GPT where per-block scales track the layers.
 // DeepSpeed compresses each parameter tensor separately, one scale per tensor and rank; a block of
 // 256 is finer still and independent of how the model cuts its tensors. Measured against DeepSpeed's
-// per-tensor scales (Note [Per-tensor scales]) on small GPTs, the blocks were never worse and lost
-// less when compression starts at the lr peak (docs/benchmarks.md "onebit_quality").
+// per-tensor scales (Note [Per-tensor scales]) on small GPTs, the blocks were never worse at d_model
+// 128 and 256 and lost much less at 256 when compression starts at the lr peak; at 512 per tensor was
+// 0.2 points better there (docs/benchmarks.md "onebit_quality").
 // Scale: DeepSpeed's ||x||_2 / sqrt(m), which keeps the norm (||c|| = ||x||); the error of one
 // compression is then ||x - c||^2 = 2 ||x||^2 (1 - ||x||_1 / (sqrt(m) ||x||_2)) <= 2 ||x||^2, and
 // 0.64 ||x|| for Gaussian x. The least-squares scale ||x||_1 / m gives a slightly smaller one-call
