@@ -73,6 +73,17 @@ size_t OneBitAllreduce::padded_tensor(size_t n, int ranks) {
   return (n + unit - 1) / unit * unit;
 }
 
+size_t OneBitAllreduce::state_floats_for(size_t numel, int ranks, std::span<const memory::ShardRange> tensors,
+                                         Scales scales) {
+  if (scales == Scales::kBlocks) return numel + chunk_for(numel, ranks);
+  size_t floats = 0;
+  for (const memory::ShardRange& r : tensors) {
+    const size_t padded = padded_tensor(r.size, ranks);
+    floats += padded + padded / static_cast<size_t>(ranks);  // worker residual + this rank's chunk
+  }
+  return floats;
+}
+
 OneBitAllreduce::OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors,
                                  Scales scales)
     : group_(&group), numel_(numel), size_(group.size()), rank_(group.rank()) {

@@ -22,8 +22,9 @@
 // magnitude; training with it diverged on the test GPT where per-block scales track the layers.
 // DeepSpeed compresses each parameter tensor separately, one scale per tensor and rank; a block of
 // 256 is finer still and independent of how the model cuts its tensors. Measured against DeepSpeed's
-// per-tensor scales (Note [Per-tensor scales]) on small GPTs, the blocks were never worse and lost
-// less when compression starts at the lr peak (docs/benchmarks.md "onebit_quality").
+// per-tensor scales (Note [Per-tensor scales]) on small GPTs, the blocks were never worse at d_model
+// 128 and 256 and lost much less at 256 when compression starts at the lr peak; at 512 per tensor was
+// 0.2 points better there (docs/benchmarks.md "onebit_quality").
 // Scale: DeepSpeed's ||x||_2 / sqrt(m), which keeps the norm (||c|| = ||x||); the error of one
 // compression is then ||x - c||^2 = 2 ||x||^2 (1 - ||x||_1 / (sqrt(m) ||x||_2)) <= 2 ||x||^2, and
 // 0.64 ||x|| for Gaussian x. The least-squares scale ||x||_1 / m gives a slightly smaller one-call
@@ -98,6 +99,10 @@ class OneBitAllreduce {
   OneBitAllreduce(const Group& group, size_t numel, std::span<const memory::ShardRange> tensors, Scales scales);
   // DeepSpeed's padded size of an n-element tensor over `ranks` ranks: a multiple of N * divider.
   static size_t padded_tensor(size_t n, int ranks);
+  // state_floats() of an object built with these arguments, without building one (the engine's
+  // placement plan and the memory estimator size the error feedback with it): kBlocks numel +
+  // chunk_for(numel, ranks); kPerTensor sum_t padded_tensor(n_t, ranks) (1 + 1/ranks).
+  static size_t state_floats_for(size_t numel, int ranks, std::span<const memory::ShardRange> tensors, Scales scales);
   OneBitAllreduce(OneBitAllreduce&&) noexcept = default;
   OneBitAllreduce(const OneBitAllreduce&) = delete;
   OneBitAllreduce& operator=(const OneBitAllreduce&) = delete;

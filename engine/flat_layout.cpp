@@ -26,6 +26,14 @@ FlatLayout::FlatLayout(std::vector<nn::Parameter*> params) {
   total_ = offset;
 }
 
+std::vector<memory::ShardRange> FlatLayout::param_ranges() const {
+  std::vector<memory::ShardRange> ranges;
+  for (const ParamSlot& slot : slots_) {
+    if (slot.numel > 0) ranges.push_back(slot.range());
+  }
+  return ranges;
+}
+
 std::vector<ParamGroup> group_by_expert_parallel_size(const std::vector<nn::Parameter*>& params) {
   std::vector<ParamGroup> groups(1);
   for (nn::Parameter* p : params) {

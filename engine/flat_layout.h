@@ -44,6 +44,9 @@ class FlatLayout {
   size_t param_elements() const { return param_elements_; }
   // The parameters' expert_parallel_size: 1 for dense parameters (and an empty layout).
   int expert_parallel_size() const { return expert_parallel_size_; }
+  // The non-empty parameters' ranges, ascending: the tensors a compressed allreduce sees
+  // (comm::OneBitAllreduce; the alignment gaps between them are its padding).
+  std::vector<memory::ShardRange> param_ranges() const;
 
  private:
   std::vector<ParamSlot> slots_;

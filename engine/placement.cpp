@@ -4,6 +4,7 @@
 
 #include "comm/compressed_allreduce.h"
 #include "core/errors.h"
+#include "optim/onebit_adam.h"
 
 namespace zs::engine {
 namespace {
@@ -29,6 +30,11 @@ PlacementRules placement_rules(const EngineConfig& cfg) {
   if (r.stage == 3) r.offload_param = cfg.zero.offload_param.device;
   r.compressed = cfg.optimizer.compressed();
   r.local_steps = r.compressed && cfg.optimizer.compressed_traits()->local_steps;
+  if (const auto* o = cfg.optimizer.params_if<optim::OneBitAdamConfig>()) {
+    r.per_tensor_scales = o->compression_scale == optim::CompressionScale::kTensor;
+  } else if (const auto* z = cfg.optimizer.params_if<optim::ZeroOneAdamConfig>()) {
+    r.per_tensor_scales = z->compression_scale == optim::CompressionScale::kTensor;
+  }
   if (!r.compressed) {
     auto specs = cfg.optimizer.state_specs();
     r.states.assign(specs.begin(), specs.end());
@@ -75,7 +81,8 @@ uint64_t PlacementPlan::bytes(memory::Category category, Where where, bool page_
   return n;
 }
 
-PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partition& partition, const std::string& group) {
+PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partition& partition, const std::string& group,
+                             std::span<const memory::ShardRange> tensors) {
   using memory::Category;
   ZS_ASSERT(r.stage >= 0 && r.stage <= 3, "placement for ZeRO stage {}", r.stage);
   PlacementPlan p;
@@ -118,8 +125,12 @@ PlacementPlan plan_placement(const PlacementRules& r, size_t total, const Partit
   add(BufferRole::kMomentum, Category::kOptimizer, Where::kDevice, whole, total * 4);
   add(BufferRole::kVariance, Category::kOptimizer, Where::kDevice, p.stepped, p.stepped.size * 4);
   if (r.local_steps && r.stage == 0) add(BufferRole::kAccumulator, Category::kOptimizer, Where::kDevice, whole, total * 4);
-  const uint64_t chunk = comm::OneBitAllreduce::chunk_for(total, partition.world);
-  add(BufferRole::kErrorFeedback, Category::kOptimizer, Where::kDevice, whole, (total + chunk) * 4);
+  // The compressed allreduce's own rule (the engine checks that the two agree when it builds it).
+  ZS_ASSERT(!r.per_tensor_scales || total == 0 || !tensors.empty(),
+            "plan_placement: per-tensor compression scales need the layout's parameter ranges");
+  const auto scales = r.per_tensor_scales ? comm::OneBitAllreduce::Scales::kPerTensor : comm::OneBitAllreduce::Scales::kBlocks;
+  add(BufferRole::kErrorFeedback, Category::kOptimizer, Where::kDevice, whole,
+      comm::OneBitAllreduce::state_floats_for(total, partition.world, tensors, scales) * 4);
   p.buffers.back().owned_by_comm = true;
   return p;
 }

@@ -2,7 +2,8 @@
 // two readers: the engine allocates from the plan (ModelStates::place, one per state set), and the memory
 // estimator (estimate/estimate.h) adds the plan up by tier instead of restating the rules.
 //
-//   PlacementPlan plan = plan_placement(placement_rules(cfg), layout.total(), Partition(total, R, r));
+//   PlacementPlan plan = plan_placement(placement_rules(cfg), layout.total(), Partition(total, R, r), "dp",
+//                                       layout.param_ranges());
 //   for (const PlannedBuffer& b : plan.buffers) ... b.name, b.category, b.where, b.bytes ...
 //
 // Note [model-state placement]: which flat buffers are whole and which are this rank's shard.
@@ -17,7 +18,8 @@
 // partition.mine.offset. Compressed optimizers (one-bit Adam, 0/1 Adam) keep whole gradients at every
 // stage (grad_stage <= 1: their compressed phase consumes each rank's whole local gradient), a whole
 // fp32 momentum, the variance of the stepped range, 0/1 Adam's whole accumulator at stage 0, and the
-// compressed allreduce's error feedback (Note [compressed optimizers] in engine/compressed_step.cpp).
+// compressed allreduce's error feedback (Note [compressed optimizers] in engine/compressed_step.cpp):
+// Ψ + chunk fp32 with scale blocks, the padded tensors plus this rank's chunk of each per tensor.
 // Memory modes (MemoryModes): release_fp32_grad off adds a persistent fp32 copy of the gradients the
 // optimizer reads; reuse_fp32_param (bf16) replaces the master by a 16-bit residual beside the bf16
 // parameters (Note [reuse_fp32_param] in model_states_step.cpp).
@@ -32,6 +34,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -54,6 +57,9 @@ struct PlacementRules {
   std::vector<optim::StateSpec> states;  // the elementwise optimizer's states (unused when compressed)
   bool compressed = false;               // one-bit Adam / 0/1 Adam
   bool local_steps = false;              // 0/1 Adam: a whole accumulator at stage 0
+  // compression_scale "tensor": the error feedback is per parameter tensor, padded as DeepSpeed pads
+  // it (comm::OneBitAllreduce::state_floats_for), rather than the flat buffer plus one server chunk.
+  bool per_tensor_scales = false;
 };
 
 // The rules of a validated config (its stage, precision, memory modes, offload and optimizer).
@@ -109,8 +115,10 @@ struct PlacementPlan {
 };
 
 // The plan of the rank `partition` describes, for a flat layout of `total` elements sharded over the
-// partition group named `group` ("dp", or "edp" for expert parameters). Pure.
+// partition group named `group` ("dp", or "edp" for expert parameters). `tensors`: the layout's
+// parameter ranges (FlatLayout::param_ranges), which size a compressed optimizer's error feedback
+// with per-tensor scales (ZS_ASSERT: given then); unused otherwise. Pure.
 PlacementPlan plan_placement(const PlacementRules& rules, size_t total, const Partition& partition,
-                             const std::string& group = "dp");
+                             const std::string& group = "dp", std::span<const memory::ShardRange> tensors = {});
 
 }  // namespace zs::engine

@@ -113,6 +113,7 @@ ModelFacts model_facts(nn::Model& model, const ZeroLimits& limits) {
   f.exact_layout = true;
   f.param_elements = layout.param_elements();
   f.flat_elements = layout.total();
+  f.tensors = layout.param_ranges();
   for (size_t g = 1; g < groups.size(); ++g) {
     FlatLayout experts(groups[g].params);
     f.param_elements += experts.param_elements();
@@ -182,6 +183,7 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
   in.model.description = fmt::format("{} parameters (--params)", group_digits(n_params));
   in.model.param_elements = n_params;
   in.model.flat_elements = round_up(n_params, kAlign);
+  in.model.tensors = {{0, n_params}};  // the layout is not known: one tensor
   in.optimizer = "AdamW";
   return in;
 }
@@ -308,6 +310,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
   in.compressed = cfg.optimizer.compressed();
   in.zero_one = in.compressed && cfg.optimizer.compressed_traits()->local_steps;
   in.compressed_state_bytes = cfg.optimizer.state_bytes_per_param();
+  in.per_tensor_scales = placement_rules(cfg).per_tensor_scales;
   in.optimizer_states = cfg.optimizer.state_specs();
   in.memory = cfg.memory;
   in.config_stage = cfg.zero.stage;
@@ -439,7 +442,15 @@ StageEstimate estimate_stage(const EstimateInput& in, int stage) {
                              : fmt::format("({}; the fp32 parameters are the master weights)", states);
   st.optimizer_formula = fmt::format("{} x {}", mult, stage >= 1 ? "S_r" : "Ψ");
   if (in.compressed) {
-    st.optimizer_formula = fmt::format("{} x {} + 4 x Ψ momentum + 4 x (Ψ + Ψ/R) error feedback{}: {}", m, stage >= 1 ? "S_r" : "Ψ",
+    // The error feedback (comm::OneBitAllreduce::state_floats_for): the flat buffer and one server chunk
+    // with scale blocks; per tensor, each tensor padded to a multiple of R x DeepSpeed's divider (P) and
+    // this rank's chunk of each.
+    const char* stepped = stage >= 1 ? "S_r" : "Ψ";
+    st.optimizer_formula = fmt::format("{}4 x {} variance + 4 x Ψ momentum + 4 x {} error feedback{}: {}",
+                                       m ? fmt::format("{} x {} fp32 master + ", m, stepped) : std::string(), stepped,
+                                       in.per_tensor_scales ? "(P + P/R) (per-tensor scales; P: each tensor padded to a "
+                                                              "multiple of R x DeepSpeed's divider)"
+                                                            : "(Ψ + Ψ/R)",
                                        in.zero_one && stage == 0 ? " + 4 x Ψ accumulator" : "",
                                        "one-bit optimizers keep whole momentum (docs/memory.md)");
   }

@@ -40,6 +40,7 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "memory/shard.h"
 #include "run/run_config.h"
 #include "engine/placement.h"
 #include "memory/backend.h"
@@ -74,6 +75,9 @@ struct ModelFacts {
   std::string description;               // "GPT n_layer 2 d_model 64 ..." or "--params 125000000"
   uint64_t param_elements = 0;           // parameters, padding excluded
   uint64_t flat_elements = 0;            // Ψ: FlatLayout::total() of the dense parameters, padding included
+  // The dense parameters' ranges in that layout (FlatLayout::param_ranges): per-tensor compression
+  // scales size their error feedback by them. With --params alone, one tensor of param_elements.
+  std::vector<memory::ShardRange> tensors;
   // Expert parameters (MoE; Note [expert parameters] in engine/engine.h): one layout per distinct
   // expert_parallel_size E, this rank's experts only, sharded over the E-strided expert-data-parallel
   // group of ranks / E ranks (rank r is its rank r / E). The transient bounds below count the dense
@@ -116,6 +120,7 @@ struct EstimateInput {
   bool compressed = false;
   bool zero_one = false;
   double compressed_state_bytes = 12.0;  // the reports' bytes per element (CompressedTraits)
+  bool per_tensor_scales = false;        // compression_scale "tensor" (PlacementRules::per_tensor_scales)
   MemoryModes memory;                  // release_fp32_grad / reuse_fp32_param
   ZeroLimits zero;
   int config_stage = -1;               // the config's zero_optimization.stage; -1 without a config

@@ -190,6 +190,7 @@ PlacementRules placement_rules_of(const EstimateInput& in, int stage) {
   r.states = in.optimizer_states;
   r.compressed = in.compressed;
   r.local_steps = in.zero_one;
+  r.per_tensor_scales = in.per_tensor_scales;
   return r;
 }
 
@@ -197,7 +198,7 @@ PlacementRules placement_rules_of(const EstimateInput& in, int stage) {
 
 PlacementPlan placement_plan(const EstimateInput& in, int stage, int rank) {
   const size_t psi = in.model.flat_elements;
-  return plan_placement(placement_rules_of(in, stage), psi, Partition(psi, in.ranks, rank));
+  return plan_placement(placement_rules_of(in, stage), psi, Partition(psi, in.ranks, rank), "dp", in.model.tensors);
 }
 
 std::vector<PlacementPlan> placement_plans(const EstimateInput& in, int stage, int rank) {

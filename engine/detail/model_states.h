@@ -149,7 +149,7 @@ class ModelStates {
       : group(group),
         layout(std::move(params.params)),
         partition(layout.total(), group.size(), group.rank()),
-        plan(plan_placement(rules, layout.total(), partition, group.name())) {}
+        plan(plan_placement(rules, layout.total(), partition, group.name(), layout.param_ranges())) {}
   ModelStates(const ModelStates&) = delete;
   ModelStates& operator=(const ModelStates&) = delete;
 

@@ -336,6 +336,9 @@ TEST(OneBitAllreduce, PerTensorScalesPaddingAndGaps) {
   EXPECT_EQ(c.worker_error().size(), padded);
   EXPECT_EQ(c.server_error().size(), chunks);
   EXPECT_EQ(c.state_floats(), padded + chunks);
+  // What the placement plan and the estimator size the error feedback by (engine/placement.cpp).
+  EXPECT_EQ(comm::OneBitAllreduce::state_floats_for(n, g.size(), tensors, comm::OneBitAllreduce::Scales::kPerTensor),
+            c.state_floats());
   Vec data = input(n, g.rank(), 0, 0.5f, 1.0f);
   for (float& v : data) v += 7.0f;  // the gaps hold garbage too
   world.flush();
@@ -366,6 +369,9 @@ TEST(OneBitAllreduce, BlockScalesTreatGapsAsPadding) {
   const size_t n = 1400;
   comm::OneBitAllreduce with_gaps(g, n, tensors, comm::OneBitAllreduce::Scales::kBlocks);
   comm::OneBitAllreduce zeroed(g, n);
+  EXPECT_EQ(comm::OneBitAllreduce::state_floats_for(n, g.size(), tensors, comm::OneBitAllreduce::Scales::kBlocks),
+            with_gaps.state_floats());
+  EXPECT_EQ(with_gaps.state_floats(), zeroed.state_floats());
   Vec a = input(n, g.rank(), 0, 0.5f, 1.0f);
   Vec b = a;
   size_t end = 0;

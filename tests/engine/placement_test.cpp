@@ -76,6 +76,29 @@ TEST(Placement, CompressedOptimizersKeepWholeMomentumAndGradients) {
   EXPECT_NE(plan_placement(r, kTotal, part).find("accumulator"), nullptr);
 }
 
+// The error feedback as comm::OneBitAllreduce holds it, in each compression_scale mode: the flat
+// buffer plus one server chunk with scale blocks; per tensor, every tensor padded to a multiple of
+// N x DeepSpeed's divider (np 3: 72) plus this rank's chunk of each (Note [Per-tensor scales]).
+TEST(Placement, ErrorFeedbackFollowsTheCompressionScale) {
+  const Partition part(kTotal, 3, 1);
+  // Tensors of 100, 7 and 31000 elements at 32-element alignment: 72 x 2, 72, 72 x 431.
+  const std::vector<memory::ShardRange> tensors = {{0, 100}, {128, 7}, {160, 31000}};
+  PlacementRules r;
+  r.stage = 1;
+  r.precision = Precision::kFp32;
+  r.compressed = true;
+  // Blocks: Ψ + ceil(Ψ/3) rounded up to 256 (10752).
+  EXPECT_EQ(plan_placement(r, kTotal, part, "dp", tensors).find(BufferRole::kErrorFeedback)->bytes, 4 * (kTotal + 10752));
+  EXPECT_EQ(plan_placement(r, kTotal, part).find(BufferRole::kErrorFeedback)->bytes, 4 * (kTotal + 10752))
+      << "blocks do not depend on the tensors";
+  r.per_tensor_scales = true;
+  const uint64_t padded = 144 + 72 + 31032;
+  const PlannedBuffer* e = plan_placement(r, kTotal, part, "dp", tensors).find(BufferRole::kErrorFeedback);
+  EXPECT_EQ(e->bytes, 4 * (padded + padded / 3));
+  EXPECT_TRUE(e->owned_by_comm);
+  EXPECT_EQ(plan_placement(r, 0, Partition(0, 3, 1)).find(BufferRole::kErrorFeedback)->bytes, 0u);
+}
+
 TEST(Placement, MemoryModes) {
   const Partition part(kTotal, 2, 1);
   PlacementRules r = adam(1, Precision::kBf16);

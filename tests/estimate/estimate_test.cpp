@@ -10,6 +10,7 @@
 #include "engine/flat_layout.h"
 #include "memory/shard.h"
 #include "nn/gpt.h"
+#include "optim/onebit_adam.h"
 
 namespace zs::engine {
 namespace {
@@ -67,6 +68,31 @@ TEST(Estimate, CategoriesFollowTheEngineRules) {
   EXPECT_EQ(model_state_bytes(f32, 1, 0), (StateBytes{4 * psi, 4 * psi, 8 * S}));
   EXPECT_EQ(model_state_bytes(f32, 2, 0), (StateBytes{4 * psi, 4 * S, 8 * S}));
   EXPECT_EQ(model_state_bytes(f32, 3, 0), (StateBytes{4 * S, 4 * S, 8 * S}));
+}
+
+TEST(Estimate, CompressedErrorFeedbackFollowsTheCompressionScale) {
+  // fp32 one-bit Adam at stage 0 over R = 3, Ψ = 6400: variance and momentum 4Ψ each; the error
+  // feedback 4 (Ψ + chunk) with scale blocks (chunk: ceil(6400/3) rounded up to 256 = 2304), and per
+  // tensor 4 (P + P/R) with the one tensor --params knows, padded to a multiple of 3 x 24 (P = 6408).
+  const uint64_t psi = 6400;
+  EstimateInput in = estimate_input_for_params(psi, 3, Precision::kFp32);
+  in.compressed = true;
+  EXPECT_EQ(model_state_bytes(in, 0, 1).optimizer, 4 * psi + 4 * psi + 4 * (psi + 2304));
+  in.per_tensor_scales = true;
+  EXPECT_EQ(model_state_bytes(in, 0, 1).optimizer, 4 * psi + 4 * psi + 4 * (6408 + 6408 / 3));
+  // A GPT's exact layout: every parameter tensor padded on its own (the engine's own figure in
+  // estimate_agreement_test, EstimateCompressedAgreement).
+  zs::run::RunConfig cfg;
+  cfg.model = nn::GptConfig{.n_layer = 1, .d_model = 30, .n_head = 3, .seq_len = 16, .vocab_size = 256};
+  cfg.optimizer = OptimizerConfig("OneBitAdam", optim::OneBitAdamConfig{.compression_scale = optim::CompressionScale::kTensor});
+  cfg.batch = resolve_batch(0, 3, 1, 3);
+  cfg.precision = Precision::kFp32;
+  const EstimateInput gpt = estimate_input_for_config(cfg, 3);
+  EXPECT_TRUE(gpt.per_tensor_scales);
+  uint64_t padded = 0;
+  for (const memory::ShardRange& t : gpt.model.tensors) padded += (t.size + 71) / 72 * 72;
+  const uint64_t gpsi = gpt.model.flat_elements;
+  EXPECT_EQ(model_state_bytes(gpt, 0, 0).optimizer, 8 * gpsi + 4 * (padded + padded / 3));
 }
 
 TEST(Estimate, ExpertLayoutsAreShardedOverTheirExpertDataParallelGroup) {
