@@ -55,6 +55,7 @@ class MoeBlock : public nn::Module {
   }
   std::string_view type_name() const override { return "MoeBlock"; }
   MoE* moe() { return moe_; }
+  nn::CausalSelfAttention& attention() { return attn_; }
 
  protected:
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
@@ -105,6 +106,7 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
     const bool is_moe = (i + 1) % cfg.every_n_layers == 0;
     auto& b = blocks_.append<MoeBlock>(cfg.gpt.d_model, cfg.gpt.n_head, cfg.gpt.init_std, proj_std,
                                        is_moe ? &cfg_.moe : nullptr, cfg.expert_hidden, groups);
+    b.attention().set_kernel(cfg.gpt.attention);
     if (b.moe() != nullptr) moe_.push_back(b.moe());
   }
   assign_names(*this);
