@@ -93,11 +93,8 @@ Geometry geometry_of(const AttentionHeads& q, const AttentionHeads& k, const Att
   return {q.tensor.size(0), q.tensor.size(1), q.heads, k.heads, head_dim};
 }
 
-detail::GemmPath path_of(DType compute) {
-  ZS_MODEL_CHECK(compute == DType::kF32 || compute == DType::kBF16, "fused attention: compute dtype must be fp32 or bf16, got {}",
-                 memory::dtype_name(compute));
-  return detail::gemm_path_for(compute);
-}
+// As nn::Linear: bf16 weights take the bf16 products, any other dtype (fp32, fp16) fp32 ones.
+detail::GemmPath path_of(DType compute) { return detail::gemm_path_for(compute); }
 
 int64_t blocks(int64_t n, int64_t b) { return (n + b - 1) / b; }
 

@@ -45,7 +45,8 @@ struct FusedAttentionSaved {
   memory::Tensor lse;
 };
 
-// compute: the products' dtype, kF32 or kBF16 (pass the projection's weight_dtype()). Throws
+// compute: the projection's weight_dtype(): kBF16 takes bf16 products, any other (fp32, fp16) fp32
+// products, as nn::Linear chooses (nn/detail/gemm.h). Throws
 // ModelError for views that do not fit (shapes, head counts, dtypes), naming the operand.
 FusedAttentionSaved fused_attention_forward(Context& ctx, const AttentionHeads& q, const AttentionHeads& k,
                                             const AttentionHeads& v, int64_t head_dim, memory::DType compute);
