@@ -101,6 +101,14 @@ class MoeBlock : public nn::Module {
   }
   std::string_view type_name() const override { return "MoeBlock"; }
   MoE* moe() { return moe_; }
+  // model.attention's kernel, on whichever attention the block has (tp's or nn's).
+  void set_attention_kernel(nn::AttentionKernel k) {
+    if (auto* parallel = dynamic_cast<tp::ParallelAttention*>(&attn_)) {
+      parallel->set_kernel(k);
+    } else {
+      static_cast<nn::CausalSelfAttention&>(attn_).set_kernel(k);
+    }
+  }
 
  protected:
   Tensor forward(nn::Context& ctx, const Tensor& x) override {
@@ -206,6 +214,7 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
     const bool is_moe = (i + 1) % cfg.every_n_layers == 0;
     auto& b = blocks_.append<MoeBlock>(cfg.gpt.d_model, cfg.gpt.n_head, cfg.gpt.init_std, proj_std,
                                        is_moe ? &cfg_.moe : nullptr, cfg.expert_hidden, groups, tp_);
+    b.set_attention_kernel(cfg.gpt.attention);
     if (b.moe() != nullptr) moe_.push_back(b.moe());
   }
   assign_names(*this);

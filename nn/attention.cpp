@@ -82,12 +82,25 @@ Tensor detail::causal_attention_forward(Context& ctx, const Tensor& qkv, int64_t
   return y;
 }
 
+std::string_view attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::kFused ? "fused" : "plain"; }
+
 Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
   ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "CausalSelfAttention: expected (B, T, {}), got {}", d_,
             memory::shape_string(x.shape()));
   const bool train = ctx.training();
   Tensor qkv = ctx.forward(qkv_, x);
   compute_dtype_ = qkv_.weight_dtype();
+  if (kernel_ == AttentionKernel::kFused) {
+    const int64_t hs = d_ / n_head_;
+    FusedAttentionSaved saved = fused_attention_forward(ctx, {qkv, 0, n_head_}, {qkv, d_, n_head_},
+                                                        {qkv, 2 * d_, n_head_}, hs, compute_dtype_);
+    Tensor y = saved.out;
+    if (train) {
+      qkv_out_ = qkv;
+      fused_ = std::move(saved);
+    }
+    return ctx.forward(proj_, y);
+  }
   const bool keep = train && !recompute_scores_;  // P saved for backward
   // Heads run in parallel, each product single-threaded: a head's T x T x hs products are too
   // small for OpenBLAS to split well (Note [compute threads], nn/detail/parallel.h).
@@ -172,6 +185,16 @@ Tensor detail::causal_attention_backward(Context& ctx, const Tensor& qkv, const 
 Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
   ZS_ASSERT(qkv_out_.raw() != nullptr, "CausalSelfAttention backward without saved state");
   Tensor dy = ctx.backward(proj_, dout);  // (B, T, C)
+  if (kernel_ == AttentionKernel::kFused) {
+    const Tensor& qkv = qkv_out_;
+    Tensor dqkv = ctx.allocate(qkv.shape(), DType::kF32, MemoryUse::kGradient);
+    fused_attention_backward(ctx, {qkv, 0, n_head_}, {qkv, d_, n_head_}, {qkv, 2 * d_, n_head_}, fused_, dy,
+                             d_ / n_head_, compute_dtype_, {dqkv, 0, n_head_}, {dqkv, d_, n_head_},
+                             {dqkv, 2 * d_, n_head_});
+    clear_own_saved();
+    dy = {};
+    return ctx.backward(qkv_, dqkv);
+  }
   detail::SingleThreadedBlas blas;
   detail::AttentionScratch scratch;  // freed after qkv's backward
   Tensor dqkv = detail::causal_attention_backward(ctx, qkv_out_, probs_, dy, n_head_,

@@ -4,25 +4,37 @@
 //   P_bh = softmax(mask(q_bh k_bh^T / sqrt(hs))) (T, T), row i attends to positions j <= i
 //   y_bh = P_bh v_bh                           written into (B, T, C) at columns h*hs..
 //   out = y Wproj^T + bproj                    (B, T, C)
-// Children: qkv = Linear(C, 3C), proj = Linear(C, C). Every matmul is an nn::detail::gemm on strided
-// views of qkv (no head-split copies), computing only the causal row panels (Note [causal panels] in
-// attention.cpp); heads run in parallel on OpenBLAS's thread count, each product single-threaded. With
-// bf16 weights the products take the bf16 path as the Linears do (Note [bf16 products]), so P, dS and
-// the q/k/v operands are rounded to bf16 as they are packed (as PyTorch's autocast rounds them).
-// Saves qkv and P (B*n_head*T*T floats; only the causal panels are written) for backward.
-// Selective recompute (set_recompute_scores(true), Megatron's "selective" activation recompute): P is
-// not saved; backward recomputes each row panel's scores and softmax from the saved qkv (the same
-// products on the same operands, so the same P) - the (B, n_head, T, T) activation, the largest of a
-// block at long sequences, for one extra q k^T product.
+// Children: qkv = Linear(C, 3C), proj = Linear(C, C). Two kernels compute the attention between them
+// (set_kernel; models take it from the config key model.attention):
+//  - AttentionKernel::kFused (the default): nn/fused_attention.h, block by block with an online softmax,
+//    never holding P. Saves qkv, y (which proj saves anyway) and a log-sum-exp per row
+//    (B*n_head*T floats); the backward recomputes the scores block by block.
+//  - AttentionKernel::kPlain, the reference: every matmul is an nn::detail::gemm on strided views of
+//    qkv (no head-split copies), computing only the causal row panels (Note [causal panels] in
+//    attention.cpp); heads run in parallel, each product single-threaded. Saves qkv and P
+//    (B*n_head*T*T floats; only the causal panels are written). Selective recompute
+//    (set_recompute_scores(true), Megatron's "selective" activation recompute): P is not saved;
+//    backward recomputes each row panel's scores and softmax from the saved qkv (the same products on
+//    the same operands, so the same P).
+// The fused kernel never saves P, so set_recompute_scores changes nothing under it (it is kept so
+// configs that ask for selective recompute still run). With bf16 weights both kernels' products take the
+// bf16 path as the Linears do (Note [bf16 products]): P, dS and the q/k/v operands are rounded to bf16
+// as they are packed (as PyTorch's autocast rounds them). The two agree to fp32 rounding (summation
+// order), not bit for bit.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 #include "memory/tensor.h"
+#include "nn/fused_attention.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 
 namespace zs::nn {
+
+enum class AttentionKernel : uint8_t { kFused, kPlain };
+std::string_view attention_kernel_name(AttentionKernel k);  // "fused", "plain"
 
 class CausalSelfAttention : public Module {
  public:
@@ -33,11 +45,17 @@ class CausalSelfAttention : public Module {
   Linear& proj() { return proj_; }
   void set_recompute_scores(bool on) { recompute_scores_ = on; }
   bool recompute_scores() const { return recompute_scores_; }
+  // Between steps only (not between a forward and its backward).
+  void set_kernel(AttentionKernel k) { kernel_ = k; }
+  AttentionKernel kernel() const { return kernel_; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;   // (B, T, C) -> (B, T, C)
   memory::Tensor backward(Context& ctx, const memory::Tensor& dy) override;
-  void clear_own_saved() override { qkv_out_ = probs_ = {}; }
+  void clear_own_saved() override {
+    qkv_out_ = probs_ = {};
+    fused_ = {};
+  }
 
  private:
   int64_t d_;
@@ -45,9 +63,11 @@ class CausalSelfAttention : public Module {
   Linear& qkv_;
   Linear& proj_;
   memory::Tensor qkv_out_;  // (B, T, 3C)
-  memory::Tensor probs_;    // (B, n_head, T, T): rows' causal panels, zero above the diagonal within them
-  memory::DType compute_dtype_ = memory::DType::kF32;
-  bool recompute_scores_ = false;  // qkv's weight dtype in the forward: picks the products
+  memory::Tensor probs_;    // plain: (B, n_head, T, T): rows' causal panels, zero above the diagonal within them
+  FusedAttentionSaved fused_;  // fused: y and the log-sum-exp
+  memory::DType compute_dtype_ = memory::DType::kF32;  // qkv's weight dtype in the forward: picks the products
+  bool recompute_scores_ = false;
+  AttentionKernel kernel_ = AttentionKernel::kFused;
 };
 
 }  // namespace zs::nn

@@ -61,7 +61,9 @@ GptModel::GptModel(const GptConfig& cfg)
       blocks_(add_child<Sequential>("blocks")),
       ln_f_(add_child<LayerNorm>("ln_f", cfg.d_model)) {
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
-  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.append<Block>(cfg.d_model, cfg.n_head, cfg.init_std, proj_std);
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks_.append<Block>(cfg.d_model, cfg.n_head, cfg.init_std, proj_std).attention().set_kernel(cfg.attention);
+  }
   if (!cfg.tied_embeddings) lm_head_ = &add_child<Linear>("lm_head", cfg.d_model, cfg.vocab_size, false, cfg.init_std);
   assign_names(*this);
 }

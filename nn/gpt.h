@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "memory/tensor.h"
+#include "nn/attention.h"
 #include "nn/cross_entropy.h"
 #include "nn/layers.h"
 #include "nn/model.h"
@@ -41,6 +42,9 @@ struct GptConfig {
   int64_t vocab_size = 256;   // the byte tokenizer's vocabulary
   bool tied_embeddings = true;
   float init_std = 0.02f;
+  // The blocks' attention kernel (config key model.attention): the fused one (nn/fused_attention.h) or
+  // the plain reference that saves the T x T probabilities (nn/attention.h).
+  AttentionKernel attention = AttentionKernel::kFused;
 };
 
 // Throws ConfigError naming `model.<key>` and the fix: every size > 0, d_model divisible by n_head,

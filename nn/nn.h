@@ -12,7 +12,7 @@
 // Parts: parameter.h (Parameter, Init), module.h (Module, Sequential, assign_names, materialize),
 // context.h (Context, MemoryUse: the engine's seam), host_context.h, model.h (Model, Batch),
 // param_access.h (weight_f32, GradAccumulator), layers.h (Linear, Embedding, LayerNorm, Gelu),
-// attention.h, transformer.h (Mlp, Block), cross_entropy.h, gpt.h, data.h, flops.h (FLOP counter).
+// attention.h, fused_attention.h, transformer.h (Mlp, Block), cross_entropy.h, gpt.h, data.h, flops.h (FLOP counter).
 #pragma once
 
 #include "nn/attention.h"
@@ -20,6 +20,7 @@
 #include "nn/cross_entropy.h"
 #include "nn/data.h"
 #include "nn/flops.h"
+#include "nn/fused_attention.h"
 #include "nn/gpt.h"
 #include "nn/host_context.h"
 #include "nn/layers.h"

@@ -39,7 +39,9 @@ GptStage::GptStage(const nn::GptConfig& cfg, int64_t first_block, int64_t end_bl
   auto& blocks = add_child<detail::BlockRange>("blocks");
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (int64_t i = first_block; i < end_block; ++i) {
-    blocks.add<nn::Block>(i, cfg.d_model, cfg.n_head, cfg.init_std, proj_std).set_recomputed(recompute);
+    auto& block = blocks.add<nn::Block>(i, cfg.d_model, cfg.n_head, cfg.init_std, proj_std);
+    block.set_recomputed(recompute);
+    block.attention().set_kernel(cfg.attention);
   }
   blocks_ = &blocks;
   if (last) {

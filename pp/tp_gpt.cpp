@@ -31,7 +31,9 @@ TpGptStage::TpGptStage(const nn::GptConfig& cfg, tp::TensorParallel tp, int64_t 
   auto& blocks = add_child<detail::BlockRange>("blocks");
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (int64_t i = first_block; i < end_block; ++i) {
-    blocks.add<tp::ParallelBlock>(i, cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std).set_recomputed(recompute);
+    auto& block = blocks.add<tp::ParallelBlock>(i, cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std);
+    block.set_recomputed(recompute);
+    block.attention().set_kernel(cfg.attention);
   }
   blocks_ = &blocks;
   if (last) {

@@ -45,6 +45,9 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   r.read("vocab_size", m.vocab_size, IntRange{256, 1 << 24});
   r.read("tied_embeddings", m.tied_embeddings);
   r.read("init_std", m.init_std, RealRange::positive());
+  std::string attention(nn::attention_kernel_name(m.attention));
+  r.read_choice("attention", attention, {"fused", "plain"});
+  m.attention = attention == "plain" ? nn::AttentionKernel::kPlain : nn::AttentionKernel::kFused;
   nn::validate(m);
   tp::TensorParallelConfig& par = cfg.tensor_parallel;
   r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});

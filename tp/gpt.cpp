@@ -83,7 +83,7 @@ GptModel::GptModel(const nn::GptConfig& cfg, const TensorParallelConfig& par, co
                          .full_extent = padded_vocab_ != cfg.vocab_size ? cfg.vocab_size : 0});
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks_.append<ParallelBlock>(cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std);
+    blocks_.append<ParallelBlock>(cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std).attention().set_kernel(cfg.attention);
   }
   if (!cfg.tied_embeddings) {
     lm_head_ = &add_child<ColumnParallelLinear>("lm_head", cfg.d_model, cfg.vocab_size, tp_, false, cfg.init_std,

@@ -45,6 +45,17 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
   const bool train = ctx.training();
   Tensor qkv = ctx.forward(qkv_, x);  // (B, T, 3C/tp): [q | k | v] of this rank's heads
   compute_dtype_ = qkv_.weight_dtype();
+  if (kernel_ == nn::AttentionKernel::kFused) {
+    const int64_t c = qkv.size(2) / 3, hs = c / local_heads_;
+    nn::FusedAttentionSaved saved = nn::fused_attention_forward(ctx, {qkv, 0, local_heads_}, {qkv, c, local_heads_},
+                                                                {qkv, 2 * c, local_heads_}, hs, compute_dtype_);
+    Tensor y = saved.out;
+    if (train) {
+      qkv_out_ = qkv;
+      fused_ = std::move(saved);
+    }
+    return ctx.forward(proj_, y);
+  }
   const bool keep = train && !recompute_scores_;
   Tensor y;
   {
@@ -62,7 +73,13 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dout) {
   ZS_ASSERT(qkv_out_.raw() != nullptr, "ParallelAttention backward without saved state");
   Tensor dy = ctx.backward(proj_, dout);  // (B, T, C/tp)
   Tensor dqkv;
-  {
+  if (kernel_ == nn::AttentionKernel::kFused) {
+    const Tensor& qkv = qkv_out_;
+    const int64_t c = qkv.size(2) / 3, hs = c / local_heads_, H = local_heads_;
+    dqkv = ctx.allocate(qkv.shape(), memory::DType::kF32, nn::MemoryUse::kGradient);
+    nn::fused_attention_backward(ctx, {qkv, 0, H}, {qkv, c, H}, {qkv, 2 * c, H}, fused_, dy, hs, compute_dtype_,
+                                 {dqkv, 0, H}, {dqkv, c, H}, {dqkv, 2 * c, H});
+  } else {
     nn::detail::SingleThreadedBlas blas;
     nn::detail::AttentionScratch scratch;
     dqkv = nn::detail::causal_attention_backward(ctx, qkv_out_, probs_, dy, local_heads_,

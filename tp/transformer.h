@@ -5,7 +5,8 @@
 //   ParallelAttention: qkv = ColumnParallelLinear(C, 3C, stride 3), proj = RowParallelLinear(C, C).
 //     Rank r computes heads [r H/tp, (r + 1) H/tp): stride 3 gives it the q, k and v rows of exactly its
 //     heads, so its qkv output (B, T, 3C/tp) is nn's [q | k | v] layout for those heads and nn's
-//     attention kernels (nn/detail/attention.h) run on it unchanged; proj sums the heads' outputs.
+//     attention kernels (nn/fused_attention.h, or the plain nn/detail/attention.h when set_kernel says
+//     so, as nn::CausalSelfAttention) run on it unchanged; proj sums the heads' outputs.
 //   ParallelMlp: fc = ColumnParallelLinear(C, H), gelu, proj = RowParallelLinear(H, C) (H = 4C).
 //   ParallelBlock: x1 = x + attn(ln1(x)), y = x1 + mlp(ln2(x1)), children ln1, attn, ln2, mlp.
 //   SequenceParallelLayerNorm: nn::LayerNorm whose weight and bias gradients are summed over the
@@ -23,6 +24,8 @@
 #include <string>
 
 #include "memory/tensor.h"
+#include "nn/attention.h"
+#include "nn/fused_attention.h"
 #include "nn/layers.h"
 #include "nn/module.h"
 #include "tp/linear.h"
@@ -51,11 +54,17 @@ class ParallelAttention : public nn::Module {
   // Selective recompute of the scores, as nn::CausalSelfAttention::set_recompute_scores.
   void set_recompute_scores(bool on) { recompute_scores_ = on; }
   bool recompute_scores() const { return recompute_scores_; }
+  // The attention kernel, as nn::CausalSelfAttention::set_kernel (fused by default).
+  void set_kernel(nn::AttentionKernel k) { kernel_ = k; }
+  nn::AttentionKernel kernel() const { return kernel_; }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
   memory::Tensor backward(nn::Context& ctx, const memory::Tensor& dy) override;
-  void clear_own_saved() override { qkv_out_ = probs_ = {}; }
+  void clear_own_saved() override {
+    qkv_out_ = probs_ = {};
+    fused_ = {};
+  }
 
  private:
   int64_t d_;
@@ -63,9 +72,11 @@ class ParallelAttention : public nn::Module {
   ColumnParallelLinear& qkv_;
   RowParallelLinear& proj_;
   memory::Tensor qkv_out_;  // (B, T, 3C/tp)
-  memory::Tensor probs_;    // (B, H/tp, T, T)
+  memory::Tensor probs_;    // plain: (B, H/tp, T, T)
+  nn::FusedAttentionSaved fused_;  // fused: y and the log-sum-exp
   memory::DType compute_dtype_ = memory::DType::kF32;
   bool recompute_scores_ = false;
+  nn::AttentionKernel kernel_ = nn::AttentionKernel::kFused;
 };
 
 class ParallelMlp : public nn::Module {

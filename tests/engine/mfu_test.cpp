@@ -1,8 +1,10 @@
 // Model FLOPs per step (StepReport::model_flops, nn/flops.h): the kernels' count equals nn's analytic
 // gpt_train_flops_per_token x tokens exactly where attention computes its whole T x T (seq_len <= 64,
 // one causal panel), and that count with attention's causal panels (Note [causal panels] in
-// nn/attention.cpp) beyond; recomputation (checkpointed blocks' re-runs, selective score recompute)
-// is counted apart and leaves the model's figure unchanged; fp32 and bf16 alike.
+// nn/attention.cpp; the fused attention's query blocks cover the same area) beyond; recomputation
+// (checkpointed blocks' re-runs, the fused attention's backward recomputing its scores, the plain
+// kernel's selective score recompute) is counted apart and leaves the model's figure unchanged; fp32
+// and bf16 alike.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,11 +25,13 @@ using Blocks = RecomputeConfig::Blocks;
 
 constexpr int64_t kMicro = 2, kAccumulation = 2;
 
-zs::run::RunConfig config(int64_t seq_len, Precision precision) {
+zs::run::RunConfig config(int64_t seq_len, Precision precision,
+                          nn::AttentionKernel attention = nn::AttentionKernel::kFused) {
   zs::run::RunConfig c;
   c.batch = resolve_batch(0, kMicro, kAccumulation, 1);
   c.precision = precision;
-  c.model = nn::GptConfig{.n_layer = 2, .d_model = 32, .n_head = 2, .seq_len = seq_len, .vocab_size = 256};
+  c.model = nn::GptConfig{
+      .n_layer = 2, .d_model = 32, .n_head = 2, .seq_len = seq_len, .vocab_size = 256, .attention = attention};
   c.device.memory_mb = 64;
   return c;
 }
@@ -72,7 +76,11 @@ TEST_P(ModelFlops, EqualTheAnalyticCountWhereAttentionIsOnePanel) {
   const double tokens = static_cast<double>(kMicro * kAccumulation * 64);
   const Counted c = one_step(cfg);
   EXPECT_EQ(static_cast<double>(c.model), nn::gpt_train_flops_per_token(*cfg.model, 64) * tokens);
-  EXPECT_EQ(c.recomputed, 0u);
+  // The fused attention's backward recomputes q k^T (2 x hs per score, summed over heads: 2 C).
+  EXPECT_EQ(static_cast<double>(c.recomputed), 2.0 * kMicro * kAccumulation * 2 * 32 * causal_area(64));
+  const Counted plain = one_step(config(64, GetParam(), nn::AttentionKernel::kPlain));
+  EXPECT_EQ(plain.model, c.model);
+  EXPECT_EQ(plain.recomputed, 0u);
 }
 
 TEST_P(ModelFlops, CountCausalPanelsBeyondOne) {
@@ -92,14 +100,26 @@ TEST_P(ModelFlops, CountCausalPanelsBeyondOne) {
 }
 
 TEST_P(ModelFlops, RecomputationIsCountedApart) {
-  zs::run::RunConfig cfg = config(128, GetParam());
   const double C = 32, L = 2, sequences = kMicro * kAccumulation, tokens = sequences * 128;
+  // A block's forward: its four linears (2 x 12 C^2 per token) and attention's q k^T and P v.
+  const double block_forward = L * (2 * 12 * C * C * tokens + sequences * 4 * C * causal_area(128));
+  const double scores = L * sequences * 2 * C * causal_area(128);  // q k^T of every layer
+  {
+    zs::run::RunConfig cfg = config(128, GetParam());  // fused: its backward recomputes the scores
+    const Counted fused = one_step(cfg);
+    EXPECT_EQ(static_cast<double>(fused.recomputed), scores);
+    cfg.recompute.blocks = Blocks::kEvery;
+    const Counted every = one_step(cfg);
+    EXPECT_EQ(every.model, fused.model);
+    EXPECT_EQ(static_cast<double>(every.recomputed), block_forward + scores);
+  }
+  zs::run::RunConfig cfg = config(128, GetParam(), nn::AttentionKernel::kPlain);
   const Counted plain = one_step(cfg);
+  EXPECT_EQ(plain.recomputed, 0u);
   cfg.recompute.blocks = Blocks::kEvery;  // every block re-runs its forward in backward
   const Counted every = one_step(cfg);
   EXPECT_EQ(every.model, plain.model);
-  // A block's forward: its four linears (2 x 12 C^2 per token) and attention's q k^T and P v.
-  EXPECT_EQ(static_cast<double>(every.recomputed), L * (2 * 12 * C * C * tokens + sequences * 4 * C * causal_area(128)));
+  EXPECT_EQ(static_cast<double>(every.recomputed), block_forward);
   cfg.recompute.blocks = Blocks::kSelective;  // attention recomputes q k^T only
   const Counted selective = one_step(cfg);
   EXPECT_EQ(selective.model, plain.model);
@@ -125,7 +145,8 @@ TEST(Mfu, SummaryRelatesTheStepsToTheProbedPeak) {
   const double flops = nn::gpt_train_flops_per_token(*cfg.model, 64) * kMicro * kAccumulation * 64;
   const memory::PeakFlops& peak = nn::product_peak(memory::DType::kF32);
   EXPECT_EQ(m.at("model_flops_per_step").as_double(), flops);
-  EXPECT_EQ(m.at("recompute_flops_per_step").as_double(), 0.0);
+  // The fused attention's backward recomputes q k^T: 2 layers x 4 sequences x 2 C x 64^2.
+  EXPECT_EQ(m.at("recompute_flops_per_step").as_double(), 2.0 * kMicro * kAccumulation * 2 * 32 * 64 * 64);
   EXPECT_DOUBLE_EQ(m.at("achieved_flops_per_s").as_double(), flops / 0.5);
   EXPECT_EQ(m.at("peak_flops_per_s").as_double(), static_cast<double>(static_cast<uint64_t>(peak.flops_per_s)));
   EXPECT_NEAR(m.at("mfu").as_double(), flops / 0.5 / peak.flops_per_s, 1e-9);

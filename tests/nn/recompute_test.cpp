@@ -19,8 +19,8 @@ namespace {
 
 constexpr int64_t kB = 2, kT = 32;
 
-GptConfig config(int64_t n_layer) {
-  return {.n_layer = n_layer, .d_model = 32, .n_head = 4, .seq_len = kT, .vocab_size = 256};
+GptConfig config(int64_t n_layer, AttentionKernel attention = AttentionKernel::kFused) {
+  return {.n_layer = n_layer, .d_model = 32, .n_head = 4, .seq_len = kT, .vocab_size = 256, .attention = attention};
 }
 
 struct Pass {
@@ -30,8 +30,9 @@ struct Pass {
   int64_t recomputes = 0;
 };
 
-Pass run(int64_t n_layer, const GptRecompute& r, int micro_batches = 2) {
-  GptModel model(config(n_layer));
+Pass run(int64_t n_layer, const GptRecompute& r, int micro_batches = 2,
+         AttentionKernel attention = AttentionKernel::kFused) {
+  GptModel model(config(n_layer, attention));
   materialize(model, 3);
   model.set_recompute(r);
   Dataset data = Dataset::builtin(kT);
@@ -60,6 +61,16 @@ void expect_same(const Pass& a, const Pass& b) {
     for (size_t j = 0; j < a.grads[i].size(); ++j) worst = std::max(worst, std::abs(double(a.grads[i][j]) - b.grads[i][j]));
   }
   EXPECT_LE(worst, 1e-6);
+}
+
+TEST(Recompute, RecomputeGivesTheSameLossAndGradientsWithThePlainKernel) {
+  const Pass plain = run(3, GptRecompute::none(), 2, AttentionKernel::kPlain);
+  for (const GptRecompute& r : {GptRecompute::every(3, 1), GptRecompute::scores_only()}) {
+    SCOPED_TRACE(r.describe());
+    const Pass p = run(3, r, 2, AttentionKernel::kPlain);
+    expect_same(plain, p);
+    EXPECT_EQ(p.recomputes, 2 * r.count());
+  }
 }
 
 TEST(Recompute, RecomputeGivesTheSameLossAndGradients) {
@@ -93,9 +104,14 @@ TEST(Recompute, PeakIsKeptInputsPlusOneBlock) {
   const size_t all1 = run(1, GptRecompute::every(1, 1), 1).activation_peak;
   EXPECT_EQ(all4, 4 * input_bytes + (all1 - input_bytes));
   EXPECT_LE(all1, run(1, GptRecompute::none(), 1).activation_peak);
-  // Selective drops every block's (B, n_head, T, T) probabilities.
+  // Selective drops every block's (B, n_head, T, T) probabilities, which the plain kernel saves...
   const size_t probs = kB * config(1).n_head * kT * kT * sizeof(float);
-  EXPECT_EQ(run(4, GptRecompute::scores_only(), 1).activation_peak, none4 - 4 * probs);
+  const size_t plain4 = run(4, GptRecompute::none(), 1, AttentionKernel::kPlain).activation_peak;
+  EXPECT_EQ(run(4, GptRecompute::scores_only(), 1, AttentionKernel::kPlain).activation_peak, plain4 - 4 * probs);
+  // ...and the fused one never does (it saves a log-sum-exp per row instead): selective changes nothing.
+  const size_t lse = kB * config(1).n_head * kT * sizeof(float);
+  EXPECT_EQ(none4, plain4 - 4 * probs + 4 * lse);
+  EXPECT_EQ(run(4, GptRecompute::scores_only(), 1).activation_peak, none4);
 }
 
 TEST(Recompute, EvaluationDoesNotCheckpoint) {

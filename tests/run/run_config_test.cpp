@@ -101,6 +101,20 @@ TEST(RunConfig, TensorParallelKeys) {
       "d_model": 32, "n_head": 4, "seq_len": 16, "tensor_parallel_size": 2}})", 4), "x data-parallel size (2)");
 }
 
+// model.attention: the fused kernel by default, the plain reference on request; anything else named.
+TEST(RunConfig, AttentionKernelKey) {
+  auto parse = [](std::string_view text) { return parse_run_config(parse_json_text(text, "cfg.json"), 1); };
+  EXPECT_EQ(parse(R"({"train_batch_size": 2, "model": {"n_layer": 1, "d_model": 32, "n_head": 4}})").model->attention,
+            nn::AttentionKernel::kFused);
+  EXPECT_EQ(parse(R"({"train_batch_size": 2, "model": {"n_layer": 1, "d_model": 32, "n_head": 4,
+      "attention": "plain"}})").model->attention, nn::AttentionKernel::kPlain);
+  const std::string e = error_of([](const boost::json::value& d) { parse_run_config(d, 1); },
+                                 R"({"train_batch_size": 2, "model": {"n_layer": 1, "d_model": 32, "n_head": 4,
+      "attention": "flash"}})");
+  EXPECT_CONTAINS(e, "model.attention");
+  EXPECT_CONTAINS(e, "flash");
+}
+
 TEST(RunConfig, TheEngineAloneRefusesTheProgramsSectionsAsUnknown) {
   EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "model": {"n_layer": 2}})"), "model: unknown key");
   EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "log": {"level": "warn"}})"), "log: unknown key");
