@@ -29,7 +29,7 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "memory/tensor.h"
 #include "nn/cross_entropy.h"
@@ -39,6 +39,10 @@
 #include "nn/module.h"
 
 namespace zs::nn {
+
+namespace detail {
+struct RopeTables;
+}
 
 struct LlamaConfig {
   int64_t n_layer = 4;
@@ -106,11 +110,12 @@ class SwiGluMlp : public Module {
 };
 
 // Causal grouped-query attention with the rotary embedding on q and k (after their projections), no
-// biases. The attention itself is one function, attend()/attend_backward() in llama_attention.cpp.
+// biases. The attention itself is one function pair (nn/detail/llama_ops.h).
 class GqaAttention : public Module {
  public:
   GqaAttention(int64_t d_model, int64_t n_head, int64_t n_kv_head, int64_t max_seq_len, double rope_theta,
                float init_std = 0.02f);
+  ~GqaAttention() override;
   std::string_view type_name() const override { return "GqaAttention"; }
   // Selective recompute (as nn::CausalSelfAttention's): the scores are recomputed in backward.
   void set_recompute_scores(bool on) { recompute_scores_ = on; }
@@ -126,8 +131,7 @@ class GqaAttention : public Module {
   Linear& k_;
   Linear& v_;
   Linear& proj_;
-  std::vector<float> cos_, sin_;  // (max_seq_len, hs / 2) rotary tables
-  int64_t max_seq_len_;
+  std::unique_ptr<detail::RopeTables> rope_;  // nn/detail/llama_ops.h
   memory::Tensor qkv_;    // what the attention saved (nn/detail/attention.h's packed qkv)
   memory::Tensor probs_;  // P, or undefined under selective recompute
   memory::DType compute_dtype_ = memory::DType::kF32;

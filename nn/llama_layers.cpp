@@ -1,11 +1,11 @@
-// nn::RmsNorm, nn::SwiGluMlp, nn::GqaAttention and nn::LlamaBlock (nn/llama.h), and the grouped-query
-// attention function they go through (nn/detail/gqa_attention.h).
+// nn::RmsNorm, nn::SwiGluMlp, nn::GqaAttention and nn::LlamaBlock (nn/llama.h), and the computations
+// between their linears (nn/detail/llama_ops.h).
 #include <algorithm>
 
 #include "core/errors.h"
 #include "nn/detail/attention.h"
 #include "nn/detail/fused_ops.h"
-#include "nn/detail/gqa_attention.h"
+#include "nn/detail/llama_ops.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 #include "nn/llama.h"
@@ -74,11 +74,7 @@ SwiGluMlp::SwiGluMlp(int64_t d_model, int64_t hidden, float init_std)
 Tensor SwiGluMlp::forward(Context& ctx, const Tensor& x) {
   Tensor g = ctx.forward(gate_, x);
   Tensor u = ctx.forward(up_, x);
-  Tensor h = ctx.allocate(g.shape(), DType::kF32, MemoryUse::kActivation);
-  const float* gp = g.data<float>();
-  const float* up = u.data<float>();
-  float* hp = h.data<float>();
-  detail::parallel_for(g.numel(), 4096, [=](int64_t i0, int64_t i1, int) { detail::swiglu_forward(gp, up, i0, i1, hp); });
+  Tensor h = detail::swiglu(ctx, g, u);
   if (ctx.training()) {
     g_ = g;
     u_ = u;
@@ -90,15 +86,8 @@ Tensor SwiGluMlp::forward(Context& ctx, const Tensor& x) {
 Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
   ZS_ASSERT(g_.raw() != nullptr, "SwiGluMlp backward without saved state");
   Tensor dh = ctx.backward(proj_, dy);
-  Tensor dg = ctx.allocate(g_.shape(), DType::kF32, MemoryUse::kGradient);
-  Tensor du = ctx.allocate(u_.shape(), DType::kF32, MemoryUse::kGradient);
-  const float* dhp = dh.data<float>();
-  const float* gp = g_.data<float>();
-  const float* up = u_.data<float>();
-  float* dgp = dg.data<float>();
-  float* dup = du.data<float>();
-  detail::parallel_for(dh.numel(), 4096,
-                       [=](int64_t i0, int64_t i1, int) { detail::swiglu_backward(dhp, gp, up, i0, i1, dgp, dup); });
+  Tensor dg, du;
+  detail::swiglu_grad(ctx, dh, g_, u_, &dg, &du);
   dh = {};
   clear_own_saved();
   // Reverse of the forward's order: up, then gate.
@@ -109,7 +98,7 @@ Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
   return dx;
 }
 
-// ---- the attention function (nn/detail/gqa_attention.h) ----
+// ---- the computations between the linears (nn/detail/llama_ops.h) ----
 
 namespace {
 
@@ -183,6 +172,47 @@ void detail::gqa_attention_backward(Context& ctx, const GqaSaved& saved, const T
   reduce_heads(src + 2 * C, 3 * C, rows, n_kv_head, rep, hs, dv->data<float>());
 }
 
+detail::RopeTables::RopeTables(int64_t max_seq_len_, int64_t head_size, double theta)
+    : max_seq_len(max_seq_len_), hs(head_size) {
+  cos.resize(static_cast<size_t>(max_seq_len * hs / 2));
+  sin.resize(cos.size());
+  rope_tables(max_seq_len, hs, theta, cos.data(), sin.data());
+}
+
+void detail::rope_in_place(const RopeTables& rope, const Tensor& q, const Tensor& k, int64_t n_head, int64_t n_kv_head,
+                           bool inverse) {
+  const int64_t T = q.size(1), rows = q.size(0) * T, hs = rope.hs;
+  ZS_MODEL_CHECK(T <= rope.max_seq_len, "rotary embedding: {} positions exceed max_seq_len {}", T, rope.max_seq_len);
+  float* qp = q.data<float>();
+  float* kp = k.data<float>();
+  const float* c = rope.cos.data();
+  const float* s = rope.sin.data();
+  parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
+    rope_apply(qp, r0, r1, n_head * hs, T, n_head, hs, c, s, inverse);
+    rope_apply(kp, r0, r1, n_kv_head * hs, T, n_kv_head, hs, c, s, inverse);
+  });
+}
+
+Tensor detail::swiglu(Context& ctx, const Tensor& g, const Tensor& u) {
+  Tensor h = ctx.allocate(g.shape(), DType::kF32, MemoryUse::kActivation);
+  const float* gp = g.data<float>();
+  const float* up = u.data<float>();
+  float* hp = h.data<float>();
+  parallel_for(g.numel(), 4096, [=](int64_t i0, int64_t i1, int) { swiglu_forward(gp, up, i0, i1, hp); });
+  return h;
+}
+
+void detail::swiglu_grad(Context& ctx, const Tensor& dh, const Tensor& g, const Tensor& u, Tensor* dg, Tensor* du) {
+  *dg = ctx.allocate(g.shape(), DType::kF32, MemoryUse::kGradient);
+  *du = ctx.allocate(u.shape(), DType::kF32, MemoryUse::kGradient);
+  const float* dhp = dh.data<float>();
+  const float* gp = g.data<float>();
+  const float* up = u.data<float>();
+  float* dgp = dg->data<float>();
+  float* dup = du->data<float>();
+  parallel_for(dh.numel(), 4096, [=](int64_t i0, int64_t i1, int) { swiglu_backward(dhp, gp, up, i0, i1, dgp, dup); });
+}
+
 // ---- GqaAttention ----
 
 GqaAttention::GqaAttention(int64_t d_model, int64_t n_head, int64_t n_kv_head, int64_t max_seq_len, double rope_theta,
@@ -195,35 +225,24 @@ GqaAttention::GqaAttention(int64_t d_model, int64_t n_head, int64_t n_kv_head, i
       k_(add_child<Linear>("k", d_model, n_kv_head * (d_model / n_head), false, init_std)),
       v_(add_child<Linear>("v", d_model, n_kv_head * (d_model / n_head), false, init_std)),
       proj_(add_child<Linear>("proj", d_model, d_model, false, init_std)),
-      max_seq_len_(max_seq_len) {
+      rope_(std::make_unique<detail::RopeTables>(max_seq_len, hs_, rope_theta)) {
   ZS_MODEL_CHECK(n_head > 0 && d_model % n_head == 0 && hs_ % 2 == 0 && n_kv_head > 0 && n_head % n_kv_head == 0,
                  "GqaAttention: d_model {} must split into n_head {} heads of an even size, n_kv_head {} divide n_head",
                  d_model, n_head, n_kv_head);
-  cos_.resize(static_cast<size_t>(max_seq_len * hs_ / 2));
-  sin_.resize(cos_.size());
-  detail::rope_tables(max_seq_len, hs_, rope_theta, cos_.data(), sin_.data());
 }
+
+GqaAttention::~GqaAttention() = default;
 
 Tensor GqaAttention::forward(Context& ctx, const Tensor& x) {
   ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "GqaAttention: expected (B, T, {}), got {}", d_,
                  memory::shape_string(x.shape()));
-  const int64_t T = x.size(1), rows = x.size(0) * T;
-  ZS_MODEL_CHECK(T <= max_seq_len_, "GqaAttention: {} positions exceed max_seq_len {}", T, max_seq_len_);
   const bool train = ctx.training();
   Tensor q = ctx.forward(q_, x);
   Tensor k = ctx.forward(k_, x);
   Tensor v = ctx.forward(v_, x);
   compute_dtype_ = q_.weight_dtype();
   // The rotary embedding in place on the projections' fresh outputs (a Linear saves its input only).
-  float* qp = q.data<float>();
-  float* kp = k.data<float>();
-  const float* c = cos_.data();
-  const float* s = sin_.data();
-  const int64_t H = n_head_, K = n_kv_head_, hs = hs_;
-  detail::parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
-    detail::rope_apply(qp, r0, r1, H * hs, T, H, hs, c, s, false);
-    detail::rope_apply(kp, r0, r1, K * hs, T, K, hs, c, s, false);
-  });
+  detail::rope_in_place(*rope_, q, k, n_head_, n_kv_head_, false);
   detail::GqaSaved saved;
   Tensor y = detail::gqa_attention_forward(ctx, q, k, v, n_head_, n_kv_head_, detail::gemm_path_for(compute_dtype_),
                                            !recompute_scores_, train ? &saved : nullptr);
@@ -243,16 +262,7 @@ Tensor GqaAttention::backward(Context& ctx, const Tensor& dout) {
                                  detail::gemm_path_for(compute_dtype_), &dq, &dk, &dv);
   clear_own_saved();
   dy = {};
-  const int64_t T = dq.size(1), rows = dq.size(0) * T;
-  float* dqp = dq.data<float>();
-  float* dkp = dk.data<float>();
-  const float* c = cos_.data();
-  const float* s = sin_.data();
-  const int64_t H = n_head_, K = n_kv_head_, hs = hs_;
-  detail::parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
-    detail::rope_apply(dqp, r0, r1, H * hs, T, H, hs, c, s, true);
-    detail::rope_apply(dkp, r0, r1, K * hs, T, K, hs, c, s, true);
-  });
+  detail::rope_in_place(*rope_, dq, dk, n_head_, n_kv_head_, true);
   // Reverse of the forward's order: v, k, q.
   Tensor dx = ctx.backward(v_, dv);
   dv = {};
