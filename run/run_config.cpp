@@ -38,8 +38,9 @@ void refuse_keys(ObjectReader& r, const std::string& type, std::initializer_list
   }
 }
 
-// model.type "llama" (nn/llama.h): its own keys; tensor parallelism and MoE layers are GPT-only today.
-void read_llama(ObjectReader& r, RunConfig& cfg) {
+// model.type "llama" (nn/llama.h): its own keys; tensor parallelism without sequence parallelism
+// (tp/llama.h); MoE layers are GPT-only today.
+void read_llama(ObjectReader& r, RunConfig& cfg, int ranks) {
   nn::LlamaConfig m;
   refuse_keys(r, "llama", {"seq_len"}, "\"gpt\"", "LLaMA's longest sequence is model.max_seq_len");
   refuse_keys(r, "llama", {"tied_embeddings"}, "\"gpt\" and \"gpt2\"", "LLaMA's output head is untied; remove it");
@@ -55,14 +56,10 @@ void read_llama(ObjectReader& r, RunConfig& cfg) {
   r.read("norm_eps", m.norm_eps, RealRange::positive());
   r.read("init_std", m.init_std, RealRange::positive());
   nn::validate(m);
-  int64_t tp = 1;
-  if (r.read("tensor_parallel_size", tp, IntRange{1, kMaxDModel}) && tp > 1) {
-    throw ConfigError(fmt::format("{}: tensor parallelism is built for model.type \"gpt\" and \"gpt2\" only so far; "
-                                  "set it to 1 for LLaMA (ZeRO stages 0-3 and offload shard LLaMA's states)",
-                                  r.path_of("tensor_parallel_size")));
-  }
-  bool sp = false;
-  r.read("sequence_parallel", sp);
+  tp::TensorParallelConfig& par = cfg.tensor_parallel;
+  r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
+  r.read("sequence_parallel", par.sequence_parallel);
+  tp::validate_llama(m, par.tensor_parallel_size, par.sequence_parallel, ranks);
   cfg.model_llama = m;
 }
 
@@ -73,7 +70,7 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   r.read_choice("type", type, {"gpt", "gpt2", "llama"});
   cfg.model_type = type;
   if (type == "llama") {
-    read_llama(r, cfg);
+    read_llama(r, cfg, ranks);
     return;
   }
   if (type == "gpt2") m = nn::gpt2_defaults();

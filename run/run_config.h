@@ -27,6 +27,7 @@
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "tp/gpt.h"
+#include "tp/llama.h"
 
 namespace zs::run {
 

@@ -263,7 +263,14 @@ int train_command(const std::vector<std::string>& args) {
           dp = std::make_unique<comm::Group>(everyone.dup("dp", comm_config));
           data_parallel = dp.get();
         }
-        if (tp_size > 1) {
+        if (tp_size > 1 && cfg.model_llama) {
+          auto m = std::make_unique<tp::LlamaModel>(*cfg.model_llama, tensor_parallel);
+          if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) {
+            m->set_recompute(engine::gpt_recompute(cfg.recompute, cfg.model_llama->n_layer));
+            cfg.recompute.applied_by_program = true;
+          }
+          model = std::move(m);
+        } else if (tp_size > 1) {
           auto m = std::make_unique<tp::GptModel>(model_cfg, cfg.tensor_parallel, tensor_parallel);
           // Its blocks are marked here: the engine applies checkpoint_blocks to nn::GptModel only.
           if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) {

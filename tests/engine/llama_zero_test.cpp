@@ -1,12 +1,15 @@
-// LLaMA (nn/llama.h) under the engine: every ZeRO stage, with and without activation recompute, gives
-// the losses and weights of one process training on the whole global batch at stage 0 (the property
-// equivalence_test.cpp checks for the GPT), and bf16 storage tracks it within bf16 rounding.
+// LLaMA (nn/llama.h) under the engine: every ZeRO stage, with and without activation recompute, and
+// tensor-parallel (tp/llama.h, tp 2 x dp 2) gives the losses and weights of one process training on the
+// whole global batch at stage 0 (the property equivalence_test.cpp checks for the GPT), and bf16
+// storage tracks it within bf16 rounding.
 #include <gtest/gtest.h>
 
 #include <map>
 
+#include "comm/topology.h"
 #include "nn/llama.h"
 #include "tests/engine/train_harness.h"
+#include "tp/llama.h"
 #include "tests/support/mpi_test_env.h"
 
 namespace zs::engine {
@@ -28,11 +31,24 @@ struct LlamaRun {
   std::string digest;
 };
 
-LlamaRun train_llama(const comm::Group& group, run::RunConfig cfg, const nn::GptRecompute& recompute = {}) {
-  nn::LlamaModel model(tiny_llama());
-  model.set_recompute(recompute);
+// tp: the tensor-parallel LLaMA over `tp`'s groups (dp = `group` must be its data-parallel group).
+LlamaRun train_llama(const comm::Group& group, run::RunConfig cfg, const nn::GptRecompute& recompute = {},
+                     const comm::Topology* tp = nullptr) {
+  std::unique_ptr<nn::Model> owned;
+  if (tp != nullptr) {
+    auto m = std::make_unique<tp::LlamaModel>(tiny_llama(), &tp->tensor_parallel());
+    m->set_recompute(recompute);
+    owned = std::move(m);
+  } else {
+    auto m = std::make_unique<nn::LlamaModel>(tiny_llama());
+    m->set_recompute(recompute);
+    owned = std::move(m);
+  }
+  nn::Model& model = *owned;
   cfg.model.reset();
-  Engine engine(model, cfg, group);
+  std::unique_ptr<Engine> owned_engine = tp != nullptr ? std::make_unique<Engine>(model, cfg, group, tp->tensor_parallel())
+                                                       : std::make_unique<Engine>(model, cfg, group);
+  Engine& engine = *owned_engine;
   DatasetSource source(nn::Dataset::builtin(tiny_llama().max_seq_len), 7);
   LlamaRun r;
   for (int i = 0; i < kLlamaSteps; ++i) r.losses.push_back(engine.train_batch(source).loss);
@@ -83,6 +99,19 @@ TEST(LlamaZero, RecomputeChangesNothing) {
     EXPECT_EQ(got.losses, plain.losses) << r.describe();
     EXPECT_EQ(got.digest, plain.digest) << r.describe();
   }
+}
+
+TEST(LlamaZero, TensorParallelMatchesSingleProcessStage0) {
+  // tp 2 x dp 2: heads, kv heads, MLP columns and the vocabulary split over each tp pair.
+  static comm::Topology topology(test::world().group(), {.tensor_parallel_size = 2});
+  const LlamaRun& ref = reference(Precision::kFp32);
+  for (int stage = 0; stage <= 3; ++stage) {
+    const LlamaRun got = train_llama(topology.data_parallel(), make_config(1, 2, Precision::kFp32, stage), {}, &topology);
+    expect_llama_matches(got, ref, 1e-5, 1e-5, fmt::format("tp 2 x dp 2, stage {}", stage));
+  }
+  const LlamaRun recomputed = train_llama(topology.data_parallel(), make_config(1, 2, Precision::kFp32, 3),
+                                          nn::GptRecompute::every(2, 1), &topology);
+  expect_llama_matches(recomputed, ref, 1e-5, 1e-5, "tp 2 x dp 2, stage 3, every block recomputed");
 }
 
 TEST(LlamaZero, Bf16TracksItsSingleProcessRun) {

@@ -161,8 +161,12 @@ TEST(RunConfig, ModelTypes) {
                   "model.n_kv_head: 3 does not divide model.n_head = 4");
   EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "moe": {"num_experts": 2}}})"),
                   "model.moe: applies to model.type \"gpt\"");
-  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "tensor_parallel_size": 2}})"),
-                  "model.tensor_parallel_size: tensor parallelism is built for model.type");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "n_kv_head": 1,
+      "tensor_parallel_size": 2}})"), "model.tensor_parallel_size: 2 does not divide model.n_kv_head = 1");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "tensor_parallel_size": 2,
+      "sequence_parallel": true}})"), "model.sequence_parallel: not built for model.type \"llama\"");
+  EXPECT_EQ(parse_run_config(parse_json_text(R"({"train_batch_size": 2, "model": {"type": "llama",
+      "tensor_parallel_size": 2}})"), 2).tensor_parallel.tensor_parallel_size, 2);
   EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "n_kv_heads": 2}})"),
                   "n_kv_heads");
   EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "bert"}})"), "model.type");
