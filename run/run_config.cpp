@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <string>
+#include <string_view>
+
 #include "core/errors.h"
 #include "core/json.h"
 
@@ -65,7 +68,7 @@ void read_llama(ObjectReader& r, RunConfig& cfg, int ranks) {
 
 // model.type "gpt" (the byte-level demo) and "gpt2" (Hugging Face's GPT-2: the same nn::GptModel with
 // GPT-2 small's defaults, its length named max_seq_len as LLaMA's is).
-void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, std::vector<std::string>& notes) {
+void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks) {
   std::string type = "gpt";
   r.read_choice("type", type, {"gpt", "gpt2", "llama"});
   cfg.model_type = type;
@@ -94,11 +97,13 @@ void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, st
   r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
   r.read("sequence_parallel", par.sequence_parallel);
   tp::validate(m, par, ranks);
-  if (par.sequence_parallel && par.tensor_parallel_size == 1) {
-    notes.push_back("model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence "
-                        "parallelism splits the sequence across the tensor-parallel group), as in Megatron-LM");
-  }
 }
+
+// model.sequence_parallel at tp 1, for every model.type (a view: GCC 12 warns, wrongly, when a string
+// of this length is moved into the vector).
+constexpr std::string_view kSequenceParallelNote =
+    "model.sequence_parallel: accepted; a no-op at model.tensor_parallel_size 1 (sequence parallelism splits the "
+    "sequence across the tensor-parallel group), as in Megatron-LM";
 
 // model.moe: DeepSpeed's MoE arguments plus the GPT-MoE builder's (moe/gpt_moe.h). `model` is the
 // already-read model section; the GPT-MoE has an untied head, so tied_embeddings defaults to false here.
@@ -180,7 +185,10 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
       {"model", "device",
        [&](ObjectReader& r, const engine::EngineConfig& parsed) {
          nn::GptConfig m;
-         read_model(r, m, cfg, ranks, notes);
+         read_model(r, m, cfg, ranks);
+         if (cfg.tensor_parallel.sequence_parallel && cfg.tensor_parallel.tensor_parallel_size == 1) {
+           notes.emplace_back(kSequenceParallelNote);
+         }
          if (cfg.model_llama) {
            refuse_keys(r, "llama", {"moe"}, "\"gpt\"", "LLaMA has no MoE layers yet");
            return;
