@@ -15,7 +15,9 @@
 #include "memory/shard.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "tp/gpt.h"
+#include "tp/llama.h"
 
 namespace zs::engine {
 namespace detail {
@@ -222,6 +224,13 @@ struct MeasuredTpGptMoe {
   moe::GptMoeModel model;
 };
 
+// The tensor-parallel LLaMA as the estimator measures it, as MeasuredTpGpt.
+struct MeasuredTpLlama {
+  MeasuredTpLlama(const nn::LlamaConfig& c, int tp) : group(comm::Group::simulated(0, tp, "tp")), model(c, &group) {}
+  comm::Group group;
+  tp::LlamaModel model;
+};
+
 std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
   if (cfg.tensor_parallel.tensor_parallel_size > 1 && cfg.model_moe) {
     if (ranks % cfg.model_moe->moe.ep_size != 0) {
@@ -255,7 +264,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
   in.zero = zero_limits_of(cfg.zero);
   // Tensor parallelism: the states are rank 0's slices, sharded over the data-parallel ranks (Note
   // [tensor-parallel parameters] in engine/engine.h); every tp rank's are of the same sizes.
-  const int tp = cfg.model ? cfg.tensor_parallel.tensor_parallel_size : 1;
+  const int tp = cfg.built_in_model() ? cfg.tensor_parallel.tensor_parallel_size : 1;
   if (world % tp != 0) {
     throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide the {} ranks estimated; estimate a "
                                   "multiple of {} ranks", tp, world, tp));
@@ -268,7 +277,40 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
                                   "whole model on one stage, an upper bound",
                                   cfg.pipeline.pipeline_parallel_size));
   }
-  if (cfg.model) {
+  if (cfg.model_llama) {
+    if (n_params) {
+      throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
+    }
+    const nn::LlamaConfig& l = *cfg.model_llama;
+    std::shared_ptr<nn::Model> model;  // declares the parameters; allocates nothing
+    if (tp > 1) {
+      auto target = std::make_shared<MeasuredTpLlama>(l, tp);
+      model = std::shared_ptr<nn::Model>(target, &target->model);
+    } else {
+      model = std::make_shared<nn::LlamaModel>(l);
+    }
+    in.model = model_facts(*model, in.zero);
+    in.model.description =
+        fmt::format("LLaMA n_layer {} d_model {} n_head {} n_kv_head {} d_ff {} max_seq_len {} vocab {}{}: {} parameters",
+                    l.n_layer, l.d_model, l.n_head, l.n_kv_head, nn::llama_d_ff(l), l.max_seq_len, l.vocab_size,
+                    tp > 1 ? fmt::format(", tensor-parallel {} (one tp rank's slices, over {} data-parallel ranks)", tp,
+                                         ranks)
+                           : std::string(),
+                    group_digits(in.model.param_elements));
+    auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(l.max_seq_len), cfg.seed);
+    EngineConfig measured = cfg;
+    if (cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
+      // As zeroshard train does: LLaMA's blocks are marked by the program, not by the engine.
+      const nn::GptRecompute r = gpt_recompute(cfg.recompute, l.n_layer);
+      if (tp > 1) {
+        static_cast<tp::LlamaModel&>(*model).set_recompute(r);
+      } else {
+        static_cast<nn::LlamaModel&>(*model).set_recompute(r);
+      }
+      measured.recompute.applied_by_program = true;
+    }
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
+  } else if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }

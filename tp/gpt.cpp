@@ -24,9 +24,24 @@ int64_t padded_vocab_size(int64_t vocab, const TensorParallelConfig& par) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
+namespace {
+
+// The tensor-parallel blocks have GPT-2's widths only: refused by name, never silently ignored.
+void check_standard_widths(const nn::GptConfig& cfg) {
+  if (!nn::gpt_standard_widths(cfg)) {
+    throw ConfigError(fmt::format("model.d_ff / model.norm_eps: the tensor-parallel GPT builds GPT-2's MLP width 4 * d_model and "
+                                  "LayerNorm epsilon 1e-5 only (got d_ff {}, norm_eps {}); remove them from the "
+                                  "model section or set model.tensor_parallel_size to 1",
+                                  nn::gpt_d_ff(cfg), cfg.norm_eps));
+  }
+}
+
+}  // namespace
+
 void validate(const nn::GptConfig& cfg, const TensorParallelConfig& par, int world_size) {
   nn::validate(cfg);
   const int t = par.tensor_parallel_size;
+  if (t > 1) check_standard_widths(cfg);
   if (t < 1) throw ConfigError(fmt::format("model.tensor_parallel_size: must be a positive integer, got {}", t));
   if (par.make_vocab_size_divisible_by < 1) {
     throw ConfigError(fmt::format("model.make_vocab_size_divisible_by: must be a positive integer (1: pad the "
@@ -61,6 +76,7 @@ const nn::GptConfig& checked(const nn::GptConfig& cfg, const TensorParallelConfi
                                  par.tensor_parallel_size, size));
   }
   validate(cfg, par, size);
+  check_standard_widths(cfg);
   return cfg;
 }
 
