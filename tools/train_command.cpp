@@ -181,15 +181,24 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<d
 // data.eval_interval > 0: the last data.eval_fraction of the corpus becomes the held-out split (returned)
 // and `data` keeps the rest, so training never samples a held-out window.
 nn::Dataset split_held_out(nn::Dataset& data, double fraction) {
-  const uint64_t size = data.bytes().size();
+  const uint64_t size = data.num_tokens();
   const auto held = static_cast<uint64_t>(std::llround(static_cast<double>(size) * fraction));
   try {
     nn::Dataset eval = data.slice(size - held, size, data.origin() + " (held-out tail)");
     data = data.slice(0, size - held, data.origin() + " (training part)");
     return eval;
   } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("data.eval_fraction: {} of {} bytes leaves a part too small: {}", fraction, size, e.what()));
+    throw ConfigError(fmt::format("data.eval_fraction: {} of {} {} leaves a part too small: {}", fraction, size,
+                                  data.format() == nn::DataFormat::kText ? "bytes" : "tokens", e.what()));
   }
+}
+
+// "N bytes" for a text; tokens, segments and those sampled for token files.
+std::string data_size_text(const nn::Dataset& d) {
+  if (d.format() == nn::DataFormat::kText) return fmt::format("{} bytes", d.num_tokens());
+  return fmt::format("{} format, {} tokens in {} {}, {} long enough for a window", nn::data_format_name(d.format()),
+                     d.num_tokens(), d.num_segments(), d.format() == nn::DataFormat::kLlmc ? "shard(s)" : "document(s)",
+                     d.num_sampled_segments());
 }
 
 }  // namespace
@@ -281,8 +290,11 @@ int train_command(const std::vector<std::string>& args) {
         } else {
           model = std::make_unique<nn::GptModel>(model_cfg);
         }
-        nn::Dataset data = cfg.data.path.empty() ? nn::Dataset::builtin(model_cfg.seq_len)
-                                                 : nn::Dataset::open(cfg.data.path, model_cfg.seq_len);
+        nn::Dataset data = cfg.data.format != nn::DataFormat::kText
+                               ? nn::Dataset::open_tokens(cfg.data.format, cfg.data.path, model_cfg.seq_len,
+                                                          model_cfg.vocab_size)
+                           : cfg.data.path.empty() ? nn::Dataset::builtin(model_cfg.seq_len)
+                                                   : nn::Dataset::open(cfg.data.path, model_cfg.seq_len);
         if (cfg.data.eval_interval > 0) {
           eval_source = std::make_unique<engine::DatasetSource>(split_held_out(data, cfg.data.eval_fraction),
                                                                 cfg.data.seed.value_or(cfg.seed));
@@ -302,14 +314,14 @@ int train_command(const std::vector<std::string>& args) {
   const std::string save_dir = !a->save.empty() ? a->save : cfg.checkpoint.dir;
 
   try {
-    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters){}; data: {} ({} bytes)",
+    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters){}; data: {} ({})",
                 moe_model != nullptr ? "-MoE" : "", model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
                 engine->param_count(),
                 tp_size > 1 ? fmt::format(", tensor-parallel over {} ranks{} (dp {} x tp {})", tp_size,
                                           cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "",
                                           data_parallel->size(), tp_size)
                             : std::string(),
-                source->data().origin(), source->data().bytes().size());
+                source->data().origin(), data_size_text(source->data()));
     if (moe_model != nullptr) {
       const moe::GptMoeConfig& mc = *cfg.model_moe;
       ZS_LOG_INFO("moe: {} MoE layer(s) (every {} block(s)) of {} experts, top-{}, capacity factor {}, ep_size {} ({} "
