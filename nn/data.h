@@ -55,6 +55,34 @@ class ByteTokenizer {
 // sources), so a model can train with no data file. At least 100 KB.
 std::string_view builtin_corpus();
 
+// Writes llm.c's token shard format, what Dataset::open_tokens(DataFormat::kLlmc, ...) reads:
+// uint16 tokens (magic 20240520, version 1, as llm.c writes GPT-2's) when vocab_size <= 65536, else
+// uint32 tokens (magic 20240801, version 7, llm.c's LLaMA 3 form). Streamed: tokens go to the file as
+// they come, and finish() writes the header's count and renames `<path>.tmp` onto `path`; destroyed
+// unfinished, the partial file is removed. The format counts tokens in an int32: at most 2^31 - 1.
+//
+//   LlmcShardWriter w("train_000000.bin", sp.GetPieceSize());  w.append(ids);  w.finish();
+class LlmcShardWriter {
+ public:
+  LlmcShardWriter(std::string path, int64_t vocab_size);
+  ~LlmcShardWriter();
+  LlmcShardWriter(const LlmcShardWriter&) = delete;
+  LlmcShardWriter& operator=(const LlmcShardWriter&) = delete;
+  // ConfigError for a token outside [0, vocab_size) or past the format's count limit.
+  void append(std::span<const int32_t> tokens);
+  uint64_t tokens() const { return count_; }
+  const std::string& path() const { return path_; }
+  void finish();
+  static constexpr uint64_t kMaxTokens = (uint64_t{1} << 31) - 1;
+
+ private:
+  std::string path_, tmp_;
+  int64_t vocab_size_;
+  int fd_ = -1;
+  uint64_t count_ = 0;
+  std::vector<char> buffer_;
+};
+
 class Dataset {
  public:
   // Memory-maps `path` read-only. Throws IoError naming the path when it cannot be opened or

@@ -26,9 +26,11 @@
 #include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "core/errors.h"
@@ -227,6 +229,96 @@ Dataset Dataset::open_tokens(DataFormat format, const std::string& path, int64_t
                                   seq_len + 1, longest));
   }
   return ds;
+}
+
+namespace {
+
+void write_all(int fd, const char* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    ZS_SYS_CHECK(w < 0 ? -1 : 0, "write of '{}'", path);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+constexpr size_t kWriteBuffer = size_t{1} << 20;
+
+}  // namespace
+
+LlmcShardWriter::LlmcShardWriter(std::string path, int64_t vocab_size)
+    : path_(std::move(path)), tmp_(path_ + ".tmp"), vocab_size_(vocab_size) {
+  if (vocab_size <= 0 || vocab_size > (int64_t{1} << 32)) {
+    throw ConfigError(fmt::format("token shard '{}': vocab_size {} out of range", path_, vocab_size));
+  }
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int err = errno;
+    throw IoError(fmt::format("token shard '{}': cannot create it: {}", tmp_, zs::detail::errno_text(err)));
+  }
+  buffer_.reserve(kWriteBuffer);
+  buffer_.resize(kLlmcHeaderBytes, '\0');  // the header, completed by finish()
+}
+
+LlmcShardWriter::~LlmcShardWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void LlmcShardWriter::append(std::span<const int32_t> tokens) {
+  ZS_ASSERT(fd_ >= 0, "append after finish");
+  if (count_ + tokens.size() > kMaxTokens) {
+    throw ConfigError(fmt::format("token shard '{}': more than {} tokens, the most llm.c's header can count; write "
+                                  "several shards (zeroshard tokenize --shard-tokens)", path_, kMaxTokens));
+  }
+  const bool narrow = vocab_size_ <= 65536;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t >= vocab_size_) {
+      throw ConfigError(fmt::format("token shard '{}': token {} outside [0, {})", path_, t, vocab_size_));
+    }
+    if (buffer_.size() + 4 > kWriteBuffer) {
+      write_all(fd_, buffer_.data(), buffer_.size(), tmp_);
+      buffer_.clear();
+    }
+    char b[4];
+    if (narrow) {
+      const auto v = static_cast<uint16_t>(t);
+      std::memcpy(b, &v, 2);
+      buffer_.insert(buffer_.end(), b, b + 2);
+    } else {
+      const auto v = static_cast<uint32_t>(t);
+      std::memcpy(b, &v, 4);
+      buffer_.insert(buffer_.end(), b, b + 4);
+    }
+  }
+  count_ += tokens.size();
+}
+
+void LlmcShardWriter::finish() {
+  ZS_ASSERT(fd_ >= 0, "finish twice");
+  write_all(fd_, buffer_.data(), buffer_.size(), tmp_);
+  buffer_.clear();
+  int32_t header[256] = {};
+  const bool narrow = vocab_size_ <= 65536;
+  header[0] = narrow ? kLlmcMagicU16 : kLlmcMagicU32;
+  header[1] = narrow ? kLlmcVersionU16 : kLlmcVersionU32;
+  header[2] = static_cast<int32_t>(count_);
+  const char* h = reinterpret_cast<const char*>(header);
+  for (size_t done = 0; done < sizeof(header);) {
+    const ssize_t w = ::pwrite(fd_, h + done, sizeof(header) - done, static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    ZS_SYS_CHECK(w < 0 ? -1 : 0, "write of '{}'", tmp_);
+    done += static_cast<size_t>(w);
+  }
+  ZS_SYS_CHECK(::fsync(fd_), "fsync of '{}'", tmp_);
+  const int fd = fd_;
+  fd_ = -1;
+  ZS_SYS_CHECK(::close(fd), "close of '{}'", tmp_);
+  ZS_SYS_CHECK(std::rename(tmp_.c_str(), path_.c_str()), "rename of '{}' to '{}'", tmp_, path_);
 }
 
 }  // namespace zs::nn
