@@ -6,6 +6,7 @@
 #include "estimate/detail/estimate_util.h"
 #include "estimate/estimate.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 
 namespace zs::engine {
 namespace {
@@ -31,10 +32,14 @@ FitCapacity FitCapacity::of_this_host() {
 }
 
 ConfigParamCounts config_param_counts(const run::RunConfig& cfg) {
-  ZS_ASSERT(cfg.model.has_value(), "config_param_counts needs a model section");
+  ZS_ASSERT(cfg.built_in_model(), "config_param_counts needs a model section");
   // parse_config bounds every dimension (model.n_layer <= 4096, d_model <= 65536, ...), so these
   // products stay far below 2^63.
   ConfigParamCounts c;
+  if (cfg.model_llama) {
+    c.dense = static_cast<uint64_t>(nn::llama_param_count(*cfg.model_llama));
+    return c;
+  }
   if (!cfg.model_moe) {
     c.dense = static_cast<uint64_t>(nn::gpt_param_count(*cfg.model));
     return c;
@@ -52,14 +57,18 @@ ConfigParamCounts config_param_counts(const run::RunConfig& cfg) {
 }
 
 void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& capacity) {
-  if (!cfg.model) return;  // the program brings its own model: it is built before anything is known
+  if (!cfg.built_in_model()) return;  // the program brings its own model: it is built before anything is known
   const ConfigParamCounts counts = config_param_counts(cfg);
+  const char* kind = cfg.model_llama ? "LLaMA" : "GPT";
+  const int64_t n_layer = cfg.model_llama ? cfg.model_llama->n_layer : cfg.model->n_layer;
+  const int64_t d_model = cfg.model_llama ? cfg.model_llama->d_model : cfg.model->d_model;
   // The estimator's input from the config's rules and the counts alone (Note [estimated offload] and
   // the stage rules in estimate.h): no model is built. Flat elements are rounded up once, as for a
   // single parameter; the engine pads every parameter, so its layout is at least this large.
   run::RunConfig rules = cfg;
   rules.model.reset();
   rules.model_moe.reset();
+  rules.model_llama.reset();
   // Tensor parallelism: each rank holds about 1/tp of the parameters (a lower bound: replicated norms,
   // biases and wpe are whole on every rank), sharded over ranks / tp; the check refuses only what
   // cannot fit, so a lower bound is the safe side.
@@ -73,35 +82,35 @@ void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& 
   const uint64_t params = counts.dense + counts.expert;
   if (states.device.total() > device_capacity) {
     throw ConfigError(fmt::format(
-        "model: a GPT of {} parameters (model.n_layer {}, model.d_model {}) needs {} ({} bytes) of model states per rank "
+        "model: a {} of {} parameters (model.n_layer {}, model.d_model {}) needs {} ({} bytes) of model states per rank "
         "on the device ({}), more than device.memory_mb gives ({} bytes); raise device.memory_mb, use a higher "
         "zero_optimization.stage, more ranks or offload (zero_optimization.offload_optimizer / offload_param), or make "
         "the model smaller",
-        group_digits(params), cfg.model->n_layer, cfg.model->d_model, format_bytes(states.device.total()),
+        kind, group_digits(params), n_layer, d_model, format_bytes(states.device.total()),
         states.device.total(), where(cfg, ranks), device_capacity));
   }
   if (capacity.host_bytes != 0 && states.host.total() > capacity.host_bytes) {
     const bool param = cfg.zero.offload_param.device == OffloadDevice::kCpu;
     throw ConfigError(fmt::format(
-        "zero_optimization.{}: a GPT of {} parameters offloads {} ({} bytes) of model states per rank to the host ({}), "
+        "zero_optimization.{}: a {} of {} parameters offloads {} ({} bytes) of model states per rank to the host ({}), "
         "more than this machine's memory ({} bytes); use more ranks, offload to nvme, or make the model smaller",
-        param ? "offload_param" : "offload_optimizer", group_digits(params), format_bytes(states.host.total()),
+        param ? "offload_param" : "offload_optimizer", kind, group_digits(params), format_bytes(states.host.total()),
         states.host.total(), where(cfg, ranks), capacity.host_bytes));
   }
   // The smallest activation a step allocates on the device: one micro-batch's embedding output (B, T, C)
   // in the compute dtype. Everything else the forward keeps only adds to it.
-  const nn::GptConfig& g = *cfg.model;
+  const int64_t seq_len = cfg.model_seq_len();
   const auto micro = static_cast<uint64_t>(cfg.batch.micro_batch_per_rank);
-  const uint64_t activation = micro * static_cast<uint64_t>(g.seq_len) * static_cast<uint64_t>(g.d_model) *
+  const uint64_t activation = micro * static_cast<uint64_t>(seq_len) * static_cast<uint64_t>(d_model) *
                               bytes_per_element(cfg.precision);
   if (states.device.total() + activation > device_capacity) {
     throw ConfigError(fmt::format(
         "train_micro_batch_size_per_gpu: one micro-batch of {} x {} tokens needs at least {} ({} bytes) for its embedding "
         "output alone (x model.d_model {}), which with the model states ({}) is more than device.memory_mb gives ({} "
-        "bytes); use a smaller micro-batch (and more gradient_accumulation_steps), a smaller model.seq_len, or raise "
+        "bytes); use a smaller micro-batch (and more gradient_accumulation_steps), a smaller model.{}, or raise "
         "device.memory_mb",
-        micro, g.seq_len, format_bytes(activation), activation, g.d_model, format_bytes(states.device.total()),
-        device_capacity));
+        micro, seq_len, format_bytes(activation), activation, d_model, format_bytes(states.device.total()), device_capacity,
+        cfg.model_type == "gpt" ? "seq_len" : "max_seq_len"));
   }
 }
 

@@ -15,6 +15,7 @@
 #include "memory/shard.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "tp/gpt.h"
 
 namespace zs::engine {
@@ -237,7 +238,26 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
                                   "multiple of {} ranks", tp, world, tp));
   }
   const int ranks = world / tp;
-  if (cfg.model) {
+  if (cfg.model_llama) {
+    if (n_params) {
+      throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
+    }
+    const nn::LlamaConfig& l = *cfg.model_llama;
+    auto model = std::make_shared<nn::LlamaModel>(l);  // declares the parameters; allocates nothing
+    in.model = model_facts(*model, in.zero);
+    in.model.description =
+        fmt::format("LLaMA n_layer {} d_model {} n_head {} n_kv_head {} d_ff {} max_seq_len {} vocab {}: {} parameters",
+                    l.n_layer, l.d_model, l.n_head, l.n_kv_head, nn::llama_d_ff(l), l.max_seq_len, l.vocab_size,
+                    group_digits(in.model.param_elements));
+    auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(l.max_seq_len), cfg.seed);
+    EngineConfig measured = cfg;
+    if (cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
+      // As zeroshard train does: LLaMA's blocks are marked by the program, not by the engine.
+      model->set_recompute(gpt_recompute(cfg.recompute, l.n_layer));
+      measured.recompute.applied_by_program = true;
+    }
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
+  } else if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }

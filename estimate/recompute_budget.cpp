@@ -16,6 +16,11 @@ RecomputeChoice resolve_recompute_budget(run::RunConfig& cfg, int ranks) {
   RecomputeChoice choice;
   if (!ac.budget()) return choice;
   const char* key = "activation_checkpointing.device_budget_mb";
+  if (cfg.model_llama) {
+    throw ConfigError(fmt::format("{}: the budget chooses blocks of the built-in GPT; for model.type \"llama\" choose "
+                                  "them with activation_checkpointing.checkpoint_blocks and remove device_budget_mb",
+                                  key));
+  }
   if (!cfg.model || cfg.model_moe) {
     throw ConfigError(fmt::format("{}: the budget chooses blocks of the built-in GPT (a `model` section without moe); "
                                   "with {} mark checkpointed modules yourself (nn::Module::set_recomputed) and "

@@ -14,6 +14,12 @@ using nn::MemoryUse;
 
 void validate(const GptMoeConfig& cfg) {
   nn::validate(cfg.gpt);
+  if (!nn::gpt_standard_widths(cfg.gpt)) {
+    throw ConfigError(fmt::format("model.d_ff / model.norm_eps: the GPT-MoE builder builds GPT-2's MLP width 4 * d_model and "
+                                  "LayerNorm epsilon 1e-5 only (got d_ff {}, norm_eps {}); remove them from the "
+                                  "model section (model.moe.expert_hidden sets the width of the experts)",
+                                  nn::gpt_d_ff(cfg.gpt), cfg.gpt.norm_eps));
+  }
   if (cfg.gpt.tied_embeddings) {
     throw ConfigError("model.tied_embeddings: the GPT-MoE builder has an untied lm_head; set it to false");
   }

@@ -22,6 +22,10 @@ void validate(const GptConfig& cfg) {
   positive(cfg.n_head, "n_head");
   positive(cfg.seq_len, "seq_len");
   positive(cfg.vocab_size, "vocab_size");
+  if (cfg.d_ff < 0) throw ConfigError(fmt::format("model.d_ff: must be a positive integer, got {}", cfg.d_ff));
+  if (!(std::isfinite(cfg.norm_eps) && cfg.norm_eps > 0.0f)) {
+    throw ConfigError(fmt::format("model.norm_eps: must be a finite number > 0 (GPT-2 uses 1e-5), got {}", cfg.norm_eps));
+  }
   if (cfg.d_model % cfg.n_head != 0) {
     throw ConfigError(fmt::format("model.d_model: {} is not divisible by model.n_head = {}; choose d_model as a "
                                   "multiple of n_head (e.g. {})",
@@ -34,14 +38,15 @@ void validate(const GptConfig& cfg) {
 }
 
 int64_t gpt_param_count(const GptConfig& cfg) {
-  const int64_t C = cfg.d_model, V = cfg.vocab_size, T = cfg.seq_len, L = cfg.n_layer;
-  return V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C + (cfg.tied_embeddings ? 0 : V * C);
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, T = cfg.seq_len, L = cfg.n_layer, F = gpt_d_ff(cfg);
+  return V * C + T * C + L * (4 * C * C + 2 * C * F + 9 * C + F) + 2 * C + (cfg.tied_embeddings ? 0 : V * C);
 }
 
 double gpt_train_flops_per_token(const GptConfig& cfg, int64_t seq_len) {
   const double C = static_cast<double>(cfg.d_model), V = static_cast<double>(cfg.vocab_size);
   const double L = static_cast<double>(cfg.n_layer), T = static_cast<double>(seq_len);
-  const double n_matmul = L * 12.0 * C * C + V * C;
+  const double F = static_cast<double>(gpt_d_ff(cfg));
+  const double n_matmul = L * (4.0 * C * C + 2.0 * C * F) + V * C;
   return 6.0 * n_matmul + 12.0 * L * T * C;
 }
 
@@ -59,9 +64,11 @@ GptModel::GptModel(const GptConfig& cfg)
       wte_(declare_param("wte", {cfg.vocab_size, cfg.d_model}, Init::normal(0.0f, cfg.init_std))),
       wpe_(declare_param("wpe", {cfg.seq_len, cfg.d_model}, Init::normal(0.0f, cfg.init_std))),
       blocks_(add_child<Sequential>("blocks")),
-      ln_f_(add_child<LayerNorm>("ln_f", cfg.d_model)) {
+      ln_f_(add_child<LayerNorm>("ln_f", cfg.d_model, cfg.norm_eps)) {
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
-  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.append<Block>(cfg.d_model, cfg.n_head, cfg.init_std, proj_std);
+  for (int64_t i = 0; i < cfg.n_layer; ++i) {
+    blocks_.append<Block>(cfg.d_model, cfg.n_head, cfg.init_std, proj_std, cfg.d_ff, cfg.norm_eps);
+  }
   if (!cfg.tied_embeddings) lm_head_ = &add_child<Linear>("lm_head", cfg.d_model, cfg.vocab_size, false, cfg.init_std);
   assign_names(*this);
 }

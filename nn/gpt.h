@@ -41,18 +41,33 @@ struct GptConfig {
   int64_t vocab_size = 256;   // the byte tokenizer's vocabulary
   bool tied_embeddings = true;
   float init_std = 0.02f;
+  int64_t d_ff = 0;         // the MLP's hidden width; 0: GPT-2's 4 * d_model (Hugging Face's n_inner)
+  float norm_eps = 1e-5f;   // the LayerNorms' epsilon (Hugging Face's layer_norm_epsilon)
 };
+
+// The GPT-2 of Hugging Face's GPT2LMHeadModel (model.type "gpt2"): GptModel with GPT-2 small's
+// defaults, vocab 50257 (its BPE), 12 layers, d_model 768, 12 heads, 1024 positions, tied head.
+inline GptConfig gpt2_defaults() {
+  return GptConfig{.n_layer = 12, .d_model = 768, .n_head = 12, .seq_len = 1024, .vocab_size = 50257};
+}
+
+// d_ff, or 4 * d_model where it is 0.
+inline int64_t gpt_d_ff(const GptConfig& cfg) { return cfg.d_ff > 0 ? cfg.d_ff : 4 * cfg.d_model; }
+// Whether cfg has GPT-2's MLP width 4 * d_model and LayerNorm epsilon 1e-5, the only ones the
+// tensor-parallel, pipeline and MoE GPTs build (they refuse others by name).
+inline bool gpt_standard_widths(const GptConfig& cfg) { return gpt_d_ff(cfg) == 4 * cfg.d_model && cfg.norm_eps == 1e-5f; }
 
 // Throws ConfigError naming `model.<key>` and the fix: every size > 0, d_model divisible by n_head,
 // init_std finite and > 0.
 void validate(const GptConfig& cfg);
 
 // Number of parameter elements of GptModel(cfg):
-//   V*C + T*C + L*(12*C^2 + 13*C) + 2*C (+ V*C untied)    (V vocab, T seq_len, L n_layer, C d_model)
+//   V*C + T*C + L*(4*C^2 + 2*C*F + 9*C + F) + 2*C (+ V*C untied)   (V vocab, T seq_len, L n_layer,
+//   C d_model, F gpt_d_ff: 12*C^2 + 13*C per layer at F = 4C)
 int64_t gpt_param_count(const GptConfig& cfg);
 
 // Training FLOPs per token (forward + backward) at sequence length `seq_len` (<= cfg.seq_len):
-//   6 * N_matmul + 12 * L * seq_len * C,   N_matmul = L * 12 * C^2 + V * C
+//   6 * N_matmul + 12 * L * seq_len * C,   N_matmul = L * (4 * C^2 + 2 * C * F) + V * C  (12 C^2 at F = 4C)
 // N_matmul counts the weights used in matmuls (block linears and the output head; not the
 // embedding lookups, biases or norms). Each weight costs 2 FLOPs per token forward and 4 backward.
 // The attention term is q k^T and P v: 2 * 2 * seq_len * C per layer per token forward, times 3 for

@@ -12,7 +12,8 @@
 // Parts: parameter.h (Parameter, Init), module.h (Module, Sequential, assign_names, materialize),
 // context.h (Context, MemoryUse: the engine's seam), host_context.h, model.h (Model, Batch),
 // param_access.h (weight_f32, GradAccumulator), layers.h (Linear, Embedding, LayerNorm, Gelu),
-// attention.h, transformer.h (Mlp, Block), cross_entropy.h, gpt.h, data.h, flops.h (FLOP counter).
+// attention.h, transformer.h (Mlp, Block), cross_entropy.h, gpt.h (GPT and GPT-2), llama.h (LLaMA: RmsNorm,
+// SwiGluMlp, GqaAttention), data.h, flops.h (FLOP counter).
 #pragma once
 
 #include "nn/attention.h"
@@ -23,6 +24,7 @@
 #include "nn/gpt.h"
 #include "nn/host_context.h"
 #include "nn/layers.h"
+#include "nn/llama.h"
 #include "nn/model.h"
 #include "nn/module.h"
 #include "nn/param_access.h"

@@ -25,11 +25,11 @@ Tensor Mlp::backward(Context& ctx, const Tensor& dy) {
   return ctx.backward(fc_, dh);
 }
 
-Block::Block(int64_t d_model, int64_t n_head, float init_std, float proj_std)
-    : ln1_(add_child<LayerNorm>("ln1", d_model)),
+Block::Block(int64_t d_model, int64_t n_head, float init_std, float proj_std, int64_t hidden, float norm_eps)
+    : ln1_(add_child<LayerNorm>("ln1", d_model, norm_eps)),
       attn_(add_child<CausalSelfAttention>("attn", d_model, n_head, init_std, proj_std)),
-      ln2_(add_child<LayerNorm>("ln2", d_model)),
-      mlp_(add_child<Mlp>("mlp", d_model, init_std, proj_std)) {}
+      ln2_(add_child<LayerNorm>("ln2", d_model, norm_eps)),
+      mlp_(add_child<Mlp>("mlp", d_model, init_std, proj_std, hidden)) {}
 
 Tensor Block::forward(Context& ctx, const Tensor& x) {
   Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));

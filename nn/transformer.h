@@ -34,7 +34,9 @@ class Mlp : public Module {
 
 class Block : public Module {
  public:
-  Block(int64_t d_model, int64_t n_head, float init_std = 0.02f, float proj_std = 0.02f);
+  // hidden: the MLP's width (0: 4 * d_model); norm_eps: both LayerNorms'.
+  Block(int64_t d_model, int64_t n_head, float init_std = 0.02f, float proj_std = 0.02f, int64_t hidden = 0,
+        float norm_eps = 1e-5f);
   std::string_view type_name() const override { return "Block"; }
   CausalSelfAttention& attention() { return attn_; }
 

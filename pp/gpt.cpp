@@ -141,6 +141,12 @@ void GptStage::backward_loss(nn::Context& ctx, float grad_scale) {
 
 GptPipeline::GptPipeline(const nn::GptConfig& cfg, const comm::Group& group, const GptPipelineConfig& pc)
     : cfg_(cfg), group_(group) {
+  if (!nn::gpt_standard_widths(cfg)) {
+    throw ConfigError(fmt::format("model.d_ff / model.norm_eps: the pipeline GPT builds GPT-2's MLP width 4 * d_model and "
+                                  "LayerNorm epsilon 1e-5 only (got d_ff {}, norm_eps {}); remove them from the "
+                                  "model section",
+                                  nn::gpt_d_ff(cfg), cfg.norm_eps));
+  }
   const int p = group.size(), v = pc.virtual_pipeline_size, r = group.rank();
   if (v < 1) throw ConfigError(fmt::format("model.virtual_pipeline_size: must be a positive integer, got {}", v));
   bounds_ = gpt_partition(cfg, pc.partition, p * v);

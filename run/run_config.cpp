@@ -27,16 +27,71 @@ int peek_tensor_parallel_size(const boost::json::value& doc, int ranks) {
   return v >= 1 && v <= ranks && ranks % v == 0 ? static_cast<int>(v) : 1;
 }
 
-void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, std::vector<std::string>& notes) {
-  std::string type = "gpt";
-  r.read_choice("type", type, {"gpt"});
+// A key of the model section that the section's model.type does not have: named, with the types that do.
+void refuse_keys(ObjectReader& r, const std::string& type, std::initializer_list<std::string_view> keys,
+                 std::string_view owner, std::string_view hint) {
+  for (std::string_view key : keys) {
+    if (r.object().if_contains(key) != nullptr) {
+      throw ConfigError(fmt::format("{}: applies to model.type {}, and this section's type is \"{}\"; {}", r.path_of(key),
+                                    owner, type, hint));
+    }
+  }
+}
+
+// model.type "llama" (nn/llama.h): its own keys; tensor parallelism and MoE layers are GPT-only today.
+void read_llama(ObjectReader& r, RunConfig& cfg) {
+  nn::LlamaConfig m;
+  refuse_keys(r, "llama", {"seq_len"}, "\"gpt\"", "LLaMA's longest sequence is model.max_seq_len");
+  refuse_keys(r, "llama", {"tied_embeddings"}, "\"gpt\" and \"gpt2\"", "LLaMA's output head is untied; remove it");
   r.read("n_layer", m.n_layer, IntRange{1, kMaxLayers});  // Note [bounded keys]
   r.read("d_model", m.d_model, IntRange{1, kMaxDModel});
   r.read("n_head", m.n_head, IntRange{1, kMaxDModel});
-  r.read("seq_len", m.seq_len, IntRange{2, kMaxSeqLen});
+  m.n_kv_head = m.n_head;  // absent: multi-head attention
+  r.read("n_kv_head", m.n_kv_head, IntRange{1, kMaxDModel});
+  r.read("d_ff", m.d_ff, IntRange{1, int64_t{1} << 20});
+  r.read("max_seq_len", m.max_seq_len, IntRange{2, kMaxSeqLen});
+  r.read("vocab_size", m.vocab_size, IntRange{256, 1 << 24});
+  r.read("rope_theta", m.rope_theta, RealRange::positive());
+  r.read("norm_eps", m.norm_eps, RealRange::positive());
+  r.read("init_std", m.init_std, RealRange::positive());
+  nn::validate(m);
+  int64_t tp = 1;
+  if (r.read("tensor_parallel_size", tp, IntRange{1, kMaxDModel}) && tp > 1) {
+    throw ConfigError(fmt::format("{}: tensor parallelism is built for model.type \"gpt\" and \"gpt2\" only so far; "
+                                  "set it to 1 for LLaMA (ZeRO stages 0-3 and offload shard LLaMA's states)",
+                                  r.path_of("tensor_parallel_size")));
+  }
+  bool sp = false;
+  r.read("sequence_parallel", sp);
+  cfg.model_llama = m;
+}
+
+// model.type "gpt" (the byte-level demo) and "gpt2" (Hugging Face's GPT-2: the same nn::GptModel with
+// GPT-2 small's defaults, its length named max_seq_len as LLaMA's is).
+void read_model(ObjectReader& r, nn::GptConfig& m, RunConfig& cfg, int ranks, std::vector<std::string>& notes) {
+  std::string type = "gpt";
+  r.read_choice("type", type, {"gpt", "gpt2", "llama"});
+  cfg.model_type = type;
+  if (type == "llama") {
+    read_llama(r, cfg);
+    return;
+  }
+  if (type == "gpt2") m = nn::gpt2_defaults();
+  refuse_keys(r, type, {"n_kv_head", "rope_theta"}, "\"llama\"", "GPT-2 attends with every head and learned positions");
+  if (type == "gpt") {
+    refuse_keys(r, type, {"max_seq_len"}, "\"gpt2\" and \"llama\"", "the byte-level GPT's length is model.seq_len");
+  } else {
+    refuse_keys(r, type, {"seq_len"}, "\"gpt\"", "GPT-2's positions are model.max_seq_len");
+  }
+  r.read("n_layer", m.n_layer, IntRange{1, kMaxLayers});  // Note [bounded keys]
+  r.read("d_model", m.d_model, IntRange{1, kMaxDModel});
+  r.read("n_head", m.n_head, IntRange{1, kMaxDModel});
+  r.read(type == "gpt" ? "seq_len" : "max_seq_len", m.seq_len, IntRange{2, kMaxSeqLen});
   r.read("vocab_size", m.vocab_size, IntRange{256, 1 << 24});
   r.read("tied_embeddings", m.tied_embeddings);
   r.read("init_std", m.init_std, RealRange::positive());
+  r.read("d_ff", m.d_ff, IntRange{1, int64_t{1} << 20});
+  r.read("norm_eps", m.norm_eps, RealRange::positive());
   nn::validate(m);
   tp::TensorParallelConfig& par = cfg.tensor_parallel;
   r.read("tensor_parallel_size", par.tensor_parallel_size, IntRange{1, kMaxDModel});
@@ -95,10 +150,11 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
   uint64_t seed = 0;
   if (r.read("seed", seed)) cfg.data.seed = seed;
   r.read("eval_interval", cfg.data.eval_interval, IntRange::non_negative());
-  if (r.read("min_seq_len", cfg.data.min_seq_len, IntRange::positive()) && cfg.model &&
-      cfg.data.min_seq_len > cfg.model->seq_len) {
-    throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.seq_len = {}; choose a value from 1 to {}",
-                                  cfg.data.min_seq_len, cfg.model->seq_len, cfg.model->seq_len));
+  if (r.read("min_seq_len", cfg.data.min_seq_len, IntRange::positive()) && cfg.built_in_model() &&
+      cfg.data.min_seq_len > cfg.model_seq_len()) {
+    const char* key = cfg.model_type == "gpt" ? "seq_len" : "max_seq_len";
+    throw ConfigError(fmt::format("data.min_seq_len: {} exceeds model.{} = {}; choose a value from 1 to {}",
+                                  cfg.data.min_seq_len, key, cfg.model_seq_len(), cfg.model_seq_len()));
   }
   if (cfg.data.min_seq_len > 0 && cfg.tensor_parallel.sequence_parallel && cfg.tensor_parallel.tensor_parallel_size > 1) {
     throw ConfigError(fmt::format("data.min_seq_len: varying sequence lengths are not supported with "
@@ -118,6 +174,13 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
 
 }  // namespace
 
+bool RunConfig::built_in_model() const { return model.has_value() || model_llama.has_value(); }
+
+int64_t RunConfig::model_seq_len() const {
+  ZS_ASSERT(built_in_model(), "RunConfig::model_seq_len without a built-in model");
+  return model_llama ? model_llama->max_seq_len : model->seq_len;
+}
+
 RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   RunConfig cfg;
   const int dp = ranks / peek_tensor_parallel_size(doc, ranks);
@@ -129,6 +192,10 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
        [&](ObjectReader& r, const engine::EngineConfig& parsed) {
          nn::GptConfig m;
          read_model(r, m, cfg, ranks, notes);
+         if (cfg.model_llama) {
+           refuse_keys(r, "llama", {"moe"}, "\"gpt\"", "LLaMA has no MoE layers yet");
+           return;
+         }
          r.read_object("moe", [&](ObjectReader& sub) {
            if (cfg.tensor_parallel.tensor_parallel_size > 1) {
              throw ConfigError(fmt::format(

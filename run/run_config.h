@@ -1,6 +1,7 @@
 // The run's config: one DeepSpeed-style JSON file (docs/config.md), of which the engine reads its
 // keys (engine/config.h) and the program that builds the model reads its own sections:
-//   model      the built-in GPT (nn::GptConfig); absent: the program brings its own model
+//   model      the built-in model by model.type: "gpt" and "gpt2" (nn::GptConfig), "llama"
+//              (nn::LlamaConfig); absent: the program brings its own model
 //   model.moe  the built-in GPT with MoE layers (moe::GptMoeConfig)
 //   data       the corpus, its sampling seed, evaluation and varying sequence lengths
 //   log        the log level and which ranks log
@@ -25,6 +26,7 @@
 #include "moe/gpt_moe.h"
 #include "nn/data.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "tp/gpt.h"
 
 namespace zs::run {
@@ -56,7 +58,10 @@ struct RunConfig : engine::EngineConfig {
   // The engine's part alone: a run whose program brings its own model (no model, default data and
   // log). Explicit, so an EngineConfig never silently stands in where the built-in model is needed.
   explicit RunConfig(const engine::EngineConfig& e) : engine::EngineConfig(e) {}
-  std::optional<nn::GptConfig> model;  // the built-in GPT (`model` section); absent: the program brings its model
+  // model.type: "gpt" (the byte-level demo GPT, the default), "gpt2" (Hugging Face's GPT-2) or "llama".
+  std::string model_type = "gpt";
+  std::optional<nn::GptConfig> model;  // the built-in GPT or GPT-2 (`model` section); absent: LLaMA or the program's model
+  std::optional<nn::LlamaConfig> model_llama;  // model.type "llama" (nn/llama.h)
   // `model.moe`: the built-in GPT with MoE layers (moe/gpt_moe.h); its `gpt` equals *model. The engine
   // never reads it (expert parameters reach it through parameter metadata).
   std::optional<moe::GptMoeConfig> model_moe;
@@ -68,6 +73,11 @@ struct RunConfig : engine::EngineConfig {
   tp::TensorParallelConfig tensor_parallel;
   DataConfig data;
   LogConfig log;
+
+  // A `model` section of any type (the program builds one of the built-in models).
+  bool built_in_model() const;
+  // The built-in model's sequence length (model.seq_len, or model.max_seq_len for gpt2 and llama).
+  int64_t model_seq_len() const;
 };
 
 // Parses and validates a whole config document for a run of `ranks` processes (the engine's keys

@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages zeroshard needs to build, test and run its demo.
 # Idempotent: when every package is present it installs nothing and touches no network.
 #   --bench  also the optional benchmark dependencies (python3-torch, ~1 GB, for
-#            benchmarks/torch_compare.py; libdnnl-dev, oneDNN, and libxsmm-dev, libxsmm, which
+#            benchmarks/torch_compare.py and tests/nn/torch_reference.py, GPT-2 and LLaMA against
+#            PyTorch, which make test skips with a message without it; libdnnl-dev, oneDNN, and libxsmm-dev, libxsmm, which
 #            gemm_bench compares the bf16 kernel with when the build finds them); `make test` never
 #            needs them.
 set -euo pipefail

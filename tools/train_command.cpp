@@ -280,6 +280,14 @@ int train_command(const std::vector<std::string>& args) {
             cfg.recompute.applied_by_program = true;
           }
           model = std::move(m);
+        } else if (cfg.model_llama) {
+          auto m = std::make_unique<nn::LlamaModel>(*cfg.model_llama);
+          // Marked here, as the tensor-parallel GPT's: the engine applies checkpoint_blocks to nn::GptModel only.
+          if (cfg.recompute.blocks != engine::RecomputeConfig::Blocks::kNone) {
+            m->set_recompute(engine::gpt_recompute(cfg.recompute, cfg.model_llama->n_layer));
+            cfg.recompute.applied_by_program = true;
+          }
+          model = std::move(m);
         } else if (cfg.model_moe) {
           comm::Topology topology(*dp, {.expert_parallel_size = cfg.model_moe->moe.ep_size});  // tp = pp = 1 today
           expert_groups.emplace(comm::ExpertGroups{topology.take_data_parallel(), topology.take_expert_parallel(),
@@ -290,11 +298,12 @@ int train_command(const std::vector<std::string>& args) {
         } else {
           model = std::make_unique<nn::GptModel>(model_cfg);
         }
+        const int64_t seq_len = cfg.built_in_model() ? cfg.model_seq_len() : model_cfg.seq_len;
+        const int64_t vocab = cfg.model_llama ? cfg.model_llama->vocab_size : model_cfg.vocab_size;
         nn::Dataset data = cfg.data.format != nn::DataFormat::kText
-                               ? nn::Dataset::open_tokens(cfg.data.format, cfg.data.path, model_cfg.seq_len,
-                                                          model_cfg.vocab_size)
-                           : cfg.data.path.empty() ? nn::Dataset::builtin(model_cfg.seq_len)
-                                                   : nn::Dataset::open(cfg.data.path, model_cfg.seq_len);
+                               ? nn::Dataset::open_tokens(cfg.data.format, cfg.data.path, seq_len, vocab)
+                           : cfg.data.path.empty() ? nn::Dataset::builtin(seq_len)
+                                                   : nn::Dataset::open(cfg.data.path, seq_len);
         if (cfg.data.eval_interval > 0) {
           eval_source = std::make_unique<engine::DatasetSource>(split_held_out(data, cfg.data.eval_fraction),
                                                                 cfg.data.seed.value_or(cfg.seed));
@@ -314,9 +323,20 @@ int train_command(const std::vector<std::string>& args) {
   const std::string save_dir = !a->save.empty() ? a->save : cfg.checkpoint.dir;
 
   try {
-    ZS_LOG_INFO("model: GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {} ({} parameters){}; data: {} ({})",
-                moe_model != nullptr ? "-MoE" : "", model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size,
-                engine->param_count(),
+    std::string shape;  // the byte-level GPT's words as they always were
+    if (cfg.model_llama) {
+      const nn::LlamaConfig& l = *cfg.model_llama;
+      shape = fmt::format("LLaMA n_layer {} d_model {} n_head {} n_kv_head {} d_ff {} max_seq_len {} vocab {}", l.n_layer,
+                          l.d_model, l.n_head, l.n_kv_head, nn::llama_d_ff(l), l.max_seq_len, l.vocab_size);
+    } else if (cfg.model_type == "gpt2") {
+      shape = fmt::format("GPT-2 n_layer {} d_model {} n_head {} d_ff {} max_seq_len {} vocab {}", model_cfg.n_layer,
+                          model_cfg.d_model, model_cfg.n_head, nn::gpt_d_ff(model_cfg), model_cfg.seq_len,
+                          model_cfg.vocab_size);
+    } else {
+      shape = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}", moe_model != nullptr ? "-MoE" : "",
+                          model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size);
+    }
+    ZS_LOG_INFO("model: {} ({} parameters){}; data: {} ({})", shape, engine->param_count(),
                 tp_size > 1 ? fmt::format(", tensor-parallel over {} ranks{} (dp {} x tp {})", tp_size,
                                           cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "",
                                           data_parallel->size(), tp_size)
@@ -334,7 +354,7 @@ int train_command(const std::vector<std::string>& args) {
                 cfg.batch.train_batch_size, cfg.batch.micro_batch_per_rank, cfg.batch.gradient_accumulation_steps,
                 data_parallel->size(), tp_size > 1 ? "data-parallel rank(s)" : "rank(s)", cfg.train_steps,
                 cfg.data.min_seq_len > 0 ? fmt::format("; sequences of {} to {} tokens, one length per step (data.min_seq_len)",
-                                                       cfg.data.min_seq_len, model_cfg.seq_len)
+                                                       cfg.data.min_seq_len, cfg.built_in_model() ? cfg.model_seq_len() : model_cfg.seq_len)
                                          : std::string());
     engine::SummaryRecorder recorder(*engine);
     // Model FLOPs utilisation's denominator, measured now (every rank at once, each on its own cores)

@@ -18,9 +18,24 @@ using memory::DType;
 using memory::Tensor;
 using nn::MemoryUse;
 
+namespace {
+
+// The tensor-parallel blocks have GPT-2's widths only: refused by name, never silently ignored.
+void check_standard_widths(const nn::GptConfig& cfg) {
+  if (!nn::gpt_standard_widths(cfg)) {
+    throw ConfigError(fmt::format("model.d_ff / model.norm_eps: the tensor-parallel GPT builds GPT-2's MLP width 4 * d_model and "
+                                  "LayerNorm epsilon 1e-5 only (got d_ff {}, norm_eps {}); remove them from the "
+                                  "model section or set model.tensor_parallel_size to 1",
+                                  nn::gpt_d_ff(cfg), cfg.norm_eps));
+  }
+}
+
+}  // namespace
+
 void validate(const nn::GptConfig& cfg, const TensorParallelConfig& par, int world_size) {
   nn::validate(cfg);
   const int t = par.tensor_parallel_size;
+  if (t > 1) check_standard_widths(cfg);
   if (t < 1) throw ConfigError(fmt::format("model.tensor_parallel_size: must be a positive integer, got {}", t));
   auto divides = [&](int64_t v, const std::string& what) {
     if (v % t != 0) {
@@ -51,6 +66,7 @@ const nn::GptConfig& checked(const nn::GptConfig& cfg, const TensorParallelConfi
                                  par.tensor_parallel_size, size));
   }
   validate(cfg, par, size);
+  check_standard_widths(cfg);
   return cfg;
 }
 

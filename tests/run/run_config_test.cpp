@@ -125,3 +125,67 @@ TEST(RunConfig, TheFirstProblemIsTheSameWhicheverPartReadsASection) {
 
 }  // namespace
 }  // namespace zs::run
+
+namespace zs::run {
+namespace {
+
+// model.type: "gpt" (default), "gpt2" (GPT-2 small's defaults, max_seq_len) and "llama" (its own keys);
+// a key of another type is refused naming it and the type that has it.
+TEST(RunConfig, ModelTypes) {
+  auto parse = [](std::string_view text) { return parse_run_config(parse_json_text(text, "cfg.json"), 1); };
+  const RunConfig gpt = parse(R"({"train_batch_size": 2, "model": {"n_layer": 1, "seq_len": 16}})");
+  EXPECT_EQ(gpt.model_type, "gpt");
+  EXPECT_EQ(gpt.model->vocab_size, 256);
+  EXPECT_EQ(gpt.model_seq_len(), 16);
+
+  const RunConfig gpt2 = parse(R"({"train_batch_size": 2, "model": {"type": "gpt2"}})");
+  ASSERT_TRUE(gpt2.model.has_value());
+  EXPECT_EQ(gpt2.model->vocab_size, 50257);
+  EXPECT_EQ(gpt2.model->n_layer, 12);
+  EXPECT_EQ(gpt2.model->d_model, 768);
+  EXPECT_EQ(gpt2.model->seq_len, 1024);
+  EXPECT_TRUE(gpt2.model->tied_embeddings);
+  EXPECT_EQ(nn::gpt_param_count(*gpt2.model), 124439808);  // Hugging Face's gpt2
+  const RunConfig small = parse(R"({"train_batch_size": 2, "model": {"type": "gpt2", "n_layer": 1, "d_model": 32,
+      "n_head": 4, "d_ff": 40, "norm_eps": 1e-6, "max_seq_len": 24, "vocab_size": 300}})");
+  EXPECT_EQ(nn::gpt_d_ff(*small.model), 40);
+  EXPECT_FLOAT_EQ(small.model->norm_eps, 1e-6f);
+  EXPECT_EQ(small.model_seq_len(), 24);
+
+  const RunConfig llama = parse(R"({"train_batch_size": 2, "model": {"type": "llama", "n_layer": 2, "d_model": 64,
+      "n_head": 8, "n_kv_head": 2, "d_ff": 100, "rope_theta": 500000, "norm_eps": 1e-5, "max_seq_len": 48,
+      "vocab_size": 1000}})");
+  EXPECT_FALSE(llama.model.has_value());
+  ASSERT_TRUE(llama.model_llama.has_value());
+  EXPECT_EQ(llama.model_llama->n_kv_head, 2);
+  EXPECT_EQ(llama.model_llama->d_ff, 100);
+  EXPECT_DOUBLE_EQ(llama.model_llama->rope_theta, 500000.0);
+  EXPECT_EQ(llama.model_seq_len(), 48);
+  const RunConfig mha = parse(R"({"train_batch_size": 2, "model": {"type": "llama", "n_head": 8}})");
+  EXPECT_EQ(mha.model_llama->n_kv_head, 8);  // absent: one kv head per query head
+  EXPECT_EQ(nn::llama_d_ff(*mha.model_llama), 768);
+
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "gpt2", "rope_theta": 10}})"),
+                  "model.rope_theta: applies to model.type \"llama\"");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "gpt2", "seq_len": 10}})"),
+                  "model.seq_len: applies to model.type \"gpt\"");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"max_seq_len": 10}})"), "model.max_seq_len: applies");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "tied_embeddings": true}})"),
+                  "model.tied_embeddings: applies");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "n_head": 4, "n_kv_head": 3}})"),
+                  "model.n_kv_head: 3 does not divide model.n_head = 4");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "moe": {"num_experts": 2}}})"),
+                  "model.moe: applies to model.type \"gpt\"");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "tensor_parallel_size": 2}})"),
+                  "model.tensor_parallel_size: tensor parallelism is built for model.type");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "n_kv_heads": 2}})"),
+                  "n_kv_heads");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "bert"}})"), "model.type");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "gpt2", "d_ff": 40, "tensor_parallel_size": 2}})"),
+                  "model.d_ff / model.norm_eps: the tensor-parallel GPT builds");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "model": {"type": "llama", "max_seq_len": 8},
+      "data": {"min_seq_len": 9}})"), "data.min_seq_len: 9 exceeds model.max_seq_len = 8");
+}
+
+}  // namespace
+}  // namespace zs::run
