@@ -110,7 +110,11 @@ int64_t Parameter::full_numel() const { return numel() * slice_.parts; }
 
 void Parameter::init_values(std::span<float> out, uint64_t first, uint64_t seed) const {
   for_each_full_run(first, out.size(), [&](uint64_t local, uint64_t full, uint64_t n) {
-    init_.fill(out.subspan(local - first, n), full, seed, full_name_);
+    if (source_) {
+      source_->read(*this, out.subspan(local - first, n), full);
+    } else {
+      init_.fill(out.subspan(local - first, n), full, seed, full_name_);
+    }
   });
 }
 

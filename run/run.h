@@ -6,4 +6,5 @@
 //   engine::Engine engine(model, cfg, group);   // a RunConfig is an engine::EngineConfig
 #pragma once
 
+#include "run/hf_weights.h"  // Hugging Face names, --init-from, checkpoint export
 #include "run/run_config.h"  // RunConfig, DataConfig, parse_run_config

@@ -22,6 +22,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "engine/config.h"
+#include "run/hf_weights.h"
 #include "run/run_config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
@@ -48,9 +49,11 @@ namespace po = boost::program_options;
 
 constexpr const char* kTrainUsage =
     "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR]\n"
-    "                       [--load DIR [--load-tag TAG]]\n"
+    "                       [--load DIR [--load-tag TAG] | --init-from WEIGHTS]\n"
     "  --load DIR: a checkpoint directory (resumes from the tag its `latest` file names) or one tag's\n"
-    "              directory (DIR/global_step15); --load-tag TAG picks another tag of DIR\n";
+    "              directory (DIR/global_step15); --load-tag TAG picks another tag of DIR\n"
+    "  --init-from WEIGHTS: start from safetensors weights (a directory with model.safetensors or its\n"
+    "              index, or a file): Hugging Face's names for model.type gpt2 and llama\n";
 
 struct TrainArgs {
   std::string config;
@@ -59,6 +62,7 @@ struct TrainArgs {
   std::string save;  // checkpoint directory to save to (else checkpoint.dir)
   std::string load;      // checkpoint directory to resume from (its `latest` tag), or one tag's directory
   std::string load_tag;  // --load-tag: the tag under `load` instead of `latest`
+  std::string init_from;  // --init-from: safetensors weights to start from (run/hf_weights.h)
 };
 
 // Returns nullopt after printing usage (exit code in `code`).
@@ -72,7 +76,10 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
       "load", po::value<std::string>(),
       "resume from the latest checkpoint here, or from the tag directory given (any world size, ZeRO stage or "
       "offload); --steps stays the total")(
-      "load-tag", po::value<std::string>(), "with --load DIR: resume from this tag of DIR instead of its latest");
+      "load-tag", po::value<std::string>(), "with --load DIR: resume from this tag of DIR instead of its latest")(
+      "init-from", po::value<std::string>(),
+      "start from safetensors weights (model.safetensors, its index, or a directory holding either); each rank "
+      "reads only the elements it holds");
   po::variables_map vm;
   if (!parse_command_line("train", args, opts, kTrainUsage, vm)) {
     code = 2;
@@ -104,6 +111,13 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   if (vm.count("save")) a.save = vm["save"].as<std::string>();
   if (vm.count("load")) a.load = vm["load"].as<std::string>();
   if (vm.count("load-tag")) a.load_tag = vm["load-tag"].as<std::string>();
+  if (vm.count("init-from")) a.init_from = vm["init-from"].as<std::string>();
+  if (!a.init_from.empty() && !a.load.empty()) {
+    std::fprintf(stderr, "zeroshard train: --init-from and --load both set the starting weights; use --load to resume "
+                         "a run, --init-from to start one from safetensors weights\n%s", kTrainUsage);
+    code = 2;
+    return std::nullopt;
+  }
   if (!a.load_tag.empty() && a.load.empty()) {
     std::fprintf(stderr, "zeroshard train: --load-tag needs --load DIR (the checkpoint directory holding the tag)\n%s",
                  kTrainUsage);
@@ -310,8 +324,13 @@ int train_command(const std::vector<std::string>& args) {
         }
         source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed),
                                                          cfg.data.min_seq_len);
+        if (!a->init_from.empty()) {
+          const std::string what = run::init_from_safetensors(*model, run::weight_naming(cfg), a->init_from);
+          if (everyone.rank() == 0) ZS_LOG_INFO("init-from: {}", what);
+        }
         engine = tensor_parallel != nullptr ? std::make_unique<engine::Engine>(*model, cfg, *data_parallel, *tensor_parallel)
                                             : std::make_unique<engine::Engine>(*model, cfg, *dp);
+        if (!a->init_from.empty()) run::clear_value_sources(*model);  // initialised: release the mappings
       })) {
     return 1;
   }
