@@ -17,12 +17,14 @@ namespace zs::checkpoint {
 namespace fs = std::filesystem;
 namespace json = boost::json;
 
-namespace {
-
-CheckpointReader open_any(const fs::path& path) {
+CheckpointReader open_checkpoint(const fs::path& path) {
   if (fs::exists(path / kMetadataFile)) return CheckpointReader::open_dir(path);
   return CheckpointReader(path);
 }
+
+namespace {
+
+CheckpointReader open_any(const fs::path& path) { return open_checkpoint(path); }
 
 std::string scalar_text(const Scalar& s) {
   return std::visit([](const auto& v) { return fmt::format("{}", v); }, s);

@@ -7,11 +7,16 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint/reader.h"
+
 namespace zs::checkpoint {
 
 // Tags (latest marked), each tag's step, world size, buffers and bytes; the latest tag's tensors with
 // shapes and dtypes; with `config_json`, the differences between the saved config and it, by JSON path.
 std::string inspect(const std::filesystem::path& path, const std::optional<std::string>& config_json);
+
+// A reader of DIR: a checkpoint root (the tag `latest` names) or one tag's directory.
+CheckpointReader open_checkpoint(const std::filesystem::path& path);
 
 // Writes every tensor's full fp32 values (buffer "fp32", else "params" converted) to `out` as one
 // dataset per tensor name with its global shape, plus the scalars as attributes. Streams in pieces of

@@ -129,7 +129,11 @@ void Parameter::init_values(std::span<float> out, uint64_t first, uint64_t seed)
   // Padding has no place in the full tensor: zeros (what a padded vocabulary's rows must stay).
   if (slice_.full_extent != 0) std::fill(out.begin(), out.end(), 0.0f);
   for_each_full_run(first, out.size(), [&](uint64_t local, uint64_t full, uint64_t n) {
-    init_.fill(out.subspan(local - first, n), full, seed, full_name_);
+    if (source_) {
+      source_->read(*this, out.subspan(local - first, n), full);
+    } else {
+      init_.fill(out.subspan(local - first, n), full, seed, full_name_);
+    }
   });
 }
 

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -87,6 +88,19 @@ class Init {
   float b_;
 };
 
+class Parameter;
+
+// Initial values from outside the model (`zeroshard train --init-from`, run/hf_weights.h). When a
+// parameter has one, init_values reads it instead of init(): read(p, out, full_first) fills `out` with
+// elements [full_first, full_first + out.size()) of p's full (tp = 1) tensor, row-major, as fp32. Each
+// rank asks only for the elements it initialises (its ZeRO shard, its tensor-parallel slice), so a
+// source that reads files reads only those. Called from the engine's initialisation threads at once.
+class ValueSource {
+ public:
+  virtual ~ValueSource() = default;
+  virtual void read(const Parameter& p, std::span<float> out, uint64_t full_first) const = 0;
+};
+
 class Parameter {
  public:
   Parameter(std::string name, memory::Shape shape, Init init, std::vector<std::string> tags = {});
@@ -139,7 +153,11 @@ class Parameter {
   void for_each_full_run(uint64_t first, uint64_t count, Fn&& fn) const;
   // out[i] = element first + i of this slice as init() gives it in the full tensor (Init::fill keyed by
   // the full name and the full element index): the values of the tp = 1 model at the same place.
+  // With a value source set (set_value_source), the source's values instead of init()'s.
   void init_values(std::span<float> out, uint64_t first, uint64_t seed) const;
+  // Initial values from `source` (nullptr: init() again). Set before the engine initialises the model.
+  void set_value_source(std::shared_ptr<const ValueSource> source) { source_ = std::move(source); }
+  const ValueSource* value_source() const { return source_.get(); }
 
  private:
   friend class Module;
@@ -147,6 +165,7 @@ class Parameter {
   std::string full_name_;
   memory::Shape shape_;
   Init init_;
+  std::shared_ptr<const ValueSource> source_;
   std::vector<std::string> tags_;
   memory::Tensor data_;
   memory::Tensor grad_;

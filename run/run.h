@@ -7,4 +7,5 @@
 #pragma once
 
 #include "run/gpt_pipeline.h"  // GptPipelineModel: a pipeline stage of the built-in GPT
+#include "run/hf_weights.h"  // Hugging Face names, --init-from, checkpoint export
 #include "run/run_config.h"  // RunConfig, DataConfig, parse_run_config

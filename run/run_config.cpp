@@ -262,7 +262,15 @@ void check_pipeline(RunConfig& cfg) {
 }
 
 void read_data(ObjectReader& r, RunConfig& cfg) {
+  r.read_enum("format", cfg.data.format,
+              {{"text", nn::DataFormat::kText}, {"llmc", nn::DataFormat::kLlmc}, {"megatron", nn::DataFormat::kMegatron}});
   r.read("path", cfg.data.path);
+  if (cfg.data.format != nn::DataFormat::kText && cfg.data.path.empty()) {
+    throw ConfigError(fmt::format("data.path: data.format \"{}\" needs the path of its token files ({}); add data.path",
+                                  nn::data_format_name(cfg.data.format),
+                                  cfg.data.format == nn::DataFormat::kLlmc ? "a shard, or a glob such as \"train_*.bin\""
+                                                                          : "the prefix of PREFIX.bin and PREFIX.idx"));
+  }
   uint64_t seed = 0;
   if (r.read("seed", seed)) cfg.data.seed = seed;
   r.read("eval_interval", cfg.data.eval_interval, IntRange::non_negative());

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "engine/config.h"
 #include "moe/gpt_moe.h"
+#include "nn/data.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "pp/partition.h"
@@ -35,11 +36,14 @@ namespace zs::run {
 
 // The `data` section.
 struct DataConfig {
-  std::string path;          // a text file; empty: the built-in corpus
+  // What `path` holds (nn/data.h): a text (bytes are tokens), llm.c's token shards or Megatron's
+  // indexed dataset; token files need `path`.
+  nn::DataFormat format = nn::DataFormat::kText;
+  std::string path;          // a text file, shard(s) or a prefix; empty (text only): the built-in corpus
   std::optional<uint64_t> seed;  // sampling seed; defaults to the top-level seed
   // Evaluation by `zeroshard train` (Engine::eval_batch): every eval_interval optimizer steps (0: never)
   // the mean loss of eval_batches global batches drawn from a held-out split, the last eval_fraction
-  // of the corpus's bytes, which training then never reads. Here, not at the top level: DeepSpeed's
+  // of the corpus's tokens, which training then never reads. Here, not at the top level: DeepSpeed's
   // config has no evaluation key (its users evaluate in their own loop), and the split is of this
   // section's corpus.
   int64_t eval_interval = 0;

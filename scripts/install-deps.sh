@@ -16,6 +16,7 @@ packages=(
   libboost-json1.81-dev libboost-program-options1.81-dev
   libspdlog-dev libfmt-dev
   libzstd-dev liburing-dev libssl-dev libxxhash-dev
+  libsentencepiece-dev sentencepiece
   python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev

@@ -4,6 +4,7 @@
 //   zeroshard checkpoint inspect DIR [--config FILE]
 //   zeroshard checkpoint consolidate DIR OUT.h5
 //   zeroshard checkpoint compare A B [--rtol X] [--atol X]
+//   zeroshard checkpoint export DIR OUT --format safetensors [--dtype fp32|bf16|fp16] [--max-shard-bytes N]
 #include <charconv>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +13,8 @@
 
 #include "core/errors.h"
 #include "checkpoint/tools.h"
+#include "memory/dtype.h"
+#include "run/hf_weights.h"
 #include "tools/commands.h"
 #include "tools/options.h"
 
@@ -22,6 +25,8 @@ constexpr const char* kCheckpointUsage =
     "usage: zeroshard checkpoint inspect DIR [--config FILE]     tags, steps, shapes, bytes; config diff\n"
     "       zeroshard checkpoint consolidate DIR OUT.h5          full fp32 parameters by name, streamed\n"
     "       zeroshard checkpoint compare A B [--rtol X] [--atol X]  exit 0 equal, 1 different, 2 error\n"
+    "       zeroshard checkpoint export DIR OUT --format safetensors [--dtype fp32|bf16|fp16] [--max-shard-bytes N]\n"
+    "                                                   whole tensors, Hugging Face's names for gpt2 and llama\n"
     "  DIR: a checkpoint directory (holding `latest`) or one tag's directory\n";
 
 double parse_tolerance(const std::string& flag, const std::string& text) {
@@ -57,6 +62,9 @@ int run(const std::vector<std::string>& args) {
   std::vector<std::string> pos;
   std::optional<std::string> config;
   double rtol = 0, atol = 0;
+  std::string format;
+  memory::DType dtype = memory::DType::kF32;
+  uint64_t max_shard_bytes = 5'000'000'000;  // transformers' default max_shard_size, "5GB"
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     auto value = [&]() -> const std::string& {
@@ -69,10 +77,24 @@ int run(const std::vector<std::string>& args) {
       rtol = parse_tolerance(a, value());
     } else if (a == "--atol" && sub == "compare") {
       atol = parse_tolerance(a, value());
+    } else if (a == "--format" && sub == "export") {
+      format = value();
+      if (format != "safetensors") {
+        throw ConfigError(fmt::format("--format: '{}' is not a format export writes (safetensors)", format));
+      }
+    } else if (a == "--dtype" && sub == "export") {
+      dtype = memory::parse_dtype(value(), "--dtype");
+    } else if (a == "--max-shard-bytes" && sub == "export") {
+      const std::string& v = value();
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), max_shard_bytes);
+      if (ec != std::errc() || end != v.data() + v.size() || max_shard_bytes == 0) {
+        throw ConfigError(fmt::format("--max-shard-bytes: '{}' is not a positive integer", v));
+      }
     } else if (a.rfind("--", 0) == 0) {
       // Options are taken only in full (Note [no option abbreviations] in tools/options.cpp).
       const std::vector<std::string> known = sub == "inspect"   ? std::vector<std::string>{"config", "help"}
                                              : sub == "compare" ? std::vector<std::string>{"rtol", "atol", "help"}
+                                             : sub == "export"  ? std::vector<std::string>{"format", "dtype", "max-shard-bytes", "help"}
                                                                 : std::vector<std::string>{"help"};
       throw ConfigError(fmt::format("zeroshard checkpoint {}: unknown option '{}'{}\n{}", sub, a,
                                     did_you_mean_option(a, known), kCheckpointUsage));
@@ -102,6 +124,12 @@ int run(const std::vector<std::string>& args) {
     checkpoint::CompareResult r = checkpoint::compare(pos[0], pos[1], rtol, atol);
     std::fputs(r.report.c_str(), stdout);
     return r.equal ? 0 : 1;
+  }
+  if (sub == "export") {
+    need(2);
+    if (format.empty()) throw ConfigError("zeroshard checkpoint export: --format safetensors is required");
+    std::printf("%s\n", run::export_safetensors(pos[0], pos[1], dtype, max_shard_bytes).c_str());
+    return 0;
   }
   throw ConfigError(fmt::format("zeroshard checkpoint: unknown subcommand '{}'\n{}", sub, kCheckpointUsage));
 }

@@ -10,5 +10,6 @@ namespace zs::tools {
 int train_command(const std::vector<std::string>& args);
 int estimate_command(const std::vector<std::string>& args);
 int checkpoint_command(const std::vector<std::string>& args);
+int tokenize_command(const std::vector<std::string>& args);
 
 }  // namespace zs::tools

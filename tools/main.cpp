@@ -4,6 +4,7 @@
 //   mpirun --oversubscribe -np 4 zeroshard train --config FILE
 //   zeroshard estimate --params 1.5B --ranks 8
 //   zeroshard checkpoint inspect DIR
+//   zeroshard tokenize --model tokenizer.model --out train.bin corpus.txt
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,6 +26,7 @@ constexpr const char* kUsage =
     "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
     "                                                          memory per rank at each ZeRO stage and tier\n"
     "  checkpoint inspect|consolidate|compare ...              look into, merge and compare checkpoints\n"
+    "  tokenize --model TOKENIZER.model --out OUT.bin INPUT... text to llm.c token shards (SentencePiece)\n"
     "\n"
     "Run `zeroshard <command> --help` for a command's options, `zeroshard --version` for the version.\n"
     "Multi-rank runs: mpirun -np R zeroshard train ... (more ranks than cores: mpirun --oversubscribe; as root:\n"
@@ -47,6 +49,7 @@ int main(int argc, char** argv) {
   if (command == "train") return zs::tools::train_command(args);
   if (command == "estimate") return zs::tools::estimate_command(args);
   if (command == "checkpoint") return zs::tools::checkpoint_command(args);
+  if (command == "tokenize") return zs::tools::tokenize_command(args);
   std::fprintf(stderr, "zeroshard: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -22,6 +22,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "engine/config.h"
+#include "run/hf_weights.h"
 #include "run/run_config.h"
 #include "engine/dataset_source.h"
 #include "engine/engine.h"
@@ -49,9 +50,11 @@ namespace po = boost::program_options;
 
 constexpr const char* kTrainUsage =
     "usage: zeroshard train --config FILE [--steps N] [--summary FILE.json] [--save DIR]\n"
-    "                       [--load DIR [--load-tag TAG]]\n"
+    "                       [--load DIR [--load-tag TAG] | --init-from WEIGHTS]\n"
     "  --load DIR: a checkpoint directory (resumes from the tag its `latest` file names) or one tag's\n"
-    "              directory (DIR/global_step15); --load-tag TAG picks another tag of DIR\n";
+    "              directory (DIR/global_step15); --load-tag TAG picks another tag of DIR\n"
+    "  --init-from WEIGHTS: start from safetensors weights (a directory with model.safetensors or its\n"
+    "              index, or a file): Hugging Face's names for model.type gpt2 and llama\n";
 
 struct TrainArgs {
   std::string config;
@@ -60,6 +63,7 @@ struct TrainArgs {
   std::string save;  // checkpoint directory to save to (else checkpoint.dir)
   std::string load;      // checkpoint directory to resume from (its `latest` tag), or one tag's directory
   std::string load_tag;  // --load-tag: the tag under `load` instead of `latest`
+  std::string init_from;  // --init-from: safetensors weights to start from (run/hf_weights.h)
 };
 
 // Returns nullopt after printing usage (exit code in `code`).
@@ -73,7 +77,10 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
       "load", po::value<std::string>(),
       "resume from the latest checkpoint here, or from the tag directory given (any world size, ZeRO stage or "
       "offload); --steps stays the total")(
-      "load-tag", po::value<std::string>(), "with --load DIR: resume from this tag of DIR instead of its latest");
+      "load-tag", po::value<std::string>(), "with --load DIR: resume from this tag of DIR instead of its latest")(
+      "init-from", po::value<std::string>(),
+      "start from safetensors weights (model.safetensors, its index, or a directory holding either); each rank "
+      "reads only the elements it holds");
   po::variables_map vm;
   if (!parse_command_line("train", args, opts, kTrainUsage, vm)) {
     code = 2;
@@ -105,6 +112,13 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   if (vm.count("save")) a.save = vm["save"].as<std::string>();
   if (vm.count("load")) a.load = vm["load"].as<std::string>();
   if (vm.count("load-tag")) a.load_tag = vm["load-tag"].as<std::string>();
+  if (vm.count("init-from")) a.init_from = vm["init-from"].as<std::string>();
+  if (!a.init_from.empty() && !a.load.empty()) {
+    std::fprintf(stderr, "zeroshard train: --init-from and --load both set the starting weights; use --load to resume "
+                         "a run, --init-from to start one from safetensors weights\n%s", kTrainUsage);
+    code = 2;
+    return std::nullopt;
+  }
   if (!a.load_tag.empty() && a.load.empty()) {
     std::fprintf(stderr, "zeroshard train: --load-tag needs --load DIR (the checkpoint directory holding the tag)\n%s",
                  kTrainUsage);
@@ -182,15 +196,24 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<d
 // data.eval_interval > 0: the last data.eval_fraction of the corpus becomes the held-out split (returned)
 // and `data` keeps the rest, so training never samples a held-out window.
 nn::Dataset split_held_out(nn::Dataset& data, double fraction) {
-  const uint64_t size = data.bytes().size();
+  const uint64_t size = data.num_tokens();
   const auto held = static_cast<uint64_t>(std::llround(static_cast<double>(size) * fraction));
   try {
     nn::Dataset eval = data.slice(size - held, size, data.origin() + " (held-out tail)");
     data = data.slice(0, size - held, data.origin() + " (training part)");
     return eval;
   } catch (const ConfigError& e) {
-    throw ConfigError(fmt::format("data.eval_fraction: {} of {} bytes leaves a part too small: {}", fraction, size, e.what()));
+    throw ConfigError(fmt::format("data.eval_fraction: {} of {} {} leaves a part too small: {}", fraction, size,
+                                  data.format() == nn::DataFormat::kText ? "bytes" : "tokens", e.what()));
   }
+}
+
+// "N bytes" for a text; tokens, segments and those sampled for token files.
+std::string data_size_text(const nn::Dataset& d) {
+  if (d.format() == nn::DataFormat::kText) return fmt::format("{} bytes", d.num_tokens());
+  return fmt::format("{} format, {} tokens in {} {}, {} long enough for a window", nn::data_format_name(d.format()),
+                     d.num_tokens(), d.num_segments(), d.format() == nn::DataFormat::kLlmc ? "shard(s)" : "document(s)",
+                     d.num_sampled_segments());
 }
 
 }  // namespace
@@ -321,15 +344,24 @@ int train_command(const std::vector<std::string>& args) {
           model = std::make_unique<nn::GptModel>(model_cfg);
         }
         const int64_t seq_len = cfg.built_in_model() ? cfg.model_seq_len() : model_cfg.seq_len;
-        nn::Dataset data = cfg.data.path.empty() ? nn::Dataset::builtin(seq_len) : nn::Dataset::open(cfg.data.path, seq_len);
+        const int64_t vocab = cfg.model_llama ? cfg.model_llama->vocab_size : model_cfg.vocab_size;
+        nn::Dataset data = cfg.data.format != nn::DataFormat::kText
+                               ? nn::Dataset::open_tokens(cfg.data.format, cfg.data.path, seq_len, vocab)
+                           : cfg.data.path.empty() ? nn::Dataset::builtin(seq_len)
+                                                   : nn::Dataset::open(cfg.data.path, seq_len);
         if (cfg.data.eval_interval > 0) {
           eval_source = std::make_unique<engine::DatasetSource>(split_held_out(data, cfg.data.eval_fraction),
                                                                 cfg.data.seed.value_or(cfg.seed));
         }
         source = std::make_unique<engine::DatasetSource>(std::move(data), cfg.data.seed.value_or(cfg.seed),
                                                          cfg.data.min_seq_len);
+        if (!a->init_from.empty()) {
+          const std::string what = run::init_from_safetensors(*model, run::weight_naming(cfg), a->init_from);
+          if (everyone.rank() == 0) ZS_LOG_INFO("init-from: {}", what);
+        }
         engine = tensor_parallel != nullptr ? std::make_unique<engine::Engine>(*model, cfg, *data_parallel, *tensor_parallel)
                                             : std::make_unique<engine::Engine>(*model, cfg, *data_parallel);
+        if (!a->init_from.empty()) run::clear_value_sources(*model);  // initialised: release the mappings
       })) {
     return 1;
   }
@@ -354,7 +386,7 @@ int train_command(const std::vector<std::string>& args) {
       shape = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}", moe_model != nullptr ? "-MoE" : "",
                           model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size);
     }
-    ZS_LOG_INFO("model: {} ({} parameters){}; data: {} ({} bytes)", shape, engine->param_count(),
+    ZS_LOG_INFO("model: {} ({} parameters){}; data: {} ({})", shape, engine->param_count(),
                 pp_size > 1 ? fmt::format(", {} pipeline stages ({}, {} micro-batches per step) x tensor-parallel {} x "
                                           "data-parallel {} ({})",
                                           pp_size, pp::schedule_name(cfg.pipeline.schedule),
@@ -364,7 +396,7 @@ int train_command(const std::vector<std::string>& args) {
                                           cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "",
                                           data_parallel->size(), tp_size)
                             : std::string(),
-                source->data().origin(), source->data().bytes().size());
+                source->data().origin(), data_size_text(source->data()));
     if (moe_model != nullptr) {
       const moe::GptMoeConfig& mc = *cfg.model_moe;
       ZS_LOG_INFO("moe: {} MoE layer(s) (every {} block(s)) of {} experts, top-{}, capacity factor {}, ep_size {} ({} "

@@ -115,6 +115,21 @@ TEST(RunConfig, AttentionKernelKey) {
   EXPECT_CONTAINS(e, "flash");
 }
 
+// data.format: a text by default; token files need a path; a wrong name gets a did-you-mean.
+TEST(RunConfig, DataFormat) {
+  auto parse = [](std::string_view text) { return parse_run_config(parse_json_text(text, "cfg.json"), 1); };
+  EXPECT_EQ(parse(R"({"train_batch_size": 1})").data.format, nn::DataFormat::kText);
+  const RunConfig c = parse(R"({"train_batch_size": 1, "data": {"format": "megatron", "path": "corpus_text_document"}})");
+  EXPECT_EQ(c.data.format, nn::DataFormat::kMegatron);
+  EXPECT_EQ(c.data.path, "corpus_text_document");
+  EXPECT_EQ(parse(R"({"train_batch_size": 1, "data": {"format": "llmc", "path": "a_*.bin"}})").data.format,
+            nn::DataFormat::kLlmc);
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "data": {"format": "llmc"}})"),
+                  "data.path: data.format \"llmc\" needs the path of its token files");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "data": {"format": "megatrom", "path": "x"}})"), "data.format");
+  EXPECT_CONTAINS(run_error(R"({"train_batch_size": 2, "data": {"format": "megatrom", "path": "x"}})"), "megatron");
+}
+
 TEST(RunConfig, TheEngineAloneRefusesTheProgramsSectionsAsUnknown) {
   EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "model": {"n_layer": 2}})"), "model: unknown key");
   EXPECT_CONTAINS(engine_error(R"({"train_batch_size": 4, "log": {"level": "warn"}})"), "log: unknown key");
