@@ -15,6 +15,7 @@
 #include "memory/shard.h"
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
+#include "pp/schedule.h"
 #include "run/gpt_pipeline.h"
 #include "tp/gpt.h"
 
@@ -315,7 +316,13 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
       in.pipeline = {.stage = pipeline_stage,
                      .stages = pp,
                      .schedule = pp::schedule_name(cfg.pipeline.schedule),
-                     .micro_batches = cfg.batch.gradient_accumulation_steps};
+                     .micro_batches = cfg.batch.gradient_accumulation_steps,
+                     .chunks = cfg.pipeline.virtual_pipeline_size,
+                     .in_flight = pp::max_in_flight(cfg.pipeline.schedule,
+                                                    {.stages = pp,
+                                                     .chunks = cfg.pipeline.virtual_pipeline_size,
+                                                     .micro_batches = cfg.batch.gradient_accumulation_steps},
+                                                    pipeline_stage)};
     }
     // Batches of the built-in corpus: their shapes are what counts (the arithmetic is skipped).
     auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(m.seq_len), cfg.seed);
@@ -412,14 +419,22 @@ void measure_device_peaks(const EstimateInput& in, StageEstimate& st) {
     p.transfers = r.transfers;
     p.comm_bytes_sent = r.comm_bytes_sent;
     p.micro_batches_in_flight = r.max_in_flight;
+    // The schedule's bound is what the stage's pipeline held (it builds one chunk instance per
+    // micro-batch in flight).
+    ZS_ASSERT(in.pipeline.stages == 1 || r.max_in_flight == in.pipeline.in_flight,
+              "pipeline stage {}: the measured run held {} micro-batches, the {} schedule says {}", in.pipeline.stage,
+              r.max_in_flight, in.pipeline.schedule, in.pipeline.in_flight);
+    const EstimateInput::PipelineStage& ps = in.pipeline;
     p.formula = fmt::format("measured: the engine's own code over a measuring backend, {} training steps as rank {} of {}{} "
                             "(no arithmetic, no memory committed)",
                             m.steps, g.first_rank, in.ranks,
-                            in.pipeline.stages > 1
+                            ps.stages == 1 ? std::string()
+                            : ps.chunks == 1
                                 ? fmt::format(" of pipeline stage {} ({} schedule: {} of {} micro-batches in flight)",
-                                              in.pipeline.stage, in.pipeline.schedule, r.max_in_flight,
-                                              in.pipeline.micro_batches)
-                                : std::string());
+                                              ps.stage, ps.schedule, ps.in_flight, ps.micro_batches)
+                                : fmt::format(" of pipeline stage {} ({} schedule: {} of {} micro-batches x {} chunks "
+                                              "in flight)",
+                                              ps.stage, ps.schedule, ps.in_flight, ps.micro_batches, ps.chunks));
   }
 }
 

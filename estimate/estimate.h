@@ -141,6 +141,8 @@ struct EstimateInput {
     int stages = 1;           // model.pipeline_parallel_size
     std::string schedule;     // pipeline.schedule ("1f1b", ...)
     int64_t micro_batches = 0;  // of one step (gradient_accumulation_steps)
+    int chunks = 1;             // model.virtual_pipeline_size (interleaved)
+    int in_flight = 0;          // micro-batches the stage holds at once, per chunk summed: pp::max_in_flight
   };
   PipelineStage pipeline;
 };

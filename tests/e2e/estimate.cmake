@@ -101,15 +101,17 @@ endforeach()
 # ... with pipeline parallelism (examples/configs/gpt_tiny_pp.json, pp 2, 4 micro-batches per step):
 # every world rank against its stage's estimate (--pp-stage), byte for byte at one rank per stage (np
 # 2), under 1F1B (stage i holds pp - i micro-batches) and all-forward-all-backward (all 4), at ZeRO 1
-# and 2 (the stage's whole gradient staged); and pp 2 x dp 2 at np 4.
-foreach(case "1;2;1f1b" "2;2;1f1b" "1;2;afab" "2;2;zb-h1" "1;4;1f1b")
+# and 2 (the stage's whole gradient staged), ZB-H1 (deferred weight gradients) and interleaved (2 virtual
+# chunks); and pp 2 x dp 2 at np 4.
+foreach(case "1;2;1f1b;1" "2;2;1f1b;1" "1;2;afab;1" "2;2;zb-h1;1" "1;2;interleaved;2" "1;4;1f1b;1")
   list(GET case 0 stage)
   list(GET case 1 np)
   list(GET case 2 schedule)
+  list(GET case 3 virtual)
   set(name e2e_estimate_agrees_pp2_${schedule}_stage${stage}.np${np})
   add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
     -DCONFIG=${PROJECT_SOURCE_DIR}/examples/configs/gpt_tiny_pp.json -DSTAGE=${stage} -DNP=${np} -DPP=2
-    -DSCHEDULE=${schedule} -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_pp
+    -DSCHEDULE=${schedule} -DVIRTUAL=${virtual} -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_pp
     -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
   set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np}
     PASS_REGULAR_EXPRESSION "estimate agreement ok")

@@ -17,9 +17,9 @@
 # With -DPP=P (a config with model.pipeline_parallel_size P) each pipeline stage is estimated on its
 # own (--pp-stage S) and world rank r compared with its stage's estimate, as data-parallel rank
 # (r / T) % (NP / (T x P)) of it (comm::Topology's order: tp, then dp, then pp). -DSCHEDULE=X sets
-# pipeline.schedule.
+# pipeline.schedule, -DVIRTUAL=V model.virtual_pipeline_size.
 #   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=2 -DNP=3 -DWORK=dir [-DOFFLOAD=nvme] [-DTP=2]
-#         [-DPP=2 [-DSCHEDULE=afab]] -P estimate_agreement.cmake
+#         [-DPP=2 [-DSCHEDULE=interleaved] [-DVIRTUAL=2]] -P estimate_agreement.cmake
 file(READ ${CONFIG} text)
 string(JSON text SET "${text}" zero_optimization stage ${STAGE})
 if(NOT TP)
@@ -32,6 +32,10 @@ set(tag_extra "")
 if(DEFINED SCHEDULE)
   string(JSON text SET "${text}" pipeline schedule "\"${SCHEDULE}\"")
   set(tag_extra _${SCHEDULE})
+endif()
+if(DEFINED VIRTUAL)
+  string(JSON text SET "${text}" model virtual_pipeline_size ${VIRTUAL})
+  set(tag_extra ${tag_extra}_v${VIRTUAL})
 endif()
 file(MAKE_DIRECTORY ${WORK})
 set(tag s${STAGE}_np${NP}_pp${PP}${tag_extra})
