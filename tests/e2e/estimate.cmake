@@ -47,6 +47,13 @@ zs_e2e(NAME estimate_config_offload_overridden EXPECT pass
   REGEX "offload none.*model states per rank .device arena.:"
   COMMAND ${tool} estimate --config ${est_offload_cfg} --ranks 2 --offload none)
 
+# Pipeline parallelism (gpt_tiny_pp.json, pp 2, 1F1B): every stage, each with its own parameters and
+# micro-batches in flight (stage i holds pp - i), then the largest as the figure.
+set(est_pp_cfg ${PROJECT_SOURCE_DIR}/examples/configs/gpt_tiny_pp.json)
+zs_e2e(NAME estimate_pp EXPECT pass
+  REGEX "== pipeline stage 0 of 2 ==.*pipeline stage 0 of 2 .1f1b, 4 micro-batches per step; over 1 data-parallel ranks.: [0-9,]+ parameters on this stage.*1f1b schedule: 2 of 4 micro-batches in flight.*== pipeline stage 1 of 2 ==.*1f1b schedule: 1 of 4 micro-batches in flight.*largest pipeline stage.*ZeRO stage 1: pipeline stage 0, device peak"
+  COMMAND ${tool} estimate --config ${est_pp_cfg} --ranks 2)
+
 # ---- errors: one message each, non-zero exit -----------------------------------------------------
 # (test name, the message, the arguments separated by commas)
 set(est_errors
@@ -62,7 +69,10 @@ set(est_errors
   no_model         "estimate: give the model size with --params N" ""
   config_no_model  "model: the config has no model section" "--config,${ZS_BAD}/estimate_no_model.json"
   config_and_params "--params: the config's model section already gives the model" "--config,${est_cfg},--params,1000"
-  config_missing   "cannot"                                 "--config,/nonexistent/zeroshard-e2e/none.json")
+  config_missing   "cannot"                                 "--config,/nonexistent/zeroshard-e2e/none.json"
+  pp_stage_range   "--pp-stage: '2' is not a pipeline stage of model.pipeline_parallel_size 2" "--config,${est_pp_cfg},--ranks,2,--pp-stage,2"
+  pp_stage_no_pp   "--pp-stage 0: the config has no pipeline" "--config,${est_cfg},--pp-stage,0"
+  pp_zero3         "zero_optimization.stage: 3 with model.pipeline_parallel_size 2 is not supported" "--config,${est_pp_cfg},--ranks,2,--stage,3")
 list(LENGTH est_errors n)
 math(EXPR last "${n} - 1")
 foreach(i RANGE 0 ${last} 3)
