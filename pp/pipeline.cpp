@@ -43,7 +43,7 @@ using Key = std::tuple<int, int64_t, int>;  // (Op::Kind, micro-batch, producing
 struct Slot {
   Tensor t;
   comm::Work w;
-  bool send = false;  // a send (else a receive)
+  bool send = false;    // a send (else a receive)
   bool aged = false;    // a send: the action it was posted in has ended
   bool waited = false;  // a send: complete, its tensor free to go
 };

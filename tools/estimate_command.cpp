@@ -175,7 +175,7 @@ int run(const po::variables_map& vm) {
   }
 
   engine::EstimateInput in;
-  std::vector<engine::MemoryEstimate> per_stage;  // pipeline stages (model.pipeline_parallel_size > 1)
+  const std::string pp_stage = vm["pp-stage"].as<std::string>();
   if (have_config) {
     // The config is validated as for a run on `ranks` ranks (its batch arithmetic included).
     run::RunConfig cfg = run::parse_run_config(parse_json_file(vm["config"].as<std::string>()), ranks);
@@ -189,7 +189,6 @@ int run(const po::variables_map& vm) {
                   rc.budget_bytes >> 20, rc.blocks, rc.n_layer, rc.predicted_peak_bytes, cfg.zero.stage);
     }
     const int pp = cfg.model ? cfg.pipeline.pipeline_parallel_size : 1;
-    const std::string pp_stage = vm["pp-stage"].as<std::string>();
     if (pp > 1) {
       std::vector<int> zero_stages = stages;
       // ZeRO-3 is refused with pipelines (Note [pipeline stages in the engine]): "all" means 0-2 there.
@@ -200,6 +199,7 @@ int run(const po::variables_map& vm) {
       } else {
         pipeline_stages.push_back(parse_pp_stage(pp_stage, pp));
       }
+      std::vector<engine::MemoryEstimate> per_stage;
       for (int s : pipeline_stages) {
         engine::EstimateInput stage_in = engine::estimate_input_for_config(cfg, ranks, n_params, s);
         if (offload) stage_in.offload_optimizer = stage_in.offload_param = *offload;
@@ -208,12 +208,13 @@ int run(const po::variables_map& vm) {
       print_pipeline(per_stage, vm.count("json") > 0);
       return 0;
     }
-    if (pp_stage != "all") {
-      throw ConfigError(fmt::format("--pp-stage {}: the config has no pipeline (model.pipeline_parallel_size 1); drop "
-                                    "--pp-stage", pp_stage));
-    }
     in = engine::estimate_input_for_config(cfg, ranks, n_params);
-  } else {
+  }
+  if (pp_stage != "all") {  // reached without a pipeline
+    throw ConfigError(fmt::format("--pp-stage {}: the config has no pipeline (model.pipeline_parallel_size 1); drop "
+                                  "--pp-stage", pp_stage));
+  }
+  if (!have_config) {
     const std::string dtype = vm.count("dtype") ? vm["dtype"].as<std::string>() : "bf16";
     in = engine::estimate_input_for_params(*n_params, ranks, parse_dtype(dtype));
   }

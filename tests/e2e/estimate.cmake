@@ -126,6 +126,13 @@ foreach(case "1;2;1f1b;1" "2;2;1f1b;1" "1;2;afab;1" "2;2;zb-h1;1" "1;2;interleav
   set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np}
     PASS_REGULAR_EXPRESSION "estimate agreement ok")
 endforeach()
+# ... pp 2 x tp 2 with sequence parallelism, bf16, ZeRO 2 (tests/configs/estimate_pp_tp.json): one tp
+# rank's slices of each stage, byte for byte.
+add_test(NAME e2e_estimate_agrees_pp2_tp2_stage2.np4 COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard>
+  -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DCONFIG=${PROJECT_SOURCE_DIR}/tests/configs/estimate_pp_tp.json -DSTAGE=2 -DNP=4
+  -DTP=2 -DPP=2 -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_pp -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
+set_tests_properties(e2e_estimate_agrees_pp2_tp2_stage2.np4 PROPERTIES LABELS e2e TIMEOUT 150
+  ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 4 PASS_REGULAR_EXPRESSION "estimate agreement ok")
 # ... and with offload: the summary's nvme_bytes and host_peak_bytes against the estimate's tiers.
 foreach(offload cpu nvme)
   foreach(stage 1 2 3)

@@ -16,7 +16,7 @@
 # data-parallel rank r / T.
 # With -DPP=P (a config with model.pipeline_parallel_size P) each pipeline stage is estimated on its
 # own (--pp-stage S) and world rank r compared with its stage's estimate, as data-parallel rank
-# (r / T) % (NP / (T x P)) of it (comm::Topology's order: tp, then dp, then pp). -DSCHEDULE=X sets
+# (r / T) % (NP / (T x P)) of stage r / (T x dp) (comm::Topology's order: tp, then dp, then pp). -DSCHEDULE=X sets
 # pipeline.schedule, -DVIRTUAL=V model.virtual_pipeline_size.
 #   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=2 -DNP=3 -DWORK=dir [-DOFFLOAD=nvme] [-DTP=2]
 #         [-DPP=2 [-DSCHEDULE=interleaved] [-DVIRTUAL=2]] -P estimate_agreement.cmake
