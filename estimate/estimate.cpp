@@ -16,6 +16,8 @@
 #include "moe/gpt_moe.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
+#include "pp/schedule.h"
+#include "run/gpt_pipeline.h"
 #include "tp/gpt.h"
 #include "tp/llama.h"
 
@@ -231,7 +233,23 @@ struct MeasuredTpLlama {
   tp::LlamaModel model;
 };
 
-std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
+// A pipeline stage of the built-in GPT as the estimator measures it: stage `stage` of a simulated "pp"
+// group (tp rank 0's slices over a simulated tp group at tp > 1), built as zeroshard train builds it.
+struct MeasuredPipelineStage {
+  MeasuredPipelineStage(const run::RunConfig& cfg, int stage)
+      : pp(comm::Group::simulated(stage, cfg.pipeline.pipeline_parallel_size, "pp")),
+        tp(comm::Group::simulated(0, cfg.tensor_parallel.tensor_parallel_size, "tp")),
+        model(*cfg.model, pp, run::gpt_pipeline_config(cfg, &tp)) {}
+  comm::Group pp;  // the model keeps pointers: declared first, destroyed last
+  comm::Group tp;
+  run::GptPipelineModel model;
+};
+
+std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, int pipeline_stage) {
+  if (cfg.pipeline.pipeline_parallel_size > 1) {
+    auto target = std::make_shared<MeasuredPipelineStage>(cfg, pipeline_stage);
+    return std::shared_ptr<nn::Model>(target, &target->model);
+  }
   if (cfg.tensor_parallel.tensor_parallel_size > 1 && cfg.model_moe) {
     if (ranks % cfg.model_moe->moe.ep_size != 0) {
       throw ConfigError(fmt::format("model.moe.ep_size: {} does not divide the {} data-parallel ranks estimated; "
@@ -259,24 +277,25 @@ std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks) {
 
 }  // namespace
 
-EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, std::optional<uint64_t> n_params) {
+EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, std::optional<uint64_t> n_params,
+                                        int pipeline_stage) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
   // Tensor parallelism: the states are rank 0's slices, sharded over the data-parallel ranks (Note
   // [tensor-parallel parameters] in engine/engine.h); every tp rank's are of the same sizes.
   const int tp = cfg.built_in_model() ? cfg.tensor_parallel.tensor_parallel_size : 1;
-  if (world % tp != 0) {
-    throw ConfigError(fmt::format("model.tensor_parallel_size: {} does not divide the {} ranks estimated; estimate a "
-                                  "multiple of {} ranks", tp, world, tp));
+  // Pipeline parallelism: one stage's states over its data-parallel group (world / (tp x pp) ranks).
+  const int pp = cfg.model ? cfg.pipeline.pipeline_parallel_size : 1;
+  if (world % (tp * pp) != 0) {
+    throw ConfigError(fmt::format("model.tensor_parallel_size {} x model.pipeline_parallel_size {} does not divide the "
+                                  "{} ranks estimated; estimate a multiple of {} ranks",
+                                  tp, pp, world, tp * pp));
   }
-  const int ranks = world / tp;
-  if (cfg.model && cfg.pipeline.pipeline_parallel_size > 1) {
-    throw ConfigError(fmt::format("model.pipeline_parallel_size: {}: zeroshard estimate does not measure pipeline stages "
-                                  "yet (each stage's share of the model and its micro-batches in flight under "
-                                  "pipeline.schedule); estimate the config at model.pipeline_parallel_size 1 for the "
-                                  "whole model on one stage, an upper bound",
-                                  cfg.pipeline.pipeline_parallel_size));
+  if (pipeline_stage < 0 || pipeline_stage >= pp) {
+    throw ConfigError(fmt::format("--pp-stage: {} is not a stage of model.pipeline_parallel_size {}; use 0..{}",
+                                  pipeline_stage, pp, pp - 1));
   }
+  const int ranks = world / (tp * pp);
   if (cfg.model_llama) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
@@ -314,7 +333,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }
-    std::shared_ptr<nn::Model> model = builtin_model(cfg, ranks);  // declares the parameters; allocates nothing
+    std::shared_ptr<nn::Model> model = builtin_model(cfg, ranks, pipeline_stage);  // declares; allocates nothing
     in.model = model_facts(*model, in.zero);
     const auto& m = *cfg.model;
     const std::string moe_part =
@@ -325,14 +344,36 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
         tp > 1 ? fmt::format(", tensor-parallel {}{} (one tp rank's slices, over {} data-parallel ranks)", tp,
                              cfg.tensor_parallel.sequence_parallel ? " with sequence parallelism" : "", ranks)
                : std::string();
-    in.model.description = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}{}{}{}: {} parameters",
+    const std::string pp_part =
+        pp > 1 ? fmt::format(", pipeline stage {} of {} ({}{}, {} micro-batches per step; over {} data-parallel ranks)",
+                             pipeline_stage, pp, pp::schedule_name(cfg.pipeline.schedule),
+                             cfg.pipeline.virtual_pipeline_size > 1
+                                 ? fmt::format(" with {} virtual chunks", cfg.pipeline.virtual_pipeline_size)
+                                 : std::string(),
+                             cfg.batch.gradient_accumulation_steps, ranks)
+               : std::string();
+    in.model.description = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}{}{}{}{}: {} parameters{}",
                                        cfg.model_moe ? "-MoE" : "", m.n_layer, m.d_model, m.n_head, m.seq_len,
                                        m.vocab_size, m.tied_embeddings ? "" : " (untied head)", moe_part, tp_part,
-                                       group_digits(in.model.param_elements));
+                                       pp_part, group_digits(in.model.param_elements), pp > 1 ? " on this stage" : "");
+    if (pp > 1) {
+      in.pipeline = {.stage = pipeline_stage,
+                     .stages = pp,
+                     .schedule = pp::schedule_name(cfg.pipeline.schedule),
+                     .micro_batches = cfg.batch.gradient_accumulation_steps,
+                     .chunks = cfg.pipeline.virtual_pipeline_size,
+                     .in_flight = pp::max_in_flight(cfg.pipeline.schedule,
+                                                    {.stages = pp,
+                                                     .chunks = cfg.pipeline.virtual_pipeline_size,
+                                                     .micro_batches = cfg.batch.gradient_accumulation_steps},
+                                                    pipeline_stage)};
+    }
     // Batches of the built-in corpus: their shapes are what counts (the arithmetic is skipped).
     auto source = std::make_shared<DatasetSource>(nn::Dataset::builtin(m.seq_len), cfg.seed);
     EngineConfig measured = cfg;
-    if (tp > 1 && !cfg.model_moe && cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
+    if (pp > 1 && cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
+      measured.recompute.applied_by_program = true;  // the stage's chunks recompute (gpt_pipeline_config)
+    } else if (tp > 1 && !cfg.model_moe && cfg.recompute.blocks != RecomputeConfig::Blocks::kNone) {
       // As zeroshard train does: the tensor-parallel GPT's blocks are marked here, not by the engine.
       static_cast<tp::GptModel&>(*model).set_recompute(gpt_recompute(cfg.recompute, m.n_layer));
       measured.recompute.applied_by_program = true;
@@ -422,9 +463,23 @@ void measure_device_peaks(const EstimateInput& in, StageEstimate& st) {
     p.capacity = r.memory.device_capacity_bytes;
     p.transfers = r.transfers;
     p.comm_bytes_sent = r.comm_bytes_sent;
-    p.formula = fmt::format("measured: the engine's own code over a measuring backend, {} training steps as rank {} of {} "
+    p.micro_batches_in_flight = r.max_in_flight;
+    // The schedule's bound is what the stage's pipeline held (it builds one chunk instance per
+    // micro-batch in flight).
+    ZS_ASSERT(in.pipeline.stages == 1 || r.max_in_flight == in.pipeline.in_flight,
+              "pipeline stage {}: the measured run held {} micro-batches, the {} schedule says {}", in.pipeline.stage,
+              r.max_in_flight, in.pipeline.schedule, in.pipeline.in_flight);
+    const EstimateInput::PipelineStage& ps = in.pipeline;
+    p.formula = fmt::format("measured: the engine's own code over a measuring backend, {} training steps as rank {} of {}{} "
                             "(no arithmetic, no memory committed)",
-                            m.steps, g.first_rank, in.ranks);
+                            m.steps, g.first_rank, in.ranks,
+                            ps.stages == 1 ? std::string()
+                            : ps.chunks == 1
+                                ? fmt::format(" of pipeline stage {} ({} schedule: {} of {} micro-batches in flight)",
+                                              ps.stage, ps.schedule, ps.in_flight, ps.micro_batches)
+                                : fmt::format(" of pipeline stage {} ({} schedule: {} of {} micro-batches x {} chunks "
+                                              "in flight)",
+                                              ps.stage, ps.schedule, ps.in_flight, ps.micro_batches, ps.chunks));
   }
 }
 

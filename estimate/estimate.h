@@ -138,6 +138,18 @@ struct EstimateInput {
     EngineConfig config;
   };
   std::shared_ptr<const MeasureTarget> measure;
+  // Pipeline parallelism (model.pipeline_parallel_size > 1; docs/pipeline_parallel.md): the figures
+  // are of one stage - its own parameters, sharded over its data-parallel group of `ranks`, and the
+  // activations of the micro-batches its schedule holds in flight (measured: the stage's schedule runs).
+  struct PipelineStage {
+    int stage = 0;            // this stage, 0..stages-1
+    int stages = 1;           // model.pipeline_parallel_size
+    std::string schedule;     // pipeline.schedule ("1f1b", ...)
+    int64_t micro_batches = 0;  // of one step (gradient_accumulation_steps)
+    int chunks = 1;             // model.virtual_pipeline_size (interleaved)
+    int in_flight = 0;          // micro-batches the stage holds at once, per chunk summed: pp::max_in_flight
+  };
+  PipelineStage pipeline;
 };
 
 // The offload targets that apply at `stage` (the engine refuses the others in the config).
@@ -156,8 +168,11 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
 // offload_param; sub_group_size and buffer counts in `zero`) and, when cfg.model is set, the built-in
 // GPT's exact layout and a measure target (the GPT on the built-in corpus). Without a model section,
 // `n_params` must be given (else ConfigError); with one, n_params must be empty.
+// With model.pipeline_parallel_size P > 1 the input is of pipeline stage `pipeline_stage` (0..P-1;
+// ConfigError otherwise) and `ranks` the world (tp x dp x pp ranks): the figures are per rank of that
+// stage. Each stage is estimated on its own (zeroshard estimate prints all, the largest as the figure).
 EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks,
-                                        std::optional<uint64_t> n_params = std::nullopt);
+                                        std::optional<uint64_t> n_params = std::nullopt, int pipeline_stage = 0);
 // The same for a user's own model (any nn::Model) trained from `source`: exact layout and measured
 // device peak. `model` and `source` must outlive the input and every estimate made from it. `cfg` is
 // the engine's part of the config (a run::RunConfig whose program builds its own model has no `model`).
@@ -206,6 +221,7 @@ struct DevicePeak {
   uint64_t capacity = 0;             // device.memory_mb of the config
   memory::TransferStats transfers;   // host <-> device bytes of one step
   uint64_t comm_bytes_sent = 0;      // bytes one step sends
+  int micro_batches_in_flight = 0;   // a pipeline stage: the most its schedule held at once (0 otherwise)
   std::string formula;
 };
 

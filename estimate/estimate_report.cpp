@@ -292,6 +292,14 @@ boost::json::object estimate_to_json(const MemoryEstimate& est) {
   j["expert_layouts"] = std::move(experts);
   j["align_elements"] = kAlign;
   j["ranks"] = in.ranks;
+  if (in.pipeline.stages > 1) {  // absent without pipelines: their JSON stays as it was
+    j["pipeline"] = json::object{{"stage", in.pipeline.stage},
+                                 {"stages", in.pipeline.stages},
+                                 {"schedule", in.pipeline.schedule},
+                                 {"micro_batches", in.pipeline.micro_batches},
+                                 {"chunks", in.pipeline.chunks},
+                                 {"micro_batches_in_flight", in.pipeline.in_flight}};
+  }
   j["precision"] = precision_name(in.precision);
   j["optimizer"] = in.optimizer;
   j["multipliers"] = json::object{{"bytes_per_element", est.bytes_per_element},

@@ -80,6 +80,7 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
       const StepReport& report = engine.train_batch(source);
       m.transfers = report.transfers;
       m.comm_bytes_sent = report.comm_bytes_sent;
+      m.max_in_flight = report.pipeline.max_in_flight;
     }
     m.memory = engine.memory_report();
     m.memory.device_capacity_bytes = static_cast<size_t>(config.device.memory_mb) << 20;

@@ -35,6 +35,7 @@ struct RankMeasurement {
   Engine::MemoryReport memory;          // as a real run's memory_report(); nvme_states are 0 (no files)
   memory::TransferStats transfers;      // host <-> device bytes of the last measured step
   uint64_t comm_bytes_sent = 0;         // bytes a real run would send in the last measured step
+  int max_in_flight = 0;                // a pipeline stage: micro-batches its schedule held at once
 };
 
 struct Measurement {
@@ -45,7 +46,10 @@ struct Measurement {
 };
 
 // A tensor-parallel model (parameters with nn::TensorSlice parts T > 1, all of one tp rank) is measured
-// as that tp rank over a simulated tp group of T; `ranks` are then the data-parallel ranks.
+// as that tp rank over a simulated tp group of T; `ranks` are then the data-parallel ranks. A pipeline
+// stage (an engine::PipelineModel over a simulated "pp" group: estimate_input_for_config builds one) is
+// measured as that stage, its schedule run over the step's micro-batches (Note [send retirement]
+// in pp/pipeline.h); `ranks` are then the stage's data-parallel ranks.
 // Trains `steps` (>= 2: the first records ZeRO-3's module order, the second prefetches along it)
 // optimizer steps of `model` under `config` (parsed for a world of `ranks`: its micro-batch and
 // accumulation are used as they are) as each class of rank among `ranks`, measuring only.

@@ -43,6 +43,9 @@ using Key = std::tuple<int, int64_t, int>;  // (Op::Kind, micro-batch, producing
 struct Slot {
   Tensor t;
   comm::Work w;
+  bool send = false;    // a send (else a receive)
+  bool aged = false;    // a send: the action it was posted in has ended
+  bool waited = false;  // a send: complete, its tensor free to go
 };
 
 }  // namespace
@@ -116,6 +119,9 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
   mine.data<int32_t>()[0] = static_cast<int32_t>(m);
   mine.data<int32_t>()[1] = static_cast<int32_t>(B);
   mine.data<int32_t>()[2] = static_cast<int32_t>(T);
+  // Every slot starts as this rank's: a simulated group (the memory estimator) moves nothing, and every
+  // stage it plays then agrees with itself; a real allgather overwrites them all.
+  for (int q = 0; q < p; ++q) std::copy_n(mine.data<int32_t>(), 3, all.data<int32_t>() + 3 * q);
   group_.allgather(mine, all);
   const int32_t* a = all.data<int32_t>();
   for (int q = 0; q < p; ++q) {
@@ -201,7 +207,7 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
       } else {
         st.bytes_sent += static_cast<int64_t>(t.nbytes());
         comm::Work w = group_.send_async(t, x.dst);
-        posted.push_back(std::make_shared<Slot>(Slot{std::move(t), std::move(w)}));
+        posted.push_back(std::make_shared<Slot>(Slot{std::move(t), std::move(w), true}));
       }
     } else {
       const Op& o = act.op;
@@ -237,8 +243,17 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
         release(o.chunk, o.micro_batch);
       }
     }
-    // Forget transfers already done (a sent tensor goes back to the Context).
-    std::erase_if(posted, [](const std::shared_ptr<Slot>& q) { return q->w.test(); });
+    // A send is waited for, and its tensor goes back to the Context, once one more action has run
+    // since it was posted (Note [send retirement] in pipeline.h); receives are forgotten when done.
+    for (auto& q : posted) {
+      if (!q->send) continue;
+      if (q->aged) {
+        wait(*q);
+        q->waited = true;
+      }
+      q->aged = true;
+    }
+    std::erase_if(posted, [](const std::shared_ptr<Slot>& q) { return q->send ? q->waited : q->w.test(); });
   }
   for (auto& q : posted) wait(*q);
   ZS_ASSERT(inbox.empty() && outbox.empty() && deferred.empty(), "pp: {} transfers or W passes left over (plan bug)",

@@ -27,6 +27,17 @@
 // of (micro-batches, batch, sequence) over the group, every rank checking them (a mismatch throws on
 // every rank). A peer that stops or dies ends both sides within the comm timeout with comm's
 // CommError naming the op, the "pp" group and the peer.
+//
+// Note [send retirement]
+// A send's tensor stays allocated until the send is known complete. Were that whenever a test finds
+// it done, a stage's memory would depend on how far its peer is: a real run's device peak would vary
+// by a boundary activation or two from run to run, and the memory estimator (estimate/measure.h),
+// whose simulated group completes a transfer only when it is waited for, could not predict it. So the
+// rule is fixed: a send is waited for, and its tensor freed, right after the next action of this rank
+// (a pass or another transfer). It overlaps that action; its peer has posted the matching receive at
+// the same point of the global order (Note [transfer order] in pp/schedule.h), and the wait cannot
+// deadlock by the same argument: everything before it on either rank is earlier in that order. Every
+// stage, real or simulated, then frees its sends at the same points.
 #pragma once
 
 #include <cstdint>

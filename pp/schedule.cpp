@@ -117,6 +117,16 @@ std::vector<std::vector<Op>> zero_bubble_h1(const PipelineShape& shape) {
 
 }  // namespace
 
+int max_in_flight(Schedule s, const PipelineShape& shape, int rank) {
+  int held = 0, most = 0;
+  for (const Op& o : schedule_ops(s, shape, rank)) {
+    if (o.kind == Op::kWeight) continue;
+    held += o.kind == Op::kForward ? 1 : -1;
+    most = std::max(most, held);
+  }
+  return most;
+}
+
 std::vector<Op> schedule_ops(Schedule s, const PipelineShape& shape, int rank) {
   validate(s, shape);
   const int64_t p = shape.stages, v = shape.chunks, m = shape.micro_batches, total = m * v;

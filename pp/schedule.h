@@ -87,6 +87,12 @@ struct Transfer {
   int src, dst;    // ranks
 };
 
+// The most micro-batches rank `rank` holds at once under the schedule: those whose forward on one of
+// its chunks has run and whose backward (B; ZB-H1's W passes do not count) has not. 1F1B: stages -
+// rank; all-forward-all-backward: every micro-batch. pp::Pipeline builds that many chunk instances
+// (Note [micro-batches in flight] in pp/pipeline.h); the memory estimator reports it per stage.
+int max_in_flight(Schedule s, const PipelineShape& shape, int rank);
+
 // A rank's program: its passes and transfers in posting order (Note [transfer order]).
 struct Action {
   enum Kind : uint8_t { kRun, kSend, kRecv };

@@ -249,9 +249,9 @@ void check_pipeline(RunConfig& cfg) {
                                   p));
   }
   if (cfg.recompute.budget()) {
-    throw ConfigError(fmt::format("activation_checkpointing.device_budget_mb: the budget is resolved with the estimator, "
-                                  "which does not measure pipeline stages yet (model.pipeline_parallel_size {}); name "
-                                  "checkpoint_blocks instead",
+    throw ConfigError(fmt::format("activation_checkpointing.device_budget_mb: the budget is resolved for the whole "
+                                  "model, not per pipeline stage yet (model.pipeline_parallel_size {}); name "
+                                  "checkpoint_blocks instead (zeroshard estimate --config gives each stage's device peak)",
                                   p));
   }
   if (cfg.monitor.flops.enabled) {

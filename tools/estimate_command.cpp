@@ -5,6 +5,7 @@
 //   zeroshard estimate --params 1.5B --ranks 8 --stage all --dtype bf16
 //   zeroshard estimate --params 13B --ranks 1 --stage 3 --offload nvme     # ZeRO-Infinity
 //   zeroshard estimate --config run.json --ranks 4 --json                  # the config's offload keys
+#include <boost/json/array.hpp>
 #include <boost/json/serialize.hpp>
 #include <boost/program_options.hpp>
 
@@ -32,10 +33,12 @@ namespace po = boost::program_options;
 
 constexpr const char* kEstimateUsage =
     "usage: zeroshard estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all]\n"
-    "                          [--dtype fp32|bf16|fp16] [--offload none|cpu|nvme] [--json]\n"
+    "                          [--dtype fp32|bf16|fp16] [--offload none|cpu|nvme] [--pp-stage S|all] [--json]\n"
     "  N: an integer, 1.5e9, or with a suffix K, M, B (or G), T: 125M, 1.3B\n"
     "  --offload X: the optimizer states (stages 1-3) and the parameters (stage 3) on X; with --config it\n"
-    "               replaces the config's offload_optimizer and offload_param (default: the config's, else none)\n";
+    "               replaces the config's offload_optimizer and offload_param (default: the config's, else none)\n"
+    "  --pp-stage S: with model.pipeline_parallel_size P > 1, estimate pipeline stage S (0..P-1) only; default all\n"
+    "               stages, each on its own, the largest as the figure (--ranks: the world, tp x dp x pp ranks)\n";
 
 // "125000000", "1.5e9", "125M", "1.3B", "7b", "2T" -> a positive whole number of parameters.
 uint64_t parse_param_count(const std::string& text) {
@@ -93,6 +96,64 @@ engine::OffloadDevice parse_offload(const std::string& text) {
   throw ConfigError(fmt::format("--offload: '{}' is not an offload target; use none, cpu or nvme", text));
 }
 
+int parse_pp_stage(const std::string& text, int pp) {
+  int s = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), s);
+  if (ec != std::errc() || end != text.data() + text.size() || s < 0 || s >= pp) {
+    throw ConfigError(fmt::format("--pp-stage: '{}' is not a pipeline stage of model.pipeline_parallel_size {}; use "
+                                  "0..{} or all", text, pp, pp - 1));
+  }
+  return s;
+}
+
+// Each pipeline stage's estimate, then the figure: per ZeRO stage, the stage with the largest device
+// peak (the rank that needs the most memory). JSON: one estimate object per stage under
+// "pipeline_stages" and the figure under "largest"; one stage alone prints as a plain estimate.
+void print_pipeline(const std::vector<engine::MemoryEstimate>& per_stage, bool json) {
+  if (per_stage.size() == 1) {
+    if (json) {
+      std::printf("%s\n", boost::json::serialize(engine::estimate_to_json(per_stage.front())).c_str());
+    } else {
+      std::fputs(engine::format_estimate(per_stage.front()).c_str(), stdout);
+    }
+    return;
+  }
+  boost::json::array stages, largest;
+  std::string text;
+  for (const engine::MemoryEstimate& est : per_stage) {
+    stages.push_back(engine::estimate_to_json(est));
+    text += fmt::format("== pipeline stage {} of {} ==\n{}\n", est.input.pipeline.stage, est.input.pipeline.stages,
+                        engine::format_estimate(est));
+  }
+  text += fmt::format("largest pipeline stage (the figure: the rank that needs the most device memory):\n");
+  for (size_t z = 0; z < per_stage.front().stages.size(); ++z) {
+    size_t best = 0;
+    uint64_t peak = 0;
+    for (size_t s = 0; s < per_stage.size(); ++s) {
+      uint64_t p = 0;
+      for (const engine::ShardGroup& g : per_stage[s].stages[z].shards) p = std::max(p, g.device_peak.bytes);
+      if (s == 0 || p > peak) {
+        best = s;
+        peak = p;
+      }
+    }
+    const int zero = per_stage[best].stages[z].stage;
+    text += fmt::format("  ZeRO stage {}: pipeline stage {}, device peak {} ({} bytes)\n", zero,
+                        per_stage[best].input.pipeline.stage, engine::format_bytes(peak), peak);
+    largest.push_back(boost::json::object{{"zero_stage", zero},
+                                          {"pipeline_stage", per_stage[best].input.pipeline.stage},
+                                          {"device_peak_bytes", peak}});
+  }
+  if (json) {
+    boost::json::object o{{"pipeline_parallel_size", per_stage.front().input.pipeline.stages},
+                          {"pipeline_stages", std::move(stages)},
+                          {"largest", std::move(largest)}};
+    std::printf("%s\n", boost::json::serialize(o).c_str());
+  } else {
+    std::fputs(text.c_str(), stdout);
+  }
+}
+
 int run(const po::variables_map& vm) {
   const bool have_params = vm.count("params") > 0;
   const bool have_config = vm.count("config") > 0;
@@ -114,6 +175,7 @@ int run(const po::variables_map& vm) {
   }
 
   engine::EstimateInput in;
+  const std::string pp_stage = vm["pp-stage"].as<std::string>();
   if (have_config) {
     // The config is validated as for a run on `ranks` ranks (its batch arithmetic included).
     run::RunConfig cfg = run::parse_run_config(parse_json_file(vm["config"].as<std::string>()), ranks);
@@ -126,8 +188,33 @@ int run(const po::variables_map& vm) {
                   "device peak {} bytes at ZeRO stage {}); the estimate below uses that choice",
                   rc.budget_bytes >> 20, rc.blocks, rc.n_layer, rc.predicted_peak_bytes, cfg.zero.stage);
     }
+    const int pp = cfg.model ? cfg.pipeline.pipeline_parallel_size : 1;
+    if (pp > 1) {
+      std::vector<int> zero_stages = stages;
+      // ZeRO-3 is refused with pipelines (Note [pipeline stages in the engine]): "all" means 0-2 there.
+      if (vm["stage"].as<std::string>() == "all") zero_stages = {0, 1, 2};
+      std::vector<int> pipeline_stages;
+      if (pp_stage == "all") {
+        for (int s = 0; s < pp; ++s) pipeline_stages.push_back(s);
+      } else {
+        pipeline_stages.push_back(parse_pp_stage(pp_stage, pp));
+      }
+      std::vector<engine::MemoryEstimate> per_stage;
+      for (int s : pipeline_stages) {
+        engine::EstimateInput stage_in = engine::estimate_input_for_config(cfg, ranks, n_params, s);
+        if (offload) stage_in.offload_optimizer = stage_in.offload_param = *offload;
+        per_stage.push_back(engine::estimate_memory(stage_in, zero_stages));
+      }
+      print_pipeline(per_stage, vm.count("json") > 0);
+      return 0;
+    }
     in = engine::estimate_input_for_config(cfg, ranks, n_params);
-  } else {
+  }
+  if (pp_stage != "all") {  // reached without a pipeline
+    throw ConfigError(fmt::format("--pp-stage {}: the config has no pipeline (model.pipeline_parallel_size 1); drop "
+                                  "--pp-stage", pp_stage));
+  }
+  if (!have_config) {
     const std::string dtype = vm.count("dtype") ? vm["dtype"].as<std::string>() : "bf16";
     in = engine::estimate_input_for_params(*n_params, ranks, parse_dtype(dtype));
   }
@@ -156,6 +243,8 @@ int estimate_command(const std::vector<std::string>& args) {
       "dtype", po::value<std::string>(), "compute dtype fp32, bf16 or fp16 (default: the config's, else bf16)")(
       "offload", po::value<std::string>(),
       "offload none, cpu or nvme: optimizer states (stages 1-3) and parameters (stage 3); default: the config's, else none")(
+      "pp-stage", po::value<std::string>()->default_value("all"),
+      "pipeline stage 0..P-1 to estimate, or all (model.pipeline_parallel_size P > 1)")(
       "json", "print the estimate as one JSON object on stdout");
   po::variables_map vm;
   if (!parse_command_line("estimate", args, opts, kEstimateUsage, vm)) return 2;

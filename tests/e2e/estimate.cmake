@@ -47,6 +47,13 @@ zs_e2e(NAME estimate_config_offload_overridden EXPECT pass
   REGEX "offload none.*model states per rank .device arena.:"
   COMMAND ${tool} estimate --config ${est_offload_cfg} --ranks 2 --offload none)
 
+# Pipeline parallelism (gpt_tiny_pp.json, pp 2, 1F1B): every stage, each with its own parameters and
+# micro-batches in flight (stage i holds pp - i), then the largest as the figure.
+set(est_pp_cfg ${PROJECT_SOURCE_DIR}/examples/configs/gpt_tiny_pp.json)
+zs_e2e(NAME estimate_pp EXPECT pass
+  REGEX "== pipeline stage 0 of 2 ==.*pipeline stage 0 of 2 .1f1b, 4 micro-batches per step; over 1 data-parallel ranks.: [0-9,]+ parameters on this stage.*1f1b schedule: 2 of 4 micro-batches in flight.*== pipeline stage 1 of 2 ==.*1f1b schedule: 1 of 4 micro-batches in flight.*largest pipeline stage.*ZeRO stage 1: pipeline stage 0, device peak"
+  COMMAND ${tool} estimate --config ${est_pp_cfg} --ranks 2)
+
 # ---- errors: one message each, non-zero exit -----------------------------------------------------
 # (test name, the message, the arguments separated by commas)
 set(est_errors
@@ -62,7 +69,10 @@ set(est_errors
   no_model         "estimate: give the model size with --params N" ""
   config_no_model  "model: the config has no model section" "--config,${ZS_BAD}/estimate_no_model.json"
   config_and_params "--params: the config's model section already gives the model" "--config,${est_cfg},--params,1000"
-  config_missing   "cannot"                                 "--config,/nonexistent/zeroshard-e2e/none.json")
+  config_missing   "cannot"                                 "--config,/nonexistent/zeroshard-e2e/none.json"
+  pp_stage_range   "--pp-stage: '2' is not a pipeline stage of model.pipeline_parallel_size 2" "--config,${est_pp_cfg},--ranks,2,--pp-stage,2"
+  pp_stage_no_pp   "--pp-stage 0: the config has no pipeline" "--config,${est_cfg},--pp-stage,0"
+  pp_zero3         "zero_optimization.stage: 3 with model.pipeline_parallel_size 2 is not supported" "--config,${est_pp_cfg},--ranks,2,--stage,3")
 list(LENGTH est_errors n)
 math(EXPR last "${n} - 1")
 foreach(i RANGE 0 ${last} 3)
@@ -98,6 +108,31 @@ foreach(stage 1 3)
   set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 4
     PASS_REGULAR_EXPRESSION "estimate agreement ok")
 endforeach()
+# ... with pipeline parallelism (examples/configs/gpt_tiny_pp.json, pp 2, 4 micro-batches per step):
+# every world rank against its stage's estimate (--pp-stage), byte for byte at one rank per stage (np
+# 2), under 1F1B (stage i holds pp - i micro-batches) and all-forward-all-backward (all 4), at ZeRO 1
+# and 2 (the stage's whole gradient staged), ZB-H1 (deferred weight gradients) and interleaved (2 virtual
+# chunks); and pp 2 x dp 2 at np 4.
+foreach(case "1;2;1f1b;1" "2;2;1f1b;1" "1;2;afab;1" "2;2;zb-h1;1" "1;2;interleaved;2" "1;4;1f1b;1")
+  list(GET case 0 stage)
+  list(GET case 1 np)
+  list(GET case 2 schedule)
+  list(GET case 3 virtual)
+  set(name e2e_estimate_agrees_pp2_${schedule}_stage${stage}.np${np})
+  add_test(NAME ${name} COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+    -DCONFIG=${PROJECT_SOURCE_DIR}/examples/configs/gpt_tiny_pp.json -DSTAGE=${stage} -DNP=${np} -DPP=2
+    -DSCHEDULE=${schedule} -DVIRTUAL=${virtual} -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_pp
+    -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np}
+    PASS_REGULAR_EXPRESSION "estimate agreement ok")
+endforeach()
+# ... pp 2 x tp 2 with sequence parallelism, bf16, ZeRO 2 (tests/configs/estimate_pp_tp.json): one tp
+# rank's slices of each stage, byte for byte.
+add_test(NAME e2e_estimate_agrees_pp2_tp2_stage2.np4 COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard>
+  -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DCONFIG=${PROJECT_SOURCE_DIR}/tests/configs/estimate_pp_tp.json -DSTAGE=2 -DNP=4
+  -DTP=2 -DPP=2 -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_pp -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
+set_tests_properties(e2e_estimate_agrees_pp2_tp2_stage2.np4 PROPERTIES LABELS e2e TIMEOUT 150
+  ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 4 PASS_REGULAR_EXPRESSION "estimate agreement ok")
 # ... and with offload: the summary's nvme_bytes and host_peak_bytes against the estimate's tiers.
 foreach(offload cpu nvme)
   foreach(stage 1 2 3)

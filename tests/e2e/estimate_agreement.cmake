@@ -1,7 +1,8 @@
 # The estimator agrees with a real run: trains CONFIG with its zero_optimization.stage set to STAGE on
 # NP ranks (--summary), asks `zeroshard estimate --config ... --ranks NP --stage STAGE --json`, and
 # requires every rank's model_states_bytes and activation peak to equal the estimate exactly and its
-# device peak to equal the estimate's (one rank; more: the estimate within 0..+5% above). Prints
+# device peak to equal the estimate's (one rank, or one per pipeline stage; more: the estimate within
+# 0..+5% above). Prints
 # "estimate agreement ok" on success.
 # With -DOFFLOAD=cpu|nvme the run offloads the optimizer states (stages 1-3) and the parameters (stage 3),
 # swap files in a fresh directory under WORK, and the estimate reads those keys from the config; then
@@ -13,12 +14,31 @@
 # device peak follow the routing, which the estimator takes as balanced).
 # With -DTP=T (a config with model.tensor_parallel_size T) world rank r is compared with the estimate's
 # data-parallel rank r / T.
+# With -DPP=P (a config with model.pipeline_parallel_size P) each pipeline stage is estimated on its
+# own (--pp-stage S) and world rank r compared with its stage's estimate, as data-parallel rank
+# (r / T) % (NP / (T x P)) of stage r / (T x dp) (comm::Topology's order: tp, then dp, then pp). -DSCHEDULE=X sets
+# pipeline.schedule, -DVIRTUAL=V model.virtual_pipeline_size.
 #   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=2 -DNP=3 -DWORK=dir [-DOFFLOAD=nvme] [-DTP=2]
-#         -P estimate_agreement.cmake
+#         [-DPP=2 [-DSCHEDULE=interleaved] [-DVIRTUAL=2]] -P estimate_agreement.cmake
 file(READ ${CONFIG} text)
 string(JSON text SET "${text}" zero_optimization stage ${STAGE})
+if(NOT TP)
+  set(TP 1)
+endif()
+if(NOT PP)
+  set(PP 1)
+endif()
+set(tag_extra "")
+if(DEFINED SCHEDULE)
+  string(JSON text SET "${text}" pipeline schedule "\"${SCHEDULE}\"")
+  set(tag_extra _${SCHEDULE})
+endif()
+if(DEFINED VIRTUAL)
+  string(JSON text SET "${text}" model virtual_pipeline_size ${VIRTUAL})
+  set(tag_extra ${tag_extra}_v${VIRTUAL})
+endif()
 file(MAKE_DIRECTORY ${WORK})
-set(tag s${STAGE}_np${NP})
+set(tag s${STAGE}_np${NP}_pp${PP}${tag_extra})
 if(DEFINED OFFLOAD)
   set(tag ${tag}_${OFFLOAD})
   set(nvme_dir ${WORK}/nvme_${tag})
@@ -42,28 +62,37 @@ execute_process(COMMAND ${train} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VA
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "estimate agreement: training failed (${rc}):\n${out}${err}")
 endif()
-execute_process(COMMAND ${TOOL} estimate --config ${cfg} --ranks ${NP} --stage ${STAGE} --json
-  RESULT_VARIABLE rc OUTPUT_VARIABLE est ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "estimate agreement: estimate failed (${rc}): ${err}")
-endif()
+math(EXPR last_pp "${PP} - 1")
+foreach(s RANGE ${last_pp})
+  set(pp_arg)
+  if(PP GREATER 1)
+    set(pp_arg --pp-stage ${s})
+  endif()
+  execute_process(COMMAND ${TOOL} estimate --config ${cfg} --ranks ${NP} --stage ${STAGE} ${pp_arg} --json
+    RESULT_VARIABLE rc OUTPUT_VARIABLE est_pp${s} ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "estimate agreement: estimate failed (${rc}): ${err}")
+  endif()
+endforeach()
+set(est "${est_pp0}")
+math(EXPR dp_size "${NP} / (${TP} * ${PP})")
 file(READ ${summary} sum)
 string(JSON n_ranks LENGTH "${sum}" memory per_rank)
 if(NOT n_ranks EQUAL NP)
   message(FATAL_ERROR "estimate agreement: summary has ${n_ranks} ranks, expected ${NP}")
 endif()
-string(JSON n_groups LENGTH "${est}" stages 0 per_shard_size)
-string(JSON act_est GET "${est}" stages 0 transient activations_peak bytes)
 math(EXPR last_rank "${NP} - 1")
-math(EXPR last_group "${n_groups} - 1")
-if(NOT TP)
-  set(TP 1)
-endif()
 foreach(r RANGE ${last_rank})
   string(JSON rank GET "${sum}" memory per_rank ${r} rank)
   # With -DTP=T the config is tensor-parallel: the summary lists world ranks (tp ranks consecutive), the
-  # estimate data-parallel ranks, each standing for its T tp ranks (slices of the same sizes).
-  math(EXPR dp_rank "${rank} / ${TP}")
+  # estimate data-parallel ranks, each standing for its T tp ranks (slices of the same sizes); with
+  # -DPP=P each pipeline stage has its own estimate.
+  math(EXPR dp_rank "(${rank} / ${TP}) % ${dp_size}")
+  math(EXPR pp_rank "${rank} / (${TP} * ${dp_size})")
+  set(est "${est_pp${pp_rank}}")
+  string(JSON n_groups LENGTH "${est}" stages 0 per_shard_size)
+  string(JSON act_est GET "${est}" stages 0 transient activations_peak bytes)
+  math(EXPR last_group "${n_groups} - 1")
   set(found OFF)
   foreach(g RANGE ${last_group})
     string(JSON first GET "${est}" stages 0 per_shard_size ${g} first_rank)
@@ -76,7 +105,7 @@ foreach(r RANGE ${last_rank})
       string(JSON peak_est GET "${est}" stages 0 per_shard_size ${g} device_peak bytes)
       string(JSON peak_got GET "${sum}" memory per_rank ${r} device_peak_bytes)
       set(lo ${peak_got})
-      if(NP EQUAL 1)
+      if(NP EQUAL 1 OR (PP GREATER 1 AND dp_size EQUAL 1))  # one rank per pipeline stage: exact too
         set(hi ${peak_got})
       else()
         math(EXPR hi "${peak_got} * 105 / 100")
@@ -86,7 +115,7 @@ foreach(r RANGE ${last_rank})
         message(FATAL_ERROR "estimate agreement: stage ${STAGE} rank ${rank} device peak: run ${peak_got} bytes, "
                             "estimate ${peak_est} (allowed ${lo}..${hi}); estimate ${peak_at}")
       endif()
-      message(STATUS "rank ${rank}: device peak ${peak_got}, estimate ${peak_est}")
+      message(STATUS "rank ${rank} (pipeline stage ${pp_rank}): device peak ${peak_got}, estimate ${peak_est}")
       if(DEFINED OFFLOAD)
         string(JSON want_nvme GET "${est}" stages 0 per_shard_size ${g} tiers nvme)
         string(JSON want_host GET "${est}" stages 0 per_shard_size ${g} tiers host)
@@ -129,4 +158,4 @@ endforeach()
 if(NOT DEFINED OFFLOAD)
   set(OFFLOAD none)
 endif()
-message(STATUS "estimate agreement ok: stage ${STAGE}, ${NP} rank(s), offload ${OFFLOAD}, ${n_groups} shard size(s)")
+message(STATUS "estimate agreement ok: stage ${STAGE}, ${NP} rank(s), pp ${PP}, offload ${OFFLOAD}, ${n_groups} shard size(s)")
