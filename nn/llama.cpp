@@ -83,8 +83,8 @@ void LlamaModel::set_recompute(const GptRecompute& r) {
   auto blocks = blocks_.children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& block = static_cast<LlamaBlock&>(*blocks[i]);
+    // r.selective changes nothing: the fused attention never keeps the probabilities (GqaAttention).
     block.set_recomputed(i < r.blocks.size() && r.blocks[i]);
-    block.attention().set_recompute_scores(r.selective);
   }
 }
 

@@ -110,20 +110,20 @@ class SwiGluMlp : public Module {
 };
 
 // Causal grouped-query attention with the rotary embedding on q and k (after their projections), no
-// biases. The attention itself is one function pair (nn/detail/llama_ops.h).
+// biases. The attention itself is one function pair (nn/detail/llama_ops.h) on the fused kernel
+// (nn/fused_attention.h): it saves q, k, v, the output and a log-sum-exp per row, never the T x T
+// probabilities, so Megatron's selective recompute has nothing more to drop here.
 class GqaAttention : public Module {
  public:
   GqaAttention(int64_t d_model, int64_t n_head, int64_t n_kv_head, int64_t max_seq_len, double rope_theta,
                float init_std = 0.02f);
   ~GqaAttention() override;
   std::string_view type_name() const override { return "GqaAttention"; }
-  // Selective recompute (as nn::CausalSelfAttention's): the scores are recomputed in backward.
-  void set_recompute_scores(bool on) { recompute_scores_ = on; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;
   memory::Tensor backward(Context& ctx, const memory::Tensor& dy) override;
-  void clear_own_saved() override { qkv_ = probs_ = {}; }
+  void clear_own_saved() override { saved_q_ = saved_k_ = saved_v_ = saved_out_ = saved_lse_ = {}; }
 
  private:
   int64_t d_, n_head_, n_kv_head_, hs_;
@@ -132,10 +132,9 @@ class GqaAttention : public Module {
   Linear& v_;
   Linear& proj_;
   std::unique_ptr<detail::RopeTables> rope_;  // nn/detail/llama_ops.h
-  memory::Tensor qkv_;    // what the attention saved (nn/detail/attention.h's packed qkv)
-  memory::Tensor probs_;  // P, or undefined under selective recompute
+  // What the attention saved (detail::GqaSaved).
+  memory::Tensor saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_;
   memory::DType compute_dtype_ = memory::DType::kF32;
-  bool recompute_scores_ = false;
 };
 
 // Pre-norm block: x1 = x + attn(ln1(x)), y = x1 + mlp(ln2(x1)). Children: ln1, attn, ln2, mlp.

@@ -1,9 +1,6 @@
 // nn::RmsNorm, nn::SwiGluMlp, nn::GqaAttention and nn::LlamaBlock (nn/llama.h), and the computations
 // between their linears (nn/detail/llama_ops.h).
-#include <algorithm>
-
 #include "core/errors.h"
-#include "nn/detail/attention.h"
 #include "nn/detail/fused_ops.h"
 #include "nn/detail/llama_ops.h"
 #include "nn/detail/ops.h"
@@ -100,76 +97,23 @@ Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
 
 // ---- the computations between the linears (nn/detail/llama_ops.h) ----
 
-namespace {
-
-// Copies heads of `src` (B*T rows of n_src * hs at stride n_src * hs) into `dst` rows (stride
-// dst_stride, starting at column offset): head h of dst <- head h / rep of src.
-void expand_heads(const float* src, int64_t rows, int64_t n_src, int64_t rep, int64_t hs, float* dst, int64_t dst_stride) {
-  detail::parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t h = 0; h < n_src * rep; ++h) {
-        std::copy_n(src + r * n_src * hs + (h / rep) * hs, hs, dst + r * dst_stride + h * hs);
-      }
-    }
-  });
-}
-
-// The reverse: dst head g = sum over h with h / rep == g of src head h (in order of h).
-void reduce_heads(const float* src, int64_t src_stride, int64_t rows, int64_t n_dst, int64_t rep, int64_t hs, float* dst) {
-  detail::parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t g = 0; g < n_dst; ++g) {
-        float* out = dst + r * n_dst * hs + g * hs;
-        const float* in = src + r * src_stride + g * rep * hs;
-        std::copy_n(in, hs, out);
-        for (int64_t i = 1; i < rep; ++i) detail::add(out, in + i * hs, out, hs);
-      }
-    }
-  });
-}
-
-}  // namespace
-
 Tensor detail::gqa_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
-                                     int64_t n_kv_head, GemmPath path, bool keep_probs, GqaSaved* saved) {
-  const int64_t B = q.size(0), T = q.size(1), C = q.size(2), hs = C / n_head, rows = B * T, rep = n_head / n_kv_head;
-  Tensor qkv = ctx.allocate({B, T, 3 * C}, DType::kF32, saved != nullptr ? MemoryUse::kActivation : MemoryUse::kScratch);
-  float* dst = qkv.data<float>();
-  const float* qp = q.data<float>();
-  parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) std::copy_n(qp + r * C, C, dst + r * 3 * C);
-  });
-  expand_heads(k.data<float>(), rows, n_kv_head, rep, hs, dst + C, 3 * C);
-  expand_heads(v.data<float>(), rows, n_kv_head, rep, hs, dst + 2 * C, 3 * C);
-  SingleThreadedBlas blas;
-  Tensor probs;
-  Tensor y = causal_attention_forward(ctx, qkv, n_head, path, saved != nullptr && keep_probs, &probs, blas);
-  if (saved != nullptr) {
-    saved->qkv = qkv;
-    saved->probs = keep_probs ? probs : Tensor();
-  }
-  return y;
+                                     int64_t n_kv_head, DType compute, GqaSaved* saved) {
+  const int64_t hs = q.size(2) / n_head;
+  FusedAttentionSaved s = fused_attention_forward(ctx, {q, 0, n_head}, {k, 0, n_kv_head}, {v, 0, n_kv_head}, hs, compute);
+  if (saved != nullptr) *saved = GqaSaved{q, k, v, s.out, s.lse};
+  return s.out;
 }
 
 void detail::gqa_attention_backward(Context& ctx, const GqaSaved& saved, const Tensor& dy, int64_t n_head,
-                                    int64_t n_kv_head, GemmPath path, Tensor* dq, Tensor* dk, Tensor* dv) {
-  const int64_t B = dy.size(0), T = dy.size(1), C = dy.size(2), hs = C / n_head, rows = B * T, rep = n_head / n_kv_head;
-  Tensor dqkv;
-  {
-    SingleThreadedBlas blas;
-    AttentionScratch scratch;
-    dqkv = causal_attention_backward(ctx, saved.qkv, saved.probs, dy, n_head, path, &scratch, blas);
-  }
+                                    int64_t n_kv_head, DType compute, Tensor* dq, Tensor* dk, Tensor* dv) {
+  const int64_t B = dy.size(0), T = dy.size(1), C = dy.size(2), hs = C / n_head;
   *dq = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kGradient);
   *dk = ctx.allocate({B, T, n_kv_head * hs}, DType::kF32, MemoryUse::kGradient);
   *dv = ctx.allocate({B, T, n_kv_head * hs}, DType::kF32, MemoryUse::kGradient);
-  const float* src = dqkv.data<float>();
-  float* dqp = dq->data<float>();
-  parallel_for(rows, 16, [=](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) std::copy_n(src + r * 3 * C, C, dqp + r * C);
-  });
-  reduce_heads(src + C, 3 * C, rows, n_kv_head, rep, hs, dk->data<float>());
-  reduce_heads(src + 2 * C, 3 * C, rows, n_kv_head, rep, hs, dv->data<float>());
+  fused_attention_backward(ctx, {saved.q, 0, n_head}, {saved.k, 0, n_kv_head}, {saved.v, 0, n_kv_head},
+                           FusedAttentionSaved{saved.out, saved.lse}, dy, hs, compute, {*dq, 0, n_head},
+                           {*dk, 0, n_kv_head}, {*dv, 0, n_kv_head});
 }
 
 detail::RopeTables::RopeTables(int64_t max_seq_len_, int64_t head_size, double theta)
@@ -244,22 +188,23 @@ Tensor GqaAttention::forward(Context& ctx, const Tensor& x) {
   // The rotary embedding in place on the projections' fresh outputs (a Linear saves its input only).
   detail::rope_in_place(*rope_, q, k, n_head_, n_kv_head_, false);
   detail::GqaSaved saved;
-  Tensor y = detail::gqa_attention_forward(ctx, q, k, v, n_head_, n_kv_head_, detail::gemm_path_for(compute_dtype_),
-                                           !recompute_scores_, train ? &saved : nullptr);
+  Tensor y = detail::gqa_attention_forward(ctx, q, k, v, n_head_, n_kv_head_, compute_dtype_, train ? &saved : nullptr);
   q = k = v = {};
   if (train) {
-    qkv_ = saved.qkv;
-    probs_ = saved.probs;
+    saved_q_ = saved.q;
+    saved_k_ = saved.k;
+    saved_v_ = saved.v;
+    saved_out_ = saved.out;
+    saved_lse_ = saved.lse;
   }
   return ctx.forward(proj_, y);
 }
 
 Tensor GqaAttention::backward(Context& ctx, const Tensor& dout) {
-  ZS_ASSERT(qkv_.raw() != nullptr, "GqaAttention backward without saved state");
+  ZS_ASSERT(saved_q_.raw() != nullptr, "GqaAttention backward without saved state");
   Tensor dy = ctx.backward(proj_, dout);
   Tensor dq, dk, dv;
-  detail::gqa_attention_backward(ctx, detail::GqaSaved{qkv_, probs_}, dy, n_head_, n_kv_head_,
-                                 detail::gemm_path_for(compute_dtype_), &dq, &dk, &dv);
+  detail::gqa_attention_backward(ctx, detail::GqaSaved{saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_}, dy, n_head_, n_kv_head_, compute_dtype_, &dq, &dk, &dv);
   clear_own_saved();
   dy = {};
   detail::rope_in_place(*rope_, dq, dk, n_head_, n_kv_head_, true);

@@ -64,22 +64,23 @@ Tensor ParallelGqaAttention::forward(nn::Context& ctx, const Tensor& x) {
   compute_dtype_ = q_.weight_dtype();
   nn::detail::rope_in_place(*rope_, q, k, heads_, kv_heads_, false);
   nn::detail::GqaSaved saved;
-  Tensor y = nn::detail::gqa_attention_forward(ctx, q, k, v, heads_, kv_heads_, nn::detail::gemm_path_for(compute_dtype_),
-                                               !recompute_scores_, train ? &saved : nullptr);
+  Tensor y = nn::detail::gqa_attention_forward(ctx, q, k, v, heads_, kv_heads_, compute_dtype_, train ? &saved : nullptr);
   q = k = v = {};
   if (train) {
-    qkv_ = saved.qkv;
-    probs_ = saved.probs;
+    saved_q_ = saved.q;
+    saved_k_ = saved.k;
+    saved_v_ = saved.v;
+    saved_out_ = saved.out;
+    saved_lse_ = saved.lse;
   }
   return ctx.forward(proj_, y);
 }
 
 Tensor ParallelGqaAttention::backward(nn::Context& ctx, const Tensor& dout) {
-  ZS_ASSERT(qkv_.raw() != nullptr, "ParallelGqaAttention backward without saved state");
+  ZS_ASSERT(saved_q_.raw() != nullptr, "ParallelGqaAttention backward without saved state");
   Tensor dy = ctx.backward(proj_, dout);
   Tensor dq, dk, dv;
-  nn::detail::gqa_attention_backward(ctx, nn::detail::GqaSaved{qkv_, probs_}, dy, heads_, kv_heads_,
-                                     nn::detail::gemm_path_for(compute_dtype_), &dq, &dk, &dv);
+  nn::detail::gqa_attention_backward(ctx, nn::detail::GqaSaved{saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_}, dy, heads_, kv_heads_, compute_dtype_, &dq, &dk, &dv);
   clear_own_saved();
   dy = {};
   nn::detail::rope_in_place(*rope_, dq, dk, heads_, kv_heads_, true);
@@ -186,8 +187,8 @@ void LlamaModel::set_recompute(const nn::GptRecompute& r) {
   auto blocks = blocks_.children();
   for (size_t i = 0; i < blocks.size(); ++i) {
     auto& block = static_cast<ParallelLlamaBlock&>(*blocks[i]);
+    // r.selective changes nothing: the fused attention never keeps the probabilities (nn/llama.h).
     block.set_recomputed(i < r.blocks.size() && r.blocks[i]);
-    block.attention().set_recompute_scores(r.selective);
   }
 }
 

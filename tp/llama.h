@@ -47,12 +47,11 @@ class ParallelGqaAttention : public nn::Module {
   ParallelGqaAttention(const nn::LlamaConfig& cfg, TensorParallel tp);
   ~ParallelGqaAttention() override;
   std::string_view type_name() const override { return "ParallelGqaAttention"; }
-  void set_recompute_scores(bool on) { recompute_scores_ = on; }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
   memory::Tensor backward(nn::Context& ctx, const memory::Tensor& dy) override;
-  void clear_own_saved() override { qkv_ = probs_ = {}; }
+  void clear_own_saved() override { saved_q_ = saved_k_ = saved_v_ = saved_out_ = saved_lse_ = {}; }
 
  private:
   int64_t heads_, kv_heads_;  // this rank's
@@ -61,9 +60,8 @@ class ParallelGqaAttention : public nn::Module {
   ColumnParallelLinear& v_;
   RowParallelLinear& proj_;
   std::unique_ptr<nn::detail::RopeTables> rope_;
-  memory::Tensor qkv_, probs_;
+  memory::Tensor saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_;  // nn::detail::GqaSaved
   memory::DType compute_dtype_ = memory::DType::kF32;
-  bool recompute_scores_ = false;
 };
 
 // SwiGluMlp (nn/llama.h) on this rank's d_ff / tp columns.

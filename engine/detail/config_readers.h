@@ -18,6 +18,13 @@ using Notes = std::vector<std::string>;
 // A DeepSpeed switch whose `false` (its default, or off) is what zeroshard does.
 inline void read_false_only(ObjectReader& r, std::string_view key) { r.unsupported_if_true(key); }
 
+// A DeepSpeed switch whose `true` asks for what zeroshard does anyway, by its own means: both values are
+// accepted; `true` gets a note saying how (`how`), `false` nothing.
+inline void read_true_is_done(ObjectReader& r, std::string_view key, Notes& notes, std::string_view how) {
+  bool on = false;
+  if (r.read(key, on) && on) notes.push_back(fmt::format("{}: accepted; {}", r.path_of(key), how));
+}
+
 // A DeepSpeed key accepted with any value of type T and without effect; `why` is said in the note.
 template <typename T>
 void read_hint(ObjectReader& r, std::string_view key, Notes& notes, std::string_view why) {

@@ -2,10 +2,10 @@
 // nn::SwiGluMlp (nn/llama.h) and their tensor-parallel forms (tp/llama.h), which run them on the heads
 // and MLP columns of one rank.
 //
-// The attention is one function pair, gqa_attention_forward/backward: the one place it is computed (so
-// the fused flash-attention kernel replaces these two and nothing else). Today the kv heads are
-// expanded into nn/detail/attention.h's packed qkv layout and the plain causal kernels run on it; the
-// backward sums the expanded heads' dk, dv back per kv head.
+// The attention is one function pair, gqa_attention_forward/backward: the one place it is computed. It
+// runs the fused flash-attention kernel (nn/fused_attention.h) with native grouped-query attention: the
+// kv heads are read in place (never expanded to n_head) and neither the expanded k, v nor the T x T
+// probabilities are stored.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 
 #include "memory/tensor.h"
 #include "nn/context.h"
-#include "nn/detail/gemm.h"
+#include "nn/fused_attention.h"
 
 namespace zs::nn::detail {
 
@@ -24,22 +24,24 @@ struct RopeTables {
   std::vector<float> cos, sin;
 };
 
-// What the attention's backward needs, kept by the caller between the passes.
+// What the attention's backward needs, kept by the caller between the passes: the kernel's inputs
+// (the projections' outputs after the rotary embedding) and what it saved (out and lse).
 struct GqaSaved {
-  memory::Tensor qkv;    // the packed, expanded (B, T, 3 * n_head * hs)
-  memory::Tensor probs;  // P (B, n_head, T, T), or undefined: recomputed in backward
+  memory::Tensor q, k, v;
+  memory::Tensor out, lse;
 };
 
 // q (B, T, n_head * hs), k and v (B, T, n_kv_head * hs), rotary embedding applied; query head h reads
-// kv head h / (n_head / n_kv_head). Returns y (B, T, n_head * hs) kActivation. `saved` (training
-// only; nullptr in eval): filled for the backward, P kept unless keep_probs is false.
+// kv head h / (n_head / n_kv_head). compute: the projections' weight_dtype() (fused_attention_forward).
+// Returns y (B, T, n_head * hs) kActivation. `saved` (training only; nullptr in eval): filled for the
+// backward.
 memory::Tensor gqa_attention_forward(Context& ctx, const memory::Tensor& q, const memory::Tensor& k,
-                                     const memory::Tensor& v, int64_t n_head, int64_t n_kv_head, GemmPath path,
-                                     bool keep_probs, GqaSaved* saved);
+                                     const memory::Tensor& v, int64_t n_head, int64_t n_kv_head,
+                                     memory::DType compute, GqaSaved* saved);
 
 // dy (B, T, n_head * hs) -> dq (B, T, n_head * hs), dk and dv (B, T, n_kv_head * hs), kGradient.
 void gqa_attention_backward(Context& ctx, const GqaSaved& saved, const memory::Tensor& dy, int64_t n_head,
-                            int64_t n_kv_head, GemmPath path, memory::Tensor* dq, memory::Tensor* dk,
+                            int64_t n_kv_head, memory::DType compute, memory::Tensor* dq, memory::Tensor* dk,
                             memory::Tensor* dv);
 
 // The rotary embedding in place on q (B, T, n_head * hs) and k (B, T, n_kv_head * hs) (the projections'
