@@ -39,8 +39,8 @@ constexpr int64_t kMaxTrainBatch = int64_t{1} << 40;
 //     supported by zeroshard yet" (read_false_only, read_disabled_section);
 //   - a hint that only tunes DeepSpeed's performance and has no use here (contiguous_gradients,
 //     use_multi_rank_bucket_allreduce): accepted, and a line added to EngineConfig::notes (read_hint);
-//     so is the `true` of a switch asking for what zeroshard does by its own means (disable_allgather,
-//     fp16.auto_cast; read_true_is_done);
+//     so is the `true` of a switch asking for what zeroshard does by its own means (disable_allgather;
+//     read_true_is_done);
 //   - anything else in DeepSpeed's tables (engine/detail/deepspeed_keys.h): refused by finish() as
 //     "not supported by zeroshard yet". Only a key in no table is "unknown" with a did-you-mean.
 // Notes are collected, not logged: parse_config runs on every rank, and the logger prints warnings on
@@ -90,12 +90,9 @@ void read_fp16(ObjectReader& r, EngineConfig& cfg) {
   r.read("hysteresis", ls.hysteresis, IntRange::positive());
   r.read("consecutive_hysteresis", ls.consecutive_hysteresis);
   r.read("min_loss_scale", ls.min_loss_scale, RealRange::positive());
-  // DeepSpeed casts the forward's floating-point inputs to fp16 (integer ones, token ids, stay): for the
-  // built-in models, whose inputs are token ids, that is nothing to do.
-  read_true_is_done(r, "auto_cast", cfg.notes,
-                    "DeepSpeed casts the floating-point inputs of the forward to fp16 and leaves token ids as they are; "
-                    "the built-in models take token ids, so nothing changes for them (a C++ model with floating-point "
-                    "inputs receives them in fp32, not rounded to fp16)");
+  // DeepSpeed's auto_cast casts the forward's floating-point inputs to fp16: not built (a C++ model's
+  // float inputs would stay fp32), so true is refused rather than accepted and ignored.
+  read_false_only(r, "auto_cast");
   read_false_only(r, "fp16_master_weights_and_grads");  // false: fp32 master weights, as zeroshard keeps
   read_hint<bool>(r, "fused_mode", cfg.notes, "zeroshard's optimizer kernels are always fused");
   if (enabled) cfg.precision = Precision::kFp16;
