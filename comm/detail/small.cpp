@@ -131,7 +131,9 @@ void small_exchange(Op& op, bool on_worker) {
   unsigned char* mine = node.small_slot(self, b);
   const Header h{e, s.flag_index, op.signature};
   std::memcpy(mine, &h, sizeof h);
-  std::memcpy(mine + kHeader, op.carry_from, op.carry_bytes);
+  // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
+  // memcpy from a null pointer is undefined even for 0 bytes.
+  if (op.carry_bytes > 0) std::memcpy(mine + kHeader, op.carry_from, op.carry_bytes);
   use.flag_index = s.flag_index;
   use.epoch = e;
   use.readers.clear();
