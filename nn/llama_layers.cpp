@@ -4,6 +4,7 @@
 #include "nn/detail/fused_ops.h"
 #include "nn/detail/llama_ops.h"
 #include "nn/detail/ops.h"
+#include "nn/detail/pre_norm_block.h"
 #include "nn/detail/parallel.h"
 #include "nn/llama.h"
 #include "nn/param_access.h"
@@ -231,23 +232,11 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg)
       mlp_(add_child<SwiGluMlp>("mlp", cfg.d_model, llama_d_ff(cfg), cfg.init_std)) {}
 
 Tensor LlamaBlock::forward(Context& ctx, const Tensor& x) {
-  Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));
-  Tensor x1 = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  detail::add(x.data<float>(), a.data<float>(), x1.data<float>(), x.numel());
-  a = {};
-  Tensor m = ctx.forward(mlp_, ctx.forward(ln2_, x1));
-  Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  detail::add(x1.data<float>(), m.data<float>(), y.data<float>(), x.numel());
-  return y;
+  return detail::pre_norm_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
 }
 
 Tensor LlamaBlock::backward(Context& ctx, const Tensor& dy) {
-  // As nn::Block's: the residual passes dy through; each branch's fresh gradient takes the sum in place.
-  Tensor dx1 = ctx.backward(ln2_, ctx.backward(mlp_, dy));
-  detail::add(dy.data<float>(), dx1.data<float>(), dx1.data<float>(), dy.numel());
-  Tensor dx = ctx.backward(ln1_, ctx.backward(attn_, dx1));
-  detail::add(dx1.data<float>(), dx.data<float>(), dx.data<float>(), dy.numel());
-  return dx;
+  return detail::pre_norm_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
 }
 
 }  // namespace zs::nn

@@ -2,6 +2,7 @@
 
 #include "core/errors.h"
 #include "nn/detail/ops.h"
+#include "nn/detail/pre_norm_block.h"
 
 namespace zs::nn {
 
@@ -32,24 +33,11 @@ Block::Block(int64_t d_model, int64_t n_head, float init_std, float proj_std, in
       mlp_(add_child<Mlp>("mlp", d_model, init_std, proj_std, hidden)) {}
 
 Tensor Block::forward(Context& ctx, const Tensor& x) {
-  Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));
-  Tensor x1 = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  detail::add(x.data<float>(), a.data<float>(), x1.data<float>(), x.numel());
-  a = {};
-  Tensor m = ctx.forward(mlp_, ctx.forward(ln2_, x1));
-  Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  detail::add(x1.data<float>(), m.data<float>(), y.data<float>(), x.numel());
-  return y;
+  return detail::pre_norm_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
 }
 
 Tensor Block::backward(Context& ctx, const Tensor& dy) {
-  // The residual passes dy straight through; each branch adds its own input gradient. The branch
-  // gradients are fresh kGradient tensors owned here, so the sums are written into them in place.
-  Tensor dx1 = ctx.backward(ln2_, ctx.backward(mlp_, dy));
-  detail::add(dy.data<float>(), dx1.data<float>(), dx1.data<float>(), dy.numel());
-  Tensor dx = ctx.backward(ln1_, ctx.backward(attn_, dx1));
-  detail::add(dx1.data<float>(), dx.data<float>(), dx.data<float>(), dy.numel());
-  return dx;
+  return detail::pre_norm_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
 }
 
 }  // namespace zs::nn
