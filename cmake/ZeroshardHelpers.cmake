@@ -222,6 +222,28 @@ function(zs_add_mpi_test)
     ENVIRONMENT "${ZS_MPI_ENV};${ZS_MPI_TCP_ENV}" PROCESSORS ${np})
 endfunction()
 
+# zs_add_expect_failure(NAME test NP np EXE target MODE mode REGEX regex [ANY_EXIT] [MPIEXEC_ARGS args...])
+# A deliberately broken MPI job (a stalled or killed rank, mismatched collectives) that must exit
+# non-zero within 30 s with output matching REGEX (tests/comm/expect_failure.cmake; ANY_EXIT: exit 0
+# passes too, for mpirun --enable-recovery). Label mpi.
+# Note [waiting tests take one slot]: such a job spends its seconds waiting for comm.timeout_s, not
+# computing (measured with /usr/bin/time around each rank: comm_stall_timeout.np2, under 0.1 CPU-s a
+# rank in 2.4 s; comm_timeout_test.np2, 0.2 CPU-s a rank in 5.9 s), so ctest gives it one slot of -j,
+# not one per rank: two of them, or one beside a single-process test, run at once. Given np slots, as other MPI
+# tests are, the ~20 of them ran one after another, about 50 s of make test's wall time.
+function(zs_add_expect_failure)
+  cmake_parse_arguments(F "ANY_EXIT" "NAME;NP;EXE;MODE;REGEX" "MPIEXEC_ARGS" ${ARGN})
+  set(any_exit 0)
+  if(F_ANY_EXIT)
+    set(any_exit 1)
+  endif()
+  add_test(NAME ${F_NAME}
+    COMMAND ${CMAKE_COMMAND} -DMPIEXEC=${MPIEXEC_EXECUTABLE} "-DMPIEXEC_ARGS=${F_MPIEXEC_ARGS}" -DANY_EXIT=${any_exit}
+            -DNP=${F_NP} -DEXE=$<TARGET_FILE:${F_EXE}> -DMODE=${F_MODE} -DREGEX=${F_REGEX} -DMAX_SECONDS=30
+            -P ${PROJECT_SOURCE_DIR}/tests/comm/expect_failure.cmake)
+  set_tests_properties(${F_NAME} PROPERTIES LABELS mpi TIMEOUT 60 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 1)
+endfunction()
+
 function(zs_install_package)
   include(CMakePackageConfigHelpers)
   install(EXPORT zeroshardTargets NAMESPACE zeroshard:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/zeroshard)

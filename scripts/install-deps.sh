@@ -6,6 +6,9 @@
 #            PyTorch, which make test skips with a message without it; libdnnl-dev, oneDNN, and libxsmm-dev, libxsmm, which
 #            gemm_bench compares the bf16 kernel with when the build finds them); `make test` never
 #            needs them.
+#   --fuzz   also clang 14 and its libFuzzer runtime, for the fuzz targets' libFuzzer build (.ci/run's
+#            fuzz phase, cmake -DZS_FUZZ=ON; tests/fuzz/CMakeLists.txt); `make test` replays their seeds
+#            with the project's compiler instead.
 set -euo pipefail
 
 packages=(
@@ -19,11 +22,11 @@ packages=(
   libsentencepiece-dev sentencepiece
   python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
-  clang-14 libclang-rt-14-dev
 )
-if [ "${1:-}" = "--bench" ]; then
-  packages+=(python3-torch libdnnl-dev libxsmm-dev)
-fi
+case "${1:-}" in
+  --bench) packages+=(python3-torch libdnnl-dev libxsmm-dev) ;;
+  --fuzz) packages+=(clang-14 libclang-rt-14-dev) ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

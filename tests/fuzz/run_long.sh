@@ -4,13 +4,13 @@
 # and prints the counts that docs/reliability.md records.
 #   tests/fuzz/run_long.sh BUILD_DIR config|checkpoint [INPUTS=10000]
 # Environment: FUZZ_TIMEOUT_S (default 30: an input running longer is a hang), FUZZ_MAX_TIME_S (stop early).
-# Needs a build whose ZS_LIBFUZZER is ON (clang++ and libclang-rt-14-dev installed).
+# Needs a build configured with -DZS_FUZZ=ON and clang's libFuzzer (scripts/install-deps.sh --fuzz).
 set -euo pipefail
 build="$1" name="$2" runs="${3:-10000}"
 src="$(cd "$(dirname "$0")" && pwd)"
 fuzzer="$build/tests/fuzz/${name}_fuzz"
 work="$build/tests/fuzz/long-$name"
-[ -x "$fuzzer" ] || { echo "run_long: $fuzzer is not built (cmake --build --preset release --target ${name}_fuzz)" >&2; exit 2; }
+[ -x "$fuzzer" ] || { echo "run_long: $fuzzer is not built (cmake --preset release -DZS_FUZZ=ON \&\& cmake --build --preset release --target ${name}_fuzz)" >&2; exit 2; }
 rm -rf "$work" && mkdir -p "$work/corpus" "$work/artifacts"
 seeds=("$src/regressions/$name")
 if [ "$name" = config ]; then
