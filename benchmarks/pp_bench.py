@@ -17,7 +17,10 @@ step     Step time at np 4 of pp 2 x dp 2 against dp 4 and tp 2 x dp 2 on the sa
          GPT of --step-layers blocks and d_model --step-d-model, ZeRO-1, fp32, one compute thread per
          rank. --rounds rounds, each running the three configs in turn (interleaved, so load drifts hit
          all alike); per run the summary's step_time_s.median over --steps steps; the figure is the
-         median over rounds of each round's ratio to dp 4's. Beside it each layout's memory per rank
+         median over rounds of each round's ratio to dp 4's. Beside it the CPU seconds per step of
+         all ranks (the children's user + system time of a --steps run less a 1-step run's): on a
+         machine whose other tenants take most of the cores, wall times say how much of the CPU the
+         scheduler gave, the CPU seconds what the step cost (spinning waits for peers included). Beside it each layout's memory per rank
          (model states and device peak, the largest rank). With --np2 also pp 2, tp 2 against dp 2 at
          np 2, where each rank has a core of its own on a 2-core machine (at np 4 two ranks share each
          core: a stage's bubble is then filled by the other rank on its core, which a machine with a
@@ -32,6 +35,7 @@ step     Step time at np 4 of pp 2 x dp 2 against dp 4 and tp 2 x dp 2 on the sa
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -53,12 +57,21 @@ def run(cmd):
     return r.stdout
 
 
+def cpu_seconds():
+    """User + system CPU seconds of the finished children (mpirun and the ranks it waited for)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def train(args, cfg, np_, tmp, name, steps):
     cpath, spath = os.path.join(tmp, name + ".json"), os.path.join(tmp, name + ".summary.json")
     json.dump(cfg, open(cpath, "w"))
+    cpu0 = cpu_seconds()
     run(["mpirun", "--oversubscribe", "-np", str(np_), args.zeroshard, "train", "--config", cpath, "--steps",
          str(steps), "--summary", spath])
-    return json.load(open(spath)), cpath
+    summary = json.load(open(spath))
+    summary["cpu_seconds"] = cpu_seconds() - cpu0  # the whole job, start-up included
+    return summary, cpath
 
 
 def memory_part(args, tmp):
@@ -123,12 +136,17 @@ def step_part(args, tmp):
     out = []
     for layouts in groups:
         times = {n: [] for n, _, _ in layouts}
+        cpu = {n: [] for n, _, _ in layouts}
         mem = {}
         loads = []
         for r in range(args.rounds):
             loads.append(os.getloadavg()[0])
             for name, np_, cfg in layouts:
-                s, _ = train(args, cfg, np_, tmp, f"step_{name.replace(' ', '')}", args.steps)
+                tag = f"step_{name.replace(' ', '')}"
+                # CPU seconds per step: a run of --steps steps less one of 1 step (start-up and the first step).
+                one, _ = train(args, cfg, np_, tmp, tag, 1)
+                s, _ = train(args, cfg, np_, tmp, tag, args.steps)
+                cpu[name].append((s["cpu_seconds"] - one["cpu_seconds"]) / (args.steps - 1))
                 times[name].append(s["step_time_s"]["median"])
                 per_rank = s["memory"]["per_rank"]
                 ms = [sum(p["model_states_bytes"].values()) for p in per_rank]
@@ -136,17 +154,21 @@ def step_part(args, tmp):
                              max(p["device_peak_bytes"] for p in per_rank),
                              "device_peak_bytes_per_rank": [p["device_peak_bytes"] for p in per_rank],
                              "tokens_per_second": s["tokens_per_second"]}
-            print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f} s" for n, _, _ in layouts)
+            print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f} s ({cpu[n][-1]:.2f} CPU s)" for n, _, _ in layouts)
                   + f" (load {loads[-1]:.1f})", flush=True)
         base = layouts[0][0]
         res = []
         for name, np_, cfg in layouts:
             ratios = [t / b for t, b in zip(times[name], times[base])]
+            cpu_ratios = [t / b for t, b in zip(cpu[name], cpu[base])]
             res.append({"layout": name, "np": np_, "step_s_median": statistics.median(times[name]),
+                        "cpu_s_per_step_median": statistics.median(cpu[name]), "cpu_s_per_step_rounds": cpu[name],
+                        "cpu_ratio_to_" + base.replace(" ", ""): statistics.median(cpu_ratios),
                         "step_s_rounds": times[name], "ratio_to_" + base.replace(" ", ""): statistics.median(ratios),
                         "ratio_rounds": ratios, **mem[name]})
             print(f"{name:<12} np {np_}: step {statistics.median(times[name]):.3f} s, x{statistics.median(ratios):.3f} "
-                  f"of {base} (rounds {', '.join(f'{x:.3f}' for x in ratios)}); model states "
+                  f"of {base} (rounds {', '.join(f'{x:.3f}' for x in ratios)}); CPU {statistics.median(cpu[name]):.2f} s "
+                  f"per step, x{statistics.median(cpu_ratios):.3f}; model states "
                   f"{mem[name]['model_states_bytes_max'] / 2**20:.2f} MiB, device peak "
                   f"{mem[name]['device_peak_bytes_max'] / 2**20:.2f} MiB per rank (largest)", flush=True)
         out.append({"baseline": base, "layouts": res, "load_1min": loads})
