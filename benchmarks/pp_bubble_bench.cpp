@@ -1,24 +1,44 @@
-// Question: how much of a pipeline step is bubble under each schedule, against the formulas?
+// Question: how much of a pipeline step is bubble under each schedule, against the formulas? And how
+// many micro-batches' activations does each stage hold?
 //
-//   mpirun -np 2 --oversubscribe build/release/benchmarks/pp_bubble_bench [--json out.json]
-//          [--micro-batches 4,8,16] [--reps 3] [--d 128] [--layers 8] [--seq 64] [--batch 4]
+//   mpirun -np 2 build/release/benchmarks/pp_bubble_bench [--json out.json] [--micro-batches 4,8,16]
+//          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4]
+//   mpirun -np 4 --oversubscribe ... (pp 4: ranks share cores; read the replayed column, below)
 //
 // The world is one pipeline (pp = ranks) of the built-in GPT (pp::GptPipeline, partitioned by
-// parameters, no recomputation). Per schedule and micro-batch count m: a warm-up step, then --reps
-// steps, each after a barrier. A rank's measured bubble is 1 - (seconds in its forward, backward and
-// weight-gradient passes) / (its step's wall seconds); a step's is the mean over ranks, reported as the
-// median over steps. Beside it: the schedule's ideal bubble (pp::plan's unit-time simulation, mean over
-// ranks) and 1F1B's formula (pp - 1) / (m + pp - 1), the baseline; ratio = measured / formula. Expected
-// (issue #35): 1F1B and all-forward-all-backward near the formula (within 15% where pass times are
-// even), interleaved lower by about its chunk count, ZB-H1 at most half of 1F1B. Pass times here are
-// not even (the last stage computes the head and loss; B is about 2 F) and the ranks may share cores,
-// so the ideal column is the schedule's own figure and the measured one what this machine did.
-// peak_act_MiB: the largest rank's peak activation bytes (nn::HostContext's kActivation peak over the
-// step: every micro-batch in flight), which does not depend on timing: all-forward-all-backward holds
-// m micro-batches, 1F1B at most pp.
+// parameters, no recomputation), one compute thread per rank (launch::set_blas_threads; the JSON says
+// how many). Per micro-batch count m: a warm-up step of every schedule, then --reps rounds, each
+// running every schedule once in turn (interleaved, so load drifts hit all alike), each step after a
+// barrier. Two bubbles per step, the median over rounds reported:
+//   measured   1 - (a rank's wall seconds in its passes) / (its step's wall seconds), mean over
+//              ranks: what this machine did. Honest only where every rank has a core to itself (pp 2
+//              on 2 cores); with ranks sharing cores an idle rank lends its core to a busy one, its
+//              passes stretch and the bubble shrinks or grows with the OS's choices.
+//   replayed   the step the schedule would take with the passes this step measured, each rank on a
+//              core of its own: every pass's CPU seconds (its thread's CPU time, which waiting for a
+//              core does not add to), replayed through the schedule's dependencies (pp::timeline;
+//              transfers taken as free); mean over ranks of 1 - pass time / makespan. At pp 2 it is
+//              checked against the measured bubble; at pp 4 on 2 cores it is the figure (the
+//              oversubscription still inflates pass CPU times a little through shared caches).
+//   repl_med   the same replay with every pass at the median of its kind (forward, backward, W) on its
+//              rank and chunk in that step: without the pass-to-pass jitter other processes' load
+//              adds, with the stages' and the pass kinds' own costs.
+// Beside them: the schedule's ideal bubble (pp::plan's unit times: forward 1, backward 2) and 1F1B's
+// formula (pp - 1) / (m + pp - 1); ratios measured / formula, replayed / formula, and each schedule's
+// replayed bubble over 1F1B's in the same round (issue #35: 1F1B within 15% of the formula,
+// interleaved lower by about its chunk count, ZB-H1 at most 0.5x of 1F1B). Pass times are not even
+// (the last stage computes the head and loss; the first the embedding), so the formula, which assumes
+// equal stages, is met only as far as the partition balances them: pass_imbalance is the largest
+// rank's pass seconds over the mean.
+// Per stage: its peak activation bytes (nn::HostContext's kActivation peak over the steps: every
+// micro-batch in flight, received activations, pending sends; independent of timing) and the most
+// micro-batches it held at once (all-forward-all-backward: m; 1F1B: pp - stage).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,18 +46,98 @@
 #include "benchmarks/support/bench_json.h"
 #include "comm/comm.h"
 #include "core/rng.h"
+#include "launch/launch.h"
 #include "nn/host_context.h"
 #include "pp/pp.h"
 
 using namespace zs;
 
+namespace {
+
+struct Sched {
+  pp::Schedule s;
+  int chunks;
+};
+
+std::vector<nn::Batch> micro_batches(int64_t m, int64_t B, int64_t T) {
+  std::vector<nn::Batch> mbs;
+  for (int64_t k = 0; k < m; ++k) {
+    nn::Batch b{memory::Tensor::empty({B, T}, memory::DType::kI32), memory::Tensor::empty({B, T}, memory::DType::kI32)};
+    CounterRng rng(static_cast<uint64_t>(k), "bench tokens");
+    for (int64_t i = 0; i < B * T; ++i) {
+      b.inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform(2 * static_cast<uint64_t>(i)) * 256) % 256;
+      b.targets.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform(2 * static_cast<uint64_t>(i) + 1) * 256) % 256;
+    }
+    mbs.push_back(b);
+  }
+  return mbs;
+}
+
+// One step's figures on rank 0 (the others get zeros): measured and replayed bubble, step seconds,
+// the largest rank's pass seconds over the mean.
+struct StepFigures {
+  double measured = 0, replayed = 0, typical = 0, seconds = 0, imbalance = 0;
+  double pass_ms[3] = {0, 0, 0};  // mean CPU milliseconds of a forward, a backward (ZB-H1: B), a W pass
+};
+
+StepFigures step_figures(const pp::StepStats& st, pp::Schedule s, const pp::PipelineShape& shape, int me) {
+  const int p = shape.stages;
+  const auto n = static_cast<int>(st.pass_cpu_seconds.size());  // every rank runs as many passes
+  std::vector<double> all(static_cast<size_t>(n * p));
+  MPI_Gather(st.pass_cpu_seconds.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  double v[2] = {st.bubble, st.seconds};
+  MPI_Reduce(me == 0 ? MPI_IN_PLACE : v, v, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  StepFigures f;
+  if (me != 0) return f;
+  std::vector<std::vector<double>> secs(static_cast<size_t>(p));
+  std::vector<double> busy;
+  for (int r = 0; r < p; ++r) {
+    secs[static_cast<size_t>(r)].assign(all.begin() + r * n, all.begin() + (r + 1) * n);
+    busy.push_back(std::accumulate(secs[static_cast<size_t>(r)].begin(), secs[static_cast<size_t>(r)].end(), 0.0));
+  }
+  const pp::Timeline tl = pp::timeline(s, shape, secs);
+  f.measured = v[0] / p;
+  f.seconds = v[1] / p;
+  f.replayed = std::accumulate(tl.bubble.begin(), tl.bubble.end(), 0.0) / p;
+  // The same with every pass at its kind's median on its rank and chunk: what is left without the
+  // pass-to-pass jitter (other processes' load) but with the stages' and the pass kinds' real costs.
+  std::vector<std::vector<double>> typical = secs;
+  for (int r = 0; r < p; ++r) {
+    const auto& ops = tl.ops[static_cast<size_t>(r)];
+    for (size_t i = 0; i < ops.size(); ++i) {
+      std::vector<double> same;
+      for (size_t j = 0; j < ops.size(); ++j) {
+        if (ops[j].kind == ops[i].kind && ops[j].chunk == ops[i].chunk) same.push_back(secs[static_cast<size_t>(r)][j]);
+      }
+      typical[static_cast<size_t>(r)][i] = bench::median(same);
+    }
+  }
+  const pp::Timeline smooth = pp::timeline(s, shape, typical);
+  f.typical = std::accumulate(smooth.bubble.begin(), smooth.bubble.end(), 0.0) / p;
+  double sum[3] = {0, 0, 0}, count[3] = {0, 0, 0};
+  for (int r = 0; r < p; ++r) {
+    for (size_t i = 0; i < tl.ops[static_cast<size_t>(r)].size(); ++i) {
+      const int k = tl.ops[static_cast<size_t>(r)][i].kind;
+      sum[k] += secs[static_cast<size_t>(r)][i];
+      count[k] += 1;
+    }
+  }
+  for (int k = 0; k < 3; ++k) f.pass_ms[k] = count[k] > 0 ? 1e3 * sum[k] / count[k] : 0.0;
+  f.imbalance = *std::max_element(busy.begin(), busy.end()) / (std::accumulate(busy.begin(), busy.end(), 0.0) / p);
+  return f;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  launch::select_blas_kernels(argv);
   try {
     auto world = comm::World::create();
+    const int threads = launch::set_blas_threads(launch::local_rank_count());
     comm::Topology topo(world.group(), {.pipeline_parallel_size = world.size()});
     const comm::Group& group = topo.pipeline_parallel();
     const int p = group.size(), me = world.rank();
-    const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "3"));
+    const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "5"));
     const int64_t d = std::stoll(bench::arg_value(argc, argv, "--d", "128"));
     const int64_t layers = std::stoll(bench::arg_value(argc, argv, "--layers", "8"));
     const int64_t T = std::stoll(bench::arg_value(argc, argv, "--seq", "64"));
@@ -50,65 +150,103 @@ int main(int argc, char** argv) {
     const nn::GptConfig cfg{.n_layer = layers, .d_model = d, .n_head = 4, .seq_len = T, .vocab_size = 256};
     bench::Report report;
     report.benchmark = "pp_bubble_bench";
-    report.config = {{"pp", p}, {"d_model", d}, {"n_layer", layers}, {"seq", T}, {"batch", B}, {"reps", reps}};
+    report.config = {{"pp", p},     {"d_model", d}, {"n_layer", layers}, {"seq", T}, {"batch", B},
+                     {"reps", reps}, {"compute_threads_per_rank", threads}};
     boost::json::object ratios;
-    if (me == 0) {
-      std::printf("%-12s %4s %4s %10s %10s %10s %8s %10s %12s\n", "schedule", "pp", "m", "measured", "ideal", "formula",
-                  "ratio", "step_ms", "peak_act_MiB");
-    }
-    struct Sched {
-      pp::Schedule s;
-      int chunks;
-    };
+    std::vector<Sched> scheds;
     for (Sched sc : {Sched{pp::Schedule::kAllForwardAllBackward, 1}, Sched{pp::Schedule::kOneFOneB, 1},
                      Sched{pp::Schedule::kInterleaved, 2}, Sched{pp::Schedule::kZeroBubbleH1, 1}}) {
-      if (sc.chunks * p > layers) continue;
-      pp::GptPipeline gpt(cfg, group, {.virtual_pipeline_size = sc.chunks, .pipeline = {.schedule = sc.s}});
-      gpt.materialize(1);
-      for (int64_t m : ms) {
-        nn::HostContext ctx;  // per m: its peaks are this configuration's
-        if (sc.s == pp::Schedule::kInterleaved && m % p != 0) continue;
-        std::vector<nn::Batch> mbs;
-        for (int64_t k = 0; k < m; ++k) {
-          nn::Batch b{memory::Tensor::empty({B, T}, memory::DType::kI32), memory::Tensor::empty({B, T}, memory::DType::kI32)};
-          CounterRng rng(static_cast<uint64_t>(k), "bench tokens");
-          for (int64_t i = 0; i < B * T; ++i) {
-            b.inputs.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform(2 * static_cast<uint64_t>(i)) * 256) % 256;
-            b.targets.data<int32_t>()[i] = static_cast<int32_t>(rng.uniform(2 * static_cast<uint64_t>(i) + 1) * 256) % 256;
-          }
-          mbs.push_back(b);
-        }
-        std::vector<double> measured, seconds;
-        double ideal = 0.0;
-        for (int r = -1; r < reps; ++r) {
-          for (nn::Parameter* q : gpt.params()) q->grad().zero();
+      if (sc.chunks * p <= layers) scheds.push_back(sc);
+    }
+    std::vector<std::unique_ptr<pp::GptPipeline>> gpts;
+    for (const Sched& sc : scheds) {
+      gpts.push_back(std::make_unique<pp::GptPipeline>(
+          cfg, group, pp::GptPipelineConfig{.virtual_pipeline_size = sc.chunks, .pipeline = {.schedule = sc.s}}));
+      gpts.back()->materialize(1);
+    }
+    if (me == 0) {
+      std::printf("pp %d, %d compute thread(s) per rank%s\n", p, threads,
+                  threads > 1 ? " (replayed CPU seconds then miss the other threads' work: use 1)" : "");
+      std::printf("%-12s %3s %9s %9s %9s %9s %9s %8s %8s %9s %9s %8s %14s %s\n", "schedule", "m", "measured", "replayed",
+                  "repl_med", "ideal",
+                  "formula", "meas/f", "repl/f", "repl/1f1b", "step_ms", "imbal", "F/B/W cpu ms", "per stage: peak act MiB (in flight)");
+    }
+    for (int64_t m : ms) {
+      const std::vector<nn::Batch> mbs = micro_batches(m, B, T);
+      std::vector<std::unique_ptr<nn::HostContext>> ctx;  // per schedule: its peaks are this m's
+      std::vector<std::vector<StepFigures>> figs(scheds.size());
+      std::vector<int> in_flight(scheds.size(), 0);
+      for (size_t i = 0; i < scheds.size(); ++i) ctx.push_back(std::make_unique<nn::HostContext>());
+      auto runnable = [&](size_t i) { return scheds[i].s != pp::Schedule::kInterleaved || m % p == 0; };
+      for (int r = -1; r < reps; ++r) {
+        for (size_t i = 0; i < scheds.size(); ++i) {
+          if (!runnable(i)) continue;
+          for (nn::Parameter* q : gpts[i]->params()) q->grad().zero();
           MPI_Barrier(MPI_COMM_WORLD);
-          const pp::StepStats st = gpt.step(ctx, mbs, 1.0f / static_cast<float>(m));
-          double v[3] = {st.bubble, st.seconds, st.ideal_bubble};
-          MPI_Allreduce(MPI_IN_PLACE, v, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-          if (r < 0) continue;  // warm-up
-          measured.push_back(v[0] / p);
-          seconds.push_back(v[1] / p);
-          ideal = v[2] / p;
+          const pp::StepStats st = gpts[i]->step(*ctx[i], mbs, 1.0f / static_cast<float>(m));
+          in_flight[i] = st.max_in_flight;
+          const StepFigures f =
+              step_figures(st, scheds[i].s, {.stages = p, .chunks = scheds[i].chunks, .micro_batches = m}, me);
+          if (r >= 0) figs[i].push_back(f);  // r = -1: warm-up
         }
-        // Peak activation bytes (forward outputs and saved tensors, every instance in flight), the
-        // largest over ranks: timing-independent, unlike the bubble.
-        double peak = static_cast<double>(ctx.peak_bytes(nn::MemoryUse::kActivation));
-        MPI_Allreduce(MPI_IN_PLACE, &peak, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        const double meas = bench::median(measured), secs = bench::median(seconds);
+      }
+      size_t k1 = 0;  // 1F1B, every ratio's baseline
+      while (scheds[k1].s != pp::Schedule::kOneFOneB) ++k1;
+      for (size_t i = 0; i < scheds.size(); ++i) {
+        if (!runnable(i)) continue;
+        // Per stage: peak activation bytes and micro-batches in flight, gathered to rank 0.
+        const double mine[2] = {static_cast<double>(ctx[i]->peak_bytes(nn::MemoryUse::kActivation)),
+                                static_cast<double>(in_flight[i])};
+        std::vector<double> stages(2 * static_cast<size_t>(p));
+        MPI_Gather(mine, 2, MPI_DOUBLE, stages.data(), 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        if (me != 0) continue;
+        auto med = [&](double StepFigures::*field) {
+          std::vector<double> v;
+          for (const StepFigures& f : figs[i]) v.push_back(f.*field);
+          return bench::median(v);
+        };
+        const double meas = med(&StepFigures::measured), repl = med(&StepFigures::replayed);
+        const double typical = med(&StepFigures::typical);
+        const double secs = med(&StepFigures::seconds), imbal = med(&StepFigures::imbalance);
+        double pass_ms[3];
+        for (int k = 0; k < 3; ++k) {
+          std::vector<double> v;
+          for (const StepFigures& f : figs[i]) v.push_back(f.pass_ms[k]);
+          pass_ms[k] = bench::median(v);
+        }
+        const pp::Schedule s = scheds[i].s;
+        const double ideal = [&] {
+          const pp::Plan pl = pp::plan(s, {.stages = p, .chunks = scheds[i].chunks, .micro_batches = m});
+          return std::accumulate(pl.bubble.begin(), pl.bubble.end(), 0.0) / p;
+        }();
         const double formula = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
-        const double ratio = formula > 0.0 ? meas / formula : 0.0;
-        const std::string name = pp::schedule_name(sc.s);
-        if (me == 0) {
-          std::printf("%-12s %4d %4lld %10.3f %10.3f %10.3f %8.2f %10.2f %12.2f\n", name.c_str(), p,
-                      static_cast<long long>(m), meas, ideal, formula, ratio, secs * 1e3, peak / (1 << 20));
-          std::fflush(stdout);
+        // Each round's replayed bubble over the same round's 1F1B (schedules run in turn within a round).
+        std::vector<double> v;
+        for (size_t r = 0; r < figs[i].size(); ++r) v.push_back(figs[i][r].replayed / figs[k1][r].replayed);
+        const double over_1f1b = bench::median(v);
+        const std::string name = pp::schedule_name(s), key = name + "/m" + std::to_string(m);
+        std::string per_stage;
+        boost::json::array stage_json;
+        for (int q = 0; q < p; ++q) {
+          const double peak = stages[2 * static_cast<size_t>(q)], held = stages[2 * static_cast<size_t>(q) + 1];
+          per_stage += fmt::format(" {:.2f} ({:.0f})", peak / (1 << 20), held);
+          stage_json.push_back(boost::json::object{{"stage", q}, {"peak_activation_bytes", peak},
+                                                   {"micro_batches_in_flight", held}});
         }
-        report.results.push_back(boost::json::object{{"schedule", name}, {"chunks", sc.chunks}, {"pp", p}, {"m", m},
-                                                     {"measured_bubble", meas}, {"ideal_bubble", ideal},
-                                                     {"step_s", secs}, {"peak_activation_bytes", peak}});
-        report.baseline[name + "/m" + std::to_string(m)] = boost::json::object{{"formula_1f1b", formula}};
-        ratios[name + "/m" + std::to_string(m)] = ratio;
+        std::printf("%-12s %3lld %9.3f %9.3f %9.3f %9.3f %9.3f %8.2f %8.2f %9.2f %9.2f %8.2f %5.1f/%.1f/%.1f %s\n",
+                    name.c_str(), static_cast<long long>(m), meas, repl, typical, ideal, formula, meas / formula, repl / formula,
+                    over_1f1b, secs * 1e3, imbal, pass_ms[0], pass_ms[1], pass_ms[2], per_stage.c_str());
+        std::fflush(stdout);
+        report.results.push_back(boost::json::object{
+            {"schedule", name}, {"chunks", scheds[i].chunks}, {"pp", p}, {"m", m}, {"measured_bubble", meas},
+            {"replayed_bubble", repl}, {"replayed_median_pass_bubble", typical}, {"ideal_bubble", ideal}, {"step_s", secs}, {"pass_imbalance", imbal},
+            {"pass_cpu_ms", boost::json::object{{"forward", pass_ms[0]}, {"backward", pass_ms[1]}, {"weight", pass_ms[2]}}},
+            {"stages", std::move(stage_json)}});
+        report.baseline[key] = boost::json::object{{"formula_1f1b", formula}};
+        ratios[key] = boost::json::object{{"measured_over_formula", meas / formula},
+                                          {"replayed_over_formula", repl / formula},
+                                          {"replayed_median_pass_over_formula", typical / formula},
+                                          {"replayed_over_1f1b", over_1f1b}};
       }
     }
     report.ratio = ratios;

@@ -582,6 +582,8 @@ double Engine::eval_batch(BatchSource& source, int64_t index) {
 
 std::vector<float> Engine::fp32_param(const std::string& name) const {
   auto it = impl_->slot_by_name_.find(name);
+  const comm::Group* pp = pipeline_parallel();
+  if (pp != nullptr && pp->size() > 1 && pp->is_mpi()) return pipeline_fp32_param(name, it != impl_->slot_by_name_.end());
   if (it == impl_->slot_by_name_.end()) {
     throw UsageError(fmt::format("Engine::fp32_param: no parameter named '{}' on this rank; pass a full name such as "
                                  "'{}' (nn::Parameter::full_name; an expert's parameters are held by its "

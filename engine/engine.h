@@ -242,12 +242,16 @@ class Engine {
   int64_t param_count() const;
   // The full fp32 parameters of parameter `name` (the master weights), in its flattened order; of a
   // TP shard, the whole tp = 1 tensor. Collective at ZeRO stage >= 1 (the master weights are sharded)
-  // and, for a TP shard, over the tensor-parallel group: every rank must call it.
+  // and, for a TP shard, over the tensor-parallel group: every rank must call it. A pipeline stage
+  // (pipeline_parallel_size > 1) gives any parameter of the whole model: collective over the "pp"
+  // group too (the first stage holding it sends it to the others); a name no stage holds is a
+  // UsageError on every rank.
   std::vector<float> fp32_param(const std::string& name) const;
   // SHA-256 (hex) over the whole model: the concatenated SHA-256 digests of every parameter's full
   // fp32 values (little-endian bytes), parameters in name order (sorted by full name), each expert
-  // once whichever rank holds it. Identical across ranks, world sizes, ep_sizes and stages for equal
-  // models. Collective at ZeRO stage >= 1 and with expert parameters (engine/param_digest.cpp).
+  // once whichever rank holds it, each pipeline stage's parameters with a tied embedding's copies once.
+  // Identical across ranks, world sizes, ep_sizes, tp, pp and ZeRO stages for equal models. Collective
+  // at ZeRO stage >= 1, with expert parameters and over the "pp" group (engine/param_digest.cpp).
   std::string param_digest() const;
   ModelStateBytes model_state_bytes() const;
   // Optimizer-state bytes per parameter element this rank keeps, fp32 master excluded (Adam 8, CAdam
@@ -342,6 +346,8 @@ class Engine {
   // What the checkpoint code may reach (engine/detail/engine_checkpoint.h): handed over, no friend.
   CheckpointAccess checkpoint_access();
   void start(std::unique_ptr<memory::Backend> backend);  // the constructors' common part
+  // fp32_param of a pipeline stage: `held` where this stage has `name` (engine_pipeline.cpp).
+  std::vector<float> pipeline_fp32_param(const std::string& name, bool held) const;
   nn::Model& model_;
   EngineConfig config_;
   const comm::Group& group_;

@@ -1,6 +1,8 @@
 // The engine's side of pipeline parallelism (Note [pipeline stages in the engine] in
 // engine/pipeline_model.h): the checks at construction, one step's schedule as the accumulation
 // window, the shared parameters' gradient sums between stages, and the pp sum of the gradient norm.
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "core/clock.h"
@@ -108,6 +110,37 @@ void Engine::Impl::run_pipeline_window(nn::Model& model, BatchSource& source, in
   loss_sum_ = static_cast<double>(pipeline_run_.loss) * static_cast<double>(m);
   backward_since_step_ = true;
   backward_s_ = now_seconds() - t0;  // the schedule interleaves forwards and backwards
+}
+
+std::vector<float> Engine::pipeline_fp32_param(const std::string& name, bool held) const {
+  // Which stages hold it (the same in every pp group: stages are partitioned alike), then the first
+  // one's full values to the others: its size as two 31-bit halves, then the values.
+  const comm::Group& pp = *pipeline_parallel();
+  int32_t mine = held ? 1 : 0;
+  std::vector<int32_t> holders(static_cast<size_t>(pp.size()));
+  pp.allgather(memory::Tensor(&mine, memory::DType::kI32, {1}),
+               memory::Tensor(holders.data(), memory::DType::kI32, {pp.size()}));
+  const auto first = std::find(holders.begin(), holders.end(), 1);
+  if (first == holders.end()) {
+    throw UsageError(fmt::format("Engine::fp32_param: no pipeline stage holds a parameter named '{}'; pass a full name "
+                                 "of the pp = 1 model such as 'wte' or 'blocks.0.attn.qkv.weight' "
+                                 "(nn::Parameter::full_name)",
+                                 name));
+  }
+  const int root = static_cast<int>(first - holders.begin());
+  std::vector<float> values;
+  if (pp.rank() == root) {
+    const auto& [set, slot] = impl_->slot_by_name_.at(name);
+    const ModelStates& states = *impl_->sets_[set];
+    const ParamSlot& s = states.layout.slots()[slot];
+    values = impl_->gather_full(*s.param, impl_->gather_fp32(states, s));
+  }
+  const auto n = static_cast<int64_t>(values.size());
+  int32_t size[2] = {static_cast<int32_t>(n & 0x7fffffff), static_cast<int32_t>(n >> 31)};
+  pp.broadcast(memory::Tensor(size, memory::DType::kI32, {2}), root);
+  values.resize(static_cast<size_t>(size[0] + (int64_t{size[1]} << 31)));
+  pp.broadcast(memory::Tensor::of(std::span<float>(values)), root);
+  return values;
 }
 
 double Engine::Impl::pipeline_sum(double sum_sq) const {

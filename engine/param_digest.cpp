@@ -1,4 +1,5 @@
-// Engine::param_digest: one SHA-256 of the whole model, the same on every rank and for every ep_size.
+// Engine::param_digest: one SHA-256 of the whole model, the same on every rank and for every ep_size,
+// tp and pp.
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -25,6 +26,12 @@ namespace zs::engine {
 // replicated parameter is hashed as it is, and the tp ranks compare those hashes (one allgather of
 // 32 bytes per replicated parameter): replicas that differ in any bit are a ModelError naming the
 // parameter, not a digest that silently depends on which rank wrote it.
+// With pipeline parallelism (Note [pipeline stages in the engine] in engine/pipeline_model.h) a rank
+// holds its stage's parameters: the stages exchange their (name, digest) pairs over the "pp" group
+// as the expert sets do over dp, so every rank digests the whole model under the pp = 1 model's names
+// and the digest equals pp = 1's for equal parameters. A tied embedding's two copies (first and last
+// stage) appear once; copies whose digests differ are a ModelError naming the parameter and the
+// stages, as for tp replicas.
 
 namespace {
 
@@ -55,7 +62,9 @@ std::vector<int32_t> pack(const std::map<std::string, Sha256>& entries) {
   return words;
 }
 
-void unpack(std::span<const int32_t> words, std::map<std::string, Sha256>& into) {
+// Merges `words` (pack's) into `into`; `conflict(name)` is called where a name already in has another digest.
+template <class OnConflict>
+void unpack(std::span<const int32_t> words, std::map<std::string, Sha256>& into, OnConflict conflict) {
   for (size_t i = 0; i < words.size();) {
     const auto len = static_cast<size_t>(words[i++]);
     std::string name(len, '\0');
@@ -64,7 +73,32 @@ void unpack(std::span<const int32_t> words, std::map<std::string, Sha256>& into)
     Sha256 hash{};
     std::memcpy(hash.data(), words.data() + i, hash.size());
     i += hash.size() / 4;
-    into.emplace(std::move(name), hash);  // an edp replica's copy of an expert already in: the same values
+    auto [it, added] = into.emplace(std::move(name), hash);  // a replica's copy already in: the same values
+    if (!added && it->second != hash) conflict(it->first);
+  }
+}
+
+// Every rank's entries of `group` to every rank, merged in rank order (collective over `group`);
+// conflict(name, q) where rank q's digest of a name already in differs.
+template <class OnConflict>
+void exchange(const comm::Group& group, std::map<std::string, Sha256>& entries, OnConflict conflict) {
+  std::vector<int32_t> mine = pack(entries);
+  int32_t count = static_cast<int32_t>(mine.size());
+  std::vector<int32_t> counts(static_cast<size_t>(group.size()));
+  group.allgather(memory::Tensor(&count, memory::DType::kI32, {1}),
+                  memory::Tensor(counts.data(), memory::DType::kI32, {group.size()}));
+  std::vector<size_t> sizes(counts.begin(), counts.end());
+  size_t total = 0;
+  for (size_t c : sizes) total += c;
+  std::vector<int32_t> all(std::max<size_t>(total, 1));
+  mine.resize(std::max<size_t>(mine.size(), 1));
+  group.allgatherv(memory::Tensor(mine.data(), memory::DType::kI32, {static_cast<int64_t>(count)}),
+                   memory::Tensor(all.data(), memory::DType::kI32, {static_cast<int64_t>(total)}), sizes);
+  size_t at = 0;
+  for (int q = 0; q < group.size(); ++q) {
+    unpack(std::span<const int32_t>(all.data() + at, sizes[static_cast<size_t>(q)]), entries,
+           [&](const std::string& name) { conflict(name, q); });
+    at += sizes[static_cast<size_t>(q)];
   }
 }
 
@@ -115,22 +149,21 @@ std::string Engine::param_digest() const {
   if (tp_ != nullptr) check_replicas(*tp_, replicated, replicated_hashes);
   const bool any_experts = std::any_of(impl_->sets_.begin(), impl_->sets_.end(), [](const auto& s) { return s->expert(); });
   if (any_experts && group_.size() > 1 && group_.is_mpi()) {
-    // Every rank's expert entries to every rank (Note [whole-model digest]).
-    std::vector<int32_t> mine = pack(experts);
-    int32_t count = static_cast<int32_t>(mine.size());
-    std::vector<int32_t> counts(static_cast<size_t>(group_.size()));
-    group_.allgather(memory::Tensor(&count, memory::DType::kI32, {1}),
-                     memory::Tensor(counts.data(), memory::DType::kI32, {group_.size()}));
-    std::vector<size_t> sizes(counts.begin(), counts.end());
-    size_t total = 0;
-    for (size_t c : sizes) total += c;
-    std::vector<int32_t> all(std::max<size_t>(total, 1));
-    mine.resize(std::max<size_t>(mine.size(), 1));
-    group_.allgatherv(memory::Tensor(mine.data(), memory::DType::kI32, {static_cast<int64_t>(count)}),
-                      memory::Tensor(all.data(), memory::DType::kI32, {static_cast<int64_t>(total)}), sizes);
-    unpack(std::span<const int32_t>(all.data(), total), experts);
+    // Every rank's expert entries to every rank (Note [whole-model digest]); edp replicas hold the
+    // same values, and the first copy in rank order stays.
+    exchange(group_, experts, [](const std::string&, int) {});
   }
   dense.merge(experts);
+  if (const comm::Group* pp = pipeline_parallel(); pp != nullptr && pp->size() > 1 && pp->is_mpi()) {
+    // Every stage's entries to every stage (Note [whole-model digest]).
+    exchange(*pp, dense, [&](const std::string& name, int stage) {
+      throw ModelError(fmt::format(
+          "parameter '{}' is held by pipeline stages {} and {} of the \"{}\" group (a tied embedding's copies) with "
+          "different values: the copies' gradients must be summed between their stages every step "
+          "(engine::PipelineModel::shared_params, Note [pipeline stages in the engine] in engine/pipeline_model.h)",
+          name, std::min(stage, pp->rank()), std::max(stage, pp->rank()), pp->name()));
+    });
+  }
   std::vector<unsigned char> stream;
   stream.reserve(dense.size() * sizeof(Sha256));
   for (const auto& [name, hash] : dense) stream.insert(stream.end(), hash.begin(), hash.end());

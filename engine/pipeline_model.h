@@ -28,7 +28,10 @@
 //     tp) is summed over the pp group, a shared parameter counted on one stage only; so every rank of
 //     dp x tp x pp clips with, and skips on, the same value;
 //   - the loss comes from the last stage (run_pipeline gives every stage the mean);
-//   - checkpoints, fp32_param and param_digest are per stage (this rank's parameters).
+//   - checkpoints are per stage (this rank's parameters, by full name); fp32_param and param_digest
+//     are the whole model's, collective over the pp group too (a stage holding the name sends its
+//     values; the digests of every stage's parameters are exchanged, a tied copy counted once), so
+//     they equal pp = 1's for equal parameters (Note [whole-model digest] in engine/param_digest.cpp).
 #pragma once
 
 #include <cstdint>

@@ -140,9 +140,9 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   s["tensor_parallel_size"] = tp;
   s["topology"] = fmt::format("dp {} x tp {}", group.size(), tp);
   if (const int pp = engine_.pipeline_parallel_size(); pp > 1) {
-    // Pipeline parallelism: param_digest below is stage 0's parameters' (params_total the whole model's); per stage, the schedule's
-    // seconds summed over the steps (mean over the stage's ranks), its measured bubble and the bytes
-    // its ranks sent to the neighbouring stages.
+    // Pipeline parallelism: param_digest and params_total below are the whole model's; per stage, the
+    // schedule's seconds summed over the steps (mean over the stage's ranks), its measured bubble and
+    // the bytes its ranks sent to the neighbouring stages.
     s["world_size"] = group.size() * tp * pp;
     s["pipeline_parallel_size"] = pp;
     s["topology"] = fmt::format("dp {} x tp {} x pp {}", group.size(), tp, pp);

@@ -7,6 +7,7 @@
 #include "estimate/estimate.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
+#include "pp/gpt.h"
 
 namespace zs::engine {
 namespace {
@@ -72,32 +73,59 @@ void check_config_fits(const run::RunConfig& cfg, int ranks, const FitCapacity& 
   // Tensor parallelism: each rank holds about 1/tp of the parameters (a lower bound: replicated norms,
   // biases and wpe are whole on every rank), sharded over ranks / tp; the check refuses only what
   // cannot fit, so a lower bound is the safe side.
-  // Pipeline stages likewise: the largest stage holds at least 1/pp of them, over ranks / (tp x pp).
+  // Pipeline stages (the GPT's, model.pipeline_parallel_size P > 1): each stage holds its own chunks'
+  // parameters (pp::gpt_stage_param_count: the partition's blocks, the embeddings on the first stage,
+  // the final norm and head, a tied embedding's copy, on the last), sharded over ranks / (tp x P);
+  // every stage is checked with its own count, and the stage with the most device bytes is the one
+  // named. Its ranks need them whatever the other stages hold, so 1/P of the model would understate
+  // the largest stage (a vocabulary-heavy first or last stage, explicit boundaries).
   const int tp = cfg.tensor_parallel.tensor_parallel_size;
-  const int pp = cfg.pipeline.pipeline_parallel_size;
-  EstimateInput in = estimate_input_for_config(rules, ranks / tp / pp, counts.dense / static_cast<uint64_t>(tp * pp));
-  if (counts.expert > 0) {
-    in.model.experts.push_back({counts.expert_parallel_size, round_up(counts.expert, kAlign)});
+  const int pp = cfg.model && !cfg.model_moe ? cfg.pipeline.pipeline_parallel_size : 1;
+  int worst_stage = 0;
+  uint64_t worst_params = counts.dense;
+  TieredStateBytes states;
+  for (int stage = 0; stage < pp; ++stage) {
+    const uint64_t dense =
+        pp == 1 ? counts.dense
+                : static_cast<uint64_t>(pp::gpt_stage_param_count(*cfg.model, cfg.pipeline.partition, pp,
+                                                                  cfg.pipeline.virtual_pipeline_size, stage));
+    EstimateInput in = estimate_input_for_config(rules, ranks / tp / pp, dense / static_cast<uint64_t>(tp));
+    if (counts.expert > 0) {
+      in.model.experts.push_back({counts.expert_parallel_size, round_up(counts.expert, kAlign)});
+    }
+    const TieredStateBytes mine = tiered_state_bytes(in, cfg.zero.stage, /*rank=*/0);
+    if (stage == 0 || mine.device.total() > states.device.total()) {
+      states = mine;
+      worst_stage = stage;
+      worst_params = dense;
+    }
   }
-  const TieredStateBytes states = tiered_state_bytes(in, cfg.zero.stage, /*rank=*/0);
   const uint64_t device_capacity = static_cast<uint64_t>(cfg.device.memory_mb) << 20;
   const uint64_t params = counts.dense + counts.expert;
+  // "of which pipeline stage 1 of 2 holds 1,234 (its blocks 2-3, ...)" at pp > 1.
+  const std::string stage_part =
+      pp > 1 ? fmt::format(", of which pipeline stage {} of {} (model.pipeline_parallel_size, pipeline.partition_method "
+                           "\"{}\") holds {}{},",
+                           worst_stage, pp, pp::partition_method_name(cfg.pipeline.partition.method),
+                           group_digits(worst_params), worst_stage == 0 ? " with the embeddings"
+                                                       : worst_stage == pp - 1 ? " with the final norm and head" : "")
+             : std::string();
   if (states.device.total() > device_capacity) {
     throw ConfigError(fmt::format(
-        "model: a {} of {} parameters (model.n_layer {}, model.d_model {}) needs {} ({} bytes) of model states per rank "
-        "on the device ({}), more than device.memory_mb gives ({} bytes); raise device.memory_mb, use a higher "
+        "model: a {} of {} parameters (model.n_layer {}, model.d_model {}){} needs {} ({} bytes) of model states per "
+        "rank on the device ({}), more than device.memory_mb gives ({} bytes); raise device.memory_mb, use a higher "
         "zero_optimization.stage, more ranks or offload (zero_optimization.offload_optimizer / offload_param), or make "
         "the model smaller",
-        kind, group_digits(params), n_layer, d_model, format_bytes(states.device.total()),
+        kind, group_digits(params), n_layer, d_model, stage_part, format_bytes(states.device.total()),
         states.device.total(), where(cfg, ranks), device_capacity));
   }
   if (capacity.host_bytes != 0 && states.host.total() > capacity.host_bytes) {
     const bool param = cfg.zero.offload_param.device == OffloadDevice::kCpu;
     throw ConfigError(fmt::format(
-        "zero_optimization.{}: a {} of {} parameters offloads {} ({} bytes) of model states per rank to the host ({}), "
-        "more than this machine's memory ({} bytes); use more ranks, offload to nvme, or make the model smaller",
-        param ? "offload_param" : "offload_optimizer", kind, group_digits(params), format_bytes(states.host.total()),
-        states.host.total(), where(cfg, ranks), capacity.host_bytes));
+        "zero_optimization.{}: a {} of {} parameters{} offloads {} ({} bytes) of model states per rank to the host "
+        "({}), more than this machine's memory ({} bytes); use more ranks, offload to nvme, or make the model smaller",
+        param ? "offload_param" : "offload_optimizer", kind, group_digits(params), stage_part,
+        format_bytes(states.host.total()), states.host.total(), where(cfg, ranks), capacity.host_bytes));
   }
   // The smallest activation a step allocates on the device: one micro-batch's embedding output (B, T, C)
   // in the compute dtype. Everything else the forward keeps only adds to it.

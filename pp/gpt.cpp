@@ -20,13 +20,35 @@ using memory::Tensor;
 using nn::MemoryUse;
 
 
-std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks) {
+namespace {
+
+// Per block: its parameter elements, the embeddings added to the first and the final norm and head to
+// the last: every parameter of the pipeline (the tied head's copy included) in exactly one entry.
+std::vector<int64_t> gpt_block_costs(const nn::GptConfig& cfg) {
   nn::validate(cfg);
   const int64_t C = cfg.d_model, V = cfg.vocab_size, L = cfg.n_layer;
   std::vector<int64_t> cost(static_cast<size_t>(L), 12 * C * C + 13 * C);
   cost.front() += V * C + cfg.seq_len * C;  // wte, wpe
   cost.back() += 2 * C + V * C;             // ln_f, the head (lm_head, or the tied copy of wte)
+  return cost;
+}
+
+}  // namespace
+
+std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks) {
+  const std::vector<int64_t> cost = gpt_block_costs(cfg);
   return partition(part, cost, global_chunks);
+}
+
+int64_t gpt_stage_param_count(const nn::GptConfig& cfg, const PartitionConfig& part, int stages, int chunks, int stage) {
+  const std::vector<int64_t> cost = gpt_block_costs(cfg);
+  const std::vector<int64_t> bounds = partition(part, cost, stages * chunks);
+  int64_t n = 0;
+  for (int c = 0; c < chunks; ++c) {
+    const auto g = static_cast<size_t>(c * stages + stage);
+    for (int64_t b = bounds[g]; b < bounds[g + 1]; ++b) n += cost[static_cast<size_t>(b)];
+  }
+  return n;
 }
 
 GptStage::GptStage(const nn::GptConfig& cfg, int64_t first_block, int64_t end_block, bool first, bool last,

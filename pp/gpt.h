@@ -48,6 +48,11 @@ struct GptPipelineConfig {
 
 // Block boundaries of the global chunks (global_chunks + 1 entries), ConfigError as pp::partition.
 std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks);
+// Parameter elements pipeline rank `stage` of `stages` holds with `chunks` chunks per rank: its
+// chunks' blocks, the embeddings with the first global chunk, the final norm and the head (a tied
+// embedding's copy) with the last; the sizes gpt_partition balances, before any tensor-parallel
+// split. ConfigError as gpt_partition.
+int64_t gpt_stage_param_count(const nn::GptConfig& cfg, const PartitionConfig& part, int stages, int chunks, int stage);
 
 // One factory per local chunk of this rank (rank r of `group` holds global chunks r, r + stages, ...),
 // and the block boundaries of the global chunks into `bounds`. ConfigError as gpt_partition, or for a

@@ -38,6 +38,17 @@ void bind(StageModel& copy, StageModel& master) {
   }
 }
 
+// One pass's wall and thread CPU seconds, into StepStats.
+struct Timer {
+  double wall = now_seconds(), cpu = thread_cpu_seconds();
+  void stop(StepStats& st) const {
+    const double w = now_seconds() - wall;
+    st.busy_seconds += w;
+    st.pass_seconds.push_back(w);
+    st.pass_cpu_seconds.push_back(thread_cpu_seconds() - cpu);
+  }
+};
+
 using Key = std::tuple<int, int64_t, int>;  // (Op::Kind, micro-batch, producing global chunk)
 
 struct Slot {
@@ -216,21 +227,21 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
       if (o.kind == Op::kForward) {
         nn::Batch in{g == 0 ? mb.inputs : take(Key{Op::kForward, o.micro_batch, g - 1}), mb.targets};
         StageModel& s = acquire(o.chunk, o.micro_batch, &st.max_in_flight);
-        const double t0 = now_seconds();
+        const Timer timer;
         const float loss = ctx.forward_loss(s, in);
         if (g == G - 1) loss_sum += loss; else outbox[Key{Op::kForward, o.micro_batch, g}] = s.take_output();
-        st.busy_seconds += now_seconds() - t0;
+        timer.stop(st);
       } else if (o.kind == Op::kWeight) {
         auto it = deferred.find({o.chunk, o.micro_batch});
         ZS_ASSERT(it != deferred.end(), "pp: W pass of micro-batch {} before its B (plan bug)", o.micro_batch);
-        const double t0 = now_seconds();
+        const Timer timer;
         ctx.run_deferred(it->second);
-        st.busy_seconds += now_seconds() - t0;
+        timer.stop(st);
         deferred.erase(it);
       } else {
         StageModel& s = holder(o.chunk, o.micro_batch);
         if (g != G - 1) s.set_output_grad(take(Key{Op::kBackward, o.micro_batch, g + 1}));
-        const double t0 = now_seconds();
+        const Timer timer;
         if (split) {
           SinkScope scope{ctx};
           ctx.set_weight_grad_sink(&deferred[{o.chunk, o.micro_batch}]);
@@ -239,7 +250,7 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
           ctx.backward_loss(s, grad_scale);
         }
         if (g != 0) outbox[Key{Op::kBackward, o.micro_batch, g}] = s.take_input_grad();
-        st.busy_seconds += now_seconds() - t0;
+        timer.stop(st);
         release(o.chunk, o.micro_batch);
       }
     }

@@ -85,6 +85,10 @@ struct StepStats {
   double ideal_bubble = 0.0;    // this rank's idle fraction in pp::plan's unit-time simulation
   int64_t bytes_sent = 0;       // activations and gradients sent to the neighbours
   int max_in_flight = 0;        // the most micro-batches held at once (instances per chunk, summed)
+  // Per pass, in this rank's schedule_ops order: wall seconds, and CPU seconds of the calling thread
+  // (the pass's whole cost where it computes on that thread alone, 1 compute thread per rank: what
+  // pp::timeline replays where ranks share cores, pp_bubble_bench).
+  std::vector<double> pass_seconds, pass_cpu_seconds;
 };
 
 class Pipeline {

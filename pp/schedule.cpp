@@ -151,25 +151,34 @@ std::vector<Op> schedule_ops(Schedule s, const PipelineShape& shape, int rank) {
   return ops;
 }
 
-// Unit pass times of the simulation: forward 1, backward 2 (input and weight gradients, each about a
-// forward's work), or 1 and 1 where ZB-H1 splits them.
-static int64_t pass_time(Schedule s, Op::Kind k) {
-  if (k == Op::kForward) return 1;
-  return s == Schedule::kZeroBubbleH1 ? 1 : 2;
+// Unit pass times of plan()'s simulation: forward 1, backward 2 (input and weight gradients, each
+// about a forward's work), or 1 and 1 where ZB-H1 splits them.
+static double pass_time(Schedule s, Op::Kind k) {
+  if (k == Op::kForward) return 1.0;
+  return s == Schedule::kZeroBubbleH1 ? 1.0 : 2.0;
 }
 
-Plan plan(Schedule s, const PipelineShape& shape) {
+Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds) {
   const int p = shape.stages, G = shape.global_chunks();
   const int64_t m = shape.micro_batches;
-  std::vector<std::vector<Op>> ops(static_cast<size_t>(p));
+  Timeline tl;
+  auto& ops = tl.ops;
+  ops.resize(static_cast<size_t>(p));
   for (int r = 0; r < p; ++r) ops[static_cast<size_t>(r)] = schedule_ops(s, shape, r);
+  ZS_ASSERT(seconds.empty() || seconds.size() == ops.size(), "pp::timeline: pass times of {} ranks for {}",
+            seconds.size(), ops.size());
+  for (size_t r = 0; r < seconds.size(); ++r) {
+    ZS_ASSERT(seconds[r].size() == ops[r].size(), "pp::timeline: {} pass times for rank {}'s {} passes",
+              seconds[r].size(), r, ops[r].size());
+  }
 
-  // Simulation (Note [transfer order]): end times of every pass, -1 until it ran.
-  std::vector<int64_t> fend(static_cast<size_t>(m * G), -1), bend(static_cast<size_t>(m * G), -1);
-  auto at = [&](std::vector<int64_t>& v, int64_t b, int g) -> int64_t& { return v[static_cast<size_t>(b * G + g)]; };
+  // End times of every pass, -1 until it ran (Note [transfer order]).
+  tl.forward_end.assign(static_cast<size_t>(m * G), -1.0);
+  tl.backward_end.assign(static_cast<size_t>(m * G), -1.0);
+  auto at = [&](std::vector<double>& v, int64_t b, int g) -> double& { return v[static_cast<size_t>(b * G + g)]; };
   std::vector<size_t> next(static_cast<size_t>(p), 0);
-  std::vector<int64_t> free_at(static_cast<size_t>(p), 0), busy(static_cast<size_t>(p), 0);
-  std::vector<std::vector<int64_t>> start(static_cast<size_t>(p));
+  std::vector<double> free_at(static_cast<size_t>(p), 0.0), busy(static_cast<size_t>(p), 0.0);
+  tl.start.resize(static_cast<size_t>(p));
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < p; ++r) {
@@ -177,19 +186,20 @@ Plan plan(Schedule s, const PipelineShape& shape) {
       for (size_t& i = next[static_cast<size_t>(r)]; i < list.size(); ++i) {
         const Op& o = list[i];
         const int g = o.chunk * p + r;
-        int64_t dep = 0;
+        double dep = 0.0;
         if (o.kind == Op::kWeight) {
-          dep = at(bend, o.micro_batch, g);  // its own input gradient, earlier on this rank
+          dep = at(tl.backward_end, o.micro_batch, g);  // its own input gradient, earlier on this rank
         } else if (o.kind == Op::kForward) {
-          dep = g == 0 ? 0 : at(fend, o.micro_batch, g - 1);
+          dep = g == 0 ? 0.0 : at(tl.forward_end, o.micro_batch, g - 1);
         } else {
-          dep = g == G - 1 ? at(fend, o.micro_batch, g) : at(bend, o.micro_batch, g + 1);
-          if (at(fend, o.micro_batch, g) < 0) dep = -1;
+          dep = g == G - 1 ? at(tl.forward_end, o.micro_batch, g) : at(tl.backward_end, o.micro_batch, g + 1);
+          if (at(tl.forward_end, o.micro_batch, g) < 0.0) dep = -1.0;
         }
-        if (dep < 0) break;
-        const int64_t t0 = std::max(free_at[static_cast<size_t>(r)], dep), d = pass_time(s, o.kind);
-        start[static_cast<size_t>(r)].push_back(t0);
-        if (o.kind != Op::kWeight) at(o.kind == Op::kForward ? fend : bend, o.micro_batch, g) = t0 + d;
+        if (dep < 0.0) break;
+        const double t0 = std::max(free_at[static_cast<size_t>(r)], dep);
+        const double d = seconds.empty() ? pass_time(s, o.kind) : seconds[static_cast<size_t>(r)][i];
+        tl.start[static_cast<size_t>(r)].push_back(t0);
+        if (o.kind != Op::kWeight) at(o.kind == Op::kForward ? tl.forward_end : tl.backward_end, o.micro_batch, g) = t0 + d;
         free_at[static_cast<size_t>(r)] = t0 + d;
         busy[static_cast<size_t>(r)] += d;
         progress = true;
@@ -198,30 +208,41 @@ Plan plan(Schedule s, const PipelineShape& shape) {
   }
   for (int r = 0; r < p; ++r) {
     if (next[static_cast<size_t>(r)] != ops[static_cast<size_t>(r)].size()) {
-      throw UsageError(fmt::format("pp::plan: schedule \"{}\" cannot complete on rank {} ({} stages, {} chunks, {} "
+      throw UsageError(fmt::format("pp: schedule \"{}\" cannot complete on rank {} ({} stages, {} chunks, {} "
                                    "micro-batches)",
                                    schedule_name(s), r, p, shape.chunks, m));
     }
   }
 
+  for (int r = 0; r < p; ++r) tl.makespan = std::max(tl.makespan, free_at[static_cast<size_t>(r)]);
+  for (int r = 0; r < p; ++r) {
+    tl.bubble.push_back(tl.makespan > 0.0 ? 1.0 - busy[static_cast<size_t>(r)] / tl.makespan : 0.0);
+  }
+  return tl;
+}
+
+Plan plan(Schedule s, const PipelineShape& shape) {
+  const int p = shape.stages, G = shape.global_chunks();
+  const Timeline tl = timeline(s, shape);  // unit times: exact in double, so the order is plain integers'
+  auto at = [&](const std::vector<double>& v, int64_t b, int g) { return v[static_cast<size_t>(b * G + g)]; };
+
   // Every rank's actions sorted by (time, transfers before passes, kind, micro-batch, chunk, order).
-  using Key = std::tuple<int64_t, int, int, int64_t, int, size_t>;
+  using Key = std::tuple<double, int, int, int64_t, int, size_t>;
   std::vector<std::vector<std::pair<Key, Action>>> items(static_cast<size_t>(p));
   Plan out;
   for (int r = 0; r < p; ++r) {
-    const auto& list = ops[static_cast<size_t>(r)];
+    const auto& list = tl.ops[static_cast<size_t>(r)];
     for (size_t i = 0; i < list.size(); ++i) {
       const Op& o = list[i];
-      items[static_cast<size_t>(r)].push_back({Key{start[static_cast<size_t>(r)][i], 1, 0, 0, 0, i}, Action{Action::kRun, o, {}}});
+      items[static_cast<size_t>(r)].push_back({Key{tl.start[static_cast<size_t>(r)][i], 1, 0, 0, 0, i}, Action{Action::kRun, o, {}}});
       const int g = o.chunk * p + r;
       const bool fwd = o.kind == Op::kForward;
       if (o.kind == Op::kWeight || (fwd ? g == G - 1 : g == 0)) continue;
       const int to = (fwd ? g + 1 : g - 1) % p;
       const Transfer x{o.kind, o.micro_batch, g, r, to};
-      const Key key{at(fwd ? fend : bend, o.micro_batch, g), 0, fwd ? 0 : 1, o.micro_batch, g, 0};
+      const Key key{at(fwd ? tl.forward_end : tl.backward_end, o.micro_batch, g), 0, fwd ? 0 : 1, o.micro_batch, g, 0};
       items[static_cast<size_t>(r)].push_back({key, Action{Action::kSend, {}, x}});
       items[static_cast<size_t>(to)].push_back({key, Action{Action::kRecv, {}, x}});
-      out.makespan = std::max<double>(out.makespan, static_cast<double>(std::get<0>(key)));
     }
   }
   for (int r = 0; r < p; ++r) {
@@ -230,9 +251,9 @@ Plan plan(Schedule s, const PipelineShape& shape) {
     std::vector<Action> acts;
     for (auto& [k, a] : it) acts.push_back(a);
     out.ranks.push_back(std::move(acts));
-    out.makespan = std::max<double>(out.makespan, static_cast<double>(free_at[static_cast<size_t>(r)]));
   }
-  for (int r = 0; r < p; ++r) out.bubble.push_back(1.0 - static_cast<double>(busy[static_cast<size_t>(r)]) / out.makespan);
+  out.makespan = tl.makespan;  // a transfer's time is its producer's end, within the makespan
+  out.bubble = tl.bubble;
   return out;
 }
 

@@ -111,4 +111,21 @@ struct Plan {
 // Every rank's program. Throws UsageError if the schedule cannot complete (an internal bug).
 Plan plan(Schedule s, const PipelineShape& shape);
 
+// The schedule run on a timeline: every rank runs its passes (schedule_ops) in order, each starting
+// once the rank is free and the pass's input exists (the producing pass on the neighbouring chunk has
+// ended; transfers take no time). plan() takes it with unit pass times; given measured pass times it
+// is the step the schedule would take with those passes on a rank of its own each: pp_bubble_bench
+// replays each pass's CPU seconds through it where ranks share cores (docs/benchmarks.md, "Pipeline
+// bubble, memory and step time").
+struct Timeline {
+  std::vector<std::vector<Op>> ops;           // per rank: schedule_ops
+  std::vector<std::vector<double>> start;     // per rank: each pass's start
+  std::vector<double> forward_end, backward_end;  // per (micro_batch * global_chunks + global chunk); B's end
+  double makespan = 0.0;                      // the last pass's end
+  std::vector<double> bubble;                 // per rank: 1 - its pass time / makespan
+};
+// `seconds[r][i]`: the time of rank r's i-th pass (schedule_ops order); empty: plan()'s unit times
+// (forward 1, backward 2; ZB-H1's B and W 1 each). Throws UsageError as plan().
+Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds = {});
+
 }  // namespace zs::pp

@@ -9,7 +9,9 @@
 #include <string>
 
 #include "core/json.h"
+#include "estimate/detail/estimate_util.h"
 #include "estimate/estimate.h"
+#include "pp/gpt.h"
 
 namespace zs::engine {
 namespace {
@@ -124,6 +126,52 @@ TEST(ConfigFit, LoopSizingKeysAreBounded) {
                           "train_batch_size: 1048576 over 2 rank(s) makes gradient_accumulation_steps 524288"));
   EXPECT_TRUE(starts_with(error(R"({"train_batch_size": 8, "model": {"moe": {"num_experts": 1e6}}})"), "model.moe.num_experts:"));
   EXPECT_EQ(error(R"({"train_batch_size": 65536, "train_micro_batch_size_per_gpu": 1})"), "");  // the maximum itself
+}
+
+// Pipeline stages: each stage is checked with its own parameters (pp::gpt_stage_param_count), which are
+// exactly the built stage's (the estimator's --pp-stage model), not 1/pp of the model's.
+TEST(ConfigFit, PipelineStageCountsAreTheBuiltStagesCounts) {
+  for (const char* extra : {R"("pipeline_parallel_size": 2)", R"("pipeline_parallel_size": 2, "tied_embeddings": false)",
+                            R"("pipeline_parallel_size": 4, "virtual_pipeline_size": 2)"}) {
+    const std::string text = fmt::format(
+        R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+            "pipeline": {{"schedule": "{}"}},
+            "model": {{"n_layer": 8, "d_model": 32, "n_head": 4, "seq_len": 8, {}}}}})",
+        std::string(extra).find("virtual") != std::string::npos ? "interleaved" : "1f1b", extra);
+    const zs::run::RunConfig cfg = parse(text, 4);
+    const int pp = cfg.pipeline.pipeline_parallel_size;
+    for (int stage = 0; stage < pp; ++stage) {
+      EXPECT_EQ(static_cast<uint64_t>(pp::gpt_stage_param_count(*cfg.model, cfg.pipeline.partition, pp,
+                                                                cfg.pipeline.virtual_pipeline_size, stage)),
+                estimate_input_for_config(cfg, 4, std::nullopt, stage).model.param_elements)
+          << text << " stage " << stage;
+    }
+  }
+}
+
+// A vocabulary-heavy GPT at pp 2: 1/2 of its parameters would fit in 128 MiB at ZeRO-0 (16 bytes each),
+// its first stage (the embedding and two blocks) does not: refused naming that stage; with 160 MiB it passes.
+TEST(ConfigFit, PipelineStageThatCannotFitIsNamed) {
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
+      "device": {"memory_mb": 128},
+      "model": {"n_layer": 4, "d_model": 256, "n_head": 4, "seq_len": 16, "vocab_size": 32000,
+                "pipeline_parallel_size": 2}})";
+  const zs::run::RunConfig cfg = parse(text, 2);
+  const uint64_t total = config_param_counts(cfg).dense;
+  const auto stage0 = static_cast<uint64_t>(pp::gpt_stage_param_count(*cfg.model, cfg.pipeline.partition, 2, 1, 0));
+  ASSERT_LT(16 * total / 2, uint64_t{128} << 20);  // what the check took before: 1/pp of the model
+  ASSERT_GT(16 * stage0, uint64_t{128} << 20);
+  const std::string msg = refusal(cfg, 2);
+  EXPECT_TRUE(starts_with(msg, fmt::format("model: a GPT of {} parameters", detail::group_digits(total)))) << msg;
+  EXPECT_NE(msg.find(fmt::format("of which pipeline stage 0 of 2 (model.pipeline_parallel_size, "
+                                 "pipeline.partition_method \"parameters\") holds {} with the embeddings",
+                                 detail::group_digits(stage0))),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(fmt::format("({} bytes) of model states per rank", 16 * stage0)), std::string::npos) << msg;
+  zs::run::RunConfig roomy = cfg;
+  roomy.device.memory_mb = 160;
+  EXPECT_EQ(refusal(roomy, 2), "");
 }
 
 }  // namespace

@@ -39,6 +39,7 @@ struct Case {
   int virtual_size = 1;
   int zero = 1;
   bool bf16 = false, tied = true, recompute = false, offload = false, fp16 = false;
+  double clip = 0.3;  // gradient_clipping (0: off)
   std::string describe() const {
     return fmt::format("pp {} tp {} {}{} zero {}{}{}{}{}", pp, tp, schedule,
                        virtual_size > 1 ? fmt::format(" v{}", virtual_size) : "", zero, bf16 ? " bf16" : fp16 ? " fp16" : "",
@@ -53,7 +54,7 @@ std::string config_json(const Case& c, bool reference) {
   std::string pipeline =
       reference ? "" : fmt::format(R"(, "pipeline": {{"schedule": "{}"}})", c.schedule);
   return fmt::format(
-      R"({{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.3,
+      R"({{"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": {},
           "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01, "weight_decay": 0.01}}}},
           "zero_optimization": {}, "bf16": {{"enabled": {}}}, "fp16": {{"enabled": {}, "initial_scale_power": 18}},
           "device": {{"memory_mb": 256}},
@@ -61,7 +62,8 @@ std::string config_json(const Case& c, bool reference) {
           "activation_checkpointing": {{"checkpoint_blocks": "{}"}},
           "model": {{"n_layer": 8, "d_model": 32, "n_head": 2, "seq_len": 16, "tied_embeddings": {},
                     "tensor_parallel_size": {}, "pipeline_parallel_size": {}, "virtual_pipeline_size": {}}}{}}})",
-      zero, c.bf16, c.fp16, c.recompute ? "all" : "none", c.tied, tp, pp, reference ? 1 : c.virtual_size, pipeline);
+      c.clip, zero, c.bf16, c.fp16, c.recompute ? "all" : "none", c.tied, tp, pp, reference ? 1 : c.virtual_size,
+      pipeline);
 }
 
 // Losses and gradient norms of kSteps optimizer steps of one run of the case (or of its pp 1 reference
@@ -189,6 +191,68 @@ TEST(PipelineEngine, CheckpointResumesAtAnotherPp) {
   }
   world.barrier();
   if (world.rank() == 0) fs::remove_all(dir);
+}
+
+// The whole model's fp32_param and param_digest at pp > 1 (Note [whole-model digest] in
+// engine/param_digest.cpp). Untied and without clipping, a pp 2 run (np 2: pp 2; np 4: pp 2 x dp 2)
+// does the pp 1 run's arithmetic in the same order, so its losses and parameters are equal to the bit
+// to those of pp 1 over the same data-parallel size (the reference runs on blocks of dp ranks): the
+// digest must then be equal too, on every rank, as must fp32_param of a parameter only the last
+// stage holds. (With the tied embedding or
+// clipping the two runs sum in another order, the head's gradient and the norm over pp, so they agree
+// to 1e-7, not bitwise; there every rank must still report the same digest.)
+struct Whole {
+  std::vector<double> losses;
+  std::string digest;
+  std::vector<float> head, qkv;
+};
+
+Whole train_whole(const Case& c, bool reference, const comm::Group& group) {
+  RunConfig cfg = parse_run_config(parse_json_text(config_json(c, reference), "case"), group.size());
+  const int pp = cfg.pipeline.pipeline_parallel_size;
+  comm::Topology topo(group, {.pipeline_parallel_size = pp});
+  std::unique_ptr<nn::Model> model;
+  if (pp > 1) {
+    model = std::make_unique<GptPipelineModel>(*cfg.model, topo.pipeline_parallel(), gpt_pipeline_config(cfg, nullptr));
+  } else {
+    model = std::make_unique<nn::GptModel>(*cfg.model);
+  }
+  engine::DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), cfg.seed);
+  engine::Engine engine(*model, cfg, topo.data_parallel());
+  Whole w;
+  for (int s = 0; s < kSteps; ++s) w.losses.push_back(engine.train_batch(source).loss);
+  w.digest = engine.param_digest();
+  w.head = engine.fp32_param(c.tied ? "wte" : "lm_head.weight");
+  w.qkv = engine.fp32_param("blocks.0.attn.qkv.weight");
+  return w;
+}
+
+TEST(PipelineEngine, DigestAndFp32ParamAreTheWholeModels) {
+  const comm::Group& world = test::world().group();
+  if (world.size() != 2 && world.size() != 4) GTEST_SKIP() << "pp 2 over 2 or 4 ranks";
+  // pp 2 x dp D puts stage s on ranks s * D .. s * D + D - 1: each block of D ranks trains the pp 1
+  // reference over dp D with the same samples as the pp run's dp ranks.
+  const int dp = world.size() / 2;
+  const comm::Group block = world.split(world.rank() / dp, world.rank(), "reference");
+  const Case untied{.schedule = "1f1b", .zero = 1, .tied = false, .clip = 0.0};
+  const Whole ref = train_whole(untied, /*reference=*/true, block);
+  const Whole got = train_whole(untied, /*reference=*/false, world);
+  for (int s = 0; s < kSteps; ++s) EXPECT_EQ(got.losses[s], ref.losses[s]) << "step " << s + 1;
+  EXPECT_EQ(got.digest, ref.digest) << "rank " << world.rank();
+  EXPECT_TRUE(got.head == ref.head) << "fp32_param(\"lm_head.weight\") on rank " << world.rank();
+  EXPECT_TRUE(got.qkv == ref.qkv) << "fp32_param(\"blocks.0.attn.qkv.weight\") on rank " << world.rank();
+
+  // Tied and clipped: not bitwise pp 1's, but one whole-model digest on every rank, and the tied
+  // embedding's values on every stage.
+  const Whole tied = train_whole({.schedule = "zb-h1", .zero = 2}, /*reference=*/false, world);
+  ASSERT_EQ(tied.digest.size(), 64u);  // hex SHA-256: 16 int32 words
+  std::string mine = tied.digest, all(64 * static_cast<size_t>(world.size()), ' ');
+  world.allgather(memory::Tensor(mine.data(), memory::DType::kI32, {16}),
+                  memory::Tensor(all.data(), memory::DType::kI32, {16 * world.size()}));
+  for (int r = 0; r < world.size(); ++r) {
+    EXPECT_EQ(all.substr(64 * static_cast<size_t>(r), 64), tied.digest) << "rank " << r << "'s digest, on rank " << world.rank();
+  }
+  EXPECT_FALSE(tied.head.empty());
 }
 
 // ---- config keys (no MPI) ---------------------------------------------------------------------------
