@@ -300,10 +300,10 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
 // seed draws BigBird's random blocks, and the layout is made once here so a layout that does not fit
 // the model (more blocks than its longest sequence has) is reported while parsing.
 void apply_sparse_attention(RunConfig& cfg) {
-  if (!cfg.sparse_attention || !cfg.built_in_model()) return;  // a program's own model reads cfg.sparse_attention
-  nn::SparseAttentionConfig c = *cfg.sparse_attention;
-  c.seed = cfg.seed;
-  cfg.sparse_attention = c;
+  if (!cfg.sparse_attention) return;
+  cfg.sparse_attention->seed = cfg.seed;
+  if (!cfg.built_in_model()) return;  // a program's own model (or zeroshard train's default GPT) reads cfg's
+  const nn::SparseAttentionConfig& c = *cfg.sparse_attention;
   if (cfg.model && cfg.model->attention == nn::AttentionKernel::kPlain) {
     throw ConfigError("sparse_attention: the block-sparse layouts run on the fused attention kernel, and model.attention "
                       "is \"plain\"; remove model.attention (or set it to \"fused\") or remove sparse_attention");
@@ -317,8 +317,8 @@ void apply_sparse_attention(RunConfig& cfg) {
 
 // DeepSpeed's progressive_layer_drop on the built-in model's blocks, its draws keyed by the run's seed.
 void apply_layer_drop(RunConfig& cfg) {
-  if (!cfg.progressive_layer_drop.enabled || !cfg.built_in_model()) return;  // a program's own model reads it
   cfg.progressive_layer_drop.seed = cfg.seed;
+  if (!cfg.progressive_layer_drop.enabled || !cfg.built_in_model()) return;  // a program's own model reads cfg's
   if (cfg.pipeline.pipeline_parallel_size > 1 || cfg.model_moe) {
     throw ConfigError(fmt::format("progressive_layer_drop.enabled: layer drop is built for the GPT and LLaMA models "
                                   "without {} so far; set it to false or remove {}",

@@ -19,7 +19,7 @@ namespace {
 
 using namespace test_harness;
 
-constexpr int kRunSteps = 6;
+constexpr int kRunSteps = 4;
 
 const nn::ProgressiveLayerDrop kDrop{.enabled = true, .theta = 0.2, .gamma = 0.5, .seed = 42};
 // 4-position blocks on 16-token sequences: 4 block rows, windows of 2, a global pattern per head.
