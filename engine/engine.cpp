@@ -514,24 +514,6 @@ void Engine::Impl::fill_micro_batch(BatchSource& source, nn::Batch& batch, int64
   }
 }
 
-nn::Batch Engine::Impl::cast_batch(const nn::Batch& batch) {
-  if (!cfg_.auto_cast) return batch;
-  const memory::DType to = cfg_.compute_dtype();
-  auto cast = [&](const memory::Tensor& t) {
-    if (!t.defined() || t.dtype() == memory::DType::kI32 || t.dtype() == to) return t;
-    if (!t.is_contiguous()) [[unlikely]] {
-      throw UsageError(fmt::format("fp16.auto_cast: the batch's floating-point tensors must be contiguous to be cast "
-                                   "to {}, got a strided {} tensor; fill the batch with contiguous tensors",
-                                   memory::dtype_name(to), memory::shape_string(t.shape())));
-    }
-    memory::Tensor out = ctx_.allocate(t.shape(), to, nn::MemoryUse::kActivation);
-    backend_->convert(out.raw(), memory::Tier::kDevice, to, t.raw(), memory::Tier::kDevice, t.dtype(),
-                      static_cast<size_t>(t.numel()));
-    return out;
-  };
-  return nn::Batch{cast(batch.inputs), cast(batch.targets)};
-}
-
 void Engine::Impl::set_position(int64_t step, int64_t m, const nn::Batch& batch) {
   const int64_t rows = batch.inputs.defined() && batch.inputs.dim() > 0 ? batch.inputs.size(0) : 0;
   ctx_.set_batch_position({.step = step, .first_sample = first_sample(m, rows), .samples = rows});
