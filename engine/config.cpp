@@ -90,12 +90,17 @@ void read_fp16(ObjectReader& r, EngineConfig& cfg) {
   r.read("hysteresis", ls.hysteresis, IntRange::positive());
   r.read("consecutive_hysteresis", ls.consecutive_hysteresis);
   r.read("min_loss_scale", ls.min_loss_scale, RealRange::positive());
-  // DeepSpeed's auto_cast casts the forward's floating-point inputs to fp16: not built (a C++ model's
-  // float inputs would stay fp32), so true is refused rather than accepted and ignored.
-  read_false_only(r, "auto_cast");
+  // DeepSpeed's auto_cast casts the forward's floating-point inputs to fp16 (engine.cpp, cast_batch).
+  bool auto_cast = false;
+  if (r.read("auto_cast", auto_cast) && auto_cast && !enabled) {
+    cfg.notes.push_back(fmt::format("{}: accepted; has no effect while fp16.enabled is false (the inputs are cast "
+                                    "to fp16 only when fp16 is the compute dtype, as in DeepSpeed)",
+                                    r.path_of("auto_cast")));
+  }
   read_false_only(r, "fp16_master_weights_and_grads");  // false: fp32 master weights, as zeroshard keeps
   read_hint<bool>(r, "fused_mode", cfg.notes, "zeroshard's optimizer kernels are always fused");
   if (enabled) cfg.precision = Precision::kFp16;
+  cfg.auto_cast = enabled && auto_cast;
 }
 
 void read_bf16(ObjectReader& r, EngineConfig& cfg, bool fp16_enabled) {
@@ -463,9 +468,11 @@ EngineConfig parse_config(const boost::json::value& doc, int dp, std::span<const
   read_hint<bool>(root, "zero_allow_untested_optimizer", cfg.notes,
                   "every zeroshard optimizer runs at every ZeRO stage it accepts");
   detail::read_monitor(root, cfg.monitor, cfg.notes);  // csv_monitor, tensorboard, comms_logger, flops_profiler, memory_breakdown
+  root.read_object("sparse_attention", [&](ObjectReader& r) { detail::read_sparse_attention(r, cfg); });
+  root.read_object("progressive_layer_drop", [&](ObjectReader& r) { detail::read_progressive_layer_drop(r, cfg); });
   // Feature sections, accepted while disabled.
   for (std::string_view key : {"wandb", "comet",
-                               "torch_autocast", "hybrid_engine", "amp", "eigenvalue", "progressive_layer_drop",
+                               "torch_autocast", "hybrid_engine", "amp", "eigenvalue",
                                "elasticity", "autotuning", "nebula", "curriculum_learning", "data_efficiency"}) {
     read_disabled_section(root, key);
   }

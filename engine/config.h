@@ -33,6 +33,8 @@
 #include "engine/recompute_config.h"
 #include "engine/monitor_config.h"
 #include "memory/dtype.h"
+#include "nn/layer_drop.h"
+#include "nn/sparse_attention.h"
 #include "offload/aio.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -145,6 +147,10 @@ struct EngineConfig {
   BatchConfig batch;
   Precision precision = Precision::kFp32;
   optim::LossScalerConfig loss_scaler;  // fp16 only
+  // fp16.auto_cast (DeepSpeed's): Engine::forward and eval_batch cast the batch's floating-point tensors
+  // (inputs and targets; token ids stay int32) to compute_dtype() before the model sees them. Only
+  // with fp16 enabled (DeepSpeed reads it from the enabled fp16 section).
+  bool auto_cast = false;
   double gradient_clipping = 0.0;       // 0: off
   OptimizerConfig optimizer;
   optim::LrScheduleConfig scheduler;    // type kConstant when there is no `scheduler` section
@@ -154,6 +160,13 @@ struct EngineConfig {
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;    // log forward/backward/step times every steps_per_print
   RecomputeConfig recompute;  // the `activation_checkpointing` section (engine/recompute_config.h)
+  // DeepSpeed's `sparse_attention` section (nn/sparse_attention.h): the block-sparse layout of the
+  // built-in models' attention (run/run_config.cpp hands it to them); a program's own model may read
+  // it here, as a DeepSpeed model reads it from its engine. Absent: dense causal attention.
+  std::optional<nn::SparseAttentionConfig> sparse_attention{};
+  // DeepSpeed's `progressive_layer_drop` section (nn/layer_drop.h): the built-in models skip blocks
+  // along its schedule; a program's own model may read it here. Off by default.
+  nn::ProgressiveLayerDrop progressive_layer_drop{};
 
   DeviceConfig device;
   CommSectionConfig comm;

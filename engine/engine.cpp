@@ -403,7 +403,7 @@ float Engine::forward(const nn::Batch& batch) {
     for (auto& set : s.sets_) {
       if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kForward);
     }
-    loss = s.ctx_.forward_loss(model_, batch);
+    loss = s.ctx_.forward_loss(model_, s.cast_batch(batch));
     for (auto& set : s.sets_) {
       if (set->gatherer) set->gatherer->end_pass();
     }
@@ -565,7 +565,7 @@ double Engine::eval_batch(BatchSource& source, int64_t index) {
       for (auto& set : s.sets_) {
         if (set->gatherer) set->gatherer->begin_pass(ParamGatherer::Pass::kForward);
       }
-      sum += s.ctx_.forward_loss(model_, batch);
+      sum += s.ctx_.forward_loss(model_, s.cast_batch(batch));
       for (auto& set : s.sets_) {
         if (set->gatherer) set->gatherer->end_pass();
       }

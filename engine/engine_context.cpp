@@ -1,7 +1,12 @@
 #include "engine/detail/engine_context.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <memory>
+
+#include "core/errors.h"
+#include "engine/detail/engine_impl.h"
 
 namespace zs::engine {
 
@@ -20,6 +25,24 @@ memory::Tensor EngineContext::allocate(memory::Shape shape, memory::DType dtype,
       arena_, device_.allocate(std::max<size_t>(bytes, 1), memory::Category::kActivations, lifetime)});
   memory::Tensor view = owner->block.tensor(dtype, std::move(shape));
   return memory::Tensor(view.raw(), dtype, view.shape(), view.strides(), std::move(owner));
+}
+
+nn::Batch Engine::Impl::cast_batch(const nn::Batch& batch) {
+  if (!cfg_.auto_cast) return batch;
+  const memory::DType to = cfg_.compute_dtype();
+  auto cast = [&](const memory::Tensor& t) {
+    if (!t.defined() || t.dtype() == memory::DType::kI32 || t.dtype() == to) return t;
+    if (!t.is_contiguous()) [[unlikely]] {
+      throw UsageError(fmt::format("fp16.auto_cast: the batch's floating-point tensors must be contiguous to be cast "
+                                   "to {}, got a strided {} tensor; fill the batch with contiguous tensors",
+                                   memory::dtype_name(to), memory::shape_string(t.shape())));
+    }
+    memory::Tensor out = ctx_.allocate(t.shape(), to, nn::MemoryUse::kActivation);
+    backend_->convert(out.raw(), memory::Tier::kDevice, to, t.raw(), memory::Tier::kDevice, t.dtype(),
+                      static_cast<size_t>(t.numel()));
+    return out;
+  };
+  return nn::Batch{cast(batch.inputs), cast(batch.targets)};
 }
 
 }  // namespace zs::engine

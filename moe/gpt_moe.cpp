@@ -107,12 +107,14 @@ class MoeBlock : public nn::Module {
   }
   std::string_view type_name() const override { return "MoeBlock"; }
   MoE* moe() { return moe_; }
-  // model.attention's kernel, on whichever attention the block has (tp's or nn's).
-  void set_attention_kernel(nn::AttentionKernel k) {
+  // model.attention's kernel and sparse_attention's layout, on whichever attention the block has (tp's or nn's).
+  void set_attention(nn::AttentionKernel k, const std::shared_ptr<const nn::SparseLayout>& layout) {
     if (auto* parallel = dynamic_cast<tp::ParallelAttention*>(&attn_)) {
       parallel->set_kernel(k);
+      parallel->set_sparsity(layout);
     } else {
       static_cast<nn::CausalSelfAttention&>(attn_).set_kernel(k);
+      static_cast<nn::CausalSelfAttention&>(attn_).set_sparsity(layout);
     }
   }
 
@@ -216,11 +218,12 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
                                                      cfg.gpt.init_std)),
       tp_loss_(tp, cfg.gpt.vocab_size) {
   const float proj_std = cfg.gpt.init_std / std::sqrt(2.0f * static_cast<float>(cfg.gpt.n_layer));
+  const auto layout = nn::make_sparse_layout(cfg.gpt.sparse_attention, cfg.gpt.n_head, cfg.gpt.seq_len);
   for (int64_t i = 0; i < cfg.gpt.n_layer; ++i) {
     const bool is_moe = (i + 1) % cfg.every_n_layers == 0;
     auto& b = blocks_.append<MoeBlock>(cfg.gpt.d_model, cfg.gpt.n_head, cfg.gpt.init_std, proj_std,
                                        is_moe ? &cfg_.moe : nullptr, cfg.expert_hidden, groups, tp_);
-    b.set_attention_kernel(cfg.gpt.attention);
+    b.set_attention(cfg.gpt.attention, layout);
     if (b.moe() != nullptr) moe_.push_back(b.moe());
   }
   assign_names(*this);

@@ -90,10 +90,14 @@ Tensor CausalSelfAttention::forward(Context& ctx, const Tensor& x) {
   const bool train = ctx.training();
   Tensor qkv = ctx.forward(qkv_, x);
   compute_dtype_ = qkv_.weight_dtype();
+  ZS_MODEL_CHECK(sparsity_ == nullptr || kernel_ == AttentionKernel::kFused,
+                 "CausalSelfAttention: a block-sparse layout needs the fused kernel (the plain one has no sparse path); "
+                 "remove model.attention \"plain\" or the sparse_attention section");
   if (kernel_ == AttentionKernel::kFused) {
     const int64_t hs = d_ / n_head_;
     FusedAttentionSaved saved = fused_attention_forward(ctx, {qkv, 0, n_head_}, {qkv, d_, n_head_},
-                                                        {qkv, 2 * d_, n_head_}, hs, compute_dtype_);
+                                                        {qkv, 2 * d_, n_head_}, hs, compute_dtype_,
+                                                        {sparsity_.get(), 0});
     Tensor y = saved.out;
     if (train) {
       qkv_out_ = qkv;
@@ -190,7 +194,7 @@ Tensor CausalSelfAttention::backward(Context& ctx, const Tensor& dout) {
     Tensor dqkv = ctx.allocate(qkv.shape(), DType::kF32, MemoryUse::kGradient);
     fused_attention_backward(ctx, {qkv, 0, n_head_}, {qkv, d_, n_head_}, {qkv, 2 * d_, n_head_}, fused_, dy,
                              d_ / n_head_, compute_dtype_, {dqkv, 0, n_head_}, {dqkv, d_, n_head_},
-                             {dqkv, 2 * d_, n_head_});
+                             {dqkv, 2 * d_, n_head_}, {sparsity_.get(), 0});
     clear_own_saved();
     dy = {};
     return ctx.backward(qkv_, dqkv);

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "memory/tensor.h"
@@ -48,6 +49,10 @@ class CausalSelfAttention : public Module {
   // Between steps only (not between a forward and its backward).
   void set_kernel(AttentionKernel k) { kernel_ = k; }
   AttentionKernel kernel() const { return kernel_; }
+  // A block-sparse layout (nn/sparse_attention.h, DeepSpeed's sparse_attention) for the fused kernel,
+  // whose masked blocks it skips; null (the default): dense causal attention. Between steps only. The
+  // plain kernel has no sparse path: a forward with both is a ModelError.
+  void set_sparsity(std::shared_ptr<const SparseLayout> layout) { sparsity_ = std::move(layout); }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;   // (B, T, C) -> (B, T, C)
@@ -68,6 +73,7 @@ class CausalSelfAttention : public Module {
   memory::DType compute_dtype_ = memory::DType::kF32;  // qkv's weight dtype in the forward: picks the products
   bool recompute_scores_ = false;
   AttentionKernel kernel_ = AttentionKernel::kFused;
+  std::shared_ptr<const SparseLayout> sparsity_;
 };
 
 }  // namespace zs::nn

@@ -136,6 +136,19 @@ memory::Tensor Context::backward(Module& child, const memory::Tensor& grad_outpu
   return dx;
 }
 
+void Context::skip_forward(Module& child) {
+  before_forward(child);
+  for (Module* c : child.children()) skip_forward(*c);
+  after_forward(child);
+}
+
+void Context::skip_backward(Module& child) {
+  before_backward(child);
+  const std::vector<Module*> children = child.children();
+  for (auto it = children.rbegin(); it != children.rend(); ++it) skip_backward(**it);
+  after_backward(child);
+}
+
 float Context::forward_loss(Model& model, const Batch& batch) {
   std::optional<detail::KernelsOff> off;  // Note [measuring run] in nn/detail/parallel.h
   if (!computes()) off.emplace();

@@ -91,6 +91,15 @@ class Context {
   // Runs child.backward with the hooks around it; returns dL/dinput (undefined for integer input).
   memory::Tensor backward(Module& child, const memory::Tensor& grad_output);
 
+  // A child that does not run in this pass (progressive layer drop, nn/layer_drop.h: a skipped block
+  // passes its input through): the hooks of the child and of its subtree run in the order its forward
+  // (declaration order) or its backward (the reverse) would call them, and nothing else - no forward,
+  // nothing saved. So an engine that gathers parameters along the module order it recorded (ZeRO-3) or
+  // counts gradients per module sees the same modules every step. For modules that run their children
+  // in declaration order (every built-in block).
+  void skip_forward(Module& child);
+  void skip_backward(Module& child);
+
   // Entry points for a whole model (the root module gets the same hooks as any child):
   // mean loss of the micro-batch, and backpropagation of grad_scale * d(mean loss).
   float forward_loss(Model& model, const Batch& batch);

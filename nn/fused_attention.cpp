@@ -33,6 +33,17 @@
 // The products are detail::gemm (OpenBLAS's sgemm single-threaded per task, or the AVX512-BF16 kernel
 // for bf16), so the fused and plain kernels share their products' arithmetic; the softmax rows run in
 // per-ISA kernels. Masked (future) positions come out as exact zeros in P and dS.
+//
+// Note [sparse tiles]
+// With a block-sparse layout (nn/sparse_attention.h) each 64 x 64 tile is classified before its
+// products: a tile none of whose causal positions the layout allows is skipped in the forward and
+// the backward (no products, no softmax); one whose causal positions are all allowed runs exactly the
+// dense path (so the "dense" layout gives the dense kernel's results bit for bit); the rest (layout
+// blocks smaller than 64 that only partly cover the tile) run the products and a masked row pass:
+// the forward's online softmax over the allowed positions only (scalar, exp from <cmath>), and in the
+// backward the dense P and dS with the masked positions set to exact zeros. A layout block that is a
+// multiple of 64 never makes a partial tile; one that divides 64 makes partial tiles only where the
+// layout's edges cross a tile. Other block sizes are refused (SparseAttentionConfig::block).
 
 namespace zs::nn {
 
@@ -98,11 +109,77 @@ detail::GemmPath path_of(DType compute) { return detail::gemm_path_for(compute);
 
 int64_t blocks(int64_t n, int64_t b) { return (n + b - 1) / b; }
 
+// The tile's kind under `sp` for query head h (kFull without a layout).
+SparseLayout::Tile tile_of(const BlockSparsity& sp, int64_t h, int64_t q0, int64_t rows, int64_t k0, int64_t cols) {
+  return sp.layout == nullptr ? SparseLayout::Tile::kFull : sp.layout->tile(sp.first_head + h, q0, rows, k0, cols);
+}
+
+// The forward's online softmax of a partial tile (Note [sparse tiles]): as the row kernel's, over the
+// positions the layout allows (causal included); the others come out as exact zeros in P.
+void masked_online_softmax(const BlockSparsity& sp, int64_t h, int64_t q0, int64_t k0, float* s, int64_t ld,
+                           int64_t rows, int64_t cols, float* m, float* l, float* o, int64_t ldo, int64_t hd) {
+  const SparseLayout& lay = *sp.layout;
+  const int64_t head = sp.first_head + h;
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = s + i * ld;
+    float mx = -std::numeric_limits<float>::infinity();
+    bool any = false;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (lay.allows(head, q0 + i, k0 + j)) {
+        mx = std::max(mx, row[j]);
+        any = true;
+      }
+    }
+    if (!any) {
+      std::fill_n(row, cols, 0.0f);
+      continue;
+    }
+    const float m_new = std::max(m[i], mx);
+    const float alpha = m[i] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[i] - m_new);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < cols; ++j) {
+      const float p = lay.allows(head, q0 + i, k0 + j) ? std::exp(row[j] - m_new) : 0.0f;
+      row[j] = p;
+      sum += p;
+    }
+    l[i] = l[i] * alpha + sum;
+    m[i] = m_new;
+    if (alpha != 1.0f) {
+      float* orow = o + i * ldo;
+      for (int64_t d = 0; d < hd; ++d) orow[d] *= alpha;
+    }
+  }
+}
+
+// The backward of a partial tile: P and dS at the positions the layout masks set to zero.
+void mask_tile(const BlockSparsity& sp, int64_t h, int64_t q0, int64_t k0, float* s, float* dp, int64_t ld, int64_t rows,
+               int64_t cols) {
+  const int64_t head = sp.first_head + h;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) {
+      if (!sp.layout->allows(head, q0 + i, k0 + j)) s[i * ld + j] = dp[i * ld + j] = 0.0f;
+    }
+  }
+}
+
+void check_sparsity(const BlockSparsity& sp, const Geometry& g) {
+  if (sp.layout == nullptr) return;
+  ZS_MODEL_CHECK(sp.first_head >= 0 && sp.first_head + g.Hq <= sp.layout->n_head(),
+                 "fused attention: query heads {}..{} are outside the sparse layout's {} heads", sp.first_head,
+                 sp.first_head + g.Hq - 1, sp.layout->n_head());
+  ZS_MODEL_CHECK(g.T <= sp.layout->num_blocks() * sp.layout->block(),
+                 "fused attention: sequence length {} is longer than the sparse layout's {} positions (the model's "
+                 "longest sequence)",
+                 g.T, sp.layout->num_blocks() * sp.layout->block());
+}
+
 }  // namespace
 
 FusedAttentionSaved fused_attention_forward(Context& ctx, const AttentionHeads& q, const AttentionHeads& k,
-                                            const AttentionHeads& v, int64_t head_dim, DType compute) {
+                                            const AttentionHeads& v, int64_t head_dim, DType compute,
+                                            const BlockSparsity& sparsity) {
   const Geometry g = geometry_of(q, k, v, head_dim);
+  check_sparsity(sparsity, g);
   const HeadView qv = view_of(q, g, "q", false), kv = view_of(k, g, "k", false), vv = view_of(v, g, "v", false);
   const detail::GemmPath path = path_of(compute);
   const detail::AttentionRowKernels& rk = detail::attention_row_kernels(memory::best_isa());
@@ -130,8 +207,14 @@ FusedAttentionSaved fused_attention_forward(Context& ctx, const AttentionHeads& 
       std::fill_n(l, rows, 0.0f);
       for (int64_t k0 = 0; k0 < end; k0 += kBc) {
         const int64_t cols = std::min(kBc, end - k0);
+        const SparseLayout::Tile tile = tile_of(sparsity, h, q0, rows, k0, cols);
+        if (tile == SparseLayout::Tile::kEmpty) continue;  // Note [sparse tiles]
         detail::gemm(path, rows, cols, hd, scale, qv.rows(b, q0, h), kv.rows(b, k0, kvh, true), 0.0f, s, kBc);
-        rk.online_softmax(s, kBc, rows, cols, q0 - k0 + 1, m, l, o, ov.W, hd);
+        if (tile == SparseLayout::Tile::kFull) {
+          rk.online_softmax(s, kBc, rows, cols, q0 - k0 + 1, m, l, o, ov.W, hd);
+        } else {
+          masked_online_softmax(sparsity, h, q0, k0, s, kBc, rows, cols, m, l, o, ov.W, hd);
+        }
         detail::gemm(path, rows, hd, cols, 1.0f, Matrix::f32(s, kBc), vv.rows(b, k0, kvh), 1.0f, o, ov.W);
       }
       float* lse_row = lse + (b * Hq + h) * T + q0;
@@ -148,8 +231,10 @@ FusedAttentionSaved fused_attention_forward(Context& ctx, const AttentionHeads& 
 
 void fused_attention_backward(Context& ctx, const AttentionHeads& q, const AttentionHeads& k, const AttentionHeads& v,
                               const FusedAttentionSaved& saved, const Tensor& dout, int64_t head_dim, DType compute,
-                              const AttentionHeads& dq, const AttentionHeads& dk, const AttentionHeads& dv) {
+                              const AttentionHeads& dq, const AttentionHeads& dk, const AttentionHeads& dv,
+                              const BlockSparsity& sparsity) {
   const Geometry g = geometry_of(q, k, v, head_dim);
+  check_sparsity(sparsity, g);
   const HeadView qv = view_of(q, g, "q", false), kv = view_of(k, g, "k", false), vv = view_of(v, g, "v", false);
   const HeadView dqv = view_of(dq, g, "dq", true), dkv = view_of(dk, g, "dk", true), dvv = view_of(dv, g, "dv", true);
   ZS_MODEL_CHECK(dq.heads == g.Hq && dk.heads == g.Hkv && dv.heads == g.Hkv,
@@ -211,11 +296,14 @@ void fused_attention_backward(Context& ctx, const AttentionHeads& q, const Atten
         float* dvj = dvt.f32(tb, k0, th);
         for (int64_t q0 = k0 / kBr * kBr; q0 < T; q0 += kBr) {
           const int64_t rows = std::min(kBr, T - q0);
+          const SparseLayout::Tile tile = tile_of(sparsity, h, q0, rows, k0, cols);
+          if (tile == SparseLayout::Tile::kEmpty) continue;  // Note [sparse tiles]
           const Matrix doi = Matrix::f32(dov.f32(b, q0, h), dov.W);
           detail::gemm(path, rows, cols, hd, scale, qv.rows(b, q0, h), kv.rows(b, k0, kvh, true), 0.0f, s, kBc);
           add_flops_recomputed(2 * static_cast<uint64_t>(rows * cols * hd));  // nn/flops.h
           detail::gemm(path, rows, cols, hd, 1.0f, doi, vv.rows(b, k0, kvh, true), 0.0f, dp, kBc);
           rk.softmax_grad(s, dp, kBc, rows, cols, q0 - k0 + 1, lse + q0, dsum + q0);
+          if (tile == SparseLayout::Tile::kPartial) mask_tile(sparsity, h, q0, k0, s, dp, kBc, rows, cols);
           detail::gemm(path, cols, hd, rows, 1.0f, Matrix::f32(s, kBc, true), doi, 1.0f, dvj, dvt.W);
           detail::gemm(path, rows, hd, cols, scale, Matrix::f32(dp, kBc), kv.rows(b, k0, kvh), 1.0f, dqv.f32(b, q0, h),
                        dqv.W);

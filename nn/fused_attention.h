@@ -25,6 +25,7 @@
 
 #include "memory/tensor.h"
 #include "nn/context.h"
+#include "nn/sparse_attention.h"
 
 namespace zs::nn {
 
@@ -46,17 +47,20 @@ struct FusedAttentionSaved {
 };
 
 // compute: the projection's weight_dtype(): kBF16 takes bf16 products, any other (fp32, fp16) fp32
-// products, as nn::Linear chooses (nn/detail/gemm.h). Throws
+// products, as nn::Linear chooses (nn/detail/gemm.h). sparsity: a block-sparse layout
+// (nn/sparse_attention.h) whose masked tiles are skipped; none: the dense causal attention. Throws
 // ModelError for views that do not fit (shapes, head counts, dtypes), naming the operand.
 FusedAttentionSaved fused_attention_forward(Context& ctx, const AttentionHeads& q, const AttentionHeads& k,
-                                            const AttentionHeads& v, int64_t head_dim, memory::DType compute);
+                                            const AttentionHeads& v, int64_t head_dim, memory::DType compute,
+                                            const BlockSparsity& sparsity = {});
 
 // dout (B, T, n_head * head_dim) fp32 contiguous. Overwrites the heads' columns of dq, dk, dv (fp32
 // tensors the caller allocated; their other columns are not touched). Its scratch (O(T) per thread,
 // plus n_head * T * head_dim for dk, dv under grouped-query attention) is freed before it returns.
+// sparsity: the forward's.
 void fused_attention_backward(Context& ctx, const AttentionHeads& q, const AttentionHeads& k, const AttentionHeads& v,
                               const FusedAttentionSaved& saved, const memory::Tensor& dout, int64_t head_dim,
                               memory::DType compute, const AttentionHeads& dq, const AttentionHeads& dk,
-                              const AttentionHeads& dv);
+                              const AttentionHeads& dv, const BlockSparsity& sparsity = {});
 
 }  // namespace zs::nn

@@ -66,10 +66,11 @@ GptModel::GptModel(const GptConfig& cfg)
       blocks_(add_child<Sequential>("blocks")),
       ln_f_(add_child<LayerNorm>("ln_f", cfg.d_model, cfg.norm_eps)) {
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  const auto layout = make_sparse_layout(cfg.sparse_attention, cfg.n_head, cfg.seq_len);
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks_.append<Block>(cfg.d_model, cfg.n_head, cfg.init_std, proj_std, cfg.d_ff, cfg.norm_eps)
-        .attention()
-        .set_kernel(cfg.attention);
+    auto& attn = blocks_.append<Block>(cfg.d_model, cfg.n_head, cfg.init_std, proj_std, cfg.d_ff, cfg.norm_eps).attention();
+    attn.set_kernel(cfg.attention);
+    attn.set_sparsity(layout);
   }
   if (!cfg.tied_embeddings) lm_head_ = &add_child<Linear>("lm_head", cfg.d_model, cfg.vocab_size, false, cfg.init_std);
   assign_names(*this);
@@ -144,6 +145,7 @@ float GptModel::forward_loss(Context& ctx, const Batch& batch) {
     Tensor wpe = weight_f32(ctx, wpe_);
     detail::embedding_lookup(ids.data<int32_t>(), N, wte.data<float>(), V, C, wpe.data<float>(), T, x.data<float>());
   }
+  mark_dropped_blocks<Block>(blocks_, cfg_.layer_drop, ctx);
   x = ctx.forward(blocks_, x);
   x = ctx.forward(ln_f_, x);
   Tensor logits;

@@ -22,15 +22,18 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "memory/tensor.h"
 #include "nn/attention.h"
 #include "nn/cross_entropy.h"
+#include "nn/layer_drop.h"
 #include "nn/layers.h"
 #include "nn/model.h"
 #include "nn/module.h"
+#include "nn/sparse_attention.h"
 
 namespace zs::nn {
 
@@ -47,6 +50,11 @@ struct GptConfig {
   // The blocks' attention kernel (config key model.attention): the fused one (nn/fused_attention.h) or
   // the plain reference that saves the T x T probabilities (nn/attention.h).
   AttentionKernel attention = AttentionKernel::kFused;
+  // DeepSpeed's sparse_attention section (nn/sparse_attention.h): the blocks' block-sparse layout on the
+  // fused kernel; absent: dense causal attention.
+  std::optional<SparseAttentionConfig> sparse_attention{};
+  // DeepSpeed's progressive_layer_drop section (nn/layer_drop.h); off by default.
+  ProgressiveLayerDrop layer_drop{};
 };
 
 // The GPT-2 of Hugging Face's GPT2LMHeadModel (model.type "gpt2"): GptModel with GPT-2 small's

@@ -72,7 +72,8 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg)
       blocks_(add_child<Sequential>("blocks")),
       ln_f_(add_child<RmsNorm>("ln_f", cfg.d_model, cfg.norm_eps)),
       lm_head_(add_child<Linear>("lm_head", cfg.d_model, cfg.vocab_size, false, cfg.init_std)) {
-  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.append<LlamaBlock>(cfg_);
+  const auto layout = make_sparse_layout(cfg.sparse_attention, cfg.n_head, cfg.max_seq_len);
+  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.append<LlamaBlock>(cfg_).attention().set_sparsity(layout);
   assign_names(*this);
 }
 
@@ -112,6 +113,7 @@ float LlamaModel::forward_loss(Context& ctx, const Batch& batch) {
     Tensor wte = weight_f32(ctx, wte_);
     detail::embedding_lookup(ids.data<int32_t>(), N, wte.data<float>(), cfg_.vocab_size, C, nullptr, T, x.data<float>());
   }
+  mark_dropped_blocks<LlamaBlock>(blocks_, cfg_.layer_drop, ctx);
   x = ctx.forward(blocks_, x);
   x = ctx.forward(ln_f_, x);
   Tensor logits = ctx.forward(lm_head_, x);

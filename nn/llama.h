@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "memory/tensor.h"
 #include "nn/cross_entropy.h"
@@ -55,6 +56,9 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   float norm_eps = 1e-6f;     // Hugging Face's rms_norm_eps default
   float init_std = 0.02f;
+  // DeepSpeed's sparse_attention section (nn/sparse_attention.h), as GptConfig's.
+  std::optional<SparseAttentionConfig> sparse_attention{};
+  ProgressiveLayerDrop layer_drop{};  // as GptConfig's
 };
 
 // LLaMA's MLP width for d_model (Meta's rule, multiple_of 256): 11008 for 4096.
@@ -119,6 +123,8 @@ class GqaAttention : public Module {
                float init_std = 0.02f);
   ~GqaAttention() override;
   std::string_view type_name() const override { return "GqaAttention"; }
+  // As CausalSelfAttention::set_sparsity (nn/attention.h).
+  void set_sparsity(std::shared_ptr<const SparseLayout> layout) { sparsity_ = std::move(layout); }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;
@@ -135,6 +141,7 @@ class GqaAttention : public Module {
   // What the attention saved (detail::GqaSaved).
   memory::Tensor saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_;
   memory::DType compute_dtype_ = memory::DType::kF32;
+  std::shared_ptr<const SparseLayout> sparsity_;
 };
 
 // Pre-norm block: x1 = x + attn(ln1(x)), y = x1 + mlp(ln2(x1)). Children: ln1, attn, ln2, mlp.
@@ -143,6 +150,8 @@ class LlamaBlock : public Module {
   explicit LlamaBlock(const LlamaConfig& cfg);
   std::string_view type_name() const override { return "LlamaBlock"; }
   GqaAttention& attention() { return attn_; }
+  // As Block::set_dropped (nn/transformer.h).
+  void set_dropped(bool dropped) { dropped_ = dropped; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;
@@ -153,6 +162,7 @@ class LlamaBlock : public Module {
   GqaAttention& attn_;
   RmsNorm& ln2_;
   SwiGluMlp& mlp_;
+  bool dropped_ = false;
 };
 
 class LlamaModel : public Model {

@@ -99,22 +99,24 @@ Tensor SwiGluMlp::backward(Context& ctx, const Tensor& dy) {
 // ---- the computations between the linears (nn/detail/llama_ops.h) ----
 
 Tensor detail::gqa_attention_forward(Context& ctx, const Tensor& q, const Tensor& k, const Tensor& v, int64_t n_head,
-                                     int64_t n_kv_head, DType compute, GqaSaved* saved) {
+                                     int64_t n_kv_head, DType compute, GqaSaved* saved, const BlockSparsity& sparsity) {
   const int64_t hs = q.size(2) / n_head;
-  FusedAttentionSaved s = fused_attention_forward(ctx, {q, 0, n_head}, {k, 0, n_kv_head}, {v, 0, n_kv_head}, hs, compute);
+  FusedAttentionSaved s =
+      fused_attention_forward(ctx, {q, 0, n_head}, {k, 0, n_kv_head}, {v, 0, n_kv_head}, hs, compute, sparsity);
   if (saved != nullptr) *saved = GqaSaved{q, k, v, s.out, s.lse};
   return s.out;
 }
 
 void detail::gqa_attention_backward(Context& ctx, const GqaSaved& saved, const Tensor& dy, int64_t n_head,
-                                    int64_t n_kv_head, DType compute, Tensor* dq, Tensor* dk, Tensor* dv) {
+                                    int64_t n_kv_head, DType compute, Tensor* dq, Tensor* dk, Tensor* dv,
+                                    const BlockSparsity& sparsity) {
   const int64_t B = dy.size(0), T = dy.size(1), C = dy.size(2), hs = C / n_head;
   *dq = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kGradient);
   *dk = ctx.allocate({B, T, n_kv_head * hs}, DType::kF32, MemoryUse::kGradient);
   *dv = ctx.allocate({B, T, n_kv_head * hs}, DType::kF32, MemoryUse::kGradient);
   fused_attention_backward(ctx, {saved.q, 0, n_head}, {saved.k, 0, n_kv_head}, {saved.v, 0, n_kv_head},
                            FusedAttentionSaved{saved.out, saved.lse}, dy, hs, compute, {*dq, 0, n_head},
-                           {*dk, 0, n_kv_head}, {*dv, 0, n_kv_head});
+                           {*dk, 0, n_kv_head}, {*dv, 0, n_kv_head}, sparsity);
 }
 
 detail::RopeTables::RopeTables(int64_t max_seq_len_, int64_t head_size, double theta)
@@ -189,7 +191,8 @@ Tensor GqaAttention::forward(Context& ctx, const Tensor& x) {
   // The rotary embedding in place on the projections' fresh outputs (a Linear saves its input only).
   detail::rope_in_place(*rope_, q, k, n_head_, n_kv_head_, false);
   detail::GqaSaved saved;
-  Tensor y = detail::gqa_attention_forward(ctx, q, k, v, n_head_, n_kv_head_, compute_dtype_, train ? &saved : nullptr);
+  Tensor y = detail::gqa_attention_forward(ctx, q, k, v, n_head_, n_kv_head_, compute_dtype_, train ? &saved : nullptr,
+                                           {sparsity_.get(), 0});
   q = k = v = {};
   if (train) {
     saved_q_ = saved.q;
@@ -205,7 +208,8 @@ Tensor GqaAttention::backward(Context& ctx, const Tensor& dout) {
   ZS_ASSERT(saved_q_.raw() != nullptr, "GqaAttention backward without saved state");
   Tensor dy = ctx.backward(proj_, dout);
   Tensor dq, dk, dv;
-  detail::gqa_attention_backward(ctx, detail::GqaSaved{saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_}, dy, n_head_, n_kv_head_, compute_dtype_, &dq, &dk, &dv);
+  detail::gqa_attention_backward(ctx, detail::GqaSaved{saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_}, dy, n_head_, n_kv_head_, compute_dtype_, &dq, &dk, &dv,
+                                 {sparsity_.get(), 0});
   clear_own_saved();
   dy = {};
   detail::rope_in_place(*rope_, dq, dk, n_head_, n_kv_head_, true);
@@ -232,10 +236,12 @@ LlamaBlock::LlamaBlock(const LlamaConfig& cfg)
       mlp_(add_child<SwiGluMlp>("mlp", cfg.d_model, llama_d_ff(cfg), cfg.init_std)) {}
 
 Tensor LlamaBlock::forward(Context& ctx, const Tensor& x) {
+  if (dropped_) return detail::dropped_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
   return detail::pre_norm_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
 }
 
 Tensor LlamaBlock::backward(Context& ctx, const Tensor& dy) {
+  if (dropped_) return detail::dropped_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
   return detail::pre_norm_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
 }
 

@@ -33,10 +33,12 @@ Block::Block(int64_t d_model, int64_t n_head, float init_std, float proj_std, in
       mlp_(add_child<Mlp>("mlp", d_model, init_std, proj_std, hidden)) {}
 
 Tensor Block::forward(Context& ctx, const Tensor& x) {
+  if (dropped_) return detail::dropped_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
   return detail::pre_norm_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
 }
 
 Tensor Block::backward(Context& ctx, const Tensor& dy) {
+  if (dropped_) return detail::dropped_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
   return detail::pre_norm_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
 }
 

@@ -39,6 +39,9 @@ class Block : public Module {
         float norm_eps = 1e-5f);
   std::string_view type_name() const override { return "Block"; }
   CausalSelfAttention& attention() { return attn_; }
+  // Progressive layer drop (nn/layer_drop.h): while set, the block passes its input through in forward
+  // and backward. Set by the model before its forward; unchanged until the backward.
+  void set_dropped(bool dropped) { dropped_ = dropped; }
 
  protected:
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;
@@ -49,6 +52,7 @@ class Block : public Module {
   CausalSelfAttention& attn_;
   LayerNorm& ln2_;
   Mlp& mlp_;
+  bool dropped_ = false;
 };
 
 }  // namespace zs::nn

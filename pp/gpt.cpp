@@ -60,10 +60,12 @@ GptStage::GptStage(const nn::GptConfig& cfg, int64_t first_block, int64_t end_bl
   if (first) wpe_ = &declare_param("wpe", {cfg.seq_len, cfg.d_model}, nn::Init::normal(0.0f, cfg.init_std));
   auto& blocks = add_child<detail::BlockRange>("blocks");
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  const auto layout = nn::make_sparse_layout(cfg.sparse_attention, cfg.n_head, cfg.seq_len);
   for (int64_t i = first_block; i < end_block; ++i) {
     auto& block = blocks.add<nn::Block>(i, cfg.d_model, cfg.n_head, cfg.init_std, proj_std);
     block.set_recomputed(recompute);
     block.attention().set_kernel(cfg.attention);
+    block.attention().set_sparsity(layout);
   }
   blocks_ = &blocks;
   if (last) {

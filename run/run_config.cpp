@@ -296,6 +296,39 @@ void read_data(ObjectReader& r, RunConfig& cfg) {
   }
 }
 
+// DeepSpeed's sparse_attention (read by the engine's pass) on the built-in model's attention: the run's
+// seed draws BigBird's random blocks, and the layout is made once here so a layout that does not fit
+// the model (more blocks than its longest sequence has) is reported while parsing.
+void apply_sparse_attention(RunConfig& cfg) {
+  if (!cfg.sparse_attention) return;
+  cfg.sparse_attention->seed = cfg.seed;
+  if (!cfg.built_in_model()) return;  // a program's own model (or zeroshard train's default GPT) reads cfg's
+  const nn::SparseAttentionConfig& c = *cfg.sparse_attention;
+  if (cfg.model && cfg.model->attention == nn::AttentionKernel::kPlain) {
+    throw ConfigError("sparse_attention: the block-sparse layouts run on the fused attention kernel, and model.attention "
+                      "is \"plain\"; remove model.attention (or set it to \"fused\") or remove sparse_attention");
+  }
+  const int64_t n_head = cfg.model_llama ? cfg.model_llama->n_head : cfg.model->n_head;
+  static_cast<void>(nn::make_sparse_layout(c, n_head, cfg.model_seq_len()));
+  if (cfg.model) cfg.model->sparse_attention = c;
+  if (cfg.model_moe) cfg.model_moe->gpt.sparse_attention = c;
+  if (cfg.model_llama) cfg.model_llama->sparse_attention = c;
+}
+
+// DeepSpeed's progressive_layer_drop on the built-in model's blocks, its draws keyed by the run's seed.
+void apply_layer_drop(RunConfig& cfg) {
+  cfg.progressive_layer_drop.seed = cfg.seed;
+  if (!cfg.progressive_layer_drop.enabled || !cfg.built_in_model()) return;  // a program's own model reads cfg's
+  if (cfg.pipeline.pipeline_parallel_size > 1 || cfg.model_moe) {
+    throw ConfigError(fmt::format("progressive_layer_drop.enabled: layer drop is built for the GPT and LLaMA models "
+                                  "without {} so far; set it to false or remove {}",
+                                  cfg.model_moe ? "MoE layers" : "pipeline stages",
+                                  cfg.model_moe ? "model.moe" : "model.pipeline_parallel_size"));
+  }
+  if (cfg.model) cfg.model->layer_drop = cfg.progressive_layer_drop;
+  if (cfg.model_llama) cfg.model_llama->layer_drop = cfg.progressive_layer_drop;
+}
+
 }  // namespace
 
 bool RunConfig::built_in_model() const { return model.has_value() || model_llama.has_value(); }
@@ -343,6 +376,8 @@ RunConfig parse_run_config(const boost::json::value& doc, int ranks) {
   engine::check_partition_activations(cfg.recompute, cfg.tensor_parallel.tensor_parallel_size,
                                      cfg.tensor_parallel.sequence_parallel, cfg.notes);
   check_pipeline(cfg);
+  apply_sparse_attention(cfg);
+  apply_layer_drop(cfg);
   cfg.data_seed = cfg.data.seed;
   return cfg;
 }

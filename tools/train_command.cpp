@@ -261,6 +261,12 @@ int train_command(const std::vector<std::string>& args) {
   }
   if (a->steps) cfg.train_steps = *a->steps;
   nn::GptConfig model_cfg = cfg.model.value_or(nn::GptConfig{});
+  if (!cfg.model) {
+    // No model section: the default GPT takes DeepSpeed's model-side sections as a written one does
+    // (parse_run_config seeds them and hands them to the model sections it reads).
+    model_cfg.sparse_attention = cfg.sparse_attention;
+    model_cfg.layer_drop = cfg.progressive_layer_drop;
+  }
 
   std::unique_ptr<comm::Group> dp;
   std::optional<comm::ExpertGroups> expert_groups;  // model.moe: a comm::Topology's dp/ep/edp over dp
@@ -385,6 +391,16 @@ int train_command(const std::vector<std::string>& args) {
     } else {
       shape = fmt::format("GPT{} n_layer {} d_model {} n_head {} seq_len {} vocab {}", moe_model != nullptr ? "-MoE" : "",
                           model_cfg.n_layer, model_cfg.d_model, model_cfg.n_head, model_cfg.seq_len, model_cfg.vocab_size);
+    }
+    // DeepSpeed's model-side sections, named only when present (the usual line stays as it was).
+    if (cfg.sparse_attention) {
+      const int64_t heads = cfg.model_llama ? cfg.model_llama->n_head : model_cfg.n_head;
+      const int64_t seq_len = cfg.built_in_model() ? cfg.model_seq_len() : model_cfg.seq_len;
+      shape += ", sparse attention " + nn::make_sparse_layout(cfg.sparse_attention, heads, seq_len)->describe(seq_len);
+    }
+    if (cfg.progressive_layer_drop.enabled) {
+      shape += fmt::format(", progressive layer drop (theta {}, gamma {})", cfg.progressive_layer_drop.theta,
+                           cfg.progressive_layer_drop.gamma);
     }
     ZS_LOG_INFO("model: {} ({} parameters){}; data: {} ({})", shape, engine->param_count(),
                 pp_size > 1 ? fmt::format(", {} pipeline stages ({}, {} micro-batches per step) x tensor-parallel {} x "

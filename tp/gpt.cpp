@@ -98,8 +98,11 @@ GptModel::GptModel(const nn::GptConfig& cfg, const TensorParallelConfig& par, co
                          .index = tp_.rank(),
                          .full_extent = padded_vocab_ != cfg.vocab_size ? cfg.vocab_size : 0});
   const float proj_std = cfg.init_std / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  const auto layout = nn::make_sparse_layout(cfg.sparse_attention, cfg.n_head, cfg.seq_len);
   for (int64_t i = 0; i < cfg.n_layer; ++i) {
-    blocks_.append<ParallelBlock>(cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std).attention().set_kernel(cfg.attention);
+    auto& attn = blocks_.append<ParallelBlock>(cfg.d_model, cfg.n_head, tp_, cfg.init_std, proj_std).attention();
+    attn.set_kernel(cfg.attention);
+    attn.set_sparsity(layout);
   }
   if (!cfg.tied_embeddings) {
     lm_head_ = &add_child<ColumnParallelLinear>("lm_head", cfg.d_model, cfg.vocab_size, tp_, false, cfg.init_std,
@@ -169,6 +172,7 @@ float GptModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
       }
     });
   }
+  nn::mark_dropped_blocks<ParallelBlock>(blocks_, cfg_.layer_drop, ctx);
   x = ctx.forward(blocks_, x);
   x = ctx.forward(ln_f_, x);
   Tensor logits;  // (B, T, vocab/tp): this rank's vocabulary columns

@@ -6,6 +6,7 @@
 #include "nn/detail/llama_ops.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
+#include "nn/detail/pre_norm_block.h"
 #include "nn/param_access.h"
 #include "tp/detail/vocab.h"
 
@@ -48,7 +49,8 @@ ParallelGqaAttention::ParallelGqaAttention(const nn::LlamaConfig& cfg, TensorPar
       v_(add_child<ColumnParallelLinear>("v", cfg.d_model, cfg.n_kv_head * (cfg.d_model / cfg.n_head), tp, false,
                                          cfg.init_std)),
       proj_(add_child<RowParallelLinear>("proj", cfg.d_model, cfg.d_model, tp, false, cfg.init_std)),
-      rope_(std::make_unique<nn::detail::RopeTables>(cfg.max_seq_len, cfg.d_model / cfg.n_head, cfg.rope_theta)) {
+      rope_(std::make_unique<nn::detail::RopeTables>(cfg.max_seq_len, cfg.d_model / cfg.n_head, cfg.rope_theta)),
+      first_head_(tp.rank() * heads_) {
   ZS_MODEL_CHECK(cfg.n_head % tp.size() == 0 && cfg.n_kv_head % tp.size() == 0,
                  "ParallelGqaAttention: n_head {} and n_kv_head {} must divide by tp {}", cfg.n_head, cfg.n_kv_head,
                  tp.size());
@@ -64,7 +66,8 @@ Tensor ParallelGqaAttention::forward(nn::Context& ctx, const Tensor& x) {
   compute_dtype_ = q_.weight_dtype();
   nn::detail::rope_in_place(*rope_, q, k, heads_, kv_heads_, false);
   nn::detail::GqaSaved saved;
-  Tensor y = nn::detail::gqa_attention_forward(ctx, q, k, v, heads_, kv_heads_, compute_dtype_, train ? &saved : nullptr);
+  Tensor y = nn::detail::gqa_attention_forward(ctx, q, k, v, heads_, kv_heads_, compute_dtype_, train ? &saved : nullptr,
+                                               {sparsity_.get(), first_head_});
   q = k = v = {};
   if (train) {
     saved_q_ = saved.q;
@@ -80,7 +83,8 @@ Tensor ParallelGqaAttention::backward(nn::Context& ctx, const Tensor& dout) {
   ZS_ASSERT(saved_q_.raw() != nullptr, "ParallelGqaAttention backward without saved state");
   Tensor dy = ctx.backward(proj_, dout);
   Tensor dq, dk, dv;
-  nn::detail::gqa_attention_backward(ctx, nn::detail::GqaSaved{saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_}, dy, heads_, kv_heads_, compute_dtype_, &dq, &dk, &dv);
+  nn::detail::gqa_attention_backward(ctx, nn::detail::GqaSaved{saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_}, dy, heads_, kv_heads_, compute_dtype_, &dq, &dk, &dv,
+                                     {sparsity_.get(), first_head_});
   clear_own_saved();
   dy = {};
   nn::detail::rope_in_place(*rope_, dq, dk, heads_, kv_heads_, true);
@@ -139,6 +143,7 @@ ParallelLlamaBlock::ParallelLlamaBlock(const nn::LlamaConfig& cfg, TensorParalle
       mlp_(add_child<ParallelSwiGluMlp>("mlp", cfg, tp)) {}
 
 Tensor ParallelLlamaBlock::forward(nn::Context& ctx, const Tensor& x) {
+  if (dropped_) return nn::detail::dropped_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
   Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));
   Tensor x1 = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
   nn::detail::add(x.data<float>(), a.data<float>(), x1.data<float>(), x.numel());
@@ -150,6 +155,7 @@ Tensor ParallelLlamaBlock::forward(nn::Context& ctx, const Tensor& x) {
 }
 
 Tensor ParallelLlamaBlock::backward(nn::Context& ctx, const Tensor& dy) {
+  if (dropped_) return nn::detail::dropped_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
   Tensor dx1 = ctx.backward(ln2_, ctx.backward(mlp_, dy));
   nn::detail::add(dy.data<float>(), dx1.data<float>(), dx1.data<float>(), dy.numel());
   Tensor dx = ctx.backward(ln1_, ctx.backward(attn_, dx1));
@@ -178,7 +184,8 @@ LlamaModel::LlamaModel(const nn::LlamaConfig& cfg, const comm::Group* group)
       lm_head_(add_child<ColumnParallelLinear>("lm_head", cfg.d_model, cfg.vocab_size, tp_, false, cfg.init_std)),
       loss_(tp_) {
   wte_.set_tensor_slice({.dim = 0, .parts = tp_.size(), .index = tp_.rank()});
-  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.append<ParallelLlamaBlock>(cfg_, tp_);
+  const auto layout = nn::make_sparse_layout(cfg.sparse_attention, cfg.n_head, cfg.max_seq_len);
+  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.append<ParallelLlamaBlock>(cfg_, tp_).attention().set_sparsity(layout);
   nn::assign_names(*this);
 }
 
@@ -220,6 +227,7 @@ float LlamaModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
     detail::vocab_lookup(ids.data<int32_t>(), N, wte.data<float>(), first, Vl, C, x.data<float>());
     all_reduce(tp_, x);
   }
+  nn::mark_dropped_blocks<ParallelLlamaBlock>(blocks_, cfg_.layer_drop, ctx);
   x = ctx.forward(blocks_, x);
   x = ctx.forward(ln_f_, x);
   Tensor logits = ctx.forward(lm_head_, x);  // (B, T, vocab/tp)

@@ -47,6 +47,8 @@ class ParallelGqaAttention : public nn::Module {
   ParallelGqaAttention(const nn::LlamaConfig& cfg, TensorParallel tp);
   ~ParallelGqaAttention() override;
   std::string_view type_name() const override { return "ParallelGqaAttention"; }
+  // As nn::GqaAttention::set_sparsity: the layout of all n_head heads; this rank's start at rank * n_head / tp.
+  void set_sparsity(std::shared_ptr<const nn::SparseLayout> layout) { sparsity_ = std::move(layout); }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
@@ -62,6 +64,8 @@ class ParallelGqaAttention : public nn::Module {
   std::unique_ptr<nn::detail::RopeTables> rope_;
   memory::Tensor saved_q_, saved_k_, saved_v_, saved_out_, saved_lse_;  // nn::detail::GqaSaved
   memory::DType compute_dtype_ = memory::DType::kF32;
+  std::shared_ptr<const nn::SparseLayout> sparsity_;
+  int64_t first_head_ = 0;  // this rank's first head of the model's n_head
 };
 
 // SwiGluMlp (nn/llama.h) on this rank's d_ff / tp columns.
@@ -88,6 +92,8 @@ class ParallelLlamaBlock : public nn::Module {
   ParallelLlamaBlock(const nn::LlamaConfig& cfg, TensorParallel tp);
   std::string_view type_name() const override { return "ParallelLlamaBlock"; }
   ParallelGqaAttention& attention() { return attn_; }
+  // As nn::Block::set_dropped (nn/transformer.h).
+  void set_dropped(bool dropped) { dropped_ = dropped; }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
@@ -98,6 +104,7 @@ class ParallelLlamaBlock : public nn::Module {
   ParallelGqaAttention& attn_;
   nn::RmsNorm& ln2_;
   ParallelSwiGluMlp& mlp_;
+  bool dropped_ = false;
 };
 
 class LlamaModel : public nn::Model {

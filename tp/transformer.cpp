@@ -4,6 +4,7 @@
 #include "nn/detail/attention.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
+#include "nn/detail/pre_norm_block.h"
 
 namespace zs::tp {
 
@@ -37,7 +38,8 @@ ParallelAttention::ParallelAttention(int64_t d_model, int64_t n_head, TensorPara
     : d_(d_model),
       local_heads_(heads_per_rank(d_model, n_head, tp.size())),
       qkv_(add_child<ColumnParallelLinear>("qkv", d_model, 3 * d_model, tp, true, init_std, /*stride=*/3)),
-      proj_(add_child<RowParallelLinear>("proj", d_model, d_model, tp, true, proj_std)) {}
+      proj_(add_child<RowParallelLinear>("proj", d_model, d_model, tp, true, proj_std)),
+      first_head_(tp.rank() * local_heads_) {}
 
 Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
   ZS_MODEL_CHECK(x.dim() == 3 && x.size(2) == d_, "ParallelAttention: expected (B, T, {}), got {}", d_,
@@ -45,10 +47,14 @@ Tensor ParallelAttention::forward(nn::Context& ctx, const Tensor& x) {
   const bool train = ctx.training();
   Tensor qkv = ctx.forward(qkv_, x);  // (B, T, 3C/tp): [q | k | v] of this rank's heads
   compute_dtype_ = qkv_.weight_dtype();
+  ZS_MODEL_CHECK(sparsity_ == nullptr || kernel_ == nn::AttentionKernel::kFused,
+                 "ParallelAttention: a block-sparse layout needs the fused kernel (the plain one has no sparse path); "
+                 "remove model.attention \"plain\" or the sparse_attention section");
   if (kernel_ == nn::AttentionKernel::kFused) {
     const int64_t c = qkv.size(2) / 3, hs = c / local_heads_;
     nn::FusedAttentionSaved saved = nn::fused_attention_forward(ctx, {qkv, 0, local_heads_}, {qkv, c, local_heads_},
-                                                                {qkv, 2 * c, local_heads_}, hs, compute_dtype_);
+                                                                {qkv, 2 * c, local_heads_}, hs, compute_dtype_,
+                                                                {sparsity_.get(), first_head_});
     Tensor y = saved.out;
     if (train) {
       qkv_out_ = qkv;
@@ -78,7 +84,7 @@ Tensor ParallelAttention::backward(nn::Context& ctx, const Tensor& dout) {
     const int64_t c = qkv.size(2) / 3, hs = c / local_heads_, H = local_heads_;
     dqkv = ctx.allocate(qkv.shape(), memory::DType::kF32, nn::MemoryUse::kGradient);
     nn::fused_attention_backward(ctx, {qkv, 0, H}, {qkv, c, H}, {qkv, 2 * c, H}, fused_, dy, hs, compute_dtype_,
-                                 {dqkv, 0, H}, {dqkv, c, H}, {dqkv, 2 * c, H});
+                                 {dqkv, 0, H}, {dqkv, c, H}, {dqkv, 2 * c, H}, {sparsity_.get(), first_head_});
   } else {
     nn::detail::SingleThreadedBlas blas;
     nn::detail::AttentionScratch scratch;
@@ -124,6 +130,7 @@ ParallelBlock::ParallelBlock(int64_t d_model, int64_t n_head, TensorParallel tp,
       mlp_(add_child<ParallelMlp>("mlp", d_model, tp, init_std, proj_std)) {}
 
 Tensor ParallelBlock::forward(nn::Context& ctx, const Tensor& x) {
+  if (dropped_) return nn::detail::dropped_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
   Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));
   Tensor x1 = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
   nn::detail::add(x.data<float>(), a.data<float>(), x1.data<float>(), x.numel());
@@ -135,6 +142,7 @@ Tensor ParallelBlock::forward(nn::Context& ctx, const Tensor& x) {
 }
 
 Tensor ParallelBlock::backward(nn::Context& ctx, const Tensor& dy) {
+  if (dropped_) return nn::detail::dropped_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
   // As nn::Block: the residual passes dy through; each branch's fresh gradient takes the sum in place.
   Tensor dx1 = ctx.backward(ln2_, ctx.backward(mlp_, dy));
   nn::detail::add(dy.data<float>(), dx1.data<float>(), dx1.data<float>(), dy.numel());

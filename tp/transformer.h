@@ -57,6 +57,9 @@ class ParallelAttention : public nn::Module {
   // The attention kernel, as nn::CausalSelfAttention::set_kernel (fused by default).
   void set_kernel(nn::AttentionKernel k) { kernel_ = k; }
   nn::AttentionKernel kernel() const { return kernel_; }
+  // As nn::CausalSelfAttention::set_sparsity: the layout of all n_head heads; this rank's heads are
+  // rank * n_head / tp onwards.
+  void set_sparsity(std::shared_ptr<const nn::SparseLayout> layout) { sparsity_ = std::move(layout); }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
@@ -77,6 +80,8 @@ class ParallelAttention : public nn::Module {
   memory::DType compute_dtype_ = memory::DType::kF32;
   bool recompute_scores_ = false;
   nn::AttentionKernel kernel_ = nn::AttentionKernel::kFused;
+  std::shared_ptr<const nn::SparseLayout> sparsity_;
+  int64_t first_head_ = 0;  // this rank's first head of the model's n_head
 };
 
 class ParallelMlp : public nn::Module {
@@ -100,6 +105,8 @@ class ParallelBlock : public nn::Module {
   ParallelBlock(int64_t d_model, int64_t n_head, TensorParallel tp, float init_std = 0.02f, float proj_std = 0.02f);
   std::string_view type_name() const override { return "ParallelBlock"; }
   ParallelAttention& attention() { return attn_; }
+  // As nn::Block::set_dropped (nn/transformer.h).
+  void set_dropped(bool dropped) { dropped_ = dropped; }
 
  protected:
   memory::Tensor forward(nn::Context& ctx, const memory::Tensor& x) override;
@@ -111,6 +118,7 @@ class ParallelBlock : public nn::Module {
   ParallelAttention& attn_;
   nn::LayerNorm& ln2_;
   ParallelMlp& mlp_;
+  bool dropped_ = false;
 };
 
 }  // namespace zs::tp

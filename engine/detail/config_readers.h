@@ -36,5 +36,9 @@ void read_hint(ObjectReader& r, std::string_view key, Notes& notes, std::string_
 void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes);
 // checkpoint: DeepSpeed's tag_validation and zeroshard's own keys.
 void read_checkpoint(ObjectReader& r, CheckpointConfig& c, Notes& notes);
+// sparse_attention (engine/config_model_keys.cpp): DeepSpeed's layouts for the model's attention.
+void read_sparse_attention(ObjectReader& r, EngineConfig& cfg);
+// progressive_layer_drop (engine/config_model_keys.cpp): enabled, theta, gamma.
+void read_progressive_layer_drop(ObjectReader& r, EngineConfig& cfg);
 
 }  // namespace zs::engine::detail

@@ -188,6 +188,9 @@ class Engine::Impl final : public ModuleHooks {
   // (BatchSource's numbering); sets the context's nn::BatchPosition for the forward about to run.
   int64_t first_sample(int64_t m, int64_t rows) const { return (m * group_.size() + group_.rank()) * rows; }
   void set_position(int64_t step, int64_t m, const nn::Batch& batch);
+  // fp16.auto_cast: `batch` with its floating-point tensors converted to the compute dtype (into
+  // activation memory the model may keep for its backward); `batch` itself without auto_cast.
+  nn::Batch cast_batch(const nn::Batch& batch);
 
   // Each set's gatherer and reducer handle the modules whose own parameters are in its layout. The
   // profiler times a module from its gathered parameters to its release (evaluation excluded).

@@ -35,14 +35,15 @@ struct GqaSaved {
 // kv head h / (n_head / n_kv_head). compute: the projections' weight_dtype() (fused_attention_forward).
 // Returns y (B, T, n_head * hs) kActivation. `saved` (training only; nullptr in eval): filled for the
 // backward.
+// sparsity: a block-sparse layout (nn/sparse_attention.h), as fused_attention_forward's.
 memory::Tensor gqa_attention_forward(Context& ctx, const memory::Tensor& q, const memory::Tensor& k,
                                      const memory::Tensor& v, int64_t n_head, int64_t n_kv_head,
-                                     memory::DType compute, GqaSaved* saved);
+                                     memory::DType compute, GqaSaved* saved, const BlockSparsity& sparsity);
 
 // dy (B, T, n_head * hs) -> dq (B, T, n_head * hs), dk and dv (B, T, n_kv_head * hs), kGradient.
 void gqa_attention_backward(Context& ctx, const GqaSaved& saved, const memory::Tensor& dy, int64_t n_head,
                             int64_t n_kv_head, memory::DType compute, memory::Tensor* dq, memory::Tensor* dk,
-                            memory::Tensor* dv);
+                            memory::Tensor* dv, const BlockSparsity& sparsity);
 
 // The rotary embedding in place on q (B, T, n_head * hs) and k (B, T, n_kv_head * hs) (the projections'
 // fresh outputs); inverse: its backward, on dq and dk.

@@ -34,4 +34,17 @@ inline memory::Tensor pre_norm_block_backward(Context& ctx, const memory::Tensor
   return dx;
 }
 
+// A block that progressive layer drop (nn/layer_drop.h) skips in this pass: its output is its input,
+// its input gradient the output's; its children's hooks still run (Context::skip_forward).
+inline memory::Tensor dropped_block_forward(Context& ctx, const memory::Tensor& x, Module& ln1, Module& attn,
+                                            Module& ln2, Module& mlp) {
+  for (Module* m : {&ln1, &attn, &ln2, &mlp}) ctx.skip_forward(*m);
+  return x;
+}
+inline memory::Tensor dropped_block_backward(Context& ctx, const memory::Tensor& dy, Module& ln1, Module& attn,
+                                             Module& ln2, Module& mlp) {
+  for (Module* m : {&mlp, &ln2, &attn, &ln1}) ctx.skip_backward(*m);
+  return dy;
+}
+
 }  // namespace zs::nn::detail

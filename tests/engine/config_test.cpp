@@ -490,7 +490,6 @@ TEST(ConfigDeepSpeed, RealKeysZeroshardLacksAreNotSupportedNotUnknown) {
            Case{R"({"train_batch_size": 4, "zero_optimization": {"zeropp_loco_param": {}}})",
                 "zero_optimization.zeropp_loco_param"},
            Case{R"({"train_batch_size": 4, "tensor_parallel": {"autotp_size": 2}})", "tensor_parallel"},
-           Case{R"({"train_batch_size": 4, "fp16": {"enabled": true, "auto_cast": true}})", "fp16.auto_cast"},
            Case{R"({"train_batch_size": 4, "compile": {"deepcompile": true}})", "compile"},
            Case{R"({"train_batch_size": 4, "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
                 "ratio": 0.3}}})",
@@ -692,6 +691,73 @@ TEST(Config, ActivationCheckpointingSection) {
   zs::run::RunConfig n = zs::run::parse_run_config(parse_json_text(R"({"train_batch_size": 4, "activation_checkpointing": {"number_checkpoints": 4}})"), 1);
   ASSERT_EQ(n.notes.size(), 2u);  // and the default optimizer's note
   EXPECT_CONTAINS(n.notes[0] + n.notes[1], "activation_checkpointing.number_checkpoints: accepted; has an effect only with");
+}
+
+}  // namespace
+}  // namespace zs::engine
+
+namespace zs::engine {
+namespace {
+
+TEST(ConfigModelKeys, SparseAttentionReachesTheBuiltInModel) {
+  const zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "seed": 9,
+      "sparse_attention": {"mode": "bigbird", "block": 32, "different_layout_per_head": true, "num_random_blocks": 2,
+                           "attention": "unidirectional", "global_block_end_indices": null, "local_window_blocks": [4]},
+      "model": {"n_layer": 2, "d_model": 64, "n_head": 4, "seq_len": 256}})");
+  ASSERT_TRUE(c.model && c.model->sparse_attention);
+  const nn::SparseAttentionConfig& s = *c.model->sparse_attention;
+  EXPECT_EQ(s.mode, nn::SparsityMode::kBigBird);
+  EXPECT_EQ(s.block, 32);
+  EXPECT_TRUE(s.different_layout_per_head);
+  EXPECT_TRUE(s.unidirectional);
+  EXPECT_EQ(s.num_random_blocks, 2);
+  EXPECT_EQ(s.seed, 9u);  // BigBird's random blocks follow the run's seed
+  EXPECT_TRUE(has_note(c, "sparse_attention.local_window_blocks: accepted; read only by DeepSpeed's \"variable\" layout"));
+  EXPECT_FALSE(parse(R"({"train_batch_size": 4, "model": {"n_layer": 1}})").model->sparse_attention);
+}
+
+TEST(ConfigModelKeys, SparseAttentionRefusalsNameTheKey) {
+  const std::string model = R"(, "model": {"n_layer": 1, "d_model": 32, "n_head": 2, "seq_len": 64}})";
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "sparse_attention": {"mode": "variable"})" + model),
+                  "sparse_attention.mode: DeepSpeed's \"variable\" layout is not supported by zeroshard yet");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "sparse_attention": {"block": 48})" + model),
+                  "sparse_attention.block: 48 does not line up with the fused attention's 64-position blocks");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "sparse_attention": {"mode": "bslongformer",
+                  "num_sliding_window_blocks": 9})" + model),
+                  "sparse_attention.num_sliding_window_blocks: 9 is more than the 4 blocks");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "sparse_attention": {"num_different_global_patterns": 2})" + model),
+                  "sparse_attention.num_different_global_patterns: 2 patterns need different_layout_per_head");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "sparse_attention": {"blok": 16})" + model),
+                  "sparse_attention.blok: unknown key; did you mean 'block'?");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "sparse_attention": {}, "model": {"n_layer": 1, "d_model": 32,
+                  "n_head": 2, "seq_len": 64, "attention": "plain"}})"),
+                  "sparse_attention: the block-sparse layouts run on the fused attention kernel");
+}
+
+TEST(ConfigModelKeys, ProgressiveLayerDropReachesTheBuiltInModel) {
+  const zs::run::RunConfig c = parse(R"({"train_batch_size": 4, "seed": 5,
+      "progressive_layer_drop": {"enabled": true, "theta": 0.5, "gamma": 0.001},
+      "model": {"type": "llama", "n_layer": 2, "d_model": 32, "n_head": 2, "max_seq_len": 16, "vocab_size": 256}})");
+  ASSERT_TRUE(c.model_llama);
+  EXPECT_TRUE(c.model_llama->layer_drop.enabled);
+  EXPECT_EQ(c.model_llama->layer_drop.theta, 0.5);
+  EXPECT_EQ(c.model_llama->layer_drop.seed, 5u);
+  EXPECT_FALSE(parse(R"({"train_batch_size": 4, "progressive_layer_drop": {"enabled": false}, "model": {}})")
+                   .model->layer_drop.enabled);
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "progressive_layer_drop": {"enabled": true, "theta": 0}})"),
+                  "progressive_layer_drop.theta: 0 is out of range");
+  EXPECT_CONTAINS(error_of(R"({"train_batch_size": 4, "gradient_accumulation_steps": 2, "progressive_layer_drop": {"enabled": true},
+                  "model": {"n_layer": 2, "pipeline_parallel_size": 2}})", 2),
+                  "progressive_layer_drop.enabled: layer drop is built for the GPT and LLaMA models without pipeline "
+                  "stages so far");
+}
+
+TEST(ConfigModelKeys, AutoCastNeedsFp16) {
+  EXPECT_TRUE(parse(R"({"train_batch_size": 4, "fp16": {"enabled": true, "auto_cast": true}})").auto_cast);
+  EXPECT_FALSE(parse(R"({"train_batch_size": 4, "fp16": {"enabled": true}})").auto_cast);
+  const zs::run::RunConfig off = parse(R"({"train_batch_size": 4, "fp16": {"enabled": false, "auto_cast": true}})");
+  EXPECT_FALSE(off.auto_cast);
+  EXPECT_TRUE(has_note(off, "fp16.auto_cast: accepted; has no effect while fp16.enabled is false"));
 }
 
 }  // namespace
