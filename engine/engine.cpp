@@ -441,7 +441,8 @@ void Engine::backward() {
     // The boundary's reductions may still be writing device memory when backward returns.
     if (boundary && !s.reductions_access_) s.reductions_access_.emplace(*s.backend_);
     for (auto& set : s.sets_) {
-      set->reducer->begin_backward(boundary, reduce);
+      // The window's first backward finds the gradient shard zeroed (by the step or a failed window).
+      set->reducer->begin_backward(boundary, reduce, /*shard_zero=*/s.micro_step_ == 0);
       // NVMe optimizer states do not depend on the gradients: their first sub-groups are read while
       // the last backward of the step runs.
       if (boundary) set->prefetch_states();

@@ -87,7 +87,7 @@ void Engine::Impl::run_pipeline_window(nn::Model& model, BatchSource& source, in
   try {
     reductions_access_.emplace(*backend_);
     for (auto& set : sets_) {
-      set->reducer->begin_backward(/*boundary=*/true);
+      set->reducer->begin_backward(/*boundary=*/true, /*reduce=*/true, /*shard_zero=*/true);  // one reduction per window
       set->prefetch_states();
     }
     // ZeRO-2: every bucket's staging buffer for the whole schedule (Note [pipeline stages in the engine]).

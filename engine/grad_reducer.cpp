@@ -12,7 +12,7 @@ GradReducer::GradReducer(const Options& options, const FlatLayout& layout, const
                          const std::vector<nn::Module*>& modules)
     : options_(options), layout_(layout), partition_(partition), group_(group), device_(device), dtype_(dtype),
       comm_dtype_(options.comm_dtype.value_or(dtype)), grads_(grads) {
-  for (const auto& plan : plan_buckets(layout_, options_.bucket_elements)) buckets_.push_back({plan, 0, false, {}, {}});
+  for (const auto& plan : plan_buckets(layout_, options_.bucket_elements)) buckets_.push_back({plan, 0, false, {}, {}, false, {}});
   auto slots = layout_.slots();
   bucket_of_slot_.resize(slots.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -45,9 +45,26 @@ memory::Tensor GradReducer::bucket_tensor(Bucket& b) const {
   return memory::Tensor(grads_, dtype_, {static_cast<int64_t>(layout_.total())}).range(b.plan.range);
 }
 
-void GradReducer::begin_backward(bool boundary, bool reduce) {
+memory::Tensor GradReducer::shard_part(memory::ShardRange owned) const {
+  auto* at = static_cast<char*>(grads_) + (owned.offset - partition_.mine.offset) * memory::dtype_size(dtype_);
+  return memory::Tensor(at, dtype_, {static_cast<int64_t>(owned.size)});
+}
+
+// Note [reduce-scatter into the shard]
+// Stage 2+ used to reduce-scatter each bucket in place in its staging buffer and then add this rank's
+// part into the gradient shard (retire): a read of the part, a read and a write of the shard, on every
+// micro-batch. On the accumulation window's first backward the shard holds zeros (the step, a failed
+// window and a checkpoint load zero it, and nothing else writes it), so adding is copying: the
+// reduce-scatter's output is then the shard itself and retire adds nothing. The same reduction (the
+// transports sum in rank order whatever the output; Note [16-bit reductions]) and 0 + x = x, so the
+// gradients and losses are the same bits. The staging buffer lives exactly as long as before (the
+// collective still reads it), so device peaks, and `zeroshard estimate`, do not move. Not with a
+// comm_dtype wire buffer (the part comes back through a conversion) nor with the shard on the host
+// (offload_optimizer: that transfer is counted through the backend).
+void GradReducer::begin_backward(bool boundary, bool reduce, bool shard_zero) {
   ZS_ASSERT(reduce || !partitioned(), "stage {} gradients are always reduced", options_.stage);
   reducing_ = boundary && reduce && group_.size() > 1;
+  shard_zero_ = shard_zero;
   if (!active()) return;
   for (auto& b : buckets_) {
     b.pending = b.plan.end_slot - b.plan.first_slot;
@@ -115,8 +132,11 @@ void GradReducer::launch(Bucket& b) {
     if (options_.stage == 0 || !options_.reduce_scatter) {
       b.work = group_.allreduce_async(data, comm::ReduceOp::kAverage);
     } else {
-      // In place: this rank's part of the result lands in its own block of the bucket.
-      memory::Tensor out = data.range({owned.offset - b.plan.range.offset, owned.size});
+      // In place: this rank's part of the result lands in its own block of the bucket; or, where the
+      // shard is still zero, in the shard itself (Note [reduce-scatter into the shard]).
+      b.into_shard = partitioned() && shard_zero_ && owned.size > 0 && b.wire.empty() &&
+                     options_.grads_tier == memory::Tier::kDevice;
+      memory::Tensor out = b.into_shard ? shard_part(owned) : data.range({owned.offset - b.plan.range.offset, owned.size});
       b.work = group_.reduce_scatter_async(data, out, partition_.counts(b.plan.range), comm::ReduceOp::kAverage);
     }
     bytes_sent_ += b.work.bytes_sent();
@@ -145,13 +165,14 @@ void GradReducer::finish(Bucket& b) {
 void GradReducer::retire(Bucket& b) {
   finish(b);
   const memory::ShardRange owned = partition_.owned(b.plan.range);
-  if (owned.size > 0) {
+  if (owned.size > 0 && !b.into_shard) {
     const size_t elem = memory::dtype_size(dtype_);
     auto* dst = static_cast<char*>(grads_) + (owned.offset - partition_.mine.offset) * elem;
     const auto* src = static_cast<const char*>(b.staging.data()) + (owned.offset - b.plan.range.offset) * elem;
     // Into the gradient shard, on the host when the optimizer is offloaded (a counted transfer).
     device_.backend().accumulate(dst, options_.grads_tier, src, memory::Tier::kDevice, dtype_, owned.size);
   }
+  b.into_shard = false;
   auto slots = layout_.slots();
   for (size_t s = b.plan.first_slot; s < b.plan.end_slot; ++s) slots[s].param->set_grad(memory::Tensor());
   staging_bytes_ -= b.staging.size();
@@ -182,6 +203,7 @@ void GradReducer::abort() {
   auto slots = layout_.slots();
   for (auto& b : buckets_) {
     b.wire.release();
+    b.into_shard = false;
     if (b.staging.empty()) continue;
     for (size_t s = b.plan.first_slot; s < b.plan.end_slot; ++s) slots[s].param->set_grad(memory::Tensor());
     staging_bytes_ -= b.staging.size();

@@ -15,6 +15,9 @@
 //            gradient shard, after which the staging buffer is freed. At most kMaxInFlight buckets
 //            are in flight; a further one waits for the oldest, which bounds the staging memory.
 //            Without overlap_comm a full bucket is still reduced when it fills, synchronously.
+//            Note [reduce-scatter into the shard]: on the accumulation window's first micro-batch
+//            the shard is still zero, so the reduce-scatter writes this rank's part straight into
+//            it and the staging buffer's part is never added (one pass over the shard less).
 // With `reduce_scatter` off (DeepSpeed's flag), stages 1+ allreduce the bucket and keep their part.
 // With a comm_dtype other than the gradients' (communication_data_type), a launched bucket is first
 // converted into a transient "wire" buffer of comm_dtype, reduced there (comm sums 16-bit values in
@@ -59,8 +62,10 @@ class GradReducer {
 
   // Starts a backward pass. `boundary`: the last micro-batch of the accumulation window. `reduce`
   // false (stages 0-1 only): the boundary does not reduce; each rank keeps its local gradients (for
-  // the optimizers that communicate compressed values themselves).
-  void begin_backward(bool boundary, bool reduce = true);
+  // the optimizers that communicate compressed values themselves). `shard_zero` (stage 2+): the
+  // gradient shard holds zeros (the window's first backward), so reductions may overwrite it
+  // (Note [reduce-scatter into the shard] in engine/grad_reducer.cpp).
+  void begin_backward(bool boundary, bool reduce = true, bool shard_zero = false);
   // Stage 2+: gives module m's parameters grad views into their buckets' staging buffers.
   void module_starting(nn::Module& m);
   // Module m's backward is done: its parameters' gradients are final for this backward.
@@ -88,11 +93,13 @@ class GradReducer {
     bool launched = false;
     memory::DeviceBlock staging;  // stage 2+
     memory::DeviceBlock wire;     // comm_dtype copy while reducing (only when it differs from dtype_)
+    bool into_shard = false;      // stage 2+: reduced straight into the gradient shard (nothing to add)
     comm::Work work;
   };
   bool partitioned() const { return options_.stage >= 2; }
   bool active() const { return reducing_ || partitioned(); }
   memory::Tensor bucket_tensor(Bucket& b) const;
+  memory::Tensor shard_part(memory::ShardRange owned) const;  // stage 2+: `owned` in the gradient shard
   void ensure_staging(Bucket& b);
   void launch(Bucket& b);
   void retire(Bucket& b);
@@ -112,6 +119,7 @@ class GradReducer {
   std::unordered_map<const nn::Module*, std::vector<size_t>> slots_of_module_;
   std::deque<size_t> in_flight_;  // stage 2+: launched, not retired, oldest first
   bool reducing_ = false;
+  bool shard_zero_ = false;  // this backward's reductions may overwrite the shard (begin_backward)
   size_t staging_bytes_ = 0;
   size_t staging_peak_bytes_ = 0;
   uint64_t bytes_sent_ = 0;

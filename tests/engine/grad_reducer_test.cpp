@@ -106,11 +106,19 @@ class Rig {
     add_local_grads(m);
     reducer_->module_done(m);
   }
-  // A whole backward over the given layers, last first.
+  // A whole backward over the given layers, last first. As the engine does, the window's first
+  // backward says the gradient shard is zero (the rig zeroes it once, at construction; so one
+  // accumulation window per rig).
   void backward(bool boundary, const std::vector<int>& used) {
-    reducer_->begin_backward(boundary);
+    reducer_->begin_backward(boundary, /*reduce=*/true, /*shard_zero=*/first_backward_);
+    first_backward_ = false;
     for (auto it = used.rbegin(); it != used.rend(); ++it) run_backward_of(chain_.layer(*it));
     reducer_->end_backward();
+  }
+  // The next backward starts with `value` in every element of the gradient buffer, and says so.
+  void fill_grads(float value) {
+    std::fill(grads(), grads() + grads_.size() / sizeof(float), value);
+    first_backward_ = value == 0.0f;
   }
 
  private:
@@ -134,6 +142,7 @@ class Rig {
   memory::DeviceAccess access_;
   Partition partition_;
   int stage_;
+  bool first_backward_ = true;
   memory::DeviceBlock grads_;
   std::unique_ptr<GradReducer> reducer_;
 };
@@ -235,6 +244,30 @@ TEST_P(GradReducerReduce, UnusedParametersKeepZeroGradients) {
     // Every staging view was withdrawn with its bucket.
     for (const ParamSlot& s : chain.layout().slots()) EXPECT_FALSE(s.param->grad().defined()) << s.param->full_name();
   }
+}
+
+// Note [reduce-scatter into the shard]: a backward told the shard is not zero adds its part into
+// what the shard holds (a later micro-batch of the window); told it is zero, the reduction lands in
+// the shard as it is. Both give the mean on top of what was there before.
+TEST_P(GradReducerReduce, AddsIntoAShardNotKnownToBeZero) {
+  const ReduceCase c = GetParam();
+  const comm::Group& world = test::world().group();
+  Chain chain(3);
+  Rig rig(chain, world, {.stage = c.stage, .overlap_comm = c.overlap_comm, .reduce_scatter = c.reduce_scatter,
+                         .bucket_elements = 100});
+  rig.fill_grads(0.5f);
+  rig.backward(/*boundary=*/true, all_layers(chain));
+  rig.reducer().wait_all();
+  const memory::ShardRange range = checked_range(c.stage, rig.partition(), chain.layout().total());
+  const size_t base = c.stage >= 2 ? rig.partition().mine.offset : 0;
+  size_t wrong = 0;
+  for (size_t i = range.offset; i < range.end(); ++i) {
+    const float want = 0.5f + expected_grad(chain, all_layers(chain), world.size(), i, 1);
+    if (std::abs(rig.grads()[i - base] - want) > 1e-5f * std::max(1.0f, std::abs(want)) && ++wrong <= 5) {
+      ADD_FAILURE() << "element " << i << ": " << rig.grads()[i - base] << ", expected " << want;
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << "of " << range.size << " elements checked";
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, GradReducerReduce,
