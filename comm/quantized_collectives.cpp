@@ -79,18 +79,24 @@ QuantizedReduceScatter::QuantizedReduceScatter(const Group& inner, const Group* 
     d += c;
     send1_words_ += int8_words(c);
   }
-  const int i = inner.rank();
-  for (int o = 0; o < hosts_; ++o) {
-    block1_words_ += int8_words(counts_[rank_of(o, i)]);
-    partial_elems_ += counts_[rank_of(o, i)];
+  for (int i = 0; i < hosts_size_; ++i) {
+    size_t words = 0, elems = 0;
+    for (int o = 0; o < hosts_; ++o) {
+      words += int8_words(counts_[rank_of(o, i)]);
+      elems += counts_[rank_of(o, i)];
+    }
+    block1_max_ = std::max(block1_max_, words);
+    partial_max_ = std::max(partial_max_, elems);
+    if (i == inner.rank()) block1_words_ = words, partial_elems_ = elems;
   }
-  mine_ = counts_[rank_of(outer ? outer->rank() : 0, i)];
+  for (size_t c : counts_) mine_max_ = std::max(mine_max_, c);
+  mine_ = counts_[rank_of(outer ? outer->rank() : 0, inner.rank())];
 }
 
 size_t QuantizedReduceScatter::scratch_bytes() const {
   // send1 | recv1 (H blocks) | partial sums (fp32) | send2 | recv2 (O pieces) | the result (fp32)
-  size_t words = send1_words_ + static_cast<size_t>(hosts_size_) * block1_words_ + partial_elems_;
-  if (hosts_ > 1) words += block1_words_ + static_cast<size_t>(hosts_) * int8_words(mine_) + mine_;
+  size_t words = send1_words_ + static_cast<size_t>(hosts_size_) * block1_max_ + partial_max_;
+  if (hosts_ > 1) words += block1_max_ + static_cast<size_t>(hosts_) * int8_words(mine_max_) + mine_max_;
   return words * sizeof(int32_t);
 }
 

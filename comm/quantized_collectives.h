@@ -63,6 +63,8 @@ class QuantizedReduceScatter {
  public:
   // counts: elements of each rank r = o * inner.size() + i of the whole group (tiling the input).
   QuantizedReduceScatter(const Group& inner, const Group* outer, std::span<const size_t> counts);
+  // The scratch run() needs: the same on every rank (sized for the rank that needs most), so what a
+  // rank allocates depends on the counts alone, not on its place in the hierarchy.
   size_t scratch_bytes() const;
   // `in`: the whole input (sum(counts), fp32/bf16/fp16); `out`: this rank's piece, same dtype (may be
   // its own block of `in`). Collective over both groups (inner, then outer). Returns bytes sent.
@@ -76,6 +78,7 @@ class QuantizedReduceScatter {
   int hosts_ = 1;       // O
   std::vector<size_t> counts_, displs_;
   size_t send1_words_ = 0, block1_words_ = 0, partial_elems_ = 0, mine_ = 0;
+  size_t block1_max_ = 0, partial_max_ = 0, mine_max_ = 0;  // the largest over the ranks (scratch_bytes)
 };
 
 }  // namespace zs::comm

@@ -1,4 +1,4 @@
-// ZeRO++'s quantised collectives (comm/quantized_collectives.h) at np 1-4: the allgather gives every
+// ZeRO++'s quantised collectives (comm/quantized_collectives.h) at np 2-4: the allgather gives every
 // rank the same values, each within the int8 bound of the true piece; the hierarchical
 // reduce-scatter (Note [Hierarchical quantised reduce-scatter]) with one level and with hosts of 2
 // ranks is within the two quantisations' bound of the exact average, exact for values the blocks
@@ -57,12 +57,7 @@ TEST(QuantizedAllgather, EveryRankGetsEveryPieceWithinTheBound) {
   const int N = group().size(), me = group().rank();
   const size_t total = 3001;
   const auto counts = uneven_counts(total, N);
-  std::vector<float> full;
-  for (int r = 0; r < N; ++r) {
-    auto all = input(total, 0, 5);  // one shared vector; rank r holds its piece of it
-    (void)all;
-  }
-  full = input(total, 0, 5);
+  const std::vector<float> full = input(total, 0, 5);  // rank r holds its piece of it
   const size_t mine_at = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
   Tensor in = copy_of(std::vector<float>(full.begin() + static_cast<long>(mine_at), full.begin() + static_cast<long>(mine_at + counts[static_cast<size_t>(me)])));
   Tensor out = Tensor::empty({static_cast<int64_t>(total)}, DType::kF32);
