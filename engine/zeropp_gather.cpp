@@ -6,6 +6,7 @@
 #include "comm/quantized_collectives.h"
 #include "comm/topology.h"
 #include "core/errors.h"
+#include "engine/detail/engine_impl.h"
 
 namespace zs::engine {
 
@@ -78,6 +79,16 @@ void ZeroppGather::gather_secondary(size_t entry, memory::ShardRange range, cons
   memory::Tensor in(src, dtype_, {static_cast<int64_t>(part.size)});
   host()->allgatherv(in, out, secondary_partition_->counts(range));
   ++secondary_gathers_;
+}
+
+const comm::Group* Engine::zeropp_host() const {
+  const auto& g = impl_->zeropp_groups_;
+  return g && g->host_split ? &*g->host_split : nullptr;
+}
+
+const comm::Group* Engine::zeropp_across() const {
+  const auto& g = impl_->zeropp_groups_;
+  return g && g->across_split ? &*g->across_split : nullptr;
 }
 
 void ZeroppGather::invalidate() { secondary_valid_.assign(secondary_valid_.size(), false); }
