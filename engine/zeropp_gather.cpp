@@ -11,7 +11,8 @@
 namespace zs::engine {
 
 std::unique_ptr<ZeroppGroups> make_zeropp_groups(const comm::Group& dp, const ZeroConfig& z) {
-  if (!z.zeropp() || dp.size() == 1) return nullptr;
+  // Stage 3 only (the config refuses the keys below it; the estimator may run a config at other stages).
+  if (!z.zeropp() || z.stage != 3 || dp.size() == 1) return nullptr;
   const int64_t h = z.zero_hpz_partition_size;
   if (dp.size() % h != 0) {
     throw ConfigError(fmt::format("zero_optimization.zero_hpz_partition_size: {} does not divide the data-parallel size "

@@ -51,7 +51,7 @@ struct ZeroppGroups {
   std::optional<comm::Group> host_split, across_split;
 };
 
-// Null when no ZeRO++ key is on or dp has one rank. Throws ConfigError naming
+// Null when no ZeRO++ key is on, below stage 3 or when dp has one rank. Throws ConfigError naming
 // zero_optimization.zero_hpz_partition_size when it does not divide dp.size(). Collective over dp.
 std::unique_ptr<ZeroppGroups> make_zeropp_groups(const comm::Group& dp, const ZeroConfig& z);
 
