@@ -102,29 +102,26 @@ void GradReducer::launch(Bucket& b) {
   b.launched = true;
   const memory::ShardRange owned = partition_.owned(b.plan.range);
   if (partitioned()) ensure_staging(b);
-  if (quantized()) {
-    reduce_quantized(b);
-  } else {
-    memory::Tensor data = bucket_tensor(b);
-    if (group_.size() > 1 && comm_dtype_ != dtype_) {
-      const size_t n = b.plan.range.size;
-      b.wire = device_.allocate(n * memory::dtype_size(comm_dtype_), memory::Category::kGrads, memory::Lifetime::kTransient);
-      device_.backend().convert(b.wire.data(), memory::Tier::kDevice, comm_dtype_, data.raw(), memory::Tier::kDevice,
-                                dtype_, n);
-      data = b.wire.tensor(comm_dtype_, {static_cast<int64_t>(n)});
+  if (quantized()) reduce_quantized(b);  // qgZ: on this thread, in place; b.work stays empty (done)
+  memory::Tensor data = bucket_tensor(b);
+  if (!quantized() && group_.size() > 1 && comm_dtype_ != dtype_) {
+    const size_t n = b.plan.range.size;
+    b.wire = device_.allocate(n * memory::dtype_size(comm_dtype_), memory::Category::kGrads, memory::Lifetime::kTransient);
+    device_.backend().convert(b.wire.data(), memory::Tier::kDevice, comm_dtype_, data.raw(), memory::Tier::kDevice,
+                              dtype_, n);
+    data = b.wire.tensor(comm_dtype_, {static_cast<int64_t>(n)});
+  }
+  // Average, not sum: comm reduces bf16/fp16 in fp32 and rounds once, so results stay in the range of
+  // one rank's gradients (a sum of N loss-scaled fp16 gradients overflows N times sooner).
+  if (group_.size() > 1 && !quantized()) {
+    if (options_.stage == 0 || !options_.reduce_scatter) {
+      b.work = group_.allreduce_async(data, comm::ReduceOp::kAverage);
+    } else {
+      // In place: this rank's part of the result lands in its own block of the bucket.
+      memory::Tensor out = data.range({owned.offset - b.plan.range.offset, owned.size});
+      b.work = group_.reduce_scatter_async(data, out, partition_.counts(b.plan.range), comm::ReduceOp::kAverage);
     }
-    // Average, not sum: comm reduces bf16/fp16 in fp32 and rounds once, so results stay in the range of
-    // one rank's gradients (a sum of N loss-scaled fp16 gradients overflows N times sooner).
-    if (group_.size() > 1) {
-      if (options_.stage == 0 || !options_.reduce_scatter) {
-        b.work = group_.allreduce_async(data, comm::ReduceOp::kAverage);
-      } else {
-        // In place: this rank's part of the result lands in its own block of the bucket.
-        memory::Tensor out = data.range({owned.offset - b.plan.range.offset, owned.size});
-        b.work = group_.reduce_scatter_async(data, out, partition_.counts(b.plan.range), comm::ReduceOp::kAverage);
-      }
-      bytes_sent_ += b.work.bytes_sent();
-    }
+    bytes_sent_ += b.work.bytes_sent();
   }
   if (partitioned()) {
     in_flight_.push_back(static_cast<size_t>(&b - buckets_.data()));
