@@ -25,9 +25,10 @@
 // The host group is zero_hpz_partition_size consecutive ranks (DeepSpeed: one node's GPUs), which
 // must divide the dp size; it is also qgZ's first level. Every allocation goes through the device
 // allocator in the same code the estimator runs, so `zeroshard estimate` stays exact.
-// With all three, the bytes that cross hosts per step are (in units of the parameters' bytes Psi):
-// the forward's int8 gather ~0.25-0.5 Psi (int8 against 16- or 32-bit values), no backward gather,
-// and the gradients' second level ~0.25 Psi / H of int8, against ZeRO-3's 3 Psi.
+// With all three, what may cross hosts per step is the forward's int8 gathers (1.02 bytes per
+// element against fp32's 4 or bf16's 2) and qgZ's second level (int8 of 1/H of the gradients),
+// against ZeRO-3's two full-precision gathers and reduce-scatter: 0.115x of ZeRO-3's bytes on the
+// dp and across groups at hosts of 2 (docs/benchmarks.md, "zeropp_quality").
 #pragma once
 
 #include <memory>
