@@ -15,6 +15,8 @@
 #include "comm/group.h"       // Group: collectives
 #include "comm/mpi_check.h"   // ZS_MPI_CHECK
 #include "comm/native.h"      // native_handle: the MPI communicator of a Group
+#include "comm/quantize.h"    // int8 block quantisation (ZeRO++'s wire format)
+#include "comm/quantized_collectives.h"  // QuantizedAllgather, QuantizedReduceScatter (ZeRO++)
 #include "comm/shared_arena.h"  // SharedArena: direct shared-memory collectives on device memory
 #include "comm/topology.h"    // Topology: the dp/tp/pp/ep/edp groups in Megatron's rank order
 #include "comm/work.h"        // Work, Status

@@ -48,6 +48,17 @@ Group Topology::make_expert_data_parallel(const Group& world, const TopologyConf
   return split(world, edp_color(degrees, r % tp, r / tp % dp, r / (tp * dp)), "edp");
 }
 
+Topology::HostGroups Topology::make_host_groups(const Group& dp, int host_size) {
+  ZS_ASSERT(host_size >= 1 && dp.size() % host_size == 0, "host size {} does not divide {}", host_size, dp.size());
+  const int r = dp.rank();
+  if (!dp.is_mpi()) {
+    return {Group::simulated(r % host_size, host_size, "hpz"), Group::simulated(r / host_size, dp.size() / host_size, "hpz_across")};
+  }
+  Group host = dp.split(r / host_size, r, "hpz");
+  Group across = dp.split(r % host_size, r, "hpz_across");
+  return {std::move(host), std::move(across)};
+}
+
 Topology::Topology(const Group& world, const TopologyConfig& degrees)
     : degrees_((validate(degrees, world.size()), degrees)),
       dp_size_(world.size() / (degrees.tensor_parallel_size * degrees.pipeline_parallel_size)),

@@ -45,6 +45,17 @@ class Topology {
   // instead of six (the engine's expert groups; each start-up collective costs a handshake).
   static Group make_expert_data_parallel(const Group& world, const TopologyConfig& degrees);
 
+  // ZeRO++'s hierarchy over a data-parallel group `dp` (DeepSpeed's: a host is `host_size`
+  // consecutive ranks): "hpz", the ranks of this rank's host (dp ranks k*h .. k*h+h-1, inner rank
+  // dp rank % h), and "hpz_across", the ranks with the same inner rank on every host (outer rank
+  // dp rank / h). `host_size` divides dp.size() (the caller's ConfigError names its key). Collective
+  // over `dp` (two splits); a simulated `dp` (the estimator) gets simulated groups of the same shape.
+  struct HostGroups {
+    Group host;
+    Group across;
+  };
+  static HostGroups make_host_groups(const Group& dp, int host_size);
+
   const Group& data_parallel() const { return dp_; }
   const Group& tensor_parallel() const { return tp_; }
   const Group& pipeline_parallel() const { return pp_; }

@@ -391,6 +391,10 @@ EngineConfig parse_config(const boost::json::value& doc, int dp, std::span<const
       if (r.read(key, on)) cfg.checkpoint.gather_16bit_weights = cfg.checkpoint.gather_16bit_weights || on;
     }
   });
+  if (cfg.zero.zero_quantized_gradients && cfg.communication_data_type) {
+    throw ConfigError("zero_optimization.zero_quantized_gradients puts int8 blocks on the wire, so communication_data_type "
+                      "has nothing to choose; remove one of the two keys");
+  }
   root.read_object("checkpoint", [&](ObjectReader& r) {
     const bool gather = cfg.checkpoint.gather_16bit_weights;
     read_checkpoint(r, cfg.checkpoint, cfg.notes);

@@ -105,6 +105,12 @@ struct ZeroConfig {
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
   int64_t sub_group_size = 1'000'000'000;  // elements the offloaded optimizer steps at a time
+  // ZeRO++ (stage 3; docs/zero.md "ZeRO++"). hpZ: a secondary copy of the parameter partition inside
+  // each group of this many consecutive data-parallel ranks (1: off), from which the backward gathers.
+  int64_t zero_hpz_partition_size = 1;
+  bool zero_quantized_weights = false;    // qwZ: the forward's gathers carry int8 blocks
+  bool zero_quantized_gradients = false;  // qgZ: gradients reduce-scattered in int8 blocks, by host group
+  bool zeropp() const { return zero_hpz_partition_size > 1 || zero_quantized_weights || zero_quantized_gradients; }
 };
 
 struct DeviceConfig {

@@ -10,6 +10,31 @@
 
 namespace zs::engine::detail {
 
+// ZeRO++ (engine/detail/zeropp_gather.h): stage 3 only, as DeepSpeed's. That the hpZ size divides the
+// data-parallel size is checked where that size is known (the engine: make_hpz_groups).
+void read_zeropp(ObjectReader& r, ZeroConfig& z) {
+  r.read("zero_hpz_partition_size", z.zero_hpz_partition_size, IntRange{1, 1 << 20});
+  r.read("zero_quantized_weights", z.zero_quantized_weights);
+  r.read("zero_quantized_gradients", z.zero_quantized_gradients);
+  if (z.stage == 3) {
+    if (z.zero_quantized_gradients && !z.reduce_scatter) {
+      throw ConfigError(fmt::format("{}: qgZ is a quantised reduce-scatter, and {} is false (an allreduce); remove one "
+                                    "of the two", r.path_of("zero_quantized_gradients"), r.path_of("reduce_scatter")));
+    }
+    return;
+  }
+  for (std::string_view key : {"zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients"}) {
+    const bool on = key == "zero_hpz_partition_size" ? z.zero_hpz_partition_size > 1
+                    : key == "zero_quantized_weights" ? z.zero_quantized_weights
+                                                      : z.zero_quantized_gradients;
+    if (on) {
+      throw ConfigError(fmt::format("{}: ZeRO++ works on ZeRO stage 3's partitioned parameters (as DeepSpeed's); set "
+                                    "zero_optimization.stage to 3 or remove the key (stage is {})",
+                                    r.path_of(key), z.stage));
+    }
+  }
+}
+
 void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
   r.known_keys(detail::deepspeed_keys("zero_optimization"), "DeepSpeed");
   r.read("stage", z.stage, IntRange{0, 3});
@@ -123,10 +148,11 @@ void read_zero(ObjectReader& r, ZeroConfig& z, Notes& notes) {
                                 z.stage));
     z.offload_param = OffloadParamConfig{};
   }
+  read_zeropp(r, z);
   // Switches whose false (off) is what zeroshard does; true asks for a DeepSpeed feature it lacks.
   for (std::string_view key :
        {"memory_efficient_linear", "elastic_checkpoint", "round_robin_gradients",
-        "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients",
+        "zero_quantized_nontrainable_weights",
         "mics_hierarchical_params_gather", "legacy_stage1", "log_trace_cache_warnings", "enable_sanity_checks",
         "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params", "stage3_allgather_sequential",
         "allgather_sequential", "pipeline_loading_checkpoint", "sdma_allgather"}) {

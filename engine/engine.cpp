@@ -115,7 +115,8 @@ void check_tensor_slices(const std::vector<nn::Parameter*>& params, const comm::
 // when the model has expert parameters.
 std::vector<std::unique_ptr<ModelStates>> make_sets(nn::Model& model, const EngineConfig& cfg, const comm::Group& group,
                                                  const comm::Group* tp,
-                                                 std::vector<std::unique_ptr<comm::Group>>& expert_groups) {
+                                                 std::vector<std::unique_ptr<comm::Group>>& expert_groups,
+                                                 std::unique_ptr<ZeroppGroups>& zeropp_groups) {
   nn::assign_names(model);
   const std::vector<nn::Parameter*> params = model.all_params();
   check_tensor_slices(params, tp, cfg);
@@ -125,7 +126,16 @@ std::vector<std::unique_ptr<ModelStates>> make_sets(nn::Model& model, const Engi
   for (size_t g = 1; g < groups.size(); ++g) sizes.push_back(groups[g].expert_parallel_size);
   check_expert_sizes(group, sizes, cfg);
   std::vector<std::unique_ptr<ModelStates>> sets;
+  if (cfg.zero.zeropp() && groups.size() > 1) {
+    throw ConfigError(fmt::format("zero_optimization: ZeRO++ (zero_hpz_partition_size, zero_quantized_weights, "
+                                  "zero_quantized_gradients) with expert parameters (expert_parallel_size {}) is not "
+                                  "supported by zeroshard yet: experts are partitioned over their expert-data-parallel "
+                                  "group, which has no host groups; remove the ZeRO++ keys for MoE models",
+                                  groups[1].expert_parallel_size));
+  }
+  zeropp_groups = make_zeropp_groups(group, cfg.zero);
   sets.push_back(std::make_unique<ModelStates>(std::move(groups[0]), group, rules));
+  sets.back()->zeropp = zeropp_groups.get();
   for (size_t g = 1; g < groups.size(); ++g) {
     expert_groups.push_back(make_expert_group(group, groups[g].expert_parallel_size));
     sets.push_back(std::make_unique<ModelStates>(std::move(groups[g]), *expert_groups.back(), rules));
@@ -147,7 +157,7 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
     : cfg_(cfg),
       group_(group),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
-      sets_(make_sets(model, cfg, group, tp_, expert_groups_)),
+      sets_(make_sets(model, cfg, group, tp_, expert_groups_, zeropp_groups_)),
       plan_(sets_.front()->plan),
       stage_(cfg.zero.stage),
       grad_stage_(plan_.grad_stage),

@@ -236,6 +236,11 @@ class Engine {
   const comm::Group* pipeline_parallel() const;
   int pipeline_parallel_size() const { return pipeline_parallel() != nullptr ? pipeline_parallel()->size() : 1; }
   nn::Model& model() const { return model_; }
+  // ZeRO++'s host groups (Note [ZeRO++] in engine/detail/zeropp_gather.h): "hpz", the ranks of this
+  // rank's host, and "hpz_across", this rank's peers on the other hosts; nullptr when not made (no
+  // ZeRO++ key on, one rank, or one host group: then the dp group plays the host group's part).
+  const comm::Group* zeropp_host() const;
+  const comm::Group* zeropp_across() const;
 
   // Total parameter elements of the model (padding excluded), every expert counted once: a rank holds
   // 1 / expert_parallel_size of an expert set's experts; a TP shard counts its whole tp = 1 tensor.

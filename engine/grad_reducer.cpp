@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "comm/quantized_collectives.h"
 #include "core/errors.h"
 
 namespace zs::engine {
@@ -118,8 +119,9 @@ void GradReducer::launch(Bucket& b) {
   b.launched = true;
   const memory::ShardRange owned = partition_.owned(b.plan.range);
   if (partitioned()) ensure_staging(b);
+  if (quantized()) reduce_quantized(b);  // qgZ: on this thread, in place; b.work stays empty (done)
   memory::Tensor data = bucket_tensor(b);
-  if (group_.size() > 1 && comm_dtype_ != dtype_) {
+  if (!quantized() && group_.size() > 1 && comm_dtype_ != dtype_) {
     const size_t n = b.plan.range.size;
     b.wire = device_.allocate(n * memory::dtype_size(comm_dtype_), memory::Category::kGrads, memory::Lifetime::kTransient);
     device_.backend().convert(b.wire.data(), memory::Tier::kDevice, comm_dtype_, data.raw(), memory::Tier::kDevice,
@@ -128,7 +130,7 @@ void GradReducer::launch(Bucket& b) {
   }
   // Average, not sum: comm reduces bf16/fp16 in fp32 and rounds once, so results stay in the range of
   // one rank's gradients (a sum of N loss-scaled fp16 gradients overflows N times sooner).
-  if (group_.size() > 1) {
+  if (group_.size() > 1 && !quantized()) {
     if (options_.stage == 0 || !options_.reduce_scatter) {
       b.work = group_.allreduce_async(data, comm::ReduceOp::kAverage);
     } else {
@@ -146,6 +148,16 @@ void GradReducer::launch(Bucket& b) {
     const size_t in_flight = options_.overlap_comm ? kMaxInFlight : 0;  // overlap off: synchronous
     while (in_flight_.size() > in_flight) retire(buckets_[in_flight_.front()]);
   }
+}
+
+void GradReducer::reduce_quantized(Bucket& b) {
+  // In place, as the reduce-scatter above: this rank's part lands in its own block of the bucket.
+  const memory::ShardRange owned = partition_.owned(b.plan.range);
+  memory::Tensor data = bucket_tensor(b);
+  memory::Tensor out = data.range({owned.offset - b.plan.range.offset, owned.size});
+  const comm::QuantizedReduceScatter q(*options_.quantized_host, options_.quantized_across, partition_.counts(b.plan.range));
+  memory::DeviceBlock scratch = device_.allocate(q.scratch_bytes(), memory::Category::kGrads, memory::Lifetime::kTransient);
+  bytes_sent_ += q.run(data, out, comm::ReduceOp::kAverage, scratch.data(), options_.kernels);
 }
 
 void GradReducer::finish(Bucket& b) {

@@ -109,6 +109,12 @@ void ModelStates::make_reducer_and_gatherer(const std::vector<nn::Module*>& modu
                           .bucket_elements = static_cast<size_t>(cfg.zero.reduce_bucket_size),
                           .grads_tier = grads_.tier(),
                           .comm_dtype = cfg.gradient_comm_dtype()};
+  const bool kernels = env_->kernels();
+  if (zeropp != nullptr && cfg.zero.zero_quantized_gradients) {
+    ro.quantized_host = zeropp->host;
+    ro.quantized_across = zeropp->across;
+    ro.kernels = kernels;
+  }
   reducer.emplace(ro, layout, partition, group, env_->device, env_->dtype, grads_.data(), modules);
   if (plan.stage != 3) return;
   ParamGatherer::Options go{.prefetch_elements = static_cast<size_t>(cfg.zero.stage3_prefetch_bucket_size),
@@ -118,7 +124,13 @@ void ModelStates::make_reducer_and_gatherer(const std::vector<nn::Module*>& modu
                             .nvme = nullptr,
                             .nvme_region = {},
                             .tracker = nullptr,
-                            .shard_tier = params_on_nvme() ? memory::Tier::kHost : params_.tier()};
+                            .shard_tier = params_on_nvme() ? memory::Tier::kHost : params_.tier(),
+                            .zeropp = {}};
+  if (zeropp != nullptr) {
+    go.zeropp = {.host = cfg.zero.zero_hpz_partition_size > 1 ? zeropp->host : nullptr,
+                 .quantized = cfg.zero.zero_quantized_weights,
+                 .kernels = kernels};
+  }
   const void* shard = params_.data();
   if (params_on_nvme()) {
     const auto& op = cfg.zero.offload_param;

@@ -58,6 +58,9 @@ ParamGatherer::ParamGatherer(const Options& options, const FlatLayout& layout, c
   // pool whose other blocks live a layer or less, and pinned holes there (docs/memory.md,
   // "Fragmentation on real traces": on the ZeRO-3 recompute trace with cpu_checkpointing, reserved /
   // allocated 1.052 with them there, 1.042 with them here, before Note [Spanning blocks]).
+  if (options_.zeropp.host != nullptr || options_.zeropp.quantized) {
+    zeropp_.emplace(options_.zeropp, layout_.total(), group_, device_, dtype_, entries_.size());
+  }
   for (Entry& e : entries_) {
     if (e.persistent) {
       e.buffer = device_.allocate(e.range.size * memory::dtype_size(dtype_), memory::Category::kParams,
@@ -101,6 +104,13 @@ void ParamGatherer::start_gather(Entry& e) {
   live_peak_elements_ = std::max(live_peak_elements_, live_elements_);
   const memory::ShardRange owned = partition_.owned(e.range);
   e.state = State::kInFlight;
+  e.from_secondary = false;
+  if (zeropp_ && pass_ == Pass::kBackward && zeropp_->has_secondary(static_cast<size_t>(&e - entries_.data()))) {
+    e.from_secondary = true;  // hpZ: over the host group, from copies in device memory (no NVMe read)
+    zeropp_->gather_secondary(static_cast<size_t>(&e - entries_.data()), e.range,
+                              e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)}));
+    return;
+  }
   if (options_.nvme != nullptr) {
     // The read is started now (prefetch); the collective waits for it in finish_gather.
     const offload::IoWindow w = offload::io_window((owned.offset - partition_.mine.offset) * elem, owned.size * elem);
@@ -121,13 +131,21 @@ void ParamGatherer::start_gather(Entry& e) {
   } else {
     // On the calling thread (Note [synchronous gathers] in the header).
     memory::Tensor in(const_cast<char*>(src), dtype_, {static_cast<int64_t>(owned.size)});
+    gather_range(e, in, out);
+  }
+}
+
+void ParamGatherer::gather_range(Entry& e, const memory::Tensor& in, const memory::Tensor& out) {
+  if (zeropp_) {
+    zeropp_->gather(static_cast<size_t>(&e - entries_.data()), e.range, partition_.counts(e.range), in, out, e.persistent);
+  } else {
     group_.allgatherv(in, out, partition_.counts(e.range));
   }
 }
 
 void ParamGatherer::finish_gather(Entry& e) {
   const size_t elem = memory::dtype_size(dtype_);
-  if (options_.nvme != nullptr) {
+  if (options_.nvme != nullptr && !e.from_secondary) {
     const memory::ShardRange owned = partition_.owned(e.range);
     char* src = e.staging.empty() ? nullptr : reinterpret_cast<char*>(e.staging.data()) + e.staging_skip;
     if (!e.staging.empty()) options_.nvme->wait(e.read);
@@ -136,12 +154,13 @@ void ParamGatherer::finish_gather(Entry& e) {
       device_.backend().copy(out.raw(), memory::Tier::kDevice, src, memory::Tier::kHost, e.range.size * elem);
     } else {
       memory::Tensor in(src, dtype_, {static_cast<int64_t>(owned.size)});
-      group_.allgatherv(in, out, partition_.counts(e.range));
+      gather_range(e, in, out);
     }
     staging_bytes_ -= e.staging.size();
     e.staging.reset();
     e.read = {};
   }
+  e.from_secondary = false;
   e.state = State::kAvailable;
   auto slots = layout_.slots();
   for (size_t s = e.first_slot; s < e.end_slot; ++s) {
@@ -262,6 +281,7 @@ void ParamGatherer::end_pass() {
 }
 
 void ParamGatherer::invalidate() {
+  if (zeropp_) zeropp_->invalidate();
   for (auto& e : entries_) {
     if (e.state != State::kReleased) drop(e);
     e.prefetched = false;

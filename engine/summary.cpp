@@ -164,6 +164,17 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
     s["pipeline"] = boost::json::object{{"stages", std::move(stages)}};
   }
   s["zero_stage"] = cfg.zero.stage;
+  if (cfg.zero.stage == 3) {
+    // ZeRO-3 and ZeRO++ (docs/design.md "ZeRO++"): the ZeRO++ keys and rank 0's bytes sent over each
+    // group since the engine was made (the hierarchy's groups when there are several hosts).
+    boost::json::object by_group{{"dp", group.bytes_sent()}};
+    if (const comm::Group* h = engine_.zeropp_host()) by_group["hpz"] = h->bytes_sent();
+    if (const comm::Group* a = engine_.zeropp_across()) by_group["hpz_across"] = a->bytes_sent();
+    s["zeropp"] = boost::json::object{{"zero_hpz_partition_size", cfg.zero.zero_hpz_partition_size},
+                                      {"zero_quantized_weights", cfg.zero.zero_quantized_weights},
+                                      {"zero_quantized_gradients", cfg.zero.zero_quantized_gradients},
+                                      {"bytes_sent_by_group", std::move(by_group)}};
+  }
   s["precision"] = precision_name(cfg.precision);
   s["communication_data_type"] = memory::dtype_name(cfg.gradient_comm_dtype());
   s["steps"] = static_cast<int64_t>(losses_.size());

@@ -59,6 +59,8 @@ class Engine::Impl final : public ModuleHooks {
   // The expert-data-parallel groups, one per distinct expert_parallel_size (formed from group_ with
   // DeepSpeed's layout: {i, i+E, i+2E, ...}). Declared before sets_, which refer to them.
   std::vector<std::unique_ptr<comm::Group>> expert_groups_;
+  // ZeRO++'s host groups over group_ (null without ZeRO++); declared before sets_, which refer to them.
+  std::unique_ptr<ZeroppGroups> zeropp_groups_;
   // sets_[0]: the dense parameters (always there, possibly empty); then one per expert_parallel_size.
   // Each owns its model states (Note [State owner] in engine/detail/model_states.h). Cleared first by
   // ~Impl: their buffers live in arena_ below.

@@ -23,6 +23,8 @@
 // converted into a transient "wire" buffer of comm_dtype, reduced there (comm sums 16-bit values in
 // fp32 and rounds once), and the part this rank keeps is converted back when its reduction is waited
 // for (wait_all, or retiring at stage 2+); the wire buffer then goes.
+// With ZeRO++'s qgZ (quantized_host), stage 2+ buckets are reduce-scattered in int8 blocks on the
+// calling thread (comm::QuantizedReduceScatter; its scratch a transient block of category grads).
 #pragma once
 
 #include <deque>
@@ -50,6 +52,11 @@ class GradReducer {
     size_t bucket_elements = 500'000'000;
     memory::Tier grads_tier = memory::Tier::kDevice;  // where `grads` lives (kHost: optimizer offloaded)
     std::optional<memory::DType> comm_dtype;  // the dtype averaged on the wire; nullopt: the gradients' own
+    // ZeRO++'s qgZ (stages 2+; Note [ZeRO++] in engine/detail/zeropp_gather.h): buckets are
+    // reduce-scattered in int8 blocks inside `quantized_host` and then across hosts (null: off).
+    const comm::Group* quantized_host = nullptr;
+    const comm::Group* quantized_across = nullptr;  // null: one level
+    bool kernels = true;  // false over the measuring backend (the estimator): collectives and allocations only
   };
 
   // `layout` is one partition group's layout (dense, or one expert_parallel_size's), reduced over
@@ -98,6 +105,7 @@ class GradReducer {
   };
   bool partitioned() const { return options_.stage >= 2; }
   bool active() const { return reducing_ || partitioned(); }
+  bool quantized() const { return partitioned() && options_.quantized_host != nullptr && group_.size() > 1; }
   memory::Tensor bucket_tensor(Bucket& b) const;
   memory::Tensor shard_part(memory::ShardRange owned) const;  // stage 2+: `owned` in the gradient shard
   void ensure_staging(Bucket& b);
@@ -105,6 +113,7 @@ class GradReducer {
   void retire(Bucket& b);
   void retire_finished();
   void finish(Bucket& b);  // waits for b's reduction; converts the kept part back from the wire buffer
+  void reduce_quantized(Bucket& b);  // qgZ: b's reduce-scatter, synchronous
 
   Options options_;
   const FlatLayout& layout_;

@@ -159,6 +159,9 @@ class ModelStates {
   const PlacementPlan plan;
   std::optional<GradReducer> reducer;
   std::optional<ParamGatherer> gatherer;
+  // ZeRO++'s host groups over `group` (Note [ZeRO++] in engine/detail/zeropp_gather.h), set before
+  // initialise_and_bind; null without ZeRO++ (or with one rank).
+  const ZeroppGroups* zeropp = nullptr;
 
   int expert_parallel_size() const { return layout.expert_parallel_size(); }
   bool expert() const { return expert_parallel_size() > 1; }

@@ -48,11 +48,13 @@
 // persistent ones add their total.
 #pragma once
 
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "comm/group.h"
 #include "engine/flat_layout.h"
+#include "engine/detail/zeropp_gather.h"
 #include "engine/partition.h"
 #include "memory/allocator.h"
 #include "nn/module.h"
@@ -73,6 +75,7 @@ class ParamGatherer {
     offload::SwapRegion nvme_region;
     memory::MemoryTracker* tracker = nullptr;  // counts the staging buffers (host, offload_buffers)
     memory::Tier shard_tier = memory::Tier::kDevice;  // where `param_shard` lives (kHost: offload_param cpu)
+    ZeroppGather::Options zeropp;  // ZeRO++'s hpZ and qwZ (Note [ZeRO++] in engine/detail/zeropp_gather.h)
   };
   enum class Pass { kForward, kBackward };
 
@@ -103,6 +106,8 @@ class ParamGatherer {
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
   // The documented bound on live_peak_bytes() for this model (see the file comment).
   size_t live_bound_bytes() const;
+  // ZeRO++ (null without hpZ and qwZ): its secondary copies' bytes and gathers.
+  const ZeroppGather* zeropp() const { return zeropp_ ? &*zeropp_ : nullptr; }
 
  private:
   // kInFlight: gathered (or, with NVMe, its read started) but its views not yet set.
@@ -119,8 +124,10 @@ class ParamGatherer {
     offload::AlignedBuffer staging;  // nvme: the owned part read from the swap file
     offload::Ticket read;
     size_t staging_skip = 0;         // bytes before the owned part in `staging` (window alignment)
+    bool from_secondary = false;     // hpZ: gathered from the secondary copies (nothing read from NVMe)
   };
   void start_gather(Entry& e);
+  void gather_range(Entry& e, const memory::Tensor& in, const memory::Tensor& out);  // over group_ (or ZeRO++'s)
   void finish_gather(Entry& e);
   void drop(Entry& e);
   void prefetch_after(size_t position);
@@ -135,6 +142,7 @@ class ParamGatherer {
   memory::DType dtype_;
   const void* shard_;
   std::vector<Entry> entries_;
+  std::optional<ZeroppGather> zeropp_;
   std::unordered_map<const nn::Module*, size_t> entry_of_;
   std::vector<size_t> trace_[2];
   bool recorded_[2] = {false, false};
