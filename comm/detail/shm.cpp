@@ -73,10 +73,7 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
       if (polls % 64 != 63) continue;
       const auto now = Clock::now();
       if (now >= deadline) [[unlikely]] {
-        {
-          std::lock_guard lock(g.mu);
-          g.broken = fmt::format("{} timed out in a shared-memory barrier", op_name(op.code));
-        }
+        g.mark_broken(fmt::format("{} timed out in a shared-memory barrier", op_name(op.code)));
         throw CommError(fmt::format(
             "{} timed out after {} s waiting for the other ranks of the group at a shared-memory barrier "
             "(comm.timeout_s = {}): a rank is stuck or has failed; check the other ranks' errors, or raise "
@@ -189,6 +186,37 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
     }
   }
   barrier(g, *s, op);
+  g.runtime->count_shared_memory();
+  return true;
+}
+
+// Note [Shared-memory collectives]: the root stages round k into its slot k % 2, a barrier, and every
+// other rank copies it out while the root stages round k + 1 (a rank passes barrier k + 1 only after
+// its reads of round k, so one barrier per round keeps the two slots apart).
+bool shm_broadcast(GroupState& g, const Op& op, const memory::Tensor& data, int root) {
+  const size_t total = static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype());
+  ShmGroup* s = usable(g, op, total);
+  if (s == nullptr || s->nodes > 1) return false;
+  const ShmNode& node = *g.runtime->shm_node();
+  const bool is_root = s->me == root;  // one node: local index = group rank
+  const int owner = s->local[static_cast<size_t>(root)];
+  const size_t m = ShmNode::kRoundBytes;
+  const size_t rounds = (total + m - 1) / m;
+  const bool stream = total >= kShmStreamMinBytes;
+  unsigned char* p = bytes(data);
+  for (size_t k = 0; k < rounds; ++k) {
+    const int b = static_cast<int>(k & 1);
+    const size_t n = piece(total, k, m);
+    if (is_root) std::memcpy(node.slot(owner, b), p + k * m, n);
+    barrier(g, *s, op);
+    if (is_root) continue;
+    if (stream) {
+      copy_streaming(p + k * m, node.slot(owner, b), n);
+    } else {
+      std::memcpy(p + k * m, node.slot(owner, b), n);
+    }
+  }
+  barrier(g, *s, op);  // nobody still reads the root's slot when it leaves
   g.runtime->count_shared_memory();
   return true;
 }

@@ -34,6 +34,9 @@ static_assert(sizeof(Header) <= kHeader);
 // notices find a deadlock (Note [Polling], Note [Waits across groups]).
 template <typename Ready>
 void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
+  if (ready()) [[likely]] return;
+  // The op's first wait that finds a peer missing starts the clock (no clock read when none does).
+  if (probe.start() == Clock::time_point{}) probe = SpinProbe(Clock::now());
   Runtime& rt = *op.group->runtime;
   const auto start = probe.start();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -59,7 +62,15 @@ void sum_ranks(const Op& op, DType t, size_t at, void* dst, size_t n, ReduceOp r
   const void** srcs = size > few.size() ? many.data() : few.data();
   for (size_t q = 0; q < size; ++q) srcs[q] = op.carried[q] + at;
   const float divisor = r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f;
-  if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
+  if (t == DType::kF32 && n < 16) {  // reduce_sum_scalar's fp32 sums, inlined (Note [Lean small path])
+    auto* out = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) {
+      float acc = static_cast<const float*>(srcs[0])[i];
+      for (size_t q = 1; q < size; ++q) acc += static_cast<const float*>(srcs[q])[i];
+      if (divisor != 1.0f) acc /= divisor;
+      out[i] = acc;
+    }
+  } else if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
     reduce_sum_scalar(srcs, size, t, dst, t, n, divisor);
   } else {
     reduce_sum({srcs, size}, t, dst, t, n, divisor);
@@ -103,10 +114,11 @@ bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
   return !reduces || t != DType::kF32 || g.size == 2;  // fp32 on more ranks: MPI's order
 }
 
-void carry(Op& op, const void* from, size_t bytes) {
+void carry(Op& op, const void* from, size_t bytes, void* to) {
   op.small = true;
   op.carry_from = from;
   op.carry_bytes = bytes;
+  op.carry_to = to;
 }
 
 void small_exchange(Op& op, bool on_worker) {
@@ -118,7 +130,7 @@ void small_exchange(Op& op, bool on_worker) {
   const uint64_t e = ++s.small_epoch;
   const int b = node.small_next;
   node.small_next ^= 1;
-  SpinProbe probe(Clock::now());  // one for both waits: they share the start and the timeout
+  SpinProbe probe{Clock::time_point{}};  // one for both waits: they share the start and the timeout
   ShmNode::SmallUse& use = node.small_uses[static_cast<size_t>(b)];
   if (use.flag_index >= 0) {  // the readers of this buffer's last contents are done with it
     wait_for(op, on_worker, probe, [&] {
@@ -168,25 +180,42 @@ void small_done(const Op& op) {
       .store(s.small_epoch, std::memory_order_release);
 }
 
-void small_allreduce(const Op& op, void* data, DType t, size_t n, ReduceOp r) { sum_ranks(op, t, 0, data, n, r); }
-
-void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r) {
-  const size_t me = static_cast<size_t>(op.group->rank);
-  const DType t = output.dtype();
-  sum_ranks(op, t, static_cast<size_t>(c.displs[me]) * memory::dtype_size(t), output.raw(),
-            static_cast<size_t>(c.counts[me]), r);
-}
-
-void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c) {
-  const size_t es = memory::dtype_size(output.dtype());
-  auto* out = static_cast<unsigned char*>(output.raw());
-  for (size_t q = 0; q < op.carried.size(); ++q) {  // this rank's own block too: its input may lie elsewhere
-    std::memmove(out + static_cast<size_t>(c.displs[q]) * es, op.carried[q], static_cast<size_t>(c.counts[q]) * es);
+void small_body(const Op& op) {
+  const DType t = op.dtype;
+  const size_t es = memory::dtype_size(t), me = static_cast<size_t>(op.group->rank);
+  switch (op.code) {
+    case OpCode::kAllreduce: sum_ranks(op, t, 0, op.carry_to, op.numel, op.reduce); return;
+    case OpCode::kReduceScatter: {  // this rank's block of every rank's whole input
+      size_t at = 0;
+      for (size_t q = 0; q < me; ++q) at += op.counts[q];
+      sum_ranks(op, t, at * es, op.carry_to, op.counts[me], op.reduce);
+      return;
+    }
+    case OpCode::kAllgather:
+    case OpCode::kAllgatherv: {
+      const size_t L = op.carried.size();
+      auto* out = static_cast<unsigned char*>(op.carry_to);
+      size_t total = 0;
+      for (size_t q = 0; q < L; ++q) total += op.counts.empty() ? op.numel : op.counts[q];
+      // This rank's own block from its input, or nothing in place; an input elsewhere in the output
+      // may be overwritten by the blocks before it, so then from its copy in this rank's buffer.
+      const auto* in = static_cast<const unsigned char*>(op.carry_from);
+      const bool inside = in < out + total * es && out < in + op.carry_bytes;  // overlaps the output
+      for (size_t q = 0; q < L; ++q) {
+        const size_t bytes = (op.counts.empty() ? op.numel : op.counts[q]) * es;
+        const void* from = q != me ? op.carried[q] : inside && in != out ? op.carried[q] : in;
+        if (bytes > 0 && from != out) std::memcpy(out, from, bytes);
+        out += bytes;
+      }
+      return;
+    }
+    case OpCode::kBroadcast: {
+      const size_t root = static_cast<size_t>(op.signature[3]);
+      if (me != root) std::memcpy(op.carry_to, op.carried[root], op.carry_bytes);
+      return;
+    }
+    default: ZS_ASSERT(false, "{} has no small body", op_name(op.code));
   }
-}
-
-void small_broadcast(const Op& op, void* data, size_t bytes, int root) {
-  if (op.group->rank != root) std::memcpy(data, op.carried[static_cast<size_t>(root)], bytes);
 }
 
 }  // namespace zs::comm::detail

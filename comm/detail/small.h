@@ -39,6 +39,23 @@
 //  - Taken only where every member is on this node's window (one node, a flag line, comm.shared_memory
 //    not false); not for local or simulated groups, alltoall(v) or the count exchanges. The byte
 //    counters keep each collective's own rule (CommCounters); it counts as a shared-memory collective.
+//
+// Note [Lean small path]
+// With the exchange itself down to a few cache lines, the layer around it cost more than raw MPI's
+// whole call: callgrind of 20,000 sync 4-element fp32 allreduces at np 2 counted 2,325 instructions
+// per call, of which ~720 in malloc/free (a shared Op, its std::function body and sizes formatter
+// capturing tensors and counts, the count vectors), ~520 in four mutex lock/unlock pairs (the
+// executor's queue lock twice, the group's broken check, the tally), ~300 destroying the Op. So a
+// sync collective now builds its Op on the caller's stack (Group's sync calls; the group pointer does
+// not own: the Group outlives the call), a small op has no body (small_body dispatches on the op's
+// code and reads the arguments kept in the Op: dtype, numel, reduction, a view of the caller's
+// counts), its sizes text is formatted from those fields only when a message needs it, and the
+// executor runs a sync op inline when an atomic count of the worker's pending ops is zero (no lock:
+// collectives are issued from one thread at a time, so the idle worker stays idle). The group's
+// broken check reads an atomic, and the per-collective tallies are atomics. An async small op owns
+// its counts and keeps its tensors (Op::keep) and goes through the queue as before. The guarantees
+// are the same code as before: the waits' deadline and wait notices, the signature check, the byte
+// counters and tallies, the sums' kernels (the same bits). Before/after in docs/benchmarks.md.
 // kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
 // shared-memory collectives already beat MPI, and their staging needs no second buffer set.
 #pragma once
@@ -53,25 +70,24 @@ namespace zs::comm::detail {
 
 struct GroupState;
 struct Op;
-struct Counts;
 
 inline constexpr size_t kSmallMaxBytes = ShmNode::kSmallSlotBytes - 64;  // 4 KiB after the header
 
 // Whether a collective of dtype `t` carrying at most `payload` bytes per rank (the same on every rank) takes the
 // small path on `g` (the same answer on every rank that passed the same arguments). `reduces`: it sums.
 bool small_path(const GroupState& g, memory::DType t, size_t payload, bool reduces);
-// Marks `op` small, carrying `bytes` from `from` (read when the op runs).
-void carry(Op& op, const void* from, size_t bytes);
+// Marks `op` small, carrying `bytes` from `from` (read when the op runs) and writing its result to
+// `to` (small_body).
+void carry(Op& op, const void* from, size_t bytes, void* to);
 // Runtime::execute, in place of the handshake: publishes this rank's data, waits for every peer's and
 // checks the signatures; op.carried then points at each rank's data. Throws CommError (timeout,
 // mismatch). small_done after the body: this rank has finished reading its peers' buffers.
 void small_exchange(Op& op, bool on_worker);
 void small_done(const Op& op);
 
-// The bodies: op.carried points at every rank's data.
-void small_allreduce(const Op& op, void* data, memory::DType t, size_t n, ReduceOp r);
-void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r);
-void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c);
-void small_broadcast(const Op& op, void* data, size_t bytes, int root);
+// The body, after small_exchange (op.carried points at every rank's data): sums or copies into
+// op.carry_to, by op.code from the op's arguments (Op::dtype, numel, reduce, counts: Note [Lean small
+// path]; allgather's counts are empty, every rank's numel).
+void small_body(const Op& op);
 
 }  // namespace zs::comm::detail
