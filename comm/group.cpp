@@ -354,6 +354,7 @@ void broadcast_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const me
     if (async) op.keep = {data};
     return;
   }
+  op.arena = detail::arena_vote(*g, data, bytes);  // Note [Direct collectives]
   op.body = [g = g.get(), data, count, root, o = &op] {
     if (count > 0) g->transport->broadcast(*o, data, root);
   };

@@ -23,10 +23,6 @@ namespace {
 constexpr size_t kAlign = 64;                                   // elements: pieces start on cache lines
 constexpr auto kSpin = std::chrono::milliseconds(20);           // as the handshake's kCallerSpin
 constexpr auto kShortSpin = std::chrono::microseconds(50);      // as its kWorkerSpin (Note [Contended cores])
-// shm_broadcast: the words of a rank's flag line it publishes (word 0 is the barrier's, 1 the
-// alltoallv's rounds, 4-6 the small collectives'), and the bytes the root stages between them.
-constexpr int kReadyWord = 2, kTakenWord = 3;
-constexpr size_t kBroadcastChunk = size_t{8} << 10;
 
 size_t piece(size_t count, size_t k, size_t m) { return count > k * m ? std::min(m, count - k * m) : 0; }
 
@@ -51,60 +47,49 @@ ShmGroup* usable(GroupState& g, const Op& op, size_t bytes) {
   return s->max_local > 1 ? s : nullptr;
 }
 
-namespace {
-
-// Polls until ready() (acquire loads of the peers' words): CommError after comm.timeout_s, leaving the
-// group unusable. Note [Polling] in runtime.h: spin with a pause (a sched_yield per miss would hand
-// the core to another process for a whole slice), yield only when the node runs more ranks than CPUs,
-// and after kSpin sleep elapsed/32 (10 us to 1 ms); after only kShortSpin while the cores are shared
-// with other busy processes (Note [Contended cores] in comm/detail/contention.h).
-template <typename Ready>
-void wait_until(GroupState& g, const Op& op, Ready&& ready) {
-  if (ready()) return;
-  SpinProbe probe(Clock::now());
-  const auto start = probe.start();
-  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g.config.timeout_s));
-  const bool yield = g.runtime->oversubscribed();
-  RecentContention& contention = g.runtime->contention();
-  for (uint64_t polls = 0; !ready(); ++polls) {
-    if (yield) {
-      sched_yield();
-    } else {
-      cpu_relax();
-    }
-    if (polls % 64 != 63) continue;
-    const auto now = Clock::now();
-    if (now >= deadline) [[unlikely]] {
-      g.mark_broken(fmt::format("{} timed out in a shared-memory barrier", op_name(op.code)));
-      throw CommError(fmt::format(
-          "{} timed out after {} s waiting for the other ranks of the group at a shared-memory barrier "
-          "(comm.timeout_s = {}): a rank is stuck or has failed; check the other ranks' errors, or raise "
-          "comm.timeout_s if a rank legitimately takes longer",
-          op.describe(), g.config.timeout_s, g.config.timeout_s));
-    }
-    bool contended = contention.recent(now);
-    if (!contended && now - start <= kSpin && probe.contended(now)) [[unlikely]] {  // still spinning
-      contention.seen(now);
-      contended = true;
-    }
-    if (now - start > (contended ? Clock::duration(kShortSpin) : Clock::duration(kSpin))) {
-      const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
-      std::this_thread::sleep_for(std::chrono::microseconds(std::clamp(elapsed_us / 32, 10L, 1000L)));
-    }
-  }
-}
-
-}  // namespace
-
 // Note [Shared-memory collectives]: flags, the same timeout as the handshake.
 void barrier(GroupState& g, ShmGroup& s, const Op& op) {
   const ShmNode& node = *g.runtime->shm_node();
   const uint64_t e = ++s.epoch;
   node.flag(s.local[static_cast<size_t>(s.me)], s.flag_index).store(e, std::memory_order_release);
+  SpinProbe probe(Clock::now());
+  const auto start = probe.start();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(g.config.timeout_s));
+  const bool yield = g.runtime->oversubscribed();
+  RecentContention& contention = g.runtime->contention();
   for (size_t p = 0; p < s.local.size(); ++p) {
     if (static_cast<int>(p) == s.me) continue;
     const std::atomic<uint64_t>& f = node.flag(s.local[p], s.flag_index);
-    wait_until(g, op, [&] { return f.load(std::memory_order_acquire) >= e; });
+    for (uint64_t polls = 0; f.load(std::memory_order_acquire) < e; ++polls) {
+      // Note [Polling] in runtime.h: spin with a pause (a sched_yield per miss would hand the core to
+      // another process for a whole slice), yield only when the node runs more ranks than CPUs, and
+      // after kSpin sleep elapsed/32 (10 us to 1 ms); after only kShortSpin while the cores are
+      // shared with other busy processes (Note [Contended cores] in comm/detail/contention.h).
+      if (yield) {
+        sched_yield();
+      } else {
+        cpu_relax();
+      }
+      if (polls % 64 != 63) continue;
+      const auto now = Clock::now();
+      if (now >= deadline) [[unlikely]] {
+        g.mark_broken(fmt::format("{} timed out in a shared-memory barrier", op_name(op.code)));
+        throw CommError(fmt::format(
+            "{} timed out after {} s waiting for the other ranks of the group at a shared-memory barrier "
+            "(comm.timeout_s = {}): a rank is stuck or has failed; check the other ranks' errors, or raise "
+            "comm.timeout_s if a rank legitimately takes longer",
+            op.describe(), g.config.timeout_s, g.config.timeout_s));
+      }
+      bool contended = contention.recent(now);
+      if (!contended && now - start <= kSpin && probe.contended(now)) [[unlikely]] {  // still spinning
+        contention.seen(now);
+        contended = true;
+      }
+      if (now - start > (contended ? Clock::duration(kShortSpin) : Clock::duration(kSpin))) {
+        const long elapsed_us = std::chrono::duration_cast<std::chrono::microseconds>(now - start).count();
+        std::this_thread::sleep_for(std::chrono::microseconds(std::clamp(elapsed_us / 32, 10L, 1000L)));
+      }
+    }
   }
 }
 
@@ -205,63 +190,15 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
   return true;
 }
 
-// Note [Shared-memory collectives]: a streamed broadcast. The root copies its tensor into its two
-// slots (round k of kRoundBytes into slot k % 2) kBroadcastChunk at a time, and after each chunk
-// stores how far it got in its kReadyWord; the other ranks copy each chunk out once it is ready, so
-// they copy while the root stages (one copy time plus a chunk, not two copy times), and store how far
-// they got in their kTakenWord after each round. The root writes round k + 2 into a slot only once
-// every reader has taken round k, and leaves once they have taken everything (nobody then still reads
-// its slots). Offsets count from the group's stream_bytes, the same on every rank, so the words only
-// grow. Round-synchronous staging (one barrier per round) was measured first: 0.16-0.5x raw OpenMPI
-// from 16 KiB to 1 MiB under load, the readers idle (and descheduled) while the root copied a round.
+// Only in place (Note [Direct collectives]): staging a broadcast through the root's slots (round by
+// round, or streamed in chunks) measured 0.2-0.5x raw OpenMPI from 16 KiB at times on this VM, the
+// readers copying lines the root had just written (docs/benchmarks.md), so a tensor outside a shared
+// arena keeps MPI's broadcast.
 bool shm_broadcast(GroupState& g, const Op& op, const memory::Tensor& data, int root) {
-  const size_t total = static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype());
-  ShmGroup* s = usable(g, op, total);
-  if (s == nullptr || s->nodes > 1) return false;
-  const ShmNode& node = *g.runtime->shm_node();
-  const size_t L = s->local.size(), me = static_cast<size_t>(s->me);
-  const int owner = s->local[static_cast<size_t>(root)];  // one node: local index = group rank
-  const size_t m = ShmNode::kRoundBytes;
-  const uint64_t base = s->stream_bytes;
-  s->stream_bytes += total;
-  unsigned char* p = bytes(data);
-  if (me == static_cast<size_t>(root)) {
-    std::atomic<uint64_t>& ready = node.word(owner, s->flag_index, kReadyWord);
-    auto taken_all = [&](uint64_t upto) {
-      wait_until(g, op, [&] {
-        for (size_t q = 0; q < L; ++q) {
-          if (q != me && node.word(s->local[q], s->flag_index, kTakenWord).load(std::memory_order_acquire) < upto) return false;
-        }
-        return true;
-      });
-    };
-    for (size_t at = 0; at < total;) {
-      const size_t k = at / m;
-      if (at % m == 0 && k >= 2) taken_all(base + (k - 1) * m);  // round k - 2 left slot k % 2
-      const size_t n = std::min({kBroadcastChunk, total - at, (k + 1) * m - at});
-      std::memcpy(node.slot(owner, static_cast<int>(k & 1)) + at % m, p + at, n);
-      at += n;
-      ready.store(base + at, std::memory_order_release);
-    }
-    taken_all(base + total);
-  } else {
-    const std::atomic<uint64_t>& ready = node.word(owner, s->flag_index, kReadyWord);
-    std::atomic<uint64_t>& taken = node.word(s->local[me], s->flag_index, kTakenWord);
-    const bool stream = total >= kShmStreamMinBytes;
-    for (size_t at = 0; at < total;) {
-      const size_t k = at / m;
-      const size_t n = std::min({kBroadcastChunk, total - at, (k + 1) * m - at});
-      wait_until(g, op, [&] { return ready.load(std::memory_order_acquire) >= base + at + n; });
-      const unsigned char* from = node.slot(owner, static_cast<int>(k & 1)) + at % m;
-      if (stream) {
-        copy_streaming(p + at, from, n);
-      } else {
-        std::memcpy(p + at, from, n);
-      }
-      at += n;
-      if (at % m == 0 || at == total) taken.store(base + at, std::memory_order_release);
-    }
-  }
+  ShmGroup* s = usable(g, op, static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype()));
+  if (s == nullptr || s->nodes > 1 || op.agreed_arena == 0) return false;
+  direct_broadcast(g, *s, op, data, root);
+  g.runtime->count_direct();
   g.runtime->count_shared_memory();
   return true;
 }

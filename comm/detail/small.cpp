@@ -60,20 +60,27 @@ void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
 // dst = the sum over ranks, in rank order, of each rank's carried bytes from `at` (n elements of t).
 void sum_ranks(const Op& op, DType t, size_t at, void* dst, size_t n, ReduceOp r) {
   const size_t size = op.carried.size();
-  std::array<const void*, 64> few;  // a node's ranks, without an allocation per call
-  std::vector<const void*> many(size > few.size() ? size : 0);
-  const void** srcs = size > few.size() ? many.data() : few.data();
-  for (size_t q = 0; q < size; ++q) srcs[q] = op.carried[q] + at;
   const float divisor = r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f;
   if (t == DType::kF32 && n < 16) {  // reduce_sum_scalar's fp32 sums, inlined (Note [Lean small path])
     auto* out = static_cast<float*>(dst);
     for (size_t i = 0; i < n; ++i) {
-      float acc = static_cast<const float*>(srcs[0])[i];
-      for (size_t q = 1; q < size; ++q) acc += static_cast<const float*>(srcs[q])[i];
+      float acc;
+      std::memcpy(&acc, op.carried[0] + at + i * 4, 4);
+      for (size_t q = 1; q < size; ++q) {
+        float v;
+        std::memcpy(&v, op.carried[q] + at + i * 4, 4);
+        acc += v;
+      }
       if (divisor != 1.0f) acc /= divisor;
       out[i] = acc;
     }
-  } else if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
+    return;
+  }
+  std::array<const void*, 64> few;  // a node's ranks, without an allocation per call
+  std::vector<const void*> many(size > few.size() ? size : 0);
+  const void** srcs = size > few.size() ? many.data() : few.data();
+  for (size_t q = 0; q < size; ++q) srcs[q] = op.carried[q] + at;
+  if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
     reduce_sum_scalar(srcs, size, t, dst, t, n, divisor);
   } else {
     reduce_sum({srcs, size}, t, dst, t, n, divisor);

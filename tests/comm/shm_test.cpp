@@ -405,6 +405,34 @@ TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
   }
 }
 
+// Broadcast in place (comm/detail/shm.cpp: only there; a tensor outside the arena keeps MPI_Bcast):
+// past the small path's limit and past the streaming threshold, from the first and the last rank.
+TEST(ShmDirect, BroadcastBitwiseEqualToMpi) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_bc");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_bc_mpi");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    for (size_t bytes : {size_t{6} << 10, kSlot + 4099}) {
+      for (int root : {0, n - 1}) {
+        const size_t m = bytes / memory::dtype_size(t);
+        SCOPED_TRACE(std::string(memory::dtype_name(t)) + ", " + std::to_string(m) + " elements, root " + std::to_string(root));
+        Tensor a = mem.copy_of(make(t, m, me)), c = make(t, m, me), private_copy = make(t, m, me);
+        const uint64_t before = direct_count();
+        g.broadcast(a, root);
+        EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+        g.broadcast(private_copy, root);  // outside the arena: MPI's
+        EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+        mpi.broadcast(c, root);
+        EXPECT_TRUE(same_bits(a, c));
+        EXPECT_TRUE(same_bits(private_copy, c));
+        EXPECT_TRUE(same_bits(a, make(t, m, root)));
+      }
+    }
+  }
+}
+
 TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
   comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_rs");
   comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_rs_mpi");

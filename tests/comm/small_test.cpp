@@ -48,7 +48,7 @@ std::vector<size_t> sizes_across(DType t) {
 
 // Shared-memory collectives counted for one call under "auto": the small path (`carried` bytes per
 // rank within the limit; an fp32 sum only on two ranks), else the staged one from kShmAutoMinBytes
-// (`whole`: the tensor the staged path sizes by).
+// (`whole`: the tensor the staged path sizes by; never for broadcast, whole = 0).
 uint64_t counted(bool shared, size_t carried, size_t whole, bool fp32_sum, int n) {
   if (!shared) return 0;
   if (carried <= kLimit && (!fp32_sum || n == 2)) return 1;
@@ -117,7 +117,7 @@ TEST(Small, EveryCollectiveMatchesTheMpiPathBitwiseAcrossTheLimit) {
       Tensor c = test::filled(t, m, me), d = test::filled(t, m, me);
       before = shm_count();
       fast.broadcast(c, root);
-      EXPECT_EQ(shm_count() - before, counted(shared, m * es, m * es, false, n)) << "broadcast " << at;
+      EXPECT_EQ(shm_count() - before, counted(shared, m * es, 0, false, n)) << "broadcast " << at;
       mpi.broadcast(d, root);
       expect_same(c, d, "broadcast " + at);
       expect_same(c, test::filled(t, m, root), "broadcast " + at + " (the root's values)");
