@@ -1,6 +1,8 @@
 // Group's collectives: each checks its arguments, builds an Op (signature, sizes for messages, byte
 // counts, the arena vote) and gives it a body that hands the data to the group's transport, chosen
-// when the group was made (Note [Transports] in comm/detail/transport.h). No transport is tested here.
+// when the group was made (Note [Transports] in comm/detail/transport.h), or marks it small (Note
+// [Small collectives] in comm/detail/small.h: no body). A sync call's Op lives on its stack (Note [Lean
+// small path]). No transport is tested here.
 #include "comm/group.h"
 
 #include <algorithm>
