@@ -413,23 +413,25 @@ TEST(ShmDirect, BroadcastBitwiseEqualToMpi) {
   ArenaTensors mem;
   comm::SharedArena arena(g, &mem.mapping);
   const int n = g.size(), me = g.rank();
-  for (DType t : {DType::kF32, DType::kBF16}) {
-    for (size_t bytes : {size_t{6} << 10, kSlot + 4099}) {
-      for (int root : {0, n - 1}) {
-        const size_t m = bytes / memory::dtype_size(t);
-        SCOPED_TRACE(std::string(memory::dtype_name(t)) + ", " + std::to_string(m) + " elements, root " + std::to_string(root));
-        Tensor a = mem.copy_of(make(t, m, me)), c = make(t, m, me), private_copy = make(t, m, me);
-        const uint64_t before = direct_count();
-        g.broadcast(a, root);
-        EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
-        g.broadcast(private_copy, root);  // outside the arena: MPI's
-        EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
-        mpi.broadcast(c, root);
-        EXPECT_TRUE(same_bits(a, c));
-        EXPECT_TRUE(same_bits(private_copy, c));
-        EXPECT_TRUE(same_bits(a, make(t, m, root)));
-      }
-    }
+  struct Case {
+    DType t;
+    size_t bytes;
+    int root;
+  };
+  for (const Case& k : {Case{DType::kF32, size_t{6} << 10, 0}, Case{DType::kBF16, size_t{6} << 10, n - 1},
+                        Case{DType::kF32, kSlot + 4099, n - 1}}) {
+    const size_t m = k.bytes / memory::dtype_size(k.t);
+    SCOPED_TRACE(std::string(memory::dtype_name(k.t)) + ", " + std::to_string(m) + " elements, root " + std::to_string(k.root));
+    Tensor a = mem.copy_of(make(k.t, m, me)), c = make(k.t, m, me), private_copy = make(k.t, m, me);
+    const uint64_t before = direct_count();
+    g.broadcast(a, k.root);
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+    g.broadcast(private_copy, k.root);  // outside the arena: MPI's
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+    mpi.broadcast(c, k.root);
+    EXPECT_TRUE(same_bits(a, c));
+    EXPECT_TRUE(same_bits(private_copy, c));
+    EXPECT_TRUE(same_bits(a, make(k.t, m, k.root)));
   }
 }
 
