@@ -126,7 +126,8 @@ struct GroupState {
   // Bytes this rank sent through this group's collectives (CommCounters' rule): Group::bytes_sent.
   std::atomic<uint64_t> bytes_sent{0};
   std::string broken;  // non-empty once a timeout left this communicator unusable (guarded by mu)
-  // Whether `broken` is set, read by every op without the lock (Note [Lean small path] in comm/detail/small.h).
+  // Whether `broken` is set, read by every op without the lock (Note [Lean small path] in
+  // comm/detail/small.h).
   std::atomic<bool> is_broken{false};
   // Group::simulated: plays rank `rank` of `size` without communicating (the memory estimator).
   bool simulated = false;
@@ -164,10 +165,11 @@ const char* op_name(OpCode code);
 struct Op {
   OpCode code = OpCode::kBarrier;
   std::string sizes;                  // "fp32, 1000 elements, sum": for error messages
-  // Or, for the collectives that may be small (Note [Lean small path] in comm/detail/small.h), the arguments the text is
-  // formatted from when a message needs it (lazy_sizes), which the small bodies read too: the dtype,
-  // the tensor's elements (allgather: per rank), the reduction, and the per-rank counts
-  // (reduce-scatter, allgatherv; `counts` views the caller's for a sync call, owned_counts for async).
+  // Or, for the collectives that may be small (Note [Lean small path] in comm/detail/small.h), the
+  // arguments the text is formatted from when a message needs it (lazy_sizes), which the small bodies
+  // read too: the dtype, the tensor's elements (allgather: per rank), the reduction, and the per-rank
+  // counts (reduce-scatter, allgatherv; `counts` views the caller's for a sync call, owned_counts for
+  // async: so an Op is never copied).
   bool lazy_sizes = false;
   memory::DType dtype = memory::DType::kF32;
   size_t numel = 0;
@@ -204,6 +206,9 @@ struct Op {
   bool pairwise = false;
   bool on_worker = false;
 
+  Op() = default;
+  Op(const Op&) = delete;  // `counts` may view owned_counts
+  Op& operator=(const Op&) = delete;
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
 };
 
@@ -233,7 +238,8 @@ class Runtime {
   void count_direct() { direct_collectives_.fetch_add(1, std::memory_order_relaxed); }
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
-  // `op` may live on the caller's stack (Note [Lean small path] in comm/detail/small.h): it is used only until run returns.
+  // `op` may live on the caller's stack (Note [Lean small path] in comm/detail/small.h): it is used
+  // only until run returns.
   void run(Op& op);
   void run(const std::shared_ptr<Op>& op) { run(*op); }
   // Queues `op` for the worker thread and returns its handle.
@@ -287,7 +293,8 @@ class Runtime {
   std::deque<std::shared_ptr<Op>> queue_;
   bool busy_ = false;  // the worker runs an op (guarded by mu_)
   // Ops queued or running on the worker: a sync call runs on its own thread, without mu_, when none
-  // are (Note [Lean small path] in comm/detail/small.h). Changed under mu_; the worker's decrement releases its op's effects.
+  // are (Note [Lean small path] in comm/detail/small.h). Changed under mu_; the worker's decrement
+  // releases its op's effects.
   std::atomic<int64_t> pending_{0};
   bool stop_ = false;
   std::thread worker_;
@@ -325,7 +332,8 @@ class Runtime {
   std::atomic<uint64_t> direct_collectives_{0};
   static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSendRecv) + 1;
   void tally(const Op& op, Clock::duration elapsed);
-  // Per OpCode, written by the executing thread, read by any: atomics, no lock (Note [Lean small path] in comm/detail/small.h).
+  // Per OpCode, written by the executing thread, read by any: atomics, no lock (Note [Lean small
+  // path] in comm/detail/small.h).
   struct Tally {
     std::atomic<uint64_t> count{0}, bytes_sent{0};
     std::atomic<int64_t> nanoseconds{0};
