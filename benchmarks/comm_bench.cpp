@@ -8,6 +8,11 @@
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
 //          [--min-kib 1 | --min-bytes 16] [--max-mib 64] [--reps 15] [--warmup 3] [--arena 1]
+//   mpirun -np 1 valgrind --tool=callgrind build/release/benchmarks/comm_bench --calls 20000 --collective allreduce
+//          --min-bytes 16 : -np 1 build/release/benchmarks/comm_bench --calls 20000 --collective allreduce --min-bytes 16
+//
+// --calls N: no timing; N back-to-back sync calls of zeroshard's --collective at --min-bytes (the
+// per-call cost under callgrind: Group::<collective> inclusive / N; Note [Small collectives]).
 //
 // Sizes are the full buffer (allreduce data, reduce-scatter input, allgather output), powers of 4.
 // Method (fair on a shared, noisy machine): per size `--warmup` untimed rounds, then `--reps` timed
@@ -100,7 +105,10 @@ int main(int argc, char** argv) {
                   "noise%");
     }
     const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace", "broadcast"};
+    const int calls = std::stoi(bench::arg_value(argc, argv, "--calls", "0"));
+    const std::string only = bench::arg_value(argc, argv, "--collective", "");
     for (int c = 0; c < 5; ++c) {
+      if (!only.empty() && only != names[c]) continue;
       for (size_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
         const size_t count = bytes / 4 / static_cast<size_t>(n) * static_cast<size_t>(n);  // divisible by n
         const size_t part = count / static_cast<size_t>(n);
@@ -141,6 +149,10 @@ int main(int argc, char** argv) {
         };
         auto ours = on(g, zfull, zmine);
         auto ours_mpi = on(g_mpi, full, mine);
+        if (calls > 0) {  // --calls: the profiling loop, one size
+          for (int i = 0; i < calls; ++i) ours();
+          break;
+        }
         for (int r = 0; r < warmup; ++r) {
           timed_in_world(raw);
           timed_in_world(ours);

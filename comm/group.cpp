@@ -1,12 +1,13 @@
 // Group's collectives: each checks its arguments, builds an Op (signature, sizes for messages, byte
 // counts, the arena vote) and gives it a body that hands the data to the group's transport, chosen
-// when the group was made (Note [Transports] in comm/detail/transport.h). No transport is tested here.
+// when the group was made (Note [Transports] in comm/detail/transport.h), or marks it small (Note
+// [Small collectives] in comm/detail/small.h: no body). A sync call's Op lives on its stack (Note [Lean
+// small path]). No transport is tested here.
 #include "comm/group.h"
 
 #include <algorithm>
 #include <climits>
 #include <numeric>
-#include <type_traits>
 #include <vector>
 
 #include "comm/detail/runtime.h"
@@ -54,14 +55,25 @@ std::shared_ptr<Op> make_op(const std::shared_ptr<detail::GroupState>& g, OpCode
   op->signature = {static_cast<int64_t>(code), static_cast<int64_t>(dtype), size, root};
   return op;
 }
-// The same with the sizes formatted only when a message needs them (Note [Small collectives]).
-template <typename Format>
-  requires std::is_invocable_r_v<std::string, Format>
-std::shared_ptr<Op> make_op(const std::shared_ptr<detail::GroupState>& g, OpCode code, DType dtype, int64_t size,
-                            int64_t root, Format format) {
-  auto op = make_op(g, code, dtype, size, root, std::string());
-  op->format_sizes = std::move(format);
-  return op;
+// The Op of a collective that may take the small path (Note [Lean small path] in comm/detail/small.h):
+// a sync call's lives on the caller's stack with a group pointer that does not own (the Group outlives
+// the call); an async call's is shared with the queue. Its sizes text is formatted from the op's
+// arguments when a message needs it; `counts` views the caller's for a sync call, a copy for async.
+void init_op(Op& op, const std::shared_ptr<detail::GroupState>& g, bool async, OpCode code, DType dtype, int64_t size,
+             int64_t root, size_t numel, std::span<const size_t> counts = {}, ReduceOp r = ReduceOp::kSum) {
+  op.code = code;
+  op.group = async ? g : std::shared_ptr<detail::GroupState>(std::shared_ptr<detail::GroupState>(), g.get());
+  op.signature = {static_cast<int64_t>(code), static_cast<int64_t>(dtype), size, root};
+  op.lazy_sizes = true;
+  op.dtype = dtype;
+  op.numel = numel;
+  op.reduce = r;
+  if (async) {
+    op.owned_counts.assign(counts.begin(), counts.end());
+    op.counts = op.owned_counts;
+  } else {
+    op.counts = counts;
+  }
 }
 
 void check_reduce(const Op& op, DType t, ReduceOp r) {
@@ -91,8 +103,6 @@ std::vector<size_t> counts_of(const Op& op, std::span<const memory::ShardRange> 
   }
   return counts;
 }
-
-std::string reduce_name(ReduceOp r) { return r == ReduceOp::kSum ? "sum" : "average"; }
 
 // Ring/pipeline byte counting (CommCounters in comm/config.h).
 void count_block_bytes(Op& op, size_t total_elems, size_t own_elems, size_t wire_size) {
@@ -164,193 +174,202 @@ Group Group::split_as(int color, int key, const std::string& name, const CommCon
 // ---- allreduce ----
 
 namespace {
-// `async`: the op may run after the call returns, so its body keeps the tensor's storage alive.
-std::shared_ptr<Op> allreduce_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, ReduceOp r,
-                                 bool async) {
+// `async`: the op may run after the call returns, so it keeps the tensor's storage alive.
+void allreduce_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, ReduceOp r,
+                  bool async) {
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
-  auto op = make_op(g, OpCode::kAllreduce, t, static_cast<int64_t>(n), 0,
-                    [t, n, r] { return fmt::format("{}, {} elements, {}", memory::dtype_name(t), n, reduce_name(r)); });
-  check_tensor(*op, data, "data");
-  check_reduce(*op, t, r);
-  to_int(*op, n);
+  init_op(op, g, async, OpCode::kAllreduce, t, static_cast<int64_t>(n), 0, n, {}, r);
+  check_tensor(op, data, "data");
+  check_reduce(op, t, r);
+  to_int(op, n);
   const int size = g->size;
   const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
   // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
-  op->bytes_sent = op->bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
+  op.bytes_sent = op.bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
   if (detail::small_path(*g, t, n * wire, true)) {  // Note [Small collectives]
-    detail::carry(*op, data.raw(), n * wire);
-    op->body = [p = data.raw(), t, n, r, keep = async ? data : memory::Tensor(), o = op.get()] {
-      detail::small_allreduce(*o, p, t, n, r);
-    };
-    return op;
+    detail::carry(op, data.raw(), n * wire, data.raw());
+    if (async) op.keep = {data};
+    return;
   }
-  op->arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
-  op->body = [g = g.get(), data, r, n, o = op.get()] {
+  op.arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
+  op.body = [g = g.get(), data, r, n, o = &op] {
     if (n > 0) g->transport->allreduce(*o, data, r);  // a sum over no elements moves nothing
   };
-  return op;
+}
+
+template <typename Build>
+Work submit_new(detail::Runtime& rt, Build&& build) {
+  auto op = std::make_shared<Op>();
+  build(*op);
+  return rt.submit(std::move(op));
 }
 }  // namespace
 
-void Group::allreduce(const Tensor& data, ReduceOp op) const { state_->runtime->run(allreduce_op(state_, data, op, false)); }
+void Group::allreduce(const Tensor& data, ReduceOp op) const {
+  Op o;
+  allreduce_op(o, state_, data, op, false);
+  state_->runtime->run(o);
+}
 Work Group::allreduce_async(const Tensor& data, ReduceOp op) const {
-  return state_->runtime->submit(allreduce_op(state_, data, op, true));
+  return submit_new(*state_->runtime, [&](Op& o) { allreduce_op(o, state_, data, op, true); });
 }
 
 // ---- reduce-scatter ----
 
 namespace {
-std::shared_ptr<Op> reduce_scatter_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
-                                      const memory::Tensor& output, std::vector<size_t> counts, ReduceOp r) {
+void reduce_scatter_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
+                       const memory::Tensor& output, std::span<const size_t> counts, ReduceOp r, bool async) {
   const DType t = input.dtype();
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
-  auto op = make_op(g, OpCode::kReduceScatter, t, static_cast<int64_t>(hash_counts(counts)), 0,
-                    [t, in = input.numel(), counts, r] {
-                      return fmt::format("{}, {} elements, {} counts, {}", memory::dtype_name(t), in,
-                                         fmt::join(counts, "/"), reduce_name(r));
-                    });
-  check_tensor(*op, input, "input");
-  check_tensor(*op, output, "output");
-  check_reduce(*op, t, r);
-  if (counts.size() != static_cast<size_t>(g->size)) fail(*op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
-  if (total != static_cast<size_t>(input.numel())) fail(*op, fmt::format("the counts sum to {} but the input has {} elements", total, input.numel()));
+  init_op(op, g, async, OpCode::kReduceScatter, t, static_cast<int64_t>(hash_counts(counts)), 0,
+          static_cast<size_t>(input.numel()), counts, r);
+  check_tensor(op, input, "input");
+  check_tensor(op, output, "output");
+  check_reduce(op, t, r);
+  if (counts.size() != static_cast<size_t>(g->size)) fail(op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
+  if (total != static_cast<size_t>(input.numel())) fail(op, fmt::format("the counts sum to {} but the input has {} elements", total, input.numel()));
   const size_t own = counts[static_cast<size_t>(g->rank)];
-  if (static_cast<size_t>(output.numel()) != own) fail(*op, fmt::format("the output has {} elements but this rank's count is {}", output.numel(), own));
-  if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
-  Counts c = int_counts(*op, counts);
-  count_block_bytes(*op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
+  if (static_cast<size_t>(output.numel()) != own) fail(op, fmt::format("the output has {} elements but this rank's count is {}", output.numel(), own));
+  if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  to_int(op, total);
+  count_block_bytes(op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
   if (detail::small_path(*g, t, total * memory::dtype_size(t), true)) {  // Note [Small collectives]
-    detail::carry(*op, input.raw(), total * memory::dtype_size(t));
-    op->body = [input, output, r, c = std::move(c), o = op.get()] { detail::small_reduce_scatter(*o, output, c, r); };
-    return op;
+    detail::carry(op, input.raw(), total * memory::dtype_size(t), output.raw());
+    if (async) op.keep = {input, output};
+    return;
   }
-  op->arena = detail::arena_vote(*g, input, total * memory::dtype_size(t));  // Note [Direct collectives]
-  op->body = [g = g.get(), input, output, r, c = std::move(c), o = op.get()] {
+  Counts c = int_counts(op, counts);
+  op.arena = detail::arena_vote(*g, input, total * memory::dtype_size(t));  // Note [Direct collectives]
+  op.body = [g = g.get(), input, output, r, c = std::move(c), o = &op] {
     g->transport->reduce_scatter(*o, input, output, c, r);
   };
-  return op;
 }
 }  // namespace
 
 void Group::reduce_scatter(const Tensor& input, const Tensor& output, std::span<const size_t> counts, ReduceOp op) const {
-  state_->runtime->run(reduce_scatter_op(state_, input, output, {counts.begin(), counts.end()}, op));
+  Op o;
+  reduce_scatter_op(o, state_, input, output, counts, op, false);
+  state_->runtime->run(o);
 }
 void Group::reduce_scatter(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards, ReduceOp op) const {
   auto probe = make_op(state_, OpCode::kReduceScatter, input.dtype(), 0, 0, "shards");
-  state_->runtime->run(reduce_scatter_op(state_, input, output, counts_of(*probe, shards), op));
+  const std::vector<size_t> counts = counts_of(*probe, shards);
+  reduce_scatter(input, output, std::span<const size_t>(counts), op);
 }
 Work Group::reduce_scatter_async(const Tensor& input, const Tensor& output, std::span<const size_t> counts, ReduceOp op) const {
-  return state_->runtime->submit(reduce_scatter_op(state_, input, output, {counts.begin(), counts.end()}, op));
+  return submit_new(*state_->runtime, [&](Op& o) { reduce_scatter_op(o, state_, input, output, counts, op, true); });
 }
 Work Group::reduce_scatter_async(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards, ReduceOp op) const {
   auto probe = make_op(state_, OpCode::kReduceScatter, input.dtype(), 0, 0, "shards");
-  return state_->runtime->submit(reduce_scatter_op(state_, input, output, counts_of(*probe, shards), op));
+  return reduce_scatter_async(input, output, std::span<const size_t>(counts_of(*probe, shards)), op);
 }
 
 // ---- allgather(v) ----
 
 namespace {
-std::shared_ptr<Op> allgatherv_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
-                                  const memory::Tensor& output, std::vector<size_t> counts, bool uneven_api) {
+// !uneven_api: allgather, every rank contributes input.numel() elements (`counts` unused, empty).
+void allgatherv_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& input,
+                   const memory::Tensor& output, std::span<const size_t> counts, bool uneven_api, bool async) {
   const DType t = input.dtype();
-  const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
+  const size_t per_rank = static_cast<size_t>(input.numel());
+  const size_t total = uneven_api ? std::accumulate(counts.begin(), counts.end(), size_t{0})
+                                  : per_rank * static_cast<size_t>(g->size);
   const OpCode code = uneven_api ? OpCode::kAllgatherv : OpCode::kAllgather;
   // allgather's counts are all input.numel(): its size, readable in a mismatch's message.
-  const int64_t per_rank = input.numel();
-  auto op = make_op(g, code, t, uneven_api ? static_cast<int64_t>(hash_counts(counts)) : per_rank, 0,
-                    [t, counts, uneven_api, per_rank] {
-                      return uneven_api ? fmt::format("{}, {} counts", memory::dtype_name(t), fmt::join(counts, "/"))
-                                        : fmt::format("{}, {} elements per rank", memory::dtype_name(t), per_rank);
-                    });
-  check_tensor(*op, input, "input");
-  check_tensor(*op, output, "output");
-  if (counts.size() != static_cast<size_t>(g->size)) fail(*op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
-  const size_t own = counts[static_cast<size_t>(g->rank)];
-  if (static_cast<size_t>(input.numel()) != own) fail(*op, fmt::format("the input has {} elements but this rank's count is {}", input.numel(), own));
-  if (static_cast<size_t>(output.numel()) != total) fail(*op, fmt::format("the output has {} elements but the counts sum to {}", output.numel(), total));
-  if (output.dtype() != t) fail(*op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
-  Counts c = int_counts(*op, counts);
-  count_block_bytes(*op, total, own, memory::dtype_size(t));
-  const size_t widest = memory::dtype_size(t) * *std::max_element(counts.begin(), counts.end());
+  init_op(op, g, async, code, t, uneven_api ? static_cast<int64_t>(hash_counts(counts)) : static_cast<int64_t>(per_rank),
+          0, per_rank, counts);
+  check_tensor(op, input, "input");
+  check_tensor(op, output, "output");
+  if (uneven_api && counts.size() != static_cast<size_t>(g->size)) fail(op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
+  const size_t own = uneven_api ? counts[static_cast<size_t>(g->rank)] : per_rank;
+  if (per_rank != own) fail(op, fmt::format("the input has {} elements but this rank's count is {}", input.numel(), own));
+  if (static_cast<size_t>(output.numel()) != total) fail(op, fmt::format("the output has {} elements but the counts sum to {}", output.numel(), total));
+  if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  to_int(op, total);
+  count_block_bytes(op, total, own, memory::dtype_size(t));
+  const size_t widest = memory::dtype_size(t) * (uneven_api ? *std::max_element(counts.begin(), counts.end()) : per_rank);
   if (detail::small_path(*g, t, widest, false)) {  // Note [Small collectives]
-    detail::carry(*op, input.raw(), own * memory::dtype_size(t));
-    op->body = [input, output, c = std::move(c), o = op.get()] { detail::small_allgatherv(*o, output, c); };
-    return op;
+    detail::carry(op, input.raw(), own * memory::dtype_size(t), output.raw());
+    if (async) op.keep = {input, output};
+    return;
   }
+  Counts c = int_counts(op, uneven_api ? std::vector<size_t>(counts.begin(), counts.end())
+                                       : std::vector<size_t>(static_cast<size_t>(g->size), per_rank));
   {  // Note [Direct collectives]: an input overlapping the output other than exactly in place would be
      // moved while the peers read it, so that rank votes no arena (every rank then stages).
     const size_t es = memory::dtype_size(t);
     const auto* in = static_cast<const char*>(input.raw());
     const auto* own_out = static_cast<const char*>(output.raw()) + static_cast<size_t>(c.displs[static_cast<size_t>(g->rank)]) * es;
     const bool shifted = in != own_out && in < own_out + own * es && own_out < in + own * es;
-    op->arena = shifted ? 0 : detail::arena_vote(*g, input, own * es);
+    op.arena = shifted ? 0 : detail::arena_vote(*g, input, own * es);
   }
-  op->body = [g = g.get(), input, output, c = std::move(c), o = op.get()] {
+  op.body = [g = g.get(), input, output, c = std::move(c), o = &op] {
     g->transport->allgatherv(*o, input, output, c);
   };
-  return op;
-}
-
-std::vector<size_t> equal_counts(const memory::Tensor& input, int size) {
-  return std::vector<size_t>(static_cast<size_t>(size), static_cast<size_t>(input.numel()));
 }
 }  // namespace
 
 void Group::allgather(const Tensor& input, const Tensor& output) const {
-  state_->runtime->run(allgatherv_op(state_, input, output, equal_counts(input, size()), false));
+  Op o;
+  allgatherv_op(o, state_, input, output, {}, false, false);
+  state_->runtime->run(o);
 }
 Work Group::allgather_async(const Tensor& input, const Tensor& output) const {
-  return state_->runtime->submit(allgatherv_op(state_, input, output, equal_counts(input, size()), false));
+  return submit_new(*state_->runtime, [&](Op& o) { allgatherv_op(o, state_, input, output, {}, false, true); });
 }
 void Group::allgatherv(const Tensor& input, const Tensor& output, std::span<const size_t> counts) const {
-  state_->runtime->run(allgatherv_op(state_, input, output, {counts.begin(), counts.end()}, true));
+  Op o;
+  allgatherv_op(o, state_, input, output, counts, true, false);
+  state_->runtime->run(o);
 }
 void Group::allgatherv(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards) const {
   auto probe = make_op(state_, OpCode::kAllgatherv, input.dtype(), 0, 0, "shards");
-  state_->runtime->run(allgatherv_op(state_, input, output, counts_of(*probe, shards), true));
+  const std::vector<size_t> counts = counts_of(*probe, shards);
+  allgatherv(input, output, std::span<const size_t>(counts));
 }
 Work Group::allgatherv_async(const Tensor& input, const Tensor& output, std::span<const size_t> counts) const {
-  return state_->runtime->submit(allgatherv_op(state_, input, output, {counts.begin(), counts.end()}, true));
+  return submit_new(*state_->runtime, [&](Op& o) { allgatherv_op(o, state_, input, output, counts, true, true); });
 }
 Work Group::allgatherv_async(const Tensor& input, const Tensor& output, std::span<const ShardRange> shards) const {
   auto probe = make_op(state_, OpCode::kAllgatherv, input.dtype(), 0, 0, "shards");
-  return state_->runtime->submit(allgatherv_op(state_, input, output, counts_of(*probe, shards), true));
+  return allgatherv_async(input, output, std::span<const size_t>(counts_of(*probe, shards)));
 }
 
 // ---- broadcast ----
 
 namespace {
-std::shared_ptr<Op> broadcast_op(const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, int root,
-                                 bool async) {
+void broadcast_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const memory::Tensor& data, int root,
+                  bool async) {
   const DType t = data.dtype();
   const size_t n = static_cast<size_t>(data.numel());
-  auto op = make_op(g, OpCode::kBroadcast, t, static_cast<int64_t>(n), root,
-                    [t, n, root] { return fmt::format("{}, {} elements, root {}", memory::dtype_name(t), n, root); });
-  check_tensor(*op, data, "data");
-  if (root < 0 || root >= g->size) fail(*op, fmt::format("root {} is outside the group of {} ranks", root, g->size));
-  const int count = to_int(*op, n);
+  init_op(op, g, async, OpCode::kBroadcast, t, static_cast<int64_t>(n), root, n);
+  check_tensor(op, data, "data");
+  if (root < 0 || root >= g->size) fail(op, fmt::format("root {} is outside the group of {} ranks", root, g->size));
+  const int count = to_int(op, n);
   const uint64_t bytes = n * memory::dtype_size(t);
   const int chain_pos = (g->rank - root + g->size) % g->size;  // position in the pipeline chain from root
-  op->bytes_sent = chain_pos < g->size - 1 ? bytes : 0;
-  op->bytes_received = chain_pos > 0 ? bytes : 0;
+  op.bytes_sent = chain_pos < g->size - 1 ? bytes : 0;
+  op.bytes_received = chain_pos > 0 ? bytes : 0;
   if (detail::small_path(*g, t, bytes, false)) {  // Note [Small collectives]
-    detail::carry(*op, data.raw(), bytes);
-    op->body = [p = data.raw(), bytes, root, keep = async ? data : memory::Tensor(), o = op.get()] {
-      detail::small_broadcast(*o, p, bytes, root);
-    };
-    return op;
+    detail::carry(op, data.raw(), bytes, data.raw());
+    if (async) op.keep = {data};
+    return;
   }
-  op->body = [g = g.get(), data, count, root, o = op.get()] {
+  op.arena = detail::arena_vote(*g, data, bytes);  // Note [Direct collectives]
+  op.body = [g = g.get(), data, count, root, o = &op] {
     if (count > 0) g->transport->broadcast(*o, data, root);
   };
-  return op;
 }
 }  // namespace
 
-void Group::broadcast(const Tensor& data, int root) const { state_->runtime->run(broadcast_op(state_, data, root, false)); }
+void Group::broadcast(const Tensor& data, int root) const {
+  Op o;
+  broadcast_op(o, state_, data, root, false);
+  state_->runtime->run(o);
+}
 Work Group::broadcast_async(const Tensor& data, int root) const {
-  return state_->runtime->submit(broadcast_op(state_, data, root, true));
+  return submit_new(*state_->runtime, [&](Op& o) { broadcast_op(o, state_, data, root, true); });
 }
 
 // ---- all-to-all(v) ----

@@ -139,10 +139,7 @@ void give_up(detail::Runtime& runtime, detail::GroupState& g, const Op& op, cons
     if (t.transfer != MPI_REQUEST_NULL) pending.push_back(std::exchange(t.transfer, MPI_REQUEST_NULL));
   }
   if (pending.empty()) return;
-  {
-    std::lock_guard lock(g.mu);
-    g.broken = fmt::format("{} {}", detail::op_name(op.code), why);
-  }
+  g.mark_broken(fmt::format("{} {}", detail::op_name(op.code), why));
   runtime.abandon(std::move(pending), batch);
 }
 

@@ -38,6 +38,12 @@ void GroupState::init_handshake_comm() {
   init_shm_group(*this);  // comm/detail/shm.h: with the group, so no collective body waits untimed
 }
 
+void GroupState::mark_broken(std::string why) {
+  std::lock_guard lock(mu);
+  broken = std::move(why);
+  is_broken.store(true, std::memory_order_release);
+}
+
 std::string GroupState::where() const {
   return fmt::format("group '{}' (rank {} of {}, world rank {})", name, rank, size, runtime->world_rank());
 }
@@ -60,8 +66,26 @@ const char* op_name(OpCode code) {
   return "unknown collective";
 }
 
+namespace {
+std::string reduce_name(ReduceOp r) { return r == ReduceOp::kSum ? "sum" : "average"; }
+}  // namespace
+
 std::string Op::describe() const {
-  return fmt::format("{}({}) on {}", op_name(code), format_sizes ? format_sizes() : sizes, group->where());
+  std::string text = sizes;
+  if (lazy_sizes) {  // the collectives that may be small format their arguments only here
+    const std::string_view t = memory::dtype_name(dtype);
+    switch (code) {
+      case OpCode::kAllreduce: text = fmt::format("{}, {} elements, {}", t, numel, reduce_name(reduce)); break;
+      case OpCode::kReduceScatter:
+        text = fmt::format("{}, {} elements, {} counts, {}", t, numel, fmt::join(counts, "/"), reduce_name(reduce));
+        break;
+      case OpCode::kAllgather: text = fmt::format("{}, {} elements per rank", t, numel); break;
+      case OpCode::kAllgatherv: text = fmt::format("{}, {} counts", t, fmt::join(counts, "/")); break;
+      case OpCode::kBroadcast: text = fmt::format("{}, {} elements, root {}", t, numel, signature[3]); break;
+      default: break;
+    }
+  }
+  return fmt::format("{}({}) on {}", op_name(code), text, group->where());
 }
 
 Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
@@ -153,7 +177,7 @@ void Runtime::start_worker() {
 }
 
 Work Runtime::simulate(const Op& op, bool async) {
-  tally(op, 0.0);
+  tally(op, Clock::duration::zero());
   bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
   op.group->bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
   bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
@@ -164,37 +188,28 @@ Work Runtime::simulate(const Op& op, bool async) {
   return Work(state, op.bytes_sent);
 }
 
-void Runtime::run(std::shared_ptr<Op> op) {
-  if (op->group->simulated) {
-    simulate(*op, false);
+void Runtime::run(Op& op) {
+  if (op.group->simulated) {
+    simulate(op, false);
     return;
   }
-  {
-    std::unique_lock lock(mu_);
-    if (!queue_.empty() || busy_) {
-      op->work = std::make_shared<WorkState>(hint_);  // waiting counts in the hint: the worker spins
-      queue_.push_back(op);
-      start_worker();
-      lock.unlock();
-      cv_.notify_all();
-      Work(op->work).wait();
-      return;
-    }
-    busy_ = true;
+  // Nothing queued or running on the worker, which then stays idle (collectives are issued from one
+  // thread at a time): run on the caller's thread, no lock (Note [Execution model], Note [Lean small
+  // path] in comm/detail/small.h). The acquire pairs with the worker's decrement after its last op.
+  if (pending_.load(std::memory_order_acquire) == 0) {
+    execute(op, false);
+    return;
   }
-  // Fast path: nothing queued, so run on the caller's thread (Note [Execution model]).
-  Status status;
-  try {
-    execute(*op, false);
-  } catch (...) {
-    status = Status::from_current_exception();
-  }
+  // Behind the queue: the caller blocks until it ran, so the queue may point at `op` without owning it.
+  op.work = std::make_shared<WorkState>(hint_);  // waiting counts in the hint: the worker spins
   {
     std::lock_guard lock(mu_);
-    busy_ = false;
+    queue_.push_back(std::shared_ptr<Op>(std::shared_ptr<Op>(), &op));
+    pending_.fetch_add(1, std::memory_order_relaxed);
+    start_worker();
   }
   cv_.notify_all();
-  status.rethrow_if_error();
+  Work(op.work).wait();
 }
 
 Work Runtime::submit(std::shared_ptr<Op> op) {
@@ -204,6 +219,7 @@ Work Runtime::submit(std::shared_ptr<Op> op) {
   {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(op));
+    pending_.fetch_add(1, std::memory_order_relaxed);
     start_worker();
   }
   cv_.notify_all();
@@ -235,22 +251,25 @@ void Runtime::worker_loop() {
     }
     std::shared_ptr<WorkState> work = op->work;
     op.reset();  // drop tensors and scratch before signalling
-    work->complete(std::move(status));
     lock.lock();
     busy_ = false;
+    // Before complete: a caller woken by it may then run its next sync op inline at once. Release:
+    // that op sees every effect of this one (the small buffers' records, the group's counters).
+    pending_.fetch_sub(1, std::memory_order_release);
+    lock.unlock();
+    work->complete(std::move(status));
+    lock.lock();
     cv_.notify_all();
   }
 }
 
 void Runtime::execute(Op& op, bool on_worker) {
   GroupState& g = *op.group;
-  {
+  if (g.is_broken.load(std::memory_order_acquire)) [[unlikely]] {
     std::lock_guard lock(g.mu);
-    if (!g.broken.empty()) {
-      throw CommError(fmt::format("{}: not run because this group is unusable after an earlier failure ({}); end the job with World::abort from the top-level error handler", op.describe(), g.broken));
-    }
+    throw CommError(fmt::format("{}: not run because this group is unusable after an earlier failure ({}); end the job with World::abort from the top-level error handler", op.describe(), g.broken));
   }
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   const bool agreed = op.after_agreed && agreed_ == &g;  // Note [Counts in the handshake]
   agreed_ = nullptr;
   op.on_worker = on_worker;
@@ -264,7 +283,7 @@ void Runtime::execute(Op& op, bool on_worker) {
       }
     }
     if (op.small) {  // a local sum or copy: nothing to stall in (Note [Small collectives])
-      op.body();
+      small_body(op);
       small_done(op);
       count_shared_memory();
     } else {
@@ -289,7 +308,7 @@ void Runtime::execute(Op& op, bool on_worker) {
     g.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
     bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
   }
-  tally(op, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  tally(op, Clock::now() - start);
   collectives_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -433,11 +452,8 @@ void Runtime::fail_wait(const Op& op, const std::string& failure) {
       "stuck, has failed, or called a different sequence of collectives; check the other ranks' errors, "
       "or raise comm.timeout_s if a rank legitimately computes longer",
       op.describe(), g.config.timeout_s, g.config.timeout_s);
-  {
-    std::lock_guard lock(g.mu);
-    g.broken = fmt::format("{} {}", op_name(op.code),
-                           failure.empty() ? "timed out" : "mismatched another rank's collective");
-  }
+  g.mark_broken(fmt::format("{} {}", op_name(op.code),
+                            failure.empty() ? "timed out" : "mismatched another rank's collective"));
   throw CommError(message);
 }
 
@@ -472,32 +488,34 @@ CommCounters Runtime::counters() const {
           direct_collectives_.load()};
 }
 
-void Runtime::tally(const Op& op, double seconds) {
+void Runtime::tally(const Op& op, Clock::duration elapsed) {
   const size_t i = static_cast<size_t>(op.code);
   ZS_ASSERT(i < kNumOpCodes, "collective code {} out of range", i);
-  std::lock_guard lock(tallies_mu_);
-  OpStats& t = tallies_[i];
-  ++t.count;
+  Tally& t = tallies_[i];
+  t.count.fetch_add(1, std::memory_order_relaxed);
   // A group of one moves nothing (CommCounters): its collectives count, their bytes do not.
-  if (op.group->size > 1) t.bytes_sent += op.bytes_sent;
-  t.seconds += seconds;
+  if (op.group->size > 1) t.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+  t.nanoseconds.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count(),
+                          std::memory_order_relaxed);
 }
 
 std::vector<OpStats> Runtime::op_stats() const {
   std::vector<OpStats> out;
-  std::lock_guard lock(tallies_mu_);
   for (size_t i = 0; i < kNumOpCodes; ++i) {
-    if (tallies_[i].count == 0) continue;
-    out.push_back(tallies_[i]);
-    out.back().name = op_name(static_cast<OpCode>(i));
+    const Tally& t = tallies_[i];
+    const uint64_t count = t.count.load(std::memory_order_relaxed);
+    if (count == 0) continue;
+    out.push_back({op_name(static_cast<OpCode>(i)), count, t.bytes_sent.load(std::memory_order_relaxed),
+                   static_cast<double>(t.nanoseconds.load(std::memory_order_relaxed)) * 1e-9});
   }
   return out;
 }
 
 void Runtime::reset_counters() {
-  {
-    std::lock_guard lock(tallies_mu_);
-    tallies_ = {};
+  for (Tally& t : tallies_) {
+    t.count = 0;
+    t.bytes_sent = 0;
+    t.nanoseconds = 0;
   }
   bytes_sent_ = 0;
   bytes_received_ = 0;

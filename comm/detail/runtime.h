@@ -125,7 +125,10 @@ struct GroupState {
   std::mutex mu;
   // Bytes this rank sent through this group's collectives (CommCounters' rule): Group::bytes_sent.
   std::atomic<uint64_t> bytes_sent{0};
-  std::string broken;  // non-empty once a timeout left this communicator unusable
+  std::string broken;  // non-empty once a timeout left this communicator unusable (guarded by mu)
+  // Whether `broken` is set, read by every op without the lock (Note [Lean small path] in
+  // comm/detail/small.h).
+  std::atomic<bool> is_broken{false};
   // Group::simulated: plays rank `rank` of `size` without communicating (the memory estimator).
   bool simulated = false;
   // Its view of the node's shared-memory window, made by its first collective that may use one
@@ -149,6 +152,8 @@ struct GroupState {
   // handshake_comm.
   void init_handshake_comm();
   std::string where() const;  // "group 'dp' (rank 1 of 3, world rank 1)"
+  // Marks the group unusable after a failure (`why`: "allreduce timed out"); any thread.
+  void mark_broken(std::string why);
 };
 
 enum class OpCode : int64_t {
@@ -160,9 +165,17 @@ const char* op_name(OpCode code);
 struct Op {
   OpCode code = OpCode::kBarrier;
   std::string sizes;                  // "fp32, 1000 elements, sum": for error messages
-  // Or, where formatting per call would cost more than a small collective (Note [Small collectives]),
-  // a function that formats them when a message needs them.
-  std::function<std::string()> format_sizes;
+  // Or, for the collectives that may be small (Note [Lean small path] in comm/detail/small.h), the
+  // arguments the text is formatted from when a message needs it (lazy_sizes), which the small bodies
+  // read too: the dtype, the tensor's elements (allgather: per rank), the reduction, and the per-rank
+  // counts (reduce-scatter, allgatherv; `counts` views the caller's for a sync call, owned_counts for
+  // async: so an Op is never copied).
+  bool lazy_sizes = false;
+  memory::DType dtype = memory::DType::kF32;
+  size_t numel = 0;
+  ReduceOp reduce = ReduceOp::kSum;
+  std::span<const size_t> counts;
+  std::vector<size_t> owned_counts;
   std::array<int64_t, 4> signature{};  // code, dtype, size, root: equal on every rank
   std::function<void()> body;         // the data exchange: the group's transport (comm/detail/transport.h)
   uint64_t bytes_sent = 0;
@@ -175,11 +188,14 @@ struct Op {
   bool agrees_next = false;
   bool after_agreed = false;
   // Note [Small collectives] (comm/detail/small.h): `small` ops exchange carry_bytes from carry_from
-  // through the node's small buffers instead of the handshake; `carried` then points at each rank's.
+  // through the node's small buffers instead of the handshake; `carried` then points at each rank's,
+  // and small_body (no `body`) writes the result to carry_to. `keep`: an async small op's tensors.
   bool small = false;
   const void* carry_from = nullptr;
   size_t carry_bytes = 0;
+  void* carry_to = nullptr;
   std::span<const unsigned char* const> carried;
+  std::vector<memory::Tensor> keep;
   // Note [Direct collectives] (comm/detail/shm_direct.h): the shared arena holding the tensor this
   // rank's peers would read (0: none), carried by the handshake beside the signature but never a
   // mismatch; after it, `agreed_arena` is that id when every rank passed the same nonzero one, else 0.
@@ -190,6 +206,9 @@ struct Op {
   bool pairwise = false;
   bool on_worker = false;
 
+  Op() = default;
+  Op(const Op&) = delete;  // `counts` may view owned_counts
+  Op& operator=(const Op&) = delete;
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
 };
 
@@ -219,7 +238,10 @@ class Runtime {
   void count_direct() { direct_collectives_.fetch_add(1, std::memory_order_relaxed); }
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
-  void run(std::shared_ptr<Op> op);
+  // `op` may live on the caller's stack (Note [Lean small path] in comm/detail/small.h): it is used
+  // only until run returns.
+  void run(Op& op);
+  void run(const std::shared_ptr<Op>& op) { run(*op); }
   // Queues `op` for the worker thread and returns its handle.
   Work submit(std::shared_ptr<Op> op);
   // A simulated group's op: counted, never run; its Work completes when waited for.
@@ -269,7 +291,11 @@ class Runtime {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Op>> queue_;
-  bool busy_ = false;
+  bool busy_ = false;  // the worker runs an op (guarded by mu_)
+  // Ops queued or running on the worker: a sync call runs on its own thread, without mu_, when none
+  // are (Note [Lean small path] in comm/detail/small.h). Changed under mu_; the worker's decrement
+  // releases its op's effects.
+  std::atomic<int64_t> pending_{0};
   bool stop_ = false;
   std::thread worker_;
   std::unique_ptr<BodyWatchdog> watchdog_;  // with MPI only (Note [Stalled body])
@@ -305,9 +331,14 @@ class Runtime {
   std::atomic<uint64_t> shm_collectives_{0};
   std::atomic<uint64_t> direct_collectives_{0};
   static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSendRecv) + 1;
-  void tally(const Op& op, double seconds);
-  mutable std::mutex tallies_mu_;  // guards tallies_ (written by the executing thread, read by any)
-  std::array<OpStats, kNumOpCodes> tallies_{};
+  void tally(const Op& op, Clock::duration elapsed);
+  // Per OpCode, written by the executing thread, read by any: atomics, no lock (Note [Lean small
+  // path] in comm/detail/small.h).
+  struct Tally {
+    std::atomic<uint64_t> count{0}, bytes_sent{0};
+    std::atomic<int64_t> nanoseconds{0};
+  };
+  std::array<Tally, kNumOpCodes> tallies_{};
 };
 
 }  // namespace zs::comm::detail

@@ -73,10 +73,7 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
       if (polls % 64 != 63) continue;
       const auto now = Clock::now();
       if (now >= deadline) [[unlikely]] {
-        {
-          std::lock_guard lock(g.mu);
-          g.broken = fmt::format("{} timed out in a shared-memory barrier", op_name(op.code));
-        }
+        g.mark_broken(fmt::format("{} timed out in a shared-memory barrier", op_name(op.code)));
         throw CommError(fmt::format(
             "{} timed out after {} s waiting for the other ranks of the group at a shared-memory barrier "
             "(comm.timeout_s = {}): a rank is stuck or has failed; check the other ranks' errors, or raise "
@@ -189,6 +186,19 @@ bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, co
     }
   }
   barrier(g, *s, op);
+  g.runtime->count_shared_memory();
+  return true;
+}
+
+// Only in place (Note [Direct collectives]): staging a broadcast through the root's slots (round by
+// round, or streamed in chunks) measured 0.2-0.5x raw OpenMPI from 16 KiB at times on this VM, the
+// readers copying lines the root had just written (docs/benchmarks.md), so a tensor outside a shared
+// arena keeps MPI's broadcast.
+bool shm_broadcast(GroupState& g, const Op& op, const memory::Tensor& data, int root) {
+  ShmGroup* s = usable(g, op, static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype()));
+  if (s == nullptr || s->nodes > 1 || op.agreed_arena == 0) return false;
+  direct_broadcast(g, *s, op, data, root);
+  g.runtime->count_direct();
   g.runtime->count_shared_memory();
   return true;
 }

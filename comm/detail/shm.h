@@ -32,6 +32,9 @@
 //    with the SIMD kernels of comm/detail/shm_reduce.h: deterministic run to run, and bitwise equal to
 //    MPI's result on two ranks (a + b either way); on more ranks MPI's order is its algorithm's.
 //  - a rank's own piece is never staged when only it reads it.
+//  - broadcast: only in place, where the handshake agreed on a shared arena (direct_broadcast: the
+//    others copy the root's tensor); MPI_Bcast behind the handshake measured 0.85-0.94x raw OpenMPI
+//    from 16 KiB to 1 MiB, and staging through the root's slots was slower still at times (shm.cpp).
 // Why no single copy: reading the peers' tensors with process_vm_readv (CMA, as OpenMPI's vader
 // transport does) was tried and removed. Quiet (docs/benchmarks.md), it moved 2.5-3 GB/s against
 // 13-15 GB/s for memcpy through the window, and staging (two copies, the second from cache) beat it
@@ -185,6 +188,9 @@ bool shm_reduce_scatter(GroupState& g, const Op& op, const memory::Tensor& input
                         std::span<const int> counts, std::span<const int> displs, ReduceOp r);
 bool shm_allgatherv(GroupState& g, const Op& op, const memory::Tensor& input, const memory::Tensor& output,
                     std::span<const int> counts, std::span<const int> displs);
+// Root's tensor copied in place by every other rank (direct_broadcast) when the handshake agreed on a
+// shared arena; under "auto" from kShmAutoMinBytes, as the others.
+bool shm_broadcast(GroupState& g, const Op& op, const memory::Tensor& data, int root);
 // All-to-all(v) on one node (Note [Shared-memory all-to-all]): send[j] is this rank's block for rank
 // j, recv[i] the block from rank i (the pieces' bytes sum to the pairwise counts, which must agree:
 // the caller has checked, or they agree by construction). Unlike the others it takes every size under

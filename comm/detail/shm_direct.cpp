@@ -172,4 +172,17 @@ void direct_allreduce(GroupState& g, ShmGroup& s, const Op& op, const memory::Te
   barrier(g, s, op);
 }
 
+void direct_broadcast(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& data, int root) {
+  const size_t bytes = static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype());
+  const std::vector<const unsigned char*> src = sources(g, s, op, data, bytes);
+  if (s.me != root) {  // one node: local index = group rank
+    if (bytes >= kShmStreamMinBytes) {
+      copy_streaming(bytes_of(data), src[static_cast<size_t>(root)], bytes);
+    } else {
+      std::memcpy(bytes_of(data), src[static_cast<size_t>(root)], bytes);
+    }
+  }
+  barrier(g, s, op);  // the root returns (and may overwrite its tensor) once every rank has read it
+}
+
 }  // namespace zs::comm::detail

@@ -82,6 +82,9 @@ const GroupState& group_state(const Group& group);
 int64_t arena_vote(const GroupState& g, const memory::Tensor& t, size_t bytes);
 
 // Run when op.agreed_arena != 0, on a group on one node whose shm collective is usable.
+// direct_broadcast: every other rank copies the root's tensor in place (one copy of clean lines; the
+// staged broadcast's copies of freshly written slot lines ran 2-5x slower at times, docs/benchmarks.md).
+void direct_broadcast(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& data, int root);
 void direct_allgatherv(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& input,
                        const memory::Tensor& output, std::span<const int> counts, std::span<const int> displs);
 void direct_reduce_scatter(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& input,

@@ -19,21 +19,27 @@ using memory::DType;
 
 namespace {
 
-constexpr int kPostWord = 4;  // + index % 2: "index << 1 | buffer" of this rank's latest posts
 constexpr int kDoneWord = 6;  // the last index whose peers' buffers this rank has finished reading
-constexpr size_t kHeader = 64;
+// A buffer: the tag (word 0, stored last), the signature, then the data, from the same cache line.
+constexpr size_t kTagAt = 0, kSignatureAt = 8, kHeader = 40;
+static_assert(kHeader <= ShmNode::kSmallSlotBytes - kSmallMaxBytes && kHeader % 8 == 0);
 
-struct Header {
-  uint64_t index;
-  int64_t flag_index;  // the group's
-  std::array<int64_t, 4> signature;
-};
-static_assert(sizeof(Header) <= kHeader);
+// A post's tag: the group's flag line (never reused by another group) and the op's index among the
+// group's small collectives, so unique among one rank's posts. Index 0 is never posted.
+uint64_t tag_of(int flag_index, uint64_t e) { return static_cast<uint64_t>(flag_index) << 48 | e; }
+
+std::atomic<uint64_t>& tag_word(unsigned char* buffer) {
+  static_assert(std::atomic<uint64_t>::is_always_lock_free, "tags are shared between processes");
+  return *reinterpret_cast<std::atomic<uint64_t>*>(buffer + kTagAt);
+}
 
 // Polls until ready(); CommError after comm.timeout_s from the probe's start, or when the wait
 // notices find a deadlock (Note [Polling], Note [Waits across groups]).
 template <typename Ready>
 void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
+  if (ready()) [[likely]] return;
+  // The op's first wait that finds a peer missing starts the clock (no clock read when none does).
+  if (probe.start() == Clock::time_point{}) probe = SpinProbe(Clock::now());
   Runtime& rt = *op.group->runtime;
   const auto start = probe.start();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
@@ -54,11 +60,26 @@ void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
 // dst = the sum over ranks, in rank order, of each rank's carried bytes from `at` (n elements of t).
 void sum_ranks(const Op& op, DType t, size_t at, void* dst, size_t n, ReduceOp r) {
   const size_t size = op.carried.size();
+  const float divisor = r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f;
+  if (t == DType::kF32 && n < 16) {  // reduce_sum_scalar's fp32 sums, inlined (Note [Lean small path])
+    auto* out = static_cast<float*>(dst);
+    for (size_t i = 0; i < n; ++i) {
+      float acc;
+      std::memcpy(&acc, op.carried[0] + at + i * 4, 4);
+      for (size_t q = 1; q < size; ++q) {
+        float v;
+        std::memcpy(&v, op.carried[q] + at + i * 4, 4);
+        acc += v;
+      }
+      if (divisor != 1.0f) acc /= divisor;
+      out[i] = acc;
+    }
+    return;
+  }
   std::array<const void*, 64> few;  // a node's ranks, without an allocation per call
   std::vector<const void*> many(size > few.size() ? size : 0);
   const void** srcs = size > few.size() ? many.data() : few.data();
   for (size_t q = 0; q < size; ++q) srcs[q] = op.carried[q] + at;
-  const float divisor = r == ReduceOp::kAverage ? static_cast<float>(size) : 1.0f;
   if (t != DType::kI32 && n < 16) {  // a few scalars (a loss, a norm): the scalar kernel, whose bits every kernel has
     reduce_sum_scalar(srcs, size, t, dst, t, n, divisor);
   } else {
@@ -66,28 +87,26 @@ void sum_ranks(const Op& op, DType t, size_t at, void* dst, size_t n, ReduceOp r
   }
 }
 
-// Waits for every peer's post of op index e, checks its header and points s.carried at its data.
-void read_posts(const Op& op, bool on_worker, SpinProbe& probe, const ShmNode& node, ShmGroup& s, uint64_t e,
-                int post, std::array<int64_t, 4>& hi, std::array<int64_t, 4>& lo) {
+// Waits for every peer's post tagged `want` (in either of its buffers), widens hi/lo by its signature
+// and points s.carried at its data.
+void read_posts(const Op& op, bool on_worker, SpinProbe& probe, const ShmNode& node, ShmGroup& s, uint64_t want,
+                std::array<int64_t, 4>& hi, std::array<int64_t, 4>& lo) {
   const size_t L = s.local.size(), me = static_cast<size_t>(s.me);
   for (size_t p = 0; p < L; ++p) {
     if (p == me) continue;
-    const std::atomic<uint64_t>& word = node.word(s.local[p], s.flag_index, post);
-    uint64_t posted = 0;
+    unsigned char* const buffers[2] = {node.small_slot(s.local[p], 0), node.small_slot(s.local[p], 1)};
+    unsigned char* theirs = nullptr;
     wait_for(op, on_worker, probe, [&] {
-      posted = word.load(std::memory_order_acquire);
-      return posted >> 1 == e;
+      for (unsigned char* b : buffers) {
+        if (tag_word(b).load(std::memory_order_acquire) == want) theirs = b;
+      }
+      return theirs != nullptr;
     });
-    const unsigned char* theirs = node.small_slot(s.local[p], static_cast<int>(posted & 1));
-    Header other;
-    std::memcpy(&other, theirs, sizeof other);
-    if (other.index != e || other.flag_index != s.flag_index) [[unlikely]] {
-      throw CommError(fmt::format("{}: group rank {} gave up this collective after an error (its data was replaced); "
-                                  "see that rank's error", op.describe(), p));
-    }
+    std::array<int64_t, 4> signature;
+    std::memcpy(signature.data(), theirs + kSignatureAt, sizeof signature);
     for (size_t i = 0; i < 4; ++i) {
-      hi[i] = std::max(hi[i], other.signature[i]);
-      lo[i] = std::min(lo[i], other.signature[i]);
+      hi[i] = std::max(hi[i], signature[i]);
+      lo[i] = std::min(lo[i], signature[i]);
     }
     s.carried[p] = theirs + kHeader;
   }
@@ -103,10 +122,11 @@ bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
   return !reduces || t != DType::kF32 || g.size == 2;  // fp32 on more ranks: MPI's order
 }
 
-void carry(Op& op, const void* from, size_t bytes) {
+void carry(Op& op, const void* from, size_t bytes, void* to) {
   op.small = true;
   op.carry_from = from;
   op.carry_bytes = bytes;
+  op.carry_to = to;
 }
 
 void small_exchange(Op& op, bool on_worker) {
@@ -118,9 +138,12 @@ void small_exchange(Op& op, bool on_worker) {
   const uint64_t e = ++s.small_epoch;
   const int b = node.small_next;
   node.small_next ^= 1;
-  SpinProbe probe(Clock::now());  // one for both waits: they share the start and the timeout
+  SpinProbe probe{Clock::time_point{}};  // one for both waits: they share the start and the timeout
   ShmNode::SmallUse& use = node.small_uses[static_cast<size_t>(b)];
-  if (use.flag_index >= 0) {  // the readers of this buffer's last contents are done with it
+  // The readers of this buffer's last contents must be done with it. Implied when they were this
+  // group's members two or more of its ops ago: each posted the op after that one, which this rank has
+  // read, only after reading this buffer. Otherwise their done words say so.
+  if (use.flag_index >= 0 && !(use.flag_index == s.flag_index && use.epoch + 2 <= e)) {
     wait_for(op, on_worker, probe, [&] {
       for (int r : use.readers) {
         if (node.word(r, use.flag_index, kDoneWord).load(std::memory_order_acquire) < use.epoch) return false;
@@ -129,29 +152,30 @@ void small_exchange(Op& op, bool on_worker) {
     });
   }
   unsigned char* mine = node.small_slot(self, b);
-  const Header h{e, s.flag_index, op.signature};
-  std::memcpy(mine, &h, sizeof h);
+  std::memcpy(mine + kSignatureAt, op.signature.data(), sizeof op.signature);
   // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
   // memcpy from a null pointer is undefined even for 0 bytes.
   if (op.carry_bytes > 0) std::memcpy(mine + kHeader, op.carry_from, op.carry_bytes);
+  const uint64_t want = tag_of(s.flag_index, e);
+  tag_word(mine).store(want, std::memory_order_release);  // the post
+  if (use.flag_index != s.flag_index) {
+    use.readers.clear();
+    for (size_t p = 0; p < L; ++p) {
+      if (p != me) use.readers.push_back(s.local[p]);
+    }
+  }
   use.flag_index = s.flag_index;
   use.epoch = e;
-  use.readers.clear();
-  for (size_t p = 0; p < L; ++p) {
-    if (p != me) use.readers.push_back(s.local[p]);
-  }
-  const int post = kPostWord + static_cast<int>(e % 2);
-  node.word(self, s.flag_index, post).store(e << 1 | static_cast<uint64_t>(b), std::memory_order_release);
-  s.carried.assign(L, nullptr);
+  if (s.carried.size() != L) s.carried.resize(L);
   s.carried[me] = mine + kHeader;
   op.carried = s.carried;
   std::array<int64_t, 4> hi = op.signature, lo = op.signature;
   try {
-    read_posts(op, on_worker, probe, node, s, e, post, hi, lo);
+    read_posts(op, on_worker, probe, node, s, want, hi, lo);
   } catch (...) {
     // This rank gives up the op (the caller ends the job): nobody waits for its reads, and it does
-    // not wait for its readers before writing this buffer again (a late peer then reads another
-    // op's header and throws).
+    // not wait for its readers before writing this buffer again (a late peer then never finds this
+    // op's tag, and ends by the timeout or the wait notices, if the job has not ended first).
     small_done(op);
     use.flag_index = -1;
     throw;
@@ -168,25 +192,42 @@ void small_done(const Op& op) {
       .store(s.small_epoch, std::memory_order_release);
 }
 
-void small_allreduce(const Op& op, void* data, DType t, size_t n, ReduceOp r) { sum_ranks(op, t, 0, data, n, r); }
-
-void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r) {
-  const size_t me = static_cast<size_t>(op.group->rank);
-  const DType t = output.dtype();
-  sum_ranks(op, t, static_cast<size_t>(c.displs[me]) * memory::dtype_size(t), output.raw(),
-            static_cast<size_t>(c.counts[me]), r);
-}
-
-void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c) {
-  const size_t es = memory::dtype_size(output.dtype());
-  auto* out = static_cast<unsigned char*>(output.raw());
-  for (size_t q = 0; q < op.carried.size(); ++q) {  // this rank's own block too: its input may lie elsewhere
-    std::memmove(out + static_cast<size_t>(c.displs[q]) * es, op.carried[q], static_cast<size_t>(c.counts[q]) * es);
+void small_body(const Op& op) {
+  const DType t = op.dtype;
+  const size_t es = memory::dtype_size(t), me = static_cast<size_t>(op.group->rank);
+  switch (op.code) {
+    case OpCode::kAllreduce: sum_ranks(op, t, 0, op.carry_to, op.numel, op.reduce); return;
+    case OpCode::kReduceScatter: {  // this rank's block of every rank's whole input
+      size_t at = 0;
+      for (size_t q = 0; q < me; ++q) at += op.counts[q];
+      sum_ranks(op, t, at * es, op.carry_to, op.counts[me], op.reduce);
+      return;
+    }
+    case OpCode::kAllgather:
+    case OpCode::kAllgatherv: {
+      const size_t L = op.carried.size();
+      auto* out = static_cast<unsigned char*>(op.carry_to);
+      size_t total = 0;
+      for (size_t q = 0; q < L; ++q) total += op.counts.empty() ? op.numel : op.counts[q];
+      // This rank's own block from its input, or nothing in place; an input elsewhere in the output
+      // may be overwritten by the blocks before it, so then from its copy in this rank's buffer.
+      const auto* in = static_cast<const unsigned char*>(op.carry_from);
+      const bool inside = in < out + total * es && out < in + op.carry_bytes;  // overlaps the output
+      for (size_t q = 0; q < L; ++q) {
+        const size_t bytes = (op.counts.empty() ? op.numel : op.counts[q]) * es;
+        const void* from = q != me ? op.carried[q] : inside && in != out ? op.carried[q] : in;
+        if (bytes > 0 && from != out) std::memcpy(out, from, bytes);
+        out += bytes;
+      }
+      return;
+    }
+    case OpCode::kBroadcast: {
+      const size_t root = static_cast<size_t>(op.signature[3]);
+      if (me != root) std::memcpy(op.carry_to, op.carried[root], op.carry_bytes);
+      return;
+    }
+    default: ZS_ASSERT(false, "{} has no small body", op_name(op.code));
   }
-}
-
-void small_broadcast(const Op& op, void* data, size_t bytes, int root) {
-  if (op.group->rank != root) std::memcpy(data, op.carried[static_cast<size_t>(root)], bytes);
 }
 
 }  // namespace zs::comm::detail

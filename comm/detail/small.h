@@ -1,6 +1,6 @@
 // Small collectives through the node window in one exchange (Note [Small collectives]). Internal to
-// comm: group.cpp decides per call (small_path) and gives the Op a body from here; Runtime::execute
-// runs small_exchange in place of the handshake and small_done after the body.
+// comm: group.cpp decides per call (small_path) and marks the Op small (carry); Runtime::execute runs
+// small_exchange in place of the handshake, then small_body and small_done.
 //
 // Note [Small collectives]
 // Every collective first ran the handshake (Note [Handshake] in comm/detail/runtime.h: nonblocking
@@ -11,12 +11,13 @@
 // the MPI handshake (one round) was tried and measured no better (0.21-0.36x from 16 B to 1 KiB): the
 // handshake's own MPI_Isend/Irecv/Testall round is the cost. On one node a collective of at most
 // kSmallMaxBytes per rank therefore replaces both with one exchange through the node window:
-//  - Each rank has two small buffers (ShmNode::small_slot). It writes a header (the op's index among
-//    the group's small collectives, its signature) and its data into the next one, then stores
-//    "index << 1 | buffer" into word kPostWord + index % 2 of its flag line for the group (release).
-//    It polls its peers' same word (acquire) until each shows the index, checks every header's
-//    signature as the handshake does (the same CommError on every rank for a mismatch), and the body
-//    sums or copies straight out of the peers' buffers. Then it stores the index into kDoneWord.
+//  - Each rank has two small buffers (ShmNode::small_slot). It writes its signature and its data into
+//    the next one, then (release) the buffer's first word: a tag of the group's flag line and the op's
+//    index among the group's small collectives, unique among its posts. It polls both buffers of each
+//    peer (acquire) until one shows the tag, checks every signature as the handshake does (the same
+//    CommError on every rank for a mismatch), and the body sums or copies straight out of the peers'
+//    buffers. Then it stores the index into kDoneWord of its flag line. (A separate post word in the
+//    flag line, the first version, cost each peer one more cache line per op.)
 //  - What rides per rank: allreduce its tensor, reduce-scatter its whole input (at these sizes the
 //    latency counts, not the bytes), allgather(v) its own block, broadcast its tensor (the root's is
 //    read). The payload that decides the path is the same on every rank: the tensor, or the largest
@@ -24,9 +25,10 @@
 //  - Reuse: the buffers serve every group (one collective at a time per process), and with no closing
 //    barrier a peer of the previous group may still read one. So before writing a buffer a rank waits
 //    until the readers of its last contents (that group's members) stored kDoneWord >= its index;
-//    alternating two buffers, that wait is almost always already over. A peer's post word for index
-//    e cannot be overwritten before this rank reads it: the peer's next post of the same parity is
-//    e + 2, after it has read this rank's post e + 1.
+//    alternating two buffers, that wait is almost always already over, and when the buffer last
+//    served this group two or more of its ops ago it is implied without reading those words: each
+//    reader posted the op after that one, which this rank has read, only after its reads. So a peer's
+//    tag cannot be overwritten before this rank has read the post it marks.
 //  - Bits: sums are reduce_sum's (comm/detail/shm_reduce.h) in rank order, as the MPI path's for
 //    bf16/fp16 (Note [16-bit reductions]) and int32 (wrapping, any order). fp32 through MPI sums in
 //    its algorithm's order, equal to rank order only on two ranks (a + b either way), so an fp32
@@ -39,6 +41,26 @@
 //  - Taken only where every member is on this node's window (one node, a flag line, comm.shared_memory
 //    not false); not for local or simulated groups, alltoall(v) or the count exchanges. The byte
 //    counters keep each collective's own rule (CommCounters); it counts as a shared-memory collective.
+//
+// Note [Lean small path]
+// With the exchange itself down to a few cache lines, the layer around it cost more than raw MPI's
+// whole call: callgrind of 20,000 sync 4-element fp32 allreduces at np 2 counted 2,325-2,427
+// instructions per call, of which ~720 in malloc/free (a shared Op, its std::function body and sizes
+// formatter capturing tensors and counts, the count vectors), ~520 in four mutex lock/unlock pairs
+// (the executor's queue lock twice, the group's broken check, the tally), ~300 destroying the Op. So
+// a sync collective now builds its Op on the caller's stack (Group's sync calls; the group pointer
+// does not own: the Group outlives the call), a small op has no body (small_body dispatches on the
+// op's code and reads the arguments kept in the Op: dtype, numel, reduction, a view of the caller's
+// counts), its sizes text is formatted from those fields only when a message needs it, and the
+// executor runs a sync op inline when an atomic count of the worker's pending ops is zero (no lock:
+// collectives are issued from one thread at a time, so the idle worker stays idle). The group's
+// broken check reads an atomic, and the per-collective tallies are atomics. An async small op owns
+// its counts, keeps its tensors (Op::keep) and goes through the queue as before. The guarantees are
+// the same code as before: the waits' deadline and wait notices, the signature check, the byte
+// counters and tallies, the sums (reduce_sum's kernels; a few fp32 values summed inline with
+// reduce_sum_scalar's operations: the same bits). Now 864 instructions per call (reduce-scatter
+// 5,970 -> 993, allgather 5,769 -> 965, broadcast 2,008 -> 768), no allocation or lock on the path;
+// comm_bench np 2 against raw OpenMPI in docs/benchmarks.md ("The lean small path").
 // kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
 // shared-memory collectives already beat MPI, and their staging needs no second buffer set.
 #pragma once
@@ -53,25 +75,24 @@ namespace zs::comm::detail {
 
 struct GroupState;
 struct Op;
-struct Counts;
 
 inline constexpr size_t kSmallMaxBytes = ShmNode::kSmallSlotBytes - 64;  // 4 KiB after the header
 
 // Whether a collective of dtype `t` carrying at most `payload` bytes per rank (the same on every rank) takes the
 // small path on `g` (the same answer on every rank that passed the same arguments). `reduces`: it sums.
 bool small_path(const GroupState& g, memory::DType t, size_t payload, bool reduces);
-// Marks `op` small, carrying `bytes` from `from` (read when the op runs).
-void carry(Op& op, const void* from, size_t bytes);
+// Marks `op` small, carrying `bytes` from `from` (read when the op runs) and writing its result to
+// `to` (small_body).
+void carry(Op& op, const void* from, size_t bytes, void* to);
 // Runtime::execute, in place of the handshake: publishes this rank's data, waits for every peer's and
 // checks the signatures; op.carried then points at each rank's data. Throws CommError (timeout,
 // mismatch). small_done after the body: this rank has finished reading its peers' buffers.
 void small_exchange(Op& op, bool on_worker);
 void small_done(const Op& op);
 
-// The bodies: op.carried points at every rank's data.
-void small_allreduce(const Op& op, void* data, memory::DType t, size_t n, ReduceOp r);
-void small_reduce_scatter(const Op& op, const memory::Tensor& output, const Counts& c, ReduceOp r);
-void small_allgatherv(const Op& op, const memory::Tensor& output, const Counts& c);
-void small_broadcast(const Op& op, void* data, size_t bytes, int root);
+// The body, after small_exchange (op.carried points at every rank's data): sums or copies into
+// op.carry_to, by op.code from the op's arguments (Op::dtype, numel, reduce, counts: Note [Lean small
+// path]; allgather's counts are empty, every rank's numel).
+void small_body(const Op& op);
 
 }  // namespace zs::comm::detail

@@ -28,8 +28,8 @@
 //  - Otherwise shm on one node, hierarchical across nodes. Both keep an MPI transport on the group's
 //    communicator and hand it what they do not do themselves, decided per call by rules that are the
 //    same on every rank (so no rank ever waits in a shared-memory barrier for a peer gone to MPI):
-//    comm.shared_memory "auto" leaves tensors under kShmAutoMinBytes to MPI, broadcast and the count
-//    exchanges always go to MPI, and the hierarchical transport moves only allreduce itself (the
+//    comm.shared_memory "auto" leaves tensors under kShmAutoMinBytes to MPI, the count exchanges
+//    always go to MPI (broadcast too, unless in place in a shared arena), and the hierarchical transport moves only allreduce itself (the
 //    others span nodes through MPI's collective, as before transports existed). Within shm, the
 //    direct path runs where the handshake agreed on a shared arena (Note [Direct collectives]).
 //  - comm.shared_memory true with no window for the group (none was made, or too many groups) picks

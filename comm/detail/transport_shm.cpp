@@ -2,7 +2,7 @@
 // node's window (Note [Shared-memory collectives] in comm/detail/shm.h), or reads the peers' tensors
 // in place (Note [Direct collectives] in comm/detail/shm_direct.h). The shm_* functions decline a
 // call (returning false, the same on every rank) under comm.shared_memory "auto" for small tensors;
-// that call, broadcast and the count exchanges go to the MPI transport on the group's communicator
+// that call and the count exchanges go to the MPI transport on the group's communicator
 // (Note [Transports] in comm/detail/transport.h). No MPI call is made here.
 #include "comm/detail/runtime.h"
 #include "comm/detail/shm.h"
@@ -28,7 +28,9 @@ class ShmTransport final : public Transport {
   void allgatherv(const Op& op, const memory::Tensor& input, const memory::Tensor& output, const Counts& c) override {
     if (!shm_allgatherv(g_, op, input, output, c.counts, c.displs)) mpi_->allgatherv(op, input, output, c);
   }
-  void broadcast(const Op& op, const memory::Tensor& data, int root) override { mpi_->broadcast(op, data, root); }
+  void broadcast(const Op& op, const memory::Tensor& data, int root) override {
+    if (!shm_broadcast(g_, op, data, root)) mpi_->broadcast(op, data, root);
+  }
   void alltoallv(const Op& op, memory::DType t, const ExchangeSide& send, const Counts& s, const ExchangeSide& recv,
                  const Counts& r, bool uneven) override {
     const bool stream = r.total * memory::dtype_size(t) >= kShmStreamMinBytes;

@@ -127,7 +127,7 @@ std::string WaitNotices::find_deadlock(const Op& op) {
       if (p == nullptr) continue;
       {
         std::lock_guard broken_lock(p->mu);
-        if (!p->broken.empty()) continue;  // this rank gave up its transfers there: the sender's will time out
+        if (p->is_broken.load(std::memory_order_acquire)) continue;  // this rank gave up its transfers there: the sender's will time out
       }
       const auto at = std::find(p->world_ranks.begin(), p->world_ranks.end(), sender);
       if (at == p->world_ranks.end()) continue;

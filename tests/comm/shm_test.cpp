@@ -405,6 +405,36 @@ TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
   }
 }
 
+// Broadcast in place (comm/detail/shm.cpp: only there; a tensor outside the arena keeps MPI_Bcast):
+// past the small path's limit and past the streaming threshold, from the first and the last rank.
+TEST(ShmDirect, BroadcastBitwiseEqualToMpi) {
+  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_bc");
+  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_bc_mpi");
+  ArenaTensors mem;
+  comm::SharedArena arena(g, &mem.mapping);
+  const int n = g.size(), me = g.rank();
+  struct Case {
+    DType t;
+    size_t bytes;
+    int root;
+  };
+  for (const Case& k : {Case{DType::kF32, size_t{6} << 10, 0}, Case{DType::kBF16, size_t{6} << 10, n - 1},
+                        Case{DType::kF32, kSlot + 4099, n - 1}}) {
+    const size_t m = k.bytes / memory::dtype_size(k.t);
+    SCOPED_TRACE(std::string(memory::dtype_name(k.t)) + ", " + std::to_string(m) + " elements, root " + std::to_string(k.root));
+    Tensor a = mem.copy_of(make(k.t, m, me)), c = make(k.t, m, me), private_copy = make(k.t, m, me);
+    const uint64_t before = direct_count();
+    g.broadcast(a, k.root);
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+    g.broadcast(private_copy, k.root);  // outside the arena: MPI's
+    EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
+    mpi.broadcast(c, k.root);
+    EXPECT_TRUE(same_bits(a, c));
+    EXPECT_TRUE(same_bits(private_copy, c));
+    EXPECT_TRUE(same_bits(a, make(k.t, m, k.root)));
+  }
+}
+
 TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
   comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_rs");
   comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_rs_mpi");
