@@ -1,6 +1,9 @@
 // nn's internal kernels against plain references: fast_exp against double exp, the laned row
-// reductions against simple loops, and parallel_for's ranges.
+// reductions against simple loops, parallel_for's ranges, and the banded multi-threaded sgemm
+// against one whole single-threaded sgemm.
 #include <gtest/gtest.h>
+
+#include <cblas.h>
 
 #include <cmath>
 #include <limits>
@@ -82,6 +85,46 @@ TEST(OpsTest, ParallelForTilesTheRangeOnce) {
       for (int c = 0; c < parallel_chunks(threads, n, 7); ++c) EXPECT_EQ(chunk_seen[static_cast<size_t>(c)], 1);
     }
   }
+}
+
+// Note [sgemm on the pool] (nn/detail/ops.cpp): a product split into bands of rows, each a
+// single-threaded sgemm on the worker pool, gives the bits of the whole product on one thread and of
+// OpenBLAS's own two-thread product (the path before). The unit environment sets one BLAS thread;
+// the test asks for two, which OpenBLAS grants on any machine.
+TEST(OpsTest, BandedSgemmEqualsOneWholeProduct) {
+  const int saved = openblas_get_num_threads();
+  struct Shape {
+    int64_t m, n, k;
+  };
+  // Bands of 266-1024 rows, each above the 256^3 multiply-adds below which ops.cpp does not split;
+  // C's rows a multiple of the band blocks and not (650: a partial last block).
+  for (const Shape& s : {Shape{650, 300, 300}, Shape{1024, 256, 160}, Shape{2048, 96, 256}}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = (t & 1) != 0, tb = (t & 2) != 0;
+      std::mt19937 gen(static_cast<unsigned>(s.m + t));
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n));
+      std::vector<float> c0(static_cast<size_t>(s.m * s.n));
+      for (float& v : a) v = dist(gen);
+      for (float& v : b) v = dist(gen);
+      for (float& v : c0) v = dist(gen);
+      const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+      for (const float beta : {0.0f, 1.0f}) {
+        std::vector<float> banded = c0, whole = c0, blas2 = c0;
+        openblas_set_num_threads(2);
+        ASSERT_EQ(openblas_get_num_threads(), 2);
+        gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, banded.data(), s.n);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
+                    static_cast<int>(s.n), static_cast<int>(s.k), 0.5f, a.data(), static_cast<int>(lda), b.data(),
+                    static_cast<int>(ldb), beta, blas2.data(), static_cast<int>(s.n));
+        openblas_set_num_threads(1);
+        gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, whole.data(), s.n);
+        EXPECT_EQ(banded, whole) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
+        EXPECT_EQ(banded, blas2) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
+      }
+    }
+  }
+  openblas_set_num_threads(saved);
 }
 
 }  // namespace
