@@ -6,11 +6,14 @@
 #include <cblas.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <random>
 #include <vector>
 
+#include "memory/cpu_features.h"
+#include "nn/detail/gelu.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 
@@ -84,6 +87,38 @@ TEST(OpsTest, ParallelForTilesTheRangeOnce) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "threads " << threads << " n " << n;
       for (int c = 0; c < parallel_chunks(threads, n, 7); ++c) EXPECT_EQ(chunk_seen[static_cast<size_t>(c)], 1);
     }
+  }
+}
+
+// Note [gelu kernels] (nn/detail/gelu.h): the AVX-512 GELU gives the scalar loop's bits, forward
+// and backward, over a sweep through and beyond tanh's clamp, the special values, and a length
+// that leaves a scalar tail.
+TEST(OpsTest, GeluAvx512EqualsScalarBitForBit) {
+  if (!memory::isa_supported(memory::IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.000731f) x.push_back(v);
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (int i = 0; i < 20000; ++i) x.push_back(dist(gen));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 7.90531110763549805f, -7.90531110763549805f, 1e30f, -1e30f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()}) {
+    x.push_back(v);
+  }
+  x.push_back(0.5f);  // a length that is not a multiple of 16
+  const int64_t n = static_cast<int64_t>(x.size());
+  ASSERT_NE(n % 16, 0);
+  std::vector<float> dy(x.size());
+  for (float& v : dy) v = dist(gen);
+  std::vector<float> y_vec(x.size()), y_ref(x.size()), dx_vec(x.size()), dx_ref(x.size());
+  gelu_forward(x.data(), 0, n, y_vec.data(), memory::IsaLevel::kAvx512);
+  gelu_forward(x.data(), 0, n, y_ref.data(), memory::IsaLevel::kScalar);
+  gelu_backward(x.data(), dy.data(), 0, n, dx_vec.data(), memory::IsaLevel::kAvx512);
+  gelu_backward(x.data(), dy.data(), 0, n, dx_ref.data(), memory::IsaLevel::kScalar);
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    ASSERT_EQ(std::memcmp(&y_vec[k], &y_ref[k], 4), 0) << "forward at x = " << x[k] << ": " << y_vec[k] << " vs " << y_ref[k];
+    ASSERT_EQ(std::memcmp(&dx_vec[k], &dx_ref[k], 4), 0) << "backward at x = " << x[k] << ": " << dx_vec[k] << " vs " << dx_ref[k];
   }
 }
 
