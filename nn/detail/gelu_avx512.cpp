@@ -58,7 +58,8 @@ void gelu_backward_avx512(const float* x, const float* dy, int64_t i0, int64_t i
     const __m512 t = tanh16(gelu_arg(v));
     const __m512 du = mul(set1(kGeluScale), add(set1(1.0f), mul(mul(set1(k3c), v), v)));
     const __m512 a = mul(set1(0.5f), add(set1(1.0f), t));                                   // 0.5f * (1.0f + t)
-    const __m512 b = mul(mul(mul(set1(0.5f), v), _mm512_sub_ps(set1(1.0f), mul(t, t))), du);  // 0.5f * v * (1 - t t) * du
+    // 0.5f * v * (1.0f - t * t) * du
+    const __m512 b = mul(mul(mul(set1(0.5f), v), _mm512_sub_ps(set1(1.0f), mul(t, t))), du);
     _mm512_storeu_ps(dx + i, mul(_mm512_loadu_ps(dy + i), add(a, b)));
   }
   gelu_backward(x, dy, i, i1, dx, memory::IsaLevel::kScalar);

@@ -117,8 +117,10 @@ TEST(OpsTest, GeluAvx512EqualsScalarBitForBit) {
   gelu_backward(x.data(), dy.data(), 0, n, dx_ref.data(), memory::IsaLevel::kScalar);
   for (int64_t i = 0; i < n; ++i) {
     const size_t k = static_cast<size_t>(i);
-    ASSERT_EQ(std::memcmp(&y_vec[k], &y_ref[k], 4), 0) << "forward at x = " << x[k] << ": " << y_vec[k] << " vs " << y_ref[k];
-    ASSERT_EQ(std::memcmp(&dx_vec[k], &dx_ref[k], 4), 0) << "backward at x = " << x[k] << ": " << dx_vec[k] << " vs " << dx_ref[k];
+    ASSERT_EQ(std::memcmp(&y_vec[k], &y_ref[k], 4), 0)
+        << "forward at x = " << x[k] << ": " << y_vec[k] << " vs " << y_ref[k];
+    ASSERT_EQ(std::memcmp(&dx_vec[k], &dx_ref[k], 4), 0)
+        << "backward at x = " << x[k] << ": " << dx_vec[k] << " vs " << dx_ref[k];
   }
 }
 
@@ -149,9 +151,9 @@ TEST(OpsTest, BandedSgemmEqualsOneWholeProduct) {
         openblas_set_num_threads(2);
         ASSERT_EQ(openblas_get_num_threads(), 2);
         gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, banded.data(), s.n);
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(s.m),
-                    static_cast<int>(s.n), static_cast<int>(s.k), 0.5f, a.data(), static_cast<int>(lda), b.data(),
-                    static_cast<int>(ldb), beta, blas2.data(), static_cast<int>(s.n));
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 0.5f, a.data(),
+                    static_cast<int>(lda), b.data(), static_cast<int>(ldb), beta, blas2.data(), static_cast<int>(s.n));
         openblas_set_num_threads(1);
         gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, whole.data(), s.n);
         EXPECT_EQ(banded, whole) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
