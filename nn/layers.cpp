@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.h"
+#include "nn/detail/gelu.h"
 #include "nn/detail/gemm.h"
 #include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
@@ -287,45 +288,15 @@ Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
 
 // ---- Gelu ----
 
-namespace {
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCubic = 0.044715f;
-
-// Note [fast tanh]: std::tanh is a scalar libm call (~20 ns) and made GELU cost as much as all the
-// block's matmuls. This is Eigen's rational approximation (generic_fast_tanh_float, a 13/6
-// minimax fit on [-7.9, 7.9], a few ulp from tanh; beyond the clamp tanh is +-1 in fp32): plain
-// arithmetic that GCC vectorises. The double-precision reference tests hold it to 1e-4 relative.
-inline float fast_tanh(float x) {
-  constexpr float kClamp = 7.90531110763549805f;
-  x = x > kClamp ? kClamp : x;  // two plain selects: GCC if-converts them (a nested ?: it does not)
-  x = x < -kClamp ? -kClamp : x;
-  const float x2 = x * x;
-  float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-  p = p * x2 + -8.60467152213735e-11f;
-  p = p * x2 + 5.12229709037114e-08f;
-  p = p * x2 + 1.48572235717979e-05f;
-  p = p * x2 + 6.37261928875436e-04f;
-  p = p * x2 + 4.89352455891786e-03f;
-  p = p * x;
-  float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-  q = q * x2 + 2.26843463243900e-03f;
-  q = q * x2 + 4.89352518554385e-03f;
-  return p / q;
-}
-}  // namespace
+// The loops and Note [fast tanh] are in nn/detail/gelu.h (Note [gelu kernels]).
 
 Tensor Gelu::forward(Context& ctx, const Tensor& x) {
   ZS_MODEL_CHECK(x.raw() != nullptr && x.dtype() == DType::kF32 && x.is_contiguous(), "Gelu: expected a contiguous fp32 tensor");
   Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
-  detail::parallel_for(x.numel(), int64_t{1} << 14, [=](int64_t begin, int64_t end, int) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = xp[i];
-      const float u = kGeluScale * (v + kGeluCubic * v * v * v);
-      yp[i] = 0.5f * v * (1.0f + fast_tanh(u));
-    }
-  });
+  detail::parallel_for(x.numel(), int64_t{1} << 14,
+                       [=](int64_t begin, int64_t end, int) { detail::gelu_forward(xp, begin, end, yp); });
   if (ctx.training()) input_ = x;
   return y;
 }
@@ -337,15 +308,8 @@ Tensor Gelu::backward(Context& ctx, const Tensor& dy) {
   const float* xp = input_.data<float>();
   const float* dyp = dy.data<float>();
   float* dxp = dx.data<float>();
-  detail::parallel_for(dx.numel(), int64_t{1} << 14, [=](int64_t begin, int64_t end, int) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float v = xp[i];
-      const float u = kGeluScale * (v + kGeluCubic * v * v * v);
-      const float t = fast_tanh(u);
-      const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-      dxp[i] = dyp[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-    }
-  });
+  detail::parallel_for(dx.numel(), int64_t{1} << 14,
+                       [=](int64_t begin, int64_t end, int) { detail::gelu_backward(xp, dyp, begin, end, dxp); });
   input_ = {};
   return dx;
 }

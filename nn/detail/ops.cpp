@@ -2,21 +2,69 @@
 
 #include <cblas.h>
 
+#include <algorithm>
+
 #include "core/errors.h"
 #include "nn/flops.h"
 #include "nn/detail/parallel.h"
 
 namespace zs::nn::detail {
 
+namespace {
+
+void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+// Note [sgemm on the pool]: a multi-threaded product used to run on OpenBLAS's own threads, so the
+// step switched between two thread pools at every product: our pool's polling worker was parked
+// before each sgemm, OpenBLAS's threads woke for it (and polled with sched_yield after it), and the
+// elementwise pass after it woke our worker again; inside the product OpenBLAS's threads wait on
+// each other's packed panels, so one thread starting late or preempted holds the other up. The
+// large GPT's fp32 step (train_bench, 6 layers, d 512) took 3.13-3.28 CPU seconds on two threads
+// against 2.67 on one, and one-thread ranks at np 2 reached 76% MFU where one two-thread rank reached
+// 61% (docs/benchmarks.md, "Model FLOPs utilisation"). Now a product large enough to split is cut
+// into bands of rows of C, one per thread, each an independent single-threaded sgemm on our worker
+// pool: one pool, no waiting inside a product (a worker that starts late finds its band taken by the
+// caller), OpenBLAS's threads never wake. The same step: 2.96-2.98 CPU seconds. Each band packs
+// the other operand (the weight) itself, once per band instead of once per product.
+//
+// Bit for bit: OpenBLAS computes each element of C as the same chain of FMAs over k (k is cut into
+// the same blocks whatever the rows), so a band's elements equal the whole product's, provided the
+// band takes the same kernel: OpenBLAS runs products of at most kSmallProduct multiply-adds through
+// separate small-matrix and direct kernels, so every band must stay above it; band edges fall on
+// multiples of kBandRows rows, a multiple of every row unroll of OpenBLAS's x86 kernels
+// (tests/nn/ops_test.cpp compares the bands with one whole product and with OpenBLAS's two threads).
+constexpr int64_t kBandRows = 64;
+constexpr double kSmallProduct = 256.0 * 256.0 * 256.0;  // OpenBLAS's direct sgemm's limit; its small kernels' is 100^3
+
+}  // namespace
+
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0 || !kernels_enabled()) return;
   add_flops(2 * static_cast<uint64_t>(m) * static_cast<uint64_t>(n) * static_cast<uint64_t>(k));
-  // OpenBLAS's threads need the cores our pool's workers may be polling on (core/parallel.h).
-  if (openblas_get_num_threads() > 1) zs::park_pool_workers();
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+  const int threads = openblas_get_num_threads();  // 1 inside a parallel region (SingleThreadedBlas)
+  const int64_t blocks = (m + kBandRows - 1) / kBandRows;
+  const int64_t bands = std::min<int64_t>(threads, blocks);
+  // The shortest band: the fewest whole blocks any band gets, its last one possibly C's partial one.
+  const int64_t shortest = (blocks / std::max<int64_t>(bands, 1) - 1) * kBandRows + (m - (blocks - 1) * kBandRows);
+  if (bands <= 1 || static_cast<double>(shortest) * static_cast<double>(n) * static_cast<double>(k) <= kSmallProduct) {
+    // OpenBLAS's threads (if it uses more than one here) need the cores our pool's workers may be
+    // polling on (core/parallel.h).
+    if (threads > 1) zs::park_pool_workers();
+    sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  SingleThreadedBlas blas;  // Note [sgemm on the pool]
+  parallel_for_threads(blas.threads(), blocks, 1, [&](int64_t b0, int64_t b1, int) {
+    const int64_t r0 = b0 * kBandRows, r1 = std::min(m, b1 * kBandRows);
+    const float* ap = trans_a ? a + r0 : a + r0 * lda;
+    sgemm(trans_a, trans_b, r1 - r0, n, k, alpha, ap, lda, b, ldb, beta, c + r0 * ldc, ldc);
+  });
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // Internal: how the nn layers spread elementwise work over cores.
 //
-// Note [compute threads]: the layers' matmuls run on OpenBLAS's thread pool; between them the
+// Note [compute threads]: the layers' large matmuls run as bands on this pool (Note [sgemm on the
+// pool], ops.cpp; smaller ones on OpenBLAS's thread pool); between them the
 // elementwise passes (softmax, GELU, LayerNorm, cross-entropy, bias sums) ran on one thread while the
 // other BLAS threads sat idle, which cost a third of a training step on 2 cores. These passes now run
 // on core's worker pool (core/parallel.h, Note [worker pool] in core/parallel.cpp) with exactly OpenBLAS's thread count

@@ -1,13 +1,19 @@
 // nn's internal kernels against plain references: fast_exp against double exp, the laned row
-// reductions against simple loops, and parallel_for's ranges.
+// reductions against simple loops, parallel_for's ranges, and the banded multi-threaded sgemm
+// against one whole single-threaded sgemm.
 #include <gtest/gtest.h>
 
+#include <cblas.h>
+
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <random>
 #include <vector>
 
+#include "memory/cpu_features.h"
+#include "nn/detail/gelu.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 
@@ -82,6 +88,80 @@ TEST(OpsTest, ParallelForTilesTheRangeOnce) {
       for (int c = 0; c < parallel_chunks(threads, n, 7); ++c) EXPECT_EQ(chunk_seen[static_cast<size_t>(c)], 1);
     }
   }
+}
+
+// Note [gelu kernels] (nn/detail/gelu.h): the AVX-512 GELU gives the scalar loop's bits, forward
+// and backward, over a sweep through and beyond tanh's clamp, the special values, and a length
+// that leaves a scalar tail.
+TEST(OpsTest, GeluAvx512EqualsScalarBitForBit) {
+  if (!memory::isa_supported(memory::IsaLevel::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.000731f) x.push_back(v);
+  std::mt19937 gen(5);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (int i = 0; i < 20000; ++i) x.push_back(dist(gen));
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 7.90531110763549805f, -7.90531110763549805f, 1e30f, -1e30f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min()}) {
+    x.push_back(v);
+  }
+  x.push_back(0.5f);  // a length that is not a multiple of 16
+  const int64_t n = static_cast<int64_t>(x.size());
+  ASSERT_NE(n % 16, 0);
+  std::vector<float> dy(x.size());
+  for (float& v : dy) v = dist(gen);
+  std::vector<float> y_vec(x.size()), y_ref(x.size()), dx_vec(x.size()), dx_ref(x.size());
+  gelu_forward(x.data(), 0, n, y_vec.data(), memory::IsaLevel::kAvx512);
+  gelu_forward(x.data(), 0, n, y_ref.data(), memory::IsaLevel::kScalar);
+  gelu_backward(x.data(), dy.data(), 0, n, dx_vec.data(), memory::IsaLevel::kAvx512);
+  gelu_backward(x.data(), dy.data(), 0, n, dx_ref.data(), memory::IsaLevel::kScalar);
+  for (int64_t i = 0; i < n; ++i) {
+    const size_t k = static_cast<size_t>(i);
+    ASSERT_EQ(std::memcmp(&y_vec[k], &y_ref[k], 4), 0)
+        << "forward at x = " << x[k] << ": " << y_vec[k] << " vs " << y_ref[k];
+    ASSERT_EQ(std::memcmp(&dx_vec[k], &dx_ref[k], 4), 0)
+        << "backward at x = " << x[k] << ": " << dx_vec[k] << " vs " << dx_ref[k];
+  }
+}
+
+// Note [sgemm on the pool] (nn/detail/ops.cpp): a product split into bands of rows, each a
+// single-threaded sgemm on the worker pool, gives the bits of the whole product on one thread and of
+// OpenBLAS's own two-thread product (the path before). The unit environment sets one BLAS thread;
+// the test asks for two, which OpenBLAS grants on any machine.
+TEST(OpsTest, BandedSgemmEqualsOneWholeProduct) {
+  const int saved = openblas_get_num_threads();
+  struct Shape {
+    int64_t m, n, k;
+  };
+  // Bands of 266-1024 rows, each above the 256^3 multiply-adds below which ops.cpp does not split;
+  // C's rows a multiple of the band blocks and not (650: a partial last block).
+  for (const Shape& s : {Shape{650, 300, 300}, Shape{1024, 256, 160}, Shape{2048, 96, 256}}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = (t & 1) != 0, tb = (t & 2) != 0;
+      std::mt19937 gen(static_cast<unsigned>(s.m + t));
+      std::normal_distribution<float> dist(0.0f, 1.0f);
+      std::vector<float> a(static_cast<size_t>(s.m * s.k)), b(static_cast<size_t>(s.k * s.n));
+      std::vector<float> c0(static_cast<size_t>(s.m * s.n));
+      for (float& v : a) v = dist(gen);
+      for (float& v : b) v = dist(gen);
+      for (float& v : c0) v = dist(gen);
+      const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
+      for (const float beta : {0.0f, 1.0f}) {
+        std::vector<float> banded = c0, whole = c0, blas2 = c0;
+        openblas_set_num_threads(2);
+        ASSERT_EQ(openblas_get_num_threads(), 2);
+        gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, banded.data(), s.n);
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 0.5f, a.data(),
+                    static_cast<int>(lda), b.data(), static_cast<int>(ldb), beta, blas2.data(), static_cast<int>(s.n));
+        openblas_set_num_threads(1);
+        gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, whole.data(), s.n);
+        EXPECT_EQ(banded, whole) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
+        EXPECT_EQ(banded, blas2) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
+      }
+    }
+  }
+  openblas_set_num_threads(saved);
 }
 
 }  // namespace
