@@ -91,8 +91,8 @@ struct OpStats {
   std::string name;         // "allreduce", "reduce_scatter", "allgather", "allgatherv", "broadcast", ...
   uint64_t count = 0;       // count of completed collectives
   uint64_t bytes_sent = 0;  // bytes
-  uint64_t bytes_inter_host = 0;  // of bytes_sent, those across hosts (Note [Bytes across hosts])
   double seconds = 0.0;     // wall time, summed over the collectives
+  uint64_t bytes_inter_host = 0;  // of bytes_sent, those across hosts (Note [Bytes across hosts])
 };
 
 }  // namespace zs::comm

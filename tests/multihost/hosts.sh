@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Several hosts on one machine, for real (docs/multihost.md): each "host" is a network namespace with
 # its own UTS namespace (hostname), joined to the others through veth pairs on a bridge in a switch
-# namespace, optionally shaped with tc (netem rate and delay on every host's link). One OpenMPI job
+# namespace, optionally shaped with tc on every host's link (netem's rate and delay, or tbf's rate
+# where the kernel has no netem). One OpenMPI job
 # runs across them: mpirun starts inside the first host, and its rsh agent (this script, as
 # `hosts.sh --agent`) starts the daemon of every other host inside that host's namespace. OpenMPI then
 # sees H hosts (MPI_COMM_TYPE_SHARED splits by host, so comm's node-aware paths follow the real
@@ -48,6 +49,18 @@ if [[ "$(id -u)" != 0 ]] || ! ip netns add "zs-probe-$$" 2>/dev/null; then
 fi
 ip netns delete "zs-probe-$$"
 
+# What a run killed outright (SIGKILL: no trap runs) left behind: namespaces named after a process that
+# no longer exists.
+for stale in $(ip netns list | grep -oE '^zs[0-9]+-[a-z0-9]+' || true); do
+  pid="${stale#zs}"
+  pid="${pid%%-*}"
+  if [[ ! -e "/proc/$pid" ]]; then
+    ip netns pids "$stale" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns delete "$stale" 2>/dev/null || true
+    rm -rf "/etc/netns/$stale"
+  fi
+done
+
 # Names unique per run, so concurrent runs never meet; the subnet is private to the namespaces.
 export ZS_HOSTS_PREFIX="zs$$-"
 switch="${ZS_HOSTS_PREFIX}sw"
@@ -74,6 +87,28 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' INT TERM
 
+# The link's shape: netem (rate and delay) where the kernel has it, else tbf (rate only: this machine's
+# kernel has no sch_netem).
+shape() {
+  if ip netns exec "$1" tc qdisc add dev eth0 root netem ${delay:+delay "$delay"} ${rate:+rate "$rate"} 2>/dev/null; then
+    return
+  fi
+  if [[ -n "$delay" ]]; then
+    echo "hosts.sh: --delay needs the netem qdisc (sch_netem), which this kernel does not have; shape the rate alone" >&2
+    return 2
+  fi
+  local n="${rate%%[a-zA-Z]*}" unit="${rate##*[0-9]}" bits
+  case "$unit" in
+    gbit) bits=$((n * 1000000000)) ;;
+    mbit) bits=$((n * 1000000)) ;;
+    kbit) bits=$((n * 1000)) ;;
+    *) echo "hosts.sh: --rate '$rate': give an integer with gbit, mbit or kbit" >&2; return 2 ;;
+  esac
+  local burst=$((bits / 800))  # 10 ms at the rate, so a timer tick's worth always fits
+  ((burst < 65536)) && burst=65536
+  ip netns exec "$1" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
+}
+
 ip netns add "$switch"
 ip -n "$switch" link add br0 type bridge
 ip -n "$switch" link set br0 up
@@ -92,9 +127,7 @@ for ((h = 0; h < hosts; ++h)); do
   ip -n "$ns" link set eth0 up
   ip -n "$switch" link set "p$h" master br0
   ip -n "$switch" link set "p$h" up
-  if [[ -n "$rate$delay" ]]; then
-    ip netns exec "$ns" tc qdisc add dev eth0 root netem ${delay:+delay "$delay"} ${rate:+rate "$rate"}
-  fi
+  if [[ -n "$rate$delay" ]]; then shape "$ns"; fi
   # `ip netns exec` binds /etc/netns/NS/hosts over /etc/hosts: every host resolves the others' names.
   mkdir -p "/etc/netns/$ns"
   { echo "127.0.0.1 localhost"; cat "$hostsfile"; } >"/etc/netns/$ns/hosts"
