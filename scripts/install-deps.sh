@@ -20,6 +20,7 @@ packages=(
   python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
   clang-14 libclang-rt-14-dev
+  iproute2  # ip netns and tc: the two-host runs (tests/multihost, label multihost; root only)
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-torch libdnnl-dev libxsmm-dev)
