@@ -77,9 +77,10 @@ struct CommCounters {
 // So ZeRO-3 (a forward and a backward allgather and a gradient reduce-scatter of psi parameters, evenly
 // partitioned, per step) sends 3 (N-R)/N * psi * bytes-per-element across hosts per rank and step: 3 psi
 // in the limit of many hosts (DeepSpeed's and ZeRO++'s figure), 1.5 psi at 2 hosts of 2 ranks. The
-// rule counts the data's owners, not the wire of one algorithm (a ring crossing hosts once per host
-// sends less, OpenMPI's recursive doubling as much); docs/multihost.md compares it with the bytes the
-// kernel counted on the links of a real two-host run. A world on one host, a local group and a
+// rule counts the data's owners, whatever the transport, as bytes_sent does: on two real hosts the
+// links carried 1.12-1.19x the counted bytes for gathers and reduce-scatters (TCP/IP headers and
+// OpenMPI's own messages on top) and 0.51x for the hierarchical transport's allreduce, whose host
+// partials cross once per host (docs/multihost.md). A world on one host, a local group and a
 // simulated one count no bytes across hosts.
 
 // One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's

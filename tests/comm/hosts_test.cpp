@@ -84,6 +84,7 @@ TEST(Hosts, Fp32SumsInRankOrderOnAnyLayout) {
   for (size_t size : {size_t{1000}, size_t{600001}}) {
     SCOPED_TRACE(size);
     for (comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kAverage}) {
+      if (size > 1000 && op == comm::ReduceOp::kAverage) continue;  // the division is the short one's (test time)
       const float divisor = op == comm::ReduceOp::kAverage ? static_cast<float>(n) : 1.0f;
       Tensor a = test::random_values(DType::kF32, size, me);
       const std::vector<float> want = rank_order_sum(g, a, divisor);
