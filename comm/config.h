@@ -55,7 +55,33 @@ struct CommCounters {
   uint64_t shared_memory_collectives = 0;  // count of those that ran through the node's shared memory
   // Of those, the count that read the peers' tensors in place (comm/shared_arena.h).
   uint64_t direct_collectives = 0;
+  // Of bytes_sent, those that crossed between hosts (Note [Bytes across hosts]); the rest stayed inside
+  // this rank's host.
+  uint64_t bytes_sent_inter_host = 0;
+  uint64_t bytes_sent_intra_host() const { return bytes_sent - bytes_sent_inter_host; }
 };
+
+// Note [Bytes across hosts]
+// A host is the set of ranks MPI finds on one node (MPI_COMM_TYPE_SHARED: OpenMPI tells hosts apart by
+// hostname), or a block of comm.shared_memory_node_ranks consecutive ranks of it when that is set (the
+// layout the node-aware transports use, comm/detail/transport.h). Of each collective's bytes (the
+// rule above), those of the blocks that belong to ranks on other hosts cross between hosts; the others
+// stay inside this rank's host. Per collective, on a group of N ranks of which R (this rank included)
+// are on this rank's host, with counts c_j per rank j:
+//   reduce-scatter, allgather(v)   inter-host = sum of c_j over the ranks j on other hosts (of total - own)
+//   allreduce of n elements        inter-host = 2 (N-R)/N * n elements (rounded down) * size, of
+//                                  2 (N-1)/N * n: its reduce-scatter and allgather of n/N per rank
+//   broadcast                      B when the next rank of the chain is on another host, else 0
+//   all-to-all(v), exchange_counts the bytes to ranks on other hosts
+//   send, recv, sendrecv           the bytes sent to a peer on another host
+// So ZeRO-3 (a forward and a backward allgather and a gradient reduce-scatter of psi parameters, evenly
+// partitioned, per step) sends 3 (N-R)/N * psi * bytes-per-element across hosts per rank and step: 3 psi
+// in the limit of many hosts (DeepSpeed's and ZeRO++'s figure), 1.5 psi at 2 hosts of 2 ranks. The
+// rule counts the data's owners, whatever the transport, as bytes_sent does: on two real hosts the
+// links carried 1.12-1.19x the counted bytes for gathers and reduce-scatters (TCP/IP headers and
+// OpenMPI's own messages on top) and 0.51x for the hierarchical transport's allreduce, whose host
+// partials cross once per host (docs/multihost.md). A world on one host, a local group and a
+// simulated one count no bytes across hosts.
 
 // One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's
 // comms_logger reports. Always on: one clock read before and after each collective, next to the
@@ -67,6 +93,7 @@ struct OpStats {
   uint64_t count = 0;       // count of completed collectives
   uint64_t bytes_sent = 0;  // bytes
   double seconds = 0.0;     // wall time, summed over the collectives
+  uint64_t bytes_inter_host = 0;  // of bytes_sent, those across hosts (Note [Bytes across hosts])
 };
 
 }  // namespace zs::comm

@@ -104,9 +104,23 @@ std::vector<size_t> counts_of(const Op& op, std::span<const memory::ShardRange> 
   return counts;
 }
 
-// Ring/pipeline byte counting (CommCounters in comm/config.h).
-void count_block_bytes(Op& op, size_t total_elems, size_t own_elems, size_t wire_size) {
+// The bytes of the blocks of the ranks on other hosts than this one (Note [Bytes across hosts] in
+// comm/config.h): counts[j] elements of `wire_size` bytes for rank j, or, with no counts (allgather),
+// `even` elements for every rank.
+uint64_t remote_bytes(const detail::GroupState& g, std::span<const size_t> counts, size_t even, size_t wire_size) {
+  if (g.hosts.empty()) return 0;  // a local or simulated group: one host
+  if (counts.empty()) return static_cast<uint64_t>(g.size - g.host_members) * even * wire_size;
+  uint64_t n = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    if (g.remote(static_cast<int>(j))) n += counts[j];
+  }
+  return n * wire_size;
+}
+
+// Ring/pipeline byte counting (CommCounters in comm/config.h), and its share across hosts.
+void count_block_bytes(Op& op, std::span<const size_t> counts, size_t total_elems, size_t own_elems, size_t wire_size) {
   op.bytes_sent = op.bytes_received = (total_elems - own_elems) * wire_size;
+  op.bytes_inter_host = remote_bytes(*op.group, counts, own_elems, wire_size);
 }
 
 }  // namespace
@@ -132,6 +146,15 @@ const std::string& Group::name() const { return state_->name; }
 const CommConfig& Group::config() const { return state_->config; }
 CommCounters Group::counters() const { return state_->runtime->counters(); }
 uint64_t Group::bytes_sent() const { return state_->bytes_sent.load(std::memory_order_relaxed); }
+uint64_t Group::bytes_inter_host() const { return state_->bytes_inter_host.load(std::memory_order_relaxed); }
+uint64_t Group::bytes_intra_host() const { return bytes_sent() - bytes_inter_host(); }
+int Group::hosts() const {
+  if (state_->hosts.empty()) return 1;
+  std::vector<int> h = state_->hosts;
+  std::sort(h.begin(), h.end());
+  return static_cast<int>(std::unique(h.begin(), h.end()) - h.begin());
+}
+int Group::host_ranks() const { return state_->host_members; }
 std::vector<OpStats> Group::op_stats() const { return state_->runtime->op_stats(); }
 bool Group::is_mpi() const { return !state_->local(); }
 namespace detail {
@@ -187,6 +210,9 @@ void allreduce_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const me
   const size_t wire = memory::dtype_size(t);  // 16-bit values travel as they are (Note [16-bit reductions])
   // Whole elements first, so the bytes scale exactly with the element size (bf16 = fp32 / 2).
   op.bytes_sent = op.bytes_received = 2 * static_cast<uint64_t>(size - 1) * n / static_cast<uint64_t>(size) * wire;
+  if (!g->hosts.empty()) {  // Note [Bytes across hosts]
+    op.bytes_inter_host = 2 * static_cast<uint64_t>(size - g->host_members) * n / static_cast<uint64_t>(size) * wire;
+  }
   if (detail::small_path(*g, t, n * wire, true)) {  // Note [Small collectives]
     detail::carry(op, data.raw(), n * wire, data.raw());
     if (async) op.keep = {data};
@@ -233,7 +259,7 @@ void reduce_scatter_op(Op& op, const std::shared_ptr<detail::GroupState>& g, con
   if (static_cast<size_t>(output.numel()) != own) fail(op, fmt::format("the output has {} elements but this rank's count is {}", output.numel(), own));
   if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   to_int(op, total);
-  count_block_bytes(op, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
+  count_block_bytes(op, counts, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
   if (detail::small_path(*g, t, total * memory::dtype_size(t), true)) {  // Note [Small collectives]
     detail::carry(op, input.raw(), total * memory::dtype_size(t), output.raw());
     if (async) op.keep = {input, output};
@@ -287,7 +313,7 @@ void allgatherv_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const m
   if (static_cast<size_t>(output.numel()) != total) fail(op, fmt::format("the output has {} elements but the counts sum to {}", output.numel(), total));
   if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   to_int(op, total);
-  count_block_bytes(op, total, own, memory::dtype_size(t));
+  count_block_bytes(op, counts, total, own, memory::dtype_size(t));
   const size_t widest = memory::dtype_size(t) * (uneven_api ? *std::max_element(counts.begin(), counts.end()) : per_rank);
   if (detail::small_path(*g, t, widest, false)) {  // Note [Small collectives]
     detail::carry(op, input.raw(), own * memory::dtype_size(t), output.raw());
@@ -350,6 +376,7 @@ void broadcast_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const me
   const uint64_t bytes = n * memory::dtype_size(t);
   const int chain_pos = (g->rank - root + g->size) % g->size;  // position in the pipeline chain from root
   op.bytes_sent = chain_pos < g->size - 1 ? bytes : 0;
+  op.bytes_inter_host = op.bytes_sent > 0 && g->remote((g->rank + 1) % g->size) ? bytes : 0;
   op.bytes_received = chain_pos > 0 ? bytes : 0;
   if (detail::small_path(*g, t, bytes, false)) {  // Note [Small collectives]
     detail::carry(op, data.raw(), bytes, data.raw());
@@ -429,6 +456,7 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, D
   if (out.whole.defined()) out = contiguous_side(out.whole, r, es);
   const size_t me = static_cast<size_t>(g->rank);
   op->bytes_sent = (s.total - send[me]) * es;
+  op->bytes_inter_host = remote_bytes(*g, send, 0, es);
   op->bytes_received = (r.total - recv[me]) * es;
   op->body = [g = g.get(), t, s = std::move(s), r = std::move(r), in = std::move(in), out = std::move(out), uneven_api,
               check_counts, o = op.get()] {
@@ -520,6 +548,7 @@ std::shared_ptr<Op> exchange_counts_op(const std::shared_ptr<detail::GroupState>
   if (in_handshake) op->gather.assign(send.begin(), send.end());  // a local group's is its own (Runtime::execute)
   op->agrees_next = true;
   op->bytes_sent = op->bytes_received = (size - 1) * w * sizeof(int64_t);
+  if (!g->hosts.empty()) op->bytes_inter_host = static_cast<size_t>(g->size - g->host_members) * w * sizeof(int64_t);
   const size_t me = static_cast<size_t>(g->rank);
   op->body = [g = g.get(), send, recv, w, me, in_handshake, o = op.get()] {
     if (in_handshake) {  // rank q's block for this rank: block me of its whole vector

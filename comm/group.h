@@ -75,6 +75,16 @@ class Group {
   // counters' rule; a simulated group counts what the real one would send): the tensor-parallel
   // group's share of the step's traffic, for instance.
   uint64_t bytes_sent() const;
+  // Of bytes_sent(), those to ranks on other hosts and those inside this rank's host (Note [Bytes
+  // across hosts] in comm/config.h): ZeRO++'s hierarchical partitions and quantised collectives are
+  // judged by the first.
+  uint64_t bytes_inter_host() const;
+  uint64_t bytes_intra_host() const;
+  // The hosts the group's members lie on (1 for a local or simulated group), and how many members
+  // share this rank's host, itself included: the real layout (MPI_COMM_TYPE_SHARED), or blocks of
+  // comm.shared_memory_node_ranks when set.
+  int hosts() const;
+  int host_ranks() const;
   // This rank's per-collective tallies of the whole World (comms_logger; OpStats in comm/config.h).
   std::vector<OpStats> op_stats() const;
 

@@ -303,6 +303,7 @@ std::shared_ptr<Op> p2p_op(const std::shared_ptr<detail::GroupState>& g, std::ve
   for (Part& p : parts) {
     check_transfer(*op, *g, p.data, p.peer, p.send);
     (p.send ? op->bytes_sent : op->bytes_received) += p.data.nbytes();
+    if (p.send && g->remote(p.peer)) op->bytes_inter_host += p.data.nbytes();  // Note [Bytes across hosts]
     Transfer t;
     t.send = p.send;
     t.peer = p.peer;

@@ -39,6 +39,7 @@ World::World(Launch launch, const CommConfig& config) {
     state->comm = MPI_COMM_WORLD;  // not owned: MPI_Finalize releases it
     state->rank = runtime_->world_rank();
     state->size = runtime_->world_size();
+    runtime_->init_hosts(config);  // Note [Bytes across hosts] in comm/config.h
     runtime_->init_shm(config);  // the node window first: init_handshake_comm sets up the group's view of it
     state->init_handshake_comm();
   }

@@ -157,6 +157,9 @@ struct StepReport {
   // Of comm_bytes_sent, what went over the tensor-parallel group (the TP layers' all-reduces, or
   // reduce-scatters and all-gathers with sequence parallelism); 0 without one.
   uint64_t tp_comm_bytes_sent = 0;
+  // Of comm_bytes_sent, what crossed between hosts (Note [Bytes across hosts] in comm/config.h); 0 on
+  // one host.
+  uint64_t comm_bytes_inter_host = 0;
   // Bytes the backend moved between host and device during this step (offload's gradient and
   // parameter traffic; what a GPU user watches on PCIe).
   memory::TransferStats transfers;

@@ -172,9 +172,11 @@ void Engine::Impl::finish_report(StepReport& report, double t0) {
   report.backward_s = backward_s_;
   if (pipeline_ != nullptr) report.pipeline = pipeline_run_;
   report.optimizer_s = now_seconds() - t0;
-  const uint64_t sent = group_.counters().bytes_sent;
-  report.comm_bytes_sent = sent - bytes_sent_at_step_start_;
-  bytes_sent_at_step_start_ = sent;
+  const comm::CommCounters counters = group_.counters();
+  report.comm_bytes_sent = counters.bytes_sent - bytes_sent_at_step_start_;
+  bytes_sent_at_step_start_ = counters.bytes_sent;
+  report.comm_bytes_inter_host = counters.bytes_sent_inter_host - inter_host_at_step_start_;
+  inter_host_at_step_start_ = counters.bytes_sent_inter_host;
   uint64_t grad_sent = 0;
   for (const auto& set : sets_) grad_sent += set->reducer->bytes_sent();
   report.grad_comm_bytes_sent = grad_sent - grad_bytes_sent_at_step_start_;

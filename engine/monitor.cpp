@@ -168,14 +168,19 @@ std::string memory_breakdown_line(const memory::MemorySnapshot& s) {
 }
 
 std::string comms_table(const std::vector<comm::OpStats>& ops, const CommsLoggerConfig& c) {
+  // A job spanning hosts adds the bytes that crossed between them (Note [Bytes across hosts] in
+  // comm/config.h); on one host the table stays DeepSpeed's.
+  const bool hosts = std::any_of(ops.begin(), ops.end(), [](const comm::OpStats& op) { return op.bytes_inter_host > 0; });
   std::string out = fmt::format("{:<16}{:>10}{:>16}{:>20}{:>18}{:>18}", "Comm. Op", "Count", "Bytes sent",
                                 "Total Latency(ms)", "Avg Latency(ms)", "busbw (Gbps)");
+  if (hosts) out += fmt::format("{:>20}", "Inter-host bytes");
   for (const comm::OpStats& op : ops) {
     if (!c.prof_all && std::find(c.prof_ops.begin(), c.prof_ops.end(), op.name) == c.prof_ops.end()) continue;
     const double total_ms = op.seconds * 1e3;
     const double gbps = op.seconds > 0 ? static_cast<double>(op.bytes_sent) * 8 / op.seconds / 1e9 : 0.0;
     out += fmt::format("\n{:<16}{:>10}{:>16}{:>20.3f}{:>18.3f}{:>18.3f}", op.name, op.count, op.bytes_sent, total_ms,
                        total_ms / static_cast<double>(op.count), gbps);
+    if (hosts) out += fmt::format("{:>20}", op.bytes_inter_host);
   }
   return out;
 }

@@ -16,8 +16,9 @@ namespace {
 
 // + host->device, device->host transfer bytes, gradient bytes, tensor-parallel bytes; model and recomputed FLOPs
 // over the timed steps, the cores' peak FLOP/s (model FLOPs utilisation); a pipeline stage's schedule
-// seconds and busy seconds (in microseconds) and bytes sent between stages
-constexpr size_t kFields = 18 + memory::kNumCategories + 4 + 3 + 3;
+// seconds and busy seconds (in microseconds) and bytes sent between stages; bytes sent across hosts,
+// in all and on the exact steps
+constexpr size_t kFields = 18 + memory::kNumCategories + 4 + 3 + 3 + 2;
 using Fields = std::array<uint64_t, kFields>;
 
 // Gathers K uint64 values from every rank (sent as pairs of int32: the collectives move bytes as they are).
@@ -71,6 +72,7 @@ void SummaryRecorder::record(const StepReport& report, double step_seconds, int6
   kind.steps += 1;
   kind.bytes += report.comm_bytes_sent;
   kind.grad_bytes += report.grad_comm_bytes_sent;
+  kind.inter_host_bytes += report.comm_bytes_inter_host;
   tp_bytes_ += report.tp_comm_bytes_sent;
   pp_seconds_ += report.pipeline.seconds;
   pp_busy_seconds_ += report.pipeline.busy_seconds;
@@ -122,6 +124,9 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   mine[kPipeline] = static_cast<uint64_t>(pp_seconds_ * 1e6);
   mine[kPipeline + 1] = static_cast<uint64_t>(pp_busy_seconds_ * 1e6);
   mine[kPipeline + 2] = pp_bytes_;
+  constexpr size_t kInterHost = kPipeline + 3;
+  mine[kInterHost] = counters.bytes_sent_inter_host;
+  mine[kInterHost + 1] = exact_steps_.inter_host_bytes;
   const memory::PeakFlops& peak = nn::product_peak(engine_.config().compute_dtype());
   mine[kFlops] = timed_sum(model_flops_);
   mine[kFlops + 1] = timed_sum(recompute_flops_);
@@ -284,6 +289,10 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
     comm_ranks.push_back(boost::json::object{{"rank", static_cast<int64_t>(r)},
                                              {"bytes_sent", v[8]},
                                              {"bytes_received", v[9]},
+                                             // of bytes_sent: across hosts and inside this rank's host
+                                             // (Note [Bytes across hosts] in comm/config.h)
+                                             {"bytes_sent_inter_host", v[kInterHost]},
+                                             {"bytes_sent_intra_host", v[8] - v[kInterHost]},
                                              {"bytes_sent_per_step",
                                               {{"exact_steps", v[14]},
                                                {"exact_mean", mean(v[14], v[15])},
@@ -292,6 +301,8 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
                                               {"exact_gradient_mean", mean(v[14], v[kTransfers + 2])},
                                                // over the tensor-parallel group (0 at tp 1)
                                                {"tensor_parallel_mean", mean(v[14] + v[16], v[kTransfers + 3])},
+                                               // of exact_mean, across hosts (0 on one host)
+                                               {"exact_inter_host_mean", mean(v[14], v[kInterHost + 1])},
                                                {"compressed_steps", v[16]},
                                                {"compressed_mean", mean(v[16], v[17])},
                                                {"compressed_over_exact", v[14] && v[16] ? mean(v[16], v[17]) / mean(v[14], v[15]) : 0.0}}}});

@@ -53,6 +53,7 @@ class SummaryRecorder {
     uint64_t steps = 0;
     uint64_t bytes = 0;
     uint64_t grad_bytes = 0;  // of `bytes`, the gradient reductions' (StepReport::grad_comm_bytes_sent)
+    uint64_t inter_host_bytes = 0;  // of `bytes`, across hosts (StepReport::comm_bytes_inter_host)
   };
   StepBytes exact_steps_, compressed_steps_;  // this rank's bytes sent, by kind of step
   memory::TransferStats transfers_;           // this rank's host <-> device bytes over the steps

@@ -22,6 +22,7 @@ packages=(
   libsentencepiece-dev sentencepiece
   python3-h5py python3-hdf5plugin python3-xxhash hdf5-tools
   libgtest-dev libgmock-dev libbenchmark-dev
+  iproute2  # ip netns and tc: the two-host runs (tests/multihost, label multihost; root only)
 )
 case "${1:-}" in
   --bench) packages+=(python3-torch libdnnl-dev libxsmm-dev) ;;

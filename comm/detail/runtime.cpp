@@ -35,6 +35,10 @@ void GroupState::init_handshake_comm() {
   if (local() || handshake_comm != MPI_COMM_NULL) return;
   ZS_MPI_CHECK(MPI_Comm_dup(comm, &handshake_comm), "duplicating the communicator of {} for handshakes", where());
   runtime->notices()->add(*this);  // Note [Waits across groups]
+  hosts.clear();  // Note [Bytes across hosts]: empty when every member is on one host
+  for (const int w : world_ranks) hosts.push_back(runtime->host_of(w));
+  host_members = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
+  if (host_members == size) hosts.clear();
   init_shm_group(*this);  // comm/detail/shm.h: with the group, so no collective body waits untimed
 }
 
@@ -169,6 +173,43 @@ void Runtime::init_shm(const CommConfig& config) {
   shm_node_ = ShmNode::create(config.shared_memory_node_ranks, config.shared_memory == SharedMemory::kOn);
 }
 
+void Runtime::init_hosts(const CommConfig& config) {
+  if (!uses_mpi_) return;
+  MPI_Comm node = MPI_COMM_NULL;
+  ZS_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node),
+               "finding the ranks on this host");
+  if (config.shared_memory_node_ranks > 0) {  // the same blocks as ShmNode::create's
+    int r = 0;
+    MPI_Comm_rank(node, &r);
+    MPI_Comm block = MPI_COMM_NULL;
+    ZS_MPI_CHECK(MPI_Comm_split(node, r / config.shared_memory_node_ranks, r, &block),
+                 "splitting the host into blocks of comm.shared_memory_node_ranks = {} ranks", config.shared_memory_node_ranks);
+    MPI_Comm_free(&node);
+    node = block;
+  }
+  int first = 0;  // the host's first world rank names it
+  ZS_MPI_CHECK(MPI_Allreduce(&world_rank_, &first, 1, MPI_INT, MPI_MIN, node), "naming this host");
+  MPI_Comm_free(&node);
+  std::vector<int> firsts(static_cast<size_t>(world_size_));
+  ZS_MPI_CHECK(MPI_Allgather(&first, 1, MPI_INT, firsts.data(), 1, MPI_INT, MPI_COMM_WORLD), "gathering the hosts' layout");
+  std::vector<int> index(static_cast<size_t>(world_size_), -1);  // by first world rank
+  host_of_.resize(firsts.size());
+  hosts_ = 0;
+  for (size_t r = 0; r < firsts.size(); ++r) {
+    int& h = index[static_cast<size_t>(firsts[r])];
+    if (h < 0) h = hosts_++;
+    host_of_[r] = h;
+  }
+}
+
+void Runtime::count_bytes(const Op& op) {
+  bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+  bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
+  bytes_inter_host_.fetch_add(op.bytes_inter_host, std::memory_order_relaxed);
+  op.group->bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+  op.group->bytes_inter_host.fetch_add(op.bytes_inter_host, std::memory_order_relaxed);
+}
+
 void Runtime::start_worker() {
   if (!worker_.joinable()) worker_ = std::thread([this] {
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: the back-off's short sleeps (Note [Polling])
@@ -178,9 +219,7 @@ void Runtime::start_worker() {
 
 Work Runtime::simulate(const Op& op, bool async) {
   tally(op, Clock::duration::zero());
-  bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
-  op.group->bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
-  bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
+  count_bytes(op);
   collectives_.fetch_add(1, std::memory_order_relaxed);
   if (!async) return Work();
   auto state = std::make_shared<WorkState>();
@@ -303,11 +342,7 @@ void Runtime::execute(Op& op, bool on_worker) {
     op.body();
   }
   if (op.agrees_next) agreed_ = &g;
-  if (g.size > 1) {
-    bytes_sent_.fetch_add(op.bytes_sent, std::memory_order_relaxed);
-    g.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
-    bytes_received_.fetch_add(op.bytes_received, std::memory_order_relaxed);
-  }
+  if (g.size > 1) count_bytes(op);
   tally(op, Clock::now() - start);
   collectives_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -485,7 +520,7 @@ void Runtime::check_signatures(const Op& op, const std::array<int64_t, 4>& high,
 
 CommCounters Runtime::counters() const {
   return {bytes_sent_.load(), bytes_received_.load(), collectives_.load(), shm_collectives_.load(),
-          direct_collectives_.load()};
+          direct_collectives_.load(), bytes_inter_host_.load()};
 }
 
 void Runtime::tally(const Op& op, Clock::duration elapsed) {
@@ -494,7 +529,10 @@ void Runtime::tally(const Op& op, Clock::duration elapsed) {
   Tally& t = tallies_[i];
   t.count.fetch_add(1, std::memory_order_relaxed);
   // A group of one moves nothing (CommCounters): its collectives count, their bytes do not.
-  if (op.group->size > 1) t.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+  if (op.group->size > 1) {
+    t.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
+    t.bytes_inter_host.fetch_add(op.bytes_inter_host, std::memory_order_relaxed);
+  }
   t.nanoseconds.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count(),
                           std::memory_order_relaxed);
 }
@@ -506,7 +544,8 @@ std::vector<OpStats> Runtime::op_stats() const {
     const uint64_t count = t.count.load(std::memory_order_relaxed);
     if (count == 0) continue;
     out.push_back({op_name(static_cast<OpCode>(i)), count, t.bytes_sent.load(std::memory_order_relaxed),
-                   static_cast<double>(t.nanoseconds.load(std::memory_order_relaxed)) * 1e-9});
+                   static_cast<double>(t.nanoseconds.load(std::memory_order_relaxed)) * 1e-9,
+                   t.bytes_inter_host.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -515,10 +554,12 @@ void Runtime::reset_counters() {
   for (Tally& t : tallies_) {
     t.count = 0;
     t.bytes_sent = 0;
+    t.bytes_inter_host = 0;
     t.nanoseconds = 0;
   }
   bytes_sent_ = 0;
   bytes_received_ = 0;
+  bytes_inter_host_ = 0;
   collectives_ = 0;
   shm_collectives_ = 0;
   direct_collectives_ = 0;

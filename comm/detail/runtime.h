@@ -123,8 +123,14 @@ struct GroupState {
   std::string name;
   CommConfig config;
   std::mutex mu;
-  // Bytes this rank sent through this group's collectives (CommCounters' rule): Group::bytes_sent.
+  // Bytes this rank sent through this group's collectives (CommCounters' rule): Group::bytes_sent; of
+  // them, those across hosts (Note [Bytes across hosts] in comm/config.h): Group::bytes_inter_host.
   std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> bytes_inter_host{0};
+  // The host of each member (Runtime::host_of, in group rank order; empty for a local or simulated
+  // group: one host) and how many members share this rank's host (itself included). Set with the group.
+  std::vector<int> hosts;
+  int host_members = 1;
   std::string broken;  // non-empty once a timeout left this communicator unusable (guarded by mu)
   // Whether `broken` is set, read by every op without the lock (Note [Lean small path] in
   // comm/detail/small.h).
@@ -148,6 +154,8 @@ struct GroupState {
 
   ~GroupState();
   bool local() const { return comm == MPI_COMM_NULL; }
+  // Whether group rank r lies on another host than this rank (Note [Bytes across hosts]).
+  bool remote(int r) const { return !hosts.empty() && hosts[static_cast<size_t>(r)] != hosts[static_cast<size_t>(rank)]; }
   // Collective over comm (blocking, untimed, like the MPI_Comm_split that made comm): creates
   // handshake_comm.
   void init_handshake_comm();
@@ -180,6 +188,7 @@ struct Op {
   std::function<void()> body;         // the data exchange: the group's transport (comm/detail/transport.h)
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t bytes_inter_host = 0;  // of bytes_sent, across hosts (Note [Bytes across hosts] in comm/config.h)
   std::shared_ptr<GroupState> group;
   std::shared_ptr<WorkState> work;  // made by submit, or by run when the op waits behind the queue
   // Note [Counts in the handshake].
@@ -230,6 +239,13 @@ class Runtime {
   // Collective over the world (World's constructor): makes the node's shared-memory window unless
   // config.shared_memory is kOff (comm/detail/shm.h). shm_node() is null without one.
   void init_shm(const CommConfig& config);
+  // Collective over the world (World's constructor, before init_shm): finds each world rank's host
+  // (Note [Bytes across hosts] in comm/config.h): MPI_COMM_TYPE_SHARED, cut into blocks of
+  // config.shared_memory_node_ranks when that is set. host_of: 0..hosts()-1, numbered in the order of
+  // the hosts' first world ranks; a world without MPI is one host.
+  void init_hosts(const CommConfig& config);
+  int host_of(int world_rank) const { return host_of_.empty() ? 0 : host_of_[static_cast<size_t>(world_rank)]; }
+  int hosts() const { return hosts_; }
   ShmNode* shm_node() const { return shm_node_.get(); }
   WaitNotices* notices() const { return notices_.get(); }  // null without MPI
   // Counts a collective that ran through shared memory (CommCounters::shared_memory_collectives).
@@ -284,6 +300,8 @@ class Runtime {
   int world_size_ = 1;
   bool oversubscribed_ = false;  // more ranks on this node than online CPUs (Note [Polling])
   bool gather_tags_ = false;     // MPI_TAG_UB admits gather_tag (Note [Handshake lengths])
+  std::vector<int> host_of_;  // per world rank (init_hosts)
+  int hosts_ = 1;
   std::unique_ptr<ShmNode> shm_node_;  // freed right before MPI_Finalize (MPI_Win_free is collective)
   std::shared_ptr<WaitHint> hint_ = std::make_shared<WaitHint>();
   RecentContention contention_;  // Note [Contended cores]
@@ -327,15 +345,17 @@ class Runtime {
 
   std::atomic<uint64_t> bytes_sent_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> bytes_inter_host_{0};
   std::atomic<uint64_t> collectives_{0};
   std::atomic<uint64_t> shm_collectives_{0};
   std::atomic<uint64_t> direct_collectives_{0};
   static constexpr size_t kNumOpCodes = static_cast<size_t>(OpCode::kSendRecv) + 1;
   void tally(const Op& op, Clock::duration elapsed);
+  void count_bytes(const Op& op);  // the op's bytes into the World's and its group's counters
   // Per OpCode, written by the executing thread, read by any: atomics, no lock (Note [Lean small
   // path] in comm/detail/small.h).
   struct Tally {
-    std::atomic<uint64_t> count{0}, bytes_sent{0};
+    std::atomic<uint64_t> count{0}, bytes_sent{0}, bytes_inter_host{0};
     std::atomic<int64_t> nanoseconds{0};
   };
   std::array<Tally, kNumOpCodes> tallies_{};

@@ -130,7 +130,10 @@ std::unique_ptr<Transport> make_local_transport();
 std::unique_ptr<Transport> make_simulated_transport();
 // MPI on `comm` (not owned), where this process is rank `rank` of `size`. `context` follows the op's
 // description in its errors (the hierarchical transport's ": allreduce between the node leaders").
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size, std::string context = {});
+// `ordered`: fp32 sums in rank order too (an all-to-all, then the sums here), as 16-bit ones always
+// are (Note [16-bit reductions] in transport_mpi.cpp); else fp32 sums are MPI's, in its order.
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size, std::string context = {},
+                                              bool ordered = false);
 // `g` owns the transport and outlives it; `mpi`: the MPI transport on g's communicator.
 std::unique_ptr<Transport> make_shm_transport(GroupState& g, std::unique_ptr<Transport> mpi);
 std::unique_ptr<Transport> make_hierarchical_transport(GroupState& g, std::unique_ptr<Transport> mpi);

@@ -40,20 +40,21 @@ bool wide(DType t) { return t == DType::kF32 || t == DType::kI32; }  // MPI sums
 
 class MpiTransport final : public Transport {
  public:
-  MpiTransport(MPI_Comm comm, int rank, int size, std::string context)
-      : comm_(comm), rank_(rank), size_(size), context_(std::move(context)) {}
+  MpiTransport(MPI_Comm comm, int rank, int size, std::string context, bool ordered)
+      : comm_(comm), rank_(rank), size_(size), context_(std::move(context)), ordered_(ordered) {}
   const char* name() const override { return "mpi"; }
 
   void allreduce(const Op& op, const memory::Tensor& data, ReduceOp r) override {
     const DType t = data.dtype();
     const size_t n = static_cast<size_t>(data.numel());
-    if (wide(t)) {
+    if (!direct(t)) {
       ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data.raw(), static_cast<int>(n), mpi_type(t), MPI_SUM, comm_), "{}{}",
                    op.describe(), context_);
       if (r == ReduceOp::kAverage) scale(data.data<float>(), n, size_);
       return;
     }
-    // 16-bit: the values travel as they are, summed in fp32 per block (Note [16-bit reductions]).
+    // 16-bit (or ordered fp32): the values travel as they are, summed in fp32 per block in rank order
+    // (Note [16-bit reductions]).
     Counts c;
     for (const memory::ShardRange& s : memory::partition(n, size_)) {
       c.counts.push_back(static_cast<int>(s.size));
@@ -62,7 +63,7 @@ class MpiTransport final : public Transport {
     c.total = n;
     const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(rank_)]);
     auto* base = static_cast<char*>(data.raw());
-    reduce_scatter_16bit(op, base, base + displ * memory::dtype_size(t), t, c, r);
+    reduce_scatter_direct(op, base, base + displ * memory::dtype_size(t), t, c, r);
     ZS_MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, base, c.counts.data(), c.displs.data(), mpi_type(t),
                                 comm_),
                  "{}{}", op.describe(), context_);
@@ -76,8 +77,8 @@ class MpiTransport final : public Transport {
     const size_t displ = static_cast<size_t>(c.displs[static_cast<size_t>(rank_)]);
     auto* in = static_cast<char*>(input.raw());
     auto* out = static_cast<char*>(output.raw());
-    if (!wide(t)) {
-      reduce_scatter_16bit(op, in, out, t, c, r);  // Note [16-bit reductions]
+    if (direct(t)) {
+      reduce_scatter_direct(op, in, out, t, c, r);  // Note [16-bit reductions]
       return;
     }
     auto reduce = [&](const void* send, void* recv) {
@@ -176,8 +177,14 @@ class MpiTransport final : public Transport {
   // reduce-scatter: one MPI_Alltoallv hands rank j every rank's block j (the bytes a ring moves, total -
   // own), then rank j sums the N blocks in rank order in fp32 with the shared-memory path's kernels
   // (comm/detail/shm_reduce.h) and rounds once; an allreduce follows it with an allgatherv of the
-  // 16-bit results. Both paths therefore give the same bits, on any number of ranks.
-  void reduce_scatter_16bit(const Op& op, const char* in, char* out, DType t, const Counts& c, ReduceOp r) const {
+  // 16-bit results. Both paths therefore give the same bits, on any number of ranks. An `ordered`
+  // transport (the hierarchical transport's, Note [Sum order across hosts] in
+  // comm/detail/transport_hierarchical.cpp) takes this path for fp32 too: its sums are then in rank
+  // order, as the shared-memory transport's are, where MPI's own follow its algorithm.
+  // Whether a reduction of `t` takes the direct path below rather than MPI's own.
+  bool direct(DType t) const { return !wide(t) || (ordered_ && t == DType::kF32); }
+
+  void reduce_scatter_direct(const Op& op, const char* in, char* out, DType t, const Counts& c, ReduceOp r) const {
     const size_t es = memory::dtype_size(t);
     const size_t me = static_cast<size_t>(rank_), ranks = static_cast<size_t>(size_);
     const int own = c.counts[me];
@@ -201,12 +208,13 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_;
   int rank_, size_;
   std::string context_;  // appended to op.describe() in errors
+  bool ordered_;         // fp32 sums in rank order too (reduce_scatter_direct)
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size, std::string context) {
-  return std::make_unique<MpiTransport>(comm, rank, size, std::move(context));
+std::unique_ptr<Transport> make_mpi_transport(MPI_Comm comm, int rank, int size, std::string context, bool ordered) {
+  return std::make_unique<MpiTransport>(comm, rank, size, std::move(context), ordered);
 }
 
 }  // namespace zs::comm::detail

@@ -100,6 +100,7 @@ class Engine::Impl final : public ModuleHooks {
   std::unique_ptr<TrainingMonitor> monitor_;  // when the config enables a monitor (engine/monitor.h)
   std::unique_ptr<FlopsProfiler> profiler_;   // flops_profiler enabled, rank 0 (engine/flops_profiler.h)
   uint64_t bytes_sent_at_step_start_ = 0;
+  uint64_t inter_host_at_step_start_ = 0;  // the World's bytes_sent_inter_host
   uint64_t grad_bytes_sent_at_step_start_ = 0;  // the reducers' bytes_sent, summed over the sets
   uint64_t tp_bytes_at_step_start_ = 0;          // the tp group's bytes_sent
   memory::TransferStats transfers_at_step_start_;

@@ -288,6 +288,12 @@ TEST(Monitor, MemoryLineAndCommsTable) {
             std::string::npos)
       << all;
   EXPECT_NE(all.find("barrier"), std::string::npos);
+  // One host: DeepSpeed's columns only. Bytes across hosts (docs/multihost.md) add their column.
+  EXPECT_EQ(all.find("Inter-host bytes"), std::string::npos) << all;
+  ops[0].bytes_inter_host = 600'000'000;
+  const std::string hosts = comms_table(ops, {});
+  EXPECT_NE(hosts.find("busbw (Gbps)    Inter-host bytes"), std::string::npos) << hosts;
+  EXPECT_NE(hosts.find("4.000           600000000"), std::string::npos) << hosts;
   CommsLoggerConfig only_barrier{.enabled = true, .prof_all = false, .prof_ops = {"barrier"}};
   EXPECT_EQ(comms_table(ops, only_barrier).find("allreduce"), std::string::npos);
 }

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Several hosts on one machine, for real (docs/multihost.md): each "host" is a network namespace with
+# its own UTS namespace (hostname), joined to the others through veth pairs on a bridge in a switch
+# namespace, optionally shaped with tc on every host's link (netem's rate and delay, or tbf's rate
+# where the kernel has no netem). One OpenMPI job
+# runs across them: mpirun starts inside the first host, and its rsh agent (this script, as
+# `hosts.sh --agent`) starts the daemon of every other host inside that host's namespace. OpenMPI then
+# sees H hosts (MPI_COMM_TYPE_SHARED splits by host, so comm's node-aware paths follow the real
+# layout) joined only by TCP over the namespaces' subnet; nothing else is reachable from them, and no
+# traffic leaves them. Everything made is removed on exit, also after a failure or a signal.
+#
+#   hosts.sh [--hosts H] [--slots R] [--rate 1gbit] [--delay 1ms] [--stats FILE] -- MPIRUN_ARGS...
+#
+# runs `mpirun --hostfile (H hosts x R slots) MPIRUN_ARGS...` and exits with its status. --stats writes
+# the bytes each host sent through its link (the kernel's counters, one line "hN tx_bytes"). Needs root
+# (ip netns); without it exits 77 saying so (ctest's skip code).
+set -euo pipefail
+
+if [[ "${1:-}" == --agent ]]; then
+  # OpenMPI's rsh agent: `hosts.sh --agent [options] HOST COMMAND...`, as ssh would be called. The
+  # command is a shell command line (ssh hands it to the remote shell), run in HOST's namespaces.
+  shift
+  while [[ "${1:-}" == -* ]]; do shift; done
+  host="$1"
+  shift
+  ns="${ZS_HOSTS_PREFIX:?}${host}"
+  exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+fi
+
+hosts=2 slots=2 rate="" delay="" stats=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --hosts) hosts="$2"; shift 2 ;;
+    --slots) slots="$2"; shift 2 ;;
+    --rate) rate="$2"; shift 2 ;;
+    --delay) delay="$2"; shift 2 ;;
+    --stats) stats="$2"; shift 2 ;;
+    --) shift; break ;;
+    *) echo "hosts.sh: unknown option '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
+  esac
+done
+if [[ "$hosts" -lt 2 || "$hosts" -gt 200 ]]; then
+  echo "hosts.sh: --hosts $hosts is out of range (2..200)" >&2
+  exit 2
+fi
+if [[ "$(id -u)" != 0 ]] || ! ip netns add "zs-probe-$$" 2>/dev/null; then
+  echo "hosts.sh: network namespaces need root (ip netns add failed): the multi-host runs are skipped here" >&2
+  exit 77
+fi
+ip netns delete "zs-probe-$$"
+
+# What a run killed outright (SIGKILL: no trap runs) left behind: namespaces named after a process that
+# no longer exists.
+for stale in $(ip netns list | grep -oE '^zs[0-9]+-[a-z0-9]+' || true); do
+  pid="${stale#zs}"
+  pid="${pid%%-*}"
+  if [[ ! -e "/proc/$pid" ]]; then
+    ip netns pids "$stale" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns delete "$stale" 2>/dev/null || true
+    rm -rf "/etc/netns/$stale"
+  fi
+done
+
+# Names unique per run, so concurrent runs never meet; the subnet is private to the namespaces.
+export ZS_HOSTS_PREFIX="zs$$-"
+switch="${ZS_HOSTS_PREFIX}sw"
+work="$(mktemp -d "${TMPDIR:-/tmp}/zs-hosts.XXXXXX")"
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  # Ranks and daemons still alive in a host's namespace (a failed or killed job) end with it.
+  for ((h = 0; h < hosts; ++h)); do
+    local ns="${ZS_HOSTS_PREFIX}h$h"
+    if ip netns list | grep -q "^$ns\b"; then
+      local pids
+      pids="$(ip netns pids "$ns" 2>/dev/null || true)"
+      [[ -n "$pids" ]] && kill -9 $pids 2>/dev/null || true
+      ip netns delete "$ns" 2>/dev/null || true
+    fi
+    rm -rf "/etc/netns/$ns"
+  done
+  ip netns delete "$switch" 2>/dev/null || true
+  rmdir /etc/netns 2>/dev/null || true  # made by this script if no other run holds it
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 143' INT TERM
+
+# The link's shape: netem (rate and delay) where the kernel has it, else tbf (rate only: this machine's
+# kernel has no sch_netem).
+shape() {
+  if ip netns exec "$1" tc qdisc add dev eth0 root netem ${delay:+delay "$delay"} ${rate:+rate "$rate"} 2>/dev/null; then
+    return
+  fi
+  if [[ -n "$delay" ]]; then
+    echo "hosts.sh: --delay needs the netem qdisc (sch_netem), which this kernel does not have; shape the rate alone" >&2
+    return 2
+  fi
+  local n="${rate%%[a-zA-Z]*}" unit="${rate##*[0-9]}" bits
+  case "$unit" in
+    gbit) bits=$((n * 1000000000)) ;;
+    mbit) bits=$((n * 1000000)) ;;
+    kbit) bits=$((n * 1000)) ;;
+    *) echo "hosts.sh: --rate '$rate': give an integer with gbit, mbit or kbit" >&2; return 2 ;;
+  esac
+  local burst=$((bits / 800))  # 10 ms at the rate, so a timer tick's worth always fits
+  ((burst < 65536)) && burst=65536
+  ip netns exec "$1" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
+}
+
+ip netns add "$switch"
+ip -n "$switch" link add br0 type bridge
+ip -n "$switch" link set br0 up
+hostsfile="$work/hosts"
+: >"$hostsfile"
+for ((h = 0; h < hosts; ++h)); do
+  echo "10.213.$((h / 250)).$((h % 250 + 1)) h$h" >>"$hostsfile"
+done
+for ((h = 0; h < hosts; ++h)); do
+  ns="${ZS_HOSTS_PREFIX}h$h"
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip link add "zs$$h${h}" netns "$ns" type veth peer name "p$h" netns "$switch"
+  ip -n "$ns" link set "zs$$h${h}" name eth0
+  ip -n "$ns" addr add "$(sed -n "$((h + 1))p" "$hostsfile" | cut -d' ' -f1)/16" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$switch" link set "p$h" master br0
+  ip -n "$switch" link set "p$h" up
+  if [[ -n "$rate$delay" ]]; then shape "$ns"; fi
+  # `ip netns exec` binds /etc/netns/NS/hosts over /etc/hosts: every host resolves the others' names.
+  mkdir -p "/etc/netns/$ns"
+  { echo "127.0.0.1 localhost"; cat "$hostsfile"; } >"/etc/netns/$ns/hosts"
+done
+for ((h = 0; h < hosts; ++h)); do echo "h$h slots=$slots"; done >"$work/hostfile"
+
+set +e
+ip netns exec "${ZS_HOSTS_PREFIX}h0" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
+  mpirun --hostfile "$work/hostfile" \
+    --mca plm_rsh_agent "$(realpath "$0") --agent" \
+    --mca btl tcp,self --mca btl_tcp_if_include 10.213.0.0/16 --mca oob_tcp_if_include 10.213.0.0/16 \
+    "$@"
+rc=$?
+set -e
+if [[ -n "$stats" ]]; then
+  for ((h = 0; h < hosts; ++h)); do
+    echo "h$h $(ip netns exec "${ZS_HOSTS_PREFIX}h$h" cat /sys/class/net/eth0/statistics/tx_bytes)"
+  done >"$stats"
+fi
+exit "$rc"
