@@ -303,7 +303,7 @@ def main():
                              "warmup": args.warmup, "threads": args.threads,
                              "torch_version": torch.__version__, "torch_bf16": args.torch_bf16,
                              "omp_wait_policy": args.omp_wait},
-                  "baseline": {"what": "PyTorch, same GPT, batch and threads, in the same run"},
+                  "baseline": {"what": "PyTorch, same model, batch and threads, in the same run"},
                   "results": rows}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
