@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Question: is zeroshard's GPT training step faster than PyTorch's on the same model and batch?
+"""Question: is zeroshard's training step (GPT, LLaMA) faster than PyTorch's on the same model and batch?
 
 Runs benchmarks/train_bench (zeroshard) and the same GPT in PyTorch (Debian's python3-torch: an
 optional benchmark dependency, `bash scripts/install-deps.sh --bench`; never needed by `make test`),
@@ -19,9 +19,20 @@ weight decay, no clipping, as train_bench's engine config. Cases (the issue's ta
 is the global one: with --procs N each process takes micro batch / N sequences and threads / N threads):
   small  n_layer 4, d_model 256, n_head 4, seq 128, micro batch 8
   large  n_layer 6, d_model 512, n_head 8, seq 256, micro batch 8
+  llama  LLaMA (nn/llama.h): n_layer 12, d_model 768, n_head 12 (n_kv_head 12), d_ff 2048, vocab 32000,
+         seq 1024, micro batch 2 (one sequence per process at --procs 2): llama2.c's 110M shape with an
+         untied head, 134,105,856 parameters; not in the default --cases (a step takes tens of seconds).
+         PyTorch runs tests/nn/torch_reference.py's plain-torch LLaMA (Hugging Face's LlamaForCausalLM
+         equations and names: eager attention with the T x T scores, as PyTorch 1.13 has no fused
+         attention), its weights normal(0, 0.02) and RMSNorm weights near one; zeroshard trains on the
+         built-in byte corpus (token ids < 256 of the 32000), PyTorch on random ids: the same work.
 Precision bf16: zeroshard keeps bf16 parameters and gradients with fp32 master weights; PyTorch runs
 either autocast(cpu, bf16) over fp32 parameters (default: PyTorch's mixed-precision recipe) or bf16
 parameters and AdamW on them (--torch-bf16 params).
+
+MFU: zeroshard's is train_bench's (the kernels' FLOPs, causal attention panels only, over the probed
+peak of the run's compute dtype); PyTorch's credits it the same FLOPs per token over the same peak, so
+the two MFUs stand in the ratio of the tokens/s.
 
 Method (a shared, noisy machine): every repetition runs each (case, precision) for both frameworks
 back to back in a fresh process, alternating which goes first; a run reports its median step time
@@ -42,10 +53,38 @@ import tempfile
 import time
 
 CASES = {
-    "small": dict(n_layer=4, d_model=256, n_head=4, seq_len=128, micro_batch=8),
-    "large": dict(n_layer=6, d_model=512, n_head=8, seq_len=256, micro_batch=8),
+    "small": dict(model="gpt", n_layer=4, d_model=256, n_head=4, seq_len=128, micro_batch=8, vocab=256),
+    "large": dict(model="gpt", n_layer=6, d_model=512, n_head=8, seq_len=256, micro_batch=8, vocab=256),
+    # memory_mb: train_bench's arena per rank (parameters, fp32 gradients and Adam states: 16 bytes each,
+    # 2.1 GB, plus activations).
+    "llama": dict(model="llama", n_layer=12, d_model=768, n_head=12, n_kv_head=12, d_ff=2048, seq_len=1024,
+                  micro_batch=2, vocab=32000, memory_mb=6144),
 }
-VOCAB = 256
+TESTS_NN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "nn")
+
+
+def torch_llama(case, seed):
+    """tests/nn/torch_reference.py's LLaMA as a module (DDP needs one): its parameters under Hugging
+    Face's names, init_std 0.02 (the reference draws 0.2 for its gradient check)."""
+    import torch
+    import torch.nn as nn
+    sys.path.insert(0, TESTS_NN)
+    import torch_reference as ref  # noqa: E402  (sets one thread at import; torch_run sets its own after)
+    cfg = dict(vocab_size=case["vocab"], d_model=case["d_model"], n_layer=case["n_layer"], n_head=case["n_head"],
+               n_kv_head=case["n_kv_head"], d_ff=case["d_ff"], max_seq_len=case["seq_len"])
+    params = ref.llama_params(cfg, torch.Generator().manual_seed(seed))
+
+    class Llama(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.names = list(params)
+            self.weights = nn.ParameterList(nn.Parameter(t.detach() if t.dim() == 1 else t.detach() * 0.1)
+                                            for t in params.values())
+
+        def forward(self, idx, targets):
+            return ref.llama_loss(dict(zip(self.names, self.weights)), cfg, idx, targets)
+
+    return Llama()
 
 
 def torch_run(case, precision, steps, warmup, threads, bf16_mode, rank=0, world=1, port=0, seed=7):
@@ -55,9 +94,11 @@ def torch_run(case, precision, steps, warmup, threads, bf16_mode, rank=0, world=
     import torch.nn as nn
     import torch.nn.functional as F
 
+    L, C, H, T, B = case["n_layer"], case["d_model"], case["n_head"], case["seq_len"], case["micro_batch"] // world
+    VOCAB = case["vocab"]
+    llama = torch_llama(case, seed) if case["model"] == "llama" else None
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
-    L, C, H, T, B = case["n_layer"], case["d_model"], case["n_head"], case["seq_len"], case["micro_batch"] // world
     std, proj_std = 0.02, 0.02 / math.sqrt(2 * L)
 
     class Block(nn.Module):
@@ -96,7 +137,7 @@ def torch_run(case, precision, steps, warmup, threads, bf16_mode, rank=0, world=
             logits = self.ln_f(x) @ self.wte.weight.t()  # tied head
             return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
 
-    model = Gpt()
+    model = llama or Gpt()
     if precision == "bf16" and bf16_mode == "params":
         model = model.to(torch.bfloat16)
     if world > 1:
@@ -128,7 +169,8 @@ def torch_run(case, precision, steps, warmup, threads, bf16_mode, rank=0, world=
 
 
 def zs_run(bench, case, precision, steps, warmup, procs):
-    """train_bench's tokens/s (all ranks); procs > 1: under mpirun, micro_batch / procs samples per rank."""
+    """train_bench's result (tokens_per_s of all ranks, mfu, ...); procs > 1: under mpirun, micro_batch /
+    procs samples per rank."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         mpi = []
         if procs > 1:
@@ -138,10 +180,14 @@ def zs_run(bench, case, precision, steps, warmup, procs):
         cmd = mpi + [bench, "--n-layer", str(case["n_layer"]), "--d-model", str(case["d_model"]), "--n-head",
                      str(case["n_head"]), "--seq-len", str(case["seq_len"]),
                      "--micro-batch", str(case["micro_batch"] // procs),
-                     "--vocab", str(VOCAB), "--steps", str(steps), "--warmup", str(warmup), "--precision", precision,
-                     "--no-ceiling", "--json", out.name]
+                     "--vocab", str(case["vocab"]), "--steps", str(steps), "--warmup", str(warmup),
+                     "--precision", precision, "--no-ceiling", "--json", out.name]
+        if case["model"] == "llama":
+            cmd += ["--model", "llama", "--n-kv-head", str(case["n_kv_head"]), "--d-ff", str(case["d_ff"])]
+        if "memory_mb" in case:
+            cmd += ["--memory-mb", str(case["memory_mb"])]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        return json.load(open(out.name))["results"][0]["tokens_per_s"]
+        return json.load(open(out.name))["results"][0]
 
 
 def free_port():
@@ -203,33 +249,49 @@ def main():
     procs_list = [int(x) for x in args.procs.split(",") if x]
     for n in procs_list:
         if n < 1 or any(CASES[c]["micro_batch"] % n for c in cases):
-            sys.exit(f"torch_compare: --procs {n}: each case's micro batch (8) must split evenly over the processes")
+            batches = ", ".join(f"{c} {CASES[c]['micro_batch']}" for c in cases)
+            sys.exit(f"torch_compare: --procs {n}: each case's micro batch ({batches}) must split evenly over the processes")
     keys = [(c, pr, n) for c in cases for pr in precisions for n in procs_list]
-    samples = {k: {"zeroshard": [], "pytorch": []} for k in keys}
+    samples = {k: {"zeroshard": [], "pytorch": [], "zeroshard_mfu": [], "mfu_per_token_s": [], "load": []}
+               for k in keys}
     for rep in range(args.reps):
         for c, pr, n in keys:
             order = ["zeroshard", "pytorch"] if rep % 2 == 0 else ["pytorch", "zeroshard"]
+            s = samples[(c, pr, n)]
             for who in order:
+                load = os.getloadavg()[0]  # the machine is shared: each figure with the load it ran under
                 if who == "zeroshard":
-                    v = zs_run(args.bench, CASES[c], pr, args.steps, args.warmup, n)
+                    r = zs_run(args.bench, CASES[c], pr, args.steps, args.warmup, n)
+                    v = r["tokens_per_s"]
+                    s["zeroshard_mfu"].append(r["mfu"])
+                    s["mfu_per_token_s"].append(r["mfu"] / v)  # the same FLOPs and peak credited to PyTorch
                 else:
                     v = torch_subprocess(args, c, pr, env, n)
-                samples[(c, pr, n)][who].append(v)
-                print(f"rep {rep + 1}/{args.reps} {c} {pr} np {n} {who}: {v:.0f} tokens/s", file=sys.stderr, flush=True)
+                s[who].append(v)
+                s["load"].append(load)
+                print(f"rep {rep + 1}/{args.reps} {c} {pr} np {n} {who}: {v:.0f} tokens/s (load {load:.2f})",
+                      file=sys.stderr, flush=True)
     rows = []
     for (c, pr, n), s in samples.items():
         zs, pt = statistics.median(s["zeroshard"]), statistics.median(s["pytorch"])
+        mfu_per_token_s = statistics.median(s["mfu_per_token_s"])
         rows.append({"case": c, **CASES[c], "precision": pr, "processes": n, "zeroshard_tokens_per_s": zs,
-                     "pytorch_tokens_per_s": pt, "ratio": zs / pt, "zeroshard_samples": s["zeroshard"],
-                     "pytorch_samples": s["pytorch"]})
-    lines = [f"| case (median of {args.reps} interleaved runs, {args.threads} threads) | zeroshard | PyTorch "
-             f"{torch.__version__} | ratio |", "|---|---|---|---|"]
+                     "pytorch_tokens_per_s": pt, "ratio": zs / pt, "zeroshard_mfu": statistics.median(s["zeroshard_mfu"]),
+                     "pytorch_mfu": pt * mfu_per_token_s, "load_min": min(s["load"]), "load_max": max(s["load"]),
+                     "zeroshard_samples": s["zeroshard"], "pytorch_samples": s["pytorch"],
+                     "zeroshard_mfu_samples": s["zeroshard_mfu"], "load_samples": s["load"]})
+    lines = [f"| case (median of {args.reps} interleaved runs, {args.threads} threads) | zeroshard tokens/s (MFU) | "
+             f"PyTorch {torch.__version__} tokens/s (MFU) | ratio | load |", "|---|---|---|---|---|"]
     for r in rows:
         shape = f"{r['n_layer']}L d{r['d_model']} seq{r['seq_len']} mb{r['micro_batch']}"
+        if r["model"] == "llama":
+            shape += f" d_ff{r['d_ff']} vocab{r['vocab']}"
         torch_mode = f" ({args.torch_bf16})" if r["precision"] == "bf16" else ""
         procs = "1 process" if r["processes"] == 1 else f"{r['processes']} processes (mpirun / DDP gloo)"
         lines.append(f"| {r['precision']}{torch_mode}, {procs}, {r['case']} ({shape}) | "
-                     f"{r['zeroshard_tokens_per_s']:,.0f} | {r['pytorch_tokens_per_s']:,.0f} | {r['ratio']:.2f}x |")
+                     f"{r['zeroshard_tokens_per_s']:,.0f} ({100 * r['zeroshard_mfu']:.1f}%) | "
+                     f"{r['pytorch_tokens_per_s']:,.0f} ({100 * r['pytorch_mfu']:.1f}%) | {r['ratio']:.2f}x | "
+                     f"{r['load_min']:.1f}-{r['load_max']:.1f} |")
     table = "\n".join(lines)
     print(table)
     if args.markdown:
@@ -241,7 +303,7 @@ def main():
                              "warmup": args.warmup, "threads": args.threads,
                              "torch_version": torch.__version__, "torch_bf16": args.torch_bf16,
                              "omp_wait_policy": args.omp_wait},
-                  "baseline": {"what": "PyTorch, same GPT, batch and threads, in the same run"},
+                  "baseline": {"what": "PyTorch, same model, batch and threads, in the same run"},
                   "results": rows}
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

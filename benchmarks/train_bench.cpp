@@ -6,6 +6,7 @@
 //          [--seq-len 256] [--micro-batch 8] [--vocab 256] [--steps 5] [--warmup 2] [--memory-mb 2048]
 //          [--precision fp32|bf16] [--isa avx2]   (bf16 parameters; --isa avx2: the bf16 sgemm fallback)
 //          [--no-ceiling]          (training steps only, for profiling; no ratio)
+//          [--model llama [--n-kv-head H] [--d-ff F]]   (nn::LlamaModel; --seq-len is its max_seq_len)
 //   mpirun -np 2 --oversubscribe build/release/benchmarks/train_bench      (each rank: cores / 2 threads)
 //
 // Default model: n_layer 4, d_model 512, n_head 8 (head size 64 as GPT-2), seq_len 256, micro batch 8,
@@ -28,6 +29,10 @@
 //   ratio            = achieved / ceiling (median step vs median pass).
 // The FLOP count is the model's (full T x T attention), so an attention that skips masked blocks is
 // credited as in the usual model-FLOPs utilisation.
+// --model llama trains nn::LlamaModel (nn/llama.h; --n-kv-head defaults to --n-head, --d-ff to LLaMA's
+// rule) on the same byte corpus, for benchmarks/torch_compare.py's LLaMA case; its FLOPs per token are
+// nn::llama_train_flops_per_token's and it has no sgemm ceiling (the pass above lists the GPT's
+// shapes), so it runs as with --no-ceiling.
 //   mfu              = the step's FLOPs as the kernels counted them (StepReport::model_flops: causal
 //                      panels only, recomputation apart), summed over ranks, / median step / the
 //                      ranks' summed peaks (nn::product_peak: the probe of memory/peak_flops.h for
@@ -57,6 +62,7 @@
 #include "nn/flops.h"
 #include "nn/gpt.h"
 #include "nn/layers.h"
+#include "nn/llama.h"
 #include "run/run_config.h"
 
 using namespace zs;
@@ -161,6 +167,14 @@ int main(int argc, char** argv) {
 
     const nn::GptConfig gcfg = bench::gpt_config_arg(
         argc, argv, {.n_layer = 4, .d_model = 512, .n_head = 8, .seq_len = 256, .vocab_size = 256});
+    const std::string model_arg = bench::arg_value(argc, argv, "--model", "gpt");
+    if (model_arg != "gpt" && model_arg != "llama") throw ConfigError("--model: expected gpt or llama, got '" + model_arg + "'");
+    const bool llama = model_arg == "llama";
+    const nn::LlamaConfig lcfg{.n_layer = gcfg.n_layer, .d_model = gcfg.d_model, .n_head = gcfg.n_head,
+                               .n_kv_head = bench::int_arg(argc, argv, "--n-kv-head", gcfg.n_head),
+                               .d_ff = bench::int_arg(argc, argv, "--d-ff", 0, 0), .max_seq_len = gcfg.seq_len,
+                               .vocab_size = gcfg.vocab_size};
+    if (llama) nn::validate(lcfg);
     const int64_t micro = bench::int_arg(argc, argv, "--micro-batch", 8);
     const int64_t steps = bench::int_arg(argc, argv, "--steps", 5);
     const int64_t warmup = bench::int_arg(argc, argv, "--warmup", 2);
@@ -172,29 +186,41 @@ int main(int argc, char** argv) {
       throw ConfigError("--precision: expected fp32 or bf16, got '" + precision_arg + "'");
     }
     // --no-ceiling: training steps only (for profiling the step); the ratio is then not measured.
-    const bool with_ceiling = std::find_if(argv + 1, argv + argc, [](const char* a) {
-                                return std::string(a) == "--no-ceiling";
-                              }) == argv + argc;
+    const bool with_ceiling = !llama && std::find_if(argv + 1, argv + argc, [](const char* a) {
+                                          return std::string(a) == "--no-ceiling";
+                                        }) == argv + argc;
 
     zs::run::RunConfig cfg;
     cfg.batch = engine::resolve_batch(0, micro, 1, ranks);
-    cfg.model = gcfg;
+    if (llama) {
+      cfg.model_type = "llama";
+      cfg.model_llama = lcfg;
+    } else {
+      cfg.model = gcfg;
+    }
     cfg.precision = precision_arg == "bf16" ? engine::Precision::kBf16 : engine::Precision::kFp32;
     cfg.device.memory_mb = bench::int_arg(argc, argv, "--memory-mb", 2048);
     init_logging({group.rank(), ranks}, LogConfig{.level = "warn"});
-    nn::GptModel model(gcfg);
-    engine::Engine eng(model, cfg, group);
+    std::unique_ptr<nn::Model> model;
+    if (llama) model = std::make_unique<nn::LlamaModel>(lcfg);
+    else model = std::make_unique<nn::GptModel>(gcfg);
+    engine::Engine eng(*model, cfg, group);
     engine::DatasetSource source(nn::Dataset::builtin(gcfg.seq_len), 7);
-    CeilingPass ceiling(step_gemms(gcfg, micro));
+    // Without the ceiling no operands either (the LLaMA's head alone would be 3 x N x V floats).
+    CeilingPass ceiling(with_ceiling ? step_gemms(gcfg, micro) : std::vector<GemmShape>{});
     // Model FLOPs utilisation's denominator: this rank's cores, every rank measuring at once.
     const memory::PeakFlops& peak = nn::product_peak(cfg.compute_dtype());
 
     const int64_t tokens_per_step = micro * gcfg.seq_len * ranks;
-    const double flops_per_token = nn::gpt_train_flops_per_token(gcfg, gcfg.seq_len);
+    const double flops_per_token = llama ? nn::llama_train_flops_per_token(lcfg, gcfg.seq_len)
+                                         : nn::gpt_train_flops_per_token(gcfg, gcfg.seq_len);
     if (root) {
-      std::printf("train_bench: GPT n_layer %lld d_model %lld n_head %lld seq_len %lld vocab %lld (%lld params), "
+      const std::string llama_shape =
+          llama ? fmt::format(" n_kv_head {} d_ff {}", lcfg.n_kv_head, nn::llama_d_ff(lcfg)) : std::string();
+      std::printf("train_bench: %s n_layer %lld d_model %lld n_head %lld%s seq_len %lld vocab %lld (%lld params), "
                   "micro batch %lld x %d rank(s), %s, ZeRO 0, bf16 products %s\n",
-                  (long long)gcfg.n_layer, (long long)gcfg.d_model, (long long)gcfg.n_head, (long long)gcfg.seq_len,
+                  llama ? "LLaMA" : "GPT", (long long)gcfg.n_layer, (long long)gcfg.d_model, (long long)gcfg.n_head,
+                  llama_shape.c_str(), (long long)gcfg.seq_len,
                   (long long)gcfg.vocab_size, (long long)eng.param_count(), (long long)micro, ranks, precision_arg.c_str(),
                   nn::bf16_products_description().c_str());
       std::printf("OpenBLAS core %s (preferred for this CPU: %s), %d thread(s) per rank; %lld warm-up + %lld "
@@ -239,13 +265,17 @@ int main(int argc, char** argv) {
 
     bench::Report report;
     report.benchmark = "train_bench";
-    report.config = {{"n_layer", gcfg.n_layer}, {"d_model", gcfg.d_model}, {"n_head", gcfg.n_head},
+    report.config = {{"model", model_arg}, {"n_layer", gcfg.n_layer}, {"d_model", gcfg.d_model}, {"n_head", gcfg.n_head},
                      {"seq_len", gcfg.seq_len}, {"vocab_size", gcfg.vocab_size}, {"micro_batch", micro},
                      {"ranks", ranks}, {"blas_threads_per_rank", threads}, {"blas_core", launch::loaded_blas_core()},
                      {"preferred_blas_core", launch::preferred_blas_core()}, {"params", eng.param_count()},
                      {"steps", steps}, {"warmup", warmup}, {"precision", precision_arg}, {"zero_stage", 0},
                      {"bf16_gemm_path", std::string(nn::detail::gemm_path_name(nn::detail::bf16_gemm_path()))},
                      {"bf16_rate_over_fma", nn::detail::bf16_gemm_choice().rate_over_fma}};
+    if (llama) {
+      report.config["n_kv_head"] = lcfg.n_kv_head;
+      report.config["d_ff"] = nn::llama_d_ff(lcfg);
+    }
     report.results.push_back(boost::json::object{
         {"step_s", t_step}, {"forward_s", bench::median(fwd_s)}, {"backward_s", bench::median(bwd_s)},
         {"optimizer_s", bench::median(opt_s)}, {"tokens_per_step", tokens_per_step}, {"tokens_per_s", tokens_s},
@@ -283,7 +313,7 @@ int main(int argc, char** argv) {
       std::printf("%-30s %12.1f  (%s, %s, %d thread(s)/rank)\n", "peak GFLOP/s (probe)", peak_flops / 1e9,
                   std::string(peak.instruction).c_str(), std::string(memory::isa_name(peak.isa)).c_str(), peak.threads);
       std::printf("%-30s %12.3f\n", "MFU", mfu);
-      std::printf("\nceiling shapes (rank 0, %d thread(s)):\n%-20s %5s %5s %5s %3s %3s %6s %9s\n", threads, "gemm", "m",
+      if (with_ceiling) std::printf("\nceiling shapes (rank 0, %d thread(s)):\n%-20s %5s %5s %5s %3s %3s %6s %9s\n", threads, "gemm", "m",
                   "n", "k", "tA", "tB", "count", "GFLOP/s");
       for (const auto& v : shapes) {
         const auto& o = v.as_object();

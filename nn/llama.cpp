@@ -57,6 +57,15 @@ int64_t llama_param_count(const LlamaConfig& cfg) {
   return 2 * V * C + L * (2 * C * C + 2 * kv * C + 3 * C * F + 2 * C) + C;
 }
 
+double llama_train_flops_per_token(const LlamaConfig& cfg, int64_t seq_len) {
+  const double C = static_cast<double>(cfg.d_model), V = static_cast<double>(cfg.vocab_size);
+  const double L = static_cast<double>(cfg.n_layer), T = static_cast<double>(seq_len);
+  const double F = static_cast<double>(llama_d_ff(cfg));
+  const double kv = static_cast<double>(cfg.n_kv_head * (cfg.d_model / cfg.n_head));
+  const double n_matmul = L * (2.0 * C * C + 2.0 * kv * C + 3.0 * C * F) + V * C;
+  return 6.0 * n_matmul + 12.0 * L * T * C;
+}
+
 namespace {
 
 const LlamaConfig& checked(const LlamaConfig& cfg) {

@@ -73,6 +73,11 @@ void validate(const LlamaConfig& cfg);
 // Parameter elements: V*C*2 + L*(2*C*C + 2*K*hs*C + 3*C*F + 2*C) + C.
 int64_t llama_param_count(const LlamaConfig& cfg);
 
+// Training FLOPs per token at sequence length `seq_len`, as nn::gpt_train_flops_per_token counts a GPT's:
+// 6 x the matrix-product parameters (the blocks' q, k, v, proj, gate, up and proj weights and the
+// output head; the embedding is a lookup) + 12 L T C for the attention's full T x T products.
+double llama_train_flops_per_token(const LlamaConfig& cfg, int64_t seq_len);
+
 // RMSNorm over the last dimension (fused kernel, nn/detail/fused_ops.h): y = w * x / sqrt(mean(x^2) + eps).
 // weight ones, tagged no_weight_decay. Saves its input and the rows' 1 / rms.
 class RmsNorm : public Module {

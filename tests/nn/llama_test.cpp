@@ -7,6 +7,7 @@
 #include <string>
 
 #include "nn/data.h"
+#include "nn/flops.h"
 #include "nn/host_context.h"
 #include "nn/llama.h"
 #include "reference.h"
@@ -178,6 +179,26 @@ TEST(LlamaTest, DefaultMlpWidthIsMetasRule) {
   EXPECT_EQ(llama_default_d_ff(5120), 13824);
   EXPECT_EQ(llama_d_ff(LlamaConfig{.d_model = 64}), 256);
   EXPECT_EQ(llama_d_ff(LlamaConfig{.d_model = 64, .d_ff = 100}), 100);
+}
+
+TEST(LlamaTest, TrainFlopsPerTokenEqualTheKernelsCountWhereAttentionIsOnePanel) {
+  // At T = 64 the fused attention computes its whole T x T in one causal panel, so the kernels' count
+  // (nn/flops.h, recomputation apart) is the analytic one exactly; grouped-query keys and values included.
+  const LlamaConfig cfg{.n_layer = 2, .d_model = 32, .n_head = 4, .n_kv_head = 2, .d_ff = 48, .max_seq_len = 64,
+                        .vocab_size = 96};
+  LlamaModel model(cfg);
+  materialize(model, 2);
+  Batch batch = make_batch(2, 64, cfg.vocab_size, 3);
+  HostContext ctx;
+  const uint64_t performed = flops_performed(), recomputed = flops_recomputed();
+  ctx.forward_loss(model, batch);
+  ctx.backward_loss(model, 1.0f);
+  const double model_flops = static_cast<double>((flops_performed() - performed) - (flops_recomputed() - recomputed));
+  EXPECT_EQ(model_flops, llama_train_flops_per_token(cfg, 64) * 2 * 64);
+  // Written out: per layer q and proj (C x C each), k and v (kv x C, kv = 2 heads of 8), gate, up and proj
+  // (3 C x F); then the head (V x C).
+  const double n_matmul = 2 * (32 * 32 + 2 * 16 * 32 + 32 * 32 + 3 * 32 * 48) + 96 * 32;
+  EXPECT_EQ(llama_train_flops_per_token(cfg, 64), 6 * n_matmul + 12.0 * 2 * 64 * 32);
 }
 
 TEST(LlamaTest, InvalidConfigNamesTheKey) {
