@@ -483,7 +483,9 @@ TEST(CheckpointChecksum, EveryPathIsXxh3) {
       uint64_t want = XXH3_64bits(p, n);
       EXPECT_EQ(detail::block_checksum(p, n), want) << n;
       EXPECT_EQ(detail::block_checksum_sse2(p, n), want) << n;
-      if (memory::isa_supported(memory::IsaLevel::kAvx2)) EXPECT_EQ(detail::block_checksum_avx2(p, n), want) << n;
+      if (memory::isa_supported(memory::IsaLevel::kAvx2)) {
+        EXPECT_EQ(detail::block_checksum_avx2(p, n), want) << n;
+      }
       if (memory::isa_supported(memory::IsaLevel::kAvx512)) {
         EXPECT_EQ(detail::block_checksum_avx512(p, n), want) << n;
       }

@@ -321,7 +321,6 @@ TEST(Experts, AnExpertParallelSizeThatDoesNotDivideTheWorldIsRefusedByName) {
 }
 
 TEST(Experts, AFlatLayoutHoldsOneExpertParallelSize) {
-  const comm::Group& world = test::world().group();
   ExpertModel model({1, 2}, {nullptr, nullptr});
   nn::assign_names(model);
   EXPECT_THROW(FlatLayout(model.all_params()), ModelError);
