@@ -31,10 +31,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zs_train import train_summary  # noqa: E402
 
 
 def config(size, seed, steps, warmup, micro, np_, optimizer):
@@ -75,19 +77,7 @@ def rows(args):
 
 
 def run(args, cfg, tmp, name):
-    path = os.path.join(tmp, name + ".json")
-    summary = os.path.join(tmp, name + ".summary.json")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np), args.zeroshard, "train",
-           "--config", path, "--summary", summary]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{name}: zeroshard exited {r.returncode}:\n{r.stdout[-3000:]}")
-    with open(summary) as f:
-        s = json.load(f)
-    losses = s["loss_history"]
-    return losses
+    return train_summary(args.zeroshard, args.np, cfg, tmp, name)["loss_history"]
 
 
 def main():

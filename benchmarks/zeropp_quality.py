@@ -24,10 +24,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from zs_train import train_summary  # noqa: E402
 
 VARIANTS = [
     ("zero3", {}),
@@ -63,17 +65,7 @@ def config(args, seed, variant):
 
 
 def run(args, cfg, tmp, name):
-    path = os.path.join(tmp, name + ".json")
-    summary = os.path.join(tmp, name + ".summary.json")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(args.np), args.zeroshard, "train",
-           "--config", path, "--summary", summary]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        sys.exit(f"{name}: zeroshard exited {r.returncode}:\n{r.stdout[-3000:]}")
-    with open(summary) as f:
-        return json.load(f)
+    return train_summary(args.zeroshard, args.np, cfg, tmp, name)
 
 
 def main():
