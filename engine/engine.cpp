@@ -126,14 +126,7 @@ std::vector<std::unique_ptr<ModelStates>> make_sets(nn::Model& model, const Engi
   for (size_t g = 1; g < groups.size(); ++g) sizes.push_back(groups[g].expert_parallel_size);
   check_expert_sizes(group, sizes, cfg);
   std::vector<std::unique_ptr<ModelStates>> sets;
-  if (cfg.zero.zeropp() && groups.size() > 1) {
-    throw ConfigError(fmt::format("zero_optimization: ZeRO++ (zero_hpz_partition_size, zero_quantized_weights, "
-                                  "zero_quantized_gradients) with expert parameters (expert_parallel_size {}) is not "
-                                  "supported by zeroshard yet: experts are partitioned over their expert-data-parallel "
-                                  "group, which has no host groups; remove the ZeRO++ keys for MoE models",
-                                  groups[1].expert_parallel_size));
-  }
-  zeropp_groups = make_zeropp_groups(group, cfg.zero);
+  zeropp_groups = make_zeropp_groups(group, cfg.zero, groups.size() > 1 ? groups[1].expert_parallel_size : 0);
   sets.push_back(std::make_unique<ModelStates>(std::move(groups[0]), group, rules));
   sets.back()->zeropp = zeropp_groups.get();
   for (size_t g = 1; g < groups.size(); ++g) {
@@ -368,17 +361,6 @@ Engine::~Engine() {
       ZS_LOG_WARN("device.alloc_trace: {}", e.what());
     }
   }
-}
-
-void Engine::Impl::log_startup_collectives() {
-  startup_logged_ = true;
-  uint64_t total = 0;  // the rest of the run is in the monitor's comms table
-  std::vector<std::string> kinds;
-  for (const comm::OpStats& op : group_.op_stats()) {
-    total += op.count;
-    kinds.push_back(fmt::format("{} {}", op.name, op.count));
-  }
-  ZS_LOG_INFO("comm: {} collectives before step 1 ({})", total, fmt::join(kinds, ", "));
 }
 
 int64_t Engine::param_count() const {

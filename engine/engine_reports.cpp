@@ -1,9 +1,23 @@
 // Engine's memory and offload reports (engine/engine.h): each state set's owner adds its buffers
 // (Note [State owner] in engine/detail/model_states.h), the engine its compressed optimizer state and
-// the arena's figures.
+// the arena's figures; and the count of collectives before step 1 in the log.
+#include <fmt/ranges.h>
+
+#include "core/log.h"
 #include "engine/detail/engine_impl.h"
 
 namespace zs::engine {
+
+void Engine::Impl::log_startup_collectives() {
+  startup_logged_ = true;
+  uint64_t total = 0;  // the rest of the run is in the monitor's comms table
+  std::vector<std::string> kinds;
+  for (const comm::OpStats& op : group_.op_stats()) {
+    total += op.count;
+    kinds.push_back(fmt::format("{} {}", op.name, op.count));
+  }
+  ZS_LOG_INFO("comm: {} collectives before step 1 ({})", total, fmt::join(kinds, ", "));
+}
 
 ModelStateBytes Engine::model_state_bytes() const {
   const Impl& s = *impl_;

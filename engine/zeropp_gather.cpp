@@ -10,7 +10,14 @@
 
 namespace zs::engine {
 
-std::unique_ptr<ZeroppGroups> make_zeropp_groups(const comm::Group& dp, const ZeroConfig& z) {
+std::unique_ptr<ZeroppGroups> make_zeropp_groups(const comm::Group& dp, const ZeroConfig& z, int expert_parallel_size) {
+  if (z.zeropp() && expert_parallel_size > 0) {
+    throw ConfigError(fmt::format("zero_optimization: ZeRO++ (zero_hpz_partition_size, zero_quantized_weights, "
+                                  "zero_quantized_gradients) with expert parameters (expert_parallel_size {}) is not "
+                                  "supported by zeroshard yet: experts are partitioned over their expert-data-parallel "
+                                  "group, which has no host groups; remove the ZeRO++ keys for MoE models",
+                                  expert_parallel_size));
+  }
   // Stage 3 only (the config refuses the keys below it; the estimator may run a config at other stages).
   if (!z.zeropp() || z.stage != 3 || dp.size() == 1) return nullptr;
   const int64_t h = z.zero_hpz_partition_size;

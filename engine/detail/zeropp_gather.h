@@ -54,7 +54,8 @@ struct ZeroppGroups {
 
 // Null when no ZeRO++ key is on, below stage 3 or when dp has one rank. Throws ConfigError naming
 // zero_optimization.zero_hpz_partition_size when it does not divide dp.size(). Collective over dp.
-std::unique_ptr<ZeroppGroups> make_zeropp_groups(const comm::Group& dp, const ZeroConfig& z);
+// expert_parallel_size: the model's first expert parameters' (0: none); ZeRO++ with experts is refused.
+std::unique_ptr<ZeroppGroups> make_zeropp_groups(const comm::Group& dp, const ZeroConfig& z, int expert_parallel_size);
 
 // How ParamGatherer gathers a module's range under ZeRO++ (Note [ZeRO++]): hpZ's secondary copies and
 // qwZ's quantised gathers. Entries are ParamGatherer's, by index.

@@ -177,6 +177,25 @@ TEST(Experts, Fp16AgreesOnOverflowAndMatchesStage0) {
   }
 }
 
+// ZeRO++'s host groups exist for the dense set only: with experts the keys are one ConfigError naming them.
+TEST(Experts, ZeroppIsRefusedByName) {
+  const comm::Group& world = test::world().group();
+  if (world.size() == 1) GTEST_SKIP() << "no expert parallelism on one rank";
+  const auto e = expert_sizes(world.size());
+  Groups groups(world, e);
+  ExpertModel model(e, groups.ptrs());
+  EngineConfig cfg = make_config(world.size(), 3, 1, Precision::kFp32);
+  cfg.zero.zero_quantized_weights = true;
+  try {
+    Engine engine(model, cfg, world);
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("ZeRO++ (zero_hpz_partition_size, zero_quantized_weights, "
+                                           "zero_quantized_gradients) with expert parameters"),
+              std::string::npos) << err.what();
+  }
+}
+
 TEST(Experts, CompressedOptimizersAreRefusedByName) {
   const comm::Group& world = test::world().group();
   if (world.size() == 1) GTEST_SKIP() << "no expert parallelism on one rank";
