@@ -144,23 +144,12 @@ ParallelLlamaBlock::ParallelLlamaBlock(const nn::LlamaConfig& cfg, TensorParalle
 
 Tensor ParallelLlamaBlock::forward(nn::Context& ctx, const Tensor& x) {
   if (dropped_) return nn::detail::dropped_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
-  Tensor a = ctx.forward(attn_, ctx.forward(ln1_, x));
-  Tensor x1 = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  nn::detail::add(x.data<float>(), a.data<float>(), x1.data<float>(), x.numel());
-  a = {};
-  Tensor m = ctx.forward(mlp_, ctx.forward(ln2_, x1));
-  Tensor y = ctx.allocate(x.shape(), DType::kF32, MemoryUse::kActivation);
-  nn::detail::add(x1.data<float>(), m.data<float>(), y.data<float>(), x.numel());
-  return y;
+  return nn::detail::pre_norm_block_forward(ctx, x, ln1_, attn_, ln2_, mlp_);
 }
 
 Tensor ParallelLlamaBlock::backward(nn::Context& ctx, const Tensor& dy) {
   if (dropped_) return nn::detail::dropped_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
-  Tensor dx1 = ctx.backward(ln2_, ctx.backward(mlp_, dy));
-  nn::detail::add(dy.data<float>(), dx1.data<float>(), dx1.data<float>(), dy.numel());
-  Tensor dx = ctx.backward(ln1_, ctx.backward(attn_, dx1));
-  nn::detail::add(dx1.data<float>(), dx.data<float>(), dx.data<float>(), dy.numel());
-  return dx;
+  return nn::detail::pre_norm_block_backward(ctx, dy, ln1_, attn_, ln2_, mlp_);
 }
 
 // ---- LlamaModel ----

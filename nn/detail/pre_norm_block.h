@@ -1,4 +1,5 @@
-// The pre-norm residual block's two passes, shared by nn::Block (GPT-2) and nn::LlamaBlock:
+// The pre-norm residual block's two passes, shared by nn::Block (GPT-2), nn::LlamaBlock and their tensor-
+// parallel forms (tp::ParallelBlock, tp::ParallelLlamaBlock):
 //   x1 = x + attn(ln1(x)),  y = x1 + mlp(ln2(x1))
 // with whatever norm, attention and MLP modules the block has. One definition, so both models sum their
 // residuals in the same order.
