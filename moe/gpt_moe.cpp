@@ -9,6 +9,7 @@
 #include "tp/gpt.h"
 #include "tp/linear.h"
 #include "tp/transformer.h"
+#include "nn/detail/token_batch.h"
 
 namespace zs::moe {
 
@@ -231,9 +232,7 @@ GptMoeModel::GptMoeModel(const GptMoeConfig& cfg, const comm::ExpertGroups* grou
 
 float GptMoeModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   const Tensor& ids = batch.inputs;
-  ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
-                 "GptMoe: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}",
-                 memory::dtype_name(ids.dtype()), memory::shape_string(ids.shape()));
+  nn::detail::check_token_ids(ids, "GptMoe");
   const int64_t B = ids.size(0), T = ids.size(1);
   if (T > cfg_.gpt.seq_len) {
     throw ConfigError(fmt::format("data: sequences of {} tokens exceed model.seq_len = {}", T, cfg_.gpt.seq_len));

@@ -7,6 +7,7 @@
 #include "nn/detail/ops.h"
 #include "nn/param_access.h"
 #include "nn/transformer.h"
+#include "nn/detail/token_batch.h"
 
 namespace zs::nn {
 
@@ -126,12 +127,7 @@ void GptModel::clear_own_saved() {
 
 float GptModel::forward_loss(Context& ctx, const Batch& batch) {
   const Tensor& ids = batch.inputs;
-  ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
-            "Gpt: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}", memory::dtype_name(ids.dtype()),
-            memory::shape_string(ids.shape()));
-  ZS_MODEL_CHECK(batch.targets.raw() != nullptr && batch.targets.shape() == ids.shape(),
-            "Gpt: targets {} must match inputs {}", memory::shape_string(batch.targets.shape()),
-            memory::shape_string(ids.shape()));
+  detail::check_token_batch(batch, "Gpt");
   const int64_t B = ids.size(0), T = ids.size(1), C = cfg_.d_model, V = cfg_.vocab_size, N = B * T;
   if (T > cfg_.seq_len) {
     throw ConfigError(fmt::format("data: sequences of {} tokens exceed model.seq_len = {}; raise model.seq_len or "

@@ -12,6 +12,7 @@
 #include "pp/detail/blocks.h"
 #include "tp/gpt.h"
 #include "tp/transformer.h"
+#include "nn/detail/token_batch.h"
 
 namespace zs::pp {
 
@@ -87,9 +88,7 @@ float GptStage::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   Tensor x;
   if (first_) {
     const Tensor& ids = batch.inputs;
-    ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
-                   "GptStage: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}",
-                   memory::dtype_name(ids.dtype()), memory::shape_string(ids.shape()));
+    nn::detail::check_token_ids(ids, "GptStage");
     const int64_t B = ids.size(0), T = ids.size(1);
     if (T > cfg_.seq_len) {
       throw ConfigError(fmt::format("data: sequences of {} tokens exceed model.seq_len = {}; raise model.seq_len or "

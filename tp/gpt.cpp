@@ -11,6 +11,7 @@
 #include "nn/param_access.h"
 #include "tp/detail/vocab.h"
 #include "tp/transformer.h"
+#include "nn/detail/token_batch.h"
 
 namespace zs::tp {
 
@@ -131,12 +132,7 @@ void GptModel::clear_own_saved() {
 
 float GptModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   const Tensor& ids = batch.inputs;
-  ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
-                 "Gpt: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}",
-                 memory::dtype_name(ids.dtype()), memory::shape_string(ids.shape()));
-  ZS_MODEL_CHECK(batch.targets.raw() != nullptr && batch.targets.shape() == ids.shape(),
-                 "Gpt: targets {} must match inputs {}", memory::shape_string(batch.targets.shape()),
-                 memory::shape_string(ids.shape()));
+  nn::detail::check_token_batch(batch, "Gpt");
   const int64_t B = ids.size(0), T = ids.size(1), C = cfg_.d_model, N = B * T;
   const int64_t Vl = wte_.shape()[0], first = Vl * tp_.rank();
   if (T > cfg_.seq_len) {

@@ -9,6 +9,7 @@
 #include "nn/detail/pre_norm_block.h"
 #include "nn/param_access.h"
 #include "tp/detail/vocab.h"
+#include "nn/detail/token_batch.h"
 
 namespace zs::tp {
 
@@ -195,12 +196,7 @@ void LlamaModel::clear_own_saved() {
 
 float LlamaModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   const Tensor& ids = batch.inputs;
-  ZS_MODEL_CHECK(ids.raw() != nullptr && ids.dtype() == DType::kI32 && ids.dim() == 2 && ids.is_contiguous(),
-                 "Llama: inputs must be contiguous int32 token ids (B, T), got a {} tensor {}",
-                 memory::dtype_name(ids.dtype()), memory::shape_string(ids.shape()));
-  ZS_MODEL_CHECK(batch.targets.raw() != nullptr && batch.targets.shape() == ids.shape(),
-                 "Llama: targets {} must match inputs {}", memory::shape_string(batch.targets.shape()),
-                 memory::shape_string(ids.shape()));
+  nn::detail::check_token_batch(batch, "Llama");
   const int64_t B = ids.size(0), T = ids.size(1), C = cfg_.d_model, N = B * T;
   const int64_t Vl = wte_.shape()[0], first = Vl * tp_.rank();
   if (T > cfg_.max_seq_len) {
