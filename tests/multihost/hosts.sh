@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # Several hosts on one machine, for real (docs/multihost.md): each "host" is a network namespace with
 # its own UTS namespace (hostname), joined to the others through veth pairs on a bridge in a switch
-# namespace, optionally shaped with tc on every host's link (netem's rate and delay, or tbf's rate
-# where the kernel has no netem). One OpenMPI job
+# namespace, optionally shaped with tc on every host's link (netem's rate, or tbf's where the kernel
+# has no netem). With --delay the hosts are joined instead through the delay line (delay_line.cpp,
+# built with the tests: a TUN device in every host, each packet handed to its destination host after
+# the delay), whose devices the rate shapes alike. One OpenMPI job
 # runs across them: mpirun starts inside the first host, and its rsh agent (this script, as
 # `hosts.sh --agent`) starts the daemon of every other host inside that host's namespace. OpenMPI then
 # sees H hosts (MPI_COMM_TYPE_SHARED splits by host, so comm's node-aware paths follow the real
 # layout) joined only by TCP over the namespaces' subnet; nothing else is reachable from them, and no
 # traffic leaves them. Everything made is removed on exit, also after a failure or a signal.
 #
-#   hosts.sh [--hosts H] [--slots R] [--rate 1gbit] [--delay 1ms] [--stats FILE] -- MPIRUN_ARGS...
+#   hosts.sh [--hosts H] [--slots R] [--rate 1gbit] [--delay 100us|1ms] [--mtu 1500]
+#            [--delay-line PATH] [--stats FILE] -- MPIRUN_ARGS...
 #
 # runs `mpirun --hostfile (H hosts x R slots) MPIRUN_ARGS...` and exits with its status. --stats writes
-# the bytes each host sent through its link (the kernel's counters, one line "hN tx_bytes"). Needs root
-# (ip netns); without it exits 77 saying so (ctest's skip code).
+# the bytes each host sent through its link (the kernel's counters, one line "hN tx_bytes"; with
+# --delay the delay line's own counts go to FILE.delay_line). --delay-line (or $ZS_DELAY_LINE) names
+# the delay line's executable, else build/release/tests/multihost/delay_line. --mtu sets every host
+# link's MTU (1500 by default). Needs root (ip netns); without it exits 77 saying so (ctest's skip code).
 set -euo pipefail
 
 if [[ "${1:-}" == --agent ]]; then
@@ -27,7 +32,7 @@ if [[ "${1:-}" == --agent ]]; then
   exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 fi
 
-hosts=2 slots=2 rate="" delay="" stats=""
+hosts=2 slots=2 rate="" delay="" stats="" mtu=1500 delay_line="${ZS_DELAY_LINE:-}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
@@ -35,6 +40,8 @@ while [[ $# -gt 0 ]]; do
     --rate) rate="$2"; shift 2 ;;
     --delay) delay="$2"; shift 2 ;;
     --stats) stats="$2"; shift 2 ;;
+    --mtu) mtu="$2"; shift 2 ;;
+    --delay-line) delay_line="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "hosts.sh: unknown option '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
@@ -42,6 +49,23 @@ done
 if [[ "$hosts" -lt 2 || "$hosts" -gt 200 ]]; then
   echo "hosts.sh: --hosts $hosts is out of range (2..200)" >&2
   exit 2
+fi
+delay_us=""
+if [[ -n "$delay" ]]; then
+  case "$delay" in
+    *us) delay_us="${delay%us}" ;;
+    *ms) delay_us="${delay%ms}000" ;;
+    *) delay_us="bad" ;;
+  esac
+  if ! [[ "$delay_us" =~ ^[0-9]+$ ]]; then
+    echo "hosts.sh: --delay '$delay': give an integer with us or ms (100us, 1ms)" >&2
+    exit 2
+  fi
+  : "${delay_line:=$(dirname "$(realpath "$0")")/../../build/release/tests/multihost/delay_line}"
+  if [[ ! -x "$delay_line" ]]; then
+    echo "hosts.sh: --delay needs the delay line, not found at '$delay_line': build it (cmake --build build/release --target delay_line) or give --delay-line PATH" >&2
+    exit 2
+  fi
 fi
 if [[ "$(id -u)" != 0 ]] || ! ip netns add "zs-probe-$$" 2>/dev/null; then
   echo "hosts.sh: network namespaces need root (ip netns add failed): the multi-host runs are skipped here" >&2
@@ -65,9 +89,16 @@ done
 export ZS_HOSTS_PREFIX="zs$$-"
 switch="${ZS_HOSTS_PREFIX}sw"
 work="$(mktemp -d "${TMPDIR:-/tmp}/zs-hosts.XXXXXX")"
+line_pid=""
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  # The delay line's TUN devices end with it (it also ends if this script is SIGKILLed: PDEATHSIG).
+  if [[ -n "$line_pid" ]]; then
+    kill -TERM "$line_pid" 2>/dev/null || true
+    wait "$line_pid" 2>/dev/null || true
+    if [[ -n "$stats" ]]; then cp "$work/delay_line.log" "$stats.delay_line" 2>/dev/null || true; fi
+  fi
   # Ranks and daemons still alive in a host's namespace (a failed or killed job) end with it.
   for ((h = 0; h < hosts; ++h)); do
     local ns="${ZS_HOSTS_PREFIX}h$h"
@@ -87,15 +118,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' INT TERM
 
-# The link's shape: netem (rate and delay) where the kernel has it, else tbf (rate only: this machine's
-# kernel has no sch_netem).
+# The link's rate: netem where the kernel has it, else tbf (this machine's kernel has no sch_netem).
+# The delay is the delay line's, on every kernel (one way to delay, measured: docs/multihost.md).
 shape() {
-  if ip netns exec "$1" tc qdisc add dev eth0 root netem ${delay:+delay "$delay"} ${rate:+rate "$rate"} 2>/dev/null; then
+  if ip netns exec "$1" tc qdisc add dev eth0 root netem rate "$rate" 2>/dev/null; then
     return
-  fi
-  if [[ -n "$delay" ]]; then
-    echo "hosts.sh: --delay needs the netem qdisc (sch_netem), which this kernel does not have; shape the rate alone" >&2
-    return 2
   fi
   local n="${rate%%[a-zA-Z]*}" unit="${rate##*[0-9]}" bits
   case "$unit" in
@@ -109,9 +136,11 @@ shape() {
   ip netns exec "$1" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
 }
 
-ip netns add "$switch"
-ip -n "$switch" link add br0 type bridge
-ip -n "$switch" link set br0 up
+if [[ -z "$delay" ]]; then
+  ip netns add "$switch"
+  ip -n "$switch" link add br0 type bridge
+  ip -n "$switch" link set br0 up
+fi
 hostsfile="$work/hosts"
 : >"$hostsfile"
 for ((h = 0; h < hosts; ++h)); do
@@ -121,13 +150,35 @@ for ((h = 0; h < hosts; ++h)); do
   ns="${ZS_HOSTS_PREFIX}h$h"
   ip netns add "$ns"
   ip -n "$ns" link set lo up
-  ip link add "zs$$h${h}" netns "$ns" type veth peer name "p$h" netns "$switch"
-  ip -n "$ns" link set "zs$$h${h}" name eth0
+done
+if [[ -n "$delay" ]]; then
+  # Every host's eth0 is a TUN device of the delay line; the devices exist once it writes "ready".
+  ends=()
+  for ((h = 0; h < hosts; ++h)); do
+    ends+=("/run/netns/${ZS_HOSTS_PREFIX}h$h:eth0:$(sed -n "$((h + 1))p" "$hostsfile" | cut -d' ' -f1)")
+  done
+  "$delay_line" --delay-us "$delay_us" --mtu "$mtu" --ready "$work/ready" "${ends[@]}" 2>"$work/delay_line.log" &
+  line_pid=$!
+  for ((i = 0; i < 200; ++i)); do  # 10 s
+    [[ -e "$work/ready" ]] || ! kill -0 "$line_pid" 2>/dev/null && break
+    sleep 0.05
+  done
+  if [[ ! -e "$work/ready" ]]; then
+    echo "hosts.sh: the delay line did not start: $(cat "$work/delay_line.log")" >&2
+    exit 1
+  fi
+fi
+for ((h = 0; h < hosts; ++h)); do
+  ns="${ZS_HOSTS_PREFIX}h$h"
+  if [[ -z "$delay" ]]; then
+    ip link add "zs$$h${h}" netns "$ns" type veth peer name "p$h" netns "$switch"
+    ip -n "$ns" link set "zs$$h${h}" name eth0
+    ip -n "$switch" link set "p$h" master br0
+    ip -n "$switch" link set "p$h" mtu "$mtu" up
+  fi
   ip -n "$ns" addr add "$(sed -n "$((h + 1))p" "$hostsfile" | cut -d' ' -f1)/16" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$switch" link set "p$h" master br0
-  ip -n "$switch" link set "p$h" up
-  if [[ -n "$rate$delay" ]]; then shape "$ns"; fi
+  ip -n "$ns" link set eth0 mtu "$mtu" up
+  if [[ -n "$rate" ]]; then shape "$ns"; fi
   # `ip netns exec` binds /etc/netns/NS/hosts over /etc/hosts: every host resolves the others' names.
   mkdir -p "/etc/netns/$ns"
   { echo "127.0.0.1 localhost"; cat "$hostsfile"; } >"/etc/netns/$ns/hosts"
