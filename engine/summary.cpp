@@ -105,6 +105,11 @@ double SummaryRecorder::mfu() const {
 
 boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) const {
   const comm::Group& group = engine_.group();
+  // This rank's tallies per collective over the run (the comms logger's table; comm::OpStats), taken
+  // before the summary's own collectives and param_digest's gathers.
+  boost::json::object ops;
+  for (const comm::OpStats& op : group.op_stats())
+    ops[op.name] = boost::json::object{{"count", op.count}, {"bytes_sent", op.bytes_sent}, {"bytes_inter_host", op.bytes_inter_host}};
   Engine::MemoryReport mem = engine_.memory_report();
   Fields mine = {mem.model_states.params,   mem.model_states.grads,     mem.model_states.optimizer,
                                         mem.device_peak_bytes,     mem.device_reserved_peak_bytes, mem.host_peak_bytes,
@@ -324,8 +329,9 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
         {"recompute_s_per_step", losses_.empty() ? 0.0 : rc.recompute_s / static_cast<double>(losses_.size())}};
   }
   // This rank's counts of collectives through the node's shared memory, and of those the ones that read
-  // the peers' tensors in place (comm.shared_arena; comm/config.h).
+  // the peers' tensors in place (comm.shared_arena; comm/config.h), and its tallies per collective.
   s["comm"] = boost::json::object{{"per_rank", std::move(comm_ranks)},
+                                  {"ops", std::move(ops)},
                                   {"shared_memory_collectives", counters.shared_memory_collectives},
                                   {"direct_collectives", counters.direct_collectives}};
   return s;

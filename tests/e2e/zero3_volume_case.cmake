@@ -1,0 +1,48 @@
+# ZeRO-3's 3 Psi end to end (cmake -P): `zeroshard train` at stage 3 with every module released after
+# its use (stage3_max_reuse_distance 0: none kept from the forward for the backward;
+# stage3_param_persistence_threshold 0: none kept gathered) sends, per rank and step, exactly three
+# collectives of the whole model: the forward's gather, the backward's gather and the gradients'
+# reduce-scatter, each (N-1)/N Psi elements of 4 bytes (CommCounters' rule, comm/config.h: total - own;
+# Psi = params_total, which N divides here). The summary's comm.ops (rank 0's tallies per collective)
+# must give allgatherv 2 S (N-1)/N Psi 4 bytes and reduce_scatter S (N-1)/N Psi 4 bytes over S steps,
+# exact_gradient_mean the reduce-scatter's share of a step, and exact_mean that 3 (N-1)/N Psi 4 plus
+# no more than the run's scalar collectives (the loss's and the gradient norm's allreduces).
+#   -DMPIEXEC=... -DTOOL=... -DCONFIG=... -DNP=2 -DOUT=dir
+set(summary ${OUT}/zero3_volume_np${NP}.json)
+file(REMOVE ${summary})
+execute_process(COMMAND ${MPIEXEC} --oversubscribe -np ${NP} ${TOOL} train --config ${CONFIG} --summary ${summary}
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "exit ${rc}\n${out}\n${err}")
+endif()
+file(READ ${summary} s)
+string(JSON psi GET "${s}" params_total)
+string(JSON steps GET "${s}" steps)
+string(JSON gathered GET "${s}" comm ops allgatherv bytes_sent)
+string(JSON scattered GET "${s}" comm ops reduce_scatter bytes_sent)
+string(JSON small GET "${s}" comm ops allreduce bytes_sent)
+string(JSON grad_mean GET "${s}" comm per_rank 0 bytes_sent_per_step exact_gradient_mean)
+string(JSON step_mean GET "${s}" comm per_rank 0 bytes_sent_per_step exact_mean)
+math(EXPR rest "${psi} % ${NP}")
+if(NOT rest EQUAL 0)
+  message(FATAL_ERROR "params_total ${psi} is not divisible by ${NP}: the formula below assumes even shards")
+endif()
+math(EXPR one "(${NP} - 1) * (${psi} / ${NP}) * 4")  # one collective of the whole model, bytes per rank
+math(EXPR want_gathered "2 * ${steps} * ${one}")
+math(EXPR want_scattered "${steps} * ${one}")
+math(EXPR three "3 * ${one}")
+string(REGEX REPLACE "\\..*" "" step_floor "${step_mean}")
+string(REGEX REPLACE "\\.0*$" "" grad_int "${grad_mean}")
+math(EXPR extra "${step_floor} - ${three}")
+message(STATUS "Psi ${psi}, ${steps} steps, np ${NP}: allgatherv ${gathered} B (want ${want_gathered}), reduce_scatter "
+               "${scattered} B (want ${want_scattered}); per step ${step_mean} B = 3 x ${one} + ${extra} (scalar allreduces, "
+               "${small} B in the run)")
+if(NOT gathered EQUAL want_gathered OR NOT scattered EQUAL want_scattered)
+  message(FATAL_ERROR "the gathers or the reduce-scatters are not ZeRO-3's volume (above)")
+endif()
+if(NOT grad_int STREQUAL "${one}")
+  message(FATAL_ERROR "exact_gradient_mean ${grad_mean} is not one collective of the model, ${one} bytes")
+endif()
+if(extra LESS 0 OR extra GREATER small)
+  message(FATAL_ERROR "exact_mean ${step_mean} is not 3 x ${one} plus the scalar allreduces (${small} B)")
+endif()
