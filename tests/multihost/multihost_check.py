@@ -10,12 +10,20 @@
          bytes the hosts' links carried is set beside the counters' (printed; asserted within 1.0-1.6x for
          stages 1-3: TCP/IP headers, OpenMPI's launch and handshakes on top; 0.4-0.7x at stage 0, whose
          allreduces the hierarchical transport sends once per host, not once per rank).
+  zeropp ZeRO-3 with every module released after use (stage3_max_reuse_distance 0,
+         stage3_param_persistence_threshold 0) with hpZ (zero_hpz_partition_size 2), then with hpZ + qwZ + qgZ,
+         6 steps, on one host at np 4 and on two hosts of 2: the same losses and param_digest (every ZeRO++
+         sum is in a fixed rank order, whatever the transport); across hosts, from rank 0's comm.ops, hpZ's
+         model collectives send exactly 2 (N-R)/N Psi x 4 bytes per step (the forward's gather and the
+         reduce-scatter: the backward gathers inside the host), and all three send (N-R+O-1)/N Psi q bytes
+         (q = 1 + 4/256: int8 blocks with fp32 scales) plus under 8 bytes per piece crossing hosts
+         (comm::int8_words' rounding), under 0.25x of plain ZeRO-3's 3 (N-R)/N Psi x 4.
   fault  a rank on the second host SIGKILLed, then (another job) SIGSTOPped, after the first step: every
          process of the job ends within comm.timeout_s + 30 s, and the output names the collective and
          its group (a survivor's CommError) or the killed rank (mpirun's report).
 
   multihost_check.py --zeroshard build/release/tools/zeroshard --config examples/configs/gpt_tiny.json \
-      --hosts-sh tests/multihost/hosts.sh --out DIR equal|fault
+      --hosts-sh tests/multihost/hosts.sh --out DIR equal|zeropp|fault
 Exit 0 when every check passed, 77 when this machine cannot make network namespaces (not root).
 """
 import argparse
@@ -120,6 +128,59 @@ def check_equal(args):
     return 1 if failures else 0
 
 
+def check_zeropp(args):
+    failures = []
+    released = {"stage3_max_reuse_distance": 0, "stage3_param_persistence_threshold": 0}
+    variants = {"hpz": {"zero_hpz_partition_size": R},
+                "all": {"zero_hpz_partition_size": R, "zero_quantized_weights": True, "zero_quantized_gradients": True}}
+    hosts = N // R
+    for name, keys in variants.items():
+        with open(args.config) as f:
+            cfg = json.load(f)
+        cfg["zero_optimization"].update(stage=3, **released, **keys)
+        cfg["train_steps"] = 6
+        path = os.path.join(args.out, f"zeropp_{name}.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        one, two = (os.path.join(args.out, f"zeropp_{name}_{w}") for w in ("one", "two"))
+        train = [args.zeroshard, "train", "--config", path, "--summary"]
+        rc = run(["mpirun", "--oversubscribe", "-np", str(N)] + train + [one + ".json"], one + ".log")
+        if rc != 0:
+            failures.append(f"{name}: one host failed (exit {rc}, {one}.log)")
+            continue
+        rc = run(two_hosts(args) + ["-np", str(N)] + train + [two + ".json"], two + ".log")
+        if rc == 77:
+            print(open(two + ".log").read().strip())
+            return 77
+        if rc != 0:
+            failures.append(f"{name}: two hosts failed (exit {rc}, {two}.log)")
+            continue
+        a, b = (json.load(open(p + ".json")) for p in (one, two))
+        if a["loss_history"] != b["loss_history"]:
+            failures.append(f"{name}: losses differ: one host {a['loss_history']}, two hosts {b['loss_history']}")
+        if a["param_digest"] != b["param_digest"]:
+            failures.append(f"{name}: param_digest differs: one host {a['param_digest']}, two hosts {b['param_digest']}")
+        psi, steps, ops = b["params_total"], b["steps"], b["comm"]["ops"]
+        model = sum(ops.get(k, {}).get("bytes_inter_host", 0) for k in ("allgatherv", "reduce_scatter", "alltoallv")) / steps
+        pieces = (N - R) * sum(ops.get(k, {}).get("count", 0) for k in ("allgatherv", "alltoallv")) / steps
+        zero3 = 3 * (N - R) / N * psi * 4
+        if name == "hpz":
+            want, slack = 2 * (N - R) / N * psi * 4, 0
+        else:
+            want, slack = (N - R + hosts - 1) / N * psi * (1 + 4 / 256), 8 * pieces
+        if not want <= model <= want + slack:
+            failures.append(f"{name}: rank 0's model collectives sent {model} bytes across hosts per step, not {want:.0f}"
+                            f" (+ up to {slack:.0f}): {ops}")
+        if name == "all" and not model <= 0.25 * zero3:
+            failures.append(f"{name}: {model} bytes across hosts per step is more than 0.25x ZeRO-3's {zero3:.0f}")
+        print(f"{name}: losses and digest {'equal' if a['param_digest'] == b['param_digest'] else 'DIFFER'} "
+              f"(final loss {b['final_loss']:.6f}); across hosts per step, rank 0's model collectives {model:.0f} bytes "
+              f"(formula {want:.0f}; {model / zero3:.3f}x ZeRO-3's {zero3:.0f})")
+    for f in failures:
+        print("FAIL:", f)
+    return 1 if failures else 0
+
+
 def rank_pids(ns):
     out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()
     pids = []
@@ -212,10 +273,10 @@ def main():
     ap.add_argument("--config", required=True, help="a GPT config (examples/configs/gpt_tiny.json)")
     ap.add_argument("--hosts-sh", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("mode", choices=["equal", "fault"])
+    ap.add_argument("mode", choices=["equal", "zeropp", "fault"])
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    sys.exit(check_equal(args) if args.mode == "equal" else check_fault(args))
+    sys.exit({"equal": check_equal, "zeropp": check_zeropp, "fault": check_fault}[args.mode](args))
 
 
 if __name__ == "__main__":
