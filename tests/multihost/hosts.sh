@@ -185,12 +185,15 @@ for ((h = 0; h < hosts; ++h)); do
 done
 for ((h = 0; h < hosts; ++h)); do echo "h$h slots=$slots"; done >"$work/hostfile"
 
+# In the background, waited for: a signal to this script then runs its trap at once (bash defers traps
+# until a foreground child ends), and the trap ends the job with the namespaces.
 set +e
 ip netns exec "${ZS_HOSTS_PREFIX}h0" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
   mpirun --hostfile "$work/hostfile" \
     --mca plm_rsh_agent "$(realpath "$0") --agent" \
     --mca btl tcp,self --mca btl_tcp_if_include 10.213.0.0/16 --mca oob_tcp_if_include 10.213.0.0/16 \
-    "$@"
+    "$@" <&0 &
+wait "$!"
 rc=$?
 set -e
 if [[ -n "$stats" ]]; then
