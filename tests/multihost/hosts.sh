@@ -185,6 +185,12 @@ for ((h = 0; h < hosts; ++h)); do
 done
 for ((h = 0; h < hosts; ++h)); do echo "h$h slots=$slots"; done >"$work/hostfile"
 
+# The hosts share this machine's cores. OpenMPI polls without yielding in its blocking calls unless
+# it sees more ranks than slots, and each host has its own slots, so H x R ranks on fewer cores
+# would spin each other (and the kernel's TCP work) off them: a two-host ZeRO-3 step took 1.9-3.5 s
+# instead of 0.13-0.15 s on 2 cores (docs/multihost.md). Real hosts have their own cores.
+yield_args=()
+if ((hosts * slots > $(nproc))); then yield_args=(--mca mpi_yield_when_idle 1); fi
 # In the background, waited for: a signal to this script then runs its trap at once (bash defers traps
 # until a foreground child ends), and the trap ends the job with the namespaces.
 set +e
@@ -192,7 +198,7 @@ ip netns exec "${ZS_HOSTS_PREFIX}h0" unshare --uts sh -c 'hostname h0 && exec "$
   mpirun --hostfile "$work/hostfile" \
     --mca plm_rsh_agent "$(realpath "$0") --agent" \
     --mca btl tcp,self --mca btl_tcp_if_include 10.213.0.0/16 --mca oob_tcp_if_include 10.213.0.0/16 \
-    "$@" <&0 &
+    "${yield_args[@]}" "$@" <&0 &
 wait "$!"
 rc=$?
 set -e
