@@ -2,8 +2,8 @@
 """hosts.sh --delay through the delay line (tests/multihost/delay_line.cpp; docs/multihost.md "Latency"):
 
   1. two hosts joined by the delay line at 1 ms one way: a UDP ping-pong (benchmarks/link_bench.py)
-     takes at least 2 ms a round trip (the delay is a floor) and under 2 ms + 100 ms, no ping is lost,
-     and a TCP stream crosses; afterwards nothing of the run is left (namespaces, /etc/netns entries,
+     takes at least 2 ms a round trip (the delay is a floor) and under 2 ms + 100 ms, no ping is lost
+     (unanswered for 1 s), a TCP stream crosses, and the delay line dropped nothing; afterwards nothing of the run is left (namespaces, /etc/netns entries,
      the delay line's process, whose TUN devices end with it).
   2. a run stopped from outside (SIGTERM to hosts.sh while its job runs): it exits, and again nothing is
      left.
@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
@@ -46,7 +47,8 @@ def main():
     env = dict(os.environ, ZS_DELAY_LINE=args.delay_line, **MPI_ENV)
     failures = []
 
-    cmd = [args.hosts_sh, "--hosts", "2", "--slots", "1", "--delay", "1ms", "--", "-np", "2", sys.executable,
+    stats = os.path.join(tempfile.mkdtemp(prefix="zs-delay-check."), "links.txt")
+    cmd = [args.hosts_sh, "--hosts", "2", "--slots", "1", "--delay", "1ms", "--stats", stats, "--", "-np", "2", sys.executable,
            args.link_bench, "--peer", "--pings", "100", "--mbytes", "8"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     out, _ = p.communicate(timeout=240)
@@ -63,7 +65,11 @@ def main():
         if not (2000 <= r["rtt_us_p10"] and r["rtt_us_median"] < 102000):
             failures.append(f"1 ms: round trips {r} are not 2 ms + a little")
         if r["lost"] != 0:
-            failures.append(f"1 ms: {r['lost']} pings lost")
+            failures.append(f"1 ms: {r['lost']} pings lost (unanswered for 1 s)")
+    report = open(stats + ".delay_line").read() if os.path.exists(stats + ".delay_line") else ""
+    print(report.strip())
+    if " 0 dropped" not in report:
+        failures.append(f"1 ms: the delay line dropped packets, or wrote no report: {report!r}")
     left = leftovers(p.pid, args.delay_line)
     if left:
         failures.append(f"1 ms: left behind: {left}")
