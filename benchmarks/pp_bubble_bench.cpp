@@ -87,6 +87,7 @@ std::vector<nn::Batch> micro_batches(int64_t m, int64_t B, int64_t T) {
 struct StepFigures {
   double measured = 0, replayed = 0, typical = 0, seconds = 0, imbalance = 0, stage_formula = 0;
   double pass_ms[3] = {0, 0, 0};  // mean CPU milliseconds of a forward, a backward (ZB-H1: B), a W pass
+  std::vector<double> stage_ms;   // the same per stage: stage_ms[3 * r + kind]
 };
 
 StepFigures step_figures(const pp::StepStats& st, pp::Schedule s, const pp::PipelineShape& shape, int me) {
@@ -132,6 +133,16 @@ StepFigures step_figures(const pp::StepStats& st, pp::Schedule s, const pp::Pipe
     }
   }
   for (int k = 0; k < 3; ++k) f.pass_ms[k] = count[k] > 0 ? 1e3 * sum[k] / count[k] : 0.0;
+  f.stage_ms.assign(3 * static_cast<size_t>(p), 0.0);
+  for (int r = 0; r < p; ++r) {
+    double rs[3] = {0, 0, 0}, rc[3] = {0, 0, 0};
+    for (size_t i = 0; i < tl.ops[static_cast<size_t>(r)].size(); ++i) {
+      const int k = tl.ops[static_cast<size_t>(r)][i].kind;
+      rs[k] += secs[static_cast<size_t>(r)][i];
+      rc[k] += 1;
+    }
+    for (int k = 0; k < 3; ++k) f.stage_ms[3 * static_cast<size_t>(r) + k] = rc[k] > 0 ? 1e3 * rs[k] / rc[k] : 0.0;
+  }
   f.imbalance = *std::max_element(busy.begin(), busy.end()) / (std::accumulate(busy.begin(), busy.end(), 0.0) / p);
   // f_stages (above): busy[r] / m is stage r's cost per micro-batch.
   const double most = *std::max_element(busy.begin(), busy.end()), m = static_cast<double>(shape.micro_batches);
@@ -187,7 +198,7 @@ int main(int argc, char** argv) {
       boost::json::object bounds;
       for (size_t i = 0; i < scheds.size(); ++i) {
         std::string b;
-        for (int64_t x : gpts[i]->boundaries()) b += (b.empty() ? "" : ",") + std::to_string(x);
+        for (int64_t x : gpts[i]->boundaries()) b += fmt::format("{}{}", b.empty() ? "" : ",", x);
         std::printf("%s: block boundaries of the %s partition %s\n", pp::schedule_name(scheds[i].s).c_str(),
                     pp::partition_method_name(partition.method).c_str(), b.c_str());
         bounds[pp::schedule_name(scheds[i].s)] = b;
@@ -258,18 +269,27 @@ int main(int argc, char** argv) {
         for (size_t r = 0; r < figs[i].size(); ++r) v.push_back(figs[i][r].replayed / figs[k1][r].replayed);
         const double over_1f1b = bench::median(v);
         const std::string name = pp::schedule_name(s), key = name + "/m" + std::to_string(m);
-        std::string per_stage;
+        std::string per_stage, stage_passes;
         boost::json::array stage_json;
         for (int q = 0; q < p; ++q) {
           const double peak = stages[2 * static_cast<size_t>(q)], held = stages[2 * static_cast<size_t>(q) + 1];
           per_stage += fmt::format(" {:.2f} ({:.0f})", peak / (1 << 20), held);
-          stage_json.push_back(boost::json::object{{"stage", q}, {"peak_activation_bytes", peak},
-                                                   {"micro_batches_in_flight", held}});
+          double ms[3];  // this stage's mean F, B, W CPU ms, median over rounds
+          for (int k = 0; k < 3; ++k) {
+            std::vector<double> v;
+            for (const StepFigures& f : figs[i]) v.push_back(f.stage_ms[3 * static_cast<size_t>(q) + k]);
+            ms[k] = bench::median(v);
+          }
+          stage_passes += fmt::format(" {:.1f}/{:.1f}/{:.1f}", ms[0], ms[1], ms[2]);
+          stage_json.push_back(boost::json::object{
+              {"stage", q}, {"peak_activation_bytes", peak}, {"micro_batches_in_flight", held},
+              {"pass_cpu_ms", boost::json::object{{"forward", ms[0]}, {"backward", ms[1]}, {"weight", ms[2]}}}});
         }
         std::printf("%-12s %3lld %9.3f %9.3f %9.3f %9.3f %9.3f %8.2f %8.2f %9.2f %9.2f %8.2f %5.1f/%.1f/%.1f %s\n",
                     name.c_str(), static_cast<long long>(m), meas, repl, typical, ideal, formula, meas / formula, repl / formula,
                     over_1f1b, secs * 1e3, imbal, pass_ms[0], pass_ms[1], pass_ms[2], per_stage.c_str());
-        std::printf("%-12s %3s %9.3f %9.2f %9.3f %9.2f\n", "", "", f_stages, repl / f_stages, f_zb, f_zb / formula);
+        std::printf("%-12s %3s %9.3f %9.2f %9.3f %9.2f   per stage F/B/W cpu ms:%s\n", "", "", f_stages, repl / f_stages,
+                    f_zb, f_zb / formula, stage_passes.c_str());
         std::fflush(stdout);
         report.results.push_back(boost::json::object{
             {"schedule", name}, {"chunks", scheds[i].chunks}, {"pp", p}, {"m", m}, {"measured_bubble", meas},

@@ -3,7 +3,7 @@
 // backward, 1F1B, interleaved with 2 chunks per rank, ZB-H1), tied and untied embeddings, activation
 // recomputation on: the mean loss over the micro-batches and every parameter's gradient equal
 // nn::GptModel's run over the same micro-batches (fp32 1e-5), each parameter under its GptModel name
-// and init; pp x tp (pp::TpGptStage) at 2 and 4 ranks, sequence parallelism off and on. Partitioning and the schedules' plans (every pass once, the ideal bubble against
+// and init; pp x tp (pp::TpGptStage) at 2 and 4 ranks, sequence parallelism off and on; the compute partition's uneven split (vocabulary 512) likewise. Partitioning and the schedules' plans (every pass once, the ideal bubble against
 // (pp - 1) / (m + pp - 1), micro-batches in flight) without MPI; errors name the config keys.
 #include <gtest/gtest.h>
 
