@@ -182,7 +182,7 @@ int run(const po::variables_map& vm) {
   const std::string pp_stage = vm["pp-stage"].as<std::string>();
   if (have_config) {
     // Note [estimate threads]: the measured run (estimate/measure.h) allocates what the layers do, and
-    // some size scratch per compute thread (nn/fused_attention.cpp: one (kBr x T) block per chunk), so
+    // some size scratch per compute thread (nn/fused_attention.cpp: two score blocks per chunk of work), so
     // it runs on the threads a rank of the estimated run gets, as `zeroshard train` sets them for R
     // ranks on this machine, not on every CPU of this lone process: a ZB-H1 stage, whose peak falls in
     // an attention backward, was otherwise estimated one thread's scratch too high at R = 2 on 2 CPUs.
