@@ -41,7 +41,7 @@ std::vector<int64_t> gpt_block_costs(const nn::GptConfig& cfg) {
 // loss's softmax is elementwise, not counted, as nn/flops.h counts). The first block's embedding
 // lookup costs no products and adds nothing, though the parameter method counts its V C + T C
 // elements as much as the head's. This is Megatron's --account-for-embedding/loss-in-pipeline-split
-// with the measured sizes instead of "one layer each": the last stage gets fewer blocks in the
+// with their FLOP counts instead of "one layer each": the last stage gets fewer blocks in the
 // proportion its head costs, and the first is not relieved of blocks for an embedding that costs
 // nothing. Blocks are whole, so a head much smaller than a block (a byte vocabulary: V / 12 C of one)
 // leaves the stages as uneven as before: no whole-block split does better.
