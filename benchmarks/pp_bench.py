@@ -150,8 +150,8 @@ def step_part(args, tmp):
                 times[name].append(s["step_time_s"]["median"])
                 per_rank = s["memory"]["per_rank"]
                 ms = [sum(p["model_states_bytes"].values()) for p in per_rank]
-                mem[name] = {"model_states_bytes_max": max(ms), "device_peak_bytes_max":
-                             max(p["device_peak_bytes"] for p in per_rank),
+                mem[name] = {"model_states_bytes_max": max(ms), "model_states_bytes_per_rank": ms,
+                             "device_peak_bytes_max": max(p["device_peak_bytes"] for p in per_rank),
                              "device_peak_bytes_per_rank": [p["device_peak_bytes"] for p in per_rank],
                              "tokens_per_second": s["tokens_per_second"]}
             print(f"round {r + 1}: " + ", ".join(f"{n} {times[n][-1]:.3f} s ({cpu[n][-1]:.2f} CPU s)" for n, _, _ in layouts)
@@ -170,7 +170,9 @@ def step_part(args, tmp):
                   f"of {base} (rounds {', '.join(f'{x:.3f}' for x in ratios)}); CPU {statistics.median(cpu[name]):.2f} s "
                   f"per step, x{statistics.median(cpu_ratios):.3f}; model states "
                   f"{mem[name]['model_states_bytes_max'] / 2**20:.2f} MiB, device peak "
-                  f"{mem[name]['device_peak_bytes_max'] / 2**20:.2f} MiB per rank (largest)", flush=True)
+                  f"{mem[name]['device_peak_bytes_max'] / 2**20:.2f} MiB per rank (largest); per rank: states "
+                  f"{' '.join(f'{b / 2**20:.2f}' for b in mem[name]['model_states_bytes_per_rank'])}, peak "
+                  f"{' '.join(f'{b / 2**20:.2f}' for b in mem[name]['device_peak_bytes_per_rank'])} MiB", flush=True)
         out.append({"baseline": base, "layouts": res, "load_1min": loads})
     return out
 

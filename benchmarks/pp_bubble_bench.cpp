@@ -2,11 +2,12 @@
 // many micro-batches' activations does each stage hold?
 //
 //   mpirun -np 2 build/release/benchmarks/pp_bubble_bench [--json out.json] [--micro-batches 4,8,16]
-//          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4]
+//          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4] [--vocab 256]
+//          [--partition compute|parameters|uniform]
 //   mpirun -np 4 --oversubscribe ... (pp 4: ranks share cores; read the replayed column, below)
 //
 // The world is one pipeline (pp = ranks) of the built-in GPT (pp::GptPipeline, partitioned by
-// parameters, no recomputation), one compute thread per rank (launch::set_blas_threads; the JSON says
+// --partition: "compute" by default, Note [compute partition] in pp/gpt.cpp; no recomputation), one compute thread per rank (launch::set_blas_threads; the JSON says
 // how many). Per micro-batch count m: a warm-up step of every schedule, then --reps rounds, each
 // running every schedule once in turn (interleaved, so load drifts hit all alike), each step after a
 // barrier. Two bubbles per step, the median over rounds reported:
@@ -29,7 +30,15 @@
 // interleaved lower by about its chunk count, ZB-H1 at most 0.5x of 1F1B). Pass times are not even
 // (the last stage computes the head and loss; the first the embedding), so the formula, which assumes
 // equal stages, is met only as far as the partition balances them: pass_imbalance is the largest
-// rank's pass seconds over the mean.
+// rank's pass seconds over the mean. Two formulas take the measured costs instead:
+//   f_stages   1F1B's bubble with unequal stages: stage s spends t_s per micro-batch (its pass CPU
+//              seconds / m), the slowest paces the steady state, so the step takes
+//              sum_s t_s + (m - 1) max_s t_s and stage s idles 1 - m t_s / that (mean over stages;
+//              (pp - 1) / (m + pp - 1) when all t_s are equal). Exact for 1F1B where the slowest
+//              stage is the last (the head's).
+//   f_zb       ZB-H1's bubble with the measured mean F, B, W (Qi et al.): (pp - 1)(F + B - W) idle
+//              per rank against 1F1B's (pp - 1)(F + B + W), over the step m (F + B + W) + that idle;
+//              f_zb / formula is the ZB-H1 / 1F1B ratio these pass costs allow with equal stages.
 // Per stage: its peak activation bytes (nn::HostContext's kActivation peak over the steps: every
 // micro-batch in flight, received activations, pending sends; independent of timing) and the most
 // micro-batches it held at once (all-forward-all-backward: m; 1F1B: pp - stage).
@@ -76,8 +85,9 @@ std::vector<nn::Batch> micro_batches(int64_t m, int64_t B, int64_t T) {
 // One step's figures on rank 0 (the others get zeros): measured and replayed bubble, step seconds,
 // the largest rank's pass seconds over the mean.
 struct StepFigures {
-  double measured = 0, replayed = 0, typical = 0, seconds = 0, imbalance = 0;
+  double measured = 0, replayed = 0, typical = 0, seconds = 0, imbalance = 0, stage_formula = 0;
   double pass_ms[3] = {0, 0, 0};  // mean CPU milliseconds of a forward, a backward (ZB-H1: B), a W pass
+  std::vector<double> stage_ms;   // the same per stage: stage_ms[3 * r + kind]
 };
 
 StepFigures step_figures(const pp::StepStats& st, pp::Schedule s, const pp::PipelineShape& shape, int me) {
@@ -123,7 +133,21 @@ StepFigures step_figures(const pp::StepStats& st, pp::Schedule s, const pp::Pipe
     }
   }
   for (int k = 0; k < 3; ++k) f.pass_ms[k] = count[k] > 0 ? 1e3 * sum[k] / count[k] : 0.0;
+  f.stage_ms.assign(3 * static_cast<size_t>(p), 0.0);
+  for (int r = 0; r < p; ++r) {
+    double rs[3] = {0, 0, 0}, rc[3] = {0, 0, 0};
+    for (size_t i = 0; i < tl.ops[static_cast<size_t>(r)].size(); ++i) {
+      const int k = tl.ops[static_cast<size_t>(r)][i].kind;
+      rs[k] += secs[static_cast<size_t>(r)][i];
+      rc[k] += 1;
+    }
+    for (int k = 0; k < 3; ++k) f.stage_ms[3 * static_cast<size_t>(r) + k] = rc[k] > 0 ? 1e3 * rs[k] / rc[k] : 0.0;
+  }
   f.imbalance = *std::max_element(busy.begin(), busy.end()) / (std::accumulate(busy.begin(), busy.end(), 0.0) / p);
+  // f_stages (above): busy[r] / m is stage r's cost per micro-batch.
+  const double most = *std::max_element(busy.begin(), busy.end()), m = static_cast<double>(shape.micro_batches);
+  const double step = (std::accumulate(busy.begin(), busy.end(), 0.0) + (m - 1.0) * most) / m;
+  for (double b : busy) f.stage_formula += (1.0 - b / step) / p;
   return f;
 }
 
@@ -142,16 +166,19 @@ int main(int argc, char** argv) {
     const int64_t layers = std::stoll(bench::arg_value(argc, argv, "--layers", "8"));
     const int64_t T = std::stoll(bench::arg_value(argc, argv, "--seq", "64"));
     const int64_t B = std::stoll(bench::arg_value(argc, argv, "--batch", "4"));
+    const int64_t vocab = std::stoll(bench::arg_value(argc, argv, "--vocab", "256"));
+    const pp::PartitionConfig partition{.method = pp::parse_partition_method(bench::arg_value(argc, argv, "--partition", "compute"))};
     std::vector<int64_t> ms;
     {
       std::stringstream in(bench::arg_value(argc, argv, "--micro-batches", "4,8,16"));
       for (std::string x; std::getline(in, x, ',');) ms.push_back(std::stoll(x));
     }
-    const nn::GptConfig cfg{.n_layer = layers, .d_model = d, .n_head = 4, .seq_len = T, .vocab_size = 256};
+    const nn::GptConfig cfg{.n_layer = layers, .d_model = d, .n_head = 4, .seq_len = T, .vocab_size = vocab};
     bench::Report report;
     report.benchmark = "pp_bubble_bench";
     report.config = {{"pp", p},     {"d_model", d}, {"n_layer", layers}, {"seq", T}, {"batch", B},
-                     {"reps", reps}, {"compute_threads_per_rank", threads}};
+                     {"reps", reps}, {"compute_threads_per_rank", threads}, {"vocab", vocab},
+                     {"partition", pp::partition_method_name(partition.method)}};
     boost::json::object ratios;
     std::vector<Sched> scheds;
     for (Sched sc : {Sched{pp::Schedule::kAllForwardAllBackward, 1}, Sched{pp::Schedule::kOneFOneB, 1},
@@ -161,15 +188,26 @@ int main(int argc, char** argv) {
     std::vector<std::unique_ptr<pp::GptPipeline>> gpts;
     for (const Sched& sc : scheds) {
       gpts.push_back(std::make_unique<pp::GptPipeline>(
-          cfg, group, pp::GptPipelineConfig{.virtual_pipeline_size = sc.chunks, .pipeline = {.schedule = sc.s}}));
+          cfg, group,
+          pp::GptPipelineConfig{.virtual_pipeline_size = sc.chunks, .pipeline = {.schedule = sc.s}, .partition = partition}));
       gpts.back()->materialize(1);
     }
     if (me == 0) {
       std::printf("pp %d, %d compute thread(s) per rank%s\n", p, threads,
                   threads > 1 ? " (replayed CPU seconds then miss the other threads' work: use 1)" : "");
+      boost::json::object bounds;
+      for (size_t i = 0; i < scheds.size(); ++i) {
+        std::string b;
+        for (int64_t x : gpts[i]->boundaries()) b += fmt::format("{}{}", b.empty() ? "" : ",", x);
+        std::printf("%s: block boundaries of the %s partition %s\n", pp::schedule_name(scheds[i].s).c_str(),
+                    pp::partition_method_name(partition.method).c_str(), b.c_str());
+        bounds[pp::schedule_name(scheds[i].s)] = b;
+      }
+      report.config["block_boundaries"] = bounds;
       std::printf("%-12s %3s %9s %9s %9s %9s %9s %8s %8s %9s %9s %8s %14s %s\n", "schedule", "m", "measured", "replayed",
                   "repl_med", "ideal",
                   "formula", "meas/f", "repl/f", "repl/1f1b", "step_ms", "imbal", "F/B/W cpu ms", "per stage: peak act MiB (in flight)");
+      std::printf("%-12s %3s %9s %9s %9s %9s\n", "", "", "f_stages", "repl/f_st", "f_zb", "f_zb/f");
     }
     for (int64_t m : ms) {
       const std::vector<nn::Batch> mbs = micro_batches(m, B, T);
@@ -208,6 +246,7 @@ int main(int argc, char** argv) {
         const double meas = med(&StepFigures::measured), repl = med(&StepFigures::replayed);
         const double typical = med(&StepFigures::typical);
         const double secs = med(&StepFigures::seconds), imbal = med(&StepFigures::imbalance);
+        const double f_stages = med(&StepFigures::stage_formula);
         double pass_ms[3];
         for (int k = 0; k < 3; ++k) {
           std::vector<double> v;
@@ -220,33 +259,51 @@ int main(int argc, char** argv) {
           return std::accumulate(pl.bubble.begin(), pl.bubble.end(), 0.0) / p;
         }();
         const double formula = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
+        // f_zb (above), from the mean F, B, W CPU seconds of this schedule's passes (ZB-H1 only).
+        const double f_zb = s != pp::Schedule::kZeroBubbleH1 ? 0.0 : [&] {
+          const double idle = (p - 1) * (pass_ms[0] + pass_ms[1] - pass_ms[2]);
+          return idle / (static_cast<double>(m) * (pass_ms[0] + pass_ms[1] + pass_ms[2]) + idle);
+        }();
         // Each round's replayed bubble over the same round's 1F1B (schedules run in turn within a round).
         std::vector<double> v;
         for (size_t r = 0; r < figs[i].size(); ++r) v.push_back(figs[i][r].replayed / figs[k1][r].replayed);
         const double over_1f1b = bench::median(v);
         const std::string name = pp::schedule_name(s), key = name + "/m" + std::to_string(m);
-        std::string per_stage;
+        std::string per_stage, stage_passes;
         boost::json::array stage_json;
         for (int q = 0; q < p; ++q) {
           const double peak = stages[2 * static_cast<size_t>(q)], held = stages[2 * static_cast<size_t>(q) + 1];
           per_stage += fmt::format(" {:.2f} ({:.0f})", peak / (1 << 20), held);
-          stage_json.push_back(boost::json::object{{"stage", q}, {"peak_activation_bytes", peak},
-                                                   {"micro_batches_in_flight", held}});
+          double ms[3];  // this stage's mean F, B, W CPU ms, median over rounds
+          for (int k = 0; k < 3; ++k) {
+            std::vector<double> v;
+            for (const StepFigures& f : figs[i]) v.push_back(f.stage_ms[3 * static_cast<size_t>(q) + k]);
+            ms[k] = bench::median(v);
+          }
+          stage_passes += fmt::format(" {:.1f}/{:.1f}/{:.1f}", ms[0], ms[1], ms[2]);
+          stage_json.push_back(boost::json::object{
+              {"stage", q}, {"peak_activation_bytes", peak}, {"micro_batches_in_flight", held},
+              {"pass_cpu_ms", boost::json::object{{"forward", ms[0]}, {"backward", ms[1]}, {"weight", ms[2]}}}});
         }
         std::printf("%-12s %3lld %9.3f %9.3f %9.3f %9.3f %9.3f %8.2f %8.2f %9.2f %9.2f %8.2f %5.1f/%.1f/%.1f %s\n",
                     name.c_str(), static_cast<long long>(m), meas, repl, typical, ideal, formula, meas / formula, repl / formula,
                     over_1f1b, secs * 1e3, imbal, pass_ms[0], pass_ms[1], pass_ms[2], per_stage.c_str());
+        std::printf("%-12s %3s %9.3f %9.2f %9.3f %9.2f   per stage F/B/W cpu ms:%s\n", "", "", f_stages, repl / f_stages,
+                    f_zb, f_zb / formula, stage_passes.c_str());
         std::fflush(stdout);
         report.results.push_back(boost::json::object{
             {"schedule", name}, {"chunks", scheds[i].chunks}, {"pp", p}, {"m", m}, {"measured_bubble", meas},
             {"replayed_bubble", repl}, {"replayed_median_pass_bubble", typical}, {"ideal_bubble", ideal}, {"step_s", secs}, {"pass_imbalance", imbal},
+            {"formula_1f1b_measured_stages", f_stages}, {"formula_zb_h1_measured_passes", f_zb},
             {"pass_cpu_ms", boost::json::object{{"forward", pass_ms[0]}, {"backward", pass_ms[1]}, {"weight", pass_ms[2]}}},
             {"stages", std::move(stage_json)}});
         report.baseline[key] = boost::json::object{{"formula_1f1b", formula}};
         ratios[key] = boost::json::object{{"measured_over_formula", meas / formula},
                                           {"replayed_over_formula", repl / formula},
                                           {"replayed_median_pass_over_formula", typical / formula},
-                                          {"replayed_over_1f1b", over_1f1b}};
+                                          {"replayed_over_1f1b", over_1f1b},
+                                          {"replayed_over_formula_measured_stages", repl / f_stages},
+                                          {"formula_zb_h1_measured_over_formula", f_zb / formula}};
       }
     }
     report.ratio = ratios;

@@ -63,6 +63,8 @@ class RunningScope {
 }  // namespace
 
 void Context::run_deferred(std::vector<DeferredGrad>& grads) {
+  std::optional<detail::KernelsOff> off;  // Note [measuring run], as forward_loss and backward_loss
+  if (!computes()) off.emplace();
   for (DeferredGrad& g : grads) {
     RunningScope scope(running_, *g.owner);
     g.compute(*this);

@@ -34,16 +34,39 @@ std::vector<int64_t> gpt_block_costs(const nn::GptConfig& cfg) {
   return cost;
 }
 
+// Note [compute partition]
+// pipeline.partition_method "compute": each block's cost is its training FLOPs per token, the terms of
+// nn::gpt_train_flops_per_token (nn/gpt.h): 6 (4 C^2 + 2 C F) for its products and 12 T C for the
+// attention scores, forward and backward; the last block also carries the output head's 6 V C (its
+// loss's softmax is elementwise, not counted, as nn/flops.h counts). The first block's embedding
+// lookup costs no products and adds nothing, though the parameter method counts its V C + T C
+// elements as much as the head's. This is Megatron's --account-for-embedding/loss-in-pipeline-split
+// with their FLOP counts instead of "one layer each": the last stage gets fewer blocks in the
+// proportion its head costs, and the first is not relieved of blocks for an embedding that costs
+// nothing. Blocks are whole, so a head much smaller than a block (a byte vocabulary: V / 12 C of one)
+// leaves the stages as uneven as before: no whole-block split does better.
+std::vector<int64_t> gpt_block_compute(const nn::GptConfig& cfg) {
+  nn::validate(cfg);
+  const int64_t C = cfg.d_model, V = cfg.vocab_size, T = cfg.seq_len, F = nn::gpt_d_ff(cfg);
+  std::vector<int64_t> cost(static_cast<size_t>(cfg.n_layer), 6 * (4 * C * C + 2 * C * F) + 12 * T * C);
+  cost.back() += 6 * V * C;
+  return cost;
+}
+
+// The per-block costs `part`'s method balances (parameters unless it is "compute").
+std::vector<int64_t> partition_costs(const nn::GptConfig& cfg, const PartitionConfig& part) {
+  return part.method == PartitionMethod::kCompute ? gpt_block_compute(cfg) : gpt_block_costs(cfg);
+}
+
 }  // namespace
 
 std::vector<int64_t> gpt_partition(const nn::GptConfig& cfg, const PartitionConfig& part, int global_chunks) {
-  const std::vector<int64_t> cost = gpt_block_costs(cfg);
-  return partition(part, cost, global_chunks);
+  return partition(part, partition_costs(cfg, part), global_chunks);
 }
 
 int64_t gpt_stage_param_count(const nn::GptConfig& cfg, const PartitionConfig& part, int stages, int chunks, int stage) {
   const std::vector<int64_t> cost = gpt_block_costs(cfg);
-  const std::vector<int64_t> bounds = partition(part, cost, stages * chunks);
+  const std::vector<int64_t> bounds = gpt_partition(cfg, part, stages * chunks);
   int64_t n = 0;
   for (int c = 0; c < chunks; ++c) {
     const auto g = static_cast<size_t>(c * stages + stage);

@@ -13,8 +13,9 @@
 //
 // Partition: the layers are the blocks; a block's cost is its parameter count, the first block's
 // with the embeddings added and the last block's with the final norm and head
-// (PartitionMethod::kParameters balances these; kUniform splits the blocks evenly; kExplicit takes
-// boundaries over the n_layer blocks, pipeline.partition_boundaries).
+// (PartitionMethod::kParameters balances these), or its training FLOPs, the last block's with the
+// head's (kCompute, Note [compute partition] in pp/gpt.cpp); kUniform splits the blocks evenly;
+// kExplicit takes boundaries over the n_layer blocks, pipeline.partition_boundaries.
 #pragma once
 
 #include <cstdint>

@@ -13,6 +13,7 @@ namespace zs::pp {
 std::string partition_method_name(PartitionMethod m) {
   switch (m) {
     case PartitionMethod::kParameters: return "parameters";
+    case PartitionMethod::kCompute: return "compute";
     case PartitionMethod::kUniform: return "uniform";
     case PartitionMethod::kExplicit: return "explicit";
   }
@@ -20,11 +21,12 @@ std::string partition_method_name(PartitionMethod m) {
 }
 
 PartitionMethod parse_partition_method(const std::string& name) {
-  for (auto m : {PartitionMethod::kParameters, PartitionMethod::kUniform, PartitionMethod::kExplicit}) {
+  for (auto m : {PartitionMethod::kParameters, PartitionMethod::kCompute, PartitionMethod::kUniform,
+                 PartitionMethod::kExplicit}) {
     if (partition_method_name(m) == name) return m;
   }
-  throw ConfigError(fmt::format("pipeline.partition_method: \"{}\" is not a method; use \"parameters\", \"uniform\" "
-                                "or \"explicit\" (with pipeline.partition_boundaries)",
+  throw ConfigError(fmt::format("pipeline.partition_method: \"{}\" is not a method; use \"parameters\", \"compute\", "
+                                "\"uniform\" or \"explicit\" (with pipeline.partition_boundaries)",
                                 name));
 }
 
@@ -90,6 +92,7 @@ std::vector<int64_t> partition(const PartitionConfig& cfg, std::span<const int64
       for (int s = 0; s < stages; ++s) b.push_back(b.back() + n / stages + (s < n % stages ? 1 : 0));
       return b;
     case PartitionMethod::kParameters:
+    case PartitionMethod::kCompute:
       for (int64_t c : layer_cost) {
         if (c < 0) throw UsageError(fmt::format("pp::partition: negative layer cost {}", c));
       }

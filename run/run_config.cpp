@@ -195,7 +195,7 @@ void read_pipeline(ObjectReader& r, RunConfig& cfg) {
   r.read_choice("schedule", schedule, {"afab", "1f1b", "interleaved", "zb-h1"});
   pl.schedule = pp::parse_schedule(schedule);
   std::string method = pp::partition_method_name(pl.partition.method);
-  const bool has_method = r.read_choice("partition_method", method, {"parameters", "uniform", "explicit"});
+  const bool has_method = r.read_choice("partition_method", method, {"parameters", "compute", "uniform", "explicit"});
   pl.partition.method = pp::parse_partition_method(method);
   if (r.read("partition_boundaries", pl.partition.boundaries)) {
     if (has_method && pl.partition.method != pp::PartitionMethod::kExplicit) {

@@ -23,6 +23,7 @@
 #include "run/run_config.h"
 #include "estimate/estimate.h"
 #include "estimate/recompute_budget.h"
+#include "launch/launch.h"
 #include "tools/commands.h"
 #include "tools/options.h"
 
@@ -38,7 +39,10 @@ constexpr const char* kEstimateUsage =
     "  --offload X: the optimizer states (stages 1-3) and the parameters (stage 3) on X; with --config it\n"
     "               replaces the config's offload_optimizer and offload_param (default: the config's, else none)\n"
     "  --pp-stage S: with model.pipeline_parallel_size P > 1, estimate pipeline stage S (0..P-1) only; default all\n"
-    "               stages, each on its own, the largest as the figure (--ranks: the world, tp x dp x pp ranks)\n";
+    "               stages, each on its own, the largest as the figure (--ranks: the world, tp x dp x pp ranks)\n"
+    "  With --config the activations are measured on the compute threads each rank of `mpirun -np R zeroshard\n"
+    "  train` on this machine gets (its CPUs / R, at least 1; OPENBLAS_NUM_THREADS sets another count, as for\n"
+    "  train): per-thread scratch (the fused attention's) depends on it\n";
 
 // "125000000", "1.5e9", "125M", "1.3B", "7b", "2T" -> a positive whole number of parameters.
 uint64_t parse_param_count(const std::string& text) {
@@ -177,6 +181,12 @@ int run(const po::variables_map& vm) {
   engine::EstimateInput in;
   const std::string pp_stage = vm["pp-stage"].as<std::string>();
   if (have_config) {
+    // Note [estimate threads]: the measured run (estimate/measure.h) allocates what the layers do, and
+    // some size scratch per compute thread (nn/fused_attention.cpp: two score blocks per chunk of work), so
+    // it runs on the threads a rank of the estimated run gets, as `zeroshard train` sets them for R
+    // ranks on this machine, not on every CPU of this lone process: a ZB-H1 stage, whose peak falls in
+    // an attention backward, was otherwise estimated one thread's scratch too high at R = 2 on 2 CPUs.
+    launch::set_blas_threads(ranks);
     // The config is validated as for a run on `ranks` ranks (its batch arithmetic included).
     run::RunConfig cfg = run::parse_run_config(parse_json_file(vm["config"].as<std::string>()), ranks);
     for (const std::string& note : cfg.notes) ZS_LOG_WARN("config: {}", note);  // one process: logged once

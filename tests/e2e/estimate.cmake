@@ -126,6 +126,16 @@ foreach(case "1;2;1f1b;1" "2;2;1f1b;1" "1;2;afab;1" "2;2;zb-h1;1" "1;2;interleav
   set_tests_properties(${name} PROPERTIES LABELS e2e TIMEOUT 150 ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS ${np}
     PASS_REGULAR_EXPRESSION "estimate agreement ok")
 endforeach()
+# ... ZB-H1 where a stage's peak falls in an attention backward (tests/configs/estimate_pp_zbh1.json,
+# pp_bench.py's memory model) with the ranks' own thread counts (NATIVE_THREADS): the fused
+# attention's scratch is per compute thread, so the estimate measures on the threads a rank of the
+# run gets (Note [estimate threads] in tools/estimate_command.cpp; on all of its process's CPUs it
+# was one thread's scratch, 16,128 bytes of the peak, too high on 2 CPUs).
+add_test(NAME e2e_estimate_agrees_pp2_zb-h1_attention_peak.np2 COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard>
+  -DMPIEXEC=${MPIEXEC_EXECUTABLE} -DCONFIG=${PROJECT_SOURCE_DIR}/tests/configs/estimate_pp_zbh1.json -DSTAGE=1 -DNP=2
+  -DPP=2 -DNATIVE_THREADS=ON -DWORK=${CMAKE_CURRENT_BINARY_DIR}/estimate_pp_zbh1 -P ${CMAKE_CURRENT_SOURCE_DIR}/estimate_agreement.cmake)
+set_tests_properties(e2e_estimate_agrees_pp2_zb-h1_attention_peak.np2 PROPERTIES LABELS e2e TIMEOUT 150
+  ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 2 PASS_REGULAR_EXPRESSION "estimate agreement ok")
 # ... pp 2 x tp 2 with sequence parallelism, bf16, ZeRO 2 (tests/configs/estimate_pp_tp.json): one tp
 # rank's slices of each stage, byte for byte.
 add_test(NAME e2e_estimate_agrees_pp2_tp2_stage2.np4 COMMAND ${CMAKE_COMMAND} -DTOOL=$<TARGET_FILE:zeroshard>

@@ -16,6 +16,9 @@
 # device peak follow the routing, which the estimator takes as balanced).
 # With -DTP=T (a config with model.tensor_parallel_size T) world rank r is compared with the estimate's
 # data-parallel rank r / T.
+# With -DNATIVE_THREADS=ON both run without OPENBLAS_NUM_THREADS (the test environment's 1) and the
+# ranks unbound (mpirun --bind-to none): each rank computes on its share of the CPUs, and the estimate
+# must measure on the same count (Note [estimate threads] in tools/estimate_command.cpp).
 # With -DPP=P (a config with model.pipeline_parallel_size P) each pipeline stage is estimated on its
 # own (--pp-stage S) and world rank r compared with its stage's estimate, as data-parallel rank
 # (r / T) % (NP / (T x P)) of stage r / (T x dp) (comm::Topology's order: tp, then dp, then pp). -DSCHEDULE=X sets
@@ -57,9 +60,18 @@ set(summary ${WORK}/estimate_${tag}_summary.json)
 file(WRITE ${cfg} "${text}")
 file(REMOVE ${summary})
 set(train ${TOOL} train --config ${cfg} --steps 2 --summary ${summary})
-if(NP GREATER 1)
-  set(train ${MPIEXEC} --oversubscribe -np ${NP} ${train})
+set(threads_env)
+if(NATIVE_THREADS)
+  set(threads_env ${CMAKE_COMMAND} -E env --unset=OPENBLAS_NUM_THREADS --unset=OMP_NUM_THREADS)
 endif()
+if(NP GREATER 1)
+  set(bind)
+  if(NATIVE_THREADS)
+    set(bind --bind-to none)
+  endif()
+  set(train ${MPIEXEC} --oversubscribe ${bind} -np ${NP} ${train})
+endif()
+set(train ${threads_env} ${train})
 execute_process(COMMAND ${train} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "estimate agreement: training failed (${rc}):\n${out}${err}")
@@ -70,7 +82,7 @@ foreach(s RANGE ${last_pp})
   if(PP GREATER 1)
     set(pp_arg --pp-stage ${s})
   endif()
-  execute_process(COMMAND ${TOOL} estimate --config ${cfg} --ranks ${NP} --stage ${STAGE} ${pp_arg} --json
+  execute_process(COMMAND ${threads_env} ${TOOL} estimate --config ${cfg} --ranks ${NP} --stage ${STAGE} ${pp_arg} --json
     RESULT_VARIABLE rc OUTPUT_VARIABLE est_pp${s} ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "estimate agreement: estimate failed (${rc}): ${err}")

@@ -3,7 +3,7 @@
 // backward, 1F1B, interleaved with 2 chunks per rank, ZB-H1), tied and untied embeddings, activation
 // recomputation on: the mean loss over the micro-batches and every parameter's gradient equal
 // nn::GptModel's run over the same micro-batches (fp32 1e-5), each parameter under its GptModel name
-// and init; pp x tp (pp::TpGptStage) at 2 and 4 ranks, sequence parallelism off and on. Partitioning and the schedules' plans (every pass once, the ideal bubble against
+// and init; pp x tp (pp::TpGptStage) at 2 and 4 ranks, sequence parallelism off and on; the compute partition's uneven split (vocabulary 512) likewise. Partitioning and the schedules' plans (every pass once, the ideal bubble against
 // (pp - 1) / (m + pp - 1), micro-batches in flight) without MPI; errors name the config keys.
 #include <gtest/gtest.h>
 
@@ -27,8 +27,8 @@ using zs::tp::test::randomize;
 
 constexpr int64_t kB = 2, kT = 8, kV = 16;
 
-nn::GptConfig config(bool tied) {
-  return {.n_layer = 8, .d_model = 16, .n_head = 2, .seq_len = kT, .vocab_size = kV, .tied_embeddings = tied};
+nn::GptConfig config(bool tied, int64_t vocab = kV) {
+  return {.n_layer = 8, .d_model = 16, .n_head = 2, .seq_len = kT, .vocab_size = vocab, .tied_embeddings = tied};
 }
 
 std::vector<nn::Batch> micro_batches(int64_t m) {
@@ -81,6 +81,24 @@ TEST(Partition, ErrorsNameTheKeys) {
   // The GPT's layers are its blocks: 8 blocks fit at most 8 global chunks.
   EXPECT_THROW(gpt_partition(config(true), {}, 9), ConfigError);
   EXPECT_EQ(gpt_partition(config(true), {.method = PartitionMethod::kUniform}, 4), (std::vector<int64_t>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(parse_partition_method("compute"), PartitionMethod::kCompute);
+}
+
+// Note [compute partition] in pp/gpt.cpp: at vocabulary 512 and d_model 16 the head's products cost
+// 2.46 blocks and the embedding lookup none, while the parameter count weighs the embedding (3.5
+// blocks of elements) as much as the head: "parameters" splits 4 / 4, "compute" gives the last
+// stage fewer blocks (5 + 3 blocks, costs 5 and 5.46; 4 / 4 would be 4 and 6.46).
+TEST(Partition, ComputeCountsTheHeadAndNotTheEmbeddingLookup) {
+  const nn::GptConfig big = config(true, 512);
+  EXPECT_EQ(gpt_partition(big, {.method = PartitionMethod::kParameters}, 2), (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(gpt_partition(big, {.method = PartitionMethod::kCompute}, 2), (std::vector<int64_t>{0, 5, 8}));
+  EXPECT_EQ(gpt_partition(big, {.method = PartitionMethod::kCompute}, 4), (std::vector<int64_t>{0, 3, 6, 7, 8}));
+  // The head of a 16-token vocabulary is 8% of a block: no whole-block split beats the uniform one.
+  EXPECT_EQ(gpt_partition(config(true), {.method = PartitionMethod::kCompute}, 4), (std::vector<int64_t>{0, 2, 4, 6, 8}));
+  // The stage's parameters are counted as such whatever balanced the split: stage 0 holds 5 blocks and
+  // the embeddings (wte 512 x 16, wpe 8 x 16).
+  EXPECT_EQ(gpt_stage_param_count(big, {.method = PartitionMethod::kCompute}, 2, 1, 0),
+            5 * (12 * 16 * 16 + 13 * 16) + 512 * 16 + 8 * 16);
 }
 
 // ---- Schedules ----
@@ -188,14 +206,15 @@ struct Case {
   int chunks = 1;
   bool tied = true;
   PartitionMethod method = PartitionMethod::kParameters;
+  int64_t vocab = kV;
 };
 
 // `tpg`: each stage tensor-parallel over it (pp::TpGptStage), gradients compared as slices.
 void check(const comm::Group& group, const Case& c, int64_t m, const comm::Group* tpg = nullptr, bool sp = false) {
-  SCOPED_TRACE(fmt::format("pp {} tp {} sp {} {} chunks {} tied {} partition {} m {}", group.size(),
+  SCOPED_TRACE(fmt::format("pp {} tp {} sp {} {} chunks {} tied {} partition {} vocab {} m {}", group.size(),
                            tpg ? tpg->size() : 1, sp, schedule_name(c.schedule), c.chunks, c.tied,
-                           partition_method_name(c.method), m));
-  const nn::GptConfig cfg = config(c.tied);
+                           partition_method_name(c.method), c.vocab, m));
+  const nn::GptConfig cfg = config(c.tied, c.vocab);
   const auto mbs = micro_batches(m);
   const float scale = 1.0f / static_cast<float>(m);
 
@@ -254,6 +273,8 @@ TEST(GptPipeline, EveryScheduleMatchesGptModel) {
       check(group, {.schedule = Schedule::kAllForwardAllBackward, .tied = tied}, 4);
       check(group, {.schedule = Schedule::kOneFOneB, .tied = tied}, 4);
       check(group, {.schedule = Schedule::kOneFOneB, .tied = tied, .method = PartitionMethod::kUniform}, 3);
+      // The compute partition's uneven split (5 + 3 blocks at pp 2) trains the same model.
+      check(group, {.schedule = Schedule::kOneFOneB, .tied = tied, .method = PartitionMethod::kCompute, .vocab = 512}, 4);
       check(group, {.schedule = Schedule::kInterleaved, .chunks = 2, .tied = tied}, 4);
       check(group, {.schedule = Schedule::kZeroBubbleH1, .tied = tied}, 4);
     }

@@ -290,6 +290,10 @@ TEST(PipelineConfig, KeysParsed) {
       2);
   EXPECT_EQ(e.pipeline.partition.method, pp::PartitionMethod::kExplicit);
   EXPECT_EQ(e.pipeline.schedule, pp::Schedule::kOneFOneB);  // the default
+  RunConfig f = parse_run_config(
+      parse_json_text(with(R"(, "pipeline_parallel_size": 2)", R"(, "pipeline": {"partition_method": "compute"})"), "case"),
+      2);
+  EXPECT_EQ(f.pipeline.partition.method, pp::PartitionMethod::kCompute);
 }
 
 TEST(PipelineConfig, MistakesNameTheKeys) {
