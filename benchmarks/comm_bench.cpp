@@ -23,9 +23,9 @@
 // the noise (the largest interquartile range of the three paths, relative to its median).
 // Bandwidths follow NCCL-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce) or
 // algbw * (n-1)/n (reduce-scatter, allgather) or algbw (broadcast). ratio > 1: zeroshard faster.
-// Copy bound (`copy_ms`, timed in the same rotation): every rank at once memcpy's the bytes it must
+// Copy bound (`copy_us`, timed in the same rotation): every rank at once memcpy's the bytes it must
 // receive (busbw's bytes: B(n-1)/n, or 2B(n-1)/n for allreduce) between two private buffers of its
-// own; copy_ms is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
+// own; copy_us is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
 // move its data faster than that (a reduction also reads its own part); `raw/copy` and `zs/copy` say
 // how many copy times each path's median takes.
 // Placement (`--arena 1`, the default): zeroshard's buffers lie in a registered shared arena
@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
     off.shared_memory = comm::SharedMemory::kOff;
     const comm::Group g_mpi = g.dup("world_mpi", off);
     const int n = g.size();
-    const size_t max_bytes = std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20;
+    const size_t max_bytes = bench::arg_value(argc, argv, "--max-bytes", "").empty()
+                                 ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20
+                                 : std::stoul(bench::arg_value(argc, argv, "--max-bytes", ""));
     const size_t min_bytes = bench::arg_value(argc, argv, "--min-bytes", "").empty()
                                  ? std::stoul(bench::arg_value(argc, argv, "--min-kib", "1")) << 10
                                  : std::stoul(bench::arg_value(argc, argv, "--min-bytes", ""));
@@ -100,12 +102,13 @@ int main(int argc, char** argv) {
     if (g.rank() == 0) {
       std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s), zeroshard's "
                   "buffers in %s\n", n, warmup, reps, arena.active() ? "the shared arena (direct path)" : "ordinary memory");
-      std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_ms",
-                  "zs_ms", "zs_mpi_ms", "copy_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
+      std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_us",
+                  "zs_us", "zs_mpi_us", "copy_us", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
                   "noise%");
     }
     const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace", "broadcast"};
     const int calls = std::stoi(bench::arg_value(argc, argv, "--calls", "0"));
+    const int burst = std::max(1, std::stoi(bench::arg_value(argc, argv, "--burst", "1")));
     const std::string only = bench::arg_value(argc, argv, "--collective", "");
     for (int c = 0; c < 5; ++c) {
       if (!only.empty() && only != names[c]) continue;
@@ -147,14 +150,21 @@ int main(int argc, char** argv) {
             if (c == 4) grp.broadcast(f, 0);
           };
         };
-        auto ours = on(g, zfull, zmine);
-        auto ours_mpi = on(g_mpi, full, mine);
+        // --burst N: each timed path runs N back-to-back calls (a step's run of small collectives), timed per call.
+        auto bursts = [burst](auto f) {
+          return [f, burst] {
+            for (int i = 0; i < burst; ++i) f();
+          };
+        };
+        auto ours = bursts(on(g, zfull, zmine));
+        auto ours_mpi = bursts(on(g_mpi, full, mine));
+        auto raw_n = bursts(raw);
         if (calls > 0) {  // --calls: the profiling loop, one size
           for (int i = 0; i < calls; ++i) ours();
           break;
         }
         for (int r = 0; r < warmup; ++r) {
-          timed_in_world(raw);
+          timed_in_world(raw_n);
           timed_in_world(ours);
           timed_in_world(ours_mpi);
           timed_in_world(copy);
@@ -164,9 +174,9 @@ int main(int argc, char** argv) {
           double a = 0, z = 0, zm = 0, cp = 0;
           for (int k = 0; k < 4; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi, copy
             switch ((r + k) % 4) {
-              case 0: a = timed_in_world(raw); break;
-              case 1: z = timed_in_world(ours); break;
-              case 2: zm = timed_in_world(ours_mpi); break;
+              case 0: a = timed_in_world(raw_n) / burst; break;
+              case 1: z = timed_in_world(ours) / burst; break;
+              case 2: zm = timed_in_world(ours_mpi) / burst; break;
               default: cp = timed_in_world(copy); break;
             }
           }
@@ -185,8 +195,8 @@ int main(int argc, char** argv) {
         const double raw_bus = b / tr * factor / 1e9, ours_bus = b / to * factor / 1e9;
         const double ratio = bench::median(paired), mpi_ratio = bench::median(paired_mpi);
         if (g.rank() == 0) {
-          std::printf("%-15s %10zu %10.3f %10.3f %10.3f %10.3f %10.2f %10.2f %8.3f %9.3f %8.2f %8.2f %7.0f\n", names[c],
-                      count * 4, tr * 1e3, to * 1e3, tm * 1e3, tc * 1e3, raw_bus, ours_bus, ratio, mpi_ratio, tr / tc,
+          std::printf("%-15s %10zu %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f %9.3f %8.2f %8.2f %7.0f\n", names[c],
+                      count * 4, tr * 1e6, to * 1e6, tm * 1e6, tc * 1e6, raw_bus, ours_bus, ratio, mpi_ratio, tr / tc,
                       to / tc, noise * 100);
           std::fflush(stdout);
         }
