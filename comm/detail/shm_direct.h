@@ -27,6 +27,19 @@
 // in each rank's flag line (words 1-2) before the first barrier, which also says "sources ready";
 // a last barrier keeps each rank from returning (and overwriting its tensor) while a peer still reads
 // it. Barriers are the staged path's (timeouts, the group marked broken), so no guarantee changes.
+//
+// Note [Direct allreduce's copy-out]
+// In the allreduce's second half every line a rank writes (its copy of a peer's reduced sub-slice)
+// was read by that peer a moment before, in the peer's sum over every rank's sub-slice, so the line
+// is still shared in the peer's cache and each ordinary store must first invalidate that copy: a
+// cross-core round trip per line, which the store queue overlaps only a few deep. Measured on the
+// 2-core Zen 4 (two threads; 512 KiB whose destination lines the other core had just read): memcpy
+// 60 us (8.7 GB/s) against 11 us for the same copy into lines no other core holds; streaming stores,
+// which invalidate without waiting for ownership, 18 us. So the copy-out uses copy_streaming at every
+// size (the sums write lines the peers read only after the barrier, from this rank's cache).
+// comm_bench np 2 allreduce (docs/benchmarks.md, "Allreduce's copy-out"): 1.3-1.7x raw OpenMPI before,
+// 2.1-2.5x after from 16 KiB to 1 MiB. The copied part then lies in memory rather than in this core's
+// cache: its next reader pays memory reads for it, not round trips.
 #pragma once
 
 #include <cstdint>

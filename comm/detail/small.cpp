@@ -19,6 +19,7 @@ using memory::DType;
 
 namespace {
 
+constexpr int kQuickPolls = 128;  // wait_for's first polls, a pause apart
 constexpr int kDoneWord = 6;  // the last index whose peers' buffers this rank has finished reading
 // A buffer: the tag (word 0, stored last), the signature, then the data, from the same cache line.
 constexpr size_t kTagAt = 0, kSignatureAt = 8, kHeader = 40;
@@ -38,9 +39,17 @@ std::atomic<uint64_t>& tag_word(unsigned char* buffer) {
 template <typename Ready>
 void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
   if (ready()) [[likely]] return;
+  Runtime& rt = *op.group->runtime;
+  // A peer a few microseconds behind: poll between pauses only, no clock read or deadline check (about
+  // 3 us; never where a spin would keep a peer off its core).
+  if (!rt.oversubscribed()) {
+    for (int i = 0; i < kQuickPolls; ++i) {
+      cpu_relax();
+      if (ready()) return;
+    }
+  }
   // The op's first wait that finds a peer missing starts the clock (no clock read when none does).
   if (probe.start() == Clock::time_point{}) probe = SpinProbe(Clock::now());
-  Runtime& rt = *op.group->runtime;
   const auto start = probe.start();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(op.group->config.timeout_s));
@@ -112,6 +121,33 @@ void read_posts(const Op& op, bool on_worker, SpinProbe& probe, const ShmNode& n
   }
 }
 
+// Copies into `to` what this rank's peers read of its carried bytes and returns where this rank reads
+// its own contribution (Note [Small collectives]: "What rides per rank"). A reduce-scatter's own block
+// is read only here, so it stays in the input (unless the output overlaps the input other than exactly
+// in place: then everything is staged, so the sums read nothing they have overwritten), and a
+// broadcast's non-root ranks stage nothing: every staged line costs the peers a cache-line transfer.
+const unsigned char* stage(const Op& op, unsigned char* to) {
+  const auto* in = static_cast<const unsigned char*>(op.carry_from);
+  const size_t me = static_cast<size_t>(op.group->rank), bytes = op.carry_bytes;
+  if (op.code == OpCode::kBroadcast && static_cast<int64_t>(me) != op.signature[3]) return to;
+  if (op.code == OpCode::kReduceScatter) {
+    const size_t es = memory::dtype_size(op.dtype);
+    size_t at = 0;
+    for (size_t q = 0; q < me; ++q) at += op.counts[q] * es;
+    const size_t own = op.counts[me] * es;
+    const auto* out = static_cast<const unsigned char*>(op.carry_to);
+    if (own == 0 || out == in + at || out + own <= in || in + bytes <= out) {
+      if (at > 0) std::memcpy(to, in, at);
+      if (bytes > at + own) std::memcpy(to + at + own, in + at + own, bytes - at - own);
+      return in;
+    }
+  }
+  // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
+  // memcpy from a null pointer is undefined even for 0 bytes.
+  if (bytes > 0) std::memcpy(to, in, bytes);
+  return to;
+}
+
 }  // namespace
 
 bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
@@ -122,11 +158,15 @@ bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
   return !reduces || t != DType::kF32 || g.size == 2;  // fp32 on more ranks: MPI's order
 }
 
-void carry(Op& op, const void* from, size_t bytes, void* to) {
+bool carry_if_small(Op& op, DType t, size_t payload, bool reduces, const memory::Tensor& from, size_t bytes,
+                    const memory::Tensor& to, bool async) {
+  if (!small_path(*op.group, t, payload, reduces)) return false;
   op.small = true;
-  op.carry_from = from;
+  op.carry_from = from.raw();
   op.carry_bytes = bytes;
-  op.carry_to = to;
+  op.carry_to = to.raw();
+  if (async) op.keep = {from, to};
+  return true;
 }
 
 void small_exchange(Op& op, bool on_worker) {
@@ -153,9 +193,7 @@ void small_exchange(Op& op, bool on_worker) {
   }
   unsigned char* mine = node.small_slot(self, b);
   std::memcpy(mine + kSignatureAt, op.signature.data(), sizeof op.signature);
-  // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
-  // memcpy from a null pointer is undefined even for 0 bytes.
-  if (op.carry_bytes > 0) std::memcpy(mine + kHeader, op.carry_from, op.carry_bytes);
+  const unsigned char* own = stage(op, mine + kHeader);
   const uint64_t want = tag_of(s.flag_index, e);
   tag_word(mine).store(want, std::memory_order_release);  // the post
   if (use.flag_index != s.flag_index) {
@@ -167,7 +205,7 @@ void small_exchange(Op& op, bool on_worker) {
   use.flag_index = s.flag_index;
   use.epoch = e;
   if (s.carried.size() != L) s.carried.resize(L);
-  s.carried[me] = mine + kHeader;
+  s.carried[me] = own;
   op.carried = s.carried;
   std::array<int64_t, 4> hi = op.signature, lo = op.signature;
   try {

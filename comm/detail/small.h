@@ -1,5 +1,5 @@
 // Small collectives through the node window in one exchange (Note [Small collectives]). Internal to
-// comm: group.cpp decides per call (small_path) and marks the Op small (carry); Runtime::execute runs
+// comm: group.cpp decides per call and marks the Op small (carry_if_small); Runtime::execute runs
 // small_exchange in place of the handshake, then small_body and small_done.
 //
 // Note [Small collectives]
@@ -18,10 +18,12 @@
 //    CommError on every rank for a mismatch), and the body sums or copies straight out of the peers'
 //    buffers. Then it stores the index into kDoneWord of its flag line. (A separate post word in the
 //    flag line, the first version, cost each peer one more cache line per op.)
-//  - What rides per rank: allreduce its tensor, reduce-scatter its whole input (at these sizes the
-//    latency counts, not the bytes), allgather(v) its own block, broadcast its tensor (the root's is
-//    read). The payload that decides the path is the same on every rank: the tensor, or the largest
-//    count's block.
+//  - What rides per rank: allreduce its tensor, reduce-scatter every block of its input but its own
+//    (which only it reads, from the input), allgather(v) its own block, broadcast the root's tensor
+//    (the others post their header only). Every staged line costs a reader a cross-core transfer, and
+//    its writer an invalidation of the reader's copy from two ops before, so only what a peer reads is
+//    staged (Note [Small path's waits]). The payload that decides the path is the same on every rank:
+//    the tensor, the whole input, or the largest count's block.
 //  - Reuse: the buffers serve every group (one collective at a time per process), and with no closing
 //    barrier a peer of the previous group may still read one. So before writing a buffer a rank waits
 //    until the readers of its last contents (that group's members) stored kDoneWord >= its index;
@@ -61,6 +63,18 @@
 // reduce_sum_scalar's operations: the same bits). Now 864 instructions per call (reduce-scatter
 // 5,970 -> 993, allgather 5,769 -> 965, broadcast 2,008 -> 768), no allocation or lock on the path;
 // comm_bench np 2 against raw OpenMPI in docs/benchmarks.md ("The lean small path").
+//
+// Note [Small path's waits]
+// Where the microseconds of a small collective go at np 2 (rdtsc marks inside the exchange, 2,000
+// 1 KiB fp32 allreduces, load 3): posting ~70 ns, waiting for the peer's post ~50 ns, the sum read
+// from the peer's buffer and the done word ~150 ns; comm_bench then measured 0.47 us per call against
+// 0.72 us for raw OpenMPI. What costs is cache lines crossing cores: a line the peer read two ops ago
+// is still shared in its cache, so rewriting it takes an invalidation round trip, and a freshly
+// written line takes a transfer to its reader (a 64-byte line each way: ~0.1 us round trip on this
+// VM, more when the host places the two vCPUs apart). So the exchange stages only the bytes a peer
+// reads (above), and a wait polls its peers' tags a pause apart for its first kQuickPolls polls
+// (~3 us) before it reads the clock at all: the deadline, the wait notices and the back-off
+// (Runtime::pause) start only for a peer that is really late.
 // kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
 // shared-memory collectives already beat MPI, and their staging needs no second buffer set.
 #pragma once
@@ -81,9 +95,11 @@ inline constexpr size_t kSmallMaxBytes = ShmNode::kSmallSlotBytes - 64;  // 4 Ki
 // Whether a collective of dtype `t` carrying at most `payload` bytes per rank (the same on every rank) takes the
 // small path on `g` (the same answer on every rank that passed the same arguments). `reduces`: it sums.
 bool small_path(const GroupState& g, memory::DType t, size_t payload, bool reduces);
-// Marks `op` small, carrying `bytes` from `from` (read when the op runs) and writing its result to
-// `to` (small_body).
-void carry(Op& op, const void* from, size_t bytes, void* to);
+// When small_path(*op.group, dtype, payload, reduces): marks `op` small, carrying `bytes` from `from`
+// (read when the op runs) and writing its result to `to` (small_body), keeps both tensors alive for an
+// `async` op (Op::keep), and returns true; else false, the op untouched.
+bool carry_if_small(Op& op, memory::DType t, size_t payload, bool reduces, const memory::Tensor& from, size_t bytes,
+                    const memory::Tensor& to, bool async);
 // Runtime::execute, in place of the handshake: publishes this rank's data, waits for every peer's and
 // checks the signatures; op.carried then points at each rank's data. Throws CommError (timeout,
 // mismatch). small_done after the body: this rank has finished reading its peers' buffers.
