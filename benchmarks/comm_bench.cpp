@@ -7,10 +7,14 @@
 // comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
-//          [--min-kib 1 | --min-bytes 16] [--max-mib 64] [--reps 15] [--warmup 3] [--arena 1]
+//          [--min-kib 1 | --min-bytes 16] [--max-mib 64 | --max-bytes 4096] [--reps 15] [--warmup 3] [--arena 1]
+//          [--burst 1] [--collective allreduce]
 //   mpirun -np 1 valgrind --tool=callgrind build/release/benchmarks/comm_bench --calls 20000 --collective allreduce
 //          --min-bytes 16 : -np 1 build/release/benchmarks/comm_bench --calls 20000 --collective allreduce --min-bytes 16
 //
+// --burst N: each timed path makes N back-to-back calls per round, its time divided by N (a step's
+// run of small collectives rather than one call after a barrier). The header line gives the round
+// trip of one cache line between ranks 0 and 1 (line_round_trip_ns): the small sizes' unit of cost.
 // --calls N: no timing; N back-to-back sync calls of zeroshard's --collective at --min-bytes (the
 // per-call cost under callgrind: Group::<collective> inclusive / N; Note [Small collectives]).
 //
@@ -36,6 +40,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -44,6 +49,7 @@
 #include "benchmarks/support/bench_json.h"
 #include "benchmarks/support/bench_mpi.h"
 #include "comm/comm.h"
+#include "core/spin.h"
 #include "memory/tensor.h"
 
 using namespace zs;
@@ -58,6 +64,55 @@ double rel_iqr(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const double q1 = v[v.size() / 4], q3 = v[(3 * v.size()) / 4], m = bench::median(v);
   return m > 0 ? (q3 - q1) / m : 0;
+}
+
+// The cross-core round trip of one cache line between world ranks 0 and 1 (median of 2,000
+// ping-pongs through an MPI-3 shared window, in ns; 0 unless every rank is on one node): what a small
+// collective's exchange pays a few times per call, and what moves with where the host places the
+// cores (Note [Small path's waits] in comm/detail/small.h). Collective over the world.
+double line_round_trip_ns() {
+  int world = 0, size = 0, node_size = 0, node_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_rank(node, &node_rank);
+  int one_node = node_size == size ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  double ns = 0;
+  if (one_node && size >= 2) {
+    std::atomic<uint64_t>* base = nullptr;
+    MPI_Win win = MPI_WIN_NULL;
+    MPI_Win_allocate_shared(node_rank == 0 ? 128 : 0, 64, MPI_INFO_NULL, node, &base, &win);
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    MPI_Win_shared_query(win, 0, &bytes, &unit, &base);
+    std::atomic<uint64_t>& ping = base[0];
+    std::atomic<uint64_t>& pong = base[8];  // the next cache line
+    ping.store(0);
+    pong.store(0);
+    MPI_Barrier(node);
+    constexpr uint64_t kTrips = 2000;
+    std::vector<double> trips;
+    for (uint64_t i = 1; i <= kTrips && node_rank < 2; ++i) {
+      if (node_rank == 0) {
+        const double t0 = bench::now_seconds();
+        ping.store(i, std::memory_order_release);
+        while (pong.load(std::memory_order_acquire) != i) zs::cpu_relax();
+        trips.push_back((bench::now_seconds() - t0) * 1e9);
+      } else {
+        while (ping.load(std::memory_order_acquire) != i) zs::cpu_relax();
+        pong.store(i, std::memory_order_release);
+      }
+    }
+    MPI_Barrier(node);
+    MPI_Win_free(&win);
+    ns = node_rank == 0 ? bench::median(trips) : 0;
+  }
+  MPI_Comm_free(&node);
+  MPI_Bcast(&ns, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return ns;
 }
 
 }  // namespace
@@ -93,15 +148,17 @@ int main(int argc, char** argv) {
                    argv[0]);
       return 2;
     }
+    const double round_trip_ns = line_round_trip_ns();
     bench::Report report;
     report.benchmark = "comm_bench";
     report.config = {{"ranks", n}, {"dtype", "fp32"}, {"reps", reps}, {"warmup", warmup},
                      {"max_bytes", max_bytes}, {"shared_memory", "auto"},
-                     {"arena", arena.active()}};
+                     {"arena", arena.active()}, {"line_round_trip_ns", round_trip_ns}};
     boost::json::object ratios;
     if (g.rank() == 0) {
       std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s), zeroshard's "
-                  "buffers in %s\n", n, warmup, reps, arena.active() ? "the shared arena (direct path)" : "ordinary memory");
+                  "buffers in %s; a cache line's round trip between ranks 0 and 1: %.0f ns\n", n, warmup, reps,
+                  arena.active() ? "the shared arena (direct path)" : "ordinary memory", round_trip_ns);
       std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_us",
                   "zs_us", "zs_mpi_us", "copy_us", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
                   "noise%");

@@ -121,15 +121,25 @@ void read_posts(const Op& op, bool on_worker, SpinProbe& probe, const ShmNode& n
   }
 }
 
-// Copies into `to` what this rank's peers read of its carried bytes and returns where this rank reads
-// its own contribution (Note [Small collectives]: "What rides per rank"). A reduce-scatter's own block
-// is read only here, so it stays in the input (unless the output overlaps the input other than exactly
-// in place: then everything is staged, so the sums read nothing they have overwritten), and a
-// broadcast's non-root ranks stage nothing: every staged line costs the peers a cache-line transfer.
-const unsigned char* stage(const Op& op, unsigned char* to) {
+// Copies `n` bytes to offset `at` of a buffer's data, the part past the buffer's first cache line
+// first: that line (the tag's, which the peers poll) is written last, in one burst with the signature
+// and the tag (Note [Small path's waits]).
+void put(unsigned char* buffer, size_t at, const unsigned char* from, size_t n) {
+  constexpr size_t kFirst = 64 - kHeader;  // data bytes in the tag's line
+  const size_t head = at < kFirst ? std::min(n, kFirst - at) : 0;
+  if (n > head) std::memcpy(buffer + kHeader + at + head, from + head, n - head);
+  if (head > 0) std::memcpy(buffer + kHeader + at, from, head);
+}
+
+// Copies into `buffer` what this rank's peers read of its carried bytes and returns where this rank
+// reads its own contribution (Note [Small collectives]: "What rides per rank"). A reduce-scatter's
+// own block is read only here, so it stays in the input (unless the output overlaps the input other
+// than exactly in place: then everything is staged, so the sums read nothing they have overwritten),
+// and a broadcast's non-root ranks stage nothing: every staged line costs the peers a transfer.
+const unsigned char* stage(const Op& op, unsigned char* buffer) {
   const auto* in = static_cast<const unsigned char*>(op.carry_from);
   const size_t me = static_cast<size_t>(op.group->rank), bytes = op.carry_bytes;
-  if (op.code == OpCode::kBroadcast && static_cast<int64_t>(me) != op.signature[3]) return to;
+  if (op.code == OpCode::kBroadcast && static_cast<int64_t>(me) != op.signature[3]) return buffer + kHeader;
   if (op.code == OpCode::kReduceScatter) {
     const size_t es = memory::dtype_size(op.dtype);
     size_t at = 0;
@@ -137,15 +147,15 @@ const unsigned char* stage(const Op& op, unsigned char* to) {
     const size_t own = op.counts[me] * es;
     const auto* out = static_cast<const unsigned char*>(op.carry_to);
     if (own == 0 || out == in + at || out + own <= in || in + bytes <= out) {
-      if (at > 0) std::memcpy(to, in, at);
-      if (bytes > at + own) std::memcpy(to + at + own, in + at + own, bytes - at - own);
+      if (bytes > at + own) put(buffer, at + own, in + at + own, bytes - at - own);
+      if (at > 0) put(buffer, 0, in, at);
       return in;
     }
   }
   // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
   // memcpy from a null pointer is undefined even for 0 bytes.
-  if (bytes > 0) std::memcpy(to, in, bytes);
-  return to;
+  if (bytes > 0) put(buffer, 0, in, bytes);
+  return buffer + kHeader;
 }
 
 }  // namespace
@@ -192,8 +202,8 @@ void small_exchange(Op& op, bool on_worker) {
     });
   }
   unsigned char* mine = node.small_slot(self, b);
+  const unsigned char* own = stage(op, mine);
   std::memcpy(mine + kSignatureAt, op.signature.data(), sizeof op.signature);
-  const unsigned char* own = stage(op, mine + kHeader);
   const uint64_t want = tag_of(s.flag_index, e);
   tag_word(mine).store(want, std::memory_order_release);  // the post
   if (use.flag_index != s.flag_index) {
@@ -210,6 +220,7 @@ void small_exchange(Op& op, bool on_worker) {
   std::array<int64_t, 4> hi = op.signature, lo = op.signature;
   try {
     read_posts(op, on_worker, probe, node, s, want, hi, lo);
+    s.small_posts_read = true;
   } catch (...) {
     // This rank gives up the op (the caller ends the job): nobody waits for its reads, and it does
     // not wait for its readers before writing this buffer again (a late peer then never finds this
@@ -225,9 +236,24 @@ void small_exchange(Op& op, bool on_worker) {
 }
 
 void small_done(const Op& op) {
-  const ShmGroup& s = *op.group->shm;
-  op.group->runtime->shm_node()->word(s.local[static_cast<size_t>(s.me)], s.flag_index, kDoneWord)
-      .store(s.small_epoch, std::memory_order_release);
+  ShmGroup& s = *op.group->shm;
+  ShmNode& node = *op.group->runtime->shm_node();
+  const int self = s.local[static_cast<size_t>(s.me)];
+  node.word(self, s.flag_index, kDoneWord).store(s.small_epoch, std::memory_order_release);
+  // Reclaims the next buffer's data lines, which this group's peers read in its previous op and still
+  // hold shared: stores now, while the caller goes on, so that the next op's stores need no
+  // invalidation round trip before its tag (Note [Small path's waits]). Only when that op was this
+  // group's and every peer has posted this one since (so each is done reading it); the tag's line is
+  // left alone (the peers poll it).
+  const ShmNode::SmallUse& next = node.small_uses[static_cast<size_t>(node.small_next)];
+  if (s.small_posts_read && next.flag_index == s.flag_index && next.epoch + 1 == s.small_epoch) {
+    unsigned char* buffer = node.small_slot(self, node.small_next);
+    const size_t end = kHeader + op.carry_bytes;  // this op's size: the likely size of the next
+    for (size_t at = 64; at < end; at += 64) {  // a store per line (prefetchw measured no gain)
+      reinterpret_cast<std::atomic<uint64_t>*>(buffer + at)->store(0, std::memory_order_relaxed);
+    }
+  }
+  s.small_posts_read = false;
 }
 
 void small_body(const Op& op) {

@@ -65,16 +65,29 @@
 // comm_bench np 2 against raw OpenMPI in docs/benchmarks.md ("The lean small path").
 //
 // Note [Small path's waits]
-// Where the microseconds of a small collective go at np 2 (rdtsc marks inside the exchange, 2,000
-// 1 KiB fp32 allreduces, load 3): posting ~70 ns, waiting for the peer's post ~50 ns, the sum read
-// from the peer's buffer and the done word ~150 ns; comm_bench then measured 0.47 us per call against
-// 0.72 us for raw OpenMPI. What costs is cache lines crossing cores: a line the peer read two ops ago
-// is still shared in its cache, so rewriting it takes an invalidation round trip, and a freshly
-// written line takes a transfer to its reader (a 64-byte line each way: ~0.1 us round trip on this
-// VM, more when the host places the two vCPUs apart). So the exchange stages only the bytes a peer
-// reads (above), and a wait polls its peers' tags a pause apart for its first kQuickPolls polls
-// (~3 us) before it reads the clock at all: the deadline, the wait notices and the back-off
-// (Runtime::pause) start only for a peer that is really late.
+// Where the microseconds of a small collective go at np 2: cache lines crossing cores, not
+// instructions. The round trip of one line between the two vCPUs of the 2-core VM moved between
+// 0.1 us and 0.47 us within the hour (the host's placement; comm_bench prints it), and rdtsc marks
+// inside the exchange (1,000 1 KiB fp32 allreduces at a 0.47 us round trip) gave: staging and the post
+// ~40 ns, the wait for the peer's post 0.72 us (about 1.5 round trips), the body 0.3-0.6 us (reading
+// the peer's 16 lines), against 1.25 us for raw OpenMPI's whole call. The wait was long because every
+// line a rank stages was read by its peer two ops before and is still shared in the peer's cache: x86
+// commits stores in order, so the tag becomes visible only after an invalidation round trip for
+// each staged line, and the peer's polls of the tag's line, written first (the signature) and last
+// (the tag), pulled it back in between. So:
+//  - the exchange stages only the bytes a peer reads (above), the data past the tag's line first,
+//    then that line in one burst (its data, the signature, the tag);
+//  - small_done reclaims the next buffer's data lines with a store each, once this group's peers
+//    have posted this op (so each is done with that buffer's previous contents, their own op before):
+//    the invalidations then drain while the caller goes on, and the next op's stores commit at once.
+//    The tag's line is left alone, since the peers poll it. (PREFETCHW instead of the stores: no gain.)
+//  - a wait polls its peers' tags a pause apart for its first kQuickPolls polls (~3 us) before it
+//    reads the clock at all: the deadline, the wait notices and the back-off (Runtime::pause) start
+//    only for a peer that is really late.
+// Measured (docs/benchmarks.md, "Small path's round trips"; 301 reps, round trip 0.46-0.48 us): the wait
+// for the peer's post 1,870 -> 990-1,300 cycles; allreduce 1 KiB 0.87-0.88x -> 0.98-1.0x raw
+// OpenMPI, 4 KiB 1.10-1.12x -> 1.44-1.52x. Triple buffers would let the reclaim overlap the wait for
+// the peers instead of following the body (not built).
 // kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
 // shared-memory collectives already beat MPI, and their staging needs no second buffer set.
 #pragma once
