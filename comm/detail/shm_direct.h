@@ -35,11 +35,13 @@
 // cross-core round trip per line, which the store queue overlaps only a few deep. Measured on the
 // 2-core Zen 4 (two threads; 512 KiB whose destination lines the other core had just read): memcpy
 // 60 us (8.7 GB/s) against 11 us for the same copy into lines no other core holds; streaming stores,
-// which invalidate without waiting for ownership, 18 us. So the copy-out uses copy_streaming at every
-// size (the sums write lines the peers read only after the barrier, from this rank's cache).
-// comm_bench np 2 allreduce (docs/benchmarks.md, "Allreduce's copy-out"): 1.3-1.7x raw OpenMPI before,
-// 2.1-2.5x after from 16 KiB to 1 MiB. The copied part then lies in memory rather than in this core's
-// cache: its next reader pays memory reads for it, not round trips.
+// which invalidate without waiting for ownership, 18 us. In the allreduce (comm_bench np 2, docs/
+// benchmarks.md "Allreduce's copy-out"), streaming the copy-out took 64 and 256 KiB from 1.86-1.89x
+// to 2.17-2.20x raw OpenMPI with the cores quiet (a line's round trip 0.11 us) and 16 KiB-256 KiB from
+// 1.3-1.7x to 2.1-2.5x at load 15-19; at 1 MiB it lost quiet (1.68-1.75x -> 1.50-1.52x): its copy is
+// then bound by reading the peer's freshly summed half (rdtsc: 41 us of the 64, either way), and the
+// streamed half, in memory rather than in a cache, slows the next call's sums (15 -> 27 us). So the
+// copy-out streams below kDirectStreamBelowBytes and, as every large output, from kShmStreamMinBytes.
 #pragma once
 
 #include <cstdint>
@@ -104,5 +106,7 @@ void direct_reduce_scatter(GroupState& g, ShmGroup& s, const Op& op, const memor
                            const memory::Tensor& output, std::span<const int> counts, std::span<const int> displs,
                            ReduceOp r);
 void direct_allreduce(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& data, ReduceOp r);
+// Note [Direct allreduce's copy-out]: tensors below this many bytes stream their copy-out.
+inline constexpr size_t kDirectStreamBelowBytes = size_t{1} << 20;
 
 }  // namespace zs::comm::detail

@@ -186,6 +186,7 @@ void small_exchange(Op& op, bool on_worker) {
   const size_t L = s.local.size(), me = static_cast<size_t>(s.me);
   const int self = s.local[me];
   const uint64_t e = ++s.small_epoch;
+  s.small_posts_read = false;
   const int b = node.small_next;
   node.small_next ^= 1;
   SpinProbe probe{Clock::time_point{}};  // one for both waits: they share the start and the timeout
@@ -236,15 +237,20 @@ void small_exchange(Op& op, bool on_worker) {
 }
 
 void small_done(const Op& op) {
+  const ShmGroup& s = *op.group->shm;
+  const int self = s.local[static_cast<size_t>(s.me)];
+  op.group->runtime->shm_node()->word(self, s.flag_index, kDoneWord).store(s.small_epoch, std::memory_order_release);
+}
+
+void small_reclaim(const Op& op) {
   ShmGroup& s = *op.group->shm;
   ShmNode& node = *op.group->runtime->shm_node();
   const int self = s.local[static_cast<size_t>(s.me)];
-  node.word(self, s.flag_index, kDoneWord).store(s.small_epoch, std::memory_order_release);
-  // Reclaims the next buffer's data lines, which this group's peers read in its previous op and still
-  // hold shared: stores now, while the caller goes on, so that the next op's stores need no
-  // invalidation round trip before its tag (Note [Small path's waits]). Only when that op was this
-  // group's and every peer has posted this one since (so each is done reading it); the tag's line is
-  // left alone (the peers poll it).
+  // The next buffer's data lines, which this group's peers read in its previous op and still hold
+  // shared: stored now, while the caller goes on, so that the next op's stores need no invalidation
+  // round trip before its tag (Note [Small path's waits]). Only when that op was this group's and
+  // every peer has posted this one since (so each is done reading it); the tag's line is left alone
+  // (the peers poll it).
   const ShmNode::SmallUse& next = node.small_uses[static_cast<size_t>(node.small_next)];
   if (s.small_posts_read && next.flag_index == s.flag_index && next.epoch + 1 == s.small_epoch) {
     unsigned char* buffer = node.small_slot(self, node.small_next);

@@ -77,10 +77,12 @@
 // (the tag), pulled it back in between. So:
 //  - the exchange stages only the bytes a peer reads (above), the data past the tag's line first,
 //    then that line in one burst (its data, the signature, the tag);
-//  - small_done reclaims the next buffer's data lines with a store each, once this group's peers
+//  - small_reclaim takes the next buffer's data lines back with a store each, once this group's peers
 //    have posted this op (so each is done with that buffer's previous contents, their own op before):
 //    the invalidations then drain while the caller goes on, and the next op's stores commit at once.
-//    The tag's line is left alone, since the peers poll it. (PREFETCHW instead of the stores: no gain.)
+//    The tag's line is left alone, since the peers poll it. It runs last in Runtime::execute: a locked
+//    instruction (the tallies' atomic adds) waits for every earlier store, these included, so run
+//    before them the reclaim cost each op its round trip. (PREFETCHW instead of the stores: no gain.)
 //  - a wait polls its peers' tags a pause apart for its first kQuickPolls polls (~3 us) before it
 //    reads the clock at all: the deadline, the wait notices and the back-off (Runtime::pause) start
 //    only for a peer that is really late.
@@ -118,6 +120,9 @@ bool carry_if_small(Op& op, memory::DType t, size_t payload, bool reduces, const
 // mismatch). small_done after the body: this rank has finished reading its peers' buffers.
 void small_exchange(Op& op, bool on_worker);
 void small_done(const Op& op);
+// Last of all in Runtime::execute after a small op that ran to its end (after the tallies' atomic
+// adds, which would otherwise wait for these stores): Note [Small path's waits].
+void small_reclaim(const Op& op);
 
 // The body, after small_exchange (op.carried points at every rank's data): sums or copies into
 // op.carry_to, by op.code from the op's arguments (Op::dtype, numel, reduce, counts: Note [Lean small
