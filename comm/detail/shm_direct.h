@@ -35,13 +35,14 @@
 // cross-core round trip per line, which the store queue overlaps only a few deep. Measured on the
 // 2-core Zen 4 (two threads; 512 KiB whose destination lines the other core had just read): memcpy
 // 60 us (8.7 GB/s) against 11 us for the same copy into lines no other core holds; streaming stores,
-// which invalidate without waiting for ownership, 18 us. In the allreduce (comm_bench np 2, docs/
-// benchmarks.md "Allreduce's copy-out"), streaming the copy-out took 64 and 256 KiB from 1.86-1.89x
-// to 2.17-2.20x raw OpenMPI with the cores quiet (a line's round trip 0.11 us) and 16 KiB-256 KiB from
-// 1.3-1.7x to 2.1-2.5x at load 15-19; at 1 MiB it lost quiet (1.68-1.75x -> 1.50-1.52x): its copy is
-// then bound by reading the peer's freshly summed half (rdtsc: 41 us of the 64, either way), and the
-// streamed half, in memory rather than in a cache, slows the next call's sums (15 -> 27 us). So the
-// copy-out streams below kDirectStreamBelowBytes and, as every large output, from kShmStreamMinBytes.
+// which invalidate without waiting for ownership, 18 us. So the copy-out streams at every size.
+// comm_bench np 2 (docs/benchmarks.md, "Small path's round trips and allreduce's copy-out"): with a
+// cache line's round trip between the two vCPUs at 0.47 us, 16 KiB-1 MiB went from 1.3-1.7x raw
+// OpenMPI to 2.1-2.5x (1 MiB 1.46x -> 2.27x); at 0.11 us, 64-256 KiB from 1.85-1.89x to 2.17-2.20x,
+// but 1 MiB lost (1.73-1.91x -> 1.57-1.64x): there its copy is bound by reading the peer's freshly
+// summed half (rdtsc: 39-41 us of the 62-72, either way), and the streamed half, left in memory rather
+// than in a cache, slows the next call's sums on the same tensor (15 -> 27 us; in training the next
+// allreduce of a bucket follows a whole backward pass). The larger loss decided.
 #pragma once
 
 #include <cstdint>
@@ -106,7 +107,5 @@ void direct_reduce_scatter(GroupState& g, ShmGroup& s, const Op& op, const memor
                            const memory::Tensor& output, std::span<const int> counts, std::span<const int> displs,
                            ReduceOp r);
 void direct_allreduce(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& data, ReduceOp r);
-// Note [Direct allreduce's copy-out]: tensors below this many bytes stream their copy-out.
-inline constexpr size_t kDirectStreamBelowBytes = size_t{1} << 20;
 
 }  // namespace zs::comm::detail

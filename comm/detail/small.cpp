@@ -267,7 +267,7 @@ void small_body(const Op& op) {
   const size_t es = memory::dtype_size(t), me = static_cast<size_t>(op.group->rank);
   switch (op.code) {
     case OpCode::kAllreduce: sum_ranks(op, t, 0, op.carry_to, op.numel, op.reduce); return;
-    case OpCode::kReduceScatter: {  // this rank's block of every rank's whole input
+    case OpCode::kReduceScatter: {  // this rank's block of every rank's input (its own: from the input)
       size_t at = 0;
       for (size_t q = 0; q < me; ++q) at += op.counts[q];
       sum_ranks(op, t, at * es, op.carry_to, op.counts[me], op.reduce);

@@ -1,6 +1,6 @@
 // Small collectives through the node window in one exchange (Note [Small collectives]). Internal to
 // comm: group.cpp decides per call and marks the Op small (carry_if_small); Runtime::execute runs
-// small_exchange in place of the handshake, then small_body and small_done.
+// small_exchange in place of the handshake, then small_body and small_done, and last small_reclaim.
 //
 // Note [Small collectives]
 // Every collective first ran the handshake (Note [Handshake] in comm/detail/runtime.h: nonblocking
@@ -69,7 +69,7 @@
 // instructions. The round trip of one line between the two vCPUs of the 2-core VM moved between
 // 0.1 us and 0.47 us within the hour (the host's placement; comm_bench prints it), and rdtsc marks
 // inside the exchange (1,000 1 KiB fp32 allreduces at a 0.47 us round trip) gave: staging and the post
-// ~40 ns, the wait for the peer's post 0.72 us (about 1.5 round trips), the body 0.3-0.6 us (reading
+// ~40 ns, the wait for the peer's post 0.7-0.8 us (about 1.5 round trips), the body 0.3-0.6 us (reading
 // the peer's 16 lines), against 1.25 us for raw OpenMPI's whole call. The wait was long because every
 // line a rank stages was read by its peer two ops before and is still shared in the peer's cache: x86
 // commits stores in order, so the tag becomes visible only after an invalidation round trip for
@@ -86,10 +86,11 @@
 //  - a wait polls its peers' tags a pause apart for its first kQuickPolls polls (~3 us) before it
 //    reads the clock at all: the deadline, the wait notices and the back-off (Runtime::pause) start
 //    only for a peer that is really late.
-// Measured (docs/benchmarks.md, "Small path's round trips"; 301 reps, round trip 0.46-0.48 us): the wait
-// for the peer's post 1,870 -> 990-1,300 cycles; allreduce 1 KiB 0.87-0.88x -> 0.98-1.0x raw
-// OpenMPI, 4 KiB 1.10-1.12x -> 1.44-1.52x. Triple buffers would let the reclaim overlap the wait for
-// the peers instead of following the body (not built).
+// Measured: the wait for the peer's post 1,870 -> 990-1,300 cycles (rdtsc, round trip 0.47 us); comm_bench
+// np 2 against main's binary, three interleaved rounds at load 15 (docs/benchmarks.md, "Small path's
+// round trips and allreduce's copy-out"): allreduce 1 KiB 0.90x -> 1.37x raw OpenMPI, 4 KiB 1.14x ->
+// 1.74x, reduce-scatter 1.24x / 1.12x -> 1.70x / 1.70x. Triple buffers would let the reclaim overlap
+// the wait for the peers instead of following the op (not built).
 // kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
 // shared-memory collectives already beat MPI, and their staging needs no second buffer set.
 #pragma once
