@@ -7,10 +7,14 @@
 // comm.shared_memory = false (OpenMPI's collectives behind the layer: what the layer itself costs).
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
-//          [--min-kib 1 | --min-bytes 16] [--max-mib 64] [--reps 15] [--warmup 3] [--arena 1]
+//          [--min-kib 1 | --min-bytes 16] [--max-mib 64 | --max-bytes 4096] [--reps 15] [--warmup 3] [--arena 1]
+//          [--burst 1] [--collective allreduce]
 //   mpirun -np 1 valgrind --tool=callgrind build/release/benchmarks/comm_bench --calls 20000 --collective allreduce
 //          --min-bytes 16 : -np 1 build/release/benchmarks/comm_bench --calls 20000 --collective allreduce --min-bytes 16
 //
+// --burst N: each timed path makes N back-to-back calls per round, its time divided by N (a step's
+// run of small collectives rather than one call after a barrier). The header line gives the round
+// trip of one cache line between ranks 0 and 1 (line_round_trip_ns): the small sizes' unit of cost.
 // --calls N: no timing; N back-to-back sync calls of zeroshard's --collective at --min-bytes (the
 // per-call cost under callgrind: Group::<collective> inclusive / N; Note [Small collectives]).
 //
@@ -23,9 +27,9 @@
 // the noise (the largest interquartile range of the three paths, relative to its median).
 // Bandwidths follow NCCL-tests: algbw = bytes / time; busbw = algbw * 2(n-1)/n (allreduce) or
 // algbw * (n-1)/n (reduce-scatter, allgather) or algbw (broadcast). ratio > 1: zeroshard faster.
-// Copy bound (`copy_ms`, timed in the same rotation): every rank at once memcpy's the bytes it must
+// Copy bound (`copy_us`, timed in the same rotation): every rank at once memcpy's the bytes it must
 // receive (busbw's bytes: B(n-1)/n, or 2B(n-1)/n for allreduce) between two private buffers of its
-// own; copy_ms is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
+// own; copy_us is the fastest of the reps (a bound, not a typical time). A collective on one node cannot
 // move its data faster than that (a reduction also reads its own part); `raw/copy` and `zs/copy` say
 // how many copy times each path's median takes.
 // Placement (`--arena 1`, the default): zeroshard's buffers lie in a registered shared arena
@@ -36,6 +40,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -44,6 +49,7 @@
 #include "benchmarks/support/bench_json.h"
 #include "benchmarks/support/bench_mpi.h"
 #include "comm/comm.h"
+#include "core/spin.h"
 #include "memory/tensor.h"
 
 using namespace zs;
@@ -60,6 +66,55 @@ double rel_iqr(std::vector<double> v) {
   return m > 0 ? (q3 - q1) / m : 0;
 }
 
+// The cross-core round trip of one cache line between world ranks 0 and 1 (median of 2,000
+// ping-pongs through an MPI-3 shared window, in ns; 0 unless every rank is on one node): what a small
+// collective's exchange pays a few times per call, and what moves with where the host places the
+// cores (Note [Small path's waits] in comm/detail/small.h). Collective over the world.
+double line_round_trip_ns() {
+  int world = 0, size = 0, node_size = 0, node_rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_rank(node, &node_rank);
+  int one_node = node_size == size ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &one_node, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  double ns = 0;
+  if (one_node && size >= 2) {
+    std::atomic<uint64_t>* base = nullptr;
+    MPI_Win win = MPI_WIN_NULL;
+    MPI_Win_allocate_shared(node_rank == 0 ? 128 : 0, 64, MPI_INFO_NULL, node, &base, &win);
+    MPI_Aint bytes = 0;
+    int unit = 0;
+    MPI_Win_shared_query(win, 0, &bytes, &unit, &base);
+    std::atomic<uint64_t>& ping = base[0];
+    std::atomic<uint64_t>& pong = base[8];  // the next cache line
+    ping.store(0);
+    pong.store(0);
+    MPI_Barrier(node);
+    constexpr uint64_t kTrips = 2000;
+    std::vector<double> trips;
+    for (uint64_t i = 1; i <= kTrips && node_rank < 2; ++i) {
+      if (node_rank == 0) {
+        const double t0 = bench::now_seconds();
+        ping.store(i, std::memory_order_release);
+        while (pong.load(std::memory_order_acquire) != i) zs::cpu_relax();
+        trips.push_back((bench::now_seconds() - t0) * 1e9);
+      } else {
+        while (ping.load(std::memory_order_acquire) != i) zs::cpu_relax();
+        pong.store(i, std::memory_order_release);
+      }
+    }
+    MPI_Barrier(node);
+    MPI_Win_free(&win);
+    ns = node_rank == 0 ? bench::median(trips) : 0;
+  }
+  MPI_Comm_free(&node);
+  MPI_Bcast(&ns, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return ns;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -70,7 +125,9 @@ int main(int argc, char** argv) {
     off.shared_memory = comm::SharedMemory::kOff;
     const comm::Group g_mpi = g.dup("world_mpi", off);
     const int n = g.size();
-    const size_t max_bytes = std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20;
+    const size_t max_bytes = bench::arg_value(argc, argv, "--max-bytes", "").empty()
+                                 ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "64")) << 20
+                                 : std::stoul(bench::arg_value(argc, argv, "--max-bytes", ""));
     const size_t min_bytes = bench::arg_value(argc, argv, "--min-bytes", "").empty()
                                  ? std::stoul(bench::arg_value(argc, argv, "--min-kib", "1")) << 10
                                  : std::stoul(bench::arg_value(argc, argv, "--min-bytes", ""));
@@ -91,21 +148,24 @@ int main(int argc, char** argv) {
                    argv[0]);
       return 2;
     }
+    const double round_trip_ns = line_round_trip_ns();
     bench::Report report;
     report.benchmark = "comm_bench";
     report.config = {{"ranks", n}, {"dtype", "fp32"}, {"reps", reps}, {"warmup", warmup},
                      {"max_bytes", max_bytes}, {"shared_memory", "auto"},
-                     {"arena", arena.active()}};
+                     {"arena", arena.active()}, {"line_round_trip_ns", round_trip_ns}};
     boost::json::object ratios;
     if (g.rank() == 0) {
       std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s), zeroshard's "
-                  "buffers in %s\n", n, warmup, reps, arena.active() ? "the shared arena (direct path)" : "ordinary memory");
-      std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_ms",
-                  "zs_ms", "zs_mpi_ms", "copy_ms", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
+                  "buffers in %s; a cache line's round trip between ranks 0 and 1: %.0f ns\n", n, warmup, reps,
+                  arena.active() ? "the shared arena (direct path)" : "ordinary memory", round_trip_ns);
+      std::printf("%-15s %10s %10s %10s %10s %10s %10s %10s %8s %9s %8s %8s %7s\n", "collective", "bytes", "raw_us",
+                  "zs_us", "zs_mpi_us", "copy_us", "raw_busbw", "zs_busbw", "ratio", "mpi_ratio", "raw/copy", "zs/copy",
                   "noise%");
     }
     const char* names[] = {"allreduce", "reduce_scatter", "allgather", "allgather_inplace", "broadcast"};
     const int calls = std::stoi(bench::arg_value(argc, argv, "--calls", "0"));
+    const int burst = std::max(1, std::stoi(bench::arg_value(argc, argv, "--burst", "1")));
     const std::string only = bench::arg_value(argc, argv, "--collective", "");
     for (int c = 0; c < 5; ++c) {
       if (!only.empty() && only != names[c]) continue;
@@ -147,14 +207,21 @@ int main(int argc, char** argv) {
             if (c == 4) grp.broadcast(f, 0);
           };
         };
-        auto ours = on(g, zfull, zmine);
-        auto ours_mpi = on(g_mpi, full, mine);
+        // --burst N: each timed path runs N back-to-back calls (a step's run of small collectives), timed per call.
+        auto bursts = [burst](auto f) {
+          return [f, burst] {
+            for (int i = 0; i < burst; ++i) f();
+          };
+        };
+        auto ours = bursts(on(g, zfull, zmine));
+        auto ours_mpi = bursts(on(g_mpi, full, mine));
+        auto raw_n = bursts(raw);
         if (calls > 0) {  // --calls: the profiling loop, one size
           for (int i = 0; i < calls; ++i) ours();
           break;
         }
         for (int r = 0; r < warmup; ++r) {
-          timed_in_world(raw);
+          timed_in_world(raw_n);
           timed_in_world(ours);
           timed_in_world(ours_mpi);
           timed_in_world(copy);
@@ -164,9 +231,9 @@ int main(int argc, char** argv) {
           double a = 0, z = 0, zm = 0, cp = 0;
           for (int k = 0; k < 4; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi, copy
             switch ((r + k) % 4) {
-              case 0: a = timed_in_world(raw); break;
-              case 1: z = timed_in_world(ours); break;
-              case 2: zm = timed_in_world(ours_mpi); break;
+              case 0: a = timed_in_world(raw_n) / burst; break;
+              case 1: z = timed_in_world(ours) / burst; break;
+              case 2: zm = timed_in_world(ours_mpi) / burst; break;
               default: cp = timed_in_world(copy); break;
             }
           }
@@ -185,8 +252,8 @@ int main(int argc, char** argv) {
         const double raw_bus = b / tr * factor / 1e9, ours_bus = b / to * factor / 1e9;
         const double ratio = bench::median(paired), mpi_ratio = bench::median(paired_mpi);
         if (g.rank() == 0) {
-          std::printf("%-15s %10zu %10.3f %10.3f %10.3f %10.3f %10.2f %10.2f %8.3f %9.3f %8.2f %8.2f %7.0f\n", names[c],
-                      count * 4, tr * 1e3, to * 1e3, tm * 1e3, tc * 1e3, raw_bus, ours_bus, ratio, mpi_ratio, tr / tc,
+          std::printf("%-15s %10zu %10.2f %10.2f %10.2f %10.2f %10.2f %10.2f %8.3f %9.3f %8.2f %8.2f %7.0f\n", names[c],
+                      count * 4, tr * 1e6, to * 1e6, tm * 1e6, tc * 1e6, raw_bus, ours_bus, ratio, mpi_ratio, tr / tc,
                       to / tc, noise * 100);
           std::fflush(stdout);
         }

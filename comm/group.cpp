@@ -213,11 +213,7 @@ void allreduce_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const me
   if (!g->hosts.empty()) {  // Note [Bytes across hosts]
     op.bytes_inter_host = 2 * static_cast<uint64_t>(size - g->host_members) * n / static_cast<uint64_t>(size) * wire;
   }
-  if (detail::small_path(*g, t, n * wire, true)) {  // Note [Small collectives]
-    detail::carry(op, data.raw(), n * wire, data.raw());
-    if (async) op.keep = {data};
-    return;
-  }
+  if (detail::carry_if_small(op, t, n * wire, true, data, n * wire, data, async)) return;  // Note [Small collectives]
   op.arena = detail::arena_vote(*g, data, n * wire);  // Note [Direct collectives]
   op.body = [g = g.get(), data, r, n, o = &op] {
     if (n > 0) g->transport->allreduce(*o, data, r);  // a sum over no elements moves nothing
@@ -260,13 +256,10 @@ void reduce_scatter_op(Op& op, const std::shared_ptr<detail::GroupState>& g, con
   if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   to_int(op, total);
   count_block_bytes(op, counts, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
-  if (detail::small_path(*g, t, total * memory::dtype_size(t), true)) {  // Note [Small collectives]
-    detail::carry(op, input.raw(), total * memory::dtype_size(t), output.raw());
-    if (async) op.keep = {input, output};
-    return;
-  }
+  const size_t bytes = total * memory::dtype_size(t);
+  if (detail::carry_if_small(op, t, bytes, true, input, bytes, output, async)) return;  // Note [Small collectives]
   Counts c = int_counts(op, counts);
-  op.arena = detail::arena_vote(*g, input, total * memory::dtype_size(t));  // Note [Direct collectives]
+  op.arena = detail::arena_vote(*g, input, bytes);  // Note [Direct collectives]
   op.body = [g = g.get(), input, output, r, c = std::move(c), o = &op] {
     g->transport->reduce_scatter(*o, input, output, c, r);
   };
@@ -315,11 +308,7 @@ void allgatherv_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const m
   to_int(op, total);
   count_block_bytes(op, counts, total, own, memory::dtype_size(t));
   const size_t widest = memory::dtype_size(t) * (uneven_api ? *std::max_element(counts.begin(), counts.end()) : per_rank);
-  if (detail::small_path(*g, t, widest, false)) {  // Note [Small collectives]
-    detail::carry(op, input.raw(), own * memory::dtype_size(t), output.raw());
-    if (async) op.keep = {input, output};
-    return;
-  }
+  if (detail::carry_if_small(op, t, widest, false, input, own * memory::dtype_size(t), output, async)) return;  // Note [Small collectives]
   Counts c = int_counts(op, uneven_api ? std::vector<size_t>(counts.begin(), counts.end())
                                        : std::vector<size_t>(static_cast<size_t>(g->size), per_rank));
   {  // Note [Direct collectives]: an input overlapping the output other than exactly in place would be
@@ -378,11 +367,7 @@ void broadcast_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const me
   op.bytes_sent = chain_pos < g->size - 1 ? bytes : 0;
   op.bytes_inter_host = op.bytes_sent > 0 && g->remote((g->rank + 1) % g->size) ? bytes : 0;
   op.bytes_received = chain_pos > 0 ? bytes : 0;
-  if (detail::small_path(*g, t, bytes, false)) {  // Note [Small collectives]
-    detail::carry(op, data.raw(), bytes, data.raw());
-    if (async) op.keep = {data};
-    return;
-  }
+  if (detail::carry_if_small(op, t, bytes, false, data, bytes, data, async)) return;  // Note [Small collectives]
   op.arena = detail::arena_vote(*g, data, bytes);  // Note [Direct collectives]
   op.body = [g = g.get(), data, count, root, o = &op] {
     if (count > 0) g->transport->broadcast(*o, data, root);

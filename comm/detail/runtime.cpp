@@ -345,6 +345,7 @@ void Runtime::execute(Op& op, bool on_worker) {
   if (g.size > 1) count_bytes(op);
   tally(op, Clock::now() - start);
   collectives_.fetch_add(1, std::memory_order_relaxed);
+  if (op.small) small_reclaim(op);  // last: no locked instruction after it here (Note [Small path's waits])
 }
 
 namespace {

@@ -153,6 +153,7 @@ struct ShmGroup {
   int flag_index = -1;
   uint64_t epoch = 0;              // barriers passed
   uint64_t small_epoch = 0;        // small collectives run (Note [Small collectives] in comm/detail/small.h)
+  bool small_posts_read = false;   // the running one found every peer's post (Note [Small path's waits])
   std::vector<const unsigned char*> carried;  // the running small collective's data, per member
 };
 

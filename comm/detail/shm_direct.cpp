@@ -159,15 +159,11 @@ void direct_allreduce(GroupState& g, ShmGroup& s, const Op& op, const memory::Te
     reduce_sum(srcs, t, d + lo * es, t, hi - lo, r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f);
   }
   barrier(g, s, op);  // every sub-slice reduced
-  const bool stream = n * es >= kShmStreamMinBytes;
+  // Streaming stores at every size (Note [Direct allreduce's copy-out]): each line written here was
+  // read by its sub-slice's reducer a moment ago.
   for (size_t p = 0; p < L; ++p) {
     const auto [plo, phi] = sub_slice(n, L, p);
-    if (p == me || phi <= plo) continue;
-    if (stream) {
-      copy_streaming(d + plo * es, base[p] + plo * es, (phi - plo) * es);
-    } else {
-      std::memcpy(d + plo * es, base[p] + plo * es, (phi - plo) * es);
-    }
+    if (p != me && phi > plo) copy_streaming(d + plo * es, base[p] + plo * es, (phi - plo) * es);
   }
   barrier(g, s, op);
 }

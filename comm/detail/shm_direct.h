@@ -27,6 +27,22 @@
 // in each rank's flag line (words 1-2) before the first barrier, which also says "sources ready";
 // a last barrier keeps each rank from returning (and overwriting its tensor) while a peer still reads
 // it. Barriers are the staged path's (timeouts, the group marked broken), so no guarantee changes.
+//
+// Note [Direct allreduce's copy-out]
+// In the allreduce's second half every line a rank writes (its copy of a peer's reduced sub-slice)
+// was read by that peer a moment before, in the peer's sum over every rank's sub-slice, so the line
+// is still shared in the peer's cache and each ordinary store must first invalidate that copy: a
+// cross-core round trip per line, which the store queue overlaps only a few deep. Measured on the
+// 2-core Zen 4 (two threads; 512 KiB whose destination lines the other core had just read): memcpy
+// 60 us (8.7 GB/s) against 11 us for the same copy into lines no other core holds; streaming stores,
+// which invalidate without waiting for ownership, 18 us. So the copy-out streams at every size.
+// comm_bench np 2 (docs/benchmarks.md, "Small path's round trips and allreduce's copy-out"): with a
+// cache line's round trip between the two vCPUs at 0.47 us, 16 KiB-1 MiB went from 1.3-1.7x raw
+// OpenMPI to 2.1-2.5x (1 MiB 1.46x -> 2.27x); at 0.11 us, 64-256 KiB from 1.85-1.89x to 2.17-2.20x,
+// but 1 MiB lost (1.73-1.91x -> 1.57-1.64x): there its copy is bound by reading the peer's freshly
+// summed half (rdtsc: 39-41 us of the 62-72, either way), and the streamed half, left in memory rather
+// than in a cache, slows the next call's sums on the same tensor (15 -> 27 us; in training the next
+// allreduce of a bucket follows a whole backward pass). The larger loss decided.
 #pragma once
 
 #include <cstdint>

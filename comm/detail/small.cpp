@@ -19,6 +19,7 @@ using memory::DType;
 
 namespace {
 
+constexpr int kQuickPolls = 128;  // wait_for's first polls, a pause apart
 constexpr int kDoneWord = 6;  // the last index whose peers' buffers this rank has finished reading
 // A buffer: the tag (word 0, stored last), the signature, then the data, from the same cache line.
 constexpr size_t kTagAt = 0, kSignatureAt = 8, kHeader = 40;
@@ -38,9 +39,17 @@ std::atomic<uint64_t>& tag_word(unsigned char* buffer) {
 template <typename Ready>
 void wait_for(const Op& op, bool on_worker, SpinProbe& probe, Ready&& ready) {
   if (ready()) [[likely]] return;
+  Runtime& rt = *op.group->runtime;
+  // A peer a few microseconds behind: poll between pauses only, no clock read or deadline check (about
+  // 3 us; never where a spin would keep a peer off its core).
+  if (!rt.oversubscribed()) {
+    for (int i = 0; i < kQuickPolls; ++i) {
+      cpu_relax();
+      if (ready()) return;
+    }
+  }
   // The op's first wait that finds a peer missing starts the clock (no clock read when none does).
   if (probe.start() == Clock::time_point{}) probe = SpinProbe(Clock::now());
-  Runtime& rt = *op.group->runtime;
   const auto start = probe.start();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(op.group->config.timeout_s));
@@ -112,6 +121,43 @@ void read_posts(const Op& op, bool on_worker, SpinProbe& probe, const ShmNode& n
   }
 }
 
+// Copies `n` bytes to offset `at` of a buffer's data, the part past the buffer's first cache line
+// first: that line (the tag's, which the peers poll) is written last, in one burst with the signature
+// and the tag (Note [Small path's waits]).
+void put(unsigned char* buffer, size_t at, const unsigned char* from, size_t n) {
+  constexpr size_t kFirst = 64 - kHeader;  // data bytes in the tag's line
+  const size_t head = at < kFirst ? std::min(n, kFirst - at) : 0;
+  if (n > head) std::memcpy(buffer + kHeader + at + head, from + head, n - head);
+  if (head > 0) std::memcpy(buffer + kHeader + at, from, head);
+}
+
+// Copies into `buffer` what this rank's peers read of its carried bytes and returns where this rank
+// reads its own contribution (Note [Small collectives]: "What rides per rank"). A reduce-scatter's
+// own block is read only here, so it stays in the input (unless the output overlaps the input other
+// than exactly in place: then everything is staged, so the sums read nothing they have overwritten),
+// and a broadcast's non-root ranks stage nothing: every staged line costs the peers a transfer.
+const unsigned char* stage(const Op& op, unsigned char* buffer) {
+  const auto* in = static_cast<const unsigned char*>(op.carry_from);
+  const size_t me = static_cast<size_t>(op.group->rank), bytes = op.carry_bytes;
+  if (op.code == OpCode::kBroadcast && static_cast<int64_t>(me) != op.signature[3]) return buffer + kHeader;
+  if (op.code == OpCode::kReduceScatter) {
+    const size_t es = memory::dtype_size(op.dtype);
+    size_t at = 0;
+    for (size_t q = 0; q < me; ++q) at += op.counts[q] * es;
+    const size_t own = op.counts[me] * es;
+    const auto* out = static_cast<const unsigned char*>(op.carry_to);
+    if (own == 0 || out == in + at || out + own <= in || in + bytes <= out) {
+      if (bytes > at + own) put(buffer, at + own, in + at + own, bytes - at - own);
+      if (at > 0) put(buffer, 0, in, at);
+      return in;
+    }
+  }
+  // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
+  // memcpy from a null pointer is undefined even for 0 bytes.
+  if (bytes > 0) put(buffer, 0, in, bytes);
+  return buffer + kHeader;
+}
+
 }  // namespace
 
 bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
@@ -122,11 +168,15 @@ bool small_path(const GroupState& g, DType t, size_t payload, bool reduces) {
   return !reduces || t != DType::kF32 || g.size == 2;  // fp32 on more ranks: MPI's order
 }
 
-void carry(Op& op, const void* from, size_t bytes, void* to) {
+bool carry_if_small(Op& op, DType t, size_t payload, bool reduces, const memory::Tensor& from, size_t bytes,
+                    const memory::Tensor& to, bool async) {
+  if (!small_path(*op.group, t, payload, reduces)) return false;
   op.small = true;
-  op.carry_from = from;
+  op.carry_from = from.raw();
   op.carry_bytes = bytes;
-  op.carry_to = to;
+  op.carry_to = to.raw();
+  if (async) op.keep = {from, to};
+  return true;
 }
 
 void small_exchange(Op& op, bool on_worker) {
@@ -136,6 +186,7 @@ void small_exchange(Op& op, bool on_worker) {
   const size_t L = s.local.size(), me = static_cast<size_t>(s.me);
   const int self = s.local[me];
   const uint64_t e = ++s.small_epoch;
+  s.small_posts_read = false;
   const int b = node.small_next;
   node.small_next ^= 1;
   SpinProbe probe{Clock::time_point{}};  // one for both waits: they share the start and the timeout
@@ -152,10 +203,8 @@ void small_exchange(Op& op, bool on_worker) {
     });
   }
   unsigned char* mine = node.small_slot(self, b);
+  const unsigned char* own = stage(op, mine);
   std::memcpy(mine + kSignatureAt, op.signature.data(), sizeof op.signature);
-  // A rank may contribute nothing (an allgatherv piece of 0 elements): no source to copy from then, and
-  // memcpy from a null pointer is undefined even for 0 bytes.
-  if (op.carry_bytes > 0) std::memcpy(mine + kHeader, op.carry_from, op.carry_bytes);
   const uint64_t want = tag_of(s.flag_index, e);
   tag_word(mine).store(want, std::memory_order_release);  // the post
   if (use.flag_index != s.flag_index) {
@@ -167,11 +216,12 @@ void small_exchange(Op& op, bool on_worker) {
   use.flag_index = s.flag_index;
   use.epoch = e;
   if (s.carried.size() != L) s.carried.resize(L);
-  s.carried[me] = mine + kHeader;
+  s.carried[me] = own;
   op.carried = s.carried;
   std::array<int64_t, 4> hi = op.signature, lo = op.signature;
   try {
     read_posts(op, on_worker, probe, node, s, want, hi, lo);
+    s.small_posts_read = true;
   } catch (...) {
     // This rank gives up the op (the caller ends the job): nobody waits for its reads, and it does
     // not wait for its readers before writing this buffer again (a late peer then never finds this
@@ -188,8 +238,28 @@ void small_exchange(Op& op, bool on_worker) {
 
 void small_done(const Op& op) {
   const ShmGroup& s = *op.group->shm;
-  op.group->runtime->shm_node()->word(s.local[static_cast<size_t>(s.me)], s.flag_index, kDoneWord)
-      .store(s.small_epoch, std::memory_order_release);
+  const int self = s.local[static_cast<size_t>(s.me)];
+  op.group->runtime->shm_node()->word(self, s.flag_index, kDoneWord).store(s.small_epoch, std::memory_order_release);
+}
+
+void small_reclaim(const Op& op) {
+  ShmGroup& s = *op.group->shm;
+  ShmNode& node = *op.group->runtime->shm_node();
+  const int self = s.local[static_cast<size_t>(s.me)];
+  // The next buffer's data lines, which this group's peers read in its previous op and still hold
+  // shared: stored now, while the caller goes on, so that the next op's stores need no invalidation
+  // round trip before its tag (Note [Small path's waits]). Only when that op was this group's and
+  // every peer has posted this one since (so each is done reading it); the tag's line is left alone
+  // (the peers poll it).
+  const ShmNode::SmallUse& next = node.small_uses[static_cast<size_t>(node.small_next)];
+  if (s.small_posts_read && next.flag_index == s.flag_index && next.epoch + 1 == s.small_epoch) {
+    unsigned char* buffer = node.small_slot(self, node.small_next);
+    const size_t end = kHeader + op.carry_bytes;  // this op's size: the likely size of the next
+    for (size_t at = 64; at < end; at += 64) {  // a store per line (prefetchw measured no gain)
+      reinterpret_cast<std::atomic<uint64_t>*>(buffer + at)->store(0, std::memory_order_relaxed);
+    }
+  }
+  s.small_posts_read = false;
 }
 
 void small_body(const Op& op) {
@@ -197,7 +267,7 @@ void small_body(const Op& op) {
   const size_t es = memory::dtype_size(t), me = static_cast<size_t>(op.group->rank);
   switch (op.code) {
     case OpCode::kAllreduce: sum_ranks(op, t, 0, op.carry_to, op.numel, op.reduce); return;
-    case OpCode::kReduceScatter: {  // this rank's block of every rank's whole input
+    case OpCode::kReduceScatter: {  // this rank's block of every rank's input (its own: from the input)
       size_t at = 0;
       for (size_t q = 0; q < me; ++q) at += op.counts[q];
       sum_ranks(op, t, at * es, op.carry_to, op.counts[me], op.reduce);

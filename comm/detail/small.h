@@ -1,6 +1,6 @@
 // Small collectives through the node window in one exchange (Note [Small collectives]). Internal to
-// comm: group.cpp decides per call (small_path) and marks the Op small (carry); Runtime::execute runs
-// small_exchange in place of the handshake, then small_body and small_done.
+// comm: group.cpp decides per call and marks the Op small (carry_if_small); Runtime::execute runs
+// small_exchange in place of the handshake, then small_body and small_done, and last small_reclaim.
 //
 // Note [Small collectives]
 // Every collective first ran the handshake (Note [Handshake] in comm/detail/runtime.h: nonblocking
@@ -18,10 +18,12 @@
 //    CommError on every rank for a mismatch), and the body sums or copies straight out of the peers'
 //    buffers. Then it stores the index into kDoneWord of its flag line. (A separate post word in the
 //    flag line, the first version, cost each peer one more cache line per op.)
-//  - What rides per rank: allreduce its tensor, reduce-scatter its whole input (at these sizes the
-//    latency counts, not the bytes), allgather(v) its own block, broadcast its tensor (the root's is
-//    read). The payload that decides the path is the same on every rank: the tensor, or the largest
-//    count's block.
+//  - What rides per rank: allreduce its tensor, reduce-scatter every block of its input but its own
+//    (which only it reads, from the input), allgather(v) its own block, broadcast the root's tensor
+//    (the others post their header only). Every staged line costs a reader a cross-core transfer, and
+//    its writer an invalidation of the reader's copy from two ops before, so only what a peer reads is
+//    staged (Note [Small path's waits]). The payload that decides the path is the same on every rank:
+//    the tensor, the whole input, or the largest count's block.
 //  - Reuse: the buffers serve every group (one collective at a time per process), and with no closing
 //    barrier a peer of the previous group may still read one. So before writing a buffer a rank waits
 //    until the readers of its last contents (that group's members) stored kDoneWord >= its index;
@@ -61,6 +63,34 @@
 // reduce_sum_scalar's operations: the same bits). Now 864 instructions per call (reduce-scatter
 // 5,970 -> 993, allgather 5,769 -> 965, broadcast 2,008 -> 768), no allocation or lock on the path;
 // comm_bench np 2 against raw OpenMPI in docs/benchmarks.md ("The lean small path").
+//
+// Note [Small path's waits]
+// Where the microseconds of a small collective go at np 2: cache lines crossing cores, not
+// instructions. The round trip of one line between the two vCPUs of the 2-core VM moved between
+// 0.1 us and 0.47 us within the hour (the host's placement; comm_bench prints it), and rdtsc marks
+// inside the exchange (1,000 1 KiB fp32 allreduces at a 0.47 us round trip) gave: staging and the post
+// ~40 ns, the wait for the peer's post 0.7-0.8 us (about 1.5 round trips), the body 0.3-0.6 us (reading
+// the peer's 16 lines), against 1.25 us for raw OpenMPI's whole call. The wait was long because every
+// line a rank stages was read by its peer two ops before and is still shared in the peer's cache: x86
+// commits stores in order, so the tag becomes visible only after an invalidation round trip for
+// each staged line, and the peer's polls of the tag's line, written first (the signature) and last
+// (the tag), pulled it back in between. So:
+//  - the exchange stages only the bytes a peer reads (above), the data past the tag's line first,
+//    then that line in one burst (its data, the signature, the tag);
+//  - small_reclaim takes the next buffer's data lines back with a store each, once this group's peers
+//    have posted this op (so each is done with that buffer's previous contents, their own op before):
+//    the invalidations then drain while the caller goes on, and the next op's stores commit at once.
+//    The tag's line is left alone, since the peers poll it. It runs last in Runtime::execute: a locked
+//    instruction (the tallies' atomic adds) waits for every earlier store, these included, so run
+//    before them the reclaim cost each op its round trip. (PREFETCHW instead of the stores: no gain.)
+//  - a wait polls its peers' tags a pause apart for its first kQuickPolls polls (~3 us) before it
+//    reads the clock at all: the deadline, the wait notices and the back-off (Runtime::pause) start
+//    only for a peer that is really late.
+// Measured: the wait for the peer's post 1,870 -> 990-1,300 cycles (rdtsc, round trip 0.47 us); comm_bench
+// np 2 against main's binary, three interleaved rounds at load 15 (docs/benchmarks.md, "Small path's
+// round trips and allreduce's copy-out"): allreduce 1 KiB 0.90x -> 1.37x raw OpenMPI, 4 KiB 1.14x ->
+// 1.74x, reduce-scatter 1.24x / 1.12x -> 1.70x / 1.70x. Triple buffers would let the reclaim overlap
+// the wait for the peers instead of following the op (not built).
 // kSmallMaxBytes: the measured crossover (docs/benchmarks.md, comm_bench --min-bytes 16): from 16 KiB the
 // shared-memory collectives already beat MPI, and their staging needs no second buffer set.
 #pragma once
@@ -81,14 +111,19 @@ inline constexpr size_t kSmallMaxBytes = ShmNode::kSmallSlotBytes - 64;  // 4 Ki
 // Whether a collective of dtype `t` carrying at most `payload` bytes per rank (the same on every rank) takes the
 // small path on `g` (the same answer on every rank that passed the same arguments). `reduces`: it sums.
 bool small_path(const GroupState& g, memory::DType t, size_t payload, bool reduces);
-// Marks `op` small, carrying `bytes` from `from` (read when the op runs) and writing its result to
-// `to` (small_body).
-void carry(Op& op, const void* from, size_t bytes, void* to);
+// When small_path(*op.group, dtype, payload, reduces): marks `op` small, carrying `bytes` from `from`
+// (read when the op runs) and writing its result to `to` (small_body), keeps both tensors alive for an
+// `async` op (Op::keep), and returns true; else false, the op untouched.
+bool carry_if_small(Op& op, memory::DType t, size_t payload, bool reduces, const memory::Tensor& from, size_t bytes,
+                    const memory::Tensor& to, bool async);
 // Runtime::execute, in place of the handshake: publishes this rank's data, waits for every peer's and
 // checks the signatures; op.carried then points at each rank's data. Throws CommError (timeout,
 // mismatch). small_done after the body: this rank has finished reading its peers' buffers.
 void small_exchange(Op& op, bool on_worker);
 void small_done(const Op& op);
+// Last of all in Runtime::execute after a small op that ran to its end (after the tallies' atomic
+// adds, which would otherwise wait for these stores): Note [Small path's waits].
+void small_reclaim(const Op& op);
 
 // The body, after small_exchange (op.carried points at every rank's data): sums or copies into
 // op.carry_to, by op.code from the op's arguments (Op::dtype, numel, reduce, counts: Note [Lean small
