@@ -236,8 +236,8 @@ struct MeasuredTpLlama {
 // A pipeline stage of the built-in GPT as the estimator measures it: stage `stage` of a simulated "pp"
 // group (tp rank 0's slices over a simulated tp group at tp > 1), built as zeroshard train builds it.
 struct MeasuredPipelineStage {
-  MeasuredPipelineStage(const run::RunConfig& cfg, int stage)
-      : pp(comm::Group::simulated(stage, cfg.pipeline.pipeline_parallel_size, "pp")),
+  MeasuredPipelineStage(const run::RunConfig& cfg, int stage, std::vector<int> hosts)
+      : pp(comm::Group::simulated(stage, cfg.pipeline.pipeline_parallel_size, "pp", std::move(hosts))),
         tp(comm::Group::simulated(0, cfg.tensor_parallel.tensor_parallel_size, "tp")),
         model(*cfg.model, pp, run::gpt_pipeline_config(cfg, &tp)) {}
   comm::Group pp;  // the model keeps pointers: declared first, destroyed last
@@ -245,9 +245,13 @@ struct MeasuredPipelineStage {
   run::GptPipelineModel model;
 };
 
-std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, int pipeline_stage) {
+// The model of one rank of `hosts`'s layout; `groups` gets its own simulated groups.
+std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, int pipeline_stage, const HostLayout& hosts,
+                                         MeasureGroups& groups) {
   if (cfg.pipeline.pipeline_parallel_size > 1) {
-    auto target = std::make_shared<MeasuredPipelineStage>(cfg, pipeline_stage);
+    auto target = std::make_shared<MeasuredPipelineStage>(cfg, pipeline_stage, hosts.pp_hosts(0, 0));
+    groups.pp = &target->pp;
+    if (cfg.tensor_parallel.tensor_parallel_size > 1) groups.tp = &target->tp;
     return std::shared_ptr<nn::Model>(target, &target->model);
   }
   if (cfg.tensor_parallel.tensor_parallel_size > 1 && cfg.model_moe) {
@@ -262,6 +266,7 @@ std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, i
   }
   if (cfg.tensor_parallel.tensor_parallel_size > 1) {
     auto target = std::make_shared<MeasuredTpGpt>(*cfg.model, cfg.tensor_parallel);
+    groups.tp = &target->group;
     return std::shared_ptr<nn::Model>(target, &target->model);
   }
   if (!cfg.model_moe) return std::make_shared<nn::GptModel>(*cfg.model);
@@ -278,7 +283,7 @@ std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, i
 }  // namespace
 
 EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, std::optional<uint64_t> n_params,
-                                        int pipeline_stage) {
+                                        int pipeline_stage, int ranks_per_host) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
   // Tensor parallelism: the states are rank 0's slices, sharded over the data-parallel ranks (Note
@@ -296,6 +301,8 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
                                   pipeline_stage, pp, pp - 1));
   }
   const int ranks = world / (tp * pp);
+  const HostLayout hosts{.ranks_per_host = ranks_per_host, .tp = tp, .dp = ranks, .pp = pp};
+  MeasureGroups groups{.dp_hosts = hosts.dp_hosts(0, pipeline_stage)};
   if (cfg.model_llama) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
@@ -304,6 +311,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
     std::shared_ptr<nn::Model> model;  // declares the parameters; allocates nothing
     if (tp > 1) {
       auto target = std::make_shared<MeasuredTpLlama>(l, tp);
+      groups.tp = &target->group;
       model = std::shared_ptr<nn::Model>(target, &target->model);
     } else {
       model = std::make_shared<nn::LlamaModel>(l);
@@ -328,12 +336,12 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
       }
       measured.recompute.applied_by_program = true;
     }
-    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured, groups});
   } else if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }
-    std::shared_ptr<nn::Model> model = builtin_model(cfg, ranks, pipeline_stage);  // declares; allocates nothing
+    std::shared_ptr<nn::Model> model = builtin_model(cfg, ranks, pipeline_stage, hosts, groups);  // declares; allocates nothing
     in.model = model_facts(*model, in.zero);
     const auto& m = *cfg.model;
     const std::string moe_part =
@@ -378,7 +386,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
       static_cast<tp::GptModel&>(*model).set_recompute(gpt_recompute(cfg.recompute, m.n_layer));
       measured.recompute.applied_by_program = true;
     }
-    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured, groups});
   } else {
     if (!n_params) {
       throw ConfigError("model: the config has no model section, so the estimator does not know the model size; add a "
@@ -450,7 +458,7 @@ void measure_device_peaks(const EstimateInput& in, StageEstimate& st) {
   cfg.memory = in.memory;
   cfg.zero.offload_optimizer.device = st.offload.optimizer;
   cfg.zero.offload_param.device = st.offload.param;
-  const Measurement m = estimate(*in.measure->model, cfg, in.ranks, *in.measure->source);
+  const Measurement m = estimate(*in.measure->model, cfg, in.ranks, *in.measure->source, 2, in.measure->groups);
   for (ShardGroup& g : st.shards) {
     const RankMeasurement& r = m.of_rank(g.first_rank);
     DevicePeak& p = g.device_peak;

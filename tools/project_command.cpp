@@ -1,0 +1,112 @@
+// `zeroshard project`: predicted step time, MFU and memory per rank of the config's model for the
+// dp x tp x pp layouts of N ranks on hosts joined by a network (project/project.h; docs/scaling.md).
+// Runs in one process, no MPI.
+//
+//   zeroshard project --config run.json --ranks 64 --ranks-per-host 8 --network 10gbit,20us
+//   zeroshard project --config run.json --ranks 4 --json out.json
+#include <boost/json/serialize.hpp>
+#include <boost/program_options.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/json.h"
+#include "launch/launch.h"
+#include "launch/preemption.h"
+#include "project/project.h"
+#include "tools/commands.h"
+#include "tools/options.h"
+
+namespace zs::tools {
+
+namespace {
+
+namespace po = boost::program_options;
+
+constexpr const char* kProjectUsage =
+    "usage: zeroshard project --config FILE --ranks N [--ranks-per-host R] [--network BW,LATENCY]\n"
+    "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--rows K] [--json FILE]\n"
+    "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
+    "  --network BW,LATENCY: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several hosts)\n"
+    "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n";
+
+int run(const po::variables_map& vm) {
+  if (!vm.count("config")) throw ConfigError("project: give the run config with --config FILE");
+  if (!vm.count("ranks")) throw ConfigError("project: give the world size with --ranks N");
+  project::Options opt;
+  opt.ranks = vm["ranks"].as<int>();
+  if (opt.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", opt.ranks));
+  opt.ranks_per_host = vm.count("ranks-per-host") ? vm["ranks-per-host"].as<int>() : opt.ranks;
+  if (opt.ranks_per_host < 1 || opt.ranks % opt.ranks_per_host != 0) {
+    throw ConfigError(fmt::format("--ranks-per-host: {} does not divide --ranks {}; give a divisor of {} (ranks on each host)",
+                                  opt.ranks_per_host, opt.ranks, opt.ranks));
+  }
+  if (vm.count("network")) opt.network = project::parse_network(vm["network"].as<std::string>());
+  opt.max_tp = vm["max-tp"].as<int>();
+  if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
+  if (vm.count("pp")) opt.only_pp = vm["pp"].as<int>();
+  if (vm.count("tp") && opt.only_tp < 1) throw ConfigError(fmt::format("--tp: must be at least 1, got {}", opt.only_tp));
+  if (vm.count("pp") && opt.only_pp < 1) throw ConfigError(fmt::format("--pp: must be at least 1, got {}", opt.only_pp));
+  if (opt.max_tp < 1) throw ConfigError(fmt::format("--max-tp: must be at least 1, got {}", opt.max_tp));
+  const int rows = vm["rows"].as<int>();
+  const boost::json::value config = parse_json_file(vm["config"].as<std::string>());
+  opt.machine = project::probe_machine(opt.ranks_per_host);
+  if (vm.count("cores-per-host")) {
+    const int c = vm["cores-per-host"].as<int>();
+    if (c < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", c));
+    opt.machine.cores_per_host = c;
+    opt.machine.threads_per_rank = std::max(1, c / opt.ranks_per_host);
+  }
+  // The compute is measured with the threads a rank of that host would get (launch's share); a host of
+  // more cores than this machine's is measured with this machine's.
+  launch::set_blas_threads(std::min(opt.ranks_per_host, opt.machine.cores_per_host));
+  // zeroshard train's step boundary (tools/train_command.cpp): the stop agreement over dp, tp and pp,
+  // run over the measured groups. Its watch must not swallow a Ctrl-C here: the first signal ends the
+  // projection at once, as it would without the watch.
+  const launch::PreemptionWatch watch([]() noexcept { _exit(130); });
+  opt.step_boundary = [&watch](std::span<const comm::Group* const> groups) { launch::agree_preempted(watch, groups); };
+  const project::Report rep = project::project(config, opt);
+  std::fputs(project::format_report(rep, rows).c_str(), stdout);
+  if (vm.count("json")) {
+    const std::string path = vm["json"].as<std::string>();
+    std::ofstream out(path);
+    out << boost::json::serialize(project::report_to_json(rep)) << "\n";
+    if (!out) throw IoError(fmt::format("--json: cannot write '{}'", path));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int project_command(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  opts.add_options()("help,h", "show this help")("config", po::value<std::string>(), "the run config (JSON, with a model section)")(
+      "ranks", po::value<int>(), "world size N")("ranks-per-host", po::value<int>(), "ranks on each host (divides N)")(
+      "network", po::value<std::string>(), "the link between hosts: BANDWIDTH,LATENCY (10gbit,20us)")(
+      "cores-per-host", po::value<int>(), "CPUs of a host (default: this machine's)")(
+      "max-tp", po::value<int>()->default_value(8), "largest tensor-parallel degree tried")(
+      "tp", po::value<int>(), "only layouts of this tensor-parallel degree")(
+      "pp", po::value<int>(), "only layouts of this pipeline-parallel degree")(
+      "rows", po::value<int>()->default_value(10), "layouts shown in the table")(
+      "json", po::value<std::string>(), "also write the projection as JSON to FILE");
+  po::variables_map vm;
+  if (!parse_command_line("project", args, opts, kProjectUsage, vm)) return 2;
+  if (vm.count("help")) {
+    std::ostringstream o;
+    o << opts;
+    std::printf("%s\n%s", kProjectUsage, o.str().c_str());
+    return 0;
+  }
+  try {
+    return run(vm);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace zs::tools
