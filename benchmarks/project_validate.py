@@ -4,7 +4,7 @@
 For each configuration (a small GPT at one dp x tp x pp layout and ZeRO stage on NP ranks) it runs
 `zeroshard train` (the median step time from the summary) and `zeroshard project` for the same layout
 (--tp/--pp select it), and prints one JSON object: per configuration the measured and predicted step time,
-their ratio, and whether the projected bytes per rank equal the run's (bytes_sent_per_step.exact_mean).
+their ratio, and the run's mean bytes per step over the projected step's (bytes_sent_per_step.exact_mean).
 
   nice -n 19 python3 benchmarks/project_validate.py --zeroshard build/release/tools/zeroshard [--quick]
   python3 benchmarks/project_validate.py --zeroshard ... --multihost      # also two hosts under tc (root)
@@ -31,7 +31,6 @@ BASE = {
     "bf16": {"enabled": True},
     "zero_optimization": {"stage": 1, "reduce_bucket_size": 500000},
     "model": {"n_layer": 4, "d_model": 128, "n_head": 4, "seq_len": 64},
-    "log": {"interval": 1000},
 }
 
 # (name, np, tp, pp, ZeRO stage)
@@ -73,9 +72,11 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
     train = [args.zeroshard, "train", "--config", path, "--summary", summary]
     if hosts:
         cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", str(hosts), "--slots", str(np // hosts),
-               "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "-np", str(np)] + train
+               "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
     else:
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np)] + train
+        # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
+        # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
     run(cmd, name)
     with open(summary) as f:
         s = json.load(f)
@@ -92,8 +93,11 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
     if not lay["valid"]:
         sys.exit(f"{name}: the projection refused the layout: {lay['why_not']}")
     measured = s["step_time_s"]["median"]
-    bytes_equal = all(
-        round(s["comm"]["per_rank"][r]["bytes_sent_per_step"]["exact_mean"]) == lay["ranks"][r]["bytes_sent_per_step"]
+    # The run's mean per step over the projected step's bytes: a little above 1, since the first step's
+    # window also holds the train command's start-up collectives (tests/e2e/project_agreement.cmake
+    # checks one step's bytes exactly).
+    bytes_ratio = max(
+        s["comm"]["per_rank"][r]["bytes_sent_per_step"]["exact_mean"] / max(1, lay["ranks"][r]["bytes_sent_per_step"])
         for r in range(np))
     return {
         "name": name, "np": np, "tp": tp, "pp": pp, "zero_stage": stage, "hosts": hosts or 1, "rate": rate,
@@ -101,7 +105,7 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
         "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
         "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
         "predicted_bubble": lay["bubble"], "measured_mfu": s.get("mfu", {}).get("mfu"), "predicted_mfu": lay["mfu"],
-        "bytes_per_rank_equal": bytes_equal,
+        "bytes_mean_over_projected": bytes_ratio,
     }
 
 
@@ -135,7 +139,7 @@ def main():
         "rows": rows,
         "within_15_percent": sum(1 for q in ratios if 0.85 <= q <= 1.15),
         "configurations": len(rows),
-        "all_bytes_equal": all(r["bytes_per_rank_equal"] for r in rows),
+        "bytes_mean_over_projected_max": max(r["bytes_mean_over_projected"] for r in rows),
     }
     print(json.dumps(out, indent=1))
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/log.h"
 #include "estimate/estimate.h"
 #include "estimate/measure.h"
 #include "nn/flops.h"
@@ -59,7 +60,8 @@ struct StageTime {
 
 Projection project_layout(const boost::json::value& config, const Options& opt, const Layout& l,
                           std::map<int, detail::ComputeCost>& costs, double oversub) {
-  Projection p{.layout = l};
+  Projection p;
+  p.layout = l;
   const int R = opt.ranks_per_host;
   const int hosts = opt.ranks / R;
   if (hosts > 1 && R % l.tp != 0) {
@@ -197,7 +199,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
 
 }  // namespace
 
-Report project(const boost::json::value& config, const Options& opt) {
+namespace {
+
+Report project_one(const boost::json::value& config, const Options& opt, std::map<int, detail::ComputeCost>& costs) {
   if (opt.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", opt.ranks));
   if (opt.ranks_per_host < 1 || opt.ranks % opt.ranks_per_host != 0) {
     throw ConfigError(fmt::format("--ranks-per-host: {} does not divide --ranks {}; give a divisor of {} (ranks on each host)",
@@ -213,7 +217,8 @@ Report project(const boost::json::value& config, const Options& opt) {
     throw ConfigError(fmt::format("--tp {} x --pp {} does not divide --ranks {}; give degrees whose product divides {}",
                                   want_tp, want_pp, opt.ranks, opt.ranks));
   }
-  Report rep{.options = opt};
+  Report rep;
+  rep.options = opt;
   const run::RunConfig base = detail::layout_config(config, {.dp = opt.ranks}, opt.ranks);
   if (!base.model && !base.model_llama) {
     throw ConfigError("model: the config has no model section; the projection measures the built-in GPT or LLaMA it describes");
@@ -223,7 +228,12 @@ Report project(const boost::json::value& config, const Options& opt) {
                                              base.model->d_model, base.model->n_head, base.model->seq_len);
   rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
   rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host);
-  std::map<int, detail::ComputeCost> costs;
+  // The measured engines' start-up lines (one per layout, stage and rank class) would bury the table.
+  struct QuietEngines {
+    spdlog::level::level_enum was = logger().level();
+    QuietEngines() { logger().set_level(std::max(was, spdlog::level::warn)); }
+    ~QuietEngines() { logger().set_level(was); }
+  } quiet;
   for (int tp : divisors(opt.ranks)) {
     if (tp > opt.max_tp || (opt.only_tp > 0 && tp != opt.only_tp)) continue;
     for (int pp : divisors(opt.ranks / tp)) {
@@ -232,11 +242,29 @@ Report project(const boost::json::value& config, const Options& opt) {
       rep.layouts.push_back(project_layout(config, opt, l, costs, rep.oversubscription));
     }
   }
+  // By throughput (step time per token): the step time's order when the config fixes train_batch_size;
+  // with micro-batch and accumulation given instead, a layout of more data-parallel ranks trains more
+  // tokens per step.
   std::stable_sort(rep.layouts.begin(), rep.layouts.end(), [](const Projection& a, const Projection& b) {
     if (a.valid != b.valid) return a.valid;
-    return a.valid && a.step_s < b.step_s;
+    return a.valid && a.tokens_per_s > b.tokens_per_s;
   });
   return rep;
+}
+
+}  // namespace
+
+Report project(const boost::json::value& config, const Options& opt) { return project(config, opt, {opt.ranks}).front(); }
+
+std::vector<Report> project(const boost::json::value& config, const Options& opt, const std::vector<int>& ranks) {
+  std::map<int, detail::ComputeCost> costs;  // per tensor-parallel degree, for every world size
+  std::vector<Report> out;
+  for (int n : ranks) {
+    Options o = opt;
+    o.ranks = n;
+    out.push_back(project_one(config, o, costs));
+  }
+  return out;
 }
 
 }  // namespace zs::project

@@ -113,7 +113,7 @@ struct Report {
   Options options;
   double peak_flops_per_s = 0.0;  // one rank's (nn::product_peak at threads_per_rank)
   double oversubscription = 1.0;  // ranks per core above 1: compute time factor
-  std::vector<Projection> layouts;  // valid ones sorted by step time, then the refused
+  std::vector<Projection> layouts;  // valid ones by tokens per second (step time per token), then the refused
 };
 
 // Projects every dp x tp x pp layout of options.ranks ranks (tp dividing ranks_per_host and at most
@@ -121,6 +121,9 @@ struct Report {
 // ranks < 1, ranks_per_host not dividing ranks, only_tp x only_pp not dividing ranks, several hosts
 // without a network, or a config without a model section.
 Report project(const boost::json::value& config, const Options& options);
+// The same for several world sizes (options.ranks replaced by each), measuring the compute once per
+// tensor-parallel degree for all of them.
+std::vector<Report> project(const boost::json::value& config, const Options& options, const std::vector<int>& ranks);
 
 std::string format_report(const Report& report, int rows = 10);
 boost::json::object report_to_json(const Report& report);

@@ -26,15 +26,17 @@ std::string format_report(const Report& rep, int rows) {
       o.machine.cores_per_host, o.machine.threads_per_rank,
       rep.oversubscription > 1 ? fmt::format(" (ranks share cores: compute x{:.2f})", rep.oversubscription) : std::string(),
       o.machine.shm_bytes_per_s / 1e9, o.machine.shm_latency_s * 1e6, rep.peak_flops_per_s / 1e9);
-  out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>9} {:>7} {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n", "dp", "tp", "pp",
-                     "ZeRO", "step", "MFU", "bubble", "dp comm", "exposed", "tp comm", "bytes/rank", "peak/rank", "fit");
+  out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>10} {:>9} {:>7} {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n", "dp", "tp",
+                     "pp", "ZeRO", "step", "tokens/s", "MFU", "bubble", "dp comm", "exposed", "tp comm", "bytes/rank",
+                     "peak/rank", "fit");
   int shown = 0;
   for (const Projection& p : rep.layouts) {
     if (!p.valid || shown++ >= rows) continue;
     uint64_t most = 0;
     for (const RankBytes& b : p.ranks) most = std::max(most, b.bytes_sent);
-    out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>8.2f}% {:>6.1f}% {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n",
-                       p.layout.dp, p.layout.tp, p.layout.pp, p.zero_stage, seconds(p.step_s), 100 * p.mfu, 100 * p.bubble,
+    out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>10.1f} {:>8.2f}% {:>6.1f}% {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n",
+                       p.layout.dp, p.layout.tp, p.layout.pp, p.zero_stage, seconds(p.step_s), p.tokens_per_s, 100 * p.mfu,
+                       100 * p.bubble,
                        seconds(p.dp_comm_s), seconds(p.dp_exposed_s), seconds(p.tp_comm_s), engine::format_bytes_si(most),
                        engine::format_bytes(p.device_peak_bytes), p.fits ? "yes" : "NO");
   }

@@ -67,7 +67,10 @@ boost::json::value tiny_config(int stage) {
 }
 
 Options options(int ranks, int per_host) {
-  Options o{.ranks = ranks, .ranks_per_host = per_host, .network = parse_network("1gbit,20us")};
+  Options o;
+  o.ranks = ranks;
+  o.ranks_per_host = per_host;
+  o.network = parse_network("1gbit,20us");
   o.machine = {.cores_per_host = 2, .threads_per_rank = 1, .shm_bytes_per_s = 5e9, .shm_latency_s = 5e-6};
   o.only_tp = 1;
   o.only_pp = 1;
