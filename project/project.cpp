@@ -199,9 +199,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
 
 }  // namespace
 
-namespace {
-
-Report project_one(const boost::json::value& config, const Options& opt, std::map<int, detail::ComputeCost>& costs) {
+void validate(const Options& opt) {
   if (opt.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", opt.ranks));
   if (opt.ranks_per_host < 1 || opt.ranks % opt.ranks_per_host != 0) {
     throw ConfigError(fmt::format("--ranks-per-host: {} does not divide --ranks {}; give a divisor of {} (ranks on each host)",
@@ -217,6 +215,12 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
     throw ConfigError(fmt::format("--tp {} x --pp {} does not divide --ranks {}; give degrees whose product divides {}",
                                   want_tp, want_pp, opt.ranks, opt.ranks));
   }
+}
+
+namespace {
+
+Report project_one(const boost::json::value& config, const Options& opt, std::map<int, detail::ComputeCost>& costs) {
+  validate(opt);
   Report rep;
   rep.options = opt;
   const run::RunConfig base = detail::layout_config(config, {.dp = opt.ranks}, opt.ranks);

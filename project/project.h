@@ -50,7 +50,7 @@ struct Machine {
   double shm_bytes_per_s = 0.0;    // shared-memory collective bandwidth (a copy in and a copy out)
   double shm_latency_s = 5e-6;     // per collective inside a host (comm_bench's small sizes: 3-5 us)
 };
-// Measures the shared-memory bandwidth (memcpy of 32 MiB blocks, a copy into the window and one out) on
+// Measures the shared-memory bandwidth (memcpy of 16 MiB blocks, a copy into the window and one out) on
 // this machine; cores from the CPUs this process may use.
 Machine probe_machine(int ranks_per_host);
 
@@ -121,6 +121,9 @@ struct Report {
 // ranks < 1, ranks_per_host not dividing ranks, only_tp x only_pp not dividing ranks, several hosts
 // without a network, or a config without a model section.
 Report project(const boost::json::value& config, const Options& options);
+// The checks of the options project() starts with (ConfigError as above), for a caller that wants
+// them before it measures the machine.
+void validate(const Options& options);
 // The same for several world sizes (options.ranks replaced by each), measuring the compute once per
 // tensor-parallel degree for all of them.
 std::vector<Report> project(const boost::json::value& config, const Options& options, const std::vector<int>& ranks);

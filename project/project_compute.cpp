@@ -62,8 +62,9 @@ Machine probe_machine(int ranks_per_host) {
   CPU_ZERO(&set);
   m.cores_per_host = sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
   m.threads_per_rank = std::max(1, m.cores_per_host / std::max(1, ranks_per_host));
-  // A shared-memory collective copies each byte into the node's window and out again: half memcpy's rate.
-  const size_t n = size_t{32} << 20;
+  // A shared-memory collective copies each byte into the node's window and out again: half memcpy's rate
+  // (blocks of 16 MiB: beyond the caches, as the large collectives the projection times).
+  const size_t n = size_t{16} << 20;
   std::vector<char> a(n, 1), b(n, 2);
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {

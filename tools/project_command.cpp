@@ -63,12 +63,6 @@ int run(const po::variables_map& vm) {
   const std::vector<int> world_sizes = parse_ranks(vm["ranks"].as<std::string>());
   opt.ranks = world_sizes.front();
   opt.ranks_per_host = vm.count("ranks-per-host") ? vm["ranks-per-host"].as<int>() : opt.ranks;
-  for (int n : world_sizes) {
-    if (opt.ranks_per_host < 1 || n % opt.ranks_per_host != 0) {
-      throw ConfigError(fmt::format("--ranks-per-host: {} does not divide --ranks {}; give a divisor of {} (ranks on each host)",
-                                    opt.ranks_per_host, n, n));
-    }
-  }
   if (vm.count("network")) opt.network = project::parse_network(vm["network"].as<std::string>());
   opt.max_tp = vm["max-tp"].as<int>();
   if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
@@ -79,6 +73,11 @@ int run(const po::variables_map& vm) {
   if (opt.max_tp < 1) throw ConfigError(fmt::format("--max-tp: must be at least 1, got {}", opt.max_tp));
   const int rows = vm["rows"].as<int>();
   const boost::json::value config = parse_json_file(vm["config"].as<std::string>());
+  for (int n : world_sizes) {  // the flags' errors before the machine is measured
+    project::Options o = opt;
+    o.ranks = n;
+    project::validate(o);
+  }
   opt.machine = project::probe_machine(opt.ranks_per_host);
   if (vm.count("cores-per-host")) {
     const int c = vm["cores-per-host"].as<int>();
