@@ -85,7 +85,8 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
     proj = [args.zeroshard, "project", "--config", path, "--ranks", str(np), "--ranks-per-host", str(per_host),
             "--tp", str(tp), "--pp", str(pp), "--json", projection]
     if hosts:
-        proj += ["--network", f"{rate},{args.latency}"]
+        # The "hosts" are namespaces of this one machine: they share its cores.
+        proj += ["--network", f"{rate},{args.latency}", "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
     run(proj, name + " (project)")
     with open(projection) as f:
         p = json.load(f)
@@ -104,7 +105,7 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
         "measured_step_s": measured, "predicted_step_s": lay["step_s"],
         "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
         "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
-        "predicted_bubble": lay["bubble"], "measured_mfu": s.get("mfu", {}).get("mfu"), "predicted_mfu": lay["mfu"],
+        "predicted_bubble": lay["bubble"], "collectives_per_step": lay["collectives_per_step"], "measured_mfu": s.get("mfu", {}).get("mfu"), "predicted_mfu": lay["mfu"],
         "bytes_mean_over_projected": bytes_ratio,
     }
 

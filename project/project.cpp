@@ -56,6 +56,7 @@ int distinct(const std::vector<int>& hosts) {
 struct StageTime {
   double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, dp_grad = 0, dp_gather = 0, dp_other = 0;
   double optimizer = 0, flops = 0;
+  uint64_t collectives = 0;
 };
 
 Projection project_layout(const boost::json::value& config, const Options& opt, const Layout& l,
@@ -80,6 +81,12 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     return p;
   }
   if (cfg.model_moe) throw ConfigError("project: MoE models (model.moe) are not projected yet; project the dense model");
+  // ZeRO++'s host groups are made by the engine itself (comm::Topology::make_host_groups), whose
+  // simulated ones do not know their hosts yet: their bytes across hosts would be missed.
+  if (cfg.zero.zero_hpz_partition_size > 1 || cfg.zero.zero_quantized_weights || cfg.zero.zero_quantized_gradients) {
+    throw ConfigError("project: ZeRO++ (zero_optimization.zero_hpz_partition_size, zero_quantized_weights, "
+                      "zero_quantized_gradients) is not projected yet; project the config without them");
+  }
   p.zero_stage = cfg.zero.stage;
   p.micro_batches = cfg.batch.gradient_accumulation_steps;
   const int64_t m = p.micro_batches;
@@ -125,6 +132,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     // Times from rank class 0 of the stage (the largest shard: memory::shard_of gives the first ranks the most).
     const engine::RankMeasurement& rm = meas.classes.front();
     for (const engine::GroupStep& g : rm.groups) {
+      st.collectives += g.count();
       if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
       if (g.group == "pp") {
         const int pp_hosts = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.pp_hosts(0, 0));
@@ -185,6 +193,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       p.dp_exposed_s = exposed;
       p.optimizer_s = st.optimizer;
       p.tp_comm_s = st.tp_comm;
+      p.collectives_per_step = st.collectives;
     }
     flops += st.flops;
   }

@@ -100,6 +100,7 @@ struct Projection {
   double dp_exposed_s = 0.0;
   double tp_comm_s = 0.0;
   double optimizer_s = 0.0;
+  uint64_t collectives_per_step = 0;  // the slowest stage's rank: its collectives and transfers, all groups
   double mfu = 0.0;           // model FLOPs per step / (step_s x the rank's peak), as the summary
   double tokens_per_s = 0.0;  // all ranks together
   uint64_t device_peak_bytes = 0;  // the largest rank's (estimator's measured peak)

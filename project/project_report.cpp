@@ -75,6 +75,7 @@ boost::json::object report_to_json(const Report& rep) {
     j["dp_exposed_s"] = p.dp_exposed_s;
     j["tp_comm_s"] = p.tp_comm_s;
     j["optimizer_s"] = p.optimizer_s;
+    j["collectives_per_step"] = p.collectives_per_step;
     j["mfu"] = p.mfu;
     j["tokens_per_s"] = p.tokens_per_s;
     j["device_peak_bytes"] = p.device_peak_bytes;
