@@ -16,8 +16,8 @@ namespace zs::project {
 
 // Note [projection model]
 // A layout's step on one rank of pipeline stage s, with m micro-batches per step and L_s layers:
-//   passes     F_s = L_s f + [last stage] f_rest, B_s likewise (measured at 1 and 2 layers with the
-//              layout's tensor-parallel slices, micro-batch and sequence; detail::measure_compute), times
+//   passes     F_s = L_s f + [last stage] f_rest, B_s likewise (measured at 2 layers with the layout's
+//              tensor-parallel slices, micro-batch and sequence, split by FLOPs; detail::measure_compute), times
 //              the oversubscription max(1, ranks per host / cores) when ranks share cores.
 //   tp, pp     the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
 //              parallelism's gathers and reduce-scatters) and the stage's point-to-point sends are on

@@ -12,8 +12,9 @@
 //     measurement, estimate/measure.h), so they are the counters a real run of that layout reports;
 //   - memory per rank: the same measurement's device peak (zeroshard estimate's figure);
 //   - compute: the layout's per-rank shapes (tp's slices, the config's micro-batch and sequence) run for
-//     real over simulated groups at 1 and 2 layers, which gives the per-layer and the rest's forward,
-//     backward and optimizer seconds (cached per tp degree) and FLOPs;
+//     real over simulated groups at 2 layers; the forward, backward and optimizer seconds are split into
+//     a layer's and the rest's by the exact FLOP and parameter counts of 2 layers against 1 (cached per
+//     tp degree);
 //   - time: a latency-bandwidth model of shared memory (inside a host) and of the network (between hosts,
 //     the host's ranks sharing its link), ZeRO's overlap, and the pipeline schedule's bubble (pp::timeline).
 #pragma once

@@ -15,6 +15,7 @@
 #include "estimate/estimate.h"
 #include "memory/backend.h"
 #include "nn/module.h"
+#include "nn/parameter.h"
 #include "project/detail/project_detail.h"
 #include "project/project.h"
 
@@ -98,9 +99,13 @@ run::RunConfig layout_config(const boost::json::value& config, const Layout& l, 
 
 ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t micro_batch) {
   // One rank of tensor-parallel degree tp, alone in its data-parallel group, one micro-batch per step,
-  // at 1 and 2 layers: the difference is one layer, the rest is the embeddings, head and loss.
+  // at 1 and 2 layers. The 2-layer run's seconds (forward, backward, optimizer) are split into one
+  // layer's and the rest's (embeddings, head, loss) by the exact counts the two runs differ by: the
+  // model FLOPs nn's kernels performed for the passes, the parameters for the optimizer. A split by
+  // the difference of the two runs' times would be as noisy as the cores are shared; this one scales
+  // with one measurement (the fastest of its steps) and the counts, which do not vary.
   struct Run {
-    double forward = 1e30, backward = 1e30, optimizer = 1e30, flops = 0;
+    double forward = 1e30, backward = 1e30, optimizer = 1e30, flops = 0, params = 0;
   };
   Run runs[2];
   for (int k = 1; k <= 2; ++k) {
@@ -114,16 +119,18 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
     const engine::EstimateInput in = engine::estimate_input_for_config(cfg, tp);
     nn::Model& model = *in.measure->model;
     nn::assign_names(model);
+    Run& r = runs[k - 1];
+    for (const nn::Parameter* p : model.all_params()) r.params += static_cast<double>(p->numel());
     const comm::Group dp = comm::Group::simulated(0, 1, "dp");
     const comm::Group own_tp = comm::Group::simulated(0, tp, "tp");
     const comm::Group& tpg = in.measure->groups.tp != nullptr ? *in.measure->groups.tp : own_tp;
     engine::Engine eng(model, in.measure->config, dp, tpg,
                        memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20));
-    Run& r = runs[k - 1];
     // The first step warms up (ZeRO-3 records its order); then the fastest of up to 10 steps, at least 1
-    // and until 2 s have passed: other processes on the cores only ever slow a step down.
+    // and until 2 s have passed: other processes on the cores only ever slow a step down. The 1-layer
+    // run is needed for its counts only: one step after the warm-up.
     const double t0 = now_seconds();
-    for (int s = 0; s <= 10 && (s <= 1 || now_seconds() - t0 < 2.0); ++s) {
+    for (int s = 0; s <= 10 && (s <= 1 || (k == 2 && now_seconds() - t0 < 2.0)); ++s) {
       const engine::StepReport rep = eng.train_batch(*in.measure->source);
       if (s == 0) continue;
       r.forward = std::min(r.forward, rep.forward_s);
@@ -132,15 +139,19 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
       r.flops = static_cast<double>(rep.model_flops);
     }
   }
+  const Run& two = runs[1];
+  const double layer_flops = std::max(0.0, two.flops - runs[0].flops);
+  const double pass_share = two.flops > 0 ? layer_flops / two.flops : 0.5;
+  const double param_share = two.params > 0 ? (two.params - runs[0].params) / two.params : 0.5;
   ComputeCost c;
-  c.forward_layer = std::max(0.0, runs[1].forward - runs[0].forward);
-  c.backward_layer = std::max(0.0, runs[1].backward - runs[0].backward);
-  c.optimizer_layer = std::max(0.0, runs[1].optimizer - runs[0].optimizer);
-  c.flops_layer = std::max(0.0, runs[1].flops - runs[0].flops);
-  c.forward_rest = std::max(0.0, runs[0].forward - c.forward_layer);
-  c.backward_rest = std::max(0.0, runs[0].backward - c.backward_layer);
-  c.optimizer_rest = std::max(0.0, runs[0].optimizer - c.optimizer_layer);
-  c.flops_rest = std::max(0.0, runs[0].flops - c.flops_layer);
+  c.forward_layer = two.forward * pass_share;
+  c.backward_layer = two.backward * pass_share;
+  c.optimizer_layer = two.optimizer * param_share;
+  c.flops_layer = layer_flops;
+  c.forward_rest = two.forward - 2 * c.forward_layer;
+  c.backward_rest = two.backward - 2 * c.backward_layer;
+  c.optimizer_rest = two.optimizer - 2 * c.optimizer_layer;
+  c.flops_rest = std::max(0.0, two.flops - 2 * layer_flops);
   return c;
 }
 

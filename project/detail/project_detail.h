@@ -18,7 +18,8 @@ namespace zs::project::detail {
 // model.pipeline_parallel_size set to the layout's (ConfigError: the config's reason the layout is refused).
 run::RunConfig layout_config(const boost::json::value& config, const Layout& l, int ranks);
 
-// Measured compute of one rank's shapes at tensor-parallel degree tp (Note [projection model]): per
+// Measured compute of one rank's shapes at tensor-parallel degree tp (Note [projection model]; the
+// split: project_compute.cpp): per
 // micro-batch, the seconds and model FLOPs of one layer and of the rest (embeddings, head, loss); the
 // optimizer's seconds of one layer's and the rest's parameters when one rank steps them all.
 struct ComputeCost {
