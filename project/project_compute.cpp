@@ -128,9 +128,9 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
                        memory::make_backend(cfg.device.backend, static_cast<size_t>(cfg.device.memory_mb) << 20));
     // The first step warms up (ZeRO-3 records its order); then the fastest of up to 10 steps, at least 1
     // and until 2 s have passed: other processes on the cores only ever slow a step down. The 1-layer
-    // run is needed for its counts only: one step after the warm-up.
+    // run is needed for its counts only (the same in every step): one step.
     const double t0 = now_seconds();
-    for (int s = 0; s <= 10 && (s <= 1 || (k == 2 && now_seconds() - t0 < 2.0)); ++s) {
+    for (int s = k == 1 ? 1 : 0; s <= 10 && (s <= 1 || now_seconds() - t0 < 2.0); ++s) {
       const engine::StepReport rep = eng.train_batch(*in.measure->source);
       if (s == 0) continue;
       r.forward = std::min(r.forward, rep.forward_s);
