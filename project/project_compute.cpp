@@ -1,6 +1,7 @@
 // The projection's measurements on this machine (compute per layer, shared-memory bandwidth), its
 // time of a group's collectives, and the --network parser.
 #include <sched.h>
+#include <time.h>
 
 #include <algorithm>
 #include <charconv>
@@ -16,6 +17,7 @@
 #include "memory/backend.h"
 #include "nn/module.h"
 #include "nn/parameter.h"
+#include "nn/threads.h"
 #include "project/detail/project_detail.h"
 #include "project/project.h"
 
@@ -80,6 +82,14 @@ Machine probe_machine(int ranks_per_host) {
 
 namespace detail {
 
+namespace {
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
+
 run::RunConfig layout_config(const boost::json::value& config, const Layout& l, int ranks) {
   boost::json::value doc = config;
   if (!doc.is_object() || !doc.as_object().contains("model") || !doc.as_object().at("model").is_object()) {
@@ -131,11 +141,17 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
     // run is needed for its counts only (the same in every step): one step.
     const double t0 = now_seconds();
     for (int s = k == 1 ? 1 : 0; s <= 10 && (s <= 1 || now_seconds() - t0 < 2.0); ++s) {
+      const double wall0 = now_seconds(), cpu0 = process_cpu_seconds();
       const engine::StepReport rep = eng.train_batch(*in.measure->source);
       if (s == 0) continue;
-      r.forward = std::min(r.forward, rep.forward_s);
-      r.backward = std::min(r.backward, rep.backward_s);
-      r.optimizer = std::min(r.optimizer, rep.optimizer_s);
+      // A step's wall time counts what other processes took from the cores; its CPU time, over the
+      // threads, does not: the phases are scaled by that share (1 on an idle machine, where the
+      // threads keep their cores busy or polling).
+      const double wall = now_seconds() - wall0;
+      const double share = wall > 0 ? std::min(1.0, (process_cpu_seconds() - cpu0) / (wall * nn::compute_threads())) : 1.0;
+      r.forward = std::min(r.forward, rep.forward_s * share);
+      r.backward = std::min(r.backward, rep.backward_s * share);
+      r.optimizer = std::min(r.optimizer, rep.optimizer_s * share);
       r.flops = static_cast<double>(rep.model_flops);
     }
   }
