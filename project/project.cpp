@@ -208,7 +208,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
 
 }  // namespace
 
-void validate(const Options& opt) {
+void validate(const Options& options) {
+  Options opt = options;
+  if (opt.ranks_per_host == 0) opt.ranks_per_host = opt.ranks;  // one host
   if (opt.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", opt.ranks));
   if (opt.ranks_per_host < 1 || opt.ranks % opt.ranks_per_host != 0) {
     throw ConfigError(fmt::format("--ranks-per-host: {} does not divide --ranks {}; give a divisor of {} (ranks on each host)",
@@ -275,6 +277,7 @@ std::vector<Report> project(const boost::json::value& config, const Options& opt
   for (int n : ranks) {
     Options o = opt;
     o.ranks = n;
+    if (o.ranks_per_host == 0) o.ranks_per_host = n;
     out.push_back(project_one(config, o, costs));
   }
   return out;

@@ -57,7 +57,7 @@ Machine probe_machine(int ranks_per_host);
 
 struct Options {
   int ranks = 1;
-  int ranks_per_host = 1;
+  int ranks_per_host = 1;  // 0: all the ranks on one host
   Network network;
   Machine machine;
   int max_tp = 8;  // tensor-parallel degrees tried: divisors of the host's ranks up to this

@@ -17,7 +17,6 @@
 #include "memory/backend.h"
 #include "nn/module.h"
 #include "nn/parameter.h"
-#include "nn/threads.h"
 #include "project/detail/project_detail.h"
 #include "project/project.h"
 
@@ -144,11 +143,12 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
       const double wall0 = now_seconds(), cpu0 = process_cpu_seconds();
       const engine::StepReport rep = eng.train_batch(*in.measure->source);
       if (s == 0) continue;
-      // A step's wall time counts what other processes took from the cores; its CPU time, over the
-      // threads, does not: the phases are scaled by that share (1 on an idle machine, where the
-      // threads keep their cores busy or polling).
+      // A step's wall time counts what other processes took from the cores; its CPU time does not.
+      // Where the step got less than one core's worth of CPU (cores shared with other processes), its
+      // phases are scaled by that share: exact for one compute thread; with more, a step that got at
+      // least one core's worth is taken as it is (an idle machine's threads need not all stay busy).
       const double wall = now_seconds() - wall0;
-      const double share = wall > 0 ? std::min(1.0, (process_cpu_seconds() - cpu0) / (wall * nn::compute_threads())) : 1.0;
+      const double share = wall > 0 ? std::min(1.0, (process_cpu_seconds() - cpu0) / wall) : 1.0;
       r.forward = std::min(r.forward, rep.forward_s * share);
       r.backward = std::min(r.backward, rep.backward_s * share);
       r.optimizer = std::min(r.optimizer, rep.optimizer_s * share);

@@ -62,7 +62,15 @@ int run(const po::variables_map& vm) {
   project::Options opt;
   const std::vector<int> world_sizes = parse_ranks(vm["ranks"].as<std::string>());
   opt.ranks = world_sizes.front();
-  opt.ranks_per_host = vm.count("ranks-per-host") ? vm["ranks-per-host"].as<int>() : opt.ranks;
+  if (world_sizes.size() > 1 && !vm.count("ranks-per-host")) {
+    throw ConfigError("--ranks: several world sizes need --ranks-per-host (the compute is measured once, for a host of "
+                      "that many ranks)");
+  }
+  // Without --ranks-per-host the world is one host (project::Options: 0).
+  opt.ranks_per_host = vm.count("ranks-per-host") ? vm["ranks-per-host"].as<int>() : 0;
+  if (vm.count("ranks-per-host") && opt.ranks_per_host < 1) {
+    throw ConfigError(fmt::format("--ranks-per-host: must be at least 1, got {}", opt.ranks_per_host));
+  }
   if (vm.count("network")) opt.network = project::parse_network(vm["network"].as<std::string>());
   opt.max_tp = vm["max-tp"].as<int>();
   if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
@@ -78,16 +86,18 @@ int run(const po::variables_map& vm) {
     o.ranks = n;
     project::validate(o);
   }
-  opt.machine = project::probe_machine(opt.ranks_per_host);
+  // The host's ranks: the given ones, else (one host each) the first world size's.
+  const int host_ranks = opt.ranks_per_host > 0 ? opt.ranks_per_host : world_sizes.front();
+  opt.machine = project::probe_machine(host_ranks);
   if (vm.count("cores-per-host")) {
     const int c = vm["cores-per-host"].as<int>();
     if (c < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", c));
     opt.machine.cores_per_host = c;
-    opt.machine.threads_per_rank = std::max(1, c / opt.ranks_per_host);
+    opt.machine.threads_per_rank = std::max(1, c / host_ranks);
   }
   // The compute is measured with the threads a rank of that host would get (launch's share); a host of
   // more cores than this machine's is measured with this machine's.
-  launch::set_blas_threads(std::min(opt.ranks_per_host, opt.machine.cores_per_host));
+  launch::set_blas_threads(std::min(host_ranks, opt.machine.cores_per_host));
   // zeroshard train's step boundary (tools/train_command.cpp): the stop agreement over dp, tp and pp,
   // run over the measured groups. Its watch must not swallow a Ctrl-C here: the first signal ends the
   // projection at once, as it would without the watch.
