@@ -128,14 +128,21 @@ void count_block_bytes(Op& op, std::span<const size_t> counts, size_t total_elem
 Group::Group(std::shared_ptr<detail::GroupState> state) : state_(std::move(state)) {}
 Group::~Group() = default;
 
-Group Group::simulated(int rank, int size, const std::string& name) {
+Group Group::simulated(int rank, int size, const std::string& name, std::vector<int> hosts) {
   ZS_ASSERT(size >= 1 && rank >= 0 && rank < size, "simulated group: rank {} of {}", rank, size);
+  ZS_ASSERT(hosts.empty() || hosts.size() == static_cast<size_t>(size), "simulated group: {} hosts for {} ranks",
+            hosts.size(), size);
   auto state = std::make_shared<detail::GroupState>();
   state->runtime = std::make_shared<detail::Runtime>(false);
   state->rank = rank;
   state->size = size;
   state->name = name;
   state->simulated = true;
+  if (!hosts.empty()) {  // as Runtime sets a real group's (runtime.cpp): one host is no host list
+    state->host_members = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
+    if (state->host_members < size) state->hosts = std::move(hosts);
+    else state->host_members = 1;
+  }
   state->transport = detail::make_transport(*state);
   return Group(std::move(state));
 }

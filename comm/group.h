@@ -55,7 +55,9 @@ class Group {
   // collective returns at once (an async one completes when waited for, as if MPI had not progressed
   // it before), and its bytes are counted as the real one's would be. For running code that issues
   // collectives only to see what it allocates (the memory estimator); nothing it "receives" is valid.
-  static Group simulated(int rank, int size, const std::string& name = "simulated");
+  // `hosts`: the host of each member in group rank order (empty: all on one host), so its bytes across
+  // hosts are counted as a real group's on that layout (Note [Bytes across hosts]; the projection).
+  static Group simulated(int rank, int size, const std::string& name = "simulated", std::vector<int> hosts = {});
   Group(Group&&) noexcept = default;
   Group& operator=(Group&&) noexcept = default;
   Group(const Group&) = delete;

@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "engine/dataset_source.h"
 #include "estimate/detail/estimate_util.h"
+#include "estimate/detail/measured_models.h"
 #include "estimate/measure.h"
 #include "engine/flat_layout.h"
 #include "memory/shard.h"
@@ -192,93 +193,8 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
   return in;
 }
 
-namespace {
-
-// The GPT-MoE as the estimator measures it: rank 0's experts (every rank holds as many, of the same
-// shapes) over simulated groups, where the MoE layer routes a balanced load (moe/moe_layer.h).
-struct MeasuredGptMoe {
-  MeasuredGptMoe(const moe::GptMoeConfig& c, int ranks)
-      : groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep"),
-               comm::Group::simulated(0, ranks / c.moe.ep_size, "edp")},
-        model(c, &groups) {}
-  comm::ExpertGroups groups;  // the model keeps a pointer: declared first, destroyed last
-  moe::GptMoeModel model;
-};
-
-// The tensor-parallel GPT as the estimator measures it: tp rank 0's slices over a simulated tp group
-// (every tp rank holds slices of the same sizes; the layers' collectives move nothing there).
-struct MeasuredTpGpt {
-  MeasuredTpGpt(const nn::GptConfig& c, const tp::TensorParallelConfig& par)
-      : group(comm::Group::simulated(0, par.tensor_parallel_size, "tp")), model(c, par, &group) {}
-  comm::Group group;  // the model keeps a pointer: declared first, destroyed last
-  tp::GptModel model;
-};
-
-// The GPT-MoE at tp > 1: tp rank 0's slices and whole experts over simulated tp and expert groups.
-struct MeasuredTpGptMoe {
-  MeasuredTpGptMoe(const moe::GptMoeConfig& c, const tp::TensorParallelConfig& par, int ranks)
-      : group(comm::Group::simulated(0, par.tensor_parallel_size, "tp")),
-        groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep"),
-               comm::Group::simulated(0, ranks / c.moe.ep_size, "edp")},
-        model(c, &groups, {.group = &group, .sequence_parallel = par.sequence_parallel}) {}
-  comm::Group group;          // the model keeps pointers: declared first, destroyed last
-  comm::ExpertGroups groups;
-  moe::GptMoeModel model;
-};
-
-// The tensor-parallel LLaMA as the estimator measures it, as MeasuredTpGpt.
-struct MeasuredTpLlama {
-  MeasuredTpLlama(const nn::LlamaConfig& c, int tp) : group(comm::Group::simulated(0, tp, "tp")), model(c, &group) {}
-  comm::Group group;
-  tp::LlamaModel model;
-};
-
-// A pipeline stage of the built-in GPT as the estimator measures it: stage `stage` of a simulated "pp"
-// group (tp rank 0's slices over a simulated tp group at tp > 1), built as zeroshard train builds it.
-struct MeasuredPipelineStage {
-  MeasuredPipelineStage(const run::RunConfig& cfg, int stage)
-      : pp(comm::Group::simulated(stage, cfg.pipeline.pipeline_parallel_size, "pp")),
-        tp(comm::Group::simulated(0, cfg.tensor_parallel.tensor_parallel_size, "tp")),
-        model(*cfg.model, pp, run::gpt_pipeline_config(cfg, &tp)) {}
-  comm::Group pp;  // the model keeps pointers: declared first, destroyed last
-  comm::Group tp;
-  run::GptPipelineModel model;
-};
-
-std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, int pipeline_stage) {
-  if (cfg.pipeline.pipeline_parallel_size > 1) {
-    auto target = std::make_shared<MeasuredPipelineStage>(cfg, pipeline_stage);
-    return std::shared_ptr<nn::Model>(target, &target->model);
-  }
-  if (cfg.tensor_parallel.tensor_parallel_size > 1 && cfg.model_moe) {
-    if (ranks % cfg.model_moe->moe.ep_size != 0) {
-      throw ConfigError(fmt::format("model.moe.ep_size: {} does not divide the {} data-parallel ranks estimated; "
-                                    "estimate a multiple of {} ranks",
-                                    cfg.model_moe->moe.ep_size, ranks,
-                                    cfg.model_moe->moe.ep_size * cfg.tensor_parallel.tensor_parallel_size));
-    }
-    auto target = std::make_shared<MeasuredTpGptMoe>(*cfg.model_moe, cfg.tensor_parallel, ranks);
-    return std::shared_ptr<nn::Model>(target, &target->model);
-  }
-  if (cfg.tensor_parallel.tensor_parallel_size > 1) {
-    auto target = std::make_shared<MeasuredTpGpt>(*cfg.model, cfg.tensor_parallel);
-    return std::shared_ptr<nn::Model>(target, &target->model);
-  }
-  if (!cfg.model_moe) return std::make_shared<nn::GptModel>(*cfg.model);
-  const int e = cfg.model_moe->moe.ep_size;
-  if (ranks % e != 0) {
-    throw ConfigError(fmt::format("model.moe.ep_size: {} does not divide the {} ranks estimated; estimate a multiple of "
-                                  "{} ranks",
-                                  e, ranks, e));
-  }
-  auto target = std::make_shared<MeasuredGptMoe>(*cfg.model_moe, ranks);
-  return std::shared_ptr<nn::Model>(target, &target->model);
-}
-
-}  // namespace
-
 EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, std::optional<uint64_t> n_params,
-                                        int pipeline_stage) {
+                                        int pipeline_stage, int ranks_per_host) {
   EstimateInput in;
   in.zero = zero_limits_of(cfg.zero);
   // Tensor parallelism: the states are rank 0's slices, sharded over the data-parallel ranks (Note
@@ -296,18 +212,16 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
                                   pipeline_stage, pp, pp - 1));
   }
   const int ranks = world / (tp * pp);
+  const HostLayout hosts{.ranks_per_host = ranks_per_host, .tp = tp, .dp = ranks, .pp = pp};
+  MeasureGroups groups;
+  groups.dp_hosts = hosts.dp_hosts(0, pipeline_stage);
   if (cfg.model_llama) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }
     const nn::LlamaConfig& l = *cfg.model_llama;
     std::shared_ptr<nn::Model> model;  // declares the parameters; allocates nothing
-    if (tp > 1) {
-      auto target = std::make_shared<MeasuredTpLlama>(l, tp);
-      model = std::shared_ptr<nn::Model>(target, &target->model);
-    } else {
-      model = std::make_shared<nn::LlamaModel>(l);
-    }
+    model = detail::builtin_llama(l, tp, groups);
     in.model = model_facts(*model, in.zero);
     in.model.description =
         fmt::format("LLaMA n_layer {} d_model {} n_head {} n_kv_head {} d_ff {} max_seq_len {} vocab {}{}: {} parameters",
@@ -328,12 +242,12 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
       }
       measured.recompute.applied_by_program = true;
     }
-    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured, groups});
   } else if (cfg.model) {
     if (n_params) {
       throw ConfigError("--params: the config's model section already gives the model; drop --params or the model section");
     }
-    std::shared_ptr<nn::Model> model = builtin_model(cfg, ranks, pipeline_stage);  // declares; allocates nothing
+    std::shared_ptr<nn::Model> model = detail::builtin_model(cfg, ranks, pipeline_stage, hosts, groups);  // declares; allocates nothing
     in.model = model_facts(*model, in.zero);
     const auto& m = *cfg.model;
     const std::string moe_part =
@@ -378,7 +292,7 @@ EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int world, st
       static_cast<tp::GptModel&>(*model).set_recompute(gpt_recompute(cfg.recompute, m.n_layer));
       measured.recompute.applied_by_program = true;
     }
-    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured});
+    in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{model, source, measured, groups});
   } else {
     if (!n_params) {
       throw ConfigError("model: the config has no model section, so the estimator does not know the model size; add a "
@@ -410,7 +324,7 @@ EstimateInput estimate_input_for_model(nn::Model& model, BatchSource& source, co
   in.model.description = fmt::format("{}: {} parameters", description, group_digits(in.model.param_elements));
   // Not owned: the caller keeps the model and the source alive.
   in.measure = std::make_shared<EstimateInput::MeasureTarget>(EstimateInput::MeasureTarget{
-      std::shared_ptr<nn::Model>(&model, [](nn::Model*) {}), std::shared_ptr<BatchSource>(&source, [](BatchSource*) {}), cfg});
+      std::shared_ptr<nn::Model>(&model, [](nn::Model*) {}), std::shared_ptr<BatchSource>(&source, [](BatchSource*) {}), cfg, {}});
   return in;
 }
 
@@ -450,7 +364,7 @@ void measure_device_peaks(const EstimateInput& in, StageEstimate& st) {
   cfg.memory = in.memory;
   cfg.zero.offload_optimizer.device = st.offload.optimizer;
   cfg.zero.offload_param.device = st.offload.param;
-  const Measurement m = estimate(*in.measure->model, cfg, in.ranks, *in.measure->source);
+  const Measurement m = estimate(*in.measure->model, cfg, in.ranks, *in.measure->source, 2, in.measure->groups);
   for (ShardGroup& g : st.shards) {
     const RankMeasurement& r = m.of_rank(g.first_rank);
     DevicePeak& p = g.device_peak;

@@ -43,6 +43,7 @@
 #include "memory/shard.h"
 #include "run/run_config.h"
 #include "engine/placement.h"
+#include "estimate/measure.h"
 #include "memory/backend.h"
 #include "memory/category.h"
 #include "nn/model.h"
@@ -136,6 +137,7 @@ struct EstimateInput {
     std::shared_ptr<nn::Model> model;
     std::shared_ptr<BatchSource> source;
     EngineConfig config;
+    MeasureGroups groups;  // the model's own simulated groups (kept alive by `model`) and the dp hosts
   };
   std::shared_ptr<const MeasureTarget> measure;
   // Pipeline parallelism (model.pipeline_parallel_size > 1; docs/pipeline_parallel.md): the figures
@@ -171,8 +173,11 @@ EstimateInput estimate_input_for_params(uint64_t n_params, int ranks, Precision 
 // With model.pipeline_parallel_size P > 1 the input is of pipeline stage `pipeline_stage` (0..P-1;
 // ConfigError otherwise) and `ranks` the world (tp x dp x pp ranks): the figures are per rank of that
 // stage. Each stage is estimated on its own (zeroshard estimate prints all, the largest as the figure).
+// `ranks_per_host` (0: one host; the projection) places the ranks on hosts of that many consecutive world
+// ranks (estimate/measure.h's HostLayout), so the measured groups count their bytes across hosts.
 EstimateInput estimate_input_for_config(const run::RunConfig& cfg, int ranks,
-                                        std::optional<uint64_t> n_params = std::nullopt, int pipeline_stage = 0);
+                                        std::optional<uint64_t> n_params = std::nullopt, int pipeline_stage = 0,
+                                        int ranks_per_host = 0);
 // The same for a user's own model (any nn::Model) trained from `source`: exact layout and measured
 // device peak. `model` and `source` must outlive the input and every estimate made from it. `cfg` is
 // the engine's part of the config (a run::RunConfig whose program builds its own model has no `model`).

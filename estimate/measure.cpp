@@ -34,6 +34,63 @@ constexpr size_t kUncappedDevice = size_t{1} << 46;  // 64 TiB of address space,
 
 }  // namespace
 
+int HostLayout::host(int tp_rank, int dp_rank, int pp_rank) const {
+  return ranks_per_host > 0 ? (tp_rank + tp * (dp_rank + dp * pp_rank)) / ranks_per_host : 0;
+}
+
+namespace {
+std::vector<int> one_host_is_none(std::vector<int> hosts) {
+  if (std::all_of(hosts.begin(), hosts.end(), [&](int h) { return h == hosts.front(); })) hosts.clear();
+  return hosts;
+}
+
+// What `g`'s collectives added since `before` (its op_stats: a simulated group's own runtime).
+GroupStep step_of(const std::string& name, const comm::Group& g, const std::vector<comm::OpStats>& before) {
+  GroupStep out{.group = name, .ops = {}};
+  for (const comm::OpStats& now : g.op_stats()) {
+    comm::OpStats d = now;
+    for (const comm::OpStats& b : before) {
+      if (b.name == now.name) {
+        d.count -= b.count;
+        d.bytes_sent -= b.bytes_sent;
+        d.bytes_inter_host -= b.bytes_inter_host;
+        d.seconds -= b.seconds;
+      }
+    }
+    if (d.count > 0) out.ops.push_back(d);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<int> HostLayout::dp_hosts(int tp_rank, int pp_rank) const {
+  std::vector<int> h;
+  for (int d = 0; d < dp; ++d) h.push_back(host(tp_rank, d, pp_rank));
+  return one_host_is_none(std::move(h));
+}
+
+std::vector<int> HostLayout::pp_hosts(int tp_rank, int dp_rank) const {
+  std::vector<int> h;
+  for (int s = 0; s < pp; ++s) h.push_back(host(tp_rank, dp_rank, s));
+  return one_host_is_none(std::move(h));
+}
+
+uint64_t GroupStep::bytes_sent() const {
+  uint64_t n = 0;
+  for (const comm::OpStats& o : ops) n += o.bytes_sent;
+  return n;
+}
+uint64_t GroupStep::bytes_inter_host() const {
+  uint64_t n = 0;
+  for (const comm::OpStats& o : ops) n += o.bytes_inter_host;
+  return n;
+}
+uint64_t GroupStep::count() const {
+  uint64_t n = 0;
+  for (const comm::OpStats& o : ops) n += o.count;
+  return n;
+}
+
 const RankMeasurement& Measurement::of_rank(int rank) const {
   for (const auto& c : classes) {
     if (rank >= c.first_rank && rank <= c.last_rank) return c;
@@ -41,7 +98,8 @@ const RankMeasurement& Measurement::of_rank(int rank) const {
   throw InternalError(fmt::format("no measurement covers rank {} of {}", rank, ranks));
 }
 
-Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, BatchSource& source, int steps) {
+Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, BatchSource& source, int steps,
+                     const MeasureGroups& groups) {
   if (ranks < 1) throw ConfigError(fmt::format("estimate: ranks must be >= 1, got {}", ranks));
   ZS_ASSERT(steps >= 2, "estimate: at least 2 steps (got {})", steps);
   nn::assign_names(model);
@@ -65,19 +123,32 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
   for (const nn::Parameter* p : model.all_params()) {
     if (!p->tensor_slice().whole()) slice = p->tensor_slice();
   }
-  const comm::Group tp = comm::Group::simulated(slice.index, slice.parts, "tp");
+  const comm::Group own_tp = comm::Group::simulated(slice.index, slice.parts, "tp");
+  const comm::Group& tp = groups.tp != nullptr ? *groups.tp : own_tp;
   Measurement out;
   out.ranks = ranks;
   out.steps = steps;
   for (int r = 0; r < ranks;) {
     const std::vector<size_t> shard = shards_of(r);
     int last = r;
-    while (last + 1 < ranks && shards_of(last + 1) == shard) ++last;
-    comm::Group group = comm::Group::simulated(r, ranks, "dp");
+    while (ranks > groups.every_rank_up_to && last + 1 < ranks && shards_of(last + 1) == shard) ++last;
+    comm::Group group = comm::Group::simulated(r, ranks, "dp", groups.dp_hosts);
     Engine engine(model, config, group, tp, std::make_unique<memory::MeasuringBackend>(kUncappedDevice));
     RankMeasurement m{.first_rank = r, .last_rank = last};
     for (int s = 0; s < steps; ++s) {
+      std::vector<std::pair<std::string, const comm::Group*>> tallied{{"dp", &group}};
+      if (groups.tp != nullptr && tp.size() > 1) tallied.emplace_back("tp", groups.tp);
+      if (groups.pp != nullptr && groups.pp->size() > 1) tallied.emplace_back("pp", groups.pp);
+      std::vector<std::vector<comm::OpStats>> before;
+      for (const auto& t : tallied) before.push_back(t.second->op_stats());
       const StepReport& report = engine.train_batch(source);
+      if (groups.step_boundary) {
+        std::vector<const comm::Group*> at_boundary;
+        for (const auto& t : tallied) at_boundary.push_back(t.second);
+        groups.step_boundary(at_boundary);
+      }
+      m.groups.clear();
+      for (size_t i = 0; i < tallied.size(); ++i) m.groups.push_back(step_of(tallied[i].first, *tallied[i].second, before[i]));
       m.transfers = report.transfers;
       m.comm_bytes_sent = report.comm_bytes_sent;
       m.max_in_flight = report.pipeline.max_in_flight;

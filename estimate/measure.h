@@ -19,14 +19,58 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
 #include <vector>
 
+#include "comm/config.h"
+#include "comm/group.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "memory/backend.h"
 #include "nn/model.h"
 
 namespace zs::engine {
+
+// Where the ranks of a run lie, in comm::Topology's order (world rank = tp_rank + tp * (dp_rank + dp *
+// pp_rank)) on hosts of `ranks_per_host` consecutive world ranks (0: one host): the projection measures
+// a layout's bytes across hosts with it (Note [Bytes across hosts] in comm/config.h).
+struct HostLayout {
+  int ranks_per_host = 0;
+  int tp = 1, dp = 1, pp = 1;
+  int host(int tp_rank, int dp_rank, int pp_rank) const;
+  // The hosts of a group's members in group rank order; empty on one host (Group::simulated's form).
+  std::vector<int> dp_hosts(int tp_rank, int pp_rank) const;
+  std::vector<int> pp_hosts(int tp_rank, int dp_rank) const;
+};
+
+// The model's own simulated groups, which a measurement tallies beside the engine's data-parallel one:
+// its tensor-parallel layers' "tp" group (given to the engine too, as a real run gives both the same
+// group) and a pipeline stage's "pp" group; null when the model has none. `dp_hosts`: the hosts of the
+// data-parallel ranks (empty: one host).
+struct MeasureGroups {
+  const comm::Group* tp = nullptr;
+  const comm::Group* pp = nullptr;
+  std::vector<int> dp_hosts;
+  // What the program does over its groups (dp, then tp and pp where the model has them) at each step
+  // boundary, so its bytes count as a real run's (zeroshard train: launch::agree_preempted); empty: nothing.
+  std::function<void(std::span<const comm::Group* const>)> step_boundary;
+  // Up to this many data-parallel ranks, each is measured on its own rather than once per shard size:
+  // at stage 3 the bytes a rank sends depend on its part of each gathered module, not only on its
+  // shard's size (the projection's exact bytes per rank).
+  int every_rank_up_to = 0;
+};
+
+// One group's collectives in the last measured step on one rank (comm's counting rule, OpStats' seconds
+// unused): "dp", "tp" or "pp".
+struct GroupStep {
+  std::string group;
+  std::vector<comm::OpStats> ops;  // by collective, those that ran
+  uint64_t bytes_sent() const;
+  uint64_t bytes_inter_host() const;
+  uint64_t count() const;
+};
 
 // One class of ranks: consecutive ranks whose shards have the same size (so the same memory).
 struct RankMeasurement {
@@ -36,6 +80,7 @@ struct RankMeasurement {
   memory::TransferStats transfers;      // host <-> device bytes of the last measured step
   uint64_t comm_bytes_sent = 0;         // bytes a real run would send in the last measured step
   int max_in_flight = 0;                // a pipeline stage: micro-batches its schedule held at once
+  std::vector<GroupStep> groups;        // the last measured step, per group: dp, then tp and pp if any
 };
 
 struct Measurement {
@@ -56,6 +101,8 @@ struct Measurement {
 // `source` supplies the batches (their values do not matter; their shapes do). Throws what the engine
 // throws for a config it refuses (ConfigError); the device capacity is not a limit (the prediction
 // says whether the arena of device.memory_mb holds it).
-Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, BatchSource& source, int steps = 2);
+// `groups`: the model's own groups and the data-parallel ranks' hosts (above).
+Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, BatchSource& source, int steps = 2,
+                     const MeasureGroups& groups = {});
 
 }  // namespace zs::engine

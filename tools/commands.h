@@ -9,6 +9,7 @@ namespace zs::tools {
 
 int train_command(const std::vector<std::string>& args);
 int estimate_command(const std::vector<std::string>& args);
+int project_command(const std::vector<std::string>& args);
 int checkpoint_command(const std::vector<std::string>& args);
 int tokenize_command(const std::vector<std::string>& args);
 

@@ -25,6 +25,8 @@ constexpr const char* kUsage =
     "                                                          tag directory DIR/global_step15)\n"
     "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
     "                                                          memory per rank at each ZeRO stage and tier\n"
+    "  project --config FILE --ranks N [--ranks-per-host R] [--network BW,LATENCY] [--json FILE]\n"
+    "                                                          predicted step time, MFU and memory of the layouts\n"
     "  checkpoint inspect|consolidate|compare ...              look into, merge and compare checkpoints\n"
     "  tokenize --model TOKENIZER.model --out OUT.bin INPUT... text to llm.c token shards (SentencePiece)\n"
     "\n"
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "train") return zs::tools::train_command(args);
   if (command == "estimate") return zs::tools::estimate_command(args);
+  if (command == "project") return zs::tools::project_command(args);
   if (command == "checkpoint") return zs::tools::checkpoint_command(args);
   if (command == "tokenize") return zs::tools::tokenize_command(args);
   std::fprintf(stderr, "zeroshard: unknown command '%s'\n\n%s", command.c_str(), kUsage);

@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Validates `zeroshard project` against measured runs (docs/scaling.md, "Validation").
+
+For each configuration (a small GPT at one dp x tp x pp layout and ZeRO stage on NP ranks) it runs
+`zeroshard train` (the median step time from the summary) and `zeroshard project` for the same layout
+(--tp/--pp select it), and prints one JSON object: per configuration the measured and predicted step time,
+their ratio, and the run's mean bytes per step over the projected step's (bytes_sent_per_step.exact_mean).
+
+  nice -n 19 python3 benchmarks/project_validate.py --zeroshard build/release/tools/zeroshard [--quick]
+  python3 benchmarks/project_validate.py --zeroshard ... --multihost      # also two hosts under tc (root)
+
+--multihost adds two hosts of 2 ranks each (tests/multihost/hosts.sh: network namespaces, the link shaped
+with tc tbf to 100mbit, 1gbit and 10gbit) at ZeRO stages 1 and 3, projected with --ranks-per-host 2 and
+--network RATE,LATENCY (--latency, default 50us: veth + TCP through the namespaces' bridge).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# A small GPT: enough work per step that the step is not all fixed costs (about 50-200 ms here).
+BASE = {
+    "train_batch_size": 16,
+    "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "weight_decay": 0.01}},
+    "bf16": {"enabled": True},
+    "zero_optimization": {"stage": 1, "reduce_bucket_size": 500000},
+    "model": {"n_layer": 4, "d_model": 128, "n_head": 4, "seq_len": 64},
+}
+
+# (name, np, tp, pp, ZeRO stage)
+ONE_HOST = [
+    ("np1", 1, 1, 1, 0),
+    ("np2_dp2_zero1", 2, 1, 1, 1),
+    ("np2_dp2_zero3", 2, 1, 1, 3),
+    ("np2_tp2", 2, 2, 1, 1),
+    ("np2_pp2", 2, 1, 2, 1),
+    ("np4_dp4_zero2", 4, 1, 1, 2),
+    ("np4_dp2_tp2", 4, 2, 1, 1),
+]
+MULTIHOST_RATES = ["100mbit", "1gbit", "10gbit"]
+
+
+def config_for(np, tp, pp, stage, steps):
+    cfg = json.loads(json.dumps(BASE))
+    cfg["zero_optimization"]["stage"] = stage
+    cfg["model"]["tensor_parallel_size"] = tp
+    if pp > 1:
+        cfg["model"]["pipeline_parallel_size"] = pp
+    cfg["train_steps"] = steps
+    return cfg
+
+
+def run(cmd, name):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{name}: {' '.join(cmd[:3])}... exited {r.returncode}:\n{r.stdout[-3000:]}")
+    return r.stdout
+
+
+def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
+    cfg = config_for(np, tp, pp, stage, args.steps)
+    path = os.path.join(tmp, name + ".json")
+    summary = os.path.join(tmp, name + ".summary.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    train = [args.zeroshard, "train", "--config", path, "--summary", summary]
+    if hosts:
+        cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", str(hosts), "--slots", str(np // hosts),
+               "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
+    else:
+        # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
+        # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
+        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
+    run(cmd, name)
+    with open(summary) as f:
+        s = json.load(f)
+    projection = os.path.join(tmp, name + ".projection.json")
+    per_host = np // hosts if hosts else np
+    proj = [args.zeroshard, "project", "--config", path, "--ranks", str(np), "--ranks-per-host", str(per_host),
+            "--tp", str(tp), "--pp", str(pp), "--json", projection]
+    if hosts:
+        # The "hosts" are namespaces of this one machine: they share its cores.
+        proj += ["--network", f"{rate},{args.latency}", "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
+    run(proj, name + " (project)")
+    with open(projection) as f:
+        p = json.load(f)
+    lay = p["layouts"][0]
+    if not lay["valid"]:
+        sys.exit(f"{name}: the projection refused the layout: {lay['why_not']}")
+    measured = s["step_time_s"]["median"]
+    # The run's mean per step over the projected step's bytes: a little above 1, since the first step's
+    # window also holds the train command's start-up collectives (tests/e2e/project_agreement.cmake
+    # checks one step's bytes exactly).
+    bytes_ratio = max(
+        s["comm"]["per_rank"][r]["bytes_sent_per_step"]["exact_mean"] / max(1, lay["ranks"][r]["bytes_sent_per_step"])
+        for r in range(np))
+    return {
+        "name": name, "np": np, "tp": tp, "pp": pp, "zero_stage": stage, "hosts": hosts or 1, "rate": rate,
+        "measured_step_s": measured, "predicted_step_s": lay["step_s"],
+        "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
+        "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
+        "predicted_bubble": lay["bubble"], "collectives_per_step": lay["collectives_per_step"], "measured_mfu": s.get("mfu", {}).get("mfu"), "predicted_mfu": lay["mfu"],
+        "bytes_mean_over_projected": bytes_ratio,
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--zeroshard", default=os.path.join(ROOT, "build/release/tools/zeroshard"))
+    ap.add_argument("--steps", type=int, default=8, help="training steps per run (the median excludes nothing)")
+    ap.add_argument("--quick", action="store_true", help="np 1 and 2 only, 4 steps")
+    ap.add_argument("--multihost", action="store_true", help="also two hosts of 2 ranks under tc (needs root)")
+    ap.add_argument("--latency", default="50us", help="the namespaces' link latency given to --network")
+    args = ap.parse_args()
+    if args.quick:
+        args.steps = 4
+    cases = [c for c in ONE_HOST if not args.quick or c[1] <= 2]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, np, tp, pp, stage in cases:
+            rows.append(measure(args, tmp, name, np, tp, pp, stage))
+            print(f"{name}: measured {rows[-1]['measured_step_s']:.4f} s, predicted {rows[-1]['predicted_step_s']:.4f} s",
+                  file=sys.stderr)
+        if args.multihost:
+            for rate in MULTIHOST_RATES:
+                for stage in (1, 3):
+                    name = f"2hosts_x2_zero{stage}_{rate}"
+                    rows.append(measure(args, tmp, name, 4, 1, 1, stage, hosts=2, rate=rate))
+                    print(f"{name}: measured {rows[-1]['measured_step_s']:.4f} s, predicted "
+                          f"{rows[-1]['predicted_step_s']:.4f} s", file=sys.stderr)
+    ratios = [r["predicted_over_measured"] for r in rows if r["predicted_over_measured"]]
+    out = {
+        "load": os.getloadavg(),
+        "rows": rows,
+        "within_15_percent": sum(1 for q in ratios if 0.85 <= q <= 1.15),
+        "configurations": len(rows),
+        "bytes_mean_over_projected_max": max(r["bytes_mean_over_projected"] for r in rows),
+    }
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

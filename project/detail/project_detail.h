@@ -1,0 +1,37 @@
+// The projection's parts shared by its sources (internal).
+#pragma once
+
+#include <boost/json/value.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "estimate/measure.h"
+#include "project/project.h"
+#include "run/run_config.h"
+
+namespace zs::project::detail {
+
+// The config as a run of `ranks` ranks in layout `l` would read it: model.tensor_parallel_size and
+// model.pipeline_parallel_size set to the layout's (ConfigError: the config's reason the layout is refused).
+run::RunConfig layout_config(const boost::json::value& config, const Layout& l, int ranks);
+
+// Measured compute of one rank's shapes at tensor-parallel degree tp (Note [projection model]; the
+// split: project_compute.cpp): per
+// micro-batch, the seconds and model FLOPs of one layer and of the rest (embeddings, head, loss); the
+// optimizer's seconds of one layer's and the rest's parameters when one rank steps them all.
+struct ComputeCost {
+  double forward_layer = 0, backward_layer = 0, optimizer_layer = 0, flops_layer = 0;
+  double forward_rest = 0, backward_rest = 0, optimizer_rest = 0, flops_rest = 0;
+};
+ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t micro_batch);
+
+// Seconds of one group's collectives of one step on one rank: each collective's latency (shared memory
+// inside a host; the network's, hops times, when it crosses hosts), its bytes inside the host over the
+// shared-memory bandwidth and those across hosts over the link, which the host's `link_sharers` ranks
+// share. `group_hosts`: hosts the group spans.
+double group_seconds(const engine::GroupStep& g, const Options& opt, int group_hosts, int link_sharers);
+
+}  // namespace zs::project::detail

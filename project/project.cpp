@@ -1,0 +1,286 @@
+#include "project/project.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "core/errors.h"
+#include "core/log.h"
+#include "estimate/estimate.h"
+#include "estimate/measure.h"
+#include "nn/flops.h"
+#include "pp/schedule.h"
+#include "project/detail/project_detail.h"
+
+namespace zs::project {
+
+// Note [projection model]
+// A layout's step on one rank of pipeline stage s, with m micro-batches per step and L_s layers:
+//   passes     F_s = L_s f + [last stage] f_rest, B_s likewise (measured at 2 layers with the layout's
+//              tensor-parallel slices, micro-batch and sequence, split by FLOPs; detail::measure_compute), times
+//              the oversubscription max(1, ranks per host / cores) when ranks share cores.
+//   tp, pp     the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
+//              parallelism's gathers and reduce-scatters) and the stage's point-to-point sends are on
+//              the critical path: their time is spread over the stage's passes.
+//   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
+//              pp 1: m (F + B) + tp.
+//   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
+//              overlap the last backward pass (the engine launches each bucket as it fills; exposed:
+//              what exceeds one B_s); stage-3 parameter gathers are prefetched during the passes
+//              (exposed: what exceeds m (F + B)); stage 1-2 parameter all-gathers follow the optimizer
+//              (exposed); other collectives (the loss and norm's small all-reduces) are exposed.
+//   optimizer  the measured per-layer seconds over the rank's stepped share (1/dp at stages 1-3).
+//   step       pipeline + dp exposed + optimizer, of the slowest stage.
+// Every collective's time is detail::group_seconds: a latency per collective (shared memory's, or the
+// network's times its ring hops across hosts) plus bytes over bandwidth, the bytes being the
+// measurement's: the engine's own code run as one rank of each shard class of each stage over simulated
+// groups that know their hosts, so they are the counters a real run reports (exact; tested).
+// Not modelled: compute slowed by the communication threads' own CPU time, MPI's spinning on shared
+// cores, network congestion beyond the host's link, stragglers.
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+int distinct(const std::vector<int>& hosts) {
+  if (hosts.empty()) return 1;
+  return static_cast<int>(std::set<int>(hosts.begin(), hosts.end()).size());
+}
+
+struct StageTime {
+  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, dp_grad = 0, dp_gather = 0, dp_other = 0;
+  double optimizer = 0, flops = 0;
+  uint64_t collectives = 0;
+};
+
+Projection project_layout(const boost::json::value& config, const Options& opt, const Layout& l,
+                          std::map<int, detail::ComputeCost>& costs, double oversub) {
+  Projection p;
+  p.layout = l;
+  const int R = opt.ranks_per_host;
+  const int hosts = opt.ranks / R;
+  if (hosts > 1 && R % l.tp != 0) {
+    p.why_not = fmt::format("tp {} does not divide the {} ranks of a host (tensor-parallel groups stay inside a host)", l.tp, R);
+    return p;
+  }
+  if (hosts > 1 && l.pp > 1 && (l.tp * l.dp) % R != 0 && R % (l.tp * l.dp) != 0) {
+    p.why_not = fmt::format("a pipeline stage's {} ranks and the host's {} do not divide one another", l.tp * l.dp, R);
+    return p;
+  }
+  run::RunConfig cfg;
+  try {
+    cfg = detail::layout_config(config, l, opt.ranks);
+  } catch (const ConfigError& e) {
+    p.why_not = e.what();
+    return p;
+  }
+  if (cfg.model_moe) throw ConfigError("project: MoE models (model.moe) are not projected yet; project the dense model");
+  // ZeRO++'s host groups are made by the engine itself (comm::Topology::make_host_groups), whose
+  // simulated ones do not know their hosts yet: their bytes across hosts would be missed.
+  if (cfg.zero.zero_hpz_partition_size > 1 || cfg.zero.zero_quantized_weights || cfg.zero.zero_quantized_gradients) {
+    throw ConfigError("project: ZeRO++ (zero_optimization.zero_hpz_partition_size, zero_quantized_weights, "
+                      "zero_quantized_gradients) is not projected yet; project the config without them");
+  }
+  p.zero_stage = cfg.zero.stage;
+  p.micro_batches = cfg.batch.gradient_accumulation_steps;
+  const int64_t m = p.micro_batches;
+  const int n_layer = cfg.model_llama ? cfg.model_llama->n_layer : cfg.model->n_layer;
+  auto cost_it = costs.find(l.tp);
+  if (cost_it == costs.end()) {
+    cost_it = costs.emplace(l.tp, detail::measure_compute(config, l.tp, cfg.batch.micro_batch_per_rank)).first;
+  }
+  const detail::ComputeCost& c = cost_it->second;
+  p.capacity_bytes = static_cast<uint64_t>(cfg.device.memory_mb) << 20;
+  std::vector<StageTime> stages(static_cast<size_t>(l.pp));
+  const int dp_hosts_spanned = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.dp_hosts(0, 0));
+  for (int s = 0; s < l.pp; ++s) {
+    const engine::EstimateInput in = engine::estimate_input_for_config(cfg, opt.ranks, std::nullopt, s, hosts > 1 ? R : 0);
+    engine::MeasureGroups groups = in.measure->groups;
+    groups.step_boundary = opt.step_boundary;
+    groups.every_rank_up_to = opt.exact_ranks;
+    const engine::Measurement meas =
+        engine::estimate(*in.measure->model, in.measure->config, in.ranks, *in.measure->source, 2, groups);
+    StageTime& st = stages[static_cast<size_t>(s)];
+    // Layers of this stage: an even split, the remainder on the first stages; the rest on the last.
+    const int layers = n_layer / l.pp + (s < n_layer % l.pp ? 1 : 0);
+    const bool last = s == l.pp - 1;
+    st.forward = (layers * c.forward_layer + (last ? c.forward_rest : 0.0)) * oversub;
+    st.backward = (layers * c.backward_layer + (last ? c.backward_rest : 0.0)) * oversub;
+    st.flops = static_cast<double>(m) * (layers * c.flops_layer + (last ? c.flops_rest : 0.0));
+    const double stepped = (layers * c.optimizer_layer + (last ? c.optimizer_rest : 0.0)) * oversub;
+    for (const engine::RankMeasurement& rm : meas.classes) {
+      p.device_peak_bytes = std::max<uint64_t>(p.device_peak_bytes, rm.memory.device_peak_bytes);
+      for (int d = rm.first_rank; d <= rm.last_rank; ++d) {
+        for (int t = 0; t < l.tp; ++t) {
+          RankBytes b{.rank = t + l.tp * (d + l.dp * s), .measured_as = rm.first_rank * l.tp + t + l.tp * l.dp * s};
+          for (const engine::GroupStep& g : rm.groups) {
+            b.bytes_sent += g.bytes_sent();
+            b.bytes_inter_host += g.bytes_inter_host();
+            if (g.group == "tp") b.tp_bytes += g.bytes_sent();
+            if (g.group == "pp") b.pp_bytes += g.bytes_sent();
+          }
+          p.ranks.push_back(b);
+        }
+      }
+    }
+    // Times from rank class 0 of the stage (the largest shard: memory::shard_of gives the first ranks the most).
+    const engine::RankMeasurement& rm = meas.classes.front();
+    for (const engine::GroupStep& g : rm.groups) {
+      st.collectives += g.count();
+      if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
+      if (g.group == "pp") {
+        const int pp_hosts = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.pp_hosts(0, 0));
+        st.pp_comm = detail::group_seconds(g, opt, pp_hosts > 1 ? 2 : 1, R);
+      }
+      if (g.group != "dp") continue;
+      for (const comm::OpStats& op : g.ops) {
+        engine::GroupStep one{.group = "dp", .ops = {op}};
+        const double secs = detail::group_seconds(one, opt, dp_hosts_spanned, R);
+        if (op.name == "reduce_scatter" || (op.name == "allreduce" && op.bytes_sent >= 1024)) {
+          st.dp_grad += secs;
+        } else if (op.name == "allgather" || op.name == "allgatherv") {
+          st.dp_gather += secs;
+        } else {
+          st.dp_other += secs;
+        }
+      }
+    }
+    st.optimizer = p.zero_stage >= 1 ? stepped / l.dp : stepped;
+  }
+  std::sort(p.ranks.begin(), p.ranks.end(), [](const RankBytes& a, const RankBytes& b) { return a.rank < b.rank; });
+  // The pipeline: pass times with their share of the tp and pp communication, through the schedule.
+  const double passes = 2.0 * static_cast<double>(m);
+  if (l.pp == 1) {
+    const StageTime& st = stages.front();
+    p.pipeline_s = static_cast<double>(m) * (st.forward + st.backward) + st.tp_comm;
+    p.compute_s = static_cast<double>(m) * (st.forward + st.backward) + st.optimizer;
+  } else {
+    const pp::PipelineShape shape{.stages = l.pp, .chunks = cfg.pipeline.virtual_pipeline_size, .micro_batches = m};
+    const pp::Schedule sched = cfg.pipeline.schedule;
+    std::vector<std::vector<double>> secs(static_cast<size_t>(l.pp));
+    for (int s = 0; s < l.pp; ++s) {
+      const StageTime& st = stages[static_cast<size_t>(s)];
+      const double extra = (st.tp_comm + st.pp_comm) / passes;
+      const double chunks = static_cast<double>(shape.chunks);
+      for (const pp::Op& op : pp::schedule_ops(sched, shape, s)) {
+        double t = op.kind == pp::Op::kForward ? st.forward : st.backward;
+        if (sched == pp::Schedule::kZeroBubbleH1 && op.kind != pp::Op::kForward) t *= 0.5;  // B and W
+        secs[static_cast<size_t>(s)].push_back(t / chunks + extra / chunks);
+      }
+      p.compute_s = std::max(p.compute_s, static_cast<double>(m) * (st.forward + st.backward) + st.optimizer);
+    }
+    const pp::Timeline tl = pp::timeline(sched, shape, secs);
+    p.pipeline_s = tl.makespan;
+    p.bubble = *std::max_element(tl.bubble.begin(), tl.bubble.end());
+  }
+  double flops = 0;
+  for (const StageTime& st : stages) {
+    const double window = static_cast<double>(m) * st.backward;  // the gradients' buckets overlap backward
+    const double gathers = p.zero_stage == 3 ? std::max(0.0, st.dp_gather - static_cast<double>(m) * (st.forward + st.backward))
+                                             : st.dp_gather;
+    const double grads = std::max(0.0, st.dp_grad - std::min(window, st.backward));
+    const double exposed = grads + gathers + st.dp_other;
+    const double step = p.pipeline_s + exposed + st.optimizer;
+    if (step > p.step_s) {
+      p.step_s = step;
+      p.dp_comm_s = st.dp_grad + st.dp_gather + st.dp_other;
+      p.dp_exposed_s = exposed;
+      p.optimizer_s = st.optimizer;
+      p.tp_comm_s = st.tp_comm;
+      p.collectives_per_step = st.collectives;
+    }
+    flops += st.flops;
+  }
+  const double peak = nn::product_peak(cfg.compute_dtype()).flops_per_s;
+  p.mfu = p.step_s > 0 && peak > 0 ? flops / static_cast<double>(l.pp) / (p.step_s * peak) : 0.0;
+  const int64_t seq = cfg.model_llama ? cfg.model_llama->max_seq_len : cfg.model->seq_len;
+  p.tokens_per_s = p.step_s > 0 ? static_cast<double>(cfg.batch.micro_batch_per_rank * m * l.dp * seq) / p.step_s : 0.0;
+  p.fits = p.capacity_bytes == 0 || p.device_peak_bytes <= p.capacity_bytes;
+  p.valid = true;
+  return p;
+}
+
+}  // namespace
+
+void validate(const Options& options) {
+  Options opt = options;
+  if (opt.ranks_per_host == 0) opt.ranks_per_host = opt.ranks;  // one host
+  if (opt.ranks < 1) throw ConfigError(fmt::format("--ranks: must be at least 1, got {}", opt.ranks));
+  if (opt.ranks_per_host < 1 || opt.ranks % opt.ranks_per_host != 0) {
+    throw ConfigError(fmt::format("--ranks-per-host: {} does not divide --ranks {}; give a divisor of {} (ranks on each host)",
+                                  opt.ranks_per_host, opt.ranks, opt.ranks));
+  }
+  if (opt.ranks > opt.ranks_per_host && !(opt.network.bytes_per_s > 0)) {
+    throw ConfigError(fmt::format("--network: {} ranks on hosts of {} need the link between hosts; give --network "
+                                  "BANDWIDTH,LATENCY such as 10gbit,20us",
+                                  opt.ranks, opt.ranks_per_host));
+  }
+  const int want_tp = std::max(1, opt.only_tp), want_pp = std::max(1, opt.only_pp);
+  if (opt.ranks % (want_tp * want_pp) != 0) {
+    throw ConfigError(fmt::format("--tp {} x --pp {} does not divide --ranks {}; give degrees whose product divides {}",
+                                  want_tp, want_pp, opt.ranks, opt.ranks));
+  }
+}
+
+namespace {
+
+Report project_one(const boost::json::value& config, const Options& opt, std::map<int, detail::ComputeCost>& costs) {
+  validate(opt);
+  Report rep;
+  rep.options = opt;
+  const run::RunConfig base = detail::layout_config(config, {.dp = opt.ranks}, opt.ranks);
+  if (!base.model && !base.model_llama) {
+    throw ConfigError("model: the config has no model section; the projection measures the built-in GPT or LLaMA it describes");
+  }
+  rep.model = base.model_llama ? fmt::format("LLaMA n_layer {} d_model {}", base.model_llama->n_layer, base.model_llama->d_model)
+                               : fmt::format("GPT n_layer {} d_model {} n_head {} seq_len {}", base.model->n_layer,
+                                             base.model->d_model, base.model->n_head, base.model->seq_len);
+  rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
+  rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host);
+  // The measured engines' start-up lines (one per layout, stage and rank class) would bury the table.
+  struct QuietEngines {
+    spdlog::level::level_enum was = logger().level();
+    QuietEngines() { logger().set_level(std::max(was, spdlog::level::warn)); }
+    ~QuietEngines() { logger().set_level(was); }
+  } quiet;
+  for (int tp : divisors(opt.ranks)) {
+    if (tp > opt.max_tp || (opt.only_tp > 0 && tp != opt.only_tp)) continue;
+    for (int pp : divisors(opt.ranks / tp)) {
+      if (opt.only_pp > 0 && pp != opt.only_pp) continue;
+      const Layout l{.dp = opt.ranks / (tp * pp), .tp = tp, .pp = pp};
+      rep.layouts.push_back(project_layout(config, opt, l, costs, rep.oversubscription));
+    }
+  }
+  // By throughput (step time per token): the step time's order when the config fixes train_batch_size;
+  // with micro-batch and accumulation given instead, a layout of more data-parallel ranks trains more
+  // tokens per step.
+  std::stable_sort(rep.layouts.begin(), rep.layouts.end(), [](const Projection& a, const Projection& b) {
+    if (a.valid != b.valid) return a.valid;
+    return a.valid && a.tokens_per_s > b.tokens_per_s;
+  });
+  return rep;
+}
+
+}  // namespace
+
+Report project(const boost::json::value& config, const Options& opt) { return project(config, opt, {opt.ranks}).front(); }
+
+std::vector<Report> project(const boost::json::value& config, const Options& opt, const std::vector<int>& ranks) {
+  std::map<int, detail::ComputeCost> costs;  // per tensor-parallel degree, for every world size
+  std::vector<Report> out;
+  for (int n : ranks) {
+    Options o = opt;
+    o.ranks = n;
+    if (o.ranks_per_host == 0) o.ranks_per_host = n;
+    out.push_back(project_one(config, o, costs));
+  }
+  return out;
+}
+
+}  // namespace zs::project

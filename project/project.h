@@ -1,0 +1,136 @@
+// Scaling projection: step time, MFU and memory per rank of a config's model for the dp x tp x pp
+// layouts of N ranks on hosts of R ranks joined by a network (`zeroshard project`; docs/scaling.md).
+//
+//   project::Options opt{.ranks = 64, .ranks_per_host = 8, .network = project::parse_network("10gbit,20us")};
+//   opt.machine = project::probe_machine(opt.ranks_per_host);   // cores, shared-memory bandwidth
+//   project::Report rep = project::project(config_json, opt);  // config_json: the run config (JSON)
+//   std::fputs(project::format_report(rep).c_str(), stdout);
+//
+// What is measured and what is modelled (Note [projection model] in project.cpp):
+//   - communication bytes per rank, collective and group: the engine's own code run for one rank of each
+//     shard class of each pipeline stage over simulated groups that know their hosts (the estimator's
+//     measurement, estimate/measure.h), so they are the counters a real run of that layout reports;
+//   - memory per rank: the same measurement's device peak (zeroshard estimate's figure);
+//   - compute: the layout's per-rank shapes (tp's slices, the config's micro-batch and sequence) run for
+//     real over simulated groups at 2 layers; the forward, backward and optimizer seconds are split into
+//     a layer's and the rest's by the exact FLOP and parameter counts of 2 layers against 1 (cached per
+//     tp degree);
+//   - time: a latency-bandwidth model of shared memory (inside a host) and of the network (between hosts,
+//     the host's ranks sharing its link), ZeRO's overlap, and the pipeline schedule's bubble (pp::timeline).
+#pragma once
+
+#include <boost/json/object.hpp>
+#include <boost/json/value.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace zs::comm {
+class Group;
+}
+
+namespace zs::project {
+
+// A link: bytes per second and the one-way latency of a message.
+struct Network {
+  double bytes_per_s = 0.0;
+  double latency_s = 0.0;
+  std::string text;  // as given: "10gbit,20us"
+};
+// "BANDWIDTH,LATENCY": bandwidth in bit, kbit, mbit, gbit, tbit (bits/s, tc's units) or bps, kbps, mbps,
+// gbps (bytes/s); latency in ns, us, ms, s. Throws ConfigError naming --network and the fix.
+Network parse_network(const std::string& text);
+
+// This machine, as the model sees a host like it.
+struct Machine {
+  int cores_per_host = 1;          // CPUs the host's ranks share
+  int threads_per_rank = 1;        // compute threads a rank runs with (launch's share: cores / ranks)
+  double shm_bytes_per_s = 0.0;    // shared-memory collective bandwidth (a copy in and a copy out)
+  double shm_latency_s = 5e-6;     // per collective inside a host (comm_bench's small sizes: 3-5 us)
+};
+// Measures the shared-memory bandwidth (memcpy of 16 MiB blocks, a copy into the window and one out) on
+// this machine; cores from the CPUs this process may use.
+Machine probe_machine(int ranks_per_host);
+
+struct Options {
+  int ranks = 1;
+  int ranks_per_host = 1;  // 0: all the ranks on one host
+  Network network;
+  Machine machine;
+  int max_tp = 8;  // tensor-parallel degrees tried: divisors of the host's ranks up to this
+  int only_tp = 0;  // > 0: only this tensor-parallel degree (--tp)
+  int only_pp = 0;  // > 0: only this pipeline-parallel degree (--pp)
+  int exact_ranks = 16;  // up to this many data-parallel ranks, every rank is measured on its own
+  // The program's own collectives at each step boundary over its groups (engine::MeasureGroups):
+  // zeroshard project passes zeroshard train's (launch::agree_preempted), so the bytes are a train run's.
+  std::function<void(std::span<const comm::Group* const>)> step_boundary;
+};
+
+// Bytes one rank sends in one step (the summary's bytes_sent_per_step.exact_mean and
+// exact_inter_host_mean; tensor_parallel_mean; the pipeline stage's bytes).
+struct RankBytes {
+  int rank = 0;
+  // The rank whose measurement these are: itself, or above Options::exact_ranks data-parallel ranks
+  // the first of its shard class (at stage 3 a rank's own part of each gathered module moves its bytes
+  // a little from the class's).
+  int measured_as = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_inter_host = 0;
+  uint64_t tp_bytes = 0;
+  uint64_t pp_bytes = 0;
+};
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+};
+
+struct Projection {
+  Layout layout;
+  bool valid = false;
+  std::string why_not;        // invalid: the config's or the layout's reason
+  int zero_stage = 0;
+  int64_t micro_batches = 1;  // per step and data-parallel rank
+  double step_s = 0.0;
+  double compute_s = 0.0;     // the slowest stage's passes and optimizer, without communication
+  double pipeline_s = 0.0;    // the schedule's makespan (passes, tp and pp communication, bubble)
+  double bubble = 0.0;        // of pipeline_s, the slowest stage's idle share
+  double dp_comm_s = 0.0;     // the data-parallel collectives' time, of which exposed:
+  double dp_exposed_s = 0.0;
+  double tp_comm_s = 0.0;
+  double optimizer_s = 0.0;
+  uint64_t collectives_per_step = 0;  // the slowest stage's rank: its collectives and transfers, all groups
+  double mfu = 0.0;           // model FLOPs per step / (step_s x the rank's peak), as the summary
+  double tokens_per_s = 0.0;  // all ranks together
+  uint64_t device_peak_bytes = 0;  // the largest rank's (estimator's measured peak)
+  uint64_t capacity_bytes = 0;     // device.memory_mb
+  bool fits = false;
+  std::vector<RankBytes> ranks;    // every world rank
+};
+
+struct Report {
+  std::string model;       // the config's model in words
+  Options options;
+  double peak_flops_per_s = 0.0;  // one rank's (nn::product_peak at threads_per_rank)
+  double oversubscription = 1.0;  // ranks per core above 1: compute time factor
+  std::vector<Projection> layouts;  // valid ones by tokens per second (step time per token), then the refused
+};
+
+// Projects every dp x tp x pp layout of options.ranks ranks (tp dividing ranks_per_host and at most
+// max_tp; pp every divisor the config accepts; only_tp / only_pp select one). Throws ConfigError for
+// ranks < 1, ranks_per_host not dividing ranks, only_tp x only_pp not dividing ranks, several hosts
+// without a network, or a config without a model section.
+Report project(const boost::json::value& config, const Options& options);
+// The checks of the options project() starts with (ConfigError as above), for a caller that wants
+// them before it measures the machine.
+void validate(const Options& options);
+// The same for several world sizes (options.ranks replaced by each), measuring the compute once per
+// tensor-parallel degree for all of them.
+std::vector<Report> project(const boost::json::value& config, const Options& options, const std::vector<int>& ranks);
+
+std::string format_report(const Report& report, int rows = 10);
+boost::json::object report_to_json(const Report& report);
+
+}  // namespace zs::project

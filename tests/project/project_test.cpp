@@ -1,0 +1,114 @@
+// The scaling projection (project/project.h): the --network parser, simulated groups that know their
+// hosts (the counting the projection relies on), and a projection's bytes by host layout.
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+
+#include "comm/group.h"
+#include "core/errors.h"
+#include "memory/tensor.h"
+#include "project/project.h"
+
+namespace zs::project {
+namespace {
+
+TEST(ParseNetwork, UnitsOfBitsAndBytes) {
+  const Network a = parse_network("10gbit,20us");
+  EXPECT_DOUBLE_EQ(a.bytes_per_s, 1.25e9);
+  EXPECT_DOUBLE_EQ(a.latency_s, 20e-6);
+  EXPECT_EQ(a.text, "10gbit,20us");
+  const Network b = parse_network("1.25GBps,1ms");
+  EXPECT_DOUBLE_EQ(b.bytes_per_s, 1.25e9);
+  EXPECT_DOUBLE_EQ(b.latency_s, 1e-3);
+  EXPECT_DOUBLE_EQ(parse_network("100mbit,0s").bytes_per_s, 12.5e6);
+  EXPECT_DOUBLE_EQ(parse_network("800kbit,5ns").latency_s, 5e-9);
+}
+
+TEST(ParseNetwork, BadValuesNameTheFlagAndTheFix) {
+  auto message = [](const std::string& text) {
+    try {
+      parse_network(text);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("10gbit").find("--network: '10gbit' has no comma; give BANDWIDTH,LATENCY such as 10gbit,20us"),
+            std::string::npos);
+  EXPECT_NE(message("10gbits,20us").find("--network: bandwidth '10gbits' is not a number with a unit"), std::string::npos);
+  EXPECT_NE(message("fast,20us").find("bandwidth 'fast'"), std::string::npos);
+  EXPECT_NE(message("0gbit,20us").find("bandwidth '0gbit' must be positive"), std::string::npos);
+  EXPECT_NE(message("10gbit,20").find("latency '20' is not a number with a unit"), std::string::npos);
+  EXPECT_NE(message("10gbit,-1us").find("latency '-1us' must not be negative"), std::string::npos);
+}
+
+// Group::simulated with hosts counts bytes across hosts by the real groups' rule (Note [Bytes across
+// hosts] in comm/config.h), which the projection's measurement relies on.
+TEST(SimulatedHosts, CountsBytesAcrossHostsAsARealGroup) {
+  std::vector<float> data(1000);
+  const memory::Tensor t = memory::Tensor::of(data);
+  const comm::Group g = comm::Group::simulated(0, 4, "dp", {0, 0, 1, 1});
+  EXPECT_EQ(g.hosts(), 2);
+  EXPECT_EQ(g.host_ranks(), 2);
+  g.allreduce(t);
+  EXPECT_EQ(g.bytes_sent(), 2u * 3 * 1000 / 4 * 4);
+  EXPECT_EQ(g.bytes_inter_host(), 2u * 2 * 1000 / 4 * 4);
+  const comm::Group one = comm::Group::simulated(1, 2, "dp", {5, 5});  // one host: none across
+  one.allreduce(t);
+  EXPECT_EQ(one.bytes_inter_host(), 0u);
+  EXPECT_EQ(one.hosts(), 1);
+}
+
+boost::json::value tiny_config(int stage) {
+  return boost::json::parse(R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.003}}, "bf16": {"enabled": true},
+    "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 3000},
+    "model": {"n_layer": 2, "d_model": 32, "n_head": 4, "seq_len": 16}})");
+}
+
+Options options(int ranks, int per_host) {
+  Options o;
+  o.ranks = ranks;
+  o.ranks_per_host = per_host;
+  o.network = parse_network("1gbit,20us");
+  o.machine = {.cores_per_host = 2, .threads_per_rank = 1, .shm_bytes_per_s = 5e9, .shm_latency_s = 5e-6};
+  o.only_tp = 1;
+  o.only_pp = 1;
+  return o;
+}
+
+TEST(Project, BytesAcrossHostsFollowTheHostLayout) {
+  const Report apart = project(tiny_config(3), options(2, 1));
+  const Report together = project(tiny_config(3), options(2, 2));
+  ASSERT_EQ(apart.layouts.size(), 1u);
+  const Projection& a = apart.layouts.front();
+  const Projection& b = together.layouts.front();
+  ASSERT_TRUE(a.valid) << a.why_not;
+  ASSERT_EQ(a.ranks.size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    EXPECT_GT(a.ranks[r].bytes_sent, 0u);
+    EXPECT_EQ(a.ranks[r].bytes_inter_host, a.ranks[r].bytes_sent);  // each rank its own host: all cross
+    EXPECT_EQ(b.ranks[r].bytes_sent, a.ranks[r].bytes_sent);        // the same collectives
+    EXPECT_EQ(b.ranks[r].bytes_inter_host, 0u);
+  }
+  EXPECT_GT(a.step_s, 0.0);
+  EXPECT_GT(a.dp_comm_s, b.dp_comm_s);  // 1 Gbit/s against shared memory
+  EXPECT_GT(a.device_peak_bytes, 0u);
+  EXPECT_TRUE(a.fits);
+}
+
+TEST(Project, RefusesLayoutsWithAReason) {
+  Options o = options(2, 1);
+  o.only_tp = 2;
+  const Report rep = project(tiny_config(1), o);
+  ASSERT_EQ(rep.layouts.size(), 1u);
+  EXPECT_FALSE(rep.layouts.front().valid);
+  EXPECT_NE(rep.layouts.front().why_not.find("tp 2 does not divide the 1 ranks of a host"), std::string::npos);
+  EXPECT_THROW(project(tiny_config(1), options(4, 3)), ConfigError);
+  Options no_net = options(4, 2);
+  no_net.network = {};
+  EXPECT_THROW(project(tiny_config(1), no_net), ConfigError);
+}
+
+}  // namespace
+}  // namespace zs::project

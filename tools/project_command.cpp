@@ -1,0 +1,153 @@
+// `zeroshard project`: predicted step time, MFU and memory per rank of the config's model for the
+// dp x tp x pp layouts of N ranks on hosts joined by a network (project/project.h; docs/scaling.md).
+// Runs in one process, no MPI.
+//
+//   zeroshard project --config run.json --ranks 64 --ranks-per-host 8 --network 10gbit,20us
+//   zeroshard project --config run.json --ranks 4 --json out.json
+#include <boost/json/array.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/program_options.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/json.h"
+#include "launch/launch.h"
+#include "launch/preemption.h"
+#include "project/project.h"
+#include "tools/commands.h"
+#include "tools/options.h"
+
+namespace zs::tools {
+
+namespace {
+
+namespace po = boost::program_options;
+
+constexpr const char* kProjectUsage =
+    "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R] [--network BW,LATENCY]\n"
+    "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--exact-ranks K]\n"
+    "                         [--rows K] [--json FILE]\n"
+    "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
+    "  --network BW,LATENCY: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several hosts)\n"
+    "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n";
+
+// "64" or "8,64,512" (world sizes, each >= 1).
+std::vector<int> parse_ranks(const std::string& text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string one = text.substr(at, comma - at);
+    int n = 0;
+    auto [end, ec] = std::from_chars(one.data(), one.data() + one.size(), n);
+    if (one.empty() || ec != std::errc() || end != one.data() + one.size() || n < 1) {
+      throw ConfigError(fmt::format("--ranks: '{}' is not a world size; give a positive whole number of ranks (or several, "
+                                    "comma-separated: 8,64,512)", one));
+    }
+    out.push_back(n);
+    at = comma + 1;
+  }
+  return out;
+}
+
+int run(const po::variables_map& vm) {
+  if (!vm.count("config")) throw ConfigError("project: give the run config with --config FILE");
+  if (!vm.count("ranks")) throw ConfigError("project: give the world size with --ranks N");
+  project::Options opt;
+  const std::vector<int> world_sizes = parse_ranks(vm["ranks"].as<std::string>());
+  opt.ranks = world_sizes.front();
+  if (world_sizes.size() > 1 && !vm.count("ranks-per-host")) {
+    throw ConfigError("--ranks: several world sizes need --ranks-per-host (the compute is measured once, for a host of "
+                      "that many ranks)");
+  }
+  // Without --ranks-per-host the world is one host (project::Options: 0).
+  opt.ranks_per_host = vm.count("ranks-per-host") ? vm["ranks-per-host"].as<int>() : 0;
+  if (vm.count("ranks-per-host") && opt.ranks_per_host < 1) {
+    throw ConfigError(fmt::format("--ranks-per-host: must be at least 1, got {}", opt.ranks_per_host));
+  }
+  if (vm.count("network")) opt.network = project::parse_network(vm["network"].as<std::string>());
+  opt.max_tp = vm["max-tp"].as<int>();
+  if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
+  if (vm.count("pp")) opt.only_pp = vm["pp"].as<int>();
+  opt.exact_ranks = vm["exact-ranks"].as<int>();
+  if (vm.count("tp") && opt.only_tp < 1) throw ConfigError(fmt::format("--tp: must be at least 1, got {}", opt.only_tp));
+  if (vm.count("pp") && opt.only_pp < 1) throw ConfigError(fmt::format("--pp: must be at least 1, got {}", opt.only_pp));
+  if (opt.max_tp < 1) throw ConfigError(fmt::format("--max-tp: must be at least 1, got {}", opt.max_tp));
+  const int rows = vm["rows"].as<int>();
+  const boost::json::value config = parse_json_file(vm["config"].as<std::string>());
+  for (int n : world_sizes) {  // the flags' errors before the machine is measured
+    project::Options o = opt;
+    o.ranks = n;
+    project::validate(o);
+  }
+  // The host's ranks: the given ones, else (one host each) the first world size's.
+  const int host_ranks = opt.ranks_per_host > 0 ? opt.ranks_per_host : world_sizes.front();
+  opt.machine = project::probe_machine(host_ranks);
+  if (vm.count("cores-per-host")) {
+    const int c = vm["cores-per-host"].as<int>();
+    if (c < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", c));
+    opt.machine.cores_per_host = c;
+    opt.machine.threads_per_rank = std::max(1, c / host_ranks);
+  }
+  // The compute is measured with the threads a rank of that host would get (launch's share); a host of
+  // more cores than this machine's is measured with this machine's.
+  launch::set_blas_threads(std::min(host_ranks, opt.machine.cores_per_host));
+  // zeroshard train's step boundary (tools/train_command.cpp): the stop agreement over dp, tp and pp,
+  // run over the measured groups. Its watch must not swallow a Ctrl-C here: the first signal ends the
+  // projection at once, as it would without the watch.
+  const launch::PreemptionWatch watch([]() noexcept { _exit(130); });
+  opt.step_boundary = [&watch](std::span<const comm::Group* const> groups) { launch::agree_preempted(watch, groups); };
+  const std::vector<project::Report> reps = project::project(config, opt, world_sizes);
+  boost::json::array all;
+  for (const project::Report& rep : reps) {
+    std::fputs(project::format_report(rep, rows).c_str(), stdout);
+    all.push_back(project::report_to_json(rep));
+  }
+  if (vm.count("json")) {
+    const std::string path = vm["json"].as<std::string>();
+    std::ofstream out(path);
+    // One world size: its object; several: an array of them.
+    out << (all.size() == 1 ? boost::json::serialize(all.front()) : boost::json::serialize(all)) << "\n";
+    if (!out) throw IoError(fmt::format("--json: cannot write '{}'", path));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int project_command(const std::vector<std::string>& args) {
+  po::options_description opts("options");
+  opts.add_options()("help,h", "show this help")("config", po::value<std::string>(), "the run config (JSON, with a model section)")(
+      "ranks", po::value<std::string>(), "world size N, or several: 8,64,512")("ranks-per-host", po::value<int>(), "ranks on each host (divides N)")(
+      "network", po::value<std::string>(), "the link between hosts: BANDWIDTH,LATENCY (10gbit,20us)")(
+      "cores-per-host", po::value<int>(), "CPUs of a host (default: this machine's)")(
+      "max-tp", po::value<int>()->default_value(8), "largest tensor-parallel degree tried")(
+      "tp", po::value<int>(), "only layouts of this tensor-parallel degree")(
+      "pp", po::value<int>(), "only layouts of this pipeline-parallel degree")(
+      "exact-ranks", po::value<int>()->default_value(16),
+      "up to this many data-parallel ranks each is measured on its own (exact bytes per rank at stage 3)")(
+      "rows", po::value<int>()->default_value(10), "layouts shown in the table")(
+      "json", po::value<std::string>(), "also write the projection as JSON to FILE");
+  po::variables_map vm;
+  if (!parse_command_line("project", args, opts, kProjectUsage, vm)) return 2;
+  if (vm.count("help")) {
+    std::ostringstream o;
+    o << opts;
+    std::printf("%s\n%s", kProjectUsage, o.str().c_str());
+    return 0;
+  }
+  try {
+    return run(vm);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace zs::tools
