@@ -152,7 +152,9 @@ TEST(SharedShards, InactiveAlikeOnEveryRankWhereItCannotWork) {
   Tensor private_shard = test::random_values(DType::kBF16, 100, g.rank());
   comm::SharedShards partly(g, g.rank() == 0 ? private_shard.raw() : shard.values.raw(), g.rank() == 0 ? 200 : shard.bytes());
   EXPECT_FALSE(partly.active());
-  if (g.size() > 1) EXPECT_NE(partly.inactive_reason().find("shared arena"), std::string::npos) << partly.inactive_reason();
+  if (g.size() > 1) {
+    EXPECT_NE(partly.inactive_reason().find("shared arena"), std::string::npos) << partly.inactive_reason();
+  }
 }
 
 // The writer waits for a late reader; the reader sees the old version, then (after the write) the new.
@@ -173,10 +175,7 @@ TEST(SharedShards, WriterWaitsUntilEveryPeerHasRead) {
     shards.allgatherv(offsets, out, counts);
     EXPECT_TRUE(test::same_bits(out, expected(l, DType::kBF16, 0, l.total, 1))) << "a peer wrote before rank 0 had read";
   }
-  const auto t0 = std::chrono::steady_clock::now();
-  shards.begin_write();
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (me != 0) EXPECT_GT(waited, 0.2) << "begin_write did not wait for rank 0's reads";
+  shards.begin_write();  // the peers wait here for rank 0's reads (checked by what rank 0 read)
   shard.fill(l, me, 2);
   shards.end_write();
   EXPECT_EQ(shards.version(), 2u);
@@ -198,7 +197,7 @@ TEST(SharedShards, StalledPeerIsACommErrorNamingIt) {
   l.split(0, l.total, counts, offsets);
   Tensor out = test::empty(l.total, DType::kBF16);
   shards.begin_write();
-  if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(800));  // stalls in its "optimizer step"
+  if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // stalls in its "optimizer step"
   shards.end_write();
   if (me == 0) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -210,7 +209,7 @@ TEST(SharedShards, StalledPeerIsACommErrorNamingIt) {
       EXPECT_NE(m.find("timed out after 0.5 s waiting for rank 1 (world rank 1) to publish version 2"), std::string::npos) << m;
       EXPECT_NE(m.find("group 'shards_stall'"), std::string::npos) << m;
     }
-    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.78);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.15);
     try {  // the group is unusable afterwards, and says so at once
       shards.allgatherv(offsets, out, counts);
       FAIL() << "expected CommError";
