@@ -50,7 +50,7 @@ SharedShards::SharedShards(const Group& group, const void* shard, size_t bytes) 
     return;
   }
   uint64_t offset = 0;
-  const int64_t arena = bytes == 0 ? 0 : node->arenas().find(node->node_rank(), shard, bytes, &offset);
+  const int64_t arena = bytes == 0 ? 0 : node->arenas().find(node->node_rank(), shard, bytes, &offset);  // 0: not in one
   std::vector<int32_t> out(kFields), all(static_cast<size_t>(g.size) * kFields);
   out[kNodeId] = node->node_id();
   out[kNodeRank] = node->node_rank();
@@ -66,22 +66,29 @@ SharedShards::SharedShards(const Group& group, const void* shard, size_t bytes) 
   auto at = [&](int rank, Field f) { return all[static_cast<size_t>(rank) * kFields + f]; };
   // From here every rank decides on the same gathered values. The line: as a group's flag line
   // (init_shm_group), the largest next index of the members, which every member then moves past.
+  // A rank with an empty shard (the tail of a small layout) is never read from: it needs no arena.
+  auto bytes_of = [&](int p) { return static_cast<size_t>(u32(at(p, kBytesLo)) | (u32(at(p, kBytesHi)) << 32)); };
+  auto id_of = [&](int p) { return static_cast<int64_t>(u32(at(p, kArenaLo)) | (u32(at(p, kArenaHi)) << 32)); };
   int line = 0;
   bool one_node = true, one_arena = true;
+  int64_t id = 0;
+  bool seen = false;  // a non-empty shard: `id` is its arena (0: none)
   for (int p = 0; p < g.size; ++p) {
     line = std::max(line, at(p, kLine));
     one_node = one_node && at(p, kNodeId) == at(0, kNodeId);
-    one_arena = one_arena && at(p, kArenaLo) == at(0, kArenaLo) && at(p, kArenaHi) == at(0, kArenaHi);
+    if (bytes_of(p) == 0) continue;
+    if (!seen) id = id_of(p);
+    seen = true;
+    one_arena = one_arena && id_of(p) == id;
   }
   node->next_group_index = std::max(node->next_group_index, line + 1);
-  const int64_t id = static_cast<int64_t>(u32(at(0, kArenaLo)) | (u32(at(0, kArenaHi)) << 32));
   if (!one_node) {
     reason_ = "the group spans more than one node's shared memory";
     return;
   }
   if (!one_arena || id == 0) {
-    reason_ = "a rank's shard is not in the shared arena registered over the group (comm.shared_arena off, host "
-              "memory, or an empty shard)";
+    reason_ = "a rank's shard is not in the shared arena registered over the group (comm.shared_arena off, or host "
+              "memory), or every shard is empty";
     return;
   }
   if (line >= detail::ShmNode::kMaxGroups) {
@@ -97,9 +104,9 @@ SharedShards::SharedShards(const Group& group, const void* shard, size_t bytes) 
   for (int p = 0; p < g.size; ++p) {
     const size_t r = static_cast<size_t>(at(p, kNodeRank));
     const size_t off = u32(at(p, kOffsetLo)) | (u32(at(p, kOffsetHi)) << 32);
-    const size_t n = u32(at(p, kBytesLo)) | (u32(at(p, kBytesHi)) << 32);
-    ZS_ASSERT(view->base[r] != nullptr && off + n <= view->bytes[r], "rank {}'s shard lies outside its arena region", p);
-    shard_[static_cast<size_t>(p)] = p == g.rank ? static_cast<const unsigned char*>(shard) : view->base[r] + off;
+    const size_t n = bytes_of(p);
+    ZS_ASSERT(n == 0 || (view->base[r] != nullptr && off + n <= view->bytes[r]), "rank {}'s shard lies outside its arena region", p);
+    shard_[static_cast<size_t>(p)] = n == 0 ? nullptr : p == g.rank ? static_cast<const unsigned char*>(shard) : view->base[r] + off;
     bytes_[static_cast<size_t>(p)] = n;
     node_rank_[static_cast<size_t>(p)] = static_cast<int>(r);
   }

@@ -63,8 +63,9 @@ ParamGatherer::ParamGatherer(const Options& options, const FlatLayout& layout, c
     zeropp_.emplace(options_.zeropp, layout_.total(), group_, device_, dtype_, entries_.size());
   }
   // Note [one-sided parameter gathers]: the same conditions on every rank (config and group size), as
-  // the constructor of SharedShards is collective.
-  if (!zeropp_ && options_.nvme == nullptr && options_.shard_tier == memory::Tier::kDevice && group_.size() > 1) {
+  // the constructor of SharedShards is collective; it finds host-memory shards (offload_param cpu) out
+  // of the arena itself, alike on every rank (a rank's empty shard may be anywhere).
+  if (!zeropp_ && options_.nvme == nullptr && group_.size() > 1) {
     shards_ = comm::SharedShards(group_, shard_, partition_.mine.size * memory::dtype_size(dtype_));
     if (shards_.active() && group_.rank() == 0) {
       ZS_LOG_INFO("ZeRO-3: parameter gathers over group '{}' read the peers' shards in place (one-sided, no meeting "

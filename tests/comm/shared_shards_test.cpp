@@ -35,10 +35,10 @@ comm::Group with(comm::SharedMemory mode, const char* name, double timeout_s = 6
 struct Layout {
   std::vector<size_t> start, size;
   size_t total = 0;
-  explicit Layout(int n) {
+  explicit Layout(int n, int empty = -1) {  // `empty`: a rank that owns nothing (a small layout's tail)
     for (int r = 0; r < n; ++r) {
       start.push_back(total);
-      size.push_back(size_t{300000} + 4099 * static_cast<size_t>(r));
+      size.push_back(r == empty ? 0 : size_t{300000} + 4099 * static_cast<size_t>(r));
       total += size.back();
     }
   }
@@ -155,6 +155,24 @@ TEST(SharedShards, InactiveAlikeOnEveryRankWhereItCannotWork) {
   if (g.size() > 1) {
     EXPECT_NE(partly.inactive_reason().find("shared arena"), std::string::npos) << partly.inactive_reason();
   }
+}
+
+// A rank whose shard is empty takes part (it is never read from; its pointer need not be in the arena).
+TEST(SharedShards, EmptyShardTakesPart) {
+  comm::Group g = with(comm::SharedMemory::kAuto, "shards_empty");
+  const int n = g.size(), me = g.rank();
+  if (n < 2) GTEST_SKIP() << "needs two ranks";
+  const Layout l(n, 1);
+  Shard shard(l, me, DType::kBF16);
+  comm::SharedArena arena(g, &shard.mapping);
+  comm::SharedShards shards(g, me == 1 ? nullptr : shard.values.raw(), shard.bytes());
+  ASSERT_TRUE(shards.active()) << shards.inactive_reason();
+  std::vector<size_t> counts, offsets;
+  l.split(0, l.total, counts, offsets);
+  Tensor out = test::empty(l.total, DType::kBF16);
+  shards.allgatherv(offsets, out, counts);
+  EXPECT_TRUE(test::same_bits(out, expected(l, DType::kBF16, 0, l.total, 1)));
+  test::world().group().barrier();
 }
 
 // The writer waits for a late reader; the reader sees the old version, then (after the write) the new.
