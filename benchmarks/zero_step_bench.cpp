@@ -1,7 +1,9 @@
 // Question: what does each ZeRO stage cost in step time over stage 0, on the same GPT, the same
 // ranks and the same moment of the machine? Target (issue): at np 2, stage 2 <= 1.1x and stage 3
 // <= 1.3x the stage-0 step. And (issue 17): the ZeRO-3 step with the shared-memory collectives against
-// stage 0 with OpenMPI's own (comm.shared_memory false); stages 0 and 3 run both ways.
+// stage 0 with OpenMPI's own (comm.shared_memory false); stages 0 and 3 run both ways. Stage 3 on the
+// shared-memory collectives gathers one-sided (no collective per module: Note [one-sided parameter
+// gathers] in engine/detail/param_gatherer.h); "3 mpi" gathers by OpenMPI's allgatherv.
 //
 //   mpirun -np 2 build/release/benchmarks/zero_step_bench [--json out.json] [--n-layer 4]
 //          [--d-model 384] [--n-head 6] [--seq-len 128] [--micro-batch 8] [--vocab 256] [--reps 7]

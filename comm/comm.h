@@ -18,6 +18,7 @@
 #include "comm/quantize.h"    // int8 block quantisation (ZeRO++'s wire format)
 #include "comm/quantized_collectives.h"  // QuantizedAllgather, QuantizedReduceScatter (ZeRO++)
 #include "comm/shared_arena.h"  // SharedArena: direct shared-memory collectives on device memory
+#include "comm/shared_shards.h"  // SharedShards: one-sided gathers of shards in the shared arena
 #include "comm/topology.h"    // Topology: the dp/tp/pp/ep/edp groups in Megatron's rank order
 #include "comm/work.h"        // Work, Status
 #include "comm/world.h"       // World, ExpertGroups

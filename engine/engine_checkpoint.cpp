@@ -467,7 +467,23 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   });
   const checkpoint::Metadata& m = reader->metadata();
   const fs::path dir = reader->dir();
-  // 2. Read this rank's ranges of every state, re-sliced by name (Note [checkpoint buffers]).
+  // 2. Read this rank's ranges of every state, re-sliced by name (Note [checkpoint buffers]). Stage 3
+  // on one node: the peers read the parameter shards in place (Note [one-sided parameter gathers] in
+  // engine/detail/param_gatherer.h); written once they are done, a new version either way.
+  for (const auto& set : a_.sets) {
+    if (set->gatherer) set->gatherer->begin_shard_write();
+  }
+  struct NewVersion {
+    const CheckpointAccess& a;
+    bool done = false;
+    ~NewVersion() {  // a failed read left the shards partly written: a new version all the same
+      if (done) return;
+      memory::DeviceAccess access(a.backend);
+      for (const auto& set : a.sets) {
+        if (set->gatherer) set->gatherer->shards_written();
+      }
+    }
+  } new_version{a_};
   ranks_.agreed([&] {
     std::vector<Item> wanted = items(Purpose::kLoad);
     std::vector<std::byte> piece;
@@ -484,7 +500,8 @@ std::string EngineCheckpoint::load(const fs::path& root, const std::string& tag)
   // The counters only once every rank has read its data, so that no rank moves on alone.
   ranks_.agreed([&] { restore_scalars(m, dir); });
   // 3. The parameters every rank holds from the loaded states, the gradients zeroed
-  // (CheckpointAccess::loaded, Engine::checkpoint_access).
+  // (CheckpointAccess::loaded, Engine::checkpoint_access; it publishes the shards' new version).
+  new_version.done = true;
   a_.loaded();
   const std::string saved_optimizer = string_scalar(m, "optimizer.type");
   if (ranks_.rank() == 0) {

@@ -150,6 +150,11 @@ optim::StepContext Engine::Impl::clipped_step(int64_t t, const StepReport& repor
 }
 
 void Engine::Impl::update(const optim::StepContext& ctx) {
+  // Stage 3 on one node: the peers read this rank's parameter shard in place (Note [one-sided
+  // parameter gathers] in engine/detail/param_gatherer.h); it is rewritten once they are done.
+  for (auto& set : sets_) {
+    if (set->gatherer) set->gatherer->begin_shard_write();
+  }
   if (compressed_) {
     step_compressed(ctx);
     return;
@@ -162,7 +167,7 @@ void Engine::Impl::gather_updated_params() {
     if (stage_ == 1 || stage_ == 2) set->allgather_params();
     if (set->gatherer) {
       memory::DeviceAccess access(*backend_);  // drops gathered buffers in device memory
-      set->gatherer->invalidate();
+      set->gatherer->shards_written();
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <functional>
 
 #include "core/errors.h"
+#include "core/log.h"
 
 namespace zs::engine {
 
@@ -60,6 +61,16 @@ ParamGatherer::ParamGatherer(const Options& options, const FlatLayout& layout, c
   // allocated 1.052 with them there, 1.042 with them here, before Note [Spanning blocks]).
   if (options_.zeropp.host != nullptr || options_.zeropp.quantized) {
     zeropp_.emplace(options_.zeropp, layout_.total(), group_, device_, dtype_, entries_.size());
+  }
+  // Note [one-sided parameter gathers]: the same conditions on every rank (config and group size), as
+  // the constructor of SharedShards is collective; it finds host-memory shards (offload_param cpu) out
+  // of the arena itself, alike on every rank (a rank's empty shard may be anywhere).
+  if (!zeropp_ && options_.nvme == nullptr && group_.size() > 1) {
+    shards_ = comm::SharedShards(group_, shard_, partition_.mine.size * memory::dtype_size(dtype_));
+    if (shards_.active() && group_.rank() == 0) {
+      ZS_LOG_INFO("ZeRO-3: parameter gathers over group '{}' read the peers' shards in place (one-sided, no meeting "
+                  "of the ranks per module)", group_.name());
+    }
   }
   for (Entry& e : entries_) {
     if (e.persistent) {
@@ -128,6 +139,14 @@ void ParamGatherer::start_gather(Entry& e) {
   memory::Tensor out = e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)});
   if (group_.size() == 1) {
     device_.backend().copy(out.raw(), memory::Tier::kDevice, src, options_.shard_tier, e.range.size * elem);
+  } else if (shards_.active()) {
+    // Note [one-sided parameter gathers]: each rank's part of the range, from its shard.
+    std::vector<size_t> offsets(partition_.shards.size());
+    for (size_t p = 0; p < offsets.size(); ++p) {
+      const memory::ShardRange part = partition_.shards[p].intersect(e.range);
+      offsets[p] = part.size > 0 ? part.offset - partition_.shards[p].offset : 0;
+    }
+    shards_.allgatherv(offsets, out, partition_.counts(e.range));
   } else {
     // On the calling thread (Note [synchronous gathers] in the header).
     memory::Tensor in(const_cast<char*>(src), dtype_, {static_cast<int64_t>(owned.size)});
@@ -278,6 +297,15 @@ void ParamGatherer::end_pass() {
   const bool first = !recorded_[static_cast<int>(pass_)];
   recorded_[static_cast<int>(pass_)] = true;
   if (first && recorded_[0] && recorded_[1]) plan_reuse();
+}
+
+void ParamGatherer::begin_shard_write() {
+  if (shards_.active()) shards_.begin_write();
+}
+
+void ParamGatherer::shards_written() {
+  invalidate();
+  if (shards_.active()) shards_.end_write();
 }
 
 void ParamGatherer::invalidate() {

@@ -210,6 +210,12 @@ void Runtime::count_bytes(const Op& op) {
   op.group->bytes_inter_host.fetch_add(op.bytes_inter_host, std::memory_order_relaxed);
 }
 
+void Runtime::record(const Op& op, Clock::duration elapsed) {
+  if (op.group->size > 1) count_bytes(op);
+  tally(op, elapsed);
+  collectives_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Runtime::start_worker() {
   if (!worker_.joinable()) worker_ = std::thread([this] {
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);  // 1 us: the back-off's short sleeps (Note [Polling])

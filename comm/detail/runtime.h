@@ -252,6 +252,9 @@ class Runtime {
   void count_shared_memory() { shm_collectives_.fetch_add(1, std::memory_order_relaxed); }
   // Counts one that read the peers' tensors in place (CommCounters::direct_collectives).
   void count_direct() { direct_collectives_.fetch_add(1, std::memory_order_relaxed); }
+  // A collective's data moved without the executor (comm::SharedShards, Note [One-sided gathers] in
+  // comm/shared_shards.h): its bytes, tally and count, as execute() records an op it ran.
+  void record(const Op& op, Clock::duration elapsed);
 
   // Runs `op` now on this thread when nothing is queued, else behind the queue; rethrows its error.
   // `op` may live on the caller's stack (Note [Lean small path] in comm/detail/small.h): it is used

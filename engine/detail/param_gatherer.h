@@ -23,6 +23,19 @@
 // its step against the same gathers on the calling thread, where both ranks' compute threads are
 // already running and meet at once. A device with a copy engine would start them asynchronously here.
 //
+// Note [one-sided parameter gathers]
+// Where the data-parallel group lies on one node's shared memory and every rank's parameter shard in
+// the shared arena (comm.shared_arena, the default there; not with ZeRO++, NVMe or host-memory
+// parameters), a gather is no collective: comm::SharedShards copies each peer's part of the range
+// straight out of the peer's shard (Note [One-sided gathers] in comm/shared_shards.h), so a forward
+// never meets its peers at a module. The shards change only in the optimizer step and a checkpoint
+// load: the engine calls begin_shard_write before it writes them (it returns once every peer has
+// finished reading this version; the step's loss-and-norm allreduce has just met them there) and
+// shards_written after (the next version is published; the gathered copies are dropped). A gather
+// waits only for the peers it reads to have published the current version. Same bytes into the same
+// buffer as the collective, counted as it: losses, digests, the summary's counters, the comms logger
+// and the memory (and so the estimator) are unchanged. Elsewhere the collective path runs as before.
+//
 // Persistence. A module whose own parameters number fewer than stage3_param_persistence_threshold
 // elements is not released after use; its gathered copy goes stale when the optimizer step changes
 // the shards (invalidate) and is gathered again at its next use - once per step instead of twice per
@@ -53,6 +66,7 @@
 #include <vector>
 
 #include "comm/group.h"
+#include "comm/shared_shards.h"
 #include "engine/flat_layout.h"
 #include "engine/detail/zeropp_gather.h"
 #include "engine/partition.h"
@@ -93,8 +107,14 @@ class ParamGatherer {
   void end_pass();
   void fetch(nn::Module& m);    // gathers (or finishes prefetching) m's own parameters; prefetches ahead
   void release(nn::Module& m);  // drops them unless persistent
-  // The shards changed (optimizer step): every gathered copy is stale.
+  // Every gathered copy is dropped (an abandoned pass; the shards did not change).
   void invalidate();
+  // Around every write of the parameter shard (optimizer step, checkpoint load), on every rank
+  // alike (Note [one-sided parameter gathers]): before it, and after it (every gathered copy is
+  // stale then).
+  void begin_shard_write();
+  void shards_written();
+  bool one_sided() const { return shards_.active(); }  // gathers read the peers' shards in place
 
   size_t live_bytes() const { return live_elements_ * memory::dtype_size(dtype_); }
   size_t live_peak_bytes() const { return live_peak_elements_ * memory::dtype_size(dtype_); }
@@ -143,6 +163,7 @@ class ParamGatherer {
   const void* shard_;
   std::vector<Entry> entries_;
   std::optional<ZeroppGather> zeropp_;
+  comm::SharedShards shards_;  // Note [one-sided parameter gathers]; inactive: collectives
   std::unordered_map<const nn::Module*, size_t> entry_of_;
   std::vector<size_t> trace_[2];
   bool recorded_[2] = {false, false};

@@ -8,14 +8,18 @@
 //   p2p_stop: rank 1 stops itself (SIGSTOP) before its send; rank 0's recv times out -> abort
 //   p2p_kill: rank 1 kills itself (SIGKILL) before its send; rank 0's recv times out -> abort (run
 //             with mpirun --enable-recovery, so that mpirun leaves rank 0 running to say so)
+//   shards_stop / shards_kill: rank 1 stops (kills) itself between begin_write and end_write of a
+//             comm::SharedShards; rank 0's one-sided gather times out naming it -> abort
 // Like the tool edge, main catches every error and calls World::abort.
 #include <signal.h>
 
 #include <chrono>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "comm/comm.h"
+#include "memory/shared_mapping.h"
 #include "memory/tensor.h"
 
 using namespace zs;
@@ -23,7 +27,8 @@ using namespace zs;
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "mismatch";
   try {
-    const double timeout_s = mode == "abort" ? 60.0 : mode == "groups" ? 120.0 : 2.0;  // small_timeout: 2 s
+    const bool shards = mode == "shards_stop" || mode == "shards_kill";
+    const double timeout_s = mode == "abort" ? 60.0 : mode == "groups" ? 120.0 : shards ? 1.0 : 2.0;  // small_timeout: 2 s
     auto world = comm::World::create(comm::CommConfig{.timeout_s = timeout_s});
     const auto& g = world.group();
     auto data = memory::Tensor::empty({1000}, memory::DType::kF32);
@@ -52,6 +57,22 @@ int main(int argc, char** argv) {
       } else if (g.rank() == 1) {
         raise(mode == "p2p_stop" ? SIGSTOP : SIGKILL);
         g.send(data, 0);
+      } else {
+        std::this_thread::sleep_for(std::chrono::seconds(40));  // bystanders: ended by rank 0's abort
+      }
+    } else if (shards) {
+      // A one-sided gather (comm/shared_shards.h) from a peer that stopped or died in its "optimizer
+      // step", before publishing its shard's next version.
+      memory::SharedMapping mem = memory::SharedMapping::create(size_t{1} << 20);
+      comm::SharedArena arena(g, &mem);
+      comm::SharedShards shards(g, mem.data(), data.numel() * sizeof(float));
+      if (!shards.active()) throw CommError("one-sided gathers inactive: " + shards.inactive_reason());
+      shards.begin_write();
+      if (g.rank() == 1) raise(mode == "shards_stop" ? SIGSTOP : SIGKILL);
+      shards.end_write();
+      if (g.rank() == 0) {
+        const std::vector<size_t> counts(static_cast<size_t>(g.size()), 1000), offsets(static_cast<size_t>(g.size()), 0);
+        shards.allgatherv(offsets, gathered, counts);
       } else {
         std::this_thread::sleep_for(std::chrono::seconds(40));  // bystanders: ended by rank 0's abort
       }
