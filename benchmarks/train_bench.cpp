@@ -37,6 +37,8 @@
 //                      panels only, recomputation apart), summed over ranks, / median step / the
 //                      ranks' summed peaks (nn::product_peak: the probe of memory/peak_flops.h for
 //                      the run's compute dtype); docs/benchmarks.md, "Model FLOPs utilisation".
+//   cpu_s, busy_share, cpu_mfu = the step's CPU seconds and mfu split as cpu_mfu x busy_share (Note
+//                      [busy share] below): the work's own efficiency and the threads' idle share.
 #include <cblas.h>
 
 #include <algorithm>
@@ -232,14 +234,16 @@ int main(int argc, char** argv) {
       eng.train_batch(source);
       if (with_ceiling) ceiling.run();
     }
-    std::vector<double> step_s, pass_s, fwd_s, bwd_s, opt_s;
+    std::vector<double> step_s, cpu_s, pass_s, fwd_s, bwd_s, opt_s;
     double loss = 0;
     uint64_t model_flops = 0, recompute_flops = 0;  // this rank's, per step (the same every step)
     for (int64_t i = 0; i < steps; ++i) {
       group.barrier();
-      const double t0 = bench::now_seconds();
+      const double t0 = bench::now_seconds(), c0 = bench::process_cpu_seconds();
       const engine::StepReport r = eng.train_batch(source);
+      const double cpu = bench::process_cpu_seconds() - c0;
       step_s.push_back(bench::slowest(group, bench::now_seconds() - t0));
+      cpu_s.push_back(cpu);
       fwd_s.push_back(bench::slowest(group, r.forward_s));
       bwd_s.push_back(bench::slowest(group, r.backward_s));
       opt_s.push_back(bench::slowest(group, r.optimizer_s));
@@ -262,6 +266,17 @@ int main(int argc, char** argv) {
     const double step_recompute_flops = summed(group, static_cast<double>(recompute_flops));
     const double peak_flops = summed(group, peak.flops_per_s);
     const double mfu = step_model_flops / t_step / peak_flops;
+    // Note [busy share]
+    // MFU = cpu_mfu x busy_share. cpu_s: the ranks' summed CPU seconds per step
+    // (each rank's median; every thread of the process, the pool's polling workers included);
+    // busy_share: those seconds over the step's wall time x the compute threads (1: every thread
+    // busy throughout; below 1: threads idle, waiting for each other or preempted); cpu_mfu: the MFU
+    // the step would reach with its CPU seconds spread over the threads without idling (the work's
+    // own efficiency). The CPU figures hold under load, where the wall time is the scheduler's share.
+    const double step_cpu_s = summed(group, bench::median(cpu_s));
+    const double thread_count = static_cast<double>(ranks) * static_cast<double>(peak.threads);
+    const double busy_share = step_cpu_s / (t_step * thread_count);
+    const double cpu_mfu = step_model_flops / step_cpu_s / (peak_flops / thread_count);
 
     bench::Report report;
     report.benchmark = "train_bench";
@@ -281,7 +296,8 @@ int main(int argc, char** argv) {
         {"optimizer_s", bench::median(opt_s)}, {"tokens_per_step", tokens_per_step}, {"tokens_per_s", tokens_s},
         {"flops_per_token", flops_per_token}, {"achieved_gflops", achieved}, {"loss", loss},
         {"model_flops_per_step", step_model_flops}, {"recompute_flops_per_step", step_recompute_flops},
-        {"peak_gflops", peak_flops / 1e9}, {"mfu", mfu},
+        {"peak_gflops", peak_flops / 1e9}, {"mfu", mfu}, {"cpu_s", step_cpu_s}, {"busy_share", busy_share},
+        {"cpu_mfu", cpu_mfu},
         {"peak", boost::json::object{{"kind", memory::peak_kind_name(peak.kind)}, {"instruction", peak.instruction},
                                      {"isa", memory::isa_name(peak.isa)}, {"threads_per_rank", peak.threads},
                                      {"probe_s", peak.probe_s}}}});
@@ -313,6 +329,9 @@ int main(int argc, char** argv) {
       std::printf("%-30s %12.1f  (%s, %s, %d thread(s)/rank)\n", "peak GFLOP/s (probe)", peak_flops / 1e9,
                   std::string(peak.instruction).c_str(), std::string(memory::isa_name(peak.isa)).c_str(), peak.threads);
       std::printf("%-30s %12.3f\n", "MFU", mfu);
+      std::printf("%-30s %12.3f\n", "  CPU s/step (all ranks)", step_cpu_s);
+      std::printf("%-30s %12.3f\n", "  busy share of the threads", busy_share);
+      std::printf("%-30s %12.3f\n", "  MFU of the CPU seconds", cpu_mfu);
       if (with_ceiling) std::printf("\nceiling shapes (rank 0, %d thread(s)):\n%-20s %5s %5s %5s %3s %3s %6s %9s\n", threads, "gemm", "m",
                   "n", "k", "tA", "tB", "count", "GFLOP/s");
       for (const auto& v : shapes) {

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/errors.h"
+#include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
 #include "nn/param_access.h"
 #include "nn/transformer.h"
@@ -125,6 +126,16 @@ void GptModel::clear_own_saved() {
   ids_ = final_x_ = {};
 }
 
+// Note [tied head products]
+// The tied head is a bias-free Linear whose weight is wte, so it runs through the Linear's own products
+// (nn/detail/linear.h; pp/ and tp/'s GPTs likewise, with their rows of wte): logits = x wte^T,
+// dx = dlogits wte and wte.grad += dlogits^T x on the path wte's dtype selects (nn/detail/gemm.h). It
+// used to call sgemm whatever the dtype, with the bf16 embedding widened to an fp32 copy, so at vocab
+// 32000 a bf16 step spent 18% of its CPU in the head's fp32 products (docs/benchmarks.md, "Where np
+// 1's step goes"; the large GPT's bf16 step 2.13 -> 1.63 s there). On the AVX512-BF16 kernel its
+// operands are now rounded to bf16 as they are packed, as PyTorch's autocast and Megatron's bf16 do,
+// so bf16 losses there moved by design. fp32 runs, and bf16 runs whose products are sgemm (no
+// AVX512-BF16, ZS_BF16_GEMM=sgemm), make the same sgemm calls on the same operands, bit for bit.
 float GptModel::forward_loss(Context& ctx, const Batch& batch) {
   const Tensor& ids = batch.inputs;
   detail::check_token_batch(batch, "Gpt");
@@ -148,8 +159,7 @@ float GptModel::forward_loss(Context& ctx, const Batch& batch) {
   if (lm_head_ != nullptr) {
     logits = ctx.forward(*lm_head_, x);
   } else {
-    logits = ctx.allocate({B, T, V}, DType::kF32, MemoryUse::kActivation);
-    detail::gemm(false, true, N, V, C, 1.0f, x.data<float>(), C, wte.data<float>(), C, 0.0f, logits.data<float>(), V);
+    logits = detail::linear_forward(ctx, x, N, wte_, nullptr);  // Note [tied head products]
   }
   const float loss = loss_.forward(ctx, logits, batch.targets);
   if (train) {
@@ -161,18 +171,13 @@ float GptModel::forward_loss(Context& ctx, const Batch& batch) {
 
 void GptModel::backward_loss(Context& ctx, float grad_scale) {
   ZS_ASSERT(ids_.raw() != nullptr, "Gpt backward_loss without a training-mode forward_loss");
-  const int64_t T = ids_.size(1), C = cfg_.d_model, V = cfg_.vocab_size, N = ids_.numel();
+  const int64_t T = ids_.size(1), C = cfg_.d_model, N = ids_.numel();
   Tensor dlogits = loss_.backward(ctx, grad_scale);
   Tensor dx;
   if (lm_head_ != nullptr) {
     dx = ctx.backward(*lm_head_, dlogits);
   } else {
-    Tensor wte = weight_f32(ctx, wte_);
-    dx = ctx.allocate({ids_.size(0), T, C}, DType::kF32, MemoryUse::kGradient);
-    detail::gemm(false, false, N, C, V, 1.0f, dlogits.data<float>(), V, wte.data<float>(), C, 0.0f, dx.data<float>(), C);
-    GradAccumulator g(ctx, wte_);
-    detail::gemm(true, false, V, C, N, 1.0f, dlogits.data<float>(), V, final_x_.data<float>(), C, 1.0f, g.data(), C);
-    g.commit();
+    dx = detail::linear_backward(ctx, dlogits, N, final_x_, wte_, nullptr);  // Note [tied head products]
   }
   dlogits = {};
   final_x_ = {};

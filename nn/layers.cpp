@@ -174,6 +174,79 @@ Tensor Embedding::backward(Context& ctx, const Tensor& dy) {
 
 // ---- LayerNorm ----
 
+// Note [row-interleaved sums]: a row's mean, variance and backward sums add its elements one after
+// another, a chain of dependent adds that ran at one add per add latency (LayerNorm 1.9% of the large
+// GPT's fp32 CPU, 2.8% of bf16's). The loops now carry kSumRows rows' chains side by side: each row's
+// sum still adds its elements in the same order, so every result is the same bit for bit, and the
+// independent chains overlap (or share a vector, one row per lane).
+constexpr int kSumRows = 8;
+
+namespace {
+
+// Rows [r, r + R) of LayerNorm's forward: y, mean and rstd.
+template <int R>
+void layer_norm_rows(const float* xp, float* yp, const float* wp, const float* bp, float* mp, float* rp, int64_t r,
+                     int64_t dim, float inv_d, float eps) {
+  const float* x0 = xp + r * dim;
+  float sum[R] = {}, m[R], var[R] = {};
+  for (int64_t j = 0; j < dim; ++j) {
+    for (int k = 0; k < R; ++k) sum[k] += x0[k * dim + j];
+  }
+  for (int k = 0; k < R; ++k) m[k] = sum[k] * inv_d;
+  // Two-pass variance: no cancellation for rows with a large mean.
+  for (int64_t j = 0; j < dim; ++j) {
+    for (int k = 0; k < R; ++k) {
+      const float c = x0[k * dim + j] - m[k];
+      var[k] += c * c;
+    }
+  }
+  for (int k = 0; k < R; ++k) {
+    const float* xr = x0 + k * dim;
+    float* yr = yp + (r + k) * dim;
+    const float mk = m[k];
+    const float rs = 1.0f / std::sqrt(var[k] * inv_d + eps);
+    for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - mk) * rs * wp[j] + bp[j];
+    mp[r + k] = mk;
+    rp[r + k] = rs;
+  }
+}
+
+// Rows [r, r + R) of LayerNorm's dx: dxhat = dy * w; dx = rstd * (dxhat - mean(dxhat) - xhat *
+// mean(dxhat * xhat)).
+template <int R>
+void layer_norm_grad_rows(const float* xp, const float* dyp, const float* wp, const float* mp, const float* rp,
+                          float* dxp, int64_t r, int64_t dim, float inv_d) {
+  const float* x0 = xp + r * dim;
+  const float* d0 = dyp + r * dim;
+  float m[R], rs[R], sum_g[R] = {}, sum_gx[R] = {};
+  for (int k = 0; k < R; ++k) {
+    m[k] = mp[r + k];
+    rs[k] = rp[r + k];
+  }
+  for (int64_t j = 0; j < dim; ++j) {
+    for (int k = 0; k < R; ++k) {
+      const float xhat = (x0[k * dim + j] - m[k]) * rs[k];
+      const float g = d0[k * dim + j] * wp[j];
+      sum_g[k] += g;
+      sum_gx[k] += g * xhat;
+    }
+  }
+  for (int k = 0; k < R; ++k) {
+    const float* xr = x0 + k * dim;
+    const float* dr = d0 + k * dim;
+    float* dxr = dxp + (r + k) * dim;
+    const float mk = m[k], rsk = rs[k];
+    const float mg = sum_g[k] * inv_d;
+    const float mgx = sum_gx[k] * inv_d;
+    for (int64_t j = 0; j < dim; ++j) {
+      const float xhat = (xr[j] - mk) * rsk;
+      dxr[j] = rsk * (dr[j] * wp[j] - mg - xhat * mgx);
+    }
+  }
+}
+
+}  // namespace
+
 LayerNorm::LayerNorm(int64_t dim, float eps)
     : dim_(dim),
       eps_(eps),
@@ -198,23 +271,10 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
   float* mp = mean.data<float>();
   float* rp = rstd.data<float>();
   detail::parallel_for(n, 16, [=](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * dim;
-      float* yr = yp + r * dim;
-      float sum = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) sum += xr[j];
-      const float m = sum * inv_d;
-      // Two-pass variance: no cancellation for rows with a large mean.
-      float var = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float c = xr[j] - m;
-        var += c * c;
-      }
-      const float rs = 1.0f / std::sqrt(var * inv_d + eps);
-      for (int64_t j = 0; j < dim; ++j) yr[j] = (xr[j] - m) * rs * wp[j] + bp[j];
-      mp[r] = m;
-      rp[r] = rs;
-    }
+    // Note [row-interleaved sums]: the sums of kSumRows rows at once, each in its own order.
+    int64_t r = r0;
+    for (; r + kSumRows <= r1; r += kSumRows) layer_norm_rows<kSumRows>(xp, yp, wp, bp, mp, rp, r, dim, inv_d, eps);
+    for (; r < r1; ++r) layer_norm_rows<1>(xp, yp, wp, bp, mp, rp, r, dim, inv_d, eps);
   });
   if (train) {
     input_ = x;
@@ -245,28 +305,10 @@ Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
   // dx by rows; the parameter gradients by columns, each summed over the rows in order
   // (Note [compute threads] in nn/detail/parallel.h).
   detail::parallel_for(n, 16, [=](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float m = mp[r];
-      const float rs = rp[r];
-      const float* xr = xp + r * dim;
-      const float* dr = dyp + r * dim;
-      float* dxr = dxp + r * dim;
-      // dxhat = dy * w; dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
-      float sum_g = 0.0f;
-      float sum_gx = 0.0f;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float xhat = (xr[j] - m) * rs;
-        const float g = dr[j] * wp[j];
-        sum_g += g;
-        sum_gx += g * xhat;
-      }
-      const float mg = sum_g * inv_d;
-      const float mgx = sum_gx * inv_d;
-      for (int64_t j = 0; j < dim; ++j) {
-        const float xhat = (xr[j] - m) * rs;
-        dxr[j] = rs * (dr[j] * wp[j] - mg - xhat * mgx);
-      }
-    }
+    // The row sums of kSumRows rows at once (Note [row-interleaved sums]).
+    int64_t r = r0;
+    for (; r + kSumRows <= r1; r += kSumRows) layer_norm_grad_rows<kSumRows>(xp, dyp, wp, mp, rp, dxp, r, dim, inv_d);
+    for (; r < r1; ++r) layer_norm_grad_rows<1>(xp, dyp, wp, mp, rp, dxp, r, dim, inv_d);
   });
   detail::parallel_for(dim, 64, [=](int64_t c0, int64_t c1, int) {
     for (int64_t r = 0; r < n; ++r) {

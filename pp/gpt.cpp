@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.h"
+#include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
 #include "nn/param_access.h"
 #include "nn/transformer.h"
@@ -139,31 +140,22 @@ float GptStage::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   if (lm_head_ != nullptr) {
     logits = ctx.forward(*lm_head_, x);
   } else {
-    const int64_t N = x.size(0) * x.size(1);
-    Tensor wte = nn::weight_f32(ctx, *wte_);
-    logits = ctx.allocate({x.size(0), x.size(1), V}, DType::kF32, MemoryUse::kActivation);
-    nn::detail::gemm(false, true, N, V, C, 1.0f, x.data<float>(), C, wte.data<float>(), C, 0.0f, logits.data<float>(), V);
+    // Note [tied head products] in nn/gpt.cpp: the tied head is a Linear whose weight is wte.
+    logits = nn::detail::linear_forward(ctx, x, x.size(0) * x.size(1), *wte_, nullptr);
     if (train) final_x_ = x;
   }
   return loss_.forward(ctx, logits, batch.targets);
 }
 
 void GptStage::backward_loss(nn::Context& ctx, float grad_scale) {
-  const int64_t C = cfg_.d_model, V = cfg_.vocab_size;
+  const int64_t C = cfg_.d_model;
   Tensor dx;
   if (last_) {
     Tensor dlogits = loss_.backward(ctx, grad_scale);
     if (lm_head_ != nullptr) {
       dx = ctx.backward(*lm_head_, dlogits);
     } else {
-      const int64_t N = final_x_.size(0) * final_x_.size(1);
-      Tensor wte = nn::weight_f32(ctx, *wte_);
-      dx = ctx.allocate(final_x_.shape(), DType::kF32, MemoryUse::kGradient);
-      nn::detail::gemm(false, false, N, C, V, 1.0f, dlogits.data<float>(), V, wte.data<float>(), C, 0.0f,
-                       dx.data<float>(), C);
-      nn::GradAccumulator g(ctx, *wte_);
-      nn::detail::gemm(true, false, V, C, N, 1.0f, dlogits.data<float>(), V, final_x_.data<float>(), C, 1.0f, g.data(), C);
-      g.commit();
+      dx = nn::detail::linear_backward(ctx, dlogits, final_x_.size(0) * final_x_.size(1), final_x_, *wte_, nullptr);
     }
     final_x_ = {};
     dx = ctx.backward(*ln_f_, dx);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.h"
+#include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 #include "nn/param_access.h"
@@ -116,11 +117,9 @@ float TpGptStage::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
   if (lm_head_ != nullptr) {
     logits = ctx.forward(*lm_head_, x);
   } else {
-    const Tensor wte = nn::weight_f32(ctx, *wte_);
+    // Note [tied head products] in nn/gpt.cpp: a Linear whose weight is this rank's rows of wte.
     const Tensor xf = shard ? tp::gather_sequence(ctx, tp_, x, MemoryUse::kScratch) : x;
-    logits = ctx.allocate({batch_, seq_, Vl}, DType::kF32, MemoryUse::kActivation);
-    nn::detail::gemm(false, true, batch_ * seq_, Vl, C, 1.0f, xf.data<float>(), C, wte.data<float>(), C, 0.0f,
-                     logits.data<float>(), Vl);
+    logits = nn::detail::linear_forward(ctx, xf, batch_ * seq_, *wte_, nullptr);
     if (train) final_x_ = x;
   }
   return loss_.forward(ctx, logits, batch.targets);
@@ -137,16 +136,8 @@ void TpGptStage::backward_loss(nn::Context& ctx, float grad_scale) {
       dx = ctx.backward(*lm_head_, dlogits);
     } else {
       // The tied head is a column-parallel product: dx sums every rank's columns' part.
-      const Tensor wte = nn::weight_f32(ctx, *wte_);
       const Tensor xf = shard ? tp::gather_sequence(ctx, tp_, final_x_, MemoryUse::kScratch) : final_x_;
-      Tensor dxf = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kGradient);
-      nn::detail::gemm(false, false, N, C, Vl, 1.0f, dlogits.data<float>(), Vl, wte.data<float>(), C, 0.0f,
-                       dxf.data<float>(), C);
-      {
-        nn::GradAccumulator g(ctx, *wte_);
-        nn::detail::gemm(true, false, Vl, C, N, 1.0f, dlogits.data<float>(), Vl, xf.data<float>(), C, 1.0f, g.data(), C);
-        g.commit();
-      }
+      Tensor dxf = nn::detail::linear_backward(ctx, dlogits, N, xf, *wte_, nullptr);
       if (shard) {
         dx = tp::reduce_scatter_sequence(ctx, tp_, dxf, MemoryUse::kGradient);
       } else {

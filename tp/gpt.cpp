@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/errors.h"
+#include "nn/detail/linear.h"
 #include "nn/detail/ops.h"
 #include "nn/detail/parallel.h"
 #include "nn/param_access.h"
@@ -176,9 +177,8 @@ float GptModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
     logits = ctx.forward(*lm_head_, x);
   } else {
     const Tensor xf = shard ? gather_sequence(ctx, tp_, x, MemoryUse::kScratch) : x;
-    logits = ctx.allocate({B, T, Vl}, DType::kF32, MemoryUse::kActivation);
-    nn::detail::gemm(false, true, N, Vl, C, 1.0f, xf.data<float>(), C, wte.data<float>(), C, 0.0f,
-                     logits.data<float>(), Vl);
+    // Note [tied head products] in nn/gpt.cpp: a Linear whose weight is this rank's rows of wte.
+    logits = nn::detail::linear_forward(ctx, xf, N, wte_, nullptr);
   }
   const float loss = loss_.forward(ctx, logits, batch.targets);
   if (train) {
@@ -190,7 +190,7 @@ float GptModel::forward_loss(nn::Context& ctx, const nn::Batch& batch) {
 
 void GptModel::backward_loss(nn::Context& ctx, float grad_scale) {
   ZS_ASSERT(ids_.raw() != nullptr, "Gpt backward_loss without a training-mode forward_loss");
-  const int64_t B = ids_.size(0), T = ids_.size(1), C = cfg_.d_model, N = ids_.numel();
+  const int64_t T = ids_.size(1), C = cfg_.d_model, N = ids_.numel();
   const int64_t Vl = wte_.shape()[0], first = Vl * tp_.rank();
   const bool shard = tp_.sharded_sequence();
   Tensor dlogits = loss_.backward(ctx, grad_scale);
@@ -199,16 +199,8 @@ void GptModel::backward_loss(nn::Context& ctx, float grad_scale) {
     dx = ctx.backward(*lm_head_, dlogits);
   } else {
     // The tied head is a column-parallel product: dx sums every rank's columns' part.
-    const Tensor wte = nn::weight_f32(ctx, wte_);
     const Tensor xf = shard ? gather_sequence(ctx, tp_, final_x_, MemoryUse::kScratch) : final_x_;
-    Tensor dxf = ctx.allocate({B, T, C}, DType::kF32, MemoryUse::kGradient);
-    nn::detail::gemm(false, false, N, C, Vl, 1.0f, dlogits.data<float>(), Vl, wte.data<float>(), C, 0.0f,
-                     dxf.data<float>(), C);
-    {
-      nn::GradAccumulator g(ctx, wte_);
-      nn::detail::gemm(true, false, Vl, C, N, 1.0f, dlogits.data<float>(), Vl, xf.data<float>(), C, 1.0f, g.data(), C);
-      g.commit();
-    }
+    Tensor dxf = nn::detail::linear_backward(ctx, dlogits, N, xf, wte_, nullptr);
     if (shard) {
       dx = reduce_scatter_sequence(ctx, tp_, dxf, MemoryUse::kGradient);
     } else {

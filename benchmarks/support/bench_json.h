@@ -32,6 +32,10 @@ std::string arg_value(int argc, char** argv, const std::string& name, const std:
 // Seconds since an arbitrary epoch (steady clock): core's one clock.
 using zs::now_seconds;
 
+// CPU seconds this process has run, all its threads (CLOCK_PROCESS_CPUTIME_ID): a step's cost where
+// other work shares the cores, and with the wall time how many threads were busy.
+double process_cpu_seconds();
+
 // Median of the values (copied; empty -> 0).
 double median(std::vector<double> values);
 

@@ -156,6 +156,61 @@ TEST(LayersTest, ElementwiseResultsDoNotDependOnThreadCount) {
   }
 }
 
+// Note [row-interleaved sums] (nn/layers.cpp): LayerNorm sums several rows side by side, each row in
+// its own order, so y and dx equal the one-row-at-a-time loops below bit for bit; 21 rows on 1 and 2
+// threads cover whole groups of rows and the rows left over. Changing any row's order of summation
+// (e.g. summing a row in lanes) makes this fail.
+TEST(LayersTest, LayerNormEqualsRowByRowLoopsBitForBit) {
+  const int saved = openblas_get_num_threads();
+  constexpr int64_t kRowsN = 21, kDim = 100;
+  const float eps = 1e-5f;
+  for (int threads : {1, 2}) {
+    openblas_set_num_threads(threads);
+    LayerNorm ln(kDim, eps);
+    materialize(ln, 3);
+    randomize_params(ln, 4, 0.5f);
+    HostContext ctx;
+    Tensor x = ref::random_tensor({kRowsN, kDim}, 5, 3.0f);
+    Tensor dy = ref::random_tensor({kRowsN, kDim}, 6);
+    Tensor y = ctx.forward(ln, x);
+    Tensor dx = ctx.backward(ln, dy);
+    const float* xp = x.data<float>();
+    const float* dyp = dy.data<float>();
+    const float* wp = ln.weight().data().data<float>();
+    const float* bp = ln.bias().data().data<float>();
+    const float inv_d = 1.0f / static_cast<float>(kDim);
+    for (int64_t r = 0; r < kRowsN; ++r) {
+      const float* xr = xp + r * kDim;
+      const float* dr = dyp + r * kDim;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < kDim; ++j) sum += xr[j];
+      const float m = sum * inv_d;
+      float var = 0.0f;
+      for (int64_t j = 0; j < kDim; ++j) {
+        const float c = xr[j] - m;
+        var += c * c;
+      }
+      const float rs = 1.0f / std::sqrt(var * inv_d + eps);
+      float sum_g = 0.0f, sum_gx = 0.0f;
+      for (int64_t j = 0; j < kDim; ++j) {
+        const float xhat = (xr[j] - m) * rs;
+        const float g = dr[j] * wp[j];
+        sum_g += g;
+        sum_gx += g * xhat;
+      }
+      const float mg = sum_g * inv_d, mgx = sum_gx * inv_d;
+      for (int64_t j = 0; j < kDim; ++j) {
+        const float want_y = (xr[j] - m) * rs * wp[j] + bp[j];
+        const float xhat = (xr[j] - m) * rs;
+        const float want_dx = rs * (dr[j] * wp[j] - mg - xhat * mgx);
+        ASSERT_EQ(y.data<float>()[r * kDim + j], want_y) << threads << " thread(s), row " << r << ", column " << j;
+        ASSERT_EQ(dx.data<float>()[r * kDim + j], want_dx) << threads << " thread(s), row " << r << ", column " << j;
+      }
+    }
+  }
+  openblas_set_num_threads(saved);
+}
+
 TEST(LayersTest, Mlp) {
   Mlp m(6);
   check_layer(m, {2, 3, 6}, [](const Vec& x, const ParamMap& p) { return ref::mlp(x, p, "", 6); });
