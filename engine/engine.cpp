@@ -176,17 +176,10 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
                   shared_arena_.inactive_reason());
     }
   }
-  if (!cfg.device.alloc_trace.empty() && group.rank() == 0 && (tp_ == nullptr || tp_->rank() == 0)) {  // world rank 0
-    // Fail now, not after the run, when the trace cannot be written. After the shared arena's
-    // registration, whose collectives every rank must enter: rank 0 failing before them left rank 1
-    // waiting in them while rank 0 waited in the caller's error agreement (a hang until
-    // comm.timeout_s, e2e_bad_alloc_trace_unwritable). The allocations so far are the arena's own.
-    if (!std::ofstream(cfg.device.alloc_trace)) {
-      throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
-                                    cfg.device.alloc_trace));
-    }
-    arena_->record_trace();
-  }
+  // device.alloc_trace is recorded on world rank 0 from here (the allocations so far are the arena's
+  // own); whether its file can be written is checked at the end of this constructor.
+  const bool writes_alloc_trace = !cfg.device.alloc_trace.empty() && group.rank() == 0 && (tp_ == nullptr || tp_->rank() == 0);
+  if (writes_alloc_trace) arena_->record_trace();
   backend_->set_threads(env_.threads());
   const bool optimizer_on_nvme = cfg.zero.offload_optimizer.device == OffloadDevice::kNvme;
   const bool params_on_nvme = cfg.zero.offload_param.device == OffloadDevice::kNvme;
@@ -206,6 +199,14 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
     setup_pipeline(model);
     place_all(model);
     setup_recompute(model);
+    if (writes_alloc_trace && !std::ofstream(cfg.device.alloc_trace)) {
+      // Fail now, not after the run, when the trace cannot be written; and only here, after the
+      // constructor's last collective (the shared arena's registration, ZeRO-3's shared shards):
+      // rank 0 failing before one of them left the others in it while rank 0 waited in the
+      // caller's error agreement (a hang, then a mismatch error, e2e_bad_alloc_trace_unwritable).
+      throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
+                                    cfg.device.alloc_trace));
+    }
   } catch (...) {
     sets_.clear();  // as ~Impl, which does not run for a constructor that throws
     throw;
