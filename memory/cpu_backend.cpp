@@ -1,5 +1,6 @@
 #include "memory/cpu_backend.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -12,6 +13,7 @@ namespace zs::memory {
 namespace {
 
 constexpr size_t kSegmentAlign = 4096;  // page: also what O_DIRECT needs for offload staging
+constexpr size_t kHugePage = size_t{2} << 20;  // x86-64's transparent huge page
 
 size_t physical_memory_bytes() {
   long pages = ::sysconf(_SC_PHYS_PAGES);
@@ -78,13 +80,17 @@ Segment CpuBackend::allocate(size_t bytes, Tier tier) {
     shared_.emplace(data, std::move(m));
     return make_segment(data, bytes, tier);
   }
-  void* p = std::aligned_alloc(kSegmentAlign, rounded);
+  const bool huge = rounded >= 2 * kHugePage;
+  void* p = std::aligned_alloc(huge ? kHugePage : kSegmentAlign, huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : rounded);
   if (p == nullptr) [[unlikely]] {
     used.fetch_sub(bytes, std::memory_order_relaxed);
     throw OutOfMemoryError(fmt::format("cpu backend: the OS refused a {} segment of {} bytes. Fix: lower "
                                        "device.memory_mb or run fewer ranks per node",
                                        tier_name(tier), bytes));
   }
+  // Note [huge pages]: a large segment asks for transparent huge pages (Debian's default THP mode is
+  // "madvise": nothing without the ask). Advice only: refused, the pages stay 4 KiB and nothing changes.
+  if (huge) ::madvise(p, rounded, MADV_HUGEPAGE);
   return make_segment(p, bytes, tier);
 }
 
