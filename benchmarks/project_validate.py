@@ -11,11 +11,16 @@ their ratio, and the run's mean bytes per step over the projected step's (bytes_
 
 --multihost adds two hosts of 2 ranks each (tests/multihost/hosts.sh: network namespaces, the link shaped
 with tc tbf to 100mbit, 1gbit and 10gbit) at ZeRO stages 1 and 3, projected with --ranks-per-host 2 and
---network RATE,LATENCY (--latency, default 50us: veth + TCP through the namespaces' bridge).
+--network RATE,LATENCY. LATENCY is measured here, per rate, just before the runs: what a message between
+the hosts costs through OpenMPI's TCP path on this machine (the projection, one process, cannot measure
+the namespaces' network itself): comm_bench's 1 KiB allreduce over the same 2 hosts x 2 ranks, halved,
+since an allreduce across 2 hosts crosses them twice (project_compute.cpp's hops). --latency gives a
+fixed one instead.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,7 +68,23 @@ def run(cmd, name):
     return r.stdout
 
 
-def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
+def network_latency(args, tmp, rate):
+    """Seconds per crossing of a small collective between 2 hosts of 2 ranks at `rate` (see the top)."""
+    if args.latency:
+        return args.latency
+    bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "comm_bench")
+    out = os.path.join(tmp, f"comm_bench_{rate}.json")
+    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", "2", "--slots", "2", "--rate", rate, "--",
+           "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4", bench, "--collective", "allreduce",
+           "--min-kib", "1", "--max-bytes", "1024", "--reps", "15", "--warmup", "3", "--arena", "0", "--json", out]
+    run(cmd, f"comm_bench over 2 hosts at {rate}")
+    with open(out) as f:
+        r = json.load(f)
+    t = next(x["time_s"] for x in r["results"] if x["collective"] == "allreduce")
+    return f"{t / 2 * 1e6:.1f}us"
+
+
+def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, latency=None):
     cfg = config_for(np, tp, pp, stage, args.steps)
     path = os.path.join(tmp, name + ".json")
     summary = os.path.join(tmp, name + ".summary.json")
@@ -77,23 +98,28 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
         # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
         # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
-    run(cmd, name)
-    with open(summary) as f:
-        s = json.load(f)
+    medians = []
+    for _ in range(args.repeats):
+        run(cmd, name)
+        with open(summary) as f:
+            s = json.load(f)
+        medians.append(s["step_time_s"]["median"])
     projection = os.path.join(tmp, name + ".projection.json")
     per_host = np // hosts if hosts else np
     proj = [args.zeroshard, "project", "--config", path, "--ranks", str(np), "--ranks-per-host", str(per_host),
             "--tp", str(tp), "--pp", str(pp), "--json", projection]
+    if not args.idle:
+        proj.append("--as-loaded")  # the runs above were measured at the machine's present load
     if hosts:
         # The "hosts" are namespaces of this one machine: they share its cores.
-        proj += ["--network", f"{rate},{args.latency}", "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
+        proj += ["--network", f"{rate},{latency}", "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
     run(proj, name + " (project)")
     with open(projection) as f:
         p = json.load(f)
     lay = p["layouts"][0]
     if not lay["valid"]:
         sys.exit(f"{name}: the projection refused the layout: {lay['why_not']}")
-    measured = s["step_time_s"]["median"]
+    measured = statistics.median(medians)
     # The run's mean per step over the projected step's bytes: a little above 1, since the first step's
     # window also holds the train command's start-up collectives (tests/e2e/project_agreement.cmake
     # checks one step's bytes exactly).
@@ -102,7 +128,9 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None):
         for r in range(np))
     return {
         "name": name, "np": np, "tp": tp, "pp": pp, "zero_stage": stage, "hosts": hosts or 1, "rate": rate,
-        "measured_step_s": measured, "predicted_step_s": lay["step_s"],
+        "load_1min": os.getloadavg()[0], "network_latency": latency, "shm_collective_s": p["machine"]["shm_latency_s"],
+        "loaded_stretch": p["machine"]["loaded_stretch"],
+        "measured_step_s": measured, "measured_runs_s": medians, "predicted_step_s": lay["step_s"],
         "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
         "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
         "predicted_bubble": lay["bubble"], "collectives_per_step": lay["collectives_per_step"], "measured_mfu": s.get("mfu", {}).get("mfu"), "predicted_mfu": lay["mfu"],
@@ -116,12 +144,16 @@ def main():
     ap.add_argument("--steps", type=int, default=8, help="training steps per run (the median excludes nothing)")
     ap.add_argument("--quick", action="store_true", help="np 1 and 2 only, 4 steps")
     ap.add_argument("--multihost", action="store_true", help="also two hosts of 2 ranks under tc (needs root)")
-    ap.add_argument("--latency", default="50us", help="the namespaces' link latency given to --network")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per configuration; the measured step is the median of their medians")
+    ap.add_argument("--idle", action="store_true", help="project an idle host's compute (without --as-loaded)")
+    ap.add_argument("--latency", default="", help="a fixed latency for --network (default: measured per rate)")
     args = ap.parse_args()
     if args.quick:
         args.steps = 4
     cases = [c for c in ONE_HOST if not args.quick or c[1] <= 2]
     rows = []
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         for name, np, tp, pp, stage in cases:
             rows.append(measure(args, tmp, name, np, tp, pp, stage))
@@ -129,14 +161,15 @@ def main():
                   file=sys.stderr)
         if args.multihost:
             for rate in MULTIHOST_RATES:
+                latency = network_latency(args, tmp, rate)
                 for stage in (1, 3):
                     name = f"2hosts_x2_zero{stage}_{rate}"
-                    rows.append(measure(args, tmp, name, 4, 1, 1, stage, hosts=2, rate=rate))
+                    rows.append(measure(args, tmp, name, 4, 1, 1, stage, hosts=2, rate=rate, latency=latency))
                     print(f"{name}: measured {rows[-1]['measured_step_s']:.4f} s, predicted "
                           f"{rows[-1]['predicted_step_s']:.4f} s", file=sys.stderr)
     ratios = [r["predicted_over_measured"] for r in rows if r["predicted_over_measured"]]
     out = {
-        "load": os.getloadavg(),
+        "load_at_start": load_at_start, "load_at_end": os.getloadavg(),
         "rows": rows,
         "within_15_percent": sum(1 for q in ratios if 0.85 <= q <= 1.15),
         "configurations": len(rows),

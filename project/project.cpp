@@ -18,7 +18,9 @@ namespace zs::project {
 // A layout's step on one rank of pipeline stage s, with m micro-batches per step and L_s layers:
 //   passes     F_s = L_s f + [last stage] f_rest, B_s likewise (measured at 2 layers with the layout's
 //              tensor-parallel slices, micro-batch and sequence, split by FLOPs; detail::measure_compute), times
-//              the oversubscription max(1, ranks per host / cores) when ranks share cores.
+//              the oversubscription max(1, ranks per host / cores) when ranks share cores (--as-loaded:
+//              times the collective probe's measured stretch of the compute at the present load,
+//              Note [collective probe]).
 //   tp, pp     the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
 //              parallelism's gathers and reduce-scatters) and the stage's point-to-point sends are on
 //              the critical path: their time is spread over the stage's passes.
@@ -31,8 +33,9 @@ namespace zs::project {
 //              (exposed); other collectives (the loss and norm's small all-reduces) are exposed.
 //   optimizer  the measured per-layer seconds over the rank's stepped share (1/dp at stages 1-3).
 //   step       pipeline + dp exposed + optimizer, of the slowest stage.
-// Every collective's time is detail::group_seconds: a latency per collective (shared memory's, or the
-// network's times its ring hops across hosts) plus bytes over bandwidth, the bytes being the
+// Every collective's time is detail::group_seconds: a cost per collective (inside a host the collective
+// probe's measured wait, Note [collective probe]; across hosts also the network's latency times its ring
+// hops, the latency given: the validation measures OpenMPI's TCP path) plus bytes over bandwidth, the bytes being the
 // measurement's: the engine's own code run as one rank of each shard class of each stage over simulated
 // groups that know their hosts, so they are the counters a real run reports (exact; tested).
 // Not modelled: compute slowed by the communication threads' own CPU time, MPI's spinning on shared
@@ -242,7 +245,8 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
                                : fmt::format("GPT n_layer {} d_model {} n_head {} seq_len {}", base.model->n_layer,
                                              base.model->d_model, base.model->n_head, base.model->seq_len);
   rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
-  rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host);
+  rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host) *
+                         (opt.as_loaded ? opt.machine.loaded_stretch : 1.0);
   // The measured engines' start-up lines (one per layout, stage and rank class) would bury the table.
   struct QuietEngines {
     spdlog::level::level_enum was = logger().level();

@@ -49,11 +49,21 @@ struct Machine {
   int cores_per_host = 1;          // CPUs the host's ranks share
   int threads_per_rank = 1;        // compute threads a rank runs with (launch's share: cores / ranks)
   double shm_bytes_per_s = 0.0;    // shared-memory collective bandwidth (a copy in and a copy out)
-  double shm_latency_s = 5e-6;     // per collective inside a host (comm_bench's small sizes: 3-5 us)
+  double shm_latency_s = 5e-6;     // per collective inside a host: the probe's wait
+  double loaded_stretch = 1.0;     // the probe's work: wall over CPU seconds at this machine's present load
 };
-// Measures the shared-memory bandwidth (memcpy of 16 MiB blocks, a copy into the window and one out) on
-// this machine; cores from the CPUs this process may use.
-Machine probe_machine(int ranks_per_host);
+// Measures the shared-memory bandwidth (memcpy of 16 MiB blocks, a copy into the window and one out) and
+// the cost of a small collective among the host's ranks (probe_collective) on this machine;
+// cores from the CPUs this process may use, or `cores_per_host` where > 0 (--cores-per-host).
+Machine probe_machine(int ranks_per_host, int cores_per_host = 0);
+// One small collective among `ranks` ranks sharing `cores` cores (Note [collective probe] in
+// project_compute.cpp): threads on this machine's cores in the same ratio of ranks to cores, each
+// working about 100 us and then meeting in a spinning barrier, for `seconds`.
+struct CollectiveProbe {
+  double wait_s = 0.0;   // the mean time a thread waits in the barrier beyond its peers' turns on its core
+  double stretch = 1.0;  // the work's wall seconds over its CPU seconds: the load's slowdown of the compute
+};
+CollectiveProbe probe_collective(int ranks, int cores, double seconds = 0.5);
 
 struct Options {
   int ranks = 1;
@@ -64,6 +74,10 @@ struct Options {
   int only_tp = 0;  // > 0: only this tensor-parallel degree (--tp)
   int only_pp = 0;  // > 0: only this pipeline-parallel degree (--pp)
   int exact_ranks = 16;  // up to this many data-parallel ranks, every rank is measured on its own
+  // false: the compute of an idle host (ranks beyond its cores time-share them: x ranks / cores); true
+  // (--as-loaded): of this machine at its present load (x ranks / cores x the probe's measured stretch),
+  // to compare with runs measured now.
+  bool as_loaded = false;
   // The program's own collectives at each step boundary over its groups (engine::MeasureGroups):
   // zeroshard project passes zeroshard train's (launch::agree_preempted), so the bytes are a train run's.
   std::function<void(std::span<const comm::Group* const>)> step_boundary;

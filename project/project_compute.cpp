@@ -4,14 +4,17 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "comm/group.h"
 #include "core/clock.h"
 #include "core/errors.h"
+#include "core/spin.h"
 #include "engine/engine.h"
 #include "estimate/estimate.h"
 #include "memory/backend.h"
@@ -58,11 +61,110 @@ Network parse_network(const std::string& text) {
   return {.bytes_per_s = *b, .latency_s = *l, .text = text};
 }
 
-Machine probe_machine(int ranks_per_host) {
+namespace {
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
+
+// Note [collective probe]
+// A small collective inside a host costs what its ranks wait for one another, and where they share
+// cores that is the scheduler's, not the copy's: comm's shared-memory collectives meet in spinning
+// barriers (Note [Polling] in comm/detail/runtime.h: spin, yielding when the node runs more ranks than
+// CPUs), so a collective ends when every rank has been on a core since it began. On 2 cores shared with
+// other processes that was 0.8 ms per tensor-parallel all-reduce (docs/scaling.md), against 3-5 us on an
+// idle machine (comm_bench). The projection runs as one process, so it measures this directly: the
+// host's R ranks on its C cores become R x c / C threads on this process's c CPUs (the same ratio of
+// ranks to cores; not pinned, as mpirun --bind-to none leaves ranks), each looping over about 100 us of arithmetic (a rank's work between two collectives)
+// and a barrier with comm's wait (pause; sched_yield when oversubscribed), for a fixed time. The cost of
+// a collective is the mean time a thread waits in the barrier: the peers' lateness when the scheduler
+// took their core during the work (stragglers), the wait for a peer that shares this thread's core, and
+// the handshake itself; the work's own slowdown under load is not in it (the compute is measured apart,
+// Note [projection model]). It carries the machine's load at the time of the projection (a quiet
+// machine measures microseconds, a loaded one up to milliseconds: what a run at that load pays). Threads
+// rather than processes: the scheduler treats both alike, and threads need no shared mapping. Rounds
+// are one barrier, not a collective's several phases: comm's small collectives make one handshake per
+// call (Note [Small collectives]). Where R > C, a thread also waits while its peers take their turns on
+// its core: (R / C - 1) times its own work per round, which the compute's oversubscription factor R / C
+// already counts, so that part is taken off the wait. The same threads' work gives the load's stretch
+// of a rank's compute now: its wall seconds over its CPU seconds (1 on an idle machine, more under
+// load, where other processes take turns on the cores), which --as-loaded multiplies the compute by,
+// to time the step as runs measured at that load see it.
+// Not measured: groups larger than the probe's threads pay more rounds (a ring's or tree's steps);
+// the model charges one probe round per collective whatever the group's size. Where ranks spin on
+// shared cores the wait is bimodal: whether the scheduler leaves two spinning ranks on one core decides
+// it for a whole run (docs/scaling.md measured tp 2 at 0.027 and 0.084 s per step minutes apart), so
+// probe_machine takes the median of five short probes, each with threads placed anew.
+CollectiveProbe probe_collective(int ranks, int cores, double seconds) {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int have = sched_getaffinity(0, sizeof(allowed), &allowed) == 0 ? std::max(1, CPU_COUNT(&allowed)) : 1;
+  // R ranks on C cores as threads on this process's cores in the same ratio (not pinned: ranks move
+  // between cores as the scheduler likes, and pinning them to a core another process holds would
+  // measure that process).
+  const int use_cores = have;
+  const int threads = std::max(1, static_cast<int>(std::lround(static_cast<double>(ranks) * have / std::max(1, cores))));
+  const bool yield = threads > use_cores;
+  std::atomic<int> arrived{0}, generation{0};
+  std::atomic<bool> stop{false};
+  std::vector<double> waited(static_cast<size_t>(threads), 0.0), work_wall(waited), work_cpu(waited);
+  std::vector<long> rounds(static_cast<size_t>(threads), 0);
+  const double t0 = now_seconds();
+  auto body = [&](int me) {
+    volatile double sink = 0;
+    while (true) {
+      // A rank's work between two collectives (about 100 us on one core), then the barrier.
+      const double start = now_seconds(), cpu0 = thread_cpu_seconds();
+      double x = 1.0;
+      for (int i = 0; i < 40000; ++i) x = x * 1.0000001 + 1e-9;
+      sink = sink + x;
+      const double arrive = now_seconds();
+      work_wall[static_cast<size_t>(me)] += arrive - start;
+      work_cpu[static_cast<size_t>(me)] += thread_cpu_seconds() - cpu0;
+      const int gen = generation.load(std::memory_order_acquire);
+      if (arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == threads) {
+        arrived.store(0, std::memory_order_relaxed);
+        if (now_seconds() - t0 >= seconds) stop.store(true, std::memory_order_relaxed);
+        generation.fetch_add(1, std::memory_order_release);
+      } else {
+        while (generation.load(std::memory_order_acquire) == gen) {
+          cpu_relax();
+          if (yield) sched_yield();
+        }
+      }
+      waited[static_cast<size_t>(me)] += now_seconds() - arrive;
+      ++rounds[static_cast<size_t>(me)];
+      if (stop.load(std::memory_order_relaxed)) return;
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(body, t);
+  for (std::thread& t : pool) t.join();
+  double total = 0, wall = 0, cpu = 0;
+  long n = 0;
+  for (size_t t = 0; t < static_cast<size_t>(threads); ++t) {
+    total += waited[t];
+    wall += work_wall[t];
+    cpu += work_cpu[t];
+    n += rounds[t];
+  }
+  // A thread of R on C < R cores waits in the barrier while its peers take their turns on its core:
+  // (R / C - 1) times its own work, the time-sharing the compute's R / C factor already counts. The wait
+  // beyond that is the collective's; the work's wall over CPU seconds is the load's stretch of it.
+  const double per_round_cpu = cpu / static_cast<double>(std::max(1L, n));
+  const double shared = std::max(1.0, static_cast<double>(threads) / use_cores) - 1.0;
+  const double wait = total / static_cast<double>(std::max(1L, n)) - shared * per_round_cpu;
+  return {.wait_s = threads > 1 ? std::max(0.0, wait) : 0.0, .stretch = cpu > 0 ? std::max(1.0, wall / cpu) : 1.0};
+}
+
+Machine probe_machine(int ranks_per_host, int cores_per_host) {
   Machine m;
   cpu_set_t set;
   CPU_ZERO(&set);
   m.cores_per_host = sched_getaffinity(0, sizeof(set), &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
+  if (cores_per_host > 0) m.cores_per_host = cores_per_host;
   m.threads_per_rank = std::max(1, m.cores_per_host / std::max(1, ranks_per_host));
   // A shared-memory collective copies each byte into the node's window and out again: half memcpy's rate
   // (blocks of 16 MiB: beyond the caches, as the large collectives the projection times).
@@ -76,6 +178,18 @@ Machine probe_machine(int ranks_per_host) {
     a[static_cast<size_t>(rep)] = b[static_cast<size_t>(rep) + 1];  // keep the copies
   }
   m.shm_bytes_per_s = static_cast<double>(n) / best / 2.0;
+  // Five probes of 0.1 s, each with threads placed anew by the scheduler (where it puts ranks that
+  // share cores with other processes decides their wait: Note [collective probe]); the medians.
+  std::vector<double> waits, stretches;
+  for (int i = 0; i < 5; ++i) {
+    const CollectiveProbe probe = probe_collective(ranks_per_host, m.cores_per_host, 0.1);
+    waits.push_back(probe.wait_s);
+    stretches.push_back(probe.stretch);
+  }
+  std::sort(waits.begin(), waits.end());
+  std::sort(stretches.begin(), stretches.end());
+  m.shm_latency_s = waits[2];
+  m.loaded_stretch = stretches[2];
   return m;
 }
 

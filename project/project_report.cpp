@@ -21,11 +21,14 @@ std::string format_report(const Report& rep, int rows) {
   const Options& o = rep.options;
   std::string out = fmt::format(
       "{} on {} ranks, {} per host ({} host(s)); network {}; host: {} cores, {} compute thread(s) per rank{}; shared "
-      "memory {:.2f} GB/s, {:.1f} us per collective; one rank's peak {:.1f} GFLOP/s\n",
+      "memory {:.2f} GB/s, {:.1f} us per collective (measured); one rank's peak {:.1f} GFLOP/s{}\n",
       rep.model, o.ranks, o.ranks_per_host, o.ranks / o.ranks_per_host, o.network.text.empty() ? "none" : o.network.text,
       o.machine.cores_per_host, o.machine.threads_per_rank,
-      rep.oversubscription > 1 ? fmt::format(" (ranks share cores: compute x{:.2f})", rep.oversubscription) : std::string(),
-      o.machine.shm_bytes_per_s / 1e9, o.machine.shm_latency_s * 1e6, rep.peak_flops_per_s / 1e9);
+      o.ranks_per_host > o.machine.cores_per_host
+          ? fmt::format(" (ranks share cores: compute x{:.2f})", static_cast<double>(o.ranks_per_host) / o.machine.cores_per_host)
+          : std::string(),
+      o.machine.shm_bytes_per_s / 1e9, o.machine.shm_latency_s * 1e6, rep.peak_flops_per_s / 1e9,
+      o.as_loaded ? fmt::format("; at the present load (compute x{:.2f})", o.machine.loaded_stretch) : std::string());
   out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>10} {:>9} {:>7} {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n", "dp", "tp",
                      "pp", "ZeRO", "step", "tokens/s", "MFU", "bubble", "dp comm", "exposed", "tp comm", "bytes/rank",
                      "peak/rank", "fit");
@@ -92,7 +95,9 @@ boost::json::object report_to_json(const Report& rep) {
            {{"cores_per_host", o.machine.cores_per_host},
             {"threads_per_rank", o.machine.threads_per_rank},
             {"shm_bytes_per_s", o.machine.shm_bytes_per_s},
-            {"shm_latency_s", o.machine.shm_latency_s}}},
+            {"shm_latency_s", o.machine.shm_latency_s},
+            {"loaded_stretch", o.machine.loaded_stretch}}},
+          {"as_loaded", o.as_loaded},
           {"peak_flops_per_s", rep.peak_flops_per_s},
           {"oversubscription", rep.oversubscription},
           {"layouts", std::move(layouts)}};

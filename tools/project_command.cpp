@@ -32,7 +32,7 @@ namespace po = boost::program_options;
 constexpr const char* kProjectUsage =
     "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R] [--network BW,LATENCY]\n"
     "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--exact-ranks K]\n"
-    "                         [--rows K] [--json FILE]\n"
+    "                         [--rows K] [--json FILE] [--as-loaded]\n"
     "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
     "  --network BW,LATENCY: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several hosts)\n"
     "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n";
@@ -76,6 +76,7 @@ int run(const po::variables_map& vm) {
   if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
   if (vm.count("pp")) opt.only_pp = vm["pp"].as<int>();
   opt.exact_ranks = vm["exact-ranks"].as<int>();
+  opt.as_loaded = vm.count("as-loaded") > 0;
   if (vm.count("tp") && opt.only_tp < 1) throw ConfigError(fmt::format("--tp: must be at least 1, got {}", opt.only_tp));
   if (vm.count("pp") && opt.only_pp < 1) throw ConfigError(fmt::format("--pp: must be at least 1, got {}", opt.only_pp));
   if (opt.max_tp < 1) throw ConfigError(fmt::format("--max-tp: must be at least 1, got {}", opt.max_tp));
@@ -88,13 +89,10 @@ int run(const po::variables_map& vm) {
   }
   // The host's ranks: the given ones, else (one host each) the first world size's.
   const int host_ranks = opt.ranks_per_host > 0 ? opt.ranks_per_host : world_sizes.front();
-  opt.machine = project::probe_machine(host_ranks);
-  if (vm.count("cores-per-host")) {
-    const int c = vm["cores-per-host"].as<int>();
-    if (c < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", c));
-    opt.machine.cores_per_host = c;
-    opt.machine.threads_per_rank = std::max(1, c / host_ranks);
-  }
+  const int cores = vm.count("cores-per-host") ? vm["cores-per-host"].as<int>() : 0;
+  if (vm.count("cores-per-host") && cores < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", cores));
+  // Once per invocation: every layout and world size is charged the same measured collective.
+  opt.machine = project::probe_machine(host_ranks, cores);
   // The compute is measured with the threads a rank of that host would get (launch's share); a host of
   // more cores than this machine's is measured with this machine's.
   launch::set_blas_threads(std::min(host_ranks, opt.machine.cores_per_host));
@@ -133,6 +131,7 @@ int project_command(const std::vector<std::string>& args) {
       "exact-ranks", po::value<int>()->default_value(16),
       "up to this many data-parallel ranks each is measured on its own (exact bytes per rank at stage 3)")(
       "rows", po::value<int>()->default_value(10), "layouts shown in the table")(
+      "as-loaded", "time the compute at this machine's present load (measured) instead of an idle host's")(
       "json", po::value<std::string>(), "also write the projection as JSON to FILE");
   po::variables_map vm;
   if (!parse_command_line("project", args, opts, kProjectUsage, vm)) return 2;

@@ -112,3 +112,16 @@ TEST(Project, RefusesLayoutsWithAReason) {
 
 }  // namespace
 }  // namespace zs::project
+
+TEST(Project, CollectiveProbeMeasuresTheWaitOfRanksSharingCores) {
+  using zs::project::probe_collective;
+  EXPECT_EQ(probe_collective(1, 2, 0.05).wait_s, 0.0);  // no peers: no collective
+  // Two ranks on one core: each waits in the barrier while the other works; what the compute's
+  // oversubscription factor (2) already counts is taken off, and what is left is bounded by the probe.
+  const zs::project::CollectiveProbe shared = probe_collective(2, 1, 0.05);
+  EXPECT_GE(shared.wait_s, 0.0);
+  EXPECT_LT(shared.wait_s, 0.05);
+  EXPECT_GE(shared.stretch, 1.0);
+  // A host of more cores than this machine is probed in the same ratio of ranks to cores.
+  EXPECT_GT(probe_collective(64, 64, 0.05).wait_s, 0.0);
+}
