@@ -15,7 +15,6 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
-#include <sstream>
 
 #include "core/errors.h"
 #include "core/json.h"
@@ -257,19 +256,8 @@ int estimate_command(const std::vector<std::string>& args) {
       "pipeline stage 0..P-1 to estimate, or all (model.pipeline_parallel_size P > 1)")(
       "json", "print the estimate as one JSON object on stdout");
   po::variables_map vm;
-  if (!parse_command_line("estimate", args, opts, kEstimateUsage, vm)) return 2;
-  if (vm.count("help")) {
-    std::ostringstream o;
-    o << opts;
-    std::printf("%s\n%s", kEstimateUsage, o.str().c_str());
-    return 0;
-  }
-  try {
-    return run(vm);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
-    return 1;
-  }
+  if (const std::optional<int> code = parse_or_help("estimate", args, opts, kEstimateUsage, vm)) return *code;
+  return run_reporting_errors(run, vm);
 }
 
 }  // namespace zs::tools

@@ -1,7 +1,9 @@
 #include "tools/options.h"
 
 #include <cstdio>
+#include <sstream>
 
+#include "core/errors.h"
 #include "core/json.h"
 
 namespace zs::tools {
@@ -30,6 +32,25 @@ bool parse_command_line(const std::string& command, const std::vector<std::strin
     return false;
   }
   return true;
+}
+
+std::optional<int> parse_or_help(const std::string& command, const std::vector<std::string>& args,
+                                 const po::options_description& opts, const char* usage, po::variables_map& vm) {
+  if (!parse_command_line(command, args, opts, usage, vm)) return 2;
+  if (vm.count("help") == 0) return std::nullopt;
+  std::ostringstream o;
+  o << opts;
+  std::printf("%s\n%s", usage, o.str().c_str());
+  return 0;
+}
+
+int run_reporting_errors(int (*body)(const po::variables_map&), const po::variables_map& vm) {
+  try {
+    return body(vm);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
+    return 1;
+  }
 }
 
 std::string did_you_mean_option(const std::string& given, const std::vector<std::string>& options) {

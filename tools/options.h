@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,17 @@ namespace zs::tools {
 bool parse_command_line(const std::string& command, const std::vector<std::string>& args,
                         const boost::program_options::options_description& opts, const char* usage,
                         boost::program_options::variables_map& vm);
+
+// parse_command_line, then --help: returns the exit code when the command ends here (2 after a bad
+// command line, 0 after printing `usage` and the options for --help), nullopt when it goes on.
+std::optional<int> parse_or_help(const std::string& command, const std::vector<std::string>& args,
+                                 const boost::program_options::options_description& opts, const char* usage,
+                                 boost::program_options::variables_map& vm);
+
+// Runs a command's body: a zeroshard error (zs::Error) prints as "zeroshard: error: <what>" and
+// ends the command with 1.
+int run_reporting_errors(int (*body)(const boost::program_options::variables_map&),
+                         const boost::program_options::variables_map& vm);
 
 // The closest of `options` (long names, without "--") to the misspelt `given` ("--step"), as
 // "; did you mean '--steps'?", or "" when none is close.

@@ -13,7 +13,6 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "core/errors.h"
 #include "core/json.h"
@@ -134,19 +133,8 @@ int project_command(const std::vector<std::string>& args) {
       "as-loaded", "time the compute at this machine's present load (measured) instead of an idle host's")(
       "json", po::value<std::string>(), "also write the projection as JSON to FILE");
   po::variables_map vm;
-  if (!parse_command_line("project", args, opts, kProjectUsage, vm)) return 2;
-  if (vm.count("help")) {
-    std::ostringstream o;
-    o << opts;
-    std::printf("%s\n%s", kProjectUsage, o.str().c_str());
-    return 0;
-  }
-  try {
-    return run(vm);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
-    return 1;
-  }
+  if (const std::optional<int> code = parse_or_help("project", args, opts, kProjectUsage, vm)) return *code;
+  return run_reporting_errors(run, vm);
 }
 
 }  // namespace zs::tools

@@ -82,15 +82,8 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
       "start from safetensors weights (model.safetensors, its index, or a directory holding either); each rank "
       "reads only the elements it holds");
   po::variables_map vm;
-  if (!parse_command_line("train", args, opts, kTrainUsage, vm)) {
-    code = 2;
-    return std::nullopt;
-  }
-  if (vm.count("help")) {
-    std::ostringstream o;
-    o << opts;
-    std::printf("%s\n%s", kTrainUsage, o.str().c_str());
-    code = 0;
+  if (const std::optional<int> ended = parse_or_help("train", args, opts, kTrainUsage, vm)) {
+    code = *ended;
     return std::nullopt;
   }
   if (!vm.count("config")) {
