@@ -138,11 +138,7 @@ Group Group::simulated(int rank, int size, const std::string& name, std::vector<
   state->size = size;
   state->name = name;
   state->simulated = true;
-  if (!hosts.empty()) {  // as Runtime sets a real group's (runtime.cpp): one host is no host list
-    state->host_members = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
-    if (state->host_members < size) state->hosts = std::move(hosts);
-    else state->host_members = 1;
-  }
+  if (!hosts.empty()) state->set_hosts(std::move(hosts));  // as a real group's
   state->transport = detail::make_transport(*state);
   return Group(std::move(state));
 }

@@ -35,11 +35,15 @@ void GroupState::init_handshake_comm() {
   if (local() || handshake_comm != MPI_COMM_NULL) return;
   ZS_MPI_CHECK(MPI_Comm_dup(comm, &handshake_comm), "duplicating the communicator of {} for handshakes", where());
   runtime->notices()->add(*this);  // Note [Waits across groups]
-  hosts.clear();  // Note [Bytes across hosts]: empty when every member is on one host
-  for (const int w : world_ranks) hosts.push_back(runtime->host_of(w));
-  host_members = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[static_cast<size_t>(rank)]));
-  if (host_members == size) hosts.clear();
+  std::vector<int> of;
+  for (const int w : world_ranks) of.push_back(runtime->host_of(w));
+  set_hosts(std::move(of));
   init_shm_group(*this);  // comm/detail/shm.h: with the group, so no collective body waits untimed
+}
+
+void GroupState::set_hosts(std::vector<int> of) {
+  host_members = static_cast<int>(std::count(of.begin(), of.end(), of[static_cast<size_t>(rank)]));
+  hosts = host_members == size ? std::vector<int>() : std::move(of);  // Note [Bytes across hosts]
 }
 
 void GroupState::mark_broken(std::string why) {

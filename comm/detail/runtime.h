@@ -127,10 +127,12 @@ struct GroupState {
   // them, those across hosts (Note [Bytes across hosts] in comm/config.h): Group::bytes_inter_host.
   std::atomic<uint64_t> bytes_sent{0};
   std::atomic<uint64_t> bytes_inter_host{0};
-  // The host of each member (Runtime::host_of, in group rank order; empty for a local or simulated
-  // group: one host) and how many members share this rank's host (itself included). Set with the group.
+  // The host of each member (Runtime::host_of, in group rank order; empty for a local group, a simulated
+  // one given no hosts, or one host) and how many members share this rank's host (itself included). Set with the group.
   std::vector<int> hosts;
   int host_members = 1;
+  // Sets both from the host of each member (group rank order): `hosts` stays empty on one host.
+  void set_hosts(std::vector<int> of);
   std::string broken;  // non-empty once a timeout left this communicator unusable (guarded by mu)
   // Whether `broken` is set, read by every op without the lock (Note [Lean small path] in
   // comm/detail/small.h).
