@@ -11,11 +11,15 @@ their ratio, and the run's mean bytes per step over the projected step's (bytes_
 
 --multihost adds two hosts of 2 ranks each (tests/multihost/hosts.sh: network namespaces, the link shaped
 with tc tbf to 100mbit, 1gbit and 10gbit) at ZeRO stages 1 and 3, projected with --ranks-per-host 2 and
---network RATE,LATENCY. LATENCY is measured here, per rate, just before the runs: what a message between
-the hosts costs through OpenMPI's TCP path on this machine (the projection, one process, cannot measure
-the namespaces' network itself): comm_bench's 1 KiB allreduce over the same 2 hosts x 2 ranks, halved,
-since an allreduce across 2 hosts crosses them twice (project_compute.cpp's hops). --latency gives a
-fixed one instead.
+--network BANDWIDTH,LATENCY, both measured here, per rate, just before the runs (the projection, one process,
+cannot measure the namespaces' network itself): comm_bench's allgather over the same 2 hosts x 2 ranks at
+1 KiB to 1 MiB (x4 steps: the sizes of the runs' gathers and gradient buckets), fitted to the model's own
+charge for that collective (project_compute.cpp's group_seconds): an allgather of B bytes over 2 hosts of
+2 ranks crosses the hosts once (hops 1) and each rank sends B/2 across while its host's other rank does the
+same, so t(B) = LATENCY + B / BANDWIDTH. LATENCY is t(1 KiB) (OpenMPI's TCP path's per-message cost,
+rendezvous included); BANDWIDTH is the least-squares slope of t(B) - LATENCY over the larger sizes: what the
+link delivers to both ranks' streams through one tc queue, not tc's nominal rate. --network gives a fixed
+BANDWIDTH,LATENCY instead (the rate's nominal figure, say).
 """
 import argparse
 import json
@@ -68,23 +72,30 @@ def run(cmd, name):
     return r.stdout
 
 
-def network_latency(args, tmp, rate):
-    """Seconds per crossing of a small collective between 2 hosts of 2 ranks at `rate` (see the top)."""
-    if args.latency:
-        return args.latency
+def network_fit(args, tmp, rate):
+    """The link between 2 hosts of 2 ranks at `rate` as the model charges it (see the top): a dict with
+    the --network text, the fitted latency and bandwidth and comm_bench's measured times per size."""
+    if args.network:
+        return {"network": args.network}
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "comm_bench")
     out = os.path.join(tmp, f"comm_bench_{rate}.json")
     cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", "2", "--slots", "2", "--rate", rate, "--",
-           "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4", bench, "--collective", "allreduce",
-           "--min-kib", "1", "--max-bytes", "1024", "--reps", "15", "--warmup", "3", "--arena", "0", "--json", out]
+           "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "4", bench, "--collective", "allgather",
+           "--min-kib", "1", "--max-mib", "1", "--reps", "7", "--warmup", "2", "--arena", "0", "--json", out]
     run(cmd, f"comm_bench over 2 hosts at {rate}")
     with open(out) as f:
         r = json.load(f)
-    t = next(x["time_s"] for x in r["results"] if x["collective"] == "allreduce")
-    return f"{t / 2 * 1e6:.1f}us"
+    times = sorted((x["bytes"], x["time_s"]) for x in r["results"] if x["collective"] == "allgather")
+    latency = times[0][1]
+    big = [(b, t - latency) for b, t in times[1:]]
+    slope = sum(b * t for b, t in big) / sum(b * b for b, _ in big)  # seconds per byte, through the origin
+    bandwidth = 1.0 / slope if slope > 0 else float("inf")
+    return {"network": f"{bandwidth:.0f}bps,{latency * 1e6:.1f}us", "latency_s": latency, "bytes_per_s": bandwidth,
+            "allgather_s_by_bytes": {str(b): t for b, t in times},
+            "fit_over_measured_by_bytes": {str(b): (latency + b * slope) / t for b, t in times}}
 
 
-def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, latency=None):
+def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, link=None):
     cfg = config_for(np, tp, pp, stage, args.steps)
     path = os.path.join(tmp, name + ".json")
     summary = os.path.join(tmp, name + ".summary.json")
@@ -112,7 +123,7 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, latency=N
         proj.append("--as-loaded")  # the runs above were measured at the machine's present load
     if hosts:
         # The "hosts" are namespaces of this one machine: they share its cores.
-        proj += ["--network", f"{rate},{latency}", "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
+        proj += ["--network", link["network"], "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
     run(proj, name + " (project)")
     with open(projection) as f:
         p = json.load(f)
@@ -128,7 +139,7 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, latency=N
         for r in range(np))
     return {
         "name": name, "np": np, "tp": tp, "pp": pp, "zero_stage": stage, "hosts": hosts or 1, "rate": rate,
-        "load_1min": os.getloadavg()[0], "network_latency": latency, "shm_collective_s": p["machine"]["shm_latency_s"],
+        "load_1min": os.getloadavg()[0], "network": link, "shm_collective_s": p["machine"]["shm_latency_s"],
         "loaded_stretch": p["machine"]["loaded_stretch"],
         "measured_step_s": measured, "measured_runs_s": medians, "predicted_step_s": lay["step_s"],
         "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
@@ -147,7 +158,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per configuration; the measured step is the median of their medians")
     ap.add_argument("--idle", action="store_true", help="project an idle host's compute (without --as-loaded)")
-    ap.add_argument("--latency", default="", help="a fixed latency for --network (default: measured per rate)")
+    ap.add_argument("--network", default="",
+                    help="a fixed BANDWIDTH,LATENCY for the two-host rows (default: measured per rate, see the top)")
     args = ap.parse_args()
     if args.quick:
         args.steps = 4
@@ -161,10 +173,10 @@ def main():
                   file=sys.stderr)
         if args.multihost:
             for rate in MULTIHOST_RATES:
-                latency = network_latency(args, tmp, rate)
+                link = network_fit(args, tmp, rate)
                 for stage in (1, 3):
                     name = f"2hosts_x2_zero{stage}_{rate}"
-                    rows.append(measure(args, tmp, name, 4, 1, 1, stage, hosts=2, rate=rate, latency=latency))
+                    rows.append(measure(args, tmp, name, 4, 1, 1, stage, hosts=2, rate=rate, link=link))
                     print(f"{name}: measured {rows[-1]['measured_step_s']:.4f} s, predicted "
                           f"{rows[-1]['predicted_step_s']:.4f} s", file=sys.stderr)
     ratios = [r["predicted_over_measured"] for r in rows if r["predicted_over_measured"]]

@@ -27,10 +27,12 @@ namespace zs::project {
 //   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
-//              overlap the last backward pass (the engine launches each bucket as it fills; exposed:
-//              what exceeds one B_s); stage-3 parameter gathers are prefetched during the passes
-//              (exposed: what exceeds m (F + B)); stage 1-2 parameter all-gathers follow the optimizer
-//              (exposed); other collectives (the loss and norm's small all-reduces) are exposed.
+//              overlap the last backward pass (the engine launches each bucket as it fills on the comm
+//              worker; exposed: what exceeds one B_s); stage-3 parameter gathers run on the calling
+//              thread, prefetches included (Note [synchronous gathers] in engine/detail/param_gatherer.h:
+//              the CPU device has no copy engine), so all of them are exposed; stage 1-2 parameter
+//              all-gathers follow the optimizer (exposed); other collectives (the loss and norm's small
+//              all-reduces) are exposed.
 //   optimizer  the measured per-layer seconds over the rank's stepped share (1/dp at stages 1-3).
 //   step       pipeline + dp exposed + optimizer, of the slowest stage.
 // Every collective's time is detail::group_seconds: a cost per collective (inside a host the collective
@@ -185,8 +187,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
   double flops = 0;
   for (const StageTime& st : stages) {
     const double window = static_cast<double>(m) * st.backward;  // the gradients' buckets overlap backward
-    const double gathers = p.zero_stage == 3 ? std::max(0.0, st.dp_gather - static_cast<double>(m) * (st.forward + st.backward))
-                                             : st.dp_gather;
+    const double gathers = st.dp_gather;  // synchronous at every stage (Note [projection model])
     const double grads = std::max(0.0, st.dp_grad - std::min(window, st.backward));
     const double exposed = grads + gathers + st.dp_other;
     const double step = p.pipeline_s + exposed + st.optimizer;
