@@ -131,7 +131,20 @@ bool agree(const comm::Group& group, F&& fn) {
   } catch (const std::exception&) {
     local = std::current_exception();
   }
-  const std::optional<comm::RankFailure> failure = comm::agree_outcome(group, local);
+  std::optional<comm::RankFailure> failure;
+  try {
+    failure = comm::agree_outcome(group, local);
+  } catch (const CommError& e) {
+    // The agreement itself failed (another rank is in a different collective, or gone): no rank can
+    // learn the outcome, so this one ends the job, with its own error first when it had one.
+    std::string mine;
+    try {
+      if (local) std::rethrow_exception(local);
+    } catch (const std::exception& x) {
+      mine = x.what();
+    }
+    comm::World::abort(mine.empty() ? std::string(e.what()) : fmt::format("{} (agreeing on it across ranks failed: {})", mine, e.what()), 1);
+  }
   if (!failure) return true;
   if (failure->rank == group.rank()) {
     if (group.size() > 1) std::fprintf(stderr, "zeroshard: rank %d: error: %s\n", group.rank(), failure->message.c_str());
