@@ -67,30 +67,43 @@ def two_hosts(args, extra_hosts=()):
     return [args.hosts_sh, "--hosts", "2", "--slots", "2", *extra_hosts, "--"]
 
 
+def one_and_two_hosts(args, label, config, prefix, failures, extra_hosts=()):
+    """Trains `config` on N ranks of one host, then of two hosts of R; their losses and param_digest
+    must be equal. Returns both summaries (one host, two hosts), None after a failed run, or 77 when
+    this machine cannot make the namespaces. Failures are appended to `failures`, named by `label`."""
+    one, two = (os.path.join(args.out, f"{prefix}_{w}") for w in ("one", "two"))
+    train = [args.zeroshard, "train", "--config", config, "--summary"]
+    rc = run(["mpirun", "--oversubscribe", "-np", str(N)] + train + [one + ".json"], one + ".log")
+    if rc != 0:
+        failures.append(f"{label}: one host failed (exit {rc}, {one}.log)")
+        return None
+    rc = run(two_hosts(args, extra_hosts) + ["-np", str(N)] + train + [two + ".json"], two + ".log")
+    if rc == 77:
+        print(open(two + ".log").read().strip())
+        return 77
+    if rc != 0:
+        failures.append(f"{label}: two hosts failed (exit {rc}, {two}.log)")
+        return None
+    a, b = (json.load(open(p + ".json")) for p in (one, two))
+    if a["loss_history"] != b["loss_history"]:
+        failures.append(f"{label}: losses differ: one host {a['loss_history']}, two hosts {b['loss_history']}")
+    if a["param_digest"] != b["param_digest"]:
+        failures.append(f"{label}: param_digest differs: one host {a['param_digest']}, two hosts {b['param_digest']}")
+    return a, b
+
+
 def check_equal(args):
     failures = []
     table = []
     for stage in range(4):
         cfg = write_config(args, stage, f"stage{stage}")
-        one, two = (os.path.join(args.out, f"stage{stage}_{w}") for w in ("one", "two"))
-        train = [args.zeroshard, "train", "--config", cfg, "--summary"]
-        rc = run(["mpirun", "--oversubscribe", "-np", str(N)] + train + [one + ".json"], one + ".log")
-        if rc != 0:
-            failures.append(f"stage {stage}: one host failed (exit {rc}, {one}.log)")
-            continue
         stats = os.path.join(args.out, f"stage{stage}_links.txt")
-        rc = run(two_hosts(args, ["--stats", stats]) + ["-np", str(N)] + train + [two + ".json"], two + ".log")
-        if rc == 77:
-            print(open(two + ".log").read().strip())
+        got = one_and_two_hosts(args, f"stage {stage}", cfg, f"stage{stage}", failures, ["--stats", stats])
+        if got == 77:
             return 77
-        if rc != 0:
-            failures.append(f"stage {stage}: two hosts failed (exit {rc}, {two}.log)")
+        if got is None:
             continue
-        a, b = (json.load(open(p + ".json")) for p in (one, two))
-        if a["loss_history"] != b["loss_history"]:
-            failures.append(f"stage {stage}: losses differ: one host {a['loss_history']}, two hosts {b['loss_history']}")
-        if a["param_digest"] != b["param_digest"]:
-            failures.append(f"stage {stage}: param_digest differs: one host {a['param_digest']}, two hosts {b['param_digest']}")
+        a, b = got
         for r in a["comm"]["per_rank"]:
             if r["bytes_sent_inter_host"] != 0 or r["bytes_sent_intra_host"] != r["bytes_sent"]:
                 failures.append(f"stage {stage}: one host, rank {r['rank']} counts bytes across hosts: {r}")
@@ -142,24 +155,12 @@ def check_zeropp(args):
         path = os.path.join(args.out, f"zeropp_{name}.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        one, two = (os.path.join(args.out, f"zeropp_{name}_{w}") for w in ("one", "two"))
-        train = [args.zeroshard, "train", "--config", path, "--summary"]
-        rc = run(["mpirun", "--oversubscribe", "-np", str(N)] + train + [one + ".json"], one + ".log")
-        if rc != 0:
-            failures.append(f"{name}: one host failed (exit {rc}, {one}.log)")
-            continue
-        rc = run(two_hosts(args) + ["-np", str(N)] + train + [two + ".json"], two + ".log")
-        if rc == 77:
-            print(open(two + ".log").read().strip())
+        got = one_and_two_hosts(args, name, path, f"zeropp_{name}", failures)
+        if got == 77:
             return 77
-        if rc != 0:
-            failures.append(f"{name}: two hosts failed (exit {rc}, {two}.log)")
+        if got is None:
             continue
-        a, b = (json.load(open(p + ".json")) for p in (one, two))
-        if a["loss_history"] != b["loss_history"]:
-            failures.append(f"{name}: losses differ: one host {a['loss_history']}, two hosts {b['loss_history']}")
-        if a["param_digest"] != b["param_digest"]:
-            failures.append(f"{name}: param_digest differs: one host {a['param_digest']}, two hosts {b['param_digest']}")
+        a, b = got
         psi, steps, ops = b["params_total"], b["steps"], b["comm"]["ops"]
         model = sum(ops.get(k, {}).get("bytes_inter_host", 0) for k in ("allgatherv", "reduce_scatter", "alltoallv")) / steps
         pieces = (N - R) * sum(ops.get(k, {}).get("count", 0) for k in ("allgatherv", "alltoallv")) / steps
