@@ -75,16 +75,17 @@ SharedArena::SharedArena(const Group& group, const memory::SharedMapping* mine) 
   view->id = (static_cast<int64_t>(first_world) << 40) | max_seq;
   view->base.assign(static_cast<size_t>(node->node_size()), nullptr);
   view->bytes.assign(static_cast<size_t>(node->node_size()), 0);
-  view->base[static_cast<size_t>(node->node_rank())] = static_cast<const unsigned char*>(mine->data());
+  view->base[static_cast<size_t>(node->node_rank())] = static_cast<unsigned char*>(mine->data());
   view->bytes[static_cast<size_t>(node->node_rank())] = mine->size();
   std::string error;
   for (int p = 0; p < g.size && error.empty(); ++p) {
     if (p == g.rank || at(p, kNodeId) != node->node_id()) continue;
     const size_t peer_bytes = u32(at(p, kBytesLo)) | (u32(at(p, kBytesHi)) << 32);
-    memory::SharedMapping m = memory::SharedMapping::open_peer(at(p, kPid), at(p, kFd), peer_bytes, error);
+    memory::SharedMapping m = memory::SharedMapping::open_peer(at(p, kPid), at(p, kFd), peer_bytes, error,
+                                                                       memory::PeerAccess::kReadWrite);
     if (!m) break;
     const size_t r = static_cast<size_t>(at(p, kNodeRank));
-    view->base[r] = static_cast<const unsigned char*>(m.data());
+    view->base[r] = static_cast<unsigned char*>(m.data());
     view->bytes[r] = peer_bytes;
     view->peers.push_back(std::move(m));
   }

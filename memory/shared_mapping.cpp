@@ -30,15 +30,16 @@ SharedMapping SharedMapping::create(size_t bytes) {
   return m;
 }
 
-SharedMapping SharedMapping::open_peer(int pid, int fd, size_t bytes, std::string& error) {
+SharedMapping SharedMapping::open_peer(int pid, int fd, size_t bytes, std::string& error, PeerAccess access) {
   const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
+  const bool write = access == PeerAccess::kReadWrite;
   SharedMapping m;
-  const int own = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int own = ::open(path.c_str(), (write ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (own < 0) {
     error = fmt::format("cannot open {}: {}", path, std::strerror(errno));
     return m;
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, own, 0);
+  void* p = ::mmap(nullptr, bytes, write ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, own, 0);
   const int mmap_errno = errno;
   ::close(own);  // the mapping keeps the pages
   if (p == MAP_FAILED) {

@@ -3,7 +3,8 @@
 //
 //   SharedMapping mine = SharedMapping::create(bytes);              // read-write, this process's
 //   // ... another process learns (getpid(), mine.fd(), mine.size()) and maps the same pages:
-//   SharedMapping peer = SharedMapping::open_peer(pid, fd, bytes);   // read-only
+//   SharedMapping peer = SharedMapping::open_peer(pid, fd, bytes, error);   // read-only
+//   SharedMapping both = SharedMapping::open_peer(pid, fd, bytes, error, PeerAccess::kReadWrite);
 //
 // Note [Shared arena memory]
 // The pages come from memfd_create, not from a named file in /dev/shm (MPI_Win_allocate_shared, shm_open):
@@ -26,15 +27,22 @@
 
 namespace zs::memory {
 
+// How open_peer maps a peer's pages: read-only (a reader of the peer's tensors), or read-write (the
+// direct allreduce also writes its sums into the peers' tensors: Note [Direct allreduce's writes] in
+// comm/detail/shm_direct.h).
+enum class PeerAccess { kReadOnly, kReadWrite };
+
 class SharedMapping {
  public:
   SharedMapping() = default;
   // `bytes` (> 0) of zeroed, shareable memory mapped read-write, page-aligned. Throws
   // OutOfMemoryError when the OS refuses (memfd_create, ftruncate or mmap).
   static SharedMapping create(size_t bytes);
-  // Maps process `pid`'s mapping behind its descriptor `fd` read-only. Returns an empty mapping and
-  // sets `error` (the OS's reason and the path) when it cannot be opened or mapped.
-  static SharedMapping open_peer(int pid, int fd, size_t bytes, std::string& error);
+  // Maps process `pid`'s mapping behind its descriptor `fd` (read-only unless `access` says
+  // otherwise). Returns an empty mapping and sets `error` (the OS's reason and the path) when it
+  // cannot be opened or mapped.
+  static SharedMapping open_peer(int pid, int fd, size_t bytes, std::string& error,
+                                 PeerAccess access = PeerAccess::kReadOnly);
   SharedMapping(SharedMapping&& other) noexcept;
   SharedMapping& operator=(SharedMapping&& other) noexcept;
   SharedMapping(const SharedMapping&) = delete;

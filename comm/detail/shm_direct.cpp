@@ -69,7 +69,7 @@ int64_t lookup(const GroupState& g, const void* p, size_t bytes, uint64_t* offse
 
 // Publishes this rank's offset of the tensor its peers read, passes the "sources ready" barrier and
 // returns every member's base address of that tensor (this rank's own: `mine`).
-std::vector<const unsigned char*> sources(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& t,
+std::vector<unsigned char*> sources(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& t,
                                           size_t bytes) {
   ShmNode& node = node_of(g);
   const int self = s.local[static_cast<size_t>(s.me)];
@@ -80,12 +80,12 @@ std::vector<const unsigned char*> sources(GroupState& g, ShmGroup& s, const Op& 
   ZS_ASSERT(view != nullptr, "{}: shared arena {} was dropped while a collective on it was queued", op.describe(), op.agreed_arena);
   node.word(self, s.flag_index, 1).store(offset, std::memory_order_relaxed);  // published by the barrier
   barrier(g, s, op);
-  std::vector<const unsigned char*> at(s.local.size());
+  std::vector<unsigned char*> at(s.local.size());
   for (size_t p = 0; p < s.local.size(); ++p) {
     const int r = s.local[p];
-    const unsigned char* base = view->base[static_cast<size_t>(r)];
+    unsigned char* base = view->base[static_cast<size_t>(r)];
     ZS_ASSERT(base != nullptr, "{}: node rank {} has no region in shared arena {}", op.describe(), r, op.agreed_arena);
-    at[p] = static_cast<int>(p) == s.me ? static_cast<const unsigned char*>(t.raw())
+    at[p] = static_cast<int>(p) == s.me ? static_cast<unsigned char*>(t.raw())
                                         : base + node.word(r, s.flag_index, 1).load(std::memory_order_relaxed);
   }
   return at;
@@ -119,7 +119,7 @@ void direct_allgatherv(GroupState& g, ShmGroup& s, const Op& op, const memory::T
     stream ? copy_streaming(dst, src, n) : static_cast<void>(std::memcpy(dst, src, n));
   };
   if (own > 0 && in != own_out) copy(own_out, in, own);
-  const std::vector<const unsigned char*> src = sources(g, s, op, input, own);
+  const std::vector<unsigned char*> src = sources(g, s, op, input, own);
   for (size_t p = 0; p < src.size(); ++p) {
     const size_t n = static_cast<size_t>(counts[p]) * es;
     if (p != me && n > 0) copy(out + static_cast<size_t>(displs[p]) * es, src[p], n);
@@ -133,7 +133,7 @@ void direct_reduce_scatter(GroupState& g, ShmGroup& s, const Op& op, const memor
   const DType t = input.dtype();
   const size_t es = memory::dtype_size(t);
   const size_t me = static_cast<size_t>(s.me);
-  const std::vector<const unsigned char*> base = sources(g, s, op, input, static_cast<size_t>(input.numel()) * es);
+  const std::vector<unsigned char*> base = sources(g, s, op, input, static_cast<size_t>(input.numel()) * es);
   const size_t n = static_cast<size_t>(counts[me]);
   if (n > 0) {
     std::vector<const void*> srcs(base.size());
@@ -150,27 +150,28 @@ void direct_allreduce(GroupState& g, ShmGroup& s, const Op& op, const memory::Te
   const size_t n = static_cast<size_t>(data.numel());
   const size_t L = s.local.size();
   const size_t me = static_cast<size_t>(s.me);
-  const std::vector<const unsigned char*> base = sources(g, s, op, data, n * es);
-  unsigned char* d = bytes_of(data);
+  const float divisor = r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f;
+  const std::vector<unsigned char*> base = sources(g, s, op, data, n * es);
+  // Sub-slice `me` of every rank's tensor is read and written by this rank only (Note [Direct
+  // allreduce's writes]): summed chunk by chunk into its own tensor, each chunk then copied, still in
+  // L1, into the peers' tensors over lines this rank has just read.
   const auto [lo, hi] = sub_slice(n, L, me);
-  if (hi > lo) {  // sub-slice `me` is read by this rank only, so it is summed in place
-    std::vector<const void*> srcs(L);
-    for (size_t p = 0; p < L; ++p) srcs[p] = base[p] + lo * es;
-    reduce_sum(srcs, t, d + lo * es, t, hi - lo, r == ReduceOp::kAverage ? static_cast<float>(g.size) : 1.0f);
+  const size_t chunk = kAllreduceChunkBytes / es;
+  std::vector<const void*> srcs(L);
+  for (size_t i = lo; i < hi; i += chunk) {
+    const size_t m = std::min(chunk, hi - i);
+    for (size_t p = 0; p < L; ++p) srcs[p] = base[p] + i * es;
+    reduce_sum(srcs, t, base[me] + i * es, t, m, divisor);
+    for (size_t p = 0; p < L; ++p) {
+      if (p != me) std::memcpy(base[p] + i * es, base[me] + i * es, m * es);
+    }
   }
-  barrier(g, s, op);  // every sub-slice reduced
-  // Streaming stores at every size (Note [Direct allreduce's copy-out]): each line written here was
-  // read by its sub-slice's reducer a moment ago.
-  for (size_t p = 0; p < L; ++p) {
-    const auto [plo, phi] = sub_slice(n, L, p);
-    if (p != me && phi > plo) copy_streaming(d + plo * es, base[p] + plo * es, (phi - plo) * es);
-  }
-  barrier(g, s, op);
+  barrier(g, s, op);  // every sub-slice written everywhere; nobody returns while a peer still writes
 }
 
 void direct_broadcast(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& data, int root) {
   const size_t bytes = static_cast<size_t>(data.numel()) * memory::dtype_size(data.dtype());
-  const std::vector<const unsigned char*> src = sources(g, s, op, data, bytes);
+  const std::vector<unsigned char*> src = sources(g, s, op, data, bytes);
   if (s.me != root) {  // one node: local index = group rank
     if (bytes >= kShmStreamMinBytes) {
       copy_streaming(bytes_of(data), src[static_cast<size_t>(root)], bytes);

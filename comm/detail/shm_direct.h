@@ -6,19 +6,18 @@
 // Staged through the window (Note [Shared-memory collectives]), an out-of-place allgather costs at
 // least two copies of the bytes it receives (into a slot, out of it). NCCL's intra-node path instead
 // maps the peers' device memory (CUDA IPC) and reads their buffers directly; the cpu backend's device
-// arena can be made the same way (memory/shared_mapping.h: memfd, mapped read-only by the node's
-// other ranks through /proc/<pid>/fd, registered by comm::SharedArena). Then:
+// arena can be made the same way (memory/shared_mapping.h: memfd, mapped by the node's other ranks
+// through /proc/<pid>/fd, registered by comm::SharedArena). Then:
 //  - allgather(v): each rank copies every peer's block straight from the peer's input into its own
 //    output: one copy of the bytes received; its own block (out of place) before the first barrier.
 //    An input overlapping the output other than exactly in place votes no arena (group.cpp), since
 //    moving it would race with the peers reading it;
 //  - reduce-scatter: each rank sums its shard of every rank's input into its output, in rank order
 //    with fp32 accumulation (reduce_sum, as the staged path: the same bits);
-//  - allreduce: each rank sums sub-slice `me` of every rank's tensor into its own tensor (in place:
-//    only rank `me` reads sub-slice `me` of anyone), a barrier, then copies every peer's reduced
-//    sub-slice from the peer's tensor into its own (same sub-slices and sums as the staged path).
-// Only the tensor a peer reads needs to lie in the arena (an allgather's input, a reduce-scatter's
-// input, an allreduce's data); outputs may be anywhere.
+//  - allreduce: each rank sums sub-slice `me` of every rank's tensor and writes it into every rank's
+//    tensor (Note [Direct allreduce's writes]; same sub-slices and sums as the staged path).
+// Only the tensor a peer reads (or, in an allreduce, writes) needs to lie in the arena (an allgather's
+// input, a reduce-scatter's input, an allreduce's data); outputs may be anywhere.
 // Agreement: each rank looks up, when the collective is issued, which registered arena holds that
 // tensor (Op::arena, an id unique to the registration) and the handshake carries it beside the
 // signature (comm/detail/runtime.h). Equal nonzero ids on every rank mean every rank registered that
@@ -28,21 +27,32 @@
 // a last barrier keeps each rank from returning (and overwriting its tensor) while a peer still reads
 // it. Barriers are the staged path's (timeouts, the group marked broken), so no guarantee changes.
 //
-// Note [Direct allreduce's copy-out]
-// In the allreduce's second half every line a rank writes (its copy of a peer's reduced sub-slice)
-// was read by that peer a moment before, in the peer's sum over every rank's sub-slice, so the line
-// is still shared in the peer's cache and each ordinary store must first invalidate that copy: a
-// cross-core round trip per line, which the store queue overlaps only a few deep. Measured on the
-// 2-core Zen 4 (two threads; 512 KiB whose destination lines the other core had just read): memcpy
-// 60 us (8.7 GB/s) against 11 us for the same copy into lines no other core holds; streaming stores,
-// which invalidate without waiting for ownership, 18 us. So the copy-out streams at every size.
-// comm_bench np 2 (docs/benchmarks.md, "Small path's round trips and allreduce's copy-out"): with a
-// cache line's round trip between the two vCPUs at 0.47 us, 16 KiB-1 MiB went from 1.3-1.7x raw
-// OpenMPI to 2.1-2.5x (1 MiB 1.46x -> 2.27x); at 0.11 us, 64-256 KiB from 1.85-1.89x to 2.17-2.20x,
-// but 1 MiB lost (1.73-1.91x -> 1.57-1.64x): there its copy is bound by reading the peer's freshly
-// summed half (rdtsc: 39-41 us of the 62-72, either way), and the streamed half, left in memory rather
-// than in a cache, slows the next call's sums on the same tensor (15 -> 27 us; in training the next
-// allreduce of a bucket follows a whole backward pass). The larger loss decided.
+// Note [Direct allreduce's writes]
+// Each rank sums sub-slice `me` of every rank's tensor and writes the sum into every rank's tensor
+// (the peers' regions are mapped read-write for this: memory::PeerAccess). Only rank `me` reads or
+// writes sub-slice `me` of anyone, so two barriers suffice: "sources ready" and "all written".
+// The first version wrote the sum into its own tensor only, then, after a barrier, copied every
+// peer's reduced sub-slice out of the peer's tensor. That copy-out read lines the peer had written a
+// moment before, one cross-core transfer per line, and wrote lines the peer had just read: at 1 MiB
+// (comm_bench np 2, 2-core Zen 4) sums 15 us, copy-out 39-41 us of 62-72 us, 1.35-1.5x raw OpenMPI
+// with a 0.12 us cache-line round trip between the cores (2.0x at 0.44 us). Writing the peers'
+// tensors directly drops the copy-out's read of the peer's sum and a barrier: every byte a rank
+// writes into a peer's tensor is one it read (as a source) a moment before, so it holds the line and
+// the store needs no transfer (at most an invalidation, where the peer wrote the line last); per
+// sub-slice byte a rank reads L sources and writes L outputs, and nothing crosses twice.
+// Measured (docs/benchmarks.md, "Allreduce writing the peers' tensors"): 1 MiB 65-70 us -> 20-31 us.
+//  - Chunks of kAllreduceChunkBytes: the sum goes into this rank's tensor and is copied from L1 into
+//    the peers'; one pass over the whole sub-slice first (no chunks) ran 2-3x slower (the copies
+//    re-read the sums from L2 or beyond), 2-8 KiB chunks best, 32-64 KiB slower.
+//  - Ordinary stores, not streaming ones: streaming stores to lines this rank holds evict them
+//    (1 MiB 55-63 us against 20-31). The price: after the call the peers' copies of sub-slice `me`
+//    may still sit modified in this rank's cache, so a peer's next read of them (its optimizer) is a
+//    cross-core transfer rather than a read from memory; the old copy-out paid that transfer itself,
+//    before returning. PREFETCHW on the peers' lines a chunk ahead changed nothing measurable (comm_bench).
+//  - A rank that passed the first barrier writes into its peers' tensors until the last one. A peer
+//    that times out at the last barrier (this rank stalled for comm.timeout_s) leaves the group
+//    broken and its tensor undefined, as any failed collective; a late write lands only inside that
+//    tensor, never outside the bounds the peer published for this collective.
 #pragma once
 
 #include <cstdint>
@@ -68,7 +78,7 @@ struct Op;
 // One registration of comm::SharedArena on this rank: its own region and the peers' (by node rank).
 struct ArenaView {
   int64_t id = 0;
-  std::vector<const unsigned char*> base;  // by node rank: null for ranks that did not register it
+  std::vector<unsigned char*> base;  // by node rank: null for ranks that did not register it
   std::vector<size_t> bytes;
   std::vector<memory::SharedMapping> peers;  // owned read-only mappings of the others' regions
 };
@@ -106,6 +116,8 @@ void direct_allgatherv(GroupState& g, ShmGroup& s, const Op& op, const memory::T
 void direct_reduce_scatter(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& input,
                            const memory::Tensor& output, std::span<const int> counts, std::span<const int> displs,
                            ReduceOp r);
+// Bytes of sub-slice a direct allreduce sums and copies to its peers at a time (Note [Direct allreduce's writes]).
+inline constexpr size_t kAllreduceChunkBytes = size_t{8} << 10;
 void direct_allreduce(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& data, ReduceOp r);
 
 }  // namespace zs::comm::detail

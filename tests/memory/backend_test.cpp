@@ -54,6 +54,12 @@ TEST(CpuBackend, SharedDeviceSegmentsAreMappableThroughProc) {
   ASSERT_TRUE(peer) << error;
   EXPECT_NE(peer.data(), dev.data());
   EXPECT_EQ(static_cast<const unsigned char*>(peer.data())[12345], 77);  // the same pages
+  // Read-write (the direct allreduce writes its sums into the peers' tensors): stores reach the owner.
+  SharedMapping both = SharedMapping::open_peer(static_cast<int>(::getpid()), m->fd(), m->size(), error,
+                                                PeerAccess::kReadWrite);
+  ASSERT_TRUE(both) << error;
+  static_cast<unsigned char*>(both.data())[4321] = 55;
+  EXPECT_EQ(static_cast<const unsigned char*>(dev.data())[4321], 55);
   SharedMapping bad = SharedMapping::open_peer(static_cast<int>(::getpid()), 1 << 20, 4096, error);
   EXPECT_FALSE(bad);
   EXPECT_NE(error.find("/proc/"), std::string::npos) << error;
