@@ -8,13 +8,16 @@
 //
 //   mpirun -np 4 --oversubscribe build/release/benchmarks/comm_bench [--json out.json]
 //          [--min-kib 1 | --min-bytes 16] [--max-mib 64 | --max-bytes 4096] [--reps 15] [--warmup 3] [--arena 1]
-//          [--burst 1] [--collective allreduce]
+//          [--burst 1] [--collective allreduce] [--fresh 1]
 //   mpirun -np 1 valgrind --tool=callgrind build/release/benchmarks/comm_bench --calls 20000 --collective allreduce
 //          --min-bytes 16 : -np 1 build/release/benchmarks/comm_bench --calls 20000 --collective allreduce --min-bytes 16
 //
 // --burst N: each timed path makes N back-to-back calls per round, its time divided by N (a step's
 // run of small collectives rather than one call after a barrier). The header line gives the round
 // trip of one cache line between ranks 0 and 1 (line_round_trip_ns): the small sizes' unit of cost.
+// --fresh 1: before each timed call (untimed) every rank rewrites the buffers that path reads, as a
+// backward pass writes the gradients it then reduces; without it a path finds its buffers as its
+// previous call left them (for the direct allreduce, each rank's sub-slice in its own cache).
 // --calls N: no timing; N back-to-back sync calls of zeroshard's --collective at --min-bytes (the
 // per-call cost under callgrind: Group::<collective> inclusive / N; Note [Small collectives]).
 //
@@ -148,12 +151,14 @@ int main(int argc, char** argv) {
                    argv[0]);
       return 2;
     }
+    const bool fresh = bench::arg_value(argc, argv, "--fresh", "0") != "0";
     const double round_trip_ns = line_round_trip_ns();
     bench::Report report;
     report.benchmark = "comm_bench";
     report.config = {{"ranks", n}, {"dtype", "fp32"}, {"reps", reps}, {"warmup", warmup},
                      {"max_bytes", max_bytes}, {"shared_memory", "auto"},
-                     {"arena", arena.active()}, {"line_round_trip_ns", round_trip_ns}};
+                     {"arena", arena.active()}, {"line_round_trip_ns", round_trip_ns},
+                     {"fresh", fresh}};
     boost::json::object ratios;
     if (g.rank() == 0) {
       std::printf("comm_bench: %d ranks, fp32, %d warm-up + %d rotating rounds, medians (busbw in GB/s), zeroshard's "
@@ -216,6 +221,12 @@ int main(int argc, char** argv) {
         auto ours = bursts(on(g, zfull, zmine));
         auto ours_mpi = bursts(on(g_mpi, full, mine));
         auto raw_n = bursts(raw);
+        // --fresh: the path's buffers rewritten by this rank before its timed call.
+        auto rewrite = [fresh](const memory::Tensor& f, const memory::Tensor& m) {
+          if (!fresh) return;
+          std::fill_n(f.data<float>(), f.numel(), 1.0f);
+          std::fill_n(m.data<float>(), m.numel(), 1.0f);
+        };
         if (calls > 0) {  // --calls: the profiling loop, one size
           for (int i = 0; i < calls; ++i) ours();
           break;
@@ -231,9 +242,9 @@ int main(int argc, char** argv) {
           double a = 0, z = 0, zm = 0, cp = 0;
           for (int k = 0; k < 4; ++k) {  // rotate the order: raw first, then ours first, then ours_mpi, copy
             switch ((r + k) % 4) {
-              case 0: a = timed_in_world(raw_n) / burst; break;
-              case 1: z = timed_in_world(ours) / burst; break;
-              case 2: zm = timed_in_world(ours_mpi) / burst; break;
+              case 0: rewrite(full, mine), a = timed_in_world(raw_n) / burst; break;
+              case 1: rewrite(zfull, zmine), z = timed_in_world(ours) / burst; break;
+              case 2: rewrite(full, mine), zm = timed_in_world(ours_mpi) / burst; break;
               default: cp = timed_in_world(copy); break;
             }
           }
