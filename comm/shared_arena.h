@@ -1,6 +1,8 @@
 // SharedArena: registers this rank's shareable device memory with the other ranks of its node, so
 // that collectives on tensors in it read the peers' tensors directly (Note [Direct collectives] in
 // comm/detail/shm_direct.h): an allgather then costs one copy of the bytes received instead of two.
+// The peers' regions are mapped read-write: an allreduce writes its sums into every rank's tensor
+// (Note [Direct allreduce's writes]).
 //
 //   auto backend = memory::make_backend("cpu", bytes, /*shared_device=*/true);
 //   memory::DeviceAllocator alloc(*backend, bytes);

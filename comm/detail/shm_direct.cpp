@@ -67,10 +67,10 @@ int64_t lookup(const GroupState& g, const void* p, size_t bytes, uint64_t* offse
   return node.arenas().find(node.node_rank(), p, bytes, offset);
 }
 
-// Publishes this rank's offset of the tensor its peers read, passes the "sources ready" barrier and
-// returns every member's base address of that tensor (this rank's own: `mine`).
+// Publishes this rank's offset of the tensor its peers read (an allreduce's: also write), passes the
+// "sources ready" barrier and returns every member's base address of that tensor (this rank's own: `t`).
 std::vector<unsigned char*> sources(GroupState& g, ShmGroup& s, const Op& op, const memory::Tensor& t,
-                                          size_t bytes) {
+                                    size_t bytes) {
   ShmNode& node = node_of(g);
   const int self = s.local[static_cast<size_t>(s.me)];
   uint64_t offset = 0;

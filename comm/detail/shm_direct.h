@@ -1,5 +1,5 @@
-// Direct shared-memory collectives: the peers' tensors read in place, from the shared arena
-// (comm/shared_arena.h). Internal to comm: shm_reduce_scatter, shm_allgatherv and shm_allreduce
+// Direct shared-memory collectives: the peers' tensors read in place (an allreduce also writes them),
+// in the shared arena (comm/shared_arena.h). Internal to comm: shm_reduce_scatter, shm_allgatherv and shm_allreduce
 // (comm/detail/shm.h) call the direct_* functions below when the handshake agreed on an arena.
 //
 // Note [Direct collectives]
@@ -43,9 +43,10 @@
 // Measured (docs/benchmarks.md, "Allreduce writing the peers' tensors"): 1 MiB 65-70 us -> 20-31 us.
 //  - Chunks of kAllreduceChunkBytes: the sum goes into this rank's tensor and is copied from L1 into
 //    the peers'; one pass over the whole sub-slice first (no chunks) ran 2-3x slower (the copies
-//    re-read the sums from L2 or beyond), 2-8 KiB chunks best, 32-64 KiB slower.
+//    re-read the sums from L2 or beyond); 8 KiB chunks the steadiest (1 MiB 26-30 us), 16-64 KiB
+//    32-64 us.
 //  - Ordinary stores, not streaming ones: streaming stores to lines this rank holds evict them
-//    (1 MiB 55-63 us against 20-31). The price: after the call the peers' copies of sub-slice `me`
+//    (1 MiB 55-64 us against 20-31). The price: after the call the peers' copies of sub-slice `me`
 //    may still sit modified in this rank's cache, so a peer's next read of them (its optimizer) is a
 //    cross-core transfer rather than a read from memory; the old copy-out paid that transfer itself,
 //    before returning. PREFETCHW on the peers' lines a chunk ahead changed nothing measurable (comm_bench).
