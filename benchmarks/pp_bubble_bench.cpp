@@ -3,7 +3,7 @@
 //
 //   mpirun -np 2 build/release/benchmarks/pp_bubble_bench [--json out.json] [--micro-batches 4,8,16]
 //          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4] [--vocab 256]
-//          [--partition compute|parameters|uniform]
+//          [--partition compute|parameters|uniform] [--schedules afab,1f1b,interleaved,zb-h1]
 //   mpirun -np 4 --oversubscribe ... (pp 4: ranks share cores; read the replayed column, below)
 //
 // The world is one pipeline (pp = ranks) of the built-in GPT (pp::GptPipeline, partitioned by
@@ -180,11 +180,22 @@ int main(int argc, char** argv) {
                      {"reps", reps}, {"compute_threads_per_rank", threads}, {"vocab", vocab},
                      {"partition", pp::partition_method_name(partition.method)}};
     boost::json::object ratios;
+    // --schedules: those to run (1F1B always: every ratio's baseline); all four by default.
+    std::vector<pp::Schedule> wanted{pp::Schedule::kOneFOneB};
+    {
+      std::stringstream in(bench::arg_value(argc, argv, "--schedules", "afab,1f1b,interleaved,zb-h1"));
+      for (std::string x; std::getline(in, x, ',');) wanted.push_back(pp::parse_schedule(x));
+    }
     std::vector<Sched> scheds;
+    std::string run_names;
     for (Sched sc : {Sched{pp::Schedule::kAllForwardAllBackward, 1}, Sched{pp::Schedule::kOneFOneB, 1},
                      Sched{pp::Schedule::kInterleaved, 2}, Sched{pp::Schedule::kZeroBubbleH1, 1}}) {
-      if (sc.chunks * p <= layers) scheds.push_back(sc);
+      if (sc.chunks * p <= layers && std::find(wanted.begin(), wanted.end(), sc.s) != wanted.end()) {
+        scheds.push_back(sc);
+        run_names += (run_names.empty() ? "" : ",") + pp::schedule_name(sc.s);
+      }
     }
+    report.config["schedules"] = run_names;
     std::vector<std::unique_ptr<pp::GptPipeline>> gpts;
     for (const Sched& sc : scheds) {
       gpts.push_back(std::make_unique<pp::GptPipeline>(
