@@ -5,6 +5,8 @@
 //          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4] [--vocab 256]
 //          [--partition compute|parameters|uniform] [--schedules afab,1f1b,interleaved,zb-h1]
 //   mpirun -np 4 --oversubscribe ... (pp 4: ranks share cores; read the replayed column, below)
+//   ... --layers 16 --schedules 1f1b,zb-h1   (the deeper model of docs/benchmarks.md: whole blocks
+//                                             balance the head within about 1%; 1F1B always runs)
 //
 // The world is one pipeline (pp = ranks) of the built-in GPT (pp::GptPipeline, partitioned by
 // --partition: "compute" by default, Note [compute partition] in pp/gpt.cpp; no recomputation), one compute thread per rank (launch::set_blas_threads; the JSON says

@@ -69,9 +69,9 @@ struct BatchPosition {
 // The copy of dy is there because a caller may write into a gradient after passing it to a child's
 // backward (a residual sum in place, say). A model whose every module leaves such gradients as they
 // are (pp::GptStage: nn::Block and its parts only read them) says so when it installs the sink
-// (`grads_intact`), and the layers then keep dy itself: in the pipeline GPT's B pass the copies cost
-// about 5% of B (docs/benchmarks.md, "Pipeline bubble, memory and step time"), work the W pass
-// cannot fill, and their memory.
+// (`grads_intact`), and the layers then keep dy itself: in the pipeline GPT's B pass the copies were
+// up to about 5% of B's CPU time (docs/benchmarks.md, "Pipeline bubble, memory and step time"), work
+// the W pass cannot fill, and their memory.
 // No hooks run around a deferred gradient (an engine that marks gradients ready in after_backward
 // must wait for the W pass: not integrated yet).
 struct DeferredGrad {
