@@ -3,8 +3,10 @@
 //
 //   mpirun -np 2 build/release/benchmarks/pp_bubble_bench [--json out.json] [--micro-batches 4,8,16]
 //          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4] [--vocab 256]
-//          [--partition compute|parameters|uniform]
+//          [--partition compute|parameters|uniform] [--schedules afab,1f1b,interleaved,zb-h1]
 //   mpirun -np 4 --oversubscribe ... (pp 4: ranks share cores; read the replayed column, below)
+//   ... --layers 16 --schedules 1f1b,zb-h1   (the deeper model of docs/benchmarks.md: whole blocks
+//                                             balance the head within about 1%; 1F1B always runs)
 //
 // The world is one pipeline (pp = ranks) of the built-in GPT (pp::GptPipeline, partitioned by
 // --partition: "compute" by default, Note [compute partition] in pp/gpt.cpp; no recomputation), one compute thread per rank (launch::set_blas_threads; the JSON says
@@ -39,6 +41,9 @@
 //   f_zb       ZB-H1's bubble with the measured mean F, B, W (Qi et al.): (pp - 1)(F + B - W) idle
 //              per rank against 1F1B's (pp - 1)(F + B + W), over the step m (F + B + W) + that idle;
 //              f_zb / formula is the ZB-H1 / 1F1B ratio these pass costs allow with equal stages.
+//              No order does better with ZB-H1's memory (docs/benchmarks.md, "Second rerun"), and it
+//              is at most 0.5 exactly when x = (F + B - W) / (F + B + W) <= m / (2 m + pp - 1): the
+//              JSON's zb_h1_x and zb_h1_x_for_half (F = B = W: x = 1/3).
 // Per stage: its peak activation bytes (nn::HostContext's kActivation peak over the steps: every
 // micro-batch in flight, received activations, pending sends; independent of timing) and the most
 // micro-batches it held at once (all-forward-all-backward: m; 1F1B: pp - stage).
@@ -180,11 +185,22 @@ int main(int argc, char** argv) {
                      {"reps", reps}, {"compute_threads_per_rank", threads}, {"vocab", vocab},
                      {"partition", pp::partition_method_name(partition.method)}};
     boost::json::object ratios;
+    // --schedules: those to run (1F1B always: every ratio's baseline); all four by default.
+    std::vector<pp::Schedule> wanted{pp::Schedule::kOneFOneB};
+    {
+      std::stringstream in(bench::arg_value(argc, argv, "--schedules", "afab,1f1b,interleaved,zb-h1"));
+      for (std::string x; std::getline(in, x, ',');) wanted.push_back(pp::parse_schedule(x));
+    }
     std::vector<Sched> scheds;
+    std::string run_names;
     for (Sched sc : {Sched{pp::Schedule::kAllForwardAllBackward, 1}, Sched{pp::Schedule::kOneFOneB, 1},
                      Sched{pp::Schedule::kInterleaved, 2}, Sched{pp::Schedule::kZeroBubbleH1, 1}}) {
-      if (sc.chunks * p <= layers) scheds.push_back(sc);
+      if (sc.chunks * p <= layers && std::find(wanted.begin(), wanted.end(), sc.s) != wanted.end()) {
+        scheds.push_back(sc);
+        run_names += (run_names.empty() ? "" : ",") + pp::schedule_name(sc.s);
+      }
     }
+    report.config["schedules"] = run_names;
     std::vector<std::unique_ptr<pp::GptPipeline>> gpts;
     for (const Sched& sc : scheds) {
       gpts.push_back(std::make_unique<pp::GptPipeline>(
@@ -264,6 +280,10 @@ int main(int argc, char** argv) {
           const double idle = (p - 1) * (pass_ms[0] + pass_ms[1] - pass_ms[2]);
           return idle / (static_cast<double>(m) * (pass_ms[0] + pass_ms[1] + pass_ms[2]) + idle);
         }();
+        // x of the note above (ZB-H1 only), and the largest x with f_zb at most half of the formula.
+        const double sum_fbw = pass_ms[0] + pass_ms[1] + pass_ms[2];
+        const double zb_x = s == pp::Schedule::kZeroBubbleH1 && sum_fbw > 0 ? (pass_ms[0] + pass_ms[1] - pass_ms[2]) / sum_fbw : 0.0;
+        const double zb_x_half = s == pp::Schedule::kZeroBubbleH1 ? static_cast<double>(m) / static_cast<double>(2 * m + p - 1) : 0.0;
         // Each round's replayed bubble over the same round's 1F1B (schedules run in turn within a round).
         std::vector<double> v;
         for (size_t r = 0; r < figs[i].size(); ++r) v.push_back(figs[i][r].replayed / figs[k1][r].replayed);
@@ -288,13 +308,15 @@ int main(int argc, char** argv) {
         std::printf("%-12s %3lld %9.3f %9.3f %9.3f %9.3f %9.3f %8.2f %8.2f %9.2f %9.2f %8.2f %5.1f/%.1f/%.1f %s\n",
                     name.c_str(), static_cast<long long>(m), meas, repl, typical, ideal, formula, meas / formula, repl / formula,
                     over_1f1b, secs * 1e3, imbal, pass_ms[0], pass_ms[1], pass_ms[2], per_stage.c_str());
-        std::printf("%-12s %3s %9.3f %9.2f %9.3f %9.2f   per stage F/B/W cpu ms:%s\n", "", "", f_stages, repl / f_stages,
-                    f_zb, f_zb / formula, stage_passes.c_str());
+        std::printf("%-12s %3s %9.3f %9.2f %9.3f %9.2f   per stage F/B/W cpu ms:%s%s\n", "", "", f_stages, repl / f_stages,
+                    f_zb, f_zb / formula, stage_passes.c_str(),
+                    zb_x > 0 ? fmt::format("; x {:.3f} (0.5x of 1F1B needs <= {:.3f})", zb_x, zb_x_half).c_str() : "");
         std::fflush(stdout);
         report.results.push_back(boost::json::object{
             {"schedule", name}, {"chunks", scheds[i].chunks}, {"pp", p}, {"m", m}, {"measured_bubble", meas},
             {"replayed_bubble", repl}, {"replayed_median_pass_bubble", typical}, {"ideal_bubble", ideal}, {"step_s", secs}, {"pass_imbalance", imbal},
             {"formula_1f1b_measured_stages", f_stages}, {"formula_zb_h1_measured_passes", f_zb},
+            {"zb_h1_x", zb_x}, {"zb_h1_x_for_half", zb_x_half},
             {"pass_cpu_ms", boost::json::object{{"forward", pass_ms[0]}, {"backward", pass_ms[1]}, {"weight", pass_ms[2]}}},
             {"stages", std::move(stage_json)}});
         report.baseline[key] = boost::json::object{{"formula_1f1b", formula}};

@@ -66,6 +66,12 @@ struct BatchPosition {
 // the sink, keeping what it needs (its input and a copy of dy); Context::run_deferred computes them
 // later as part of their owners (whose parameters they read and write). Every other layer computes
 // all its gradients in its backward, as without a sink: the split moves work, the sums are the same.
+// The copy of dy is there because a caller may write into a gradient after passing it to a child's
+// backward (a residual sum in place, say). A model whose every module leaves such gradients as they
+// are (pp::GptStage: nn::Block and its parts only read them) says so when it installs the sink
+// (`grads_intact`), and the layers then keep dy itself: in the pipeline GPT's B pass the copies were
+// up to about 5% of B's CPU time (docs/benchmarks.md, "Pipeline bubble, memory and step time"), work
+// the W pass cannot fill, and their memory.
 // No hooks run around a deferred gradient (an engine that marks gradients ready in after_backward
 // must wait for the W pass: not integrated yet).
 struct DeferredGrad {
@@ -127,8 +133,14 @@ class Context {
 
   // Note [deferred weight gradients]: while `sink` is set, layers that can defer their weight gradient
   // append it there instead of computing it in backward; nullptr (the default) computes everything.
-  void set_weight_grad_sink(std::vector<DeferredGrad>* sink) { weight_grad_sink_ = sink; }
+  // `grads_intact`: the running model never writes into a gradient it has passed to a child's
+  // backward, so a deferred gradient may keep dy without copying it.
+  void set_weight_grad_sink(std::vector<DeferredGrad>* sink, bool grads_intact = false) {
+    weight_grad_sink_ = sink;
+    grads_intact_ = sink != nullptr && grads_intact;
+  }
   std::vector<DeferredGrad>* weight_grad_sink() const { return weight_grad_sink_; }
+  bool weight_grad_sink_grads_intact() const { return grads_intact_; }
   // Computes the deferred gradients in order, each as part of its owner, and clears the list.
   void run_deferred(std::vector<DeferredGrad>& grads);
 
@@ -162,6 +174,7 @@ class Context {
 
   const Module* running_ = nullptr;
   std::vector<DeferredGrad>* weight_grad_sink_ = nullptr;
+  bool grads_intact_ = false;
   BatchPosition position_;
   int recompute_depth_ = 0;
   RecomputeStats recompute_;

@@ -111,6 +111,22 @@ void detail::linear_backward_weight(Context& ctx, const Tensor& dy, int64_t n, c
   }
 }
 
+Tensor detail::linear_backward_deferrable(Context& ctx, const Module& owner, const Tensor& dy, bool dy_reused, int64_t n,
+                                         const Tensor& x, Parameter& weight, Parameter* bias) {
+  std::vector<DeferredGrad>* later = ctx.weight_grad_sink();  // Note [deferred weight gradients]
+  if (later == nullptr) return detail::linear_backward(ctx, dy, n, x, weight, bias);
+  Tensor dx = detail::linear_backward_input(ctx, dy, n, x, weight);
+  Tensor dy_kept = dy;
+  if (dy_reused) {
+    dy_kept = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);
+    dy_kept.copy_from(dy);
+  }
+  later->push_back({&owner, [&weight, bias, n, x, d = std::move(dy_kept)](Context& c) {
+                      detail::linear_backward_weight(c, d, n, x, weight, bias);
+                    }});
+  return dx;
+}
+
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias, float init_std)
     : in_(in_features),
       out_(out_features),
@@ -129,17 +145,8 @@ Tensor Linear::backward(Context& ctx, const Tensor& dy) {
   const int64_t n = detail::rows_of(dy, out_, "Linear backward");
   ZS_MODEL_CHECK(input_.numel() == n * in_, "Linear backward: saved input {} does not match dy {}",
             memory::shape_string(input_.shape()), memory::shape_string(dy.shape()));
-  if (std::vector<DeferredGrad>* later = ctx.weight_grad_sink()) {  // Note [deferred weight gradients]
-    Tensor dx = detail::linear_backward_input(ctx, dy, n, input_, weight_);
-    Tensor dy_kept = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);  // the caller may reuse dy
-    dy_kept.copy_from(dy);
-    later->push_back({this, [this, n, x = std::move(input_), d = std::move(dy_kept)](Context& c) {
-                        detail::linear_backward_weight(c, d, n, x, weight_, bias_);
-                      }});
-    input_ = {};
-    return dx;
-  }
-  Tensor dx = detail::linear_backward(ctx, dy, n, input_, weight_, bias_);
+  Tensor dx = detail::linear_backward_deferrable(ctx, *this, dy, !ctx.weight_grad_sink_grads_intact(), n, input_,
+                                                  weight_, bias_);
   input_ = {};
   return dx;
 }

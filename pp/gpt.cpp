@@ -76,6 +76,16 @@ int64_t gpt_stage_param_count(const nn::GptConfig& cfg, const PartitionConfig& p
   return n;
 }
 
+// Note [stage gradients intact]
+// GptStage::grads_intact: ZB-H1's deferred weight gradients may keep their dy without a copy (Note
+// [deferred weight gradients] in nn/context.h) because nothing in the chunk writes into a gradient
+// once it has passed it to a child's backward. The ones kept: each nn::Linear's dy, i.e. the block's
+// own dy (the MLP's proj), ln2's gradient plus the residual (the attention's proj), GELU's and the
+// attention core's outputs (fc, qkv), and the head's logits gradient (a fresh tensor from the loss).
+// pre_norm_block_backward (nn/detail/pre_norm_block.h) adds the residuals into ln2's and ln1's fresh
+// outputs before passing them on; BlockRange, the pipeline (output_grad_, input_grad_, the sends) and
+// the embedding's backward only read. A change that sums into a gradient in place after passing it
+// down must return false here.
 GptStage::GptStage(const nn::GptConfig& cfg, int64_t first_block, int64_t end_block, bool first, bool last,
                    bool recompute)
     : cfg_(cfg), first_(first), last_(last) {
@@ -155,7 +165,13 @@ void GptStage::backward_loss(nn::Context& ctx, float grad_scale) {
     if (lm_head_ != nullptr) {
       dx = ctx.backward(*lm_head_, dlogits);
     } else {
-      dx = nn::detail::linear_backward(ctx, dlogits, final_x_.size(0) * final_x_.size(1), final_x_, *wte_, nullptr);
+      // ZB-H1 defers the tied head's weight gradient to the W pass like any nn::Linear's (Note [ZB-H1]
+      // in pp/schedule.h), but not where this chunk is also the first: the embedding's gradient then
+      // goes into the same wte after the head's, in every schedule's order.
+      const int64_t n = final_x_.size(0) * final_x_.size(1);
+      dx = first_ ? nn::detail::linear_backward(ctx, dlogits, n, final_x_, *wte_, nullptr)
+                  : nn::detail::linear_backward_deferrable(ctx, *this, dlogits, /*dy_reused=*/false, n, final_x_, *wte_,
+                                                           nullptr);
     }
     final_x_ = {};
     dx = ctx.backward(*ln_f_, dx);

@@ -71,6 +71,9 @@ class GptStage : public StageModel {
   // The token embedding (the first chunk's, or the last chunk's tied head); nullptr where neither.
   nn::Parameter* wte() { return wte_; }
   nn::Parameter* shared_embedding() override { return cfg_.tied_embeddings ? wte_ : nullptr; }
+  // nn::Block (pre-norm residual sums into fresh tensors), its attention, MLP and norms, ln_f and the
+  // head only read the gradients they pass on (pp/gpt.cpp, Note [stage gradients intact]).
+  bool grads_intact() const override { return true; }
 
  protected:
   float forward_loss(nn::Context& ctx, const nn::Batch& batch) override;

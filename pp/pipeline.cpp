@@ -244,7 +244,7 @@ StepStats Pipeline::run(nn::Context& ctx, std::span<const nn::Batch> micro_batch
         const Timer timer;
         if (split) {
           SinkScope scope{ctx};
-          ctx.set_weight_grad_sink(&deferred[{o.chunk, o.micro_batch}]);
+          ctx.set_weight_grad_sink(&deferred[{o.chunk, o.micro_batch}], s.grads_intact());
           ctx.backward_loss(s, grad_scale);
         } else {
           ctx.backward_loss(s, grad_scale);

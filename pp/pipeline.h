@@ -66,6 +66,10 @@ class StageModel : public nn::Model {
   // The parameter this chunk shares with another stage's chunk (a tied embedding, whose two copies'
   // gradients are summed: pp::GptPipeline::step), or nullptr.
   virtual nn::Parameter* shared_embedding() { return nullptr; }
+  // True where no module of the chunk writes into a gradient after passing it to a child's backward:
+  // ZB-H1's deferred weight gradients then keep dy without a copy (Note [deferred weight gradients]
+  // in nn/context.h). False, the safe answer, unless the chunk's every module is known.
+  virtual bool grads_intact() const { return false; }
 
  protected:
   memory::Tensor output_, output_grad_, input_grad_;

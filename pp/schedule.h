@@ -48,9 +48,10 @@ enum class Schedule { kAllForwardAllBackward, kOneFOneB, kInterleaved, kZeroBubb
 // a third. The order comes from a unit-time list schedule (pp/schedule.cpp: B first, then F within
 // 1F1B's bound of stages - rank micro-batches between forward and B and 2 * stages - rank - 1 between
 // forward and W, then W). Layers defer W through
-// nn's Note [deferred weight gradients] (nn::Linear does: the GPT's matmuls); a chunk's other weight
-// gradients (norms, embeddings, the tied head) are computed in B. A deferred W keeps the layer's input
-// and a copy of its output gradient until it runs.
+// nn's Note [deferred weight gradients] (nn::Linear does: the GPT's matmuls, and the tied head off
+// the first chunk); a chunk's other weight gradients (norms, embeddings) are computed in B. A
+// deferred W keeps the layer's input and its output gradient (a copy, or dy itself where the chunk
+// keeps its gradients intact: pp::StageModel::grads_intact) until it runs.
 
 // "afab", "1f1b", "interleaved", "zb-h1"; parse throws ConfigError naming pipeline.schedule.
 std::string schedule_name(Schedule s);

@@ -137,7 +137,11 @@ void TpGptStage::backward_loss(nn::Context& ctx, float grad_scale) {
     } else {
       // The tied head is a column-parallel product: dx sums every rank's columns' part.
       const Tensor xf = shard ? tp::gather_sequence(ctx, tp_, final_x_, MemoryUse::kScratch) : final_x_;
-      Tensor dxf = nn::detail::linear_backward(ctx, dlogits, N, xf, *wte_, nullptr);
+      // Deferred in ZB-H1 as GptStage::backward_loss does, but not on a chunk that is also the first,
+      // nor with the sequence sharded (xf is then this pass's scratch gather).
+      Tensor dxf = first_ || shard ? nn::detail::linear_backward(ctx, dlogits, N, xf, *wte_, nullptr)
+                          : nn::detail::linear_backward_deferrable(ctx, *this, dlogits, /*dy_reused=*/false, N, xf,
+                                                                   *wte_, nullptr);
       if (shard) {
         dx = tp::reduce_scatter_sequence(ctx, tp_, dxf, MemoryUse::kGradient);
       } else {

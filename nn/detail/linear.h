@@ -30,5 +30,12 @@ memory::Tensor linear_backward_input(Context& ctx, const memory::Tensor& dy, int
                                      const Parameter& weight);
 void linear_backward_weight(Context& ctx, const memory::Tensor& dy, int64_t n, const memory::Tensor& x,
                             Parameter& weight, Parameter* bias);
+// linear_backward, or, while ctx has a weight-gradient sink (Note [deferred weight gradients] in
+// nn/context.h), linear_backward_input now and linear_backward_weight appended to the sink as part of
+// `owner` (the module that declared weight and bias), keeping x and dy until it runs. `dy_reused`:
+// the caller may write into dy afterwards, so the sink keeps a copy (nn::Linear's case); a caller that
+// drops dy (the tied output head's logits gradient) passes false and the sink keeps dy itself.
+memory::Tensor linear_backward_deferrable(Context& ctx, const Module& owner, const memory::Tensor& dy, bool dy_reused,
+                                          int64_t n, const memory::Tensor& x, Parameter& weight, Parameter* bias);
 
 }  // namespace zs::nn::detail

@@ -199,6 +199,27 @@ TEST(DeferredWeightGrads, LinearQueuesItsWeightGradientAndRunDeferredAddsIt) {
   expect_close(later.all_params()[1]->grad(), now.all_params()[1]->grad(), "bias gradient", 0.0);
 }
 
+TEST(DeferredWeightGrads, GradsIntactSinkKeepsDyWithoutACopy) {
+  nn::Linear later(6, 5);
+  nn::materialize(later, 4);
+  Tensor x = Tensor::empty({3, 6}, DType::kF32), dy = Tensor::empty({3, 5}, DType::kF32);
+  for (int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 0.2f * static_cast<float>(i % 5) - 0.4f;
+  for (bool intact : {false, true}) {
+    nn::HostContext ctx;
+    ctx.forward(later, x);
+    std::vector<nn::DeferredGrad> sink;
+    ctx.set_weight_grad_sink(&sink, intact);
+    EXPECT_EQ(ctx.weight_grad_sink_grads_intact(), intact);
+    const size_t before = ctx.live_bytes(nn::MemoryUse::kGradient);
+    Tensor dx = ctx.backward(later, dy);
+    // The input gradient, plus dy's copy unless the model keeps its gradients intact.
+    EXPECT_EQ(ctx.live_bytes(nn::MemoryUse::kGradient) - before, dx.nbytes() + (intact ? 0 : dy.nbytes())) << intact;
+    ctx.set_weight_grad_sink(nullptr);
+    EXPECT_FALSE(ctx.weight_grad_sink_grads_intact());
+    ctx.run_deferred(sink);
+  }
+}
+
 // ---- The GPT as a pipeline against nn::GptModel ----
 
 struct Case {
@@ -278,6 +299,33 @@ TEST(GptPipeline, EveryScheduleMatchesGptModel) {
       check(group, {.schedule = Schedule::kInterleaved, .chunks = 2, .tied = tied}, 4);
       check(group, {.schedule = Schedule::kZeroBubbleH1, .tied = tied}, 4);
     }
+  }
+}
+
+// ZB-H1 moves the weight gradients (the tied head's too, off the first chunk) into W passes that run
+// in micro-batch order, keeping dy itself (Note [stage gradients intact] in pp/gpt.cpp): the same
+// sums in the same order as 1F1B's, so the same bits.
+TEST(GptPipeline, ZeroBubbleGradientsEqualOneFOneBBitForBit) {
+  auto& world = zs::test::world();
+  comm::Topology topo(world.group(), {.pipeline_parallel_size = world.size()});
+  const comm::Group& group = topo.pipeline_parallel();
+  for (bool tied : {true, false}) {
+    const nn::GptConfig cfg = config(tied);
+    const auto mbs = micro_batches(5);
+    std::vector<std::vector<float>> grads[2];
+    for (int k = 0; k < 2; ++k) {
+      GptPipeline gpt(cfg, group, {.pipeline = {.schedule = k == 0 ? Schedule::kOneFOneB : Schedule::kZeroBubbleH1}});
+      gpt.materialize(7);
+      for (int ch = 0; ch < gpt.pipeline().chunks(); ++ch) randomize(gpt.pipeline().chunk(ch), 8, 0.3f);
+      nn::HostContext ctx;
+      gpt.step(ctx, mbs, 0.2f);
+      for (nn::Parameter* p : gpt.params()) {
+        const auto g = p->grad().f32();
+        grads[k].emplace_back(g.begin(), g.end());
+      }
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_EQ(grads[0][i], grads[1][i]) << "parameter " << i << " tied " << tied;
   }
 }
 
