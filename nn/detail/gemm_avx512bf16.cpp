@@ -53,7 +53,6 @@
 #include <memory>
 #include <optional>
 #include <utility>
-#include <vector>
 
 #include "memory/simd_bf16.h"
 #include "nn/detail/gemm_kernels.h"
@@ -299,10 +298,13 @@ uint32_t* packed_b_buffer(size_t words) {
 // from their backs. A segment's next front and back are one atomic word, so each task is claimed once.
 class SegmentedClaims {
  public:
-  SegmentedClaims(int64_t count, int segments) : segments_(segments), ends_(static_cast<size_t>(segments)) {
+  SegmentedClaims(int64_t count, int segments) : segments_(segments) {
+    // Up to kInline segments in place: products are called tens of thousands of times a step
+    // (attention's blocks), so no allocation for the usual thread counts.
+    if (segments > kInline) heap_ = std::make_unique<Ends[]>(static_cast<size_t>(segments));
+    ends_ = segments > kInline ? heap_.get() : inline_.data();
     for (int c = 0; c < segments; ++c) {
-      ends_[static_cast<size_t>(c)].store(pack(count * c / segments, count * (c + 1) / segments),
-                                          std::memory_order_relaxed);
+      ends_[c].v.store(pack(count * c / segments, count * (c + 1) / segments), std::memory_order_relaxed);
     }
   }
 
@@ -321,7 +323,7 @@ class SegmentedClaims {
   }
 
   int64_t take(int segment, bool front) {
-    std::atomic<uint64_t>& e = ends_[static_cast<size_t>(segment)];
+    std::atomic<uint64_t>& e = ends_[segment].v;
     uint64_t v = e.load(std::memory_order_relaxed);
     for (;;) {
       const int64_t f = static_cast<int64_t>(v >> 32), b = static_cast<int64_t>(v & 0xffffffffu);
@@ -332,8 +334,15 @@ class SegmentedClaims {
     }
   }
 
+  // A cache line each: the threads claim from their own segments without moving each other's line.
+  struct alignas(64) Ends {
+    std::atomic<uint64_t> v;
+  };
+  static constexpr int kInline = 4;
   int segments_;
-  std::vector<std::atomic<uint64_t>> ends_;
+  std::array<Ends, kInline> inline_;
+  std::unique_ptr<Ends[]> heap_;
+  Ends* ends_;
 };
 
 // One product's work list (Note [bf16 kernel scheduling]). Each chunk of the region packs its share
