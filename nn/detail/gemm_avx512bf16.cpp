@@ -230,10 +230,11 @@ void pack_b(const Matrix& b, int64_t j0, int64_t cols, int64_t p0, int64_t kc, u
   }
 }
 
-// C tile (MR x cols, cols <= 32) = alpha * strip . panel + beta * C (beta == 0: C is not read).
+// C tile (MR x cols, cols <= 32) = alpha * strip . panel + beta * C (beta == 0: C is not read), or
+// + beta * bias in every row where bias is not null (the first k slice of a product with a bias).
 template <int MR>
 void micro_kernel(int64_t kcp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, int cols, float alpha,
-                  float beta) {
+                  float beta, const float* bias) {
   __m512 acc0[MR], acc1[MR];
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
@@ -257,15 +258,17 @@ void micro_kernel(int64_t kcp, const uint32_t* a, const uint32_t* b, float* c, i
     __m512 r0 = _mm512_mul_ps(acc0[i], va);
     __m512 r1 = _mm512_mul_ps(acc1[i], va);
     if (beta != 0.0f) {
-      r0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, row), vb, r0);
-      r1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, row + 16), vb, r1);
+      const float* start = bias != nullptr ? bias : row;
+      r0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, start), vb, r0);
+      r1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, start + 16), vb, r1);
     }
     _mm512_mask_storeu_ps(row, m0, r0);
     _mm512_mask_storeu_ps(row + 16, m1, r1);
   }
 }
 
-using MicroKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, int, float, float);
+using MicroKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, int, float, float,
+                             const float*);
 
 template <int... R>
 constexpr auto make_kernels(std::integer_sequence<int, R...>) {
@@ -370,12 +373,13 @@ class Schedule {
   }
 
   // Claims and runs chunk `chunk`'s tasks, then the others' left over; run by every chunk of the region.
-  void run(int chunk, float alpha, const Matrix& a, const Matrix& b, float beta, float* c, int64_t ldc) {
+  void run(int chunk, float alpha, const Matrix& a, const Matrix& b, float beta, float* c, int64_t ldc,
+           const float* bias) {
     for (int64_t t = pack_claims_->claim(chunk); t >= 0; t = pack_claims_->claim(chunk)) pack(b, t);
     for (int64_t tile = tile_claims_->claim(chunk); tile >= 0; tile = tile_claims_->claim(chunk)) {
       const int64_t cb = tile / row_blocks(), rb = tile % row_blocks();
       const int64_t i0 = rb * mc_, j0 = cb * nc_;
-      this->tile(cb, i0, std::min(m_, i0 + mc_), j0, std::min(n_, j0 + nc_), alpha, a, beta, c, ldc);
+      this->tile(cb, i0, std::min(m_, i0 + mc_), j0, std::min(n_, j0 + nc_), alpha, a, beta, c, ldc, bias);
     }
   }
 
@@ -399,12 +403,13 @@ class Schedule {
   // C rows [i0, i1) x columns [j0, j1) of column block cb: each k slice's A block is packed once and
   // multiplied by every panel of the block.
   void tile(int64_t cb, int64_t i0, int64_t i1, int64_t j0, int64_t j1, float alpha, const Matrix& a, float beta,
-            float* c, int64_t ldc) const {
+            float* c, int64_t ldc, const float* bias) const {
     PackBuffers& buf = pack_buffers();
     for (int64_t pc = 0; pc < k_; pc += kKc) {
       const int64_t kc = std::min(kKc, k_ - pc);
       const int64_t kcp = (kc + 1) / 2;
       const float beta_here = pc == 0 ? beta : 1.0f;  // later k slices add to the first one's result
+      const float* bias_here = pc == 0 ? bias : nullptr;
       pack_a(a, i0, i1 - i0, pc, kc, buf.a.get());
       wait_packed(cb * slices_ + pc / kKc);
       for (int64_t jr = j0; jr < j1; jr += kNr) {
@@ -413,7 +418,7 @@ class Schedule {
         for (int64_t ir = 0; ir < i1 - i0; ir += kMr) {
           const int rows = static_cast<int>(std::min<int64_t>(kMr, i1 - i0 - ir));
           kKernels[rows - 1](kcp, buf.a.get() + (ir / kMr) * kcp * kMr, panel, c + (i0 + ir) * ldc + jr, ldc, cols,
-                             alpha, beta_here);
+                             alpha, beta_here, bias_here != nullptr ? bias_here + jr : nullptr);
         }
       }
     }
@@ -429,10 +434,12 @@ class Schedule {
 }  // namespace
 
 void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
-                     float* c, int64_t ldc) {
-  if (k == 0) {  // no products: C = beta * C
+                     float* c, int64_t ldc, const float* bias) {
+  if (k == 0) {  // no products: C = beta * C (or beta * bias)
     for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+      for (int64_t j = 0; j < n; ++j) {
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * (bias != nullptr ? bias[j] : c[i * ldc + j]);
+      }
     }
     return;
   }
@@ -442,7 +449,7 @@ void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix&
   Schedule schedule(m, n, k, threads, pb);
   // One region; every thread (the caller first) claims tasks until none is left, so a worker that
   // wakes late only takes fewer tiles (Note [bf16 kernel scheduling]).
-  parallel_for(threads, 1, [&](int64_t, int64_t, int chunk) { schedule.run(chunk, alpha, a, b, beta, c, ldc); });
+  parallel_for(threads, 1, [&](int64_t, int64_t, int chunk) { schedule.run(chunk, alpha, a, b, beta, c, ldc, bias); });
 }
 
 }  // namespace zs::nn::detail

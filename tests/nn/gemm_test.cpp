@@ -173,6 +173,31 @@ TEST(Gemm, SameResultOnOneToSixThreads) {
   openblas_set_num_threads(saved);
 }
 
+TEST(Gemm, BiasStartsEveryRowAsACopyWould) {
+  // gemm(..., bias) equals copying bias into each row of C and passing beta, bit for bit, on every
+  // path: row and column tails, k over several slices, k = 0, beta 1 and 0.5 (a layer's bias); the
+  // row padding of C (ldc > n) is left as it was.
+  const Case cases[] = {{13, 33, 17}, {100, 97, 513}, {203, 70, 300}, {5, 40, 0}};
+  for (GemmPath path : paths_here()) {
+    std::mt19937 rng(6);
+    for (const Case& s : cases) {
+      const Stored a(s.m, s.k, 0, DType::kF32, false, rng);
+      const Stored b(s.n, s.k, 0, DType::kBF16, true, rng);
+      std::normal_distribution<float> dist;
+      std::vector<float> bias(static_cast<size_t>(s.n));
+      for (float& v : bias) v = dist(rng);
+      const int64_t ldc = s.n + 3;
+      for (float beta : {1.0f, 0.5f}) {
+        std::vector<float> copied(static_cast<size_t>(s.m * ldc), 9.0f), fused = copied;
+        for (int64_t i = 0; i < s.m; ++i) std::copy(bias.begin(), bias.end(), copied.begin() + i * ldc);
+        gemm(path, s.m, s.n, s.k, 1.0f, a.matrix(), b.matrix(), beta, copied.data(), ldc);
+        gemm(path, s.m, s.n, s.k, 1.0f, a.matrix(), b.matrix(), beta, fused.data(), ldc, bias.data());
+        EXPECT_EQ(fused, copied) << gemm_path_name(path) << " " << s.m << "x" << s.n << "x" << s.k << " beta " << beta;
+      }
+    }
+  }
+}
+
 TEST(Gemm, ZeroDepthScalesC) {
   for (GemmPath path : paths_here()) {
     std::vector<float> c = {1.0f, 2.0f, 3.0f, 4.0f};
