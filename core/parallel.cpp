@@ -27,11 +27,12 @@ constexpr std::chrono::microseconds kWorkerSpin{300};  // Note [worker spin]
 //
 // A region's chunks are claimed through one atomic word holding (generation << 32 | the next chunk
 // from the back << 16 | the next from the front): a worker that woke for an older region cannot
-// claim a chunk of a newer one. The caller claims from the front and workers from the back, so with
-// 2 threads the caller runs chunk 0 and the worker chunk 1 of every region unless one of them is
-// late: consecutive passes over the same rows then find them in their core's cache, where a race
-// for chunk 0 gave it to the worker in about one region in six (Note [bf16 kernel scheduling] in
-// nn/detail/gemm_avx512bf16.cpp keeps its products' rows on the same chunks).
+// claim a chunk of a newer one. The caller claims from the front and workers from the back, and a
+// region of c chunks is served by the first c - 1 workers only (two workers taking from the back
+// would reach chunk 0). So with 2 threads the caller runs chunk 0 and the worker chunk 1 of every
+// region unless one of them is late, and consecutive passes over the same rows find them in their
+// core's cache; a race for chunk 0 gave it to the worker in about one region in six (Note [bf16
+// kernel scheduling] in nn/detail/gemm_avx512bf16.cpp keeps its products' rows on the same chunks).
 //
 // Note [pool waits]: the caller, once its own chunks are done, waits for the workers' last chunks.
 // It used to poll with sched_yield until they were done. A yielding thread stays runnable, and the
@@ -72,7 +73,9 @@ class WorkerPool {
     bool wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (static_cast<int>(workers_.size()) < chunks - 1) workers_.emplace_back([this] { work(); });
+      while (static_cast<int>(workers_.size()) < chunks - 1) {
+        workers_.emplace_back([this, index = static_cast<int>(workers_.size())] { work(index); });
+      }
       job_ = {fn, ctx, n, chunks};
       done_.store(0, std::memory_order_relaxed);
       gen = ++generation_;
@@ -148,7 +151,9 @@ class WorkerPool {
     }
   }
 
-  void work() {
+  // Worker `index` takes chunks only of regions with more than index + 1 chunks: a region of c chunks
+  // is served by the caller and the first c - 1 workers, however many earlier, wider regions started.
+  void work(int index) {
     in_region_ = true;
     uint64_t seen = 0;
     uint64_t parked = park_.load(std::memory_order_relaxed);
@@ -168,7 +173,7 @@ class WorkerPool {
         job = job_;
         parked = park_.load(std::memory_order_relaxed);
       }
-      drain(gen, job, false);
+      if (index < job.chunks - 1) drain(gen, job, false);
     }
   }
 

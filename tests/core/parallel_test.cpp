@@ -61,9 +61,10 @@ TEST(Parallel, UsesSeveralThreadsAndNestedCallsRunInline) {
 }
 
 TEST(Parallel, TheCallerRunsTheFirstChunk) {
-  // The caller claims chunks from the front and workers from the back, so a worker reaches chunk 0
-  // only after chunk 1 (core/parallel.cpp, Note [worker pool]); chunk 1 here holds its thread until
-  // chunk 0 has begun, so chunk 0 runs on the caller in every region, however early a worker wakes.
+  // The caller claims chunks from the front and workers from the back, a 2-chunk region only by the
+  // first worker (the earlier tests started more), so a worker reaches chunk 0 only after chunk 1
+  // (core/parallel.cpp, Note [worker pool]); chunk 1 here holds its thread until chunk 0 has begun,
+  // so chunk 0 runs on the caller in every region, however early a worker wakes.
   const std::thread::id caller = std::this_thread::get_id();
   for (int region = 0; region < 200; ++region) {
     std::atomic<bool> first_began{false};
