@@ -29,14 +29,16 @@
 // its half (gemm_bench, instrumented: 0.1-2.4 ms late on 0.3-10 ms products), so the caller then
 // waited for, or did, the other half too. Now a late thread only takes fewer tasks.
 // Both task lists are cut into one contiguous segment per chunk of the region (SegmentedClaims):
-// chunk c takes its own segment's tasks from the front, then the others' from their backs. So
-// with 2 threads the thread running chunk 0 computes C's first rows and the other C's last rows,
-// as chunk 0 and 1 of every elementwise pass (core/parallel.h: range c of n is [n c / chunks, ...))
-// read and write them: a product's input rows and its output rows stay in the cache of the core
-// that wrote or will read them. A single counter, as before, dealt row blocks to the threads in
-// turn, and half of every operand and result then crossed between the cores; on the 2-vCPU VM
-// measured that cost the bf16 step up to 15% in the hours its vCPUs' cache-line round trip was
-// 0.44 us rather than 0.12 (docs/benchmarks.md, "bf16 step: rows kept on their core"). B's pack
+// chunk c takes its own segment's tasks from the front, then the others' from their backs. So with
+// 2 threads (and tiles spanning n, as in all the GPTs' products but attention's, which run inside a
+// region on one thread) the thread running chunk 0 computes C's first rows and the other its last
+// rows, as chunks 0 and 1 of every elementwise pass (core/parallel.h: range c of n is
+// [n c / chunks, ...)) read and write them: a product's input and output rows stay in the cache of
+// the core that wrote or will read them. A single counter, as before, dealt row blocks to the
+// threads in turn, and half of every operand and result crossed between the cores: on the 2-vCPU
+// VM measured, the bf16 step lost 15% of its CPU efficiency in the hours its vCPUs' cache-line round
+// trip was 0.44 us rather than 0.12, and by the bytes counted most of what crossed was this
+// (docs/benchmarks.md, "bf16 step: rows kept on their core"). B's pack
 // tasks are cut the same way, so for dW (k: the tokens) each thread packs the token rows it wrote.
 // Tiles span all of n where 4 per thread fit in the rows, so each A block is packed once; otherwise
 // they get shorter (to kMinMc rows) and only then narrower. A tile reads a B slice only after its
