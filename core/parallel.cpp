@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <vector>
 
+#include "core/errors.h"
 #include "core/spin.h"
 
 namespace zs {
@@ -24,8 +25,14 @@ constexpr std::chrono::microseconds kWorkerSpin{300};  // Note [worker spin]
 // condition variable as soon as there is no chunk to take, and the calling thread takes chunks
 // itself, so a slow wake-up never delays a region: at worst the caller does all of it.
 //
-// A region's chunks are claimed through one atomic word holding (generation << 32 | next chunk): a
-// worker that woke for an older region cannot claim a chunk of a newer one.
+// A region's chunks are claimed through one atomic word holding (generation << 32 | the next chunk
+// from the back << 16 | the next from the front): a worker that woke for an older region cannot
+// claim a chunk of a newer one. The caller claims from the front and workers from the back, and a
+// region of c chunks is served by the first c - 1 workers only (two workers taking from the back
+// would reach chunk 0). So with 2 threads the caller runs chunk 0 and the worker chunk 1 of every
+// region unless one of them is late, and consecutive passes over the same rows find them in their
+// core's cache; a race for chunk 0 gave it to the worker in about one region in six (Note [bf16
+// kernel scheduling] in nn/detail/gemm_avx512bf16.cpp keeps its products' rows on the same chunks).
 //
 // Note [pool waits]: the caller, once its own chunks are done, waits for the workers' last chunks.
 // It used to poll with sched_yield until they were done. A yielding thread stays runnable, and the
@@ -60,23 +67,26 @@ class WorkerPool {
       for (int c = 0; c < chunks; ++c) fn(ctx, n * c / chunks, n * (c + 1) / chunks, c);
       return;
     }
+    ZS_ASSERT(chunks < (1 << 16), "parallel region of {} chunks (at most 65535: the claim word's fields)", chunks);
     std::lock_guard<std::mutex> caller(caller_mu_);  // one region at a time
     uint64_t gen;
     bool wake;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      while (static_cast<int>(workers_.size()) < chunks - 1) workers_.emplace_back([this] { work(); });
+      while (static_cast<int>(workers_.size()) < chunks - 1) {
+        workers_.emplace_back([this, index = static_cast<int>(workers_.size())] { work(index); });
+      }
       job_ = {fn, ctx, n, chunks};
       done_.store(0, std::memory_order_relaxed);
       gen = ++generation_;
-      next_.store(gen << 32, std::memory_order_release);
+      next_.store(gen << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
       published_.store(gen, std::memory_order_release);
       wake = sleepers_ > 0;
     }
     if (wake) cv_.notify_all();
     // The caller runs chunks too; a nested call from one of them must not take caller_mu_ again.
     in_region_ = true;
-    drain(gen, job_);
+    drain(gen, job_, true);
     in_region_ = false;
     wait_done(chunks);
   }
@@ -115,13 +125,15 @@ class WorkerPool {
     }
   }
 
-  // Claims and runs chunks of region `gen` until none is left.
-  void drain(uint64_t gen, const Job& job) {
+  // Claims and runs chunks of region `gen` until none is left: the caller from the front, workers
+  // from the back.
+  void drain(uint64_t gen, const Job& job, bool front) {
     uint64_t v = next_.load(std::memory_order_acquire);
     for (;;) {
-      if ((v >> 32) != gen || static_cast<int>(v & 0xffffffffu) >= job.chunks) return;
-      if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;
-      const int c = static_cast<int>(v & 0xffffffffu);
+      const int f = static_cast<int>(v & 0xffffu), b = static_cast<int>(v >> 16 & 0xffffu);
+      if ((v >> 32) != gen || f >= b) return;
+      if (!next_.compare_exchange_weak(v, front ? v + 1 : v - (uint64_t{1} << 16), std::memory_order_acq_rel)) continue;
+      const int c = front ? f : b - 1;
       job.fn(job.ctx, job.n * c / job.chunks, job.n * (c + 1) / job.chunks, c);
       // The last chunk wakes a caller asleep in wait_done (no system call when none sleeps).
       if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == job.chunks) done_.notify_one();
@@ -139,7 +151,9 @@ class WorkerPool {
     }
   }
 
-  void work() {
+  // Worker `index` takes chunks only of regions with more than index + 1 chunks: a region of c chunks
+  // is served by the caller and the first c - 1 workers, however many earlier, wider regions started.
+  void work(int index) {
     in_region_ = true;
     uint64_t seen = 0;
     uint64_t parked = park_.load(std::memory_order_relaxed);
@@ -159,7 +173,7 @@ class WorkerPool {
         job = job_;
         parked = park_.load(std::memory_order_relaxed);
       }
-      drain(gen, job);
+      if (index < job.chunks - 1) drain(gen, job, false);
     }
   }
 

@@ -45,17 +45,12 @@ Tensor detail::linear_forward(Context& ctx, const Tensor& x, int64_t n, const Pa
   const Tensor w = weight_for(ctx, weight);
   if (weight_dtype != nullptr) *weight_dtype = weight.data().dtype();
   Tensor y = ctx.allocate(detail::with_last_dim(x.shape(), out), DType::kF32, MemoryUse::kActivation);
-  float* yp = y.data<float>();
-  if (bias != nullptr) {
-    // Broadcast the bias into y and let sgemm accumulate on top (beta = 1): one pass over y.
-    Tensor b = weight_f32(ctx, *bias);
-    const float* bp = b.data<float>();
-    detail::parallel_for(n, 64, [=](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) std::copy_n(bp, out, yp + r * out);
-    });
-  }
+  // The bias is y's starting value (beta = 1): sgemm's path broadcasts it into y first, the bf16
+  // kernel reads it in place of y (nn/detail/gemm.h).
+  Tensor b = bias != nullptr ? weight_f32(ctx, *bias) : Tensor();
   detail::gemm(detail::gemm_path_for(w.dtype()), n, out, in, 1.0f, Matrix::f32(x.data<float>(), in),
-               Matrix::of(w, /*trans=*/true), bias ? 1.0f : 0.0f, yp, out);
+               Matrix::of(w, /*trans=*/true), bias ? 1.0f : 0.0f, y.data<float>(), out,
+               bias != nullptr ? b.data<float>() : nullptr);
   return y;
 }
 

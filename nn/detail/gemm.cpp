@@ -1,5 +1,6 @@
 #include "nn/detail/gemm.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -73,13 +74,18 @@ std::string_view gemm_path_name(GemmPath path) {
 }
 
 void gemm(GemmPath path, int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
-          float* c, int64_t ldc) {
+          float* c, int64_t ldc, const float* bias) {
   if (m == 0 || n == 0 || !kernels_enabled()) return;
   if (path == GemmPath::kAvx512Bf16) {
     ZS_ASSERT(gemm_path_supported(path), "gemm: path avx512bf16 on a CPU without AVX512-BF16");
-    gemm_avx512bf16(m, n, k, alpha, a, b, beta, c, ldc);
+    gemm_avx512bf16(m, n, k, alpha, a, b, beta, c, ldc, bias);
     add_flops(2 * static_cast<uint64_t>(m) * static_cast<uint64_t>(n) * static_cast<uint64_t>(k));  // nn/flops.h
     return;
+  }
+  if (bias != nullptr) {  // C starts as bias in every row; sgemm accumulates on top
+    parallel_for(m, 64, [=](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) std::copy_n(bias, n, c + r * ldc);
+    });
   }
   std::vector<float> a_keep, b_keep;
   const float* ap = as_f32(a, a.trans ? k : m, a.trans ? m : k, a_keep);

@@ -84,7 +84,10 @@ std::string_view gemm_path_name(GemmPath path);  // "sgemm", "avx512bf16"
 // Runs on compute_threads() threads (serially when called from inside a parallel_for), does nothing
 // while kernels are off (Note [measuring run]). Path kAvx512Bf16 requires gemm_path_supported().
 // Thread-safe; buffers are per thread (a packed block of each operand, under 1 MiB).
+// bias (optional, n fp32 values): C starts as bias in every row instead of its own values, so
+// C = alpha op(A) op(B) + beta bias, bit for bit what copying bias into each row of C first gives;
+// the bf16 kernel reads bias where it would read C, without that pass over C (a layer's bias).
 void gemm(GemmPath path, int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
-          float* c, int64_t ldc);
+          float* c, int64_t ldc, const float* bias = nullptr);
 
 }  // namespace zs::nn::detail

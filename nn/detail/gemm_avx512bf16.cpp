@@ -22,12 +22,24 @@
 // one over B per product; packing B per thread and A per n block (the first version) took a fifth of
 // the large GPT's bf16 step (docs/benchmarks.md, "gemm_bench").
 //
-// Note [bf16 kernel scheduling]: a product is one parallel region whose threads claim tasks from one
-// counter: first the packing of op(B), one task per (column block, k slice), then C's tiles, column
-// block after column block. The previous version ran two regions per product (pack B, then a fixed
-// half of C per thread), and on a loaded 2-core machine the second thread often woke after the
-// caller had finished its half (gemm_bench, instrumented: 0.1-2.4 ms late on 0.3-10 ms products), so
-// the caller then waited for, or did, the other half too. Now a late thread only takes fewer tiles.
+// Note [bf16 kernel scheduling]: a product is one parallel region whose threads claim tasks: first
+// the packing of op(B), one task per (column block, k slice), then C's tiles, column block after
+// column block. The previous version ran two regions per product (pack B, then a fixed half of C per
+// thread), and on a loaded 2-core machine the second thread often woke after the caller had finished
+// its half (gemm_bench, instrumented: 0.1-2.4 ms late on 0.3-10 ms products), so the caller then
+// waited for, or did, the other half too. Now a late thread only takes fewer tasks.
+// Both task lists are cut into one contiguous segment per chunk of the region (SegmentedClaims):
+// chunk c takes its own segment's tasks from the front, then the others' from their backs. So with
+// 2 threads (and tiles spanning n, as in all the GPTs' products but attention's, which run inside a
+// region on one thread) the thread running chunk 0 computes C's first rows and the other its last
+// rows, as chunks 0 and 1 of every elementwise pass (core/parallel.h: range c of n is
+// [n c / chunks, ...)) read and write them: a product's input and output rows stay in the cache of
+// the core that wrote or will read them. A single counter, as before, dealt row blocks to the
+// threads in turn, and half of every operand and result crossed between the cores: on the 2-vCPU
+// VM measured, the bf16 step lost 15% of its CPU efficiency in the hours its vCPUs' cache-line round
+// trip was 0.44 us rather than 0.12, and by the bytes counted most of what crossed was this
+// (docs/benchmarks.md, "bf16 step: rows kept on their core"). B's pack
+// tasks are cut the same way, so for dW (k: the tokens) each thread packs the token rows it wrote.
 // Tiles span all of n where 4 per thread fit in the rows, so each A block is packed once; otherwise
 // they get shorter (to kMinMc rows) and only then narrower. A tile reads a B slice only after its
 // pack task has finished (a flag per task; the wait is for another thread's packing in progress).
@@ -41,6 +53,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "memory/simd_bf16.h"
@@ -219,10 +232,11 @@ void pack_b(const Matrix& b, int64_t j0, int64_t cols, int64_t p0, int64_t kc, u
   }
 }
 
-// C tile (MR x cols, cols <= 32) = alpha * strip . panel + beta * C (beta == 0: C is not read).
+// C tile (MR x cols, cols <= 32) = alpha * strip . panel + beta * C (beta == 0: C is not read), or
+// + beta * bias in every row where bias is not null (the first k slice of a product with a bias).
 template <int MR>
 void micro_kernel(int64_t kcp, const uint32_t* a, const uint32_t* b, float* c, int64_t ldc, int cols, float alpha,
-                  float beta) {
+                  float beta, const float* bias) {
   __m512 acc0[MR], acc1[MR];
 #pragma GCC unroll 12
   for (int i = 0; i < MR; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();
@@ -246,15 +260,17 @@ void micro_kernel(int64_t kcp, const uint32_t* a, const uint32_t* b, float* c, i
     __m512 r0 = _mm512_mul_ps(acc0[i], va);
     __m512 r1 = _mm512_mul_ps(acc1[i], va);
     if (beta != 0.0f) {
-      r0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, row), vb, r0);
-      r1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, row + 16), vb, r1);
+      const float* start = bias != nullptr ? bias : row;
+      r0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, start), vb, r0);
+      r1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, start + 16), vb, r1);
     }
     _mm512_mask_storeu_ps(row, m0, r0);
     _mm512_mask_storeu_ps(row + 16, m1, r1);
   }
 }
 
-using MicroKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, int, float, float);
+using MicroKernel = void (*)(int64_t, const uint32_t*, const uint32_t*, float*, int64_t, int, float, float,
+                             const float*);
 
 template <int... R>
 constexpr auto make_kernels(std::integer_sequence<int, R...>) {
@@ -282,9 +298,61 @@ uint32_t* packed_b_buffer(size_t words) {
   return buffer.get();
 }
 
-// One product's work list (Note [bf16 kernel scheduling]). Threads claim tasks through next_ in
-// order; a tile waits (rarely: only while another thread is still packing it) until the B slices it
-// reads are packed.
+// Tasks [0, count) split into one contiguous segment per chunk of the region (Note [bf16 kernel
+// scheduling]): chunk c claims its own segment from the front, then takes what is left of the others
+// from their backs. A segment's next front and back are one atomic word, so each task is claimed once.
+class SegmentedClaims {
+ public:
+  SegmentedClaims(int64_t count, int segments) : segments_(segments) {
+    // Up to kInline segments in place: products are called tens of thousands of times a step
+    // (attention's blocks), so no allocation for the usual thread counts.
+    if (segments > kInline) heap_ = std::make_unique<Ends[]>(static_cast<size_t>(segments));
+    ends_ = segments > kInline ? heap_.get() : inline_.data();
+    for (int c = 0; c < segments; ++c) {
+      ends_[c].v.store(pack(count * c / segments, count * (c + 1) / segments), std::memory_order_relaxed);
+    }
+  }
+
+  // The next task for chunk c, or -1 when every task is claimed.
+  int64_t claim(int chunk) {
+    if (const int64_t t = take(chunk, true); t >= 0) return t;
+    for (int i = 1; i < segments_; ++i) {
+      if (const int64_t t = take((chunk + i) % segments_, false); t >= 0) return t;
+    }
+    return -1;
+  }
+
+ private:
+  static uint64_t pack(int64_t front, int64_t back) {
+    return static_cast<uint64_t>(front) << 32 | static_cast<uint64_t>(back);
+  }
+
+  int64_t take(int segment, bool front) {
+    std::atomic<uint64_t>& e = ends_[segment].v;
+    uint64_t v = e.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t f = static_cast<int64_t>(v >> 32), b = static_cast<int64_t>(v & 0xffffffffu);
+      if (f >= b) return -1;
+      if (e.compare_exchange_weak(v, front ? pack(f + 1, b) : pack(f, b - 1), std::memory_order_relaxed)) {
+        return front ? f : b - 1;
+      }
+    }
+  }
+
+  // A cache line each: the threads claim from their own segments without moving each other's line.
+  struct alignas(64) Ends {
+    std::atomic<uint64_t> v;
+  };
+  static constexpr int kInline = 4;
+  int segments_;
+  std::array<Ends, kInline> inline_;
+  std::unique_ptr<Ends[]> heap_;
+  Ends* ends_;
+};
+
+// One product's work list (Note [bf16 kernel scheduling]). Each chunk of the region packs its share
+// of op(B) first, then computes its share of C's tiles; a tile waits (rarely: only while another
+// thread is still packing it) until the B slices it reads are packed.
 class Schedule {
  public:
   Schedule(int64_t m, int64_t n, int64_t k, int threads, const PackedB& b)
@@ -302,19 +370,18 @@ class Schedule {
     col_blocks_ = (n + nc_ - 1) / nc_;
     packs_ = col_blocks_ * slices_;
     packed_ = std::make_unique<std::atomic<uint8_t>[]>(static_cast<size_t>(packs_));
+    pack_claims_.emplace(packs_, threads);
+    tile_claims_.emplace(row_blocks() * col_blocks_, threads);
   }
 
-  // Claims and runs tasks until none is left; run by every thread of the region.
-  void run(float alpha, const Matrix& a, const Matrix& b, float beta, float* c, int64_t ldc) {
-    const int64_t tasks = packs_ + row_blocks() * col_blocks_;
-    for (int64_t t = next_.fetch_add(1, std::memory_order_relaxed); t < tasks; t = next_.fetch_add(1, std::memory_order_relaxed)) {
-      if (t < packs_) {
-        pack(b, t);
-      } else {
-        const int64_t tile = t - packs_, cb = tile / row_blocks(), rb = tile % row_blocks();
-        const int64_t i0 = rb * mc_, j0 = cb * nc_;
-        this->tile(cb, i0, std::min(m_, i0 + mc_), j0, std::min(n_, j0 + nc_), alpha, a, beta, c, ldc);
-      }
+  // Claims and runs chunk `chunk`'s tasks, then the others' left over; run by every chunk of the region.
+  void run(int chunk, float alpha, const Matrix& a, const Matrix& b, float beta, float* c, int64_t ldc,
+           const float* bias) {
+    for (int64_t t = pack_claims_->claim(chunk); t >= 0; t = pack_claims_->claim(chunk)) pack(b, t);
+    for (int64_t tile = tile_claims_->claim(chunk); tile >= 0; tile = tile_claims_->claim(chunk)) {
+      const int64_t cb = tile / row_blocks(), rb = tile % row_blocks();
+      const int64_t i0 = rb * mc_, j0 = cb * nc_;
+      this->tile(cb, i0, std::min(m_, i0 + mc_), j0, std::min(n_, j0 + nc_), alpha, a, beta, c, ldc, bias);
     }
   }
 
@@ -338,12 +405,13 @@ class Schedule {
   // C rows [i0, i1) x columns [j0, j1) of column block cb: each k slice's A block is packed once and
   // multiplied by every panel of the block.
   void tile(int64_t cb, int64_t i0, int64_t i1, int64_t j0, int64_t j1, float alpha, const Matrix& a, float beta,
-            float* c, int64_t ldc) const {
+            float* c, int64_t ldc, const float* bias) const {
     PackBuffers& buf = pack_buffers();
     for (int64_t pc = 0; pc < k_; pc += kKc) {
       const int64_t kc = std::min(kKc, k_ - pc);
       const int64_t kcp = (kc + 1) / 2;
       const float beta_here = pc == 0 ? beta : 1.0f;  // later k slices add to the first one's result
+      const float* bias_here = pc == 0 ? bias : nullptr;
       pack_a(a, i0, i1 - i0, pc, kc, buf.a.get());
       wait_packed(cb * slices_ + pc / kKc);
       for (int64_t jr = j0; jr < j1; jr += kNr) {
@@ -352,7 +420,7 @@ class Schedule {
         for (int64_t ir = 0; ir < i1 - i0; ir += kMr) {
           const int rows = static_cast<int>(std::min<int64_t>(kMr, i1 - i0 - ir));
           kKernels[rows - 1](kcp, buf.a.get() + (ir / kMr) * kcp * kMr, panel, c + (i0 + ir) * ldc + jr, ldc, cols,
-                             alpha, beta_here);
+                             alpha, beta_here, bias_here != nullptr ? bias_here + jr : nullptr);
         }
       }
     }
@@ -362,16 +430,18 @@ class Schedule {
   PackedB b_;
   int64_t nc_ = 0, col_blocks_ = 0, mc_ = 0, packs_ = 0;
   std::unique_ptr<std::atomic<uint8_t>[]> packed_;  // per pack task: 1 once its panels are written
-  std::atomic<int64_t> next_{0};
+  std::optional<SegmentedClaims> pack_claims_, tile_claims_;
 };
 
 }  // namespace
 
 void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix& a, const Matrix& b, float beta,
-                     float* c, int64_t ldc) {
-  if (k == 0) {  // no products: C = beta * C
+                     float* c, int64_t ldc, const float* bias) {
+  if (k == 0) {  // no products: C = beta * C (or beta * bias)
     for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+      for (int64_t j = 0; j < n; ++j) {
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * (bias != nullptr ? bias[j] : c[i * ldc + j]);
+      }
     }
     return;
   }
@@ -381,7 +451,7 @@ void gemm_avx512bf16(int64_t m, int64_t n, int64_t k, float alpha, const Matrix&
   Schedule schedule(m, n, k, threads, pb);
   // One region; every thread (the caller first) claims tasks until none is left, so a worker that
   // wakes late only takes fewer tiles (Note [bf16 kernel scheduling]).
-  parallel_for(threads, 1, [&](int64_t, int64_t, int) { schedule.run(alpha, a, b, beta, c, ldc); });
+  parallel_for(threads, 1, [&](int64_t, int64_t, int chunk) { schedule.run(chunk, alpha, a, b, beta, c, ldc, bias); });
 }
 
 }  // namespace zs::nn::detail

@@ -60,6 +60,27 @@ TEST(Parallel, UsesSeveralThreadsAndNestedCallsRunInline) {
   EXPECT_GE(ids.size(), 1u);  // a worker may wake late; the caller then runs both ranges
 }
 
+TEST(Parallel, TheCallerRunsTheFirstChunk) {
+  // The caller claims chunks from the front and workers from the back, a 2-chunk region only by the
+  // first worker (the earlier tests started more), so a worker reaches chunk 0 only after chunk 1
+  // (core/parallel.cpp, Note [worker pool]); chunk 1 here holds its thread until chunk 0 has begun,
+  // so chunk 0 runs on the caller in every region, however early a worker wakes.
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int region = 0; region < 200; ++region) {
+    std::atomic<bool> first_began{false};
+    std::thread::id first_on;
+    parallel_for_threads(2, 2, 1, [&](int64_t, int64_t, int chunk) {
+      if (chunk == 0) {
+        first_on = std::this_thread::get_id();
+        first_began.store(true);
+      } else {
+        while (!first_began.load()) std::this_thread::yield();
+      }
+    });
+    ASSERT_EQ(first_on, caller) << "region " << region;
+  }
+}
+
 TEST(Parallel, ConcurrentCallersTakeTurns) {
   std::atomic<int64_t> total{0};
   std::vector<std::thread> callers;

@@ -10,6 +10,7 @@
 // k 2^-24) of sum |a b|, the alpha and beta steps one rounding each. Hence per element
 //   |C - C_ref| <= |alpha| (2u + u^2 + gamma_k + 2^-23) sum_p |a_ip b_pj| + 2^-23 |beta c_ij|.
 // The sgemm path rounds nothing on input (a bf16 operand widens exactly), so its bound drops 2u + u^2.
+#include <cblas.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -145,6 +146,55 @@ TEST(Gemm, ResultDoesNotDependOnTheThreadCount) {
       if (b0 == 0) gemm(path, 30, 900, 650, 1.0f, a.matrix(), b.matrix(), 0.0f, serial.data(), 900);
     });
     EXPECT_EQ(pooled, serial) << gemm_path_name(path);
+  }
+}
+
+TEST(Gemm, SameResultOnOneToSixThreads) {
+  // Each thread claims the tiles of its own segment, then steals the rest (Note [bf16 kernel
+  // scheduling]); more segments than the claims keep in place (4) and more threads than cores (2
+  // here) still compute every tile once, in k-slice order. (OpenBLAS's sgemm splits k by its own
+  // thread count: not compared.)
+  const int saved = openblas_get_num_threads();
+  for (GemmPath path : paths_here()) {
+    if (path == GemmPath::kSgemm) continue;
+    std::mt19937 rng(5);
+    const Stored a(300, 517, 0, DType::kF32, false, rng);  // op(A): 300 x 517: 4 row blocks, 3 k slices
+    const Stored b(517, 200, 0, DType::kBF16, false, rng);
+    std::vector<float> want;
+    for (int threads : {1, 2, 3, 6}) {
+      openblas_set_num_threads(threads);
+      ASSERT_EQ(compute_threads(), threads);
+      std::vector<float> got(300 * 200, 7.0f);
+      gemm(path, 300, 200, 517, 1.0f, a.matrix(), b.matrix(), 0.5f, got.data(), 200);
+      if (want.empty()) want = got;
+      EXPECT_EQ(got, want) << gemm_path_name(path) << " on " << threads << " threads";
+    }
+  }
+  openblas_set_num_threads(saved);
+}
+
+TEST(Gemm, BiasStartsEveryRowAsACopyWould) {
+  // gemm(..., bias) equals copying bias into each row of C and passing beta, bit for bit, on every
+  // path: row and column tails, k over several slices, k = 0, beta 1 and 0.5 (a layer's bias); the
+  // row padding of C (ldc > n) is left as it was.
+  const Case cases[] = {{13, 33, 17}, {100, 97, 513}, {203, 70, 300}, {5, 40, 0}};
+  for (GemmPath path : paths_here()) {
+    std::mt19937 rng(6);
+    for (const Case& s : cases) {
+      const Stored a(s.m, s.k, 0, DType::kF32, false, rng);
+      const Stored b(s.n, s.k, 0, DType::kBF16, true, rng);
+      std::normal_distribution<float> dist;
+      std::vector<float> bias(static_cast<size_t>(s.n));
+      for (float& v : bias) v = dist(rng);
+      const int64_t ldc = s.n + 3;
+      for (float beta : {1.0f, 0.5f}) {
+        std::vector<float> copied(static_cast<size_t>(s.m * ldc), 9.0f), fused = copied;
+        for (int64_t i = 0; i < s.m; ++i) std::copy(bias.begin(), bias.end(), copied.begin() + i * ldc);
+        gemm(path, s.m, s.n, s.k, 1.0f, a.matrix(), b.matrix(), beta, copied.data(), ldc);
+        gemm(path, s.m, s.n, s.k, 1.0f, a.matrix(), b.matrix(), beta, fused.data(), ldc, bias.data());
+        EXPECT_EQ(fused, copied) << gemm_path_name(path) << " " << s.m << "x" << s.n << "x" << s.k << " beta " << beta;
+      }
+    }
   }
 }
 
