@@ -40,6 +40,8 @@ namespace zs::project {
 // hops, the latency given: the validation measures OpenMPI's TCP path) plus bytes over bandwidth, the bytes being the
 // measurement's: the engine's own code run as one rank of each shard class of each stage over simulated
 // groups that know their hosts, so they are the counters a real run reports (exact; tested).
+// With --link-costs (Note [in-step link costs] in project_compute.cpp) a collective whose group spans the
+// probe's hosts is charged the probe's measured in-step cost instead, and the compute its measured stretch.
 // Not modelled: compute slowed by the communication threads' own CPU time, MPI's spinning on shared
 // cores, network congestion beyond the host's link, stragglers.
 
@@ -225,6 +227,11 @@ void validate(const Options& options) {
                                   "BANDWIDTH,LATENCY such as 10gbit,20us",
                                   opt.ranks, opt.ranks_per_host));
   }
+  if (!opt.link_costs.empty() && opt.link_costs.ranks_per_host != opt.ranks_per_host) {
+    throw ConfigError(fmt::format("--link-costs: '{}' was measured with {} ranks per host, the projection has {}; run "
+                                  "step_comm_probe with the projection's host layout",
+                                  opt.link_costs.source, opt.link_costs.ranks_per_host, opt.ranks_per_host));
+  }
   const int want_tp = std::max(1, opt.only_tp), want_pp = std::max(1, opt.only_pp);
   if (opt.ranks % (want_tp * want_pp) != 0) {
     throw ConfigError(fmt::format("--tp {} x --pp {} does not divide --ranks {}; give degrees whose product divides {}",
@@ -248,6 +255,9 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
   rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
   rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host) *
                          (opt.as_loaded ? opt.machine.loaded_stretch : 1.0);
+  // Several hosts with the in-step probe: the compute's stretch measured in that job (its CPU share,
+  // the load at the time included; Note [in-step link costs] in project_compute.cpp).
+  if (!opt.link_costs.empty() && opt.ranks > opt.ranks_per_host) rep.oversubscription = std::max(1.0, opt.link_costs.compute_stretch);
   // The measured engines' start-up lines (one per layout, stage and rank class) would bury the table.
   struct QuietEngines {
     spdlog::level::level_enum was = logger().level();

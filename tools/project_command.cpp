@@ -31,10 +31,11 @@ namespace po = boost::program_options;
 constexpr const char* kProjectUsage =
     "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R] [--network BW,LATENCY]\n"
     "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--exact-ranks K]\n"
-    "                         [--rows K] [--json FILE] [--as-loaded]\n"
+    "                         [--rows K] [--json FILE] [--as-loaded] [--link-costs FILE]\n"
     "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
     "  --network BW,LATENCY: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several hosts)\n"
-    "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n";
+    "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n"
+    "  --link-costs FILE: in-step costs of collectives across hosts, measured by benchmarks/step_comm_probe\n";
 
 // "64" or "8,64,512" (world sizes, each >= 1).
 std::vector<int> parse_ranks(const std::string& text) {
@@ -71,6 +72,10 @@ int run(const po::variables_map& vm) {
     throw ConfigError(fmt::format("--ranks-per-host: must be at least 1, got {}", opt.ranks_per_host));
   }
   if (vm.count("network")) opt.network = project::parse_network(vm["network"].as<std::string>());
+  if (vm.count("link-costs")) {
+    const std::string path = vm["link-costs"].as<std::string>();
+    opt.link_costs = project::parse_link_costs(parse_json_file(path), path);
+  }
   opt.max_tp = vm["max-tp"].as<int>();
   if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
   if (vm.count("pp")) opt.only_pp = vm["pp"].as<int>();
@@ -131,6 +136,7 @@ int project_command(const std::vector<std::string>& args) {
       "up to this many data-parallel ranks each is measured on its own (exact bytes per rank at stage 3)")(
       "rows", po::value<int>()->default_value(10), "layouts shown in the table")(
       "as-loaded", "time the compute at this machine's present load (measured) instead of an idle host's")(
+      "link-costs", po::value<std::string>(), "in-step collective costs across hosts (step_comm_probe --json FILE)")(
       "json", po::value<std::string>(), "also write the projection as JSON to FILE");
   po::variables_map vm;
   if (const std::optional<int> code = parse_or_help("project", args, opts, kProjectUsage, vm)) return *code;

@@ -97,6 +97,73 @@ TEST(Project, BytesAcrossHostsFollowTheHostLayout) {
   EXPECT_TRUE(a.fits);
 }
 
+// A step_comm_probe JSON of 2 hosts of `per_host` ranks: an allgather's cost per call by bytes across.
+boost::json::value probe_json(int per_host, double stretch) {
+  return boost::json::parse(R"({"probe": "step_comm_probe", "ranks": )" + std::to_string(2 * per_host) +
+                            R"(, "hosts": 2, "ranks_per_host": )" + std::to_string(per_host) +
+                            R"(, "work_us": 500, "rounds": 5, "compute_stretch": )" + std::to_string(stretch) +
+                            R"(, "collectives": {"allgather": [{"bytes": 64, "inter_host_bytes": 0, "seconds": 1.0},
+                              {"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.001},
+                              {"bytes": 4096, "inter_host_bytes": 3000, "seconds": 0.003}],
+                              "reduce_scatter": [{"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.002}]}})");
+}
+
+TEST(LinkCosts, InterpolatesByBytesAcrossHosts) {
+  const LinkCosts lc = parse_link_costs(probe_json(1, 1.5), "probe.json");
+  EXPECT_EQ(lc.hosts, 2);
+  EXPECT_EQ(lc.ranks_per_host, 1);
+  EXPECT_DOUBLE_EQ(lc.compute_stretch, 1.5);
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 10), 0.001);     // below the smallest: its cost
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 2000), 0.002);   // between: on the line
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgatherv", 5000), 0.005);  // beyond: the last slope; allgatherv as allgather
+  EXPECT_DOUBLE_EQ(*lc.seconds("reduce_scatter", 7), 0.002);
+  EXPECT_FALSE(lc.seconds("allreduce", 100).has_value());    // not measured: the network model
+}
+
+TEST(LinkCosts, BadFilesNameTheKeyAndTheFix) {
+  auto message = [](const std::string& text) {
+    try {
+      parse_link_costs(boost::json::parse(text), "p.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("[]").find("--link-costs: 'p.json': not a JSON object; give the JSON of benchmarks/step_comm_probe"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ranks": 2, "hosts": 2, "ranks_per_host": 1})").find("compute_stretch is missing"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ranks": 2, "hosts": 1, "ranks_per_host": 2, "compute_stretch": 1, "collectives": {}})")
+                .find("the probe ran on one host"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ranks": 2, "hosts": 2, "ranks_per_host": 1, "compute_stretch": 1,
+                        "collectives": {"allgather": [{"bytes": 4, "seconds": 1}]}})")
+                .find("collectives.allgather[0].inter_host_bytes is missing"),
+            std::string::npos);
+}
+
+TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
+  Options o = options(2, 1);
+  const Report model = project(tiny_config(3), o);
+  o.link_costs = parse_link_costs(probe_json(1, 3.0), "probe.json");
+  const Report probed = project(tiny_config(3), o);
+  const Projection& a = model.layouts.front();
+  const Projection& b = probed.layouts.front();
+  ASSERT_TRUE(b.valid) << b.why_not;
+  EXPECT_EQ(probed.oversubscription, 3.0);  // the probe's compute stretch
+  EXPECT_GT(b.compute_s, 2.0 * a.compute_s);  // x3 against x1 (each call measures its compute anew)
+  EXPECT_GT(b.dp_comm_s, a.dp_comm_s);  // 1-3 ms per gather against 1 Gbit/s's microseconds
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(b.ranks[r].bytes_sent, a.ranks[r].bytes_sent);  // bytes untouched
+  o.link_costs = parse_link_costs(probe_json(2, 1.0), "probe.json");
+  try {
+    project(tiny_config(3), o);
+    ADD_FAILURE() << "a probe of another host layout was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--link-costs: 'probe.json' was measured with 2 ranks per host, the projection has 1"),
+              std::string::npos);
+  }
+}
+
 TEST(Project, RefusesLayoutsWithAReason) {
   Options o = options(2, 1);
   o.only_tp = 2;
