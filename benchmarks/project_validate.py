@@ -99,7 +99,9 @@ def network_fit(args, tmp, rate, slots):
     big = [(b, t - latency) for b, t in times[1:]]
     slope = sum(b * t for b, t in big) / sum(b * b for b, _ in big)  # seconds per byte, through the origin
     # Each rank sends B/2 across (2 hosts), its host's `slots` ranks at once: t - LATENCY = B x slots / 2 / BANDWIDTH.
-    bandwidth = slots / 2.0 / slope if slope > 0 else float("inf")
+    # A slope at or below zero (the load hid the bytes' time): tc's nominal rate.
+    nominal = float(rate.replace("gbit", "e9").replace("mbit", "e6").replace("kbit", "e3")) / 8
+    bandwidth = slots / 2.0 / slope if slope > 0 else nominal
     return {"network": f"{bandwidth:.0f}bps,{latency * 1e6:.1f}us", "latency_s": latency, "bytes_per_s": bandwidth,
             "allgather_s_by_bytes": {str(b): t for b, t in times},
             "fit_over_measured_by_bytes": {str(b): (latency + b * slope) / t for b, t in times}, "slots": slots}

@@ -97,9 +97,13 @@ int run(const po::variables_map& vm) {
   if (vm.count("cores-per-host") && cores < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", cores));
   // Once per invocation: every layout and world size is charged the same measured collective.
   opt.machine = project::probe_machine(host_ranks, cores);
-  // The compute is measured with the threads a rank of that host would get (launch's share); a host of
-  // more cores than this machine's is measured with this machine's.
-  launch::set_blas_threads(std::min(host_ranks, opt.machine.cores_per_host));
+  // The compute is measured with the threads a rank of that host gets: its share of the host's cores
+  // (threads_per_rank: cores / ranks, at least 1), at most this machine's CPUs. set_blas_threads splits
+  // this machine's CPUs over the ranks it is told of, so it is told as many as give that share. (It was
+  // told min(ranks, cores) ranks: right where the host has this machine's cores, but a host of fewer,
+  // the two-host validation's 1 core each, got a rank measured with 2 threads where it has 1 core.)
+  const int cpus = std::max(1, static_cast<int>(launch::allowed_cpus().size()));
+  launch::set_blas_threads(std::max(1, cpus / std::min(cpus, opt.machine.threads_per_rank)));
   // zeroshard train's step boundary (tools/train_command.cpp): the stop agreement over dp, tp and pp,
   // run over the measured groups. Its watch must not swallow a Ctrl-C here: the first signal ends the
   // projection at once, as it would without the watch.
