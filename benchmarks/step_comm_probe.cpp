@@ -3,7 +3,7 @@
 // (docs/scaling.md, "Validation"; Note [in-step link costs] in project/project_compute.cpp).
 //
 //   hosts.sh --hosts 2 --slots 2 --rate 1gbit -- -np 4 build/release/benchmarks/step_comm_probe --json costs.json
-//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1]
+//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N]
 //
 // A collective alone (comm_bench) and the same collective inside a step differ: in the step every rank
 // computes between collectives, so a peer whose core the scheduler gave to another rank arrives late,
@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
     const double work_us = std::stod(bench::arg_value(argc, argv, "--work-us", "1000"));
     const int rounds = std::max(1, std::stoi(bench::arg_value(argc, argv, "--rounds", "5")));
     const size_t min_bytes = std::stoul(bench::arg_value(argc, argv, "--min-bytes", "64"));
-    const size_t max_bytes = std::stoul(bench::arg_value(argc, argv, "--max-mib", "1")) << 20;
+    const std::string max_given = bench::arg_value(argc, argv, "--max-bytes", "");
+    const size_t max_bytes = max_given.empty() ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "1")) << 20
+                                               : std::stoul(max_given);
     const char* names[] = {"allgather", "reduce_scatter", "allreduce", "sendrecv"};
     std::vector<size_t> sizes;
     for (size_t b = min_bytes; b <= max_bytes; b *= 4) sizes.push_back(b);
