@@ -78,6 +78,11 @@ Network parse_network(const std::string& text) {
 // rank's compute really gets there (4 ranks on 2 cores that also spin in collectives get less than
 // half a core each). Valid for the host layout it was measured with (validate() requires the same
 // ranks per host) and groups over as many hosts; larger groups fall back to the model.
+// The link's sustained bandwidth still bounds a step: each collective kind's calls are charged at least
+// their bytes across hosts over --network's bandwidth (the host's ranks sharing it). The probe's calls
+// come one per size with compute between, so a shaper's burst (tc tbf's 64 KiB or 10 ms of the rate)
+// lends each of them the veth's speed; a ZeRO-3 step's 30 gathers in a row empty it (two hosts of 2 at
+// 100 Mbit/s: the probe's costs summed to 0.20 s for bytes the link carries in 0.27 s at best).
 
 std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes) const {
   const std::string kind = op == "allgatherv" ? "allgather" : (op == "send" || op == "recv") ? "sendrecv" : op;
@@ -373,7 +378,9 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     if (inter > 0 && group_hosts == opt.link_costs.hosts) {
       // Measured inside a job on such hosts, per call (Note [in-step link costs]).
       if (const std::optional<double> call = opt.link_costs.seconds(op.name, inter / std::max(1.0, n))) {
-        t += n * *call;
+        // At least the bytes at the link's sustained rate, the host's ranks sharing it: a probe's call
+        // after a pause rides the shaper's burst, a step's calls in a row do not (Note [in-step link costs]).
+        t += std::max(n * *call, inter * link_sharers / opt.network.bytes_per_s);
         continue;
       }
     }

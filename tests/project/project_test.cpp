@@ -154,6 +154,14 @@ TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
   EXPECT_GT(b.compute_s, 2.0 * a.compute_s);  // x3 against x1 (each call measures its compute anew)
   EXPECT_GT(b.dp_comm_s, a.dp_comm_s);  // 1-3 ms per gather against 1 Gbit/s's microseconds
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(b.ranks[r].bytes_sent, a.ranks[r].bytes_sent);  // bytes untouched
+  // Costs far below the link's rate: the bytes at --network's bandwidth bound the step.
+  boost::json::value cheap = probe_json(1, 1.0);
+  for (auto& [name, rows] : cheap.as_object()["collectives"].as_object()) {
+    for (auto& row : rows.as_array()) row.as_object()["seconds"] = 1e-12;
+  }
+  o.link_costs = parse_link_costs(cheap, "cheap.json");
+  const Projection& c = project(tiny_config(3), o).layouts.front();
+  EXPECT_GE(c.dp_comm_s, static_cast<double>(c.ranks[0].bytes_inter_host) / o.network.bytes_per_s);
   o.link_costs = parse_link_costs(probe_json(2, 1.0), "probe.json");
   try {
     project(tiny_config(3), o);
