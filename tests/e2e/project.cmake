@@ -24,6 +24,9 @@ zs_e2e(NAME project_bad_network_comma EXPECT fail ONCE "${one_error}"
 zs_e2e(NAME project_needs_network EXPECT fail ONCE "${one_error}"
   REGEX "--network: 4 ranks on hosts of 2 need the link between hosts; give --network BANDWIDTH,LATENCY"
   COMMAND ${tool} project --config ${proj_cfg} --ranks 4 --ranks-per-host 2)
+zs_e2e(NAME project_bad_link_costs EXPECT fail ONCE "${one_error}"
+  REGEX "--link-costs: '[^']*project_tiny.json': ranks is missing or not a number; give the JSON of benchmarks/step_comm_probe"
+  COMMAND ${tool} project --config ${proj_cfg} --ranks 2 --ranks-per-host 1 --network 1gbit,20us --link-costs ${proj_cfg})
 zs_e2e(NAME project_no_model EXPECT fail ONCE "${one_error}"
   REGEX "model: the config has no model section"
   COMMAND ${tool} project --config ${ZS_BAD}/estimate_no_model.json --ranks 2)
