@@ -150,8 +150,10 @@ TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
   const Projection& a = model.layouts.front();
   const Projection& b = probed.layouts.front();
   ASSERT_TRUE(b.valid) << b.why_not;
-  EXPECT_EQ(probed.oversubscription, 3.0);  // the probe's compute stretch
-  EXPECT_GT(b.compute_s, 2.0 * a.compute_s);  // x3 against x1 (each call measures its compute anew)
+  // The compute's factor: the probe's stretch instead of ranks / cores (each project() measures its
+  // compute anew, so their seconds are not compared).
+  EXPECT_EQ(model.oversubscription, 1.0);
+  EXPECT_EQ(probed.oversubscription, 3.0);
   EXPECT_GT(b.dp_comm_s, a.dp_comm_s);  // 1-3 ms per gather against 1 Gbit/s's microseconds
   for (size_t r = 0; r < 2; ++r) EXPECT_EQ(b.ranks[r].bytes_sent, a.ranks[r].bytes_sent);  // bytes untouched
   // Costs far below the link's rate: the bytes at --network's bandwidth bound the step.
