@@ -133,11 +133,22 @@ def project(args, tmp, path, name, np, tp, pp, per_host, hosts, link, link_costs
 
 
 def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
-    """benchmarks/step_comm_probe over the same hosts and link, with the layout's compute per collective
-    between collectives (its CPU seconds: the projected compute over its stretch): the in-step cost of
-    each collective by size (docs/scaling.md, "Validation")."""
-    work_us = 1e6 * lay["compute_s"] / max(1.0, oversubscription) / max(1, lay["collectives_per_step"])
-    work_us = min(20000.0, max(20.0, work_us))
+    """benchmarks/step_comm_probe over the same hosts and link, with the compute the layout's rank runs
+    between two collectives that wait on its compute thread (CPU seconds: the projected compute over its
+    stretch): ZeRO-3's gathers split the passes, a pipeline's sends each pass; at stages 0-2 the
+    gradient buckets run beside the passes and the step's blocking collectives follow them, so the passes
+    are one stretch of compute. The length matters: the scheduler preempts a rank in a 3 ms stretch
+    where it leaves a 0.3 ms one alone (4 ranks on 2 cores at load 9: compute stretch 2.6 against 1.3, a
+    gather's in-step cost 8-9 ms against 1.3 ms). The in-step cost of each collective by size
+    (docs/scaling.md, "Validation")."""
+    cpu = lay["compute_s"] / max(1.0, oversubscription)
+    if lay["zero_stage"] == 3:
+        work = cpu / max(1, lay["collectives_per_step"])
+    elif lay["pp"] > 1:
+        work = cpu / (2 * max(1, lay["micro_batches"]))
+    else:
+        work = cpu
+    work_us = min(50000.0, max(20.0, 1e6 * work))
     out = os.path.join(tmp, name + ".probe.json")
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "step_comm_probe")
     cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", str(hosts), "--slots", str(per_host), "--rate", rate,
