@@ -11,8 +11,9 @@
 // computes. So each round here runs, for every collective (allgather, reduce-scatter, allreduce over
 // the world; a point-to-point exchange with the rank on the other half of the world) and every size
 // (powers of 4, the full buffer as comm_bench counts it), `--work-us` of CPU time on the calling thread
-// (a layer's compute between two collectives: the validation's steps run about 1 ms of compute per
-// collective) and then the collective, timed on each rank from its call to its return. Per collective
+// (the step's compute between two collectives that wait on its compute thread: benchmarks/
+// project_validate.py derives it per layout; its length decides how often the scheduler preempts it)
+// and then the collective, timed on each rank from its call to its return. Per collective
 // and size the cost is the mean over ranks of each rank's median over `--rounds` rounds (after one
 // untimed round): what a rank's step pays per call, the wait for late peers included. The key is the
 // bytes the call sends across hosts per rank (the comm counters' rule, Note [Bytes across hosts]), so

@@ -68,7 +68,7 @@ Network parse_network(const std::string& text) {
 // the scheduler has taken off its core arrives late, ranks that share a core take turns, and a rank
 // spinning in a collective takes CPU from one that computes. The projection, one process, cannot see
 // that across hosts, so benchmarks/step_comm_probe measures it inside a real job on those hosts: rounds
-// of about a layer's compute (1 ms of CPU time) then one collective, over the sizes of a step's gathers,
+// of the step's compute between two blocking collectives (given to it) then one collective, over the sizes of a step's gathers,
 // buckets and transfers, each call timed on each rank (the mean over ranks of their medians: what a
 // rank's step pays per call, its waits for late peers included). A collective of the projected step
 // whose group spans the probe's hosts is charged the probe's seconds for its bytes across hosts per
