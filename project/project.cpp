@@ -21,9 +21,13 @@ namespace zs::project {
 //              the oversubscription max(1, ranks per host / cores) when ranks share cores (--as-loaded:
 //              times the collective probe's measured stretch of the compute at the present load,
 //              Note [collective probe]).
-//   tp, pp     the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
-//              parallelism's gathers and reduce-scatters) and the stage's point-to-point sends are on
-//              the critical path: their time is spread over the stage's passes.
+//   tp         the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
+//              parallelism's gathers and reduce-scatters) are on the critical path: their time is
+//              spread over the stage's passes.
+//   pp         a point-to-point send is a delay between the producing pass and the next stage's
+//              consuming one, the sender not held (send_async; Note [transfer delay] in pp/schedule.h):
+//              pp::timeline's transfer time, one send's cost; the pp group's other calls are spread
+//              over the passes.
 //   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
@@ -61,7 +65,7 @@ int distinct(const std::vector<int>& hosts) {
 }
 
 struct StageTime {
-  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, dp_grad = 0, dp_gather = 0, dp_other = 0;
+  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, pp_transfer = 0, dp_grad = 0, dp_gather = 0, dp_other = 0;
   double optimizer = 0, flops = 0;
   uint64_t collectives = 0;
 };
@@ -142,8 +146,18 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       st.collectives += g.count();
       if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
       if (g.group == "pp") {
+        // A send is a delay before the next stage's pass, not time on this one's (Note [transfer delay]
+        // in pp/schedule.h): per send, its cost; the group's other calls (receives' posting, the loss's
+        // broadcast) stay on the passes.
         const int pp_hosts = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.pp_hosts(0, 0));
-        st.pp_comm = detail::group_seconds(g, opt, pp_hosts > 1 ? 2 : 1, R);
+        for (const comm::OpStats& op : g.ops) {
+          const double secs = detail::group_seconds(engine::GroupStep{.group = "pp", .ops = {op}}, opt, pp_hosts > 1 ? 2 : 1, R);
+          if (op.name == "send" && op.count > 0) {
+            st.pp_transfer = std::max(st.pp_transfer, secs / static_cast<double>(op.count));
+          } else {
+            st.pp_comm += secs;
+          }
+        }
       }
       if (g.group != "dp") continue;
       for (const comm::OpStats& op : g.ops) {
@@ -171,7 +185,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     const pp::PipelineShape shape{.stages = l.pp, .chunks = cfg.pipeline.virtual_pipeline_size, .micro_batches = m};
     const pp::Schedule sched = cfg.pipeline.schedule;
     std::vector<std::vector<double>> secs(static_cast<size_t>(l.pp));
+    double transfer = 0.0;  // one send's time (activations and their gradients have one size)
     for (int s = 0; s < l.pp; ++s) {
+      transfer = std::max(transfer, stages[static_cast<size_t>(s)].pp_transfer);
       const StageTime& st = stages[static_cast<size_t>(s)];
       const double extra = (st.tp_comm + st.pp_comm) / passes;
       const double chunks = static_cast<double>(shape.chunks);
@@ -182,8 +198,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       }
       p.compute_s = std::max(p.compute_s, static_cast<double>(m) * (st.forward + st.backward) + st.optimizer);
     }
-    const pp::Timeline tl = pp::timeline(sched, shape, secs);
+    const pp::Timeline tl = pp::timeline(sched, shape, secs, transfer);
     p.pipeline_s = tl.makespan;
+    p.pp_transfer_s = transfer;
     p.bubble = *std::max_element(tl.bubble.begin(), tl.bubble.end());
   }
   double flops = 0;

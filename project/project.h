@@ -136,6 +136,7 @@ struct Projection {
   double compute_s = 0.0;     // the slowest stage's passes and optimizer, without communication
   double pipeline_s = 0.0;    // the schedule's makespan (passes, tp and pp communication, bubble)
   double bubble = 0.0;        // of pipeline_s, the slowest stage's idle share
+  double pp_transfer_s = 0.0; // one pipeline send's time, a delay before the receiving pass (Note [transfer delay])
   double dp_comm_s = 0.0;     // the data-parallel collectives' time, of which exposed:
   double dp_exposed_s = 0.0;
   double tp_comm_s = 0.0;

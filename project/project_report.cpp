@@ -78,6 +78,7 @@ boost::json::object report_to_json(const Report& rep) {
     j["compute_s"] = p.compute_s;
     j["pipeline_s"] = p.pipeline_s;
     j["bubble"] = p.bubble;
+    j["pp_transfer_s"] = p.pp_transfer_s;
     j["dp_comm_s"] = p.dp_comm_s;
     j["dp_exposed_s"] = p.dp_exposed_s;
     j["tp_comm_s"] = p.tp_comm_s;
