@@ -27,7 +27,9 @@ namespace zs::project {
 //   pp         a point-to-point send is a delay between the producing pass and the next stage's
 //              consuming one, the sender not held (send_async; Note [transfer delay] in pp/schedule.h):
 //              pp::timeline's transfer time, one send's cost; the pp group's other calls are spread
-//              over the passes.
+//              over the passes. Across hosts a send's in-step cost (--link-costs) is the probe's, and
+//              the link's sustained rate bounds the sends' sum, the pipeline's makespan, not each send
+//              (a pass lies between two sends: a shaper's burst refills).
 //   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
@@ -65,7 +67,8 @@ int distinct(const std::vector<int>& hosts) {
 }
 
 struct StageTime {
-  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, pp_transfer = 0, dp_grad = 0, dp_gather = 0, dp_other = 0;
+  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, pp_transfer = 0, pp_link = 0, dp_grad = 0, dp_gather = 0,
+         dp_other = 0;
   double optimizer = 0, flops = 0;
   uint64_t collectives = 0;
 };
@@ -154,6 +157,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
           const double secs = detail::group_seconds(engine::GroupStep{.group = "pp", .ops = {op}}, opt, pp_hosts > 1 ? 2 : 1, R);
           if (op.name == "send" && op.count > 0) {
             st.pp_transfer = std::max(st.pp_transfer, secs / static_cast<double>(op.count));
+            // The sends' bytes across hosts at the link's sustained rate (its R ranks sharing it): a
+            // bound on the step, where each transfer alone may ride a shaper's burst.
+            if (op.bytes_inter_host > 0) st.pp_link = static_cast<double>(op.bytes_inter_host) * R / opt.network.bytes_per_s;
           } else {
             st.pp_comm += secs;
           }
@@ -200,6 +206,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     }
     const pp::Timeline tl = pp::timeline(sched, shape, secs, transfer);
     p.pipeline_s = tl.makespan;
+    for (const StageTime& st : stages) p.pipeline_s = std::max(p.pipeline_s, st.pp_link);
     p.pp_transfer_s = transfer;
     p.bubble = *std::max_element(tl.bubble.begin(), tl.bubble.end());
   }

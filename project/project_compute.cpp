@@ -380,7 +380,9 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
       if (const std::optional<double> call = opt.link_costs.seconds(op.name, inter / std::max(1.0, n))) {
         // At least the bytes at the link's sustained rate, the host's ranks sharing it: a probe's call
         // after a pause rides the shaper's burst, a step's calls in a row do not (Note [in-step link costs]).
-        t += std::max(n * *call, inter * link_sharers / opt.network.bytes_per_s);
+        // A pipeline's sends are not in a row (a pass between each two): the rate bounds their sum,
+        // the pipeline's step (project.cpp), not each transfer.
+        t += p2p ? n * *call : std::max(n * *call, inter * link_sharers / opt.network.bytes_per_s);
         continue;
       }
     }
