@@ -174,6 +174,36 @@ TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
   }
 }
 
+// pp 2 over 2 hosts of 1 rank: a send is the probe's sendrecv cost, a delay before the receiving
+// stage's pass (Note [transfer delay] in pp/schedule.h); the link's sustained rate bounds the sends' sum.
+TEST(Project, PipelineSendsAreTheProbesCostBoundedByTheLinkRate) {
+  Options o = options(2, 1);
+  o.only_pp = 2;
+  auto with_sendrecv = [](double secs) {
+    boost::json::value v = probe_json(1, 1.0);
+    v.as_object()["collectives"].as_object()["sendrecv"] =
+        boost::json::parse(R"([{"bytes": 64, "inter_host_bytes": 64, "seconds": )" + std::to_string(secs) + "}]");
+    return parse_link_costs(v, "probe.json");
+  };
+  o.link_costs = with_sendrecv(0.05);
+  const Projection slow = project(tiny_config(1), o).layouts.front();
+  ASSERT_TRUE(slow.valid) << slow.why_not;
+  EXPECT_DOUBLE_EQ(slow.pp_transfer_s, 0.05);
+  // 4 micro-batches at 2 in flight: a micro-batch's forward there and backward back, twice in a row.
+  EXPECT_GT(slow.pipeline_s, 4 * 0.05);
+  EXPECT_LT(slow.pipeline_s, 8 * 0.05 + 0.5);
+  // A cheap probe at 1 Mbit/s: the sends' bytes at the link's rate are the pipeline's floor.
+  o.network = parse_network("1mbit,20us");
+  o.link_costs = with_sendrecv(1e-9);
+  const Projection cheap = project(tiny_config(1), o).layouts.front();
+  // Stage 0's 4 activations of micro-batch 2 x seq 16 x d_model 32 in f32 (its pp bytes also hold the tied
+  // embedding's gradient all-reduce, which stays on the passes).
+  const double sends = 4.0 * 2 * 16 * 32 * 4 / o.network.bytes_per_s;
+  EXPECT_GT(sends, 0.1);
+  EXPECT_GE(cheap.pipeline_s, sends);
+  EXPECT_LT(cheap.pipeline_s, 1.1 * sends);
+}
+
 TEST(Project, RefusesLayoutsWithAReason) {
   Options o = options(2, 1);
   o.only_tp = 2;
