@@ -164,6 +164,14 @@ TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
   o.link_costs = parse_link_costs(cheap, "cheap.json");
   const Projection& c = project(tiny_config(3), o).layouts.front();
   EXPECT_GE(c.dp_comm_s, static_cast<double>(c.ranks[0].bytes_inter_host) / o.network.bytes_per_s);
+  // Hosts of 2 ranks on 1 core: a probe's stretch below ranks / cores (its ranks yield while waiting)
+  // does not lower the compute's factor below 2.
+  Options shared = options(4, 2);
+  shared.machine.cores_per_host = 1;
+  shared.link_costs = parse_link_costs(probe_json(2, 1.2), "probe.json");
+  EXPECT_EQ(project(tiny_config(3), shared).oversubscription, 2.0);
+  shared.link_costs = parse_link_costs(probe_json(2, 3.5), "probe.json");
+  EXPECT_EQ(project(tiny_config(3), shared).oversubscription, 3.5);
   o.link_costs = parse_link_costs(probe_json(2, 1.0), "probe.json");
   try {
     project(tiny_config(3), o);
