@@ -158,7 +158,8 @@ static double pass_time(Schedule s, Op::Kind k) {
   return s == Schedule::kZeroBubbleH1 ? 1.0 : 2.0;
 }
 
-Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds) {
+Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds,
+                  double transfer_s) {
   const int p = shape.stages, G = shape.global_chunks();
   const int64_t m = shape.micro_batches;
   Timeline tl;
@@ -187,15 +188,19 @@ Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std:
         const Op& o = list[i];
         const int g = o.chunk * p + r;
         double dep = 0.0;
+        int from = g;  // the global chunk whose pass produced the input
         if (o.kind == Op::kWeight) {
           dep = at(tl.backward_end, o.micro_batch, g);  // its own input gradient, earlier on this rank
         } else if (o.kind == Op::kForward) {
+          from = g == 0 ? g : g - 1;
           dep = g == 0 ? 0.0 : at(tl.forward_end, o.micro_batch, g - 1);
         } else {
+          from = g == G - 1 ? g : g + 1;
           dep = g == G - 1 ? at(tl.forward_end, o.micro_batch, g) : at(tl.backward_end, o.micro_batch, g + 1);
           if (at(tl.forward_end, o.micro_batch, g) < 0.0) dep = -1.0;
         }
         if (dep < 0.0) break;
+        if (from % p != r) dep += transfer_s;  // from another rank: its transfer (Note [transfer delay])
         const double t0 = std::max(free_at[static_cast<size_t>(r)], dep);
         const double d = seconds.empty() ? pass_time(s, o.kind) : seconds[static_cast<size_t>(r)][i];
         tl.start[static_cast<size_t>(r)].push_back(t0);

@@ -114,10 +114,21 @@ Plan plan(Schedule s, const PipelineShape& shape);
 
 // The schedule run on a timeline: every rank runs its passes (schedule_ops) in order, each starting
 // once the rank is free and the pass's input exists (the producing pass on the neighbouring chunk has
-// ended; transfers take no time). plan() takes it with unit pass times; given measured pass times it
-// is the step the schedule would take with those passes on a rank of its own each: pp_bubble_bench
-// replays each pass's CPU seconds through it where ranks share cores (docs/benchmarks.md, "Pipeline
-// bubble, memory and step time").
+// ended, plus `transfer_s` where that chunk is on another rank). plan() takes it with unit pass times
+// and no transfer time; given measured pass times it is the step the schedule would take with those
+// passes on a rank of its own each: pp_bubble_bench replays each pass's CPU seconds through it where
+// ranks share cores (docs/benchmarks.md, "Pipeline bubble, memory and step time"), and zeroshard
+// project adds the link's time per transfer.
+//
+// Note [transfer delay]
+// pp::Pipeline posts its sends asynchronously (send_async) and goes on with its next pass; only the
+// receiving rank waits, at the pass that consumes the tensor. So a transfer is a delay between the
+// producing pass's end and the earliest start of the consuming pass on the next rank, not time on
+// either rank's passes: `transfer_s` (the link's latency and the tensor's bytes over its bandwidth)
+// is added to a dependency between passes on different ranks, and the sender stays free. Not
+// modelled: comm's executor runs a rank's transfers one at a time in posting order (Note
+// [Point-to-point] in comm/p2p.cpp), and a send is waited for after the sender's next action (Note
+// [send retirement] in pp/pipeline.h): transfers in flight together queue there rather than overlap.
 struct Timeline {
   std::vector<std::vector<Op>> ops;           // per rank: schedule_ops
   std::vector<std::vector<double>> start;     // per rank: each pass's start
@@ -126,7 +137,9 @@ struct Timeline {
   std::vector<double> bubble;                 // per rank: 1 - its pass time / makespan
 };
 // `seconds[r][i]`: the time of rank r's i-th pass (schedule_ops order); empty: plan()'s unit times
-// (forward 1, backward 2; ZB-H1's B and W 1 each). Throws UsageError as plan().
-Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds = {});
+// (forward 1, backward 2; ZB-H1's B and W 1 each). `transfer_s`: each transfer's time between ranks
+// (Note [transfer delay]). Throws UsageError as plan().
+Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds = {},
+                  double transfer_s = 0.0);
 
 }  // namespace zs::pp

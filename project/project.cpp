@@ -21,9 +21,15 @@ namespace zs::project {
 //              the oversubscription max(1, ranks per host / cores) when ranks share cores (--as-loaded:
 //              times the collective probe's measured stretch of the compute at the present load,
 //              Note [collective probe]).
-//   tp, pp     the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
-//              parallelism's gathers and reduce-scatters) and the stage's point-to-point sends are on
-//              the critical path: their time is spread over the stage's passes.
+//   tp         the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
+//              parallelism's gathers and reduce-scatters) are on the critical path: their time is
+//              spread over the stage's passes.
+//   pp         a point-to-point send is a delay between the producing pass and the next stage's
+//              consuming one, the sender not held (send_async; Note [transfer delay] in pp/schedule.h):
+//              pp::timeline's transfer time, one send's cost; the pp group's other calls are spread
+//              over the passes. Across hosts a send's in-step cost (--link-costs) is the probe's, and
+//              the link's sustained rate bounds the sends' sum, the pipeline's makespan, not each send
+//              (a pass lies between two sends: a shaper's burst refills).
 //   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
@@ -40,6 +46,8 @@ namespace zs::project {
 // hops, the latency given: the validation measures OpenMPI's TCP path) plus bytes over bandwidth, the bytes being the
 // measurement's: the engine's own code run as one rank of each shard class of each stage over simulated
 // groups that know their hosts, so they are the counters a real run reports (exact; tested).
+// With --link-costs (Note [in-step link costs] in project_compute.cpp) a collective whose group spans the
+// probe's hosts is charged the probe's measured in-step cost instead, and the compute its measured stretch.
 // Not modelled: compute slowed by the communication threads' own CPU time, MPI's spinning on shared
 // cores, network congestion beyond the host's link, stragglers.
 
@@ -59,7 +67,8 @@ int distinct(const std::vector<int>& hosts) {
 }
 
 struct StageTime {
-  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, dp_grad = 0, dp_gather = 0, dp_other = 0;
+  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, pp_transfer = 0, pp_link = 0, dp_grad = 0, dp_gather = 0,
+         dp_other = 0;
   double optimizer = 0, flops = 0;
   uint64_t collectives = 0;
 };
@@ -140,8 +149,21 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       st.collectives += g.count();
       if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
       if (g.group == "pp") {
+        // A send is a delay before the next stage's pass, not time on this one's (Note [transfer delay]
+        // in pp/schedule.h): per send, its cost; the group's other calls (receives' posting, the loss's
+        // broadcast) stay on the passes.
         const int pp_hosts = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.pp_hosts(0, 0));
-        st.pp_comm = detail::group_seconds(g, opt, pp_hosts > 1 ? 2 : 1, R);
+        for (const comm::OpStats& op : g.ops) {
+          const double secs = detail::group_seconds(engine::GroupStep{.group = "pp", .ops = {op}}, opt, pp_hosts > 1 ? 2 : 1, R);
+          if (op.name == "send" && op.count > 0) {
+            st.pp_transfer = std::max(st.pp_transfer, secs / static_cast<double>(op.count));
+            // The sends' bytes across hosts at the link's sustained rate (its R ranks sharing it): a
+            // bound on the step, where each transfer alone may ride a shaper's burst.
+            if (op.bytes_inter_host > 0) st.pp_link = static_cast<double>(op.bytes_inter_host) * R / opt.network.bytes_per_s;
+          } else {
+            st.pp_comm += secs;
+          }
+        }
       }
       if (g.group != "dp") continue;
       for (const comm::OpStats& op : g.ops) {
@@ -169,7 +191,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     const pp::PipelineShape shape{.stages = l.pp, .chunks = cfg.pipeline.virtual_pipeline_size, .micro_batches = m};
     const pp::Schedule sched = cfg.pipeline.schedule;
     std::vector<std::vector<double>> secs(static_cast<size_t>(l.pp));
+    double transfer = 0.0;  // one send's time (activations and their gradients have one size)
     for (int s = 0; s < l.pp; ++s) {
+      transfer = std::max(transfer, stages[static_cast<size_t>(s)].pp_transfer);
       const StageTime& st = stages[static_cast<size_t>(s)];
       const double extra = (st.tp_comm + st.pp_comm) / passes;
       const double chunks = static_cast<double>(shape.chunks);
@@ -180,8 +204,10 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       }
       p.compute_s = std::max(p.compute_s, static_cast<double>(m) * (st.forward + st.backward) + st.optimizer);
     }
-    const pp::Timeline tl = pp::timeline(sched, shape, secs);
+    const pp::Timeline tl = pp::timeline(sched, shape, secs, transfer);
     p.pipeline_s = tl.makespan;
+    for (const StageTime& st : stages) p.pipeline_s = std::max(p.pipeline_s, st.pp_link);
+    p.pp_transfer_s = transfer;
     p.bubble = *std::max_element(tl.bubble.begin(), tl.bubble.end());
   }
   double flops = 0;
@@ -225,6 +251,11 @@ void validate(const Options& options) {
                                   "BANDWIDTH,LATENCY such as 10gbit,20us",
                                   opt.ranks, opt.ranks_per_host));
   }
+  if (!opt.link_costs.empty() && opt.link_costs.ranks_per_host != opt.ranks_per_host) {
+    throw ConfigError(fmt::format("--link-costs: '{}' was measured with {} ranks per host, the projection has {}; run "
+                                  "step_comm_probe with the projection's host layout",
+                                  opt.link_costs.source, opt.link_costs.ranks_per_host, opt.ranks_per_host));
+  }
   const int want_tp = std::max(1, opt.only_tp), want_pp = std::max(1, opt.only_pp);
   if (opt.ranks % (want_tp * want_pp) != 0) {
     throw ConfigError(fmt::format("--tp {} x --pp {} does not divide --ranks {}; give degrees whose product divides {}",
@@ -248,6 +279,15 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
   rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
   rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host) *
                          (opt.as_loaded ? opt.machine.loaded_stretch : 1.0);
+  // Several hosts with the in-step probe: the compute's stretch measured in that job (its CPU share,
+  // the load at the time included; Note [in-step link costs] in project_compute.cpp), but never below
+  // ranks / cores: the probe's ranks wait between short stretches of work and yield their core to the
+  // one computing (4 ranks on 2 cores measured 1.1-1.3 with ZeRO-3's 0.2 ms between gathers), while a
+  // training step's ranks all compute most of the time and get C / R of a core each.
+  if (!opt.link_costs.empty() && opt.ranks > opt.ranks_per_host) {
+    rep.oversubscription = std::max({1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host,
+                                     opt.link_costs.compute_stretch});
+  }
   // The measured engines' start-up lines (one per layout, stage and rank class) would bury the table.
   struct QuietEngines {
     spdlog::level::level_enum was = logger().level();

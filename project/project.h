@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,6 +45,24 @@ struct Network {
 // "BANDWIDTH,LATENCY": bandwidth in bit, kbit, mbit, gbit, tbit (bits/s, tc's units) or bps, kbps, mbps,
 // gbps (bytes/s); latency in ns, us, ms, s. Throws ConfigError naming --network and the fix.
 Network parse_network(const std::string& text);
+
+// The in-step cost of collectives across hosts, measured inside a real multi-host job
+// (benchmarks/step_comm_probe; Note [in-step link costs] in project_compute.cpp): per collective kind
+// ("allgather", "reduce_scatter", "allreduce", "sendrecv"), seconds per call by the bytes the call sends
+// across hosts per rank, and the compute's stretch in that job (its CPU share when ranks share cores).
+struct LinkCosts {
+  int ranks = 0, hosts = 0, ranks_per_host = 0;
+  double compute_stretch = 1.0;
+  std::map<std::string, std::vector<std::pair<double, double>>> by_collective;  // (bytes across, seconds), ascending
+  std::string source;  // the file
+  bool empty() const { return by_collective.empty(); }
+  // Seconds of one call of collective `op` (the comm counters' name: allgatherv as allgather, send and
+  // recv as sendrecv) sending `inter_bytes` across hosts, interpolated between the measured sizes
+  // (below the smallest: its cost; above the largest: the last two sizes' slope); nullopt when not measured.
+  std::optional<double> seconds(const std::string& op, double inter_bytes) const;
+};
+// The probe's JSON (step_comm_probe --json). Throws ConfigError naming --link-costs, the file and the key.
+LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& source);
 
 // This machine, as the model sees a host like it.
 struct Machine {
@@ -81,6 +101,11 @@ struct Options {
   // The program's own collectives at each step boundary over its groups (engine::MeasureGroups):
   // zeroshard project passes zeroshard train's (launch::agree_preempted), so the bytes are a train run's.
   std::function<void(std::span<const comm::Group* const>)> step_boundary;
+  // Measured in-step costs of collectives across hosts (--link-costs): where given, a collective whose
+  // group spans the probe's hosts is charged the probe's cost for its bytes instead of the network's
+  // latency-bandwidth model, and with several hosts the compute the probe's stretch instead of ranks /
+  // cores (and --as-loaded's stretch): the probe ran with the job's ranks on its cores.
+  LinkCosts link_costs;
 };
 
 // Bytes one rank sends in one step (the summary's bytes_sent_per_step.exact_mean and
@@ -111,6 +136,7 @@ struct Projection {
   double compute_s = 0.0;     // the slowest stage's passes and optimizer, without communication
   double pipeline_s = 0.0;    // the schedule's makespan (passes, tp and pp communication, bubble)
   double bubble = 0.0;        // of pipeline_s, the slowest stage's idle share
+  double pp_transfer_s = 0.0; // one pipeline send's time, a delay before the receiving pass (Note [transfer delay])
   double dp_comm_s = 0.0;     // the data-parallel collectives' time, of which exposed:
   double dp_exposed_s = 0.0;
   double tp_comm_s = 0.0;

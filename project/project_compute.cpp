@@ -61,6 +61,86 @@ Network parse_network(const std::string& text) {
   return {.bytes_per_s = *b, .latency_s = *l, .text = text};
 }
 
+// Note [in-step link costs]
+// A collective across hosts inside a training step costs more than the same collective alone
+// (docs/scaling.md, "Validation": at ZeRO-3 over two namespaces at 10 Gbit/s a 32 KB gather took
+// 0.87 ms in the step against 0.12-0.16 ms alone): every rank computes between collectives, so a peer
+// the scheduler has taken off its core arrives late, ranks that share a core take turns, and a rank
+// spinning in a collective takes CPU from one that computes. The projection, one process, cannot see
+// that across hosts, so benchmarks/step_comm_probe measures it inside a real job on those hosts: rounds
+// of the step's compute between two blocking collectives (given to it) then one collective, over the sizes of a step's gathers,
+// buckets and transfers, each call timed on each rank (the mean over ranks of their medians: what a
+// rank's step pays per call, its waits for late peers included). A collective of the projected step
+// whose group spans the probe's hosts is charged the probe's seconds for its bytes across hosts per
+// call, interpolated between the measured sizes; the network's latency and bandwidth are then not
+// used for it (bytes inside the host are part of the measured call). The same rounds' work, wall over
+// CPU seconds, is the compute's stretch in that job, which replaces ranks / cores: the CPU share a
+// rank's compute really gets there (4 ranks on 2 cores that also spin in collectives get less than
+// half a core each). Valid for the host layout it was measured with (validate() requires the same
+// ranks per host) and groups over as many hosts; larger groups fall back to the model.
+// The link's sustained bandwidth still bounds a step: each collective kind's calls are charged at least
+// their bytes across hosts over --network's bandwidth (the host's ranks sharing it). The probe's calls
+// come one per size with compute between, so a shaper's burst (tc tbf's 64 KiB or 10 ms of the rate)
+// lends each of them the veth's speed; a ZeRO-3 step's 30 gathers in a row empty it (two hosts of 2 at
+// 100 Mbit/s: the probe's costs summed to 0.20 s for bytes the link carries in 0.27 s at best).
+
+std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes) const {
+  const std::string kind = op == "allgatherv" ? "allgather" : (op == "send" || op == "recv") ? "sendrecv" : op;
+  const auto it = by_collective.find(kind);
+  if (it == by_collective.end() || it->second.empty()) return std::nullopt;
+  const auto& pts = it->second;
+  if (pts.size() == 1 || inter_bytes <= pts.front().first) return pts.front().second;
+  size_t hi = 1;
+  while (hi + 1 < pts.size() && pts[hi].first < inter_bytes) ++hi;
+  const auto& [b0, t0] = pts[hi - 1];
+  const auto& [b1, t1] = pts[hi];
+  const double slope = b1 > b0 ? (t1 - t0) / (b1 - b0) : 0.0;
+  return std::max(0.0, t0 + slope * (inter_bytes - b0));
+}
+
+LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    return ConfigError(fmt::format("--link-costs: '{}': {}; give the JSON of benchmarks/step_comm_probe --json "
+                                   "(run over the hosts, e.g. tests/multihost/hosts.sh ... step_comm_probe --json FILE)",
+                                   source, what));
+  };
+  if (!doc.is_object()) throw bad("not a JSON object");
+  const boost::json::object& o = doc.as_object();
+  auto number = [&](const boost::json::object& obj, const char* key, const std::string& path) {
+    const boost::json::value* v = obj.if_contains(key);
+    if (v == nullptr || !v->is_number()) throw bad(fmt::format("{} is missing or not a number", path));
+    return v->to_number<double>();
+  };
+  LinkCosts lc;
+  lc.source = source;
+  lc.ranks = static_cast<int>(number(o, "ranks", "ranks"));
+  lc.hosts = static_cast<int>(number(o, "hosts", "hosts"));
+  lc.ranks_per_host = static_cast<int>(number(o, "ranks_per_host", "ranks_per_host"));
+  lc.compute_stretch = number(o, "compute_stretch", "compute_stretch");
+  if (lc.hosts < 2) throw bad(fmt::format("hosts is {}: the probe ran on one host; run it over two or more", lc.hosts));
+  if (!(lc.compute_stretch > 0)) throw bad("compute_stretch must be positive");
+  const boost::json::value* cs = o.if_contains("collectives");
+  if (cs == nullptr || !cs->is_object()) throw bad("collectives is missing or not an object");
+  for (const auto& [name, rows] : cs->as_object()) {
+    const std::string path = fmt::format("collectives.{}", std::string(name));
+    if (!rows.is_array()) throw bad(path + " is not an array");
+    std::vector<std::pair<double, double>> pts;
+    for (size_t i = 0; i < rows.as_array().size(); ++i) {
+      const boost::json::value& r = rows.as_array()[i];
+      const std::string at = fmt::format("{}[{}]", path, i);
+      if (!r.is_object()) throw bad(at + " is not an object");
+      const double across = number(r.as_object(), "inter_host_bytes", at + ".inter_host_bytes");
+      const double secs = number(r.as_object(), "seconds", at + ".seconds");
+      if (across < 0 || secs < 0) throw bad(at + " has a negative figure");
+      if (across > 0) pts.emplace_back(across, secs);  // a size that crossed no host tells nothing of the link
+    }
+    std::sort(pts.begin(), pts.end());
+    if (!pts.empty()) lc.by_collective[std::string(name)] = std::move(pts);
+  }
+  if (lc.by_collective.empty()) throw bad("no collective sent bytes across hosts");
+  return lc;
+}
+
 namespace {
 double thread_cpu_seconds() {
   timespec ts{};
@@ -295,6 +375,17 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     // a point-to-point transfer once.
     const bool p2p = op.name == "send" || op.name == "recv" || op.name == "sendrecv";
     const double hops = p2p ? 1.0 : (op.name == "allreduce" ? 2.0 : 1.0) * std::max(0, group_hosts - 1);
+    if (inter > 0 && group_hosts == opt.link_costs.hosts) {
+      // Measured inside a job on such hosts, per call (Note [in-step link costs]).
+      if (const std::optional<double> call = opt.link_costs.seconds(op.name, inter / std::max(1.0, n))) {
+        // At least the bytes at the link's sustained rate, the host's ranks sharing it: a probe's call
+        // after a pause rides the shaper's burst, a step's calls in a row do not (Note [in-step link costs]).
+        // A pipeline's sends are not in a row (a pass between each two): the rate bounds their sum,
+        // the pipeline's step (project.cpp), not each transfer.
+        t += p2p ? n * *call : std::max(n * *call, inter * link_sharers / opt.network.bytes_per_s);
+        continue;
+      }
+    }
     t += n * opt.machine.shm_latency_s + intra / opt.machine.shm_bytes_per_s;
     if (inter > 0) t += n * hops * opt.network.latency_s + inter * link_sharers / opt.network.bytes_per_s;
   }

@@ -29,6 +29,10 @@ std::string format_report(const Report& rep, int rows) {
           : std::string(),
       o.machine.shm_bytes_per_s / 1e9, o.machine.shm_latency_s * 1e6, rep.peak_flops_per_s / 1e9,
       o.as_loaded ? fmt::format("; at the present load (compute x{:.2f})", o.machine.loaded_stretch) : std::string());
+  if (!o.link_costs.empty()) {
+    out += fmt::format("collectives across hosts: in-step costs measured in '{}' ({} hosts of {} ranks); compute x{:.2f}\n",
+                       o.link_costs.source, o.link_costs.hosts, o.link_costs.ranks_per_host, rep.oversubscription);
+  }
   out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>10} {:>9} {:>7} {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n", "dp", "tp",
                      "pp", "ZeRO", "step", "tokens/s", "MFU", "bubble", "dp comm", "exposed", "tp comm", "bytes/rank",
                      "peak/rank", "fit");
@@ -74,6 +78,7 @@ boost::json::object report_to_json(const Report& rep) {
     j["compute_s"] = p.compute_s;
     j["pipeline_s"] = p.pipeline_s;
     j["bubble"] = p.bubble;
+    j["pp_transfer_s"] = p.pp_transfer_s;
     j["dp_comm_s"] = p.dp_comm_s;
     j["dp_exposed_s"] = p.dp_exposed_s;
     j["tp_comm_s"] = p.tp_comm_s;
@@ -97,6 +102,11 @@ boost::json::object report_to_json(const Report& rep) {
             {"shm_bytes_per_s", o.machine.shm_bytes_per_s},
             {"shm_latency_s", o.machine.shm_latency_s},
             {"loaded_stretch", o.machine.loaded_stretch}}},
+          {"link_costs", o.link_costs.empty() ? boost::json::value(nullptr)
+                                              : boost::json::value(boost::json::object{
+                                                    {"file", o.link_costs.source},
+                                                    {"compute_stretch", o.link_costs.compute_stretch}})},
+          {"oversubscription", rep.oversubscription},
           {"as_loaded", o.as_loaded},
           {"peak_flops_per_s", rep.peak_flops_per_s},
           {"oversubscription", rep.oversubscription},

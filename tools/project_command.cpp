@@ -31,10 +31,11 @@ namespace po = boost::program_options;
 constexpr const char* kProjectUsage =
     "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R] [--network BW,LATENCY]\n"
     "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--exact-ranks K]\n"
-    "                         [--rows K] [--json FILE] [--as-loaded]\n"
+    "                         [--rows K] [--json FILE] [--as-loaded] [--link-costs FILE]\n"
     "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
     "  --network BW,LATENCY: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several hosts)\n"
-    "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n";
+    "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n"
+    "  --link-costs FILE: in-step costs of collectives across hosts, measured by benchmarks/step_comm_probe\n";
 
 // "64" or "8,64,512" (world sizes, each >= 1).
 std::vector<int> parse_ranks(const std::string& text) {
@@ -71,6 +72,10 @@ int run(const po::variables_map& vm) {
     throw ConfigError(fmt::format("--ranks-per-host: must be at least 1, got {}", opt.ranks_per_host));
   }
   if (vm.count("network")) opt.network = project::parse_network(vm["network"].as<std::string>());
+  if (vm.count("link-costs")) {
+    const std::string path = vm["link-costs"].as<std::string>();
+    opt.link_costs = project::parse_link_costs(parse_json_file(path), path);
+  }
   opt.max_tp = vm["max-tp"].as<int>();
   if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
   if (vm.count("pp")) opt.only_pp = vm["pp"].as<int>();
@@ -92,9 +97,13 @@ int run(const po::variables_map& vm) {
   if (vm.count("cores-per-host") && cores < 1) throw ConfigError(fmt::format("--cores-per-host: must be at least 1, got {}", cores));
   // Once per invocation: every layout and world size is charged the same measured collective.
   opt.machine = project::probe_machine(host_ranks, cores);
-  // The compute is measured with the threads a rank of that host would get (launch's share); a host of
-  // more cores than this machine's is measured with this machine's.
-  launch::set_blas_threads(std::min(host_ranks, opt.machine.cores_per_host));
+  // The compute is measured with the threads a rank of that host gets: its share of the host's cores
+  // (threads_per_rank: cores / ranks, at least 1), at most this machine's CPUs. set_blas_threads splits
+  // this machine's CPUs over the ranks it is told of, so it is told as many as give that share. (It was
+  // told min(ranks, cores) ranks: right where the host has this machine's cores, but a host of fewer,
+  // the two-host validation's 1 core each, got a rank measured with 2 threads where it has 1 core.)
+  const int cpus = std::max(1, static_cast<int>(launch::allowed_cpus().size()));
+  launch::set_blas_threads(std::max(1, cpus / std::min(cpus, opt.machine.threads_per_rank)));
   // zeroshard train's step boundary (tools/train_command.cpp): the stop agreement over dp, tp and pp,
   // run over the measured groups. Its watch must not swallow a Ctrl-C here: the first signal ends the
   // projection at once, as it would without the watch.
@@ -131,6 +140,7 @@ int project_command(const std::vector<std::string>& args) {
       "up to this many data-parallel ranks each is measured on its own (exact bytes per rank at stage 3)")(
       "rows", po::value<int>()->default_value(10), "layouts shown in the table")(
       "as-loaded", "time the compute at this machine's present load (measured) instead of an idle host's")(
+      "link-costs", po::value<std::string>(), "in-step collective costs across hosts (step_comm_probe --json FILE)")(
       "json", po::value<std::string>(), "also write the projection as JSON to FILE");
   po::variables_map vm;
   if (const std::optional<int> code = parse_or_help("project", args, opts, kProjectUsage, vm)) return *code;

@@ -24,17 +24,22 @@ zs_e2e(NAME project_bad_network_comma EXPECT fail ONCE "${one_error}"
 zs_e2e(NAME project_needs_network EXPECT fail ONCE "${one_error}"
   REGEX "--network: 4 ranks on hosts of 2 need the link between hosts; give --network BANDWIDTH,LATENCY"
   COMMAND ${tool} project --config ${proj_cfg} --ranks 4 --ranks-per-host 2)
+zs_e2e(NAME project_bad_link_costs EXPECT fail ONCE "${one_error}"
+  REGEX "--link-costs: '[^']*project_tiny.json': ranks is missing or not a number; give the JSON of benchmarks/step_comm_probe"
+  COMMAND ${tool} project --config ${proj_cfg} --ranks 2 --ranks-per-host 1 --network 1gbit,20us --link-costs ${proj_cfg})
 zs_e2e(NAME project_no_model EXPECT fail ONCE "${one_error}"
   REGEX "model: the config has no model section"
   COMMAND ${tool} project --config ${ZS_BAD}/estimate_no_model.json --ranks 2)
 
 # Bytes per rank and step, projection = run, for every kind of layout: dp 2 at ZeRO stages 0-3, tp 2,
 # pp 2 on one host, and dp 2 on two real hosts of one rank (bytes across hosts; label multihost, as
-# tests/multihost: network namespaces, root). dp 2 at stage 3 is in make test; the others are slow.
+# tests/multihost: network namespaces, root), those projected with the in-step costs step_comm_probe
+# measures on the same hosts (--link-costs: the bytes stay the run's). dp 2 at stage 3 is in make test; the others are slow.
 function(zs_project_agreement name stage tp pp rph labels)
   add_test(NAME e2e_project_agrees_${name}.np2 COMMAND ${CMAKE_COMMAND} -DTOOL=${tool} -DMPIEXEC=${MPIEXEC_EXECUTABLE}
     -DCONFIG=${proj_cfg} -DSTAGE=${stage} -DNP=2 -DTP=${tp} -DPP=${pp} -DRPH=${rph} -DWORK=${out}/project_agreement
-    -DHOSTS_SH=${PROJECT_SOURCE_DIR}/tests/multihost/hosts.sh -P ${CMAKE_CURRENT_SOURCE_DIR}/project_agreement.cmake)
+    -DHOSTS_SH=${PROJECT_SOURCE_DIR}/tests/multihost/hosts.sh -DPROBE=$<TARGET_FILE:step_comm_probe>
+    -P ${CMAKE_CURRENT_SOURCE_DIR}/project_agreement.cmake)
   set_tests_properties(e2e_project_agrees_${name}.np2 PROPERTIES LABELS "${labels}" TIMEOUT 200
     ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 2 PASS_REGULAR_EXPRESSION "projection agreement ok|agreement skipped")
 endfunction()

@@ -149,6 +149,26 @@ TEST(Schedule, PlansRunEveryPassOnceWithTheFormulaBubble) {
   }
 }
 
+// Note [transfer delay]: 1F1B over 2 stages, 2 micro-batches, F 1 and B 2, each transfer 0.5.
+// Rank 0: F0 [0, 1], F1 [1, 2] (its send does not hold it), B0 [4.5 + 0.5, 7], B1 [7.5 + 0.5, 10].
+// Rank 1: F0 [1 + 0.5, 2.5], B0 [2.5, 4.5], F1 [4.5, 5.5] (its input arrived at 2.5), B1 [5.5, 7.5].
+TEST(Schedule, TimelineDelaysOnlyThePassThatReceives) {
+  const PipelineShape shape{.stages = 2, .chunks = 1, .micro_batches = 2};
+  const std::vector<std::vector<double>> secs{{1, 1, 2, 2}, {1, 2, 1, 2}};
+  const Timeline tl = timeline(Schedule::kOneFOneB, shape, secs, 0.5);
+  EXPECT_EQ(tl.ops[0], (std::vector<Op>{{Op::kForward, 0, 0}, {Op::kForward, 1, 0}, {Op::kBackward, 0, 0}, {Op::kBackward, 1, 0}}));
+  EXPECT_EQ(tl.start[0], (std::vector<double>{0, 1, 5, 8}));
+  EXPECT_EQ(tl.start[1], (std::vector<double>{1.5, 2.5, 4.5, 5.5}));
+  EXPECT_EQ(tl.makespan, 10.0);
+  EXPECT_DOUBLE_EQ(tl.bubble[0], 0.4);  // 6 of 10 busy on each rank
+  EXPECT_DOUBLE_EQ(tl.bubble[1], 0.4);
+  // No transfer time: the timeline of before (9: the two transfers on the critical path gone).
+  const Timeline none = timeline(Schedule::kOneFOneB, shape, secs, 0.0);
+  EXPECT_EQ(none.makespan, 9.0);
+  EXPECT_EQ(none.start, timeline(Schedule::kOneFOneB, shape, secs).start);
+  EXPECT_EQ(none.start[1], (std::vector<double>{1, 2, 4, 5}));
+}
+
 TEST(Schedule, ErrorsNameTheKeys) {
   auto message = [](Schedule s, PipelineShape shape) {
     try {

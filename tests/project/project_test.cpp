@@ -97,6 +97,121 @@ TEST(Project, BytesAcrossHostsFollowTheHostLayout) {
   EXPECT_TRUE(a.fits);
 }
 
+// A step_comm_probe JSON of 2 hosts of `per_host` ranks: an allgather's cost per call by bytes across.
+boost::json::value probe_json(int per_host, double stretch) {
+  return boost::json::parse(R"({"probe": "step_comm_probe", "ranks": )" + std::to_string(2 * per_host) +
+                            R"(, "hosts": 2, "ranks_per_host": )" + std::to_string(per_host) +
+                            R"(, "work_us": 500, "rounds": 5, "compute_stretch": )" + std::to_string(stretch) +
+                            R"(, "collectives": {"allgather": [{"bytes": 64, "inter_host_bytes": 0, "seconds": 1.0},
+                              {"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.001},
+                              {"bytes": 4096, "inter_host_bytes": 3000, "seconds": 0.003}],
+                              "reduce_scatter": [{"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.002}]}})");
+}
+
+TEST(LinkCosts, InterpolatesByBytesAcrossHosts) {
+  const LinkCosts lc = parse_link_costs(probe_json(1, 1.5), "probe.json");
+  EXPECT_EQ(lc.hosts, 2);
+  EXPECT_EQ(lc.ranks_per_host, 1);
+  EXPECT_DOUBLE_EQ(lc.compute_stretch, 1.5);
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 10), 0.001);     // below the smallest: its cost
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 2000), 0.002);   // between: on the line
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgatherv", 5000), 0.005);  // beyond: the last slope; allgatherv as allgather
+  EXPECT_DOUBLE_EQ(*lc.seconds("reduce_scatter", 7), 0.002);
+  EXPECT_FALSE(lc.seconds("allreduce", 100).has_value());    // not measured: the network model
+}
+
+TEST(LinkCosts, BadFilesNameTheKeyAndTheFix) {
+  auto message = [](const std::string& text) {
+    try {
+      parse_link_costs(boost::json::parse(text), "p.json");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message("[]").find("--link-costs: 'p.json': not a JSON object; give the JSON of benchmarks/step_comm_probe"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ranks": 2, "hosts": 2, "ranks_per_host": 1})").find("compute_stretch is missing"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ranks": 2, "hosts": 1, "ranks_per_host": 2, "compute_stretch": 1, "collectives": {}})")
+                .find("the probe ran on one host"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"ranks": 2, "hosts": 2, "ranks_per_host": 1, "compute_stretch": 1,
+                        "collectives": {"allgather": [{"bytes": 4, "seconds": 1}]}})")
+                .find("collectives.allgather[0].inter_host_bytes is missing"),
+            std::string::npos);
+}
+
+TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
+  Options o = options(2, 1);
+  const Report model = project(tiny_config(3), o);
+  o.link_costs = parse_link_costs(probe_json(1, 3.0), "probe.json");
+  const Report probed = project(tiny_config(3), o);
+  const Projection& a = model.layouts.front();
+  const Projection& b = probed.layouts.front();
+  ASSERT_TRUE(b.valid) << b.why_not;
+  // The compute's factor: the probe's stretch instead of ranks / cores (each project() measures its
+  // compute anew, so their seconds are not compared).
+  EXPECT_EQ(model.oversubscription, 1.0);
+  EXPECT_EQ(probed.oversubscription, 3.0);
+  EXPECT_GT(b.dp_comm_s, a.dp_comm_s);  // 1-3 ms per gather against 1 Gbit/s's microseconds
+  for (size_t r = 0; r < 2; ++r) EXPECT_EQ(b.ranks[r].bytes_sent, a.ranks[r].bytes_sent);  // bytes untouched
+  // Costs far below the link's rate: the bytes at --network's bandwidth bound the step.
+  boost::json::value cheap = probe_json(1, 1.0);
+  for (auto& [name, rows] : cheap.as_object()["collectives"].as_object()) {
+    for (auto& row : rows.as_array()) row.as_object()["seconds"] = 1e-12;
+  }
+  o.link_costs = parse_link_costs(cheap, "cheap.json");
+  const Projection& c = project(tiny_config(3), o).layouts.front();
+  EXPECT_GE(c.dp_comm_s, static_cast<double>(c.ranks[0].bytes_inter_host) / o.network.bytes_per_s);
+  // Hosts of 2 ranks on 1 core: a probe's stretch below ranks / cores (its ranks yield while waiting)
+  // does not lower the compute's factor below 2.
+  Options shared = options(4, 2);
+  shared.machine.cores_per_host = 1;
+  shared.link_costs = parse_link_costs(probe_json(2, 1.2), "probe.json");
+  EXPECT_EQ(project(tiny_config(3), shared).oversubscription, 2.0);
+  shared.link_costs = parse_link_costs(probe_json(2, 3.5), "probe.json");
+  EXPECT_EQ(project(tiny_config(3), shared).oversubscription, 3.5);
+  o.link_costs = parse_link_costs(probe_json(2, 1.0), "probe.json");
+  try {
+    project(tiny_config(3), o);
+    ADD_FAILURE() << "a probe of another host layout was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--link-costs: 'probe.json' was measured with 2 ranks per host, the projection has 1"),
+              std::string::npos);
+  }
+}
+
+// pp 2 over 2 hosts of 1 rank: a send is the probe's sendrecv cost, a delay before the receiving
+// stage's pass (Note [transfer delay] in pp/schedule.h); the link's sustained rate bounds the sends' sum.
+TEST(Project, PipelineSendsAreTheProbesCostBoundedByTheLinkRate) {
+  Options o = options(2, 1);
+  o.only_pp = 2;
+  auto with_sendrecv = [](double secs) {
+    boost::json::value v = probe_json(1, 1.0);
+    v.as_object()["collectives"].as_object()["sendrecv"] =
+        boost::json::parse(R"([{"bytes": 64, "inter_host_bytes": 64, "seconds": )" + std::to_string(secs) + "}]");
+    return parse_link_costs(v, "probe.json");
+  };
+  o.link_costs = with_sendrecv(0.05);
+  const Projection slow = project(tiny_config(1), o).layouts.front();
+  ASSERT_TRUE(slow.valid) << slow.why_not;
+  EXPECT_DOUBLE_EQ(slow.pp_transfer_s, 0.05);
+  // 4 micro-batches at 2 in flight: a micro-batch's forward there and backward back, twice in a row.
+  EXPECT_GT(slow.pipeline_s, 4 * 0.05);
+  EXPECT_LT(slow.pipeline_s, 8 * 0.05 + 0.5);
+  // A cheap probe at 1 Mbit/s: the sends' bytes at the link's rate are the pipeline's floor.
+  o.network = parse_network("1mbit,20us");
+  o.link_costs = with_sendrecv(1e-9);
+  const Projection cheap = project(tiny_config(1), o).layouts.front();
+  // Stage 0's 4 activations of micro-batch 2 x seq 16 x d_model 32 in f32 (its pp bytes also hold the tied
+  // embedding's gradient all-reduce, which stays on the passes).
+  const double sends = 4.0 * 2 * 16 * 32 * 4 / o.network.bytes_per_s;
+  EXPECT_GT(sends, 0.1);
+  EXPECT_GE(cheap.pipeline_s, sends);
+  EXPECT_LT(cheap.pipeline_s, 1.1 * sends);
+}
+
 TEST(Project, RefusesLayoutsWithAReason) {
   Options o = options(2, 1);
   o.only_tp = 2;

@@ -1,0 +1,162 @@
+// Question: what does one collective cost inside a training step on these hosts, by collective and size?
+// The cost `zeroshard project --link-costs FILE` charges a collective whose group crosses hosts
+// (docs/scaling.md, "Validation"; Note [in-step link costs] in project/project_compute.cpp).
+//
+//   hosts.sh --hosts 2 --slots 2 --rate 1gbit -- -np 4 build/release/benchmarks/step_comm_probe --json costs.json
+//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N]
+//
+// A collective alone (comm_bench) and the same collective inside a step differ: in the step every rank
+// computes between collectives, so a peer whose core the scheduler gave to another rank arrives late,
+// ranks that share a core take turns, and a rank spinning in a collective takes CPU from one that
+// computes. So each round here runs, for every collective (allgather, reduce-scatter, allreduce over
+// the world; a point-to-point exchange with the rank on the other half of the world) and every size
+// (powers of 4, the full buffer as comm_bench counts it), `--work-us` of CPU time on the calling thread
+// (the step's compute between two collectives that wait on its compute thread: benchmarks/
+// project_validate.py derives it per layout; its length decides how often the scheduler preempts it)
+// and then the collective, timed on each rank from its call to its return. Per collective
+// and size the cost is the mean over ranks of each rank's median over `--rounds` rounds (after one
+// untimed round): what a rank's step pays per call, the wait for late peers included. The key is the
+// bytes the call sends across hosts per rank (the comm counters' rule, Note [Bytes across hosts]), so
+// the projection can look a collective up by the bytes it counts for it. The work's wall seconds over
+// its CPU seconds (mean over ranks) is the compute's stretch in such a job: the CPU share a rank's
+// compute really gets when ranks outnumber the cores and others spin in collectives.
+// A call can return while its bytes are still queued in the sender's socket and the link's shaper (the
+// receiver has its part, the sender's last bytes are buffered): the next collective then waits for
+// them. Each call is therefore followed by a 4-byte all-reduce, timed apart, and the call is charged
+// its own time plus that drain's time beyond the drain after the collective's smallest size (where
+// nothing is left in flight); the next round's work starts after the drain, as a step's compute starts
+// after its collective. (Without it the smallest size, timed right after the previous collective's
+// largest, measured 18-87 ms at 100 Mbit/s: the tail of 1 MiB, not its own cost.)
+// The JSON: {"probe": "step_comm_probe", "ranks", "hosts", "ranks_per_host", "work_us", "rounds",
+// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds"}...], ...}}.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <boost/json.hpp>
+
+#include "benchmarks/support/bench_json.h"
+#include "comm/comm.h"
+#include "memory/tensor.h"
+
+using namespace zs;
+
+namespace {
+
+// `us` microseconds of this thread's CPU time in arithmetic (wall time: as long as the scheduler makes it).
+void work(double us) {
+  const double until = thread_cpu_seconds() + us * 1e-6;
+  volatile double sink = 0;
+  double x = 1.0;
+  while (thread_cpu_seconds() < until) {
+    for (int i = 0; i < 2000; ++i) x = x * 1.0000001 + 1e-9;
+  }
+  sink = sink + x;
+}
+
+// The mean over the group's ranks of `v` (collective).
+double mean_over(const comm::Group& g, double v) {
+  auto t = memory::Tensor::empty({1}, memory::DType::kF32);
+  t.data<float>()[0] = static_cast<float>(v);
+  g.allreduce(t);
+  return static_cast<double>(t.data<float>()[0]) / g.size();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    auto world = comm::World::create();
+    const comm::Group& g = world.group();
+    const int n = g.size();
+    if (!world.is_mpi() || n < 2) {
+      std::fprintf(stderr, "step_comm_probe: run it under mpirun over the hosts, e.g. hosts.sh --hosts 2 --slots 2 -- -np 4 %s\n",
+                   argv[0]);
+      return 2;
+    }
+    const double work_us = std::stod(bench::arg_value(argc, argv, "--work-us", "1000"));
+    const int rounds = std::max(1, std::stoi(bench::arg_value(argc, argv, "--rounds", "5")));
+    const size_t min_bytes = std::stoul(bench::arg_value(argc, argv, "--min-bytes", "64"));
+    const std::string max_given = bench::arg_value(argc, argv, "--max-bytes", "");
+    const size_t max_bytes = max_given.empty() ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "1")) << 20
+                                               : std::stoul(max_given);
+    const char* names[] = {"allgather", "reduce_scatter", "allreduce", "sendrecv"};
+    std::vector<size_t> sizes;
+    for (size_t b = min_bytes; b <= max_bytes; b *= 4) sizes.push_back(b);
+    // times[c][s]: this rank's seconds per round; inter[c][s]: its bytes across hosts per call.
+    std::vector<std::vector<std::vector<double>>> times(4, std::vector<std::vector<double>>(sizes.size()));
+    std::vector<std::vector<double>> inter(4, std::vector<double>(sizes.size(), 0.0));
+    const int partner = (g.rank() + n / 2) % n;  // n even: the other half of the world (the other host)
+    std::vector<std::vector<std::vector<double>>> drains = times;
+    auto sync = memory::Tensor::empty({1}, memory::DType::kF32);
+    sync.data<float>()[0] = 1.0f;
+    double work_wall = 0, work_cpu = 0;
+    for (int r = 0; r <= rounds; ++r) {
+      for (int c = 0; c < 4; ++c) {
+        for (size_t s = 0; s < sizes.size(); ++s) {
+          const size_t count = std::max<size_t>(1, sizes[s] / 4 / static_cast<size_t>(n)) * static_cast<size_t>(n);
+          const size_t part = count / static_cast<size_t>(n);
+          auto full = memory::Tensor::empty({static_cast<int64_t>(count)}, memory::DType::kF32);
+          auto mine = memory::Tensor::empty({static_cast<int64_t>(part)}, memory::DType::kF32);
+          auto other = memory::Tensor::empty({static_cast<int64_t>(count)}, memory::DType::kF32);
+          std::fill_n(full.data<float>(), count, 1.0f);
+          std::fill_n(mine.data<float>(), part, 1.0f);
+          const std::vector<size_t> counts(static_cast<size_t>(n), part);
+          const double w0 = bench::now_seconds(), c0 = thread_cpu_seconds();
+          work(work_us);
+          work_wall += bench::now_seconds() - w0;
+          work_cpu += thread_cpu_seconds() - c0;
+          const uint64_t inter0 = g.bytes_inter_host();
+          const double t0 = bench::now_seconds();
+          if (c == 0) g.allgather(mine, full);
+          if (c == 1) g.reduce_scatter(full, mine, counts);
+          if (c == 2) g.allreduce(full);
+          if (c == 3) g.sendrecv(full, partner, other, partner);
+          const double t = bench::now_seconds() - t0;
+          // A 4-byte all-reduce right after: it waits for what the call left in flight (Note above).
+          const double d0 = bench::now_seconds();
+          g.allreduce(sync);
+          const double d = bench::now_seconds() - d0;
+          if (r == 0) continue;  // the untimed round: connections made, buffers touched
+          times[static_cast<size_t>(c)][s].push_back(t);
+          drains[static_cast<size_t>(c)][s].push_back(d);
+          inter[static_cast<size_t>(c)][s] = static_cast<double>(g.bytes_inter_host() - inter0);
+        }
+      }
+    }
+    boost::json::object collectives;
+    for (int c = 0; c < 4; ++c) {
+      boost::json::array rows;
+      for (size_t s = 0; s < sizes.size(); ++s) {
+        // The call's own time plus what its bytes still took after it returned: the drain after it
+        // beyond the drain after the smallest size (one small collective's own cost).
+        const auto& dr = drains[static_cast<size_t>(c)];
+        const double drain = std::max(0.0, bench::median(dr[s]) - bench::median(dr.front()));
+        const double secs = mean_over(g, bench::median(times[static_cast<size_t>(c)][s]) + drain);
+        const double across = mean_over(g, inter[static_cast<size_t>(c)][s]);
+        const size_t count = std::max<size_t>(1, sizes[s] / 4 / static_cast<size_t>(n)) * static_cast<size_t>(n);
+        rows.push_back(boost::json::object{{"bytes", count * 4}, {"inter_host_bytes", across}, {"seconds", secs}});
+        if (g.rank() == 0) {
+          std::printf("%-15s %10zu bytes, %10.0f across per rank: %10.1f us\n", names[c], count * 4, across, secs * 1e6);
+        }
+      }
+      collectives[names[c]] = std::move(rows);
+    }
+    const double stretch = mean_over(g, work_cpu > 0 ? work_wall / work_cpu : 1.0);
+    if (g.rank() == 0) std::printf("compute stretch (work wall / CPU seconds, mean over ranks): %.2f\n", stretch);
+    const std::string path = bench::json_path_arg(argc, argv);
+    if (!path.empty() && g.rank() == 0) {
+      const boost::json::object out{{"probe", "step_comm_probe"}, {"ranks", n}, {"hosts", g.hosts()},
+                                    {"ranks_per_host", g.host_ranks()}, {"work_us", work_us}, {"rounds", rounds},
+                                    {"compute_stretch", stretch}, {"collectives", collectives}};
+      std::ofstream f(path);
+      f << boost::json::serialize(out) << "\n";
+      if (!f) throw std::runtime_error("--json: cannot write " + path);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    comm::World::abort(std::string("step_comm_probe: ") + e.what(), 1);
+  }
+}
