@@ -12,7 +12,8 @@ their ratio, and the run's mean bytes per step over the projected step's (bytes_
 --multihost adds two-host runs (tests/multihost/hosts.sh: network namespaces, the link shaped with tc tbf to
 100mbit, 1gbit and 10gbit): two hosts of ONE rank (np 2, a core per rank: dp 2 at ZeRO-1 and ZeRO-3, pp 2 with
 a stage on each host) and two hosts of 2 ranks (np 4 on the machine's 2 cores: dp 4 at ZeRO-1 and ZeRO-3),
-projected with --ranks-per-host R --cores-per-host 1 (each namespace host is one of the 2 cores). Each such
+projected with --ranks-per-host R --cores-per-host 1: each namespace host is given one of the 2 cores of its
+own (hosts.sh --cpus-per-host 1), so a rank's threads and a host's oversubscription are the ones projected. Each such
 row is projected twice (docs/scaling.md, "Validation"):
   - the network model alone (network_model_over_measured): --network BANDWIDTH,LATENCY measured per rate and
     host layout just before (the projection, one process, cannot measure the namespaces' network):
@@ -86,6 +87,13 @@ def run(cmd, name):
     return r.stdout
 
 
+def own_cpus(hosts):
+    """hosts.sh's flag giving each host its own share of this machine's CPUs (the projection's
+    --cores-per-host), so a host's ranks do not run on another host's cores as they could on real hosts."""
+    per_host = (os.cpu_count() or 1) // hosts
+    return ["--cpus-per-host", str(per_host)] if per_host >= 1 else []
+
+
 def network_fit(args, tmp, rate, slots):
     """The link between 2 hosts of 2 ranks at `rate` as the model charges it (see the top): a dict with
     the --network text, the fitted latency and bandwidth and comm_bench's measured times per size."""
@@ -93,7 +101,7 @@ def network_fit(args, tmp, rate, slots):
         return {"network": args.network}
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "comm_bench")
     out = os.path.join(tmp, f"comm_bench_{rate}_x{slots}.json")
-    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", "2", "--slots", str(slots), "--rate", rate, "--",
+    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(2), "--hosts", "2", "--slots", str(slots), "--rate", rate, "--",
            "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(2 * slots), bench, "--collective", "allgather",
            "--min-kib", "1", "--max-mib", "1", "--reps", "7", "--warmup", "2", "--arena", "0", "--json", out]
     run(cmd, f"comm_bench over 2 hosts at {rate}")
@@ -151,7 +159,7 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     work_us = min(50000.0, max(20.0, 1e6 * work))
     out = os.path.join(tmp, name + ".probe.json")
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "step_comm_probe")
-    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", str(hosts), "--slots", str(per_host), "--rate", rate,
+    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host), "--rate", rate,
            "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(hosts * per_host), bench,
            "--work-us", f"{work_us:.0f}", "--rounds", "5", "--json", out]
     run(cmd, name + " (step_comm_probe)")
@@ -169,7 +177,7 @@ def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, link=None
         json.dump(cfg, f)
     train = [args.zeroshard, "train", "--config", path, "--summary", summary]
     if hosts:
-        cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), "--hosts", str(hosts), "--slots", str(np // hosts),
+        cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(np // hosts),
                "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
     else:
         # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:

@@ -12,12 +12,14 @@
 # traffic leaves them. Everything made is removed on exit, also after a failure or a signal.
 #
 #   hosts.sh [--hosts H] [--slots R] [--rate 1gbit] [--delay 100us|1ms] [--mtu 1500]
-#            [--delay-line PATH] [--stats FILE] -- MPIRUN_ARGS...
+#            [--cpus-per-host C] [--delay-line PATH] [--stats FILE] -- MPIRUN_ARGS...
 #
 # runs `mpirun --hostfile (H hosts x R slots) MPIRUN_ARGS...` and exits with its status. --stats writes
 # the bytes each host sent through its link (the kernel's counters, one line "hN tx_bytes"; with
-# --delay the delay line's own counts go to FILE.delay_line). --delay-line (or $ZS_DELAY_LINE) names
-# the delay line's executable, else build/release/tests/multihost/delay_line. --mtu sets every host
+# --delay the delay line's own counts go to FILE.delay_line). --cpus-per-host C gives host h CPUs
+# h x C .. h x C + C - 1 of this machine (taskset on its mpirun or daemon, inherited by its ranks), so
+# each host has cores of its own, as real hosts do; without it every host shares all of them.
+# --delay-line (or $ZS_DELAY_LINE) names the delay line's executable, else build/release/tests/multihost/delay_line. --mtu sets every host
 # link's MTU (1500 by default). Needs root (ip netns); without it exits 77 saying so (ctest's skip code).
 set -euo pipefail
 
@@ -29,10 +31,15 @@ if [[ "${1:-}" == --agent ]]; then
   host="$1"
   shift
   ns="${ZS_HOSTS_PREFIX:?}${host}"
-  exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
+  pin=()
+  if [[ -n "${ZS_HOSTS_CPUS:-}" ]]; then  # --cpus-per-host: this host's own CPUs
+    c="$ZS_HOSTS_CPUS" h="${host#h}"
+    pin=(taskset -c "$((h * c))-$((h * c + c - 1))")
+  fi
+  exec ip netns exec "$ns" "${pin[@]}" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 fi
 
-hosts=2 slots=2 rate="" delay="" stats="" mtu=1500 delay_line="${ZS_DELAY_LINE:-}"
+hosts=2 slots=2 rate="" delay="" stats="" mtu=1500 cpus_per_host="" delay_line="${ZS_DELAY_LINE:-}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
@@ -41,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --delay) delay="$2"; shift 2 ;;
     --stats) stats="$2"; shift 2 ;;
     --mtu) mtu="$2"; shift 2 ;;
+    --cpus-per-host) cpus_per_host="$2"; shift 2 ;;
     --delay-line) delay_line="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "hosts.sh: unknown option '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
@@ -48,6 +56,10 @@ while [[ $# -gt 0 ]]; do
 done
 if [[ "$hosts" -lt 2 || "$hosts" -gt 200 ]]; then
   echo "hosts.sh: --hosts $hosts is out of range (2..200)" >&2
+  exit 2
+fi
+if [[ -n "$cpus_per_host" ]] && ! { [[ "$cpus_per_host" =~ ^[1-9][0-9]*$ ]] && ((hosts * cpus_per_host <= $(nproc))); }; then
+  echo "hosts.sh: --cpus-per-host '$cpus_per_host': give a whole number of CPUs per host, at most $(nproc) / $hosts here (this machine has $(nproc) CPUs for $hosts hosts)" >&2
   exit 2
 fi
 delay_us=""
@@ -189,16 +201,26 @@ for ((h = 0; h < hosts; ++h)); do echo "h$h slots=$slots"; done >"$work/hostfile
 # it sees more ranks than slots, and each host has its own slots, so H x R ranks on fewer cores
 # would spin each other (and the kernel's TCP work) off them: a two-host ZeRO-3 step took 1.9-3.5 s
 # instead of 0.13-0.15 s on 2 cores (docs/multihost.md). Real hosts have their own cores.
-yield_args=()
-if ((hosts * slots > $(nproc))); then yield_args=(--mca mpi_yield_when_idle 1); fi
+host_mpi_args=()
+oversubscribed=$((hosts * slots > $(nproc)))
+if [[ -n "$cpus_per_host" ]]; then oversubscribed=$((slots > cpus_per_host)); fi
+if ((oversubscribed)); then host_mpi_args=(--mca mpi_yield_when_idle 1); fi
+pin0=()
+if [[ -n "$cpus_per_host" ]]; then
+  export ZS_HOSTS_CPUS="$cpus_per_host"
+  pin0=(taskset -c "0-$((cpus_per_host - 1))")
+  # OpenMPI binds 1-2 ranks per host to cores of the whole machine's topology (rank 0 of every host
+  # to core 0), which would undo the host's own CPUs.
+  host_mpi_args+=(--bind-to none)
+fi
 # In the background, waited for: a signal to this script then runs its trap at once (bash defers traps
 # until a foreground child ends), and the trap ends the job with the namespaces.
 set +e
-ip netns exec "${ZS_HOSTS_PREFIX}h0" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
+ip netns exec "${ZS_HOSTS_PREFIX}h0" "${pin0[@]}" unshare --uts sh -c 'hostname h0 && exec "$@"' sh \
   mpirun --hostfile "$work/hostfile" \
     --mca plm_rsh_agent "$(realpath "$0") --agent" \
     --mca btl tcp,self --mca btl_tcp_if_include 10.213.0.0/16 --mca oob_tcp_if_include 10.213.0.0/16 \
-    "${yield_args[@]}" "$@" <&0 &
+    "${host_mpi_args[@]}" "$@" <&0 &
 wait "$!"
 rc=$?
 set -e
