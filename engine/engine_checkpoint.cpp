@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstring>
@@ -69,13 +68,6 @@ void set_writer_priority(pthread_t thread, bool idle) {
 // save faults 2 MiB at a time. The next save can reuse it because it commits the previous one (and
 // so joins its writer) before it copies anything.
 constexpr size_t kSnapshotAlignment = 64;  // bytes: each item's copy starts on a cache line
-
-// CPU seconds the calling thread has run (Engine::AsyncSaveTimes).
-double thread_cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 }  // namespace
 

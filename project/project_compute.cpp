@@ -1,7 +1,6 @@
 // The projection's measurements on this machine (compute per layer, shared-memory bandwidth), its
 // time of a group's collectives, and the --network parser.
 #include <sched.h>
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -141,14 +140,6 @@ LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& sou
   return lc;
 }
 
-namespace {
-double thread_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-}  // namespace
-
 // Note [collective probe]
 // A small collective inside a host costs what its ranks wait for one another, and where they share
 // cores that is the scheduler's, not the copy's: comm's shared-memory collectives meet in spinning
@@ -274,14 +265,6 @@ Machine probe_machine(int ranks_per_host, int cores_per_host) {
 }
 
 namespace detail {
-
-namespace {
-double process_cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-}  // namespace
 
 run::RunConfig layout_config(const boost::json::value& config, const Layout& l, int ranks) {
   boost::json::value doc = config;

@@ -29,12 +29,6 @@ std::string arg_value(int argc, char** argv, const std::string& name, const std:
 
 std::string json_path_arg(int argc, char** argv) { return arg_value(argc, argv, "--json", ""); }
 
-double process_cpu_seconds() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

@@ -33,8 +33,8 @@ std::string arg_value(int argc, char** argv, const std::string& name, const std:
 using zs::now_seconds;
 
 // CPU seconds this process has run, all its threads (CLOCK_PROCESS_CPUTIME_ID): a step's cost where
-// other work shares the cores, and with the wall time how many threads were busy.
-double process_cpu_seconds();
+// other work shares the cores, and with the wall time how many threads were busy: core's.
+using zs::process_cpu_seconds;
 
 // Median of the values (copied; empty -> 0).
 double median(std::vector<double> values);
