@@ -289,6 +289,9 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
 
 void Engine::start(std::unique_ptr<memory::Backend> backend) {
   impl_ = std::make_unique<Impl>(model_, config_, group_, tp_, std::move(backend));
+  // Before the first product and before the step's byte counts start (a measuring engine, the
+  // estimator's, keeps its own process's choice: its groups move nothing).
+  if (impl_->kernels() && config_.precision == Precision::kBf16) impl_->agree_bf16_products();
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
   if (tp_ != nullptr) impl_->tp_bytes_at_step_start_ = tp_->bytes_sent();
   // A measuring engine (the estimator) is one of many made in a row: it says so only when asked.

@@ -29,6 +29,20 @@ std::string bf16_products_description() {
   return s + ")";
 }
 
+Bf16ProductsVote bf16_products_vote() {
+  const detail::Bf16GemmChoice& c = detail::bf16_gemm_choice();
+  return {c.kernel_allowed, c.path == detail::GemmPath::kAvx512Bf16};
+}
+
+void agree_bf16_products(bool kernel) {
+  const detail::Bf16GemmChoice& c = detail::bf16_gemm_choice();
+  const detail::GemmPath path = kernel ? detail::GemmPath::kAvx512Bf16 : detail::GemmPath::kSgemm;
+  if (path == c.path) return;  // keeps this rank's own reason in the logs
+  ZS_ASSERT(!kernel || c.kernel_allowed, "agree_bf16_products: the kernel agreed on a rank that cannot run it");
+  detail::set_bf16_gemm_path(path, kernel ? "another rank's probe chose the kernel; the ranks agree on one path"
+                                          : "another rank cannot run the kernel; the ranks agree on one path");
+}
+
 namespace {
 // The weight as its products read it: bf16 as stored where bf16 products run natively (Note [bf16
 // products] in nn/detail/gemm.h: no fp32 copy), else fp32 (weight_f32: the data or a scratch copy).

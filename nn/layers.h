@@ -22,6 +22,24 @@ namespace zs::nn {
 // with the reason (Note [bf16 product rate] in nn/detail/gemm.h). The first call makes the choice.
 std::string bf16_products_description();
 
+// Note [ranks agree the bf16 path]
+// Each process picks its bf16 product path by a rate probe (Note [bf16 product rate]); under load one
+// rank's probe can measure the kernel slow while its peers' do not, and a job whose ranks take
+// different paths computes with different arithmetic (and memory: the sgemm path widens weights to
+// fp32 copies, so the memory estimate no longer holds for that rank). So a training job's ranks agree
+// (the engine, at construction, over its data-, tensor- and pipeline-parallel groups): the kernel
+// where every rank may run it and at least one rank's probe chose it, since load only ever makes the
+// kernel look slower, never faster; sgemm where any rank cannot run the kernel (no AVX512-BF16,
+// --isa capped below AVX-512, ZS_BF16_GEMM=sgemm). A job over CPUs of both kinds thus runs the kernel
+// everywhere, slower on the cores whose vdpbf16ps is slow, but with one arithmetic.
+struct Bf16ProductsVote {
+  bool kernel_allowed = false;  // this process can run the bf16 kernel
+  bool kernel_chosen = false;   // and its own choice took it
+};
+Bf16ProductsVote bf16_products_vote();  // makes this process's choice if it was not made yet
+// Sets the path the ranks agreed: the kernel when `kernel` (requires kernel_allowed), else sgemm.
+void agree_bf16_products(bool kernel);
+
 // y = x W^T + b. weight (out, in) like PyTorch, init normal(0, init_std); bias (out), zeros, tagged
 // no_weight_decay. Saves its input for backward.
 class Linear : public Module {

@@ -43,7 +43,7 @@ Bf16GemmChoice choose_bf16_path() {
   }
   if (!memory::cpu_has_avx512_bf16()) return {GemmPath::kSgemm, 0.0, "the CPU has no AVX512-BF16"};
   if (memory::best_isa() < memory::IsaLevel::kAvx512) return {GemmPath::kSgemm, 0.0, "AVX-512 kernels are off (--isa)"};
-  if (want == "native") return {GemmPath::kAvx512Bf16, 0.0, "ZS_BF16_GEMM=native"};
+  if (want == "native") return {GemmPath::kAvx512Bf16, 0.0, "ZS_BF16_GEMM=native", true};
   if (want == "sgemm") return {GemmPath::kSgemm, 0.0, "ZS_BF16_GEMM=sgemm"};
   // Note [bf16 product rate]: one core's rates, as the kernel's per-core blocks see them. A ratio below
   // the margin is measured again, up to kBf16RateTries times in all, and the best one counts.
@@ -54,15 +54,26 @@ Bf16GemmChoice choose_bf16_path() {
     ratio = std::max(ratio, memory::measure_peak_flops(memory::PeakKind::kBf16Dot, isa, 1).flops_per_s /
                                 memory::measure_peak_flops(memory::PeakKind::kFp32Fma, isa, 1).flops_per_s);
   }
-  if (ratio >= kMinBf16RateOverFma) return {GemmPath::kAvx512Bf16, ratio, "vdpbf16ps outruns fp32 FMAs here"};
-  return {GemmPath::kSgemm, ratio, "vdpbf16ps does not outrun fp32 FMAs here"};
+  if (ratio >= kMinBf16RateOverFma) return {GemmPath::kAvx512Bf16, ratio, "vdpbf16ps outruns fp32 FMAs here", true};
+  return {GemmPath::kSgemm, ratio, "vdpbf16ps does not outrun fp32 FMAs here", true};
 }
 
 }  // namespace
 
-const Bf16GemmChoice& bf16_gemm_choice() {
-  static const Bf16GemmChoice choice = choose_bf16_path();
+namespace {
+Bf16GemmChoice& process_choice() {
+  static Bf16GemmChoice choice = choose_bf16_path();
   return choice;
+}
+}  // namespace
+
+const Bf16GemmChoice& bf16_gemm_choice() { return process_choice(); }
+
+void set_bf16_gemm_path(GemmPath path, std::string_view why) {
+  ZS_ASSERT(gemm_path_supported(path), "bf16 products: path avx512bf16 on a CPU without AVX512-BF16");
+  Bf16GemmChoice& choice = process_choice();
+  choice.path = path;
+  choice.why = why;
 }
 
 GemmPath bf16_gemm_path() { return bf16_gemm_choice().path; }

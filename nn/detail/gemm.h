@@ -75,14 +75,18 @@ inline constexpr int kBf16RateTries = 3;
 
 struct Bf16GemmChoice {
   GemmPath path = GemmPath::kSgemm;
-  double rate_over_fma = 0.0;  // the probe's ratio; 0 when it did not run
-  std::string_view why;        // how the path was chosen, for logs
+  double rate_over_fma = 0.0;   // the probe's ratio; 0 when it did not run
+  std::string_view why;         // how the path was chosen, for logs (a string literal)
+  bool kernel_allowed = false;  // the kernel may run here: AVX512-BF16, no --isa cap, not ZS_BF16_GEMM=sgemm
 };
 // The path the library takes for products with a bf16 operand, decided once per process: kSgemm
 // without AVX512-BF16 or with best_isa() below kAvx512; otherwise as Note [bf16 product rate] says.
 // Throws ConfigError for an unknown ZS_BF16_GEMM value.
 const Bf16GemmChoice& bf16_gemm_choice();
 GemmPath bf16_gemm_path();  // bf16_gemm_choice().path
+// Replaces this process's path (the ranks' agreement, Note [ranks agree the bf16 path] in nn/layers.h);
+// `why` must outlive the process (a literal). Call before products run on other threads.
+void set_bf16_gemm_path(GemmPath path, std::string_view why);
 // The path for a layer whose weight has dtype `weight`: bf16_gemm_path() for bf16, kSgemm otherwise.
 GemmPath gemm_path_for(memory::DType weight);
 bool gemm_path_supported(GemmPath path);
