@@ -3,7 +3,7 @@
 // (docs/scaling.md, "Validation"; Note [in-step link costs] in project/project_compute.cpp).
 //
 //   hosts.sh --hosts 2 --slots 2 --rate 1gbit -- -np 4 build/release/benchmarks/step_comm_probe --json costs.json
-//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N] [--dtype fp32|bf16]
+//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N] [--dtype fp32|bf16|fp16]
 //
 // A collective alone (comm_bench) and the same collective inside a step differ: in the step every rank
 // computes between collectives, so a peer whose core the scheduler gave to another rank arrives late,
@@ -91,15 +91,16 @@ int main(int argc, char** argv) {
     const size_t max_bytes = max_given.empty() ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "1")) << 20
                                                : std::stoul(max_given);
     const std::string dtype_name = bench::arg_value(argc, argv, "--dtype", "fp32");
-    if (dtype_name != "fp32" && dtype_name != "bf16") {
-      throw std::runtime_error("--dtype: '" + dtype_name + "' is not fp32 or bf16; give the step's communication dtype");
+    if (dtype_name != "fp32" && dtype_name != "bf16" && dtype_name != "fp16") {
+      throw std::runtime_error("--dtype: '" + dtype_name + "' is not fp32, bf16 or fp16; give the step's communication dtype");
     }
-    const memory::DType dtype = dtype_name == "bf16" ? memory::DType::kBF16 : memory::DType::kF32;
+    const memory::DType dtype = memory::parse_dtype(dtype_name, "--dtype");
     const size_t es = memory::dtype_size(dtype);
     // Every element 1.0 in the probe's dtype (the values do not matter; finite ones keep the sums cheap).
     auto ones = [&](const memory::Tensor& t, size_t elements) {
-      if (dtype == memory::DType::kBF16) {
-        std::fill_n(static_cast<uint16_t*>(t.raw()), elements, memory::f32_to_bf16(1.0f));
+      if (dtype != memory::DType::kF32) {
+        const uint16_t one = dtype == memory::DType::kBF16 ? memory::f32_to_bf16(1.0f) : memory::f32_to_f16(1.0f);
+        std::fill_n(static_cast<uint16_t*>(t.raw()), elements, one);
       } else {
         std::fill_n(t.data<float>(), elements, 1.0f);
       }
