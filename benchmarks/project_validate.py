@@ -26,6 +26,14 @@ row is projected twice (docs/scaling.md, "Validation"):
     first projection's compute over its oversubscription and collectives per step), given to the second
     projection as --link-costs (rows[].step_probe: its work, compute stretch and costs by size).
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows.
+
+--repeats K runs K rounds, each training every configuration once (round 1 also fits, probes and projects
+it; even rounds go in reverse order), so that a configuration's runs are minutes apart and a burst of load
+shows as its spread: rows[].measured_step_s is the median of its runs' medians, measured_min_s /
+measured_max_s / measured_spread ((most - least) / median) beside it, predicted_over_measured_range the
+ratio against the most and the least. A row whose spread exceeds QUIET_SPREAD (5%, a third of the target)
+is named in noisy_rows: its verdict is the machine's, not the model's; within_15_percent_of_quiet_rows
+counts the others. A Markdown table of the rows goes to stderr.
 """
 import argparse
 import json
@@ -158,7 +166,9 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     are one stretch of compute. The length matters: the scheduler preempts a rank in a 3 ms stretch
     where it leaves a 0.3 ms one alone (4 ranks on 2 cores at load 9: compute stretch 2.6 against 1.3, a
     gather's in-step cost 8-9 ms against 1.3 ms). The in-step cost of each collective by size
-    (docs/scaling.md, "Validation")."""
+    (docs/scaling.md, "Validation"), in the config's communication dtype (it decides the path), up to 4 MiB:
+    the step's largest call, ZeRO-1/2's parameter all-gather of the whole bf16 model (1.67 MB), lies within
+    the measured sizes instead of beyond them, where the projection extrapolates the last slope."""
     cpu = lay["compute_s"] / max(1.0, oversubscription)
     if lay["zero_stage"] == 3:
         work = cpu / max(1, lay["collectives_per_step"])
@@ -171,7 +181,7 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "step_comm_probe")
     cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host), "--rate", rate,
            "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(hosts * per_host), bench,
-           "--work-us", f"{work_us:.0f}", "--rounds", "5", "--dtype", comm_dtype(BASE), "--json", out]
+           "--work-us", f"{work_us:.0f}", "--rounds", "5", "--dtype", comm_dtype(BASE), "--max-mib", "4", "--json", out]
     run(cmd, name + " (step_comm_probe)")
     with open(out) as f:
         r = json.load(f)
