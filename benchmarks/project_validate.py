@@ -185,7 +185,7 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     run(cmd, name + " (step_comm_probe)")
     with open(out) as f:
         r = json.load(f)
-    return {"file": out, "work_us": work_us, "compute_stretch": r["compute_stretch"],
+    return {"file": out, "work_us": work_us, "dtype": r["dtype"], "compute_stretch": r["compute_stretch"],
             "seconds_by_collective": {c: {str(x["bytes"]): x["seconds"] for x in rows} for c, rows in r["collectives"].items()}}
 
 
