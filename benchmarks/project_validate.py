@@ -26,6 +26,14 @@ row is projected twice (docs/scaling.md, "Validation"):
     first projection's compute over its oversubscription and collectives per step), given to the second
     projection as --link-costs (rows[].step_probe: its work, compute stretch and costs by size).
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows.
+
+--repeats K runs K rounds, each training every configuration once (round 1 also fits, probes and projects
+it; even rounds go in reverse order), so that a configuration's runs are minutes apart and a burst of load
+shows as its spread: rows[].measured_step_s is the median of its runs' medians, measured_min_s /
+measured_max_s / measured_spread ((most - least) / median) beside it, predicted_over_measured_range the
+ratio against the most and the least. A row whose spread exceeds QUIET_SPREAD (5%, a third of the target)
+is named in noisy_rows: its verdict is the machine's, not the model's; within_15_percent_of_quiet_rows
+counts the others. A Markdown table of the rows goes to stderr.
 """
 import argparse
 import json
@@ -78,6 +86,16 @@ def config_for(np, tp, pp, stage, steps):
         cfg["model"]["pipeline_parallel_size"] = pp
     cfg["train_steps"] = steps
     return cfg
+
+
+def comm_dtype(cfg):
+    """The dtype the config's gradients and parameters travel in (`communication_data_type`, by default the
+    compute dtype): the probe's, since it decides the path (step_comm_probe: MPI's own fp32 reduce-scatter
+    took 3x comm's bf16 one for the same bytes across)."""
+    given = cfg.get("communication_data_type")
+    if given:
+        return given.lower()
+    return "bf16" if cfg.get("bf16", {}).get("enabled") else "fp32"
 
 
 def run(cmd, name):
@@ -148,7 +166,9 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     are one stretch of compute. The length matters: the scheduler preempts a rank in a 3 ms stretch
     where it leaves a 0.3 ms one alone (4 ranks on 2 cores at load 9: compute stretch 2.6 against 1.3, a
     gather's in-step cost 8-9 ms against 1.3 ms). The in-step cost of each collective by size
-    (docs/scaling.md, "Validation")."""
+    (docs/scaling.md, "Validation"), in the config's communication dtype (it decides the path), up to 4 MiB:
+    the step's largest call, ZeRO-1/2's parameter all-gather of the whole bf16 model (1.67 MB), lies within
+    the measured sizes instead of beyond them, where the projection extrapolates the last slope."""
     cpu = lay["compute_s"] / max(1.0, oversubscription)
     if lay["zero_stage"] == 3:
         work = cpu / max(1, lay["collectives_per_step"])
@@ -161,70 +181,118 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "step_comm_probe")
     cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host), "--rate", rate,
            "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(hosts * per_host), bench,
-           "--work-us", f"{work_us:.0f}", "--rounds", "5", "--json", out]
+           "--work-us", f"{work_us:.0f}", "--rounds", "5", "--dtype", comm_dtype(BASE), "--max-mib", "4", "--json", out]
     run(cmd, name + " (step_comm_probe)")
     with open(out) as f:
         r = json.load(f)
-    return {"file": out, "work_us": work_us, "compute_stretch": r["compute_stretch"],
+    return {"file": out, "work_us": work_us, "dtype": r["dtype"], "compute_stretch": r["compute_stretch"],
             "seconds_by_collective": {c: {str(x["bytes"]): x["seconds"] for x in rows} for c, rows in r["collectives"].items()}}
 
 
-def measure(args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, link=None):
-    cfg = config_for(np, tp, pp, stage, args.steps)
-    path = os.path.join(tmp, name + ".json")
-    summary = os.path.join(tmp, name + ".summary.json")
-    with open(path, "w") as f:
-        json.dump(cfg, f)
-    train = [args.zeroshard, "train", "--config", path, "--summary", summary]
-    if hosts:
-        cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(np // hosts),
-               "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
-    else:
-        # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
-        # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
-    per_host = np // hosts if hosts else np
-    lay0 = None
-    if hosts:
-        # First the network's latency-bandwidth model, whose compute per collective sets the probe's work;
-        # then the probe of the in-step costs, the runs, and the projection with those costs.
-        p0 = project(args, tmp, path, name, np, tp, pp, per_host, hosts, link)
-        lay0 = p0["layouts"][0]
-        probe = step_probe(args, tmp, name, hosts, per_host, rate, lay0, p0["oversubscription"])
-    medians = []
-    for _ in range(args.repeats):
-        run(cmd, name)
-        with open(summary) as f:
-            s = json.load(f)
-        medians.append(s["step_time_s"]["median"])
-    p = project(args, tmp, path, name, np, tp, pp, per_host, hosts, link, probe["file"] if hosts else None)
-    lay = p["layouts"][0]
-    measured = statistics.median(medians)
-    # The run's mean per step over the projected step's bytes: a little above 1, since the first step's
-    # window also holds the train command's start-up collectives (tests/e2e/project_agreement.cmake
-    # checks one step's bytes exactly).
-    bytes_ratio = max(
-        s["comm"]["per_rank"][r]["bytes_sent_per_step"]["exact_mean"] / max(1, lay["ranks"][r]["bytes_sent_per_step"])
-        for r in range(np))
-    return {
-        "name": name, "np": np, "tp": tp, "pp": pp, "zero_stage": stage, "hosts": hosts or 1, "rate": rate,
-        "load_1min": os.getloadavg()[0], "network": link, "shm_collective_s": p["machine"]["shm_latency_s"],
-        "loaded_stretch": p["machine"]["loaded_stretch"],
-        "measured_step_s": measured, "measured_runs_s": medians, "predicted_step_s": lay["step_s"],
-        "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
-        "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
-        "predicted_bubble": lay["bubble"], "collectives_per_step": lay["collectives_per_step"], "measured_mfu": s.get("mfu", {}).get("mfu"), "predicted_mfu": lay["mfu"],
-        "bytes_mean_over_projected": bytes_ratio,
-        "compute_stretch": p["oversubscription"],
-        "predicted_network_model_s": lay0["step_s"] if lay0 else None,
-        "network_model_over_measured": lay0["step_s"] / measured if lay0 and measured > 0 else None,
-        "step_probe": probe if hosts else None,
-    }
+class Case:
+    """One configuration: its config file, its train command, and (two hosts) its probe, in the order the
+    rounds use them (prepare, then one train run per round, then finish)."""
+
+    def __init__(self, args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, link=None):
+        self.args, self.tmp, self.name, self.np, self.tp, self.pp, self.stage = args, tmp, name, np, tp, pp, stage
+        self.hosts, self.rate, self.link = hosts, rate, link
+        cfg = config_for(np, tp, pp, stage, args.steps)
+        self.path = os.path.join(tmp, name + ".json")
+        self.summary = os.path.join(tmp, name + ".summary.json")
+        with open(self.path, "w") as f:
+            json.dump(cfg, f)
+        train = [args.zeroshard, "train", "--config", self.path, "--summary", self.summary]
+        if hosts:
+            self.cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots",
+                        str(np // hosts), "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                        "-np", str(np)] + train
+        else:
+            # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
+            # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
+            self.cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
+        self.per_host = np // hosts if hosts else np
+        self.lay0 = self.probe = self.p = self.s = None
+        self.medians, self.loads = [], []
+
+    def prepare(self):
+        """Two hosts: first the network's latency-bandwidth model, whose compute per collective sets the
+        probe's work; then the probe of the in-step costs (before the first run, as the step will see it)."""
+        if self.hosts:
+            p0 = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts, self.link)
+            self.lay0 = p0["layouts"][0]
+            self.probe = step_probe(self.args, self.tmp, self.name, self.hosts, self.per_host, self.rate, self.lay0,
+                                    p0["oversubscription"])
+
+    def train(self):
+        """One run: its median step (the summary's, over its steps) and the load beside it."""
+        run(self.cmd, self.name)
+        with open(self.summary) as f:
+            self.s = json.load(f)
+        self.medians.append(self.s["step_time_s"]["median"])
+        self.loads.append(os.getloadavg()[0])
+
+    def project(self):
+        """The projection compared, right after the first round's run (--as-loaded: the load of then)."""
+        self.p = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts,
+                         self.link, self.probe["file"] if self.hosts else None)
+
+    def row(self):
+        p, s, lay, lay0, np = self.p, self.s, self.p["layouts"][0], self.lay0, self.np
+        measured = statistics.median(self.medians)
+        lo, hi = min(self.medians), max(self.medians)
+        spread = (hi - lo) / measured if measured > 0 and len(self.medians) > 1 else None  # one run: unknown
+        # The run's mean per step over the projected step's bytes: a little above 1, since the first step's
+        # window also holds the train command's start-up collectives (tests/e2e/project_agreement.cmake
+        # checks one step's bytes exactly).
+        bytes_ratio = max(
+            s["comm"]["per_rank"][r]["bytes_sent_per_step"]["exact_mean"] / max(1, lay["ranks"][r]["bytes_sent_per_step"])
+            for r in range(np))
+        return {
+            "name": self.name, "np": np, "tp": self.tp, "pp": self.pp, "zero_stage": self.stage, "hosts": self.hosts or 1,
+            "rate": self.rate, "load_1min": self.loads[0], "loads_1min": self.loads, "network": self.link,
+            "shm_collective_s": p["machine"]["shm_latency_s"], "loaded_stretch": p["machine"]["loaded_stretch"],
+            # The runs' medians, one per round (interleaved with the other configurations'), their median,
+            # least and most, and the spread (most - least) / median: the measurement's own noise, against
+            # which the 15% target is read (a row whose spread is not well below 15% gives no verdict).
+            "measured_step_s": measured, "measured_runs_s": self.medians, "measured_min_s": lo, "measured_max_s": hi,
+            "measured_spread": spread, "predicted_step_s": lay["step_s"],
+            "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
+            "predicted_over_measured_range": [lay["step_s"] / hi, lay["step_s"] / lo] if lo > 0 else None,
+            "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
+            "predicted_tp_comm_s": lay["tp_comm_s"], "predicted_bubble": lay["bubble"],
+            "collectives_per_step": lay["collectives_per_step"], "measured_mfu": s.get("mfu", {}).get("mfu"),
+            "predicted_mfu": lay["mfu"], "bytes_mean_over_projected": bytes_ratio,
+            "compute_stretch": p["oversubscription"],
+            "predicted_network_model_s": lay0["step_s"] if lay0 else None,
+            "network_model_over_measured": lay0["step_s"] / measured if lay0 and measured > 0 else None,
+            "step_probe": self.probe,
+        }
 
 
 def within(rows, key):
     """'k of n': how many of the rows' `key` ratios lie within 15% of 1."""
     return f"{sum(1 for r in rows if r.get(key) and 0.85 <= r[key] <= 1.15)} of {len(rows)}"
+
+
+# A row's verdict needs its measurement to hold still: a spread over the rounds (most - least over the
+# median) above a third of the 15% target says the machine, not the model, decides that row.
+QUIET_SPREAD = 0.05
+
+
+def table(rows):
+    """The rows as a Markdown table (stderr): the measurement's spread beside the verdict."""
+    out = ["| configuration | collectives / step | measured step (s): median [least, most] over rounds | spread | "
+           "predicted (s) | **predicted / measured** [over most, over least] | network model only |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rng = r["predicted_over_measured_range"] or [0, 0]
+        nm = f"{r['network_model_over_measured']:.2f}" if r["network_model_over_measured"] else "-"
+        sp = r["measured_spread"]
+        spread = "-" if sp is None else f"{100 * sp:.1f}%" + ("" if sp <= QUIET_SPREAD else " (noisy)")
+        out.append(f"| {r['name']} | {r['collectives_per_step']} | {r['measured_step_s']:.4f} [{r['measured_min_s']:.4f}, "
+                   f"{r['measured_max_s']:.4f}] | {spread} | {r['predicted_step_s']:.4f} | "
+                   f"**{r['predicted_over_measured']:.2f}** [{rng[0]:.2f}, {rng[1]:.2f}] | {nm} |")
+    return "\n".join(out)
 
 
 def main():
@@ -233,49 +301,68 @@ def main():
     ap.add_argument("--steps", type=int, default=8, help="training steps per run (the median excludes nothing)")
     ap.add_argument("--quick", action="store_true", help="np 1 and 2 only, 4 steps")
     ap.add_argument("--multihost", action="store_true", help="also two hosts of 2 ranks under tc (needs root)")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs per configuration; the measured step is the median of their medians")
+    ap.add_argument("--repeats", "--repeat", type=int, default=1,
+                    help="rounds: each runs every configuration once, interleaved (odd rounds in order, even ones "
+                         "reversed); the measured step is the median of a configuration's runs, their least and "
+                         "most beside it")
     ap.add_argument("--idle", action="store_true", help="project an idle host's compute (without --as-loaded)")
     ap.add_argument("--network", default="",
                     help="a fixed BANDWIDTH,LATENCY for the two-host rows (default: measured per rate, see the top)")
     ap.add_argument("--only", default="", help="comma-separated substrings: only configurations whose name has one")
     ap.add_argument("--rates", default=",".join(MULTIHOST_RATES), help="the two-host rows' tc rates (comma-separated)")
     args = ap.parse_args()
+    if args.repeats < 1:
+        sys.exit(f"--repeats: {args.repeats} is below 1; give the number of rounds (1 or more)")
     wanted = lambda name: not args.only or any(x in name for x in args.only.split(","))
     if args.quick:
         args.steps = 4
-    cases = [c for c in ONE_HOST if (not args.quick or c[1] <= 2) and wanted(c[0])]
-    rows = []
+    specs = [dict(name=name, np=np, tp=tp, pp=pp, stage=stage)
+             for name, np, tp, pp, stage in ONE_HOST if (not args.quick or np <= 2) and wanted(name)]
+    if args.multihost:
+        for rate in args.rates.split(","):
+            specs += [dict(name=f"{base}_{rate}", np=np, tp=tp, pp=pp, stage=stage, hosts=2, rate=rate, slots=slots)
+                      for base, slots, np, tp, pp, stage in MULTIHOST if wanted(f"{base}_{rate}")]
     load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, np, tp, pp, stage in cases:
-            rows.append(measure(args, tmp, name, np, tp, pp, stage))
-            print(f"{name}: measured {rows[-1]['measured_step_s']:.4f} s, predicted {rows[-1]['predicted_step_s']:.4f} s",
+        # Round 1 prepares each configuration (the link's fit per rate and host layout, the probe), runs
+        # it and projects it; rounds 2.. run them again, interleaved, so that a minute of load shows as
+        # one configuration's spread instead of deciding its verdict.
+        cases, links = [], {}
+        for spec in specs:
+            slots = spec.pop("slots", None)
+            if slots is not None and (spec["rate"], slots) not in links:
+                links[(spec["rate"], slots)] = network_fit(args, tmp, spec["rate"], slots)
+            case = Case(args, tmp, **spec, link=links.get((spec.get("rate"), slots)))
+            case.prepare()
+            case.train()
+            case.project()
+            cases.append(case)
+            print(f"{case.name}: measured {case.medians[-1]:.4f} s, predicted {case.p['layouts'][0]['step_s']:.4f} s",
                   file=sys.stderr)
-        if args.multihost:
-            for rate in args.rates.split(","):
-                links = {}
-                for base, slots, np, tp, pp, stage in MULTIHOST:
-                    if not wanted(f"{base}_{rate}"):
-                        continue
-                    if slots not in links:
-                        links[slots] = network_fit(args, tmp, rate, slots)
-                    name = f"{base}_{rate}"
-                    rows.append(measure(args, tmp, name, np, tp, pp, stage, hosts=2, rate=rate, link=links[slots]))
-                    print(f"{name}: measured {rows[-1]['measured_step_s']:.4f} s, predicted "
-                          f"{rows[-1]['predicted_step_s']:.4f} s", file=sys.stderr)
+        for k in range(2, args.repeats + 1):
+            for case in (cases if k % 2 else reversed(cases)):
+                case.train()
+            print(f"round {k} of {args.repeats}: load {os.getloadavg()[0]:.2f}", file=sys.stderr)
+        rows = [c.row() for c in cases]
     ratios = [r["predicted_over_measured"] for r in rows if r["predicted_over_measured"]]
+    quiet = [r for r in rows if r["measured_spread"] is not None and r["measured_spread"] <= QUIET_SPREAD]
     out = {
-        "load_at_start": load_at_start, "load_at_end": os.getloadavg(),
+        "load_at_start": load_at_start, "load_at_end": os.getloadavg(), "rounds": args.repeats,
         "rows": rows,
         "within_15_percent": sum(1 for q in ratios if 0.85 <= q <= 1.15),
         "within_15_percent_one_host": within([r for r in rows if r["hosts"] == 1], "predicted_over_measured"),
         "within_15_percent_two_hosts": within([r for r in rows if r["hosts"] > 1], "predicted_over_measured"),
         "network_model_within_15_percent_two_hosts": within([r for r in rows if r["hosts"] > 1],
                                                             "network_model_over_measured"),
+        # Only the rows whose runs held still (spread <= QUIET_SPREAD) give a verdict; the others are named.
+        "quiet_spread_limit": QUIET_SPREAD,
+        "within_15_percent_of_quiet_rows": within(quiet, "predicted_over_measured"),
+        "noisy_rows": [r["name"] for r in rows if r["measured_spread"] is not None and r not in quiet],
+        "measured_spread_max": max((r["measured_spread"] or 0) for r in rows),
         "configurations": len(rows),
         "bytes_mean_over_projected_max": max(r["bytes_mean_over_projected"] for r in rows),
     }
+    print(table(rows), file=sys.stderr)
     print(json.dumps(out, indent=1))
 
 

@@ -3,7 +3,7 @@
 // (docs/scaling.md, "Validation"; Note [in-step link costs] in project/project_compute.cpp).
 //
 //   hosts.sh --hosts 2 --slots 2 --rate 1gbit -- -np 4 build/release/benchmarks/step_comm_probe --json costs.json
-//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N]
+//          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N] [--dtype fp32|bf16|fp16]
 //
 // A collective alone (comm_bench) and the same collective inside a step differ: in the step every rank
 // computes between collectives, so a peer whose core the scheduler gave to another rank arrives late,
@@ -27,7 +27,14 @@
 // nothing is left in flight); the next round's work starts after the drain, as a step's compute starts
 // after its collective. (Without it the smallest size, timed right after the previous collective's
 // largest, measured 18-87 ms at 100 Mbit/s: the tail of 1 MiB, not its own cost.)
-// The JSON: {"probe": "step_comm_probe", "ranks", "hosts", "ranks_per_host", "work_us", "rounds",
+// --dtype: the elements' type, the step's communication dtype (the gradients' and parameters' on the
+// wire: `communication_data_type`, by default the compute dtype). It decides the path, not only the
+// bytes: an fp32 reduce-scatter or all-reduce is MPI's own (OpenMPI's reduce-scatter over two ranks sent
+// the full buffer to one rank and scattered it back: 114 ms for 512 KB across at 100 Mbit/s, where an
+// allgather of the same bytes took 34 ms), a bf16 one comm's direct path (an all-to-all of the blocks and
+// a local sum, Note [16-bit reductions] in comm/detail/transport_mpi.cpp), whose bytes a step's
+// bf16 gradients move. `bytes` stays the buffer's size in bytes (so at bf16 twice the elements).
+// The JSON: {"probe": "step_comm_probe", "ranks", "hosts", "ranks_per_host", "work_us", "rounds", "dtype",
 // "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds"}...], ...}}.
 #include <algorithm>
 #include <cstdio>
@@ -39,6 +46,7 @@
 
 #include "benchmarks/support/bench_json.h"
 #include "comm/comm.h"
+#include "memory/dtype.h"
 #include "memory/tensor.h"
 
 using namespace zs;
@@ -82,6 +90,21 @@ int main(int argc, char** argv) {
     const std::string max_given = bench::arg_value(argc, argv, "--max-bytes", "");
     const size_t max_bytes = max_given.empty() ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "1")) << 20
                                                : std::stoul(max_given);
+    const std::string dtype_name = bench::arg_value(argc, argv, "--dtype", "fp32");
+    if (dtype_name != "fp32" && dtype_name != "bf16" && dtype_name != "fp16") {
+      throw std::runtime_error("--dtype: '" + dtype_name + "' is not fp32, bf16 or fp16; give the step's communication dtype");
+    }
+    const memory::DType dtype = memory::parse_dtype(dtype_name, "--dtype");
+    const size_t es = memory::dtype_size(dtype);
+    // Every element 1.0 in the probe's dtype (the values do not matter; finite ones keep the sums cheap).
+    auto ones = [&](const memory::Tensor& t, size_t elements) {
+      if (dtype != memory::DType::kF32) {
+        const uint16_t one = dtype == memory::DType::kBF16 ? memory::f32_to_bf16(1.0f) : memory::f32_to_f16(1.0f);
+        std::fill_n(static_cast<uint16_t*>(t.raw()), elements, one);
+      } else {
+        std::fill_n(t.data<float>(), elements, 1.0f);
+      }
+    };
     const char* names[] = {"allgather", "reduce_scatter", "allreduce", "sendrecv"};
     std::vector<size_t> sizes;
     for (size_t b = min_bytes; b <= max_bytes; b *= 4) sizes.push_back(b);
@@ -96,13 +119,13 @@ int main(int argc, char** argv) {
     for (int r = 0; r <= rounds; ++r) {
       for (int c = 0; c < 4; ++c) {
         for (size_t s = 0; s < sizes.size(); ++s) {
-          const size_t count = std::max<size_t>(1, sizes[s] / 4 / static_cast<size_t>(n)) * static_cast<size_t>(n);
+          const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
           const size_t part = count / static_cast<size_t>(n);
-          auto full = memory::Tensor::empty({static_cast<int64_t>(count)}, memory::DType::kF32);
-          auto mine = memory::Tensor::empty({static_cast<int64_t>(part)}, memory::DType::kF32);
-          auto other = memory::Tensor::empty({static_cast<int64_t>(count)}, memory::DType::kF32);
-          std::fill_n(full.data<float>(), count, 1.0f);
-          std::fill_n(mine.data<float>(), part, 1.0f);
+          auto full = memory::Tensor::empty({static_cast<int64_t>(count)}, dtype);
+          auto mine = memory::Tensor::empty({static_cast<int64_t>(part)}, dtype);
+          auto other = memory::Tensor::empty({static_cast<int64_t>(count)}, dtype);
+          ones(full, count);
+          ones(mine, part);
           const std::vector<size_t> counts(static_cast<size_t>(n), part);
           const double w0 = bench::now_seconds(), c0 = thread_cpu_seconds();
           work(work_us);
@@ -136,10 +159,10 @@ int main(int argc, char** argv) {
         const double drain = std::max(0.0, bench::median(dr[s]) - bench::median(dr.front()));
         const double secs = mean_over(g, bench::median(times[static_cast<size_t>(c)][s]) + drain);
         const double across = mean_over(g, inter[static_cast<size_t>(c)][s]);
-        const size_t count = std::max<size_t>(1, sizes[s] / 4 / static_cast<size_t>(n)) * static_cast<size_t>(n);
-        rows.push_back(boost::json::object{{"bytes", count * 4}, {"inter_host_bytes", across}, {"seconds", secs}});
+        const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
+        rows.push_back(boost::json::object{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs}});
         if (g.rank() == 0) {
-          std::printf("%-15s %10zu bytes, %10.0f across per rank: %10.1f us\n", names[c], count * 4, across, secs * 1e6);
+          std::printf("%-15s %10zu bytes, %10.0f across per rank: %10.1f us\n", names[c], count * es, across, secs * 1e6);
         }
       }
       collectives[names[c]] = std::move(rows);
@@ -149,7 +172,7 @@ int main(int argc, char** argv) {
     const std::string path = bench::json_path_arg(argc, argv);
     if (!path.empty() && g.rank() == 0) {
       const boost::json::object out{{"probe", "step_comm_probe"}, {"ranks", n}, {"hosts", g.hosts()},
-                                    {"ranks_per_host", g.host_ranks()}, {"work_us", work_us}, {"rounds", rounds},
+                                    {"ranks_per_host", g.host_ranks()}, {"work_us", work_us}, {"rounds", rounds}, {"dtype", dtype_name},
                                     {"compute_stretch", stretch}, {"collectives", collectives}};
       std::ofstream f(path);
       f << boost::json::serialize(out) << "\n";

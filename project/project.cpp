@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "estimate/estimate.h"
 #include "estimate/measure.h"
+#include "memory/dtype.h"
 #include "nn/flops.h"
 #include "pp/schedule.h"
 #include "project/detail/project_detail.h"
@@ -277,6 +278,13 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
                                : fmt::format("GPT n_layer {} d_model {} n_head {} seq_len {}", base.model->n_layer,
                                              base.model->d_model, base.model->n_head, base.model->seq_len);
   rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
+  // The probe's collectives must take the step's path, which the dtype decides (Note [in-step link costs]).
+  const std::string comm_dtype(memory::dtype_name(base.gradient_comm_dtype()));
+  if (!opt.link_costs.empty() && opt.link_costs.dtype != comm_dtype) {
+    throw ConfigError(fmt::format("--link-costs: '{}' was measured with {} elements, the config communicates in {} "
+                                  "(communication_data_type, by default the compute dtype); run step_comm_probe --dtype {}",
+                                  opt.link_costs.source, opt.link_costs.dtype, comm_dtype, comm_dtype));
+  }
   rep.oversubscription = std::max(1.0, static_cast<double>(opt.ranks_per_host) / opt.machine.cores_per_host) *
                          (opt.as_loaded ? opt.machine.loaded_stretch : 1.0);
   // Several hosts with the in-step probe: the compute's stretch measured in that job (its CPU share,

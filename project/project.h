@@ -53,6 +53,9 @@ Network parse_network(const std::string& text);
 struct LinkCosts {
   int ranks = 0, hosts = 0, ranks_per_host = 0;
   double compute_stretch = 1.0;
+  // The elements' dtype the probe's collectives moved ("fp32", "bf16", "fp16"; files without it: "fp32"): it must be
+  // the config's communication dtype, since it decides the path (Note [in-step link costs]).
+  std::string dtype = "fp32";
   std::map<std::string, std::vector<std::pair<double, double>>> by_collective;  // (bytes across, seconds), ascending
   std::string source;  // the file
   bool empty() const { return by_collective.empty(); }

@@ -82,6 +82,16 @@ Network parse_network(const std::string& text) {
 // come one per size with compute between, so a shaper's burst (tc tbf's 64 KiB or 10 ms of the rate)
 // lends each of them the veth's speed; a ZeRO-3 step's 30 gathers in a row empty it (two hosts of 2 at
 // 100 Mbit/s: the probe's costs summed to 0.20 s for bytes the link carries in 0.27 s at best).
+// The probe's elements are the config's communication dtype (`step_comm_probe --dtype`; the projection
+// refuses a probe of another): the dtype decides the path, not only the bytes. At bf16 a reduce-scatter
+// or all-reduce is comm's direct path (an all-to-all of the blocks, then a local sum in rank order: Note
+// [16-bit reductions] in comm/detail/transport_mpi.cpp), at fp32 on hosts of one rank MPI's own, and
+// OpenMPI's reduce-scatter over two ranks moved the buffer to one rank and scattered it back: at 100
+// Mbit/s a 1 MiB fp32 reduce-scatter (512 KB across per rank) took 120 ms in the probe, the bf16 one 40 ms,
+// as the allgather of the same bytes (2026-11-29 17:42, load 3.5). The fp32 probe of a bf16 step had
+// charged each gradient bucket that 3x: the two-host rows of one rank at 100 Mbit/s were over-predicted
+// 1.25 (docs/scaling.md, "Validation"). Hosts of 2 ranks took the direct path either way (the
+// hierarchical transport sums in rank order where shared memory is in the group).
 
 std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes) const {
   const std::string kind = op == "allgatherv" ? "allgather" : (op == "send" || op == "recv") ? "sendrecv" : op;
@@ -116,6 +126,12 @@ LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& sou
   lc.hosts = static_cast<int>(number(o, "hosts", "hosts"));
   lc.ranks_per_host = static_cast<int>(number(o, "ranks_per_host", "ranks_per_host"));
   lc.compute_stretch = number(o, "compute_stretch", "compute_stretch");
+  if (const boost::json::value* d = o.if_contains("dtype")) {
+    if (!d->is_string() || (d->as_string() != "fp32" && d->as_string() != "bf16" && d->as_string() != "fp16")) {
+      throw bad("dtype is not \"fp32\", \"bf16\" or \"fp16\"");
+    }
+    lc.dtype = std::string(d->as_string());
+  }
   if (lc.hosts < 2) throw bad(fmt::format("hosts is {}: the probe ran on one host; run it over two or more", lc.hosts));
   if (!(lc.compute_stretch > 0)) throw bad("compute_stretch must be positive");
   const boost::json::value* cs = o.if_contains("collectives");

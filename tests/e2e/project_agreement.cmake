@@ -54,11 +54,11 @@ foreach(steps 2 3)
 endforeach()
 file(REMOVE ${proj})
 set(link_costs)
-if(RPH LESS NP AND PROBE)  # the in-step costs across these hosts (step_comm_probe), a short burst
+if(RPH LESS NP AND PROBE)  # the in-step costs across these hosts (step_comm_probe, in the config's bf16), a short burst
   set(costs ${WORK}/project_${tag}_probe.json)
   file(REMOVE ${costs})
   execute_process(COMMAND ${launcher} --oversubscribe -np ${NP} ${PROBE} --work-us 100 --rounds 1 --min-bytes 1024
-    --max-bytes 65536 --json ${costs} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+    --max-bytes 65536 --dtype bf16 --json ${costs} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "projection agreement: step_comm_probe failed (${rc}):\n${out}${err}")
   endif()

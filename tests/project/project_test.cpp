@@ -97,11 +97,12 @@ TEST(Project, BytesAcrossHostsFollowTheHostLayout) {
   EXPECT_TRUE(a.fits);
 }
 
-// A step_comm_probe JSON of 2 hosts of `per_host` ranks: an allgather's cost per call by bytes across.
+// A step_comm_probe JSON of 2 hosts of `per_host` ranks: an allgather's cost per call by bytes across,
+// in tiny_config's communication dtype (bf16).
 boost::json::value probe_json(int per_host, double stretch) {
   return boost::json::parse(R"({"probe": "step_comm_probe", "ranks": )" + std::to_string(2 * per_host) +
                             R"(, "hosts": 2, "ranks_per_host": )" + std::to_string(per_host) +
-                            R"(, "work_us": 500, "rounds": 5, "compute_stretch": )" + std::to_string(stretch) +
+                            R"(, "work_us": 500, "rounds": 5, "dtype": "bf16", "compute_stretch": )" + std::to_string(stretch) +
                             R"(, "collectives": {"allgather": [{"bytes": 64, "inter_host_bytes": 0, "seconds": 1.0},
                               {"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.001},
                               {"bytes": 4096, "inter_host_bytes": 3000, "seconds": 0.003}],
@@ -113,6 +114,7 @@ TEST(LinkCosts, InterpolatesByBytesAcrossHosts) {
   EXPECT_EQ(lc.hosts, 2);
   EXPECT_EQ(lc.ranks_per_host, 1);
   EXPECT_DOUBLE_EQ(lc.compute_stretch, 1.5);
+  EXPECT_EQ(lc.dtype, "bf16");
   EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 10), 0.001);     // below the smallest: its cost
   EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 2000), 0.002);   // between: on the line
   EXPECT_DOUBLE_EQ(*lc.seconds("allgatherv", 5000), 0.005);  // beyond: the last slope; allgatherv as allgather
@@ -179,6 +181,27 @@ TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--link-costs: 'probe.json' was measured with 2 ranks per host, the projection has 1"),
               std::string::npos);
+  }
+  // A probe of another dtype took another path (MPI's own fp32 reduce-scatter, not comm's 16-bit one):
+  // refused, as is a file from before the key (fp32).
+  for (const char* dtype : {"fp32", ""}) {
+    boost::json::value fp32 = probe_json(1, 1.0);
+    if (*dtype) {
+      fp32.as_object()["dtype"] = dtype;
+    } else {
+      fp32.as_object().erase("dtype");
+    }
+    o.link_costs = parse_link_costs(fp32, "fp32.json");
+    try {
+      project(tiny_config(3), o);
+      ADD_FAILURE() << "a probe of another dtype was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--link-costs: 'fp32.json' was measured with fp32 elements, the config "
+                                           "communicates in bf16 (communication_data_type, by default the compute "
+                                           "dtype); run step_comm_probe --dtype bf16"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 
