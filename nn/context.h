@@ -62,9 +62,8 @@ struct BatchPosition {
 // A zero-bubble pipeline schedule (pp/'s ZB-H1) splits a backward into the input gradient (B), which
 // the previous stage waits for, and the weight gradient (W), run later to fill the pipeline's bubble.
 // While a sink is installed (Context::set_weight_grad_sink), a layer that supports it (nn::Linear, the
-// GPT's matmuls, with their biases; nn::LayerNorm's weight and bias) computes only its input gradient
-// in its backward and appends its parameters' gradients to the sink, keeping what it needs (its input
-// and a copy of dy; the norm also its mean and rstd); Context::run_deferred computes them
+// GPT's matmuls) computes only its input gradient in its backward and appends its weight gradient to
+// the sink, keeping what it needs (its input and a copy of dy); Context::run_deferred computes them
 // later as part of their owners (whose parameters they read and write). Every other layer computes
 // all its gradients in its backward, as without a sink: the split moves work, the sums are the same.
 // The copy of dy is there because a caller may write into a gradient after passing it to a child's

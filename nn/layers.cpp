@@ -286,19 +286,32 @@ Tensor LayerNorm::forward(Context& ctx, const Tensor& x) {
   return y;
 }
 
-// LayerNorm's weight and bias gradients for the rows of x and dy, by columns, each summed over the
-// rows in order (Note [compute threads] in nn/detail/parallel.h).
-void LayerNorm::accumulate_param_grads(Context& ctx, const Tensor& x, const Tensor& dy, const Tensor& mean,
-                                       const Tensor& rstd) {
+Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
+  const int64_t n = detail::rows_of(dy, dim_, "LayerNorm backward");
+  ZS_MODEL_CHECK(input_.numel() == dy.numel(), "LayerNorm backward: dy {} for input {}", memory::shape_string(dy.shape()),
+            memory::shape_string(input_.shape()));
+  Tensor w = weight_f32(ctx, weight_);
+  Tensor dx = ctx.allocate(input_.shape(), DType::kF32, MemoryUse::kGradient);
   GradAccumulator gw(ctx, weight_);
   GradAccumulator gb(ctx, bias_);
-  const float* xp = x.data<float>();
+  const float* xp = input_.data<float>();
   const float* dyp = dy.data<float>();
-  const float* mp = mean.data<float>();
-  const float* rp = rstd.data<float>();
+  const float* wp = w.data<float>();
+  float* dxp = dx.data<float>();
   float* gwp = gw.data();
   float* gbp = gb.data();
-  const int64_t dim = dim_, n = mean.numel();
+  const float inv_d = 1.0f / static_cast<float>(dim_);
+  const int64_t dim = dim_;
+  const float* mp = mean_.data<float>();
+  const float* rp = rstd_.data<float>();
+  // dx by rows; the parameter gradients by columns, each summed over the rows in order
+  // (Note [compute threads] in nn/detail/parallel.h).
+  detail::parallel_for(n, 16, [=](int64_t r0, int64_t r1, int) {
+    // The row sums of kSumRows rows at once (Note [row-interleaved sums]).
+    int64_t r = r0;
+    for (; r + kSumRows <= r1; r += kSumRows) layer_norm_grad_rows<kSumRows>(xp, dyp, wp, mp, rp, dxp, r, dim, inv_d);
+    for (; r < r1; ++r) layer_norm_grad_rows<1>(xp, dyp, wp, mp, rp, dxp, r, dim, inv_d);
+  });
   detail::parallel_for(dim, 64, [=](int64_t c0, int64_t c1, int) {
     for (int64_t r = 0; r < n; ++r) {
       const float m = mp[r];
@@ -313,43 +326,6 @@ void LayerNorm::accumulate_param_grads(Context& ctx, const Tensor& x, const Tens
   });
   gw.commit();
   gb.commit();
-}
-
-Tensor LayerNorm::backward(Context& ctx, const Tensor& dy) {
-  const int64_t n = detail::rows_of(dy, dim_, "LayerNorm backward");
-  ZS_MODEL_CHECK(input_.numel() == dy.numel(), "LayerNorm backward: dy {} for input {}", memory::shape_string(dy.shape()),
-            memory::shape_string(input_.shape()));
-  Tensor w = weight_f32(ctx, weight_);
-  Tensor dx = ctx.allocate(input_.shape(), DType::kF32, MemoryUse::kGradient);
-  const float* xp = input_.data<float>();
-  const float* dyp = dy.data<float>();
-  const float* wp = w.data<float>();
-  float* dxp = dx.data<float>();
-  const float inv_d = 1.0f / static_cast<float>(dim_);
-  const int64_t dim = dim_;
-  const float* mp = mean_.data<float>();
-  const float* rp = rstd_.data<float>();
-  detail::parallel_for(n, 16, [=](int64_t r0, int64_t r1, int) {
-    // The row sums of kSumRows rows at once (Note [row-interleaved sums]).
-    int64_t r = r0;
-    for (; r + kSumRows <= r1; r += kSumRows) layer_norm_grad_rows<kSumRows>(xp, dyp, wp, mp, rp, dxp, r, dim, inv_d);
-    for (; r < r1; ++r) layer_norm_grad_rows<1>(xp, dyp, wp, mp, rp, dxp, r, dim, inv_d);
-  });
-  std::vector<DeferredGrad>* later = defers_param_grads() ? ctx.weight_grad_sink() : nullptr;
-  if (later == nullptr) {
-    accumulate_param_grads(ctx, input_, dy, mean_, rstd_);
-  } else {
-    // Note [deferred weight gradients] in nn/context.h: the weight and bias gradients are a W pass's
-    // work, as nn::Linear's are; the same sums, later. dy is copied unless the model keeps it intact.
-    Tensor dy_kept = dy;
-    if (!ctx.weight_grad_sink_grads_intact()) {
-      dy_kept = ctx.allocate(dy.shape(), DType::kF32, MemoryUse::kGradient);
-      dy_kept.copy_from(dy);
-    }
-    later->push_back({this, [this, x = input_, d = std::move(dy_kept), mean = mean_, rstd = rstd_](Context& c) {
-                        accumulate_param_grads(c, x, d, mean, rstd);
-                      }});
-  }
   clear_own_saved();
   return dx;
 }

@@ -75,8 +75,6 @@ class Embedding : public Module {
 
 // Normalises over the last dimension: y = (x - mean) / sqrt(var + eps) * weight + bias, with the
 // biased variance. weight ones, bias zeros, both tagged no_weight_decay. Saves input, mean, rstd.
-// Under a weight-gradient sink (Note [deferred weight gradients] in nn/context.h) its weight and bias
-// gradients are deferred like nn::Linear's, keeping input, dy, mean and rstd until the W pass.
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t dim, float eps = 1e-5f);
@@ -88,13 +86,8 @@ class LayerNorm : public Module {
   memory::Tensor forward(Context& ctx, const memory::Tensor& x) override;
   memory::Tensor backward(Context& ctx, const memory::Tensor& dy) override;
   void clear_own_saved() override { input_ = mean_ = rstd_ = {}; }
-  // False where the parameter gradients must be complete when backward returns (a subclass that
-  // reduces them right after: tp::SequenceParallelLayerNorm).
-  virtual bool defers_param_grads() const { return true; }
 
  private:
-  void accumulate_param_grads(Context& ctx, const memory::Tensor& x, const memory::Tensor& dy,
-                              const memory::Tensor& mean, const memory::Tensor& rstd);
   int64_t dim_;
   float eps_;
   Parameter& weight_;

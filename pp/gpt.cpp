@@ -81,9 +81,7 @@ int64_t gpt_stage_param_count(const nn::GptConfig& cfg, const PartitionConfig& p
 // [deferred weight gradients] in nn/context.h) because nothing in the chunk writes into a gradient
 // once it has passed it to a child's backward. The ones kept: each nn::Linear's dy, i.e. the block's
 // own dy (the MLP's proj), ln2's gradient plus the residual (the attention's proj), GELU's and the
-// attention core's outputs (fc, qkv), and the head's logits gradient (a fresh tensor from the loss);
-// each nn::LayerNorm's dy: the MLP's and the attention's input gradients (ln2, ln1) and the head's (ln_f),
-// fresh tensors the block adds the residual into only after the norm's backward, into the norm's dx.
+// attention core's outputs (fc, qkv), and the head's logits gradient (a fresh tensor from the loss).
 // pre_norm_block_backward (nn/detail/pre_norm_block.h) adds the residuals into ln2's and ln1's fresh
 // outputs before passing them on; BlockRange, the pipeline (output_grad_, input_grad_, the sends) and
 // the embedding's backward only read. A change that sums into a gradient in place after passing it

@@ -40,9 +40,6 @@ class SequenceParallelLayerNorm : public nn::LayerNorm {
 
  protected:
   memory::Tensor backward(nn::Context& ctx, const memory::Tensor& dy) override;
-  // Its gradients are summed over the group as soon as its backward computes them (Note [replicated
-  // gradients of sequence shards]), so ZB-H1 leaves them in B.
-  bool defers_param_grads() const override { return false; }
 
  private:
   TensorParallel tp_;

@@ -219,35 +219,6 @@ TEST(DeferredWeightGrads, LinearQueuesItsWeightGradientAndRunDeferredAddsIt) {
   expect_close(later.all_params()[1]->grad(), now.all_params()[1]->grad(), "bias gradient", 0.0);
 }
 
-// The norm's weight and bias gradients are parameter gradients too: W's work, the same bits later.
-TEST(DeferredWeightGrads, LayerNormQueuesItsWeightAndBiasGradients) {
-  nn::LayerNorm now(6), later(6);
-  nn::materialize(now, 4);
-  nn::materialize(later, 4);
-  randomize(now, 5);
-  randomize(later, 5);
-  Tensor x = Tensor::empty({3, 6}, DType::kF32), dy = Tensor::empty({3, 6}, DType::kF32);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.1f * static_cast<float>(i % 7) - 0.3f;
-  for (int64_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = 0.2f * static_cast<float>(i % 5) - 0.4f;
-  nn::HostContext ctx;
-  ctx.forward(now, x);
-  Tensor dx_now = ctx.backward(now, dy);
-  std::vector<nn::DeferredGrad> sink;
-  ctx.forward(later, x);
-  ctx.set_weight_grad_sink(&sink);
-  Tensor dx_later = ctx.backward(later, dy);
-  ctx.set_weight_grad_sink(nullptr);
-  expect_close(dx_later, dx_now, "input gradient", 0.0);
-  ASSERT_EQ(sink.size(), 1u);
-  for (nn::Parameter* p : later.all_params()) {
-    for (float g : p->grad().f32()) ASSERT_EQ(g, 0.0f) << p->full_name();
-  }
-  dy.zero();  // kept as a copy: the sink was not told the gradients stay intact
-  ctx.run_deferred(sink);
-  expect_close(later.weight().grad(), now.weight().grad(), "weight gradient", 0.0);
-  expect_close(later.bias().grad(), now.bias().grad(), "bias gradient", 0.0);
-}
-
 TEST(DeferredWeightGrads, GradsIntactSinkKeepsDyWithoutACopy) {
   nn::Linear later(6, 5);
   nn::materialize(later, 4);
