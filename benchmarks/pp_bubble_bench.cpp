@@ -2,11 +2,15 @@
 // many micro-batches' activations does each stage hold?
 //
 //   mpirun -np 2 build/release/benchmarks/pp_bubble_bench [--json out.json] [--micro-batches 4,8,16]
-//          [--reps 5] [--d 128] [--layers 8] [--seq 64] [--batch 4] [--vocab 256]
+//          [--reps 5] [--d 512] [--layers 16] [--seq 64] [--batch 4] [--vocab 256]
 //          [--partition compute|parameters|uniform] [--schedules afab,1f1b,interleaved,zb-h1]
 //   mpirun -np 4 --oversubscribe ... (pp 4: ranks share cores; read the replayed column, below)
-//   ... --layers 16 --schedules 1f1b,zb-h1   (the deeper model of docs/benchmarks.md: whole blocks
-//                                             balance the head within about 1%; 1F1B always runs)
+//   ... --schedules 1f1b,zb-h1 --reps 3   (docs/benchmarks.md's default rows; 1F1B always runs)
+//   ... --d 256 --layers 8 --reps 3       (its second row set: the small model, every schedule)
+// The default model (16 blocks of d_model 512) is the one whose proportions come nearest the
+// formulas' premises on this CPU: four blocks a stage at pp 4 keep the head and loss (byte
+// vocabulary) within a few % of a stage, and F, B and W are nearer equal than at d_model 256
+// (docs/benchmarks.md, "Model proportions").
 //
 // The world is one pipeline (pp = ranks) of the built-in GPT (pp::GptPipeline, partitioned by
 // --partition: "compute" by default, Note [compute partition] in pp/gpt.cpp; no recomputation), one compute thread per rank (launch::set_blas_threads; the JSON says
@@ -167,8 +171,8 @@ int main(int argc, char** argv) {
     const comm::Group& group = topo.pipeline_parallel();
     const int p = group.size(), me = world.rank();
     const int reps = std::stoi(bench::arg_value(argc, argv, "--reps", "5"));
-    const int64_t d = std::stoll(bench::arg_value(argc, argv, "--d", "128"));
-    const int64_t layers = std::stoll(bench::arg_value(argc, argv, "--layers", "8"));
+    const int64_t d = std::stoll(bench::arg_value(argc, argv, "--d", "512"));
+    const int64_t layers = std::stoll(bench::arg_value(argc, argv, "--layers", "16"));
     const int64_t T = std::stoll(bench::arg_value(argc, argv, "--seq", "64"));
     const int64_t B = std::stoll(bench::arg_value(argc, argv, "--batch", "4"));
     const int64_t vocab = std::stoll(bench::arg_value(argc, argv, "--vocab", "256"));
