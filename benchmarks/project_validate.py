@@ -25,7 +25,8 @@ row is projected twice (docs/scaling.md, "Validation"):
     run just before the training with the layout's own compute per collective between its collectives (the
     first projection's compute over its oversubscription and collectives per step), given to the second
     projection as --link-costs (rows[].step_probe: its work, compute stretch and costs by size).
---network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows.
+--network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows. --burst BYTES
+sets tbf's bucket of every two-host run (hosts.sh --burst; the JSON's tbf_burst_bytes).
 
 --repeats K runs K rounds, each training every configuration once (round 1 also fits, probes and projects
 it; even rounds go in reverse order), so that a configuration's runs are minutes apart and a burst of load
@@ -112,6 +113,12 @@ def own_cpus(hosts):
     return ["--cpus-per-host", str(per_host)] if per_host >= 1 else []
 
 
+def shaping(args, rate):
+    """hosts.sh's flags shaping the link: tc's rate, and --burst's tbf bucket where given (by default hosts.sh's
+    10 ms of the rate, which a real NIC has not: docs/scaling.md, "What the link's burst hides")."""
+    return ["--rate", rate] + (["--burst", str(args.burst)] if args.burst else [])
+
+
 def network_fit(args, tmp, rate, slots):
     """The link between 2 hosts of 2 ranks at `rate` as the model charges it (see the top): a dict with
     the --network text, the fitted latency and bandwidth and comm_bench's measured times per size."""
@@ -119,7 +126,7 @@ def network_fit(args, tmp, rate, slots):
         return {"network": args.network}
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "comm_bench")
     out = os.path.join(tmp, f"comm_bench_{rate}_x{slots}.json")
-    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(2), "--hosts", "2", "--slots", str(slots), "--rate", rate, "--",
+    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(2), "--hosts", "2", "--slots", str(slots), *shaping(args, rate), "--",
            "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(2 * slots), bench, "--collective", "allgather",
            "--min-kib", "1", "--max-mib", "1", "--reps", "7", "--warmup", "2", "--arena", "0", "--json", out]
     run(cmd, f"comm_bench over 2 hosts at {rate}")
@@ -179,7 +186,7 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     work_us = min(50000.0, max(20.0, 1e6 * work))
     out = os.path.join(tmp, name + ".probe.json")
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "step_comm_probe")
-    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host), "--rate", rate,
+    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host), *shaping(args, rate),
            "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(hosts * per_host), bench,
            "--work-us", f"{work_us:.0f}", "--rounds", "5", "--dtype", comm_dtype(BASE), "--max-mib", "4", "--json", out]
     run(cmd, name + " (step_comm_probe)")
@@ -204,7 +211,7 @@ class Case:
         train = [args.zeroshard, "train", "--config", self.path, "--summary", self.summary]
         if hosts:
             self.cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots",
-                        str(np // hosts), "--rate", rate, "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                        str(np // hosts), *shaping(args, rate), "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
                         "-np", str(np)] + train
         else:
             # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
@@ -309,6 +316,8 @@ def main():
     ap.add_argument("--network", default="",
                     help="a fixed BANDWIDTH,LATENCY for the two-host rows (default: measured per rate, see the top)")
     ap.add_argument("--only", default="", help="comma-separated substrings: only configurations whose name has one")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="tbf's bucket in bytes for every two-host run (hosts.sh --burst; default: hosts.sh's)")
     ap.add_argument("--rates", default=",".join(MULTIHOST_RATES), help="the two-host rows' tc rates (comma-separated)")
     args = ap.parse_args()
     if args.repeats < 1:
@@ -348,6 +357,7 @@ def main():
     quiet = [r for r in rows if r["measured_spread"] is not None and r["measured_spread"] <= QUIET_SPREAD]
     out = {
         "load_at_start": load_at_start, "load_at_end": os.getloadavg(), "rounds": args.repeats,
+        "tbf_burst_bytes": args.burst or None,  # None: hosts.sh's default (10 ms of the rate, at least 64 KiB)
         "rows": rows,
         "within_15_percent": sum(1 for q in ratios if 0.85 <= q <= 1.15),
         "within_15_percent_one_host": within([r for r in rows if r["hosts"] == 1], "predicted_over_measured"),

@@ -4,6 +4,7 @@
 //
 //   hosts.sh --hosts 2 --slots 2 --rate 1gbit -- -np 4 build/release/benchmarks/step_comm_probe --json costs.json
 //          [--work-us 1000] [--rounds 5] [--min-bytes 64] [--max-mib 1 | --max-bytes N] [--dtype fp32|bf16|fp16]
+//          [--beside-compute]
 //
 // A collective alone (comm_bench) and the same collective inside a step differ: in the step every rank
 // computes between collectives, so a peer whose core the scheduler gave to another rank arrives late,
@@ -34,8 +35,18 @@
 // allgather of the same bytes took 34 ms), a bf16 one comm's direct path (an all-to-all of the blocks and
 // a local sum, Note [16-bit reductions] in comm/detail/transport_mpi.cpp), whose bytes a step's
 // bf16 gradients move. `bytes` stays the buffer's size in bytes (so at bf16 twice the elements).
+// --beside-compute: each call is also made the way the engine makes a gradient bucket's reduction with
+// overlap_comm (GradReducer): async, run by the World's comm worker thread, while the calling thread
+// keeps computing until it completes (backward beside its buckets), timed from the call to its end. On a
+// host with fewer cores than a rank's threads the worker's MPI progress and the compute then share a core,
+// so the TCP sockets are refilled only when the scheduler runs the worker. Measured at 100 Mbit/s, two
+// hosts of one rank with a core each (2026-11-29 18:16-18:19, load 2.4-3.4): a 1 MiB bf16 reduce-scatter
+// 48 ms alone, 78 ms beside compute; four 834 KB ones queued back to back 35-40 ms per call with the
+// calling thread asleep, 49-55 ms computing (the link's rate: 33 ms). These go to
+// "collectives_beside_compute" (the same shape as "collectives", which `--link-costs` reads).
 // The JSON: {"probe": "step_comm_probe", "ranks", "hosts", "ranks_per_host", "work_us", "rounds", "dtype",
-// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds"}...], ...}}.
+// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds"}...], ...}
+// [, "collectives_beside_compute": {...}]}.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -63,6 +74,9 @@ void work(double us) {
   }
   sink = sink + x;
 }
+
+// --beside-compute: CPU time computed between two tests of the async call (how late its end is seen).
+constexpr double kBesideChunkUs = 50;
 
 // The mean over the group's ranks of `v` (collective).
 double mean_over(const comm::Group& g, double v) {
@@ -113,6 +127,9 @@ int main(int argc, char** argv) {
     std::vector<std::vector<double>> inter(4, std::vector<double>(sizes.size(), 0.0));
     const int partner = (g.rank() + n / 2) % n;  // n even: the other half of the world (the other host)
     std::vector<std::vector<std::vector<double>>> drains = times;
+    // --beside-compute: every call also made async beside this thread's compute (see the top).
+    const bool beside = std::find(argv + 1, argv + argc, std::string("--beside-compute")) != argv + argc;
+    std::vector<std::vector<std::vector<double>>> beside_times = times, beside_drains = times;
     auto sync = memory::Tensor::empty({1}, memory::DType::kF32);
     sync.data<float>()[0] = 1.0f;
     double work_wall = 0, work_cpu = 0;
@@ -142,31 +159,56 @@ int main(int argc, char** argv) {
           const double d0 = bench::now_seconds();
           g.allreduce(sync);
           const double d = bench::now_seconds() - d0;
+          const double across_call = static_cast<double>(g.bytes_inter_host() - inter0);
+          double tb = 0, db = 0;
+          if (beside) {
+            work(work_us);
+            const double b0 = bench::now_seconds();
+            comm::Work w = c == 0 ? g.allgather_async(mine, full)
+                         : c == 1 ? g.reduce_scatter_async(full, mine, counts)
+                         : c == 2 ? g.allreduce_async(full)
+                                  : g.sendrecv_async(full, partner, other, partner);
+            do work(kBesideChunkUs); while (!w.test());  // compute beside it, as backward does
+            w.wait();
+            tb = bench::now_seconds() - b0;
+            const double e0 = bench::now_seconds();
+            g.allreduce(sync);
+            db = bench::now_seconds() - e0;
+          }
           if (r == 0) continue;  // the untimed round: connections made, buffers touched
           times[static_cast<size_t>(c)][s].push_back(t);
           drains[static_cast<size_t>(c)][s].push_back(d);
-          inter[static_cast<size_t>(c)][s] = static_cast<double>(g.bytes_inter_host() - inter0);
+          beside_times[static_cast<size_t>(c)][s].push_back(tb);
+          beside_drains[static_cast<size_t>(c)][s].push_back(db);
+          inter[static_cast<size_t>(c)][s] = across_call;
         }
       }
     }
-    boost::json::object collectives;
-    for (int c = 0; c < 4; ++c) {
-      boost::json::array rows;
-      for (size_t s = 0; s < sizes.size(); ++s) {
-        // The call's own time plus what its bytes still took after it returned: the drain after it
-        // beyond the drain after the smallest size (one small collective's own cost).
-        const auto& dr = drains[static_cast<size_t>(c)];
-        const double drain = std::max(0.0, bench::median(dr[s]) - bench::median(dr.front()));
-        const double secs = mean_over(g, bench::median(times[static_cast<size_t>(c)][s]) + drain);
-        const double across = mean_over(g, inter[static_cast<size_t>(c)][s]);
-        const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
-        rows.push_back(boost::json::object{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs}});
-        if (g.rank() == 0) {
-          std::printf("%-15s %10zu bytes, %10.0f across per rank: %10.1f us\n", names[c], count * es, across, secs * 1e6);
+    // Per collective and size: the call's own time plus what its bytes still took after it returned: the
+    // drain after it beyond the drain after the smallest size (one small collective's own cost).
+    auto table = [&](const auto& tm, const auto& dn, const char* label) {
+      boost::json::object collectives;
+      for (int c = 0; c < 4; ++c) {
+        boost::json::array rows;
+        for (size_t s = 0; s < sizes.size(); ++s) {
+          const auto& dr = dn[static_cast<size_t>(c)];
+          const double drain = std::max(0.0, bench::median(dr[s]) - bench::median(dr.front()));
+          const double secs = mean_over(g, bench::median(tm[static_cast<size_t>(c)][s]) + drain);
+          const double across = mean_over(g, inter[static_cast<size_t>(c)][s]);
+          const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
+          rows.push_back(boost::json::object{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs}});
+          if (g.rank() == 0) {
+            std::printf("%-15s %-15s %10zu bytes, %10.0f across per rank: %10.1f us\n", label, names[c], count * es, across,
+                        secs * 1e6);
+          }
         }
+        collectives[names[c]] = std::move(rows);
       }
-      collectives[names[c]] = std::move(rows);
-    }
+      return collectives;
+    };
+    boost::json::object collectives = table(times, drains, "alone");
+    boost::json::object beside_collectives;
+    if (beside) beside_collectives = table(beside_times, beside_drains, "beside-compute");
     const double stretch = mean_over(g, work_cpu > 0 ? work_wall / work_cpu : 1.0);
     if (g.rank() == 0) std::printf("compute stretch (work wall / CPU seconds, mean over ranks): %.2f\n", stretch);
     const std::string path = bench::json_path_arg(argc, argv);
@@ -174,8 +216,10 @@ int main(int argc, char** argv) {
       const boost::json::object out{{"probe", "step_comm_probe"}, {"ranks", n}, {"hosts", g.hosts()},
                                     {"ranks_per_host", g.host_ranks()}, {"work_us", work_us}, {"rounds", rounds}, {"dtype", dtype_name},
                                     {"compute_stretch", stretch}, {"collectives", collectives}};
+      boost::json::object doc = out;
+      if (beside) doc["collectives_beside_compute"] = std::move(beside_collectives);
       std::ofstream f(path);
-      f << boost::json::serialize(out) << "\n";
+      f << boost::json::serialize(doc) << "\n";
       if (!f) throw std::runtime_error("--json: cannot write " + path);
     }
     return 0;

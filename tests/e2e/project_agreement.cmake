@@ -57,11 +57,23 @@ set(link_costs)
 if(RPH LESS NP AND PROBE)  # the in-step costs across these hosts (step_comm_probe, in the config's bf16), a short burst
   set(costs ${WORK}/project_${tag}_probe.json)
   file(REMOVE ${costs})
+  # --beside-compute: its calls also async on the comm worker beside compute (a table the projection does not read).
   execute_process(COMMAND ${launcher} --oversubscribe -np ${NP} ${PROBE} --work-us 100 --rounds 1 --min-bytes 1024
-    --max-bytes 65536 --dtype bf16 --json ${costs} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+    --max-bytes 65536 --dtype bf16 --beside-compute --json ${costs} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+    TIMEOUT 120)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "projection agreement: step_comm_probe failed (${rc}):\n${out}${err}")
   endif()
+  file(READ ${costs} probe_json)
+  foreach(kind allgather reduce_scatter allreduce sendrecv)
+    string(JSON alone_n ERROR_VARIABLE e1 LENGTH "${probe_json}" collectives ${kind})
+    string(JSON beside_n ERROR_VARIABLE e2 LENGTH "${probe_json}" collectives_beside_compute ${kind})
+    string(JSON beside_s ERROR_VARIABLE e3 GET "${probe_json}" collectives_beside_compute ${kind} 0 seconds)
+    if(e1 OR e2 OR e3 OR NOT alone_n EQUAL beside_n OR NOT beside_s GREATER 0)
+      message(FATAL_ERROR "projection agreement: step_comm_probe --beside-compute gave no ${kind} table like the other "
+                          "(${alone_n} sizes alone, ${beside_n} beside, first ${beside_s} s): ${e1}${e2}${e3}\n${probe_json}")
+    endif()
+  endforeach()
   set(link_costs --link-costs ${costs})
 endif()
 execute_process(COMMAND ${TOOL} project --config ${cfg} --ranks ${NP} --ranks-per-host ${RPH} --network 1gbit,20us

@@ -11,7 +11,7 @@
 # layout) joined only by TCP over the namespaces' subnet; nothing else is reachable from them, and no
 # traffic leaves them. Everything made is removed on exit, also after a failure or a signal.
 #
-#   hosts.sh [--hosts H] [--slots R] [--rate 1gbit] [--delay 100us|1ms] [--mtu 1500]
+#   hosts.sh [--hosts H] [--slots R] [--rate 1gbit] [--burst BYTES] [--delay 100us|1ms] [--mtu 1500]
 #            [--cpus-per-host C] [--delay-line PATH] [--stats FILE] -- MPIRUN_ARGS...
 #
 # runs `mpirun --hostfile (H hosts x R slots) MPIRUN_ARGS...` and exits with its status. --stats writes
@@ -20,7 +20,11 @@
 # h x C .. h x C + C - 1 of this machine (taskset on its mpirun or daemon, inherited by its ranks), so
 # each host has cores of its own, as real hosts do; without it every host shares all of them.
 # --delay-line (or $ZS_DELAY_LINE) names the delay line's executable, else build/release/tests/multihost/delay_line. --mtu sets every host
-# link's MTU (1500 by default). Needs root (ip netns); without it exits 77 saying so (ctest's skip code).
+# link's MTU (1500 by default). --burst sets tbf's bucket (bytes a host may send at the veth's speed after
+# a pause; by default 10 ms of the rate, at least 64 KiB): a real NIC has none above its line rate, and at
+# 100 Mbit/s the default lets a collective alone send its first 125 KB at once (tbf only: netem has
+# no bucket; docs/scaling.md,
+# "What the link's burst hides"). Needs root (ip netns); without it exits 77 saying so (ctest's skip code).
 set -euo pipefail
 
 if [[ "${1:-}" == --agent ]]; then
@@ -39,12 +43,13 @@ if [[ "${1:-}" == --agent ]]; then
   exec ip netns exec "$ns" "${pin[@]}" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' "$host" "$*"
 fi
 
-hosts=2 slots=2 rate="" delay="" stats="" mtu=1500 cpus_per_host="" delay_line="${ZS_DELAY_LINE:-}"
+hosts=2 slots=2 rate="" burst="" delay="" stats="" mtu=1500 cpus_per_host="" delay_line="${ZS_DELAY_LINE:-}"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --hosts) hosts="$2"; shift 2 ;;
     --slots) slots="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
+    --burst) burst="$2"; shift 2 ;;
     --delay) delay="$2"; shift 2 ;;
     --stats) stats="$2"; shift 2 ;;
     --mtu) mtu="$2"; shift 2 ;;
@@ -60,6 +65,10 @@ if [[ "$hosts" -lt 2 || "$hosts" -gt 200 ]]; then
 fi
 if [[ -n "$cpus_per_host" ]] && ! { [[ "$cpus_per_host" =~ ^[1-9][0-9]*$ ]] && ((hosts * cpus_per_host <= $(nproc))); }; then
   echo "hosts.sh: --cpus-per-host '$cpus_per_host': give a whole number of CPUs per host, at most $(nproc) / $hosts here (this machine has $(nproc) CPUs for $hosts hosts)" >&2
+  exit 2
+fi
+if [[ -n "$burst" ]] && ! { [[ "$burst" =~ ^[1-9][0-9]*$ ]] && ((burst >= 3000)) && [[ -n "$rate" ]]; }; then
+  echo "hosts.sh: --burst '$burst': give tbf's bucket in bytes, at least 3000 (two full frames), with --rate" >&2
   exit 2
 fi
 delay_us=""
@@ -143,9 +152,10 @@ shape() {
     kbit) bits=$((n * 1000)) ;;
     *) echo "hosts.sh: --rate '$rate': give an integer with gbit, mbit or kbit" >&2; return 2 ;;
   esac
-  local burst=$((bits / 800))  # 10 ms at the rate, so a timer tick's worth always fits
-  ((burst < 65536)) && burst=65536
-  ip netns exec "$1" tc qdisc add dev eth0 root tbf rate "$rate" burst "$burst" latency 50ms
+  local bucket=$((bits / 800))  # 10 ms at the rate, so a timer tick's worth always fits
+  ((bucket < 65536)) && bucket=65536
+  [[ -n "$burst" ]] && bucket="$burst"
+  ip netns exec "$1" tc qdisc add dev eth0 root tbf rate "$rate" burst "$bucket" latency 50ms
 }
 
 if [[ -z "$delay" ]]; then
