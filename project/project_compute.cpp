@@ -84,9 +84,10 @@ Network parse_network(const std::string& text) {
 // 100 Mbit/s: the probe's costs summed to 0.20 s for bytes the link carries in 0.27 s at best).
 // That floor covers the bytes, not the per-call latency behind an empty bucket: alone, a 32 KB-across
 // gather took 0.41 ms with hosts.sh's default bucket (125 KB at 100 Mbit/s) and 1.8 ms with 15,000 B (the
-// rate's 2.6 ms), where ZeRO-3's step pays 4.6 ms; a real NIC has no bucket above its line rate, so a probe
-// for the model is best run with `hosts.sh --burst` near 1 ms of the rate (docs/scaling.md, "What slows
-// the in-step link at 100 Mbit/s"). `step_comm_probe --beside-compute` also times each call async on the
+// rate's 2.6 ms), where ZeRO-3's step pays 4.6 ms. A real NIC has no bucket above its line rate, but a
+// quiet validation with `hosts.sh --burst 15000` did not close the gap (hosts of 1 at 100 Mbit/s, ZeRO-3
+// 0.61 -> 0.54 predicted / measured, ZeRO-1 0.84 -> 1.10), so hosts.sh keeps its default (docs/scaling.md,
+// "Quiet, three interleaved rounds"). `step_comm_probe --beside-compute` also times each call async on the
 // comm worker beside compute, as a gradient bucket with overlap_comm runs; its table is not read here
 // (+5-12% at 1 MiB, 100 Mbit/s, under load: not what slows ZeRO-3's step).
 // The probe's elements are the config's communication dtype (`step_comm_probe --dtype`; the projection
