@@ -197,9 +197,9 @@ int main(int argc, char** argv) {
                                  .vocab_size = 256};
     const int64_t fit_micro = bench::int_arg(argc, argv, "--fit-micro-batch", 8);
     const int64_t fit_mb = bench::int_arg(argc, argv, "--fit-memory-mb", 1024);
-    const bool verify = std::none_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--no-verify"; });
+    const bool verify = !bench::has_flag(argc, argv, "--no-verify");
     boost::json::object largest;
-    const bool fit = std::none_of(argv + 1, argv + argc, [](const char* a) { return std::string(a) == "--no-fit"; });
+    const bool fit = !bench::has_flag(argc, argv, "--no-fit");
     if (ranks == 1 && fit) {
       const uint64_t arena = static_cast<uint64_t>(fit_mb) << 20;
       for (const Mode& m : {kModes[0], kModes[1]}) {

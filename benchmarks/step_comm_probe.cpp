@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
     const int partner = (g.rank() + n / 2) % n;  // n even: the other half of the world (the other host)
     std::vector<std::vector<std::vector<double>>> drains = times;
     // --beside-compute: every call also made async beside this thread's compute (see the top).
-    const bool beside = std::find(argv + 1, argv + argc, std::string("--beside-compute")) != argv + argc;
+    const bool beside = bench::has_flag(argc, argv, "--beside-compute");
     std::vector<std::vector<std::vector<double>>> beside_times = times, beside_drains = times;
     auto sync = memory::Tensor::empty({1}, memory::DType::kF32);
     sync.data<float>()[0] = 1.0f;

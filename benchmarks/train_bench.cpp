@@ -188,9 +188,7 @@ int main(int argc, char** argv) {
       throw ConfigError("--precision: expected fp32 or bf16, got '" + precision_arg + "'");
     }
     // --no-ceiling: training steps only (for profiling the step); the ratio is then not measured.
-    const bool with_ceiling = !llama && std::find_if(argv + 1, argv + argc, [](const char* a) {
-                                          return std::string(a) == "--no-ceiling";
-                                        }) == argv + argc;
+    const bool with_ceiling = !llama && !bench::has_flag(argc, argv, "--no-ceiling");
 
     zs::run::RunConfig cfg;
     cfg.batch = engine::resolve_batch(0, micro, 1, ranks);

@@ -27,6 +27,13 @@ std::string arg_value(int argc, char** argv, const std::string& name, const std:
   return fallback;
 }
 
+bool has_flag(int argc, char** argv, const std::string& name) {
+  for (int i = 1; i < argc; ++i) {
+    if (argv[i] == name) return true;
+  }
+  return false;
+}
+
 std::string json_path_arg(int argc, char** argv) { return arg_value(argc, argv, "--json", ""); }
 
 double median(std::vector<double> values) {

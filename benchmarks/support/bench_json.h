@@ -28,6 +28,8 @@ struct Report {
 std::string json_path_arg(int argc, char** argv);
 // The value after `name` in argv (e.g. "--sizes"), or `fallback`.
 std::string arg_value(int argc, char** argv, const std::string& name, const std::string& fallback);
+// Whether the bare flag `name` (e.g. "--no-verify") is in argv.
+bool has_flag(int argc, char** argv, const std::string& name);
 
 // Seconds since an arbitrary epoch (steady clock): core's one clock.
 using zs::now_seconds;
