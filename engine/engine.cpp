@@ -197,11 +197,16 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
   }
   try {
     setup_pipeline(model);
+    // Before placement, whose failures (a rank out of device memory, say) are rank-local: from here
+    // to the end of the constructor only the sets' own collectives run, so a rank that throws meets
+    // its peers in the caller's error agreement (Note [errors across ranks], comm/agree.h). A measuring
+    // engine (the estimator's) keeps its process's choice: its groups move nothing.
+    if (kernels() && cfg.precision == Precision::kBf16) agree_bf16_products();
     place_all(model);
     setup_recompute(model);
     if (writes_alloc_trace && !std::ofstream(cfg.device.alloc_trace)) {
       // Fail now, not after the run, when the trace cannot be written; and only here, after the
-      // constructor's last collective (the shared arena's registration, ZeRO-3's shared shards):
+      // constructor's last collective (the shared arena's registration, the bf16 vote, ZeRO-3's shared shards):
       // rank 0 failing before one of them left the others in it while rank 0 waited in the
       // caller's error agreement (a hang, then a mismatch error, e2e_bad_alloc_trace_unwritable).
       throw ConfigError(fmt::format("device.alloc_trace: cannot write '{}'; check that its directory exists and is writable",
@@ -289,9 +294,6 @@ Engine::Engine(nn::Model& model, const EngineConfig& config, const comm::Group& 
 
 void Engine::start(std::unique_ptr<memory::Backend> backend) {
   impl_ = std::make_unique<Impl>(model_, config_, group_, tp_, std::move(backend));
-  // Before the first product and before the step's byte counts start (a measuring engine, the
-  // estimator's, keeps its own process's choice: its groups move nothing).
-  if (impl_->kernels() && config_.precision == Precision::kBf16) impl_->agree_bf16_products();
   impl_->bytes_sent_at_step_start_ = group_.counters().bytes_sent;
   if (tp_ != nullptr) impl_->tp_bytes_at_step_start_ = tp_->bytes_sent();
   // A measuring engine (the estimator) is one of many made in a row: it says so only when asked.
