@@ -83,6 +83,21 @@ struct CommCounters {
 // partials cross once per host (docs/multihost.md). A world on one host, a local group and a
 // simulated one count no bytes across hosts.
 
+// Note [Busiest member's bytes]
+// A collective ends when its busiest member has moved its bytes, and the counting rule above gives each
+// member its own. Where the blocks differ, the members' bytes differ per call: a ZeRO-3 gather of a
+// module that one rank's shard holds (the flat layout is split into contiguous shards, engine/partition.h)
+// has that rank send the module and receive nothing, its peer the reverse, so over a full-duplex link the
+// call takes the module's bytes' time, twice what the owner's own count says, and the next module's
+// gather, held by the peer, turns the traffic round (measured on two hosts at 100 Mbit/s: ZeRO-3's gathers
+// and gradient reduce-scatters crossed one way at a time, the link carrying each direction in turn,
+// docs/scaling.md "Uneven blocks"). So each reduce-scatter and allgatherv also records, under the same
+// rule, the bytes of the member that receives the most: total - min_j c_j; across hosts, the most any
+// member takes from other hosts: the total less the least that one host's members own. Other collectives
+// move the same on every member: their figure is this rank's own. The projection charges a collective's
+// time by these (project/project_compute.cpp); the counters and the summary keep each rank's own bytes.
+// An even partition of every parameter across the ranks (DeepSpeed's) would make the two equal.
+
 // One collective's tally on this rank since the World started (or reset_counters): what DeepSpeed's
 // comms_logger reports. Always on: one clock read before and after each collective, next to the
 // handshake's microsecond, is noise. `seconds` spans the handshake and the body (DeepSpeed's latency
@@ -94,6 +109,10 @@ struct OpStats {
   uint64_t bytes_sent = 0;  // bytes
   double seconds = 0.0;     // wall time, summed over the collectives
   uint64_t bytes_inter_host = 0;  // of bytes_sent, those across hosts (Note [Bytes across hosts])
+  // Per collective the group's busiest member's bytes (at least this rank's), summed, and of them
+  // across hosts: what a collective's time follows (Note [Busiest member's bytes]).
+  uint64_t busiest_bytes = 0;
+  uint64_t busiest_inter_host_bytes = 0;
 };
 
 }  // namespace zs::comm

@@ -117,10 +117,35 @@ uint64_t remote_bytes(const detail::GroupState& g, std::span<const size_t> count
   return n * wire_size;
 }
 
-// Ring/pipeline byte counting (CommCounters in comm/config.h), and its share across hosts.
+// Of `counts`, the most elements any member takes from members on other hosts: the sum over all
+// hosts but the one whose members own the least (Note [Busiest member's bytes] in comm/config.h).
+uint64_t busiest_remote_elems(const detail::GroupState& g, std::span<const size_t> counts) {
+  if (g.hosts.empty()) return 0;
+  std::vector<uint64_t> on_host(static_cast<size_t>(*std::max_element(g.hosts.begin(), g.hosts.end())) + 1, 0);
+  std::vector<bool> present(on_host.size(), false);
+  uint64_t total = 0;
+  for (size_t j = 0; j < counts.size(); ++j) {
+    const size_t h = static_cast<size_t>(g.hosts[j]);
+    on_host[h] += counts[j];
+    present[h] = true;
+    total += counts[j];
+  }
+  uint64_t least = total;
+  for (size_t h = 0; h < on_host.size(); ++h) {
+    if (present[h]) least = std::min(least, on_host[h]);
+  }
+  return total - least;
+}
+
+// Ring/pipeline byte counting (CommCounters in comm/config.h), its share across hosts, and the busiest
+// member's (Note [Busiest member's bytes]; with no counts every member's block is the same).
 void count_block_bytes(Op& op, std::span<const size_t> counts, size_t total_elems, size_t own_elems, size_t wire_size) {
   op.bytes_sent = op.bytes_received = (total_elems - own_elems) * wire_size;
   op.bytes_inter_host = remote_bytes(*op.group, counts, own_elems, wire_size);
+  if (!counts.empty()) {
+    op.busiest_bytes = (total_elems - *std::min_element(counts.begin(), counts.end())) * wire_size;
+    op.busiest_inter_host_bytes = busiest_remote_elems(*op.group, counts) * wire_size;
+  }
 }
 
 }  // namespace

@@ -54,6 +54,8 @@ GroupStep step_of(const std::string& name, const comm::Group& g, const std::vect
         d.count -= b.count;
         d.bytes_sent -= b.bytes_sent;
         d.bytes_inter_host -= b.bytes_inter_host;
+        d.busiest_bytes -= b.busiest_bytes;
+        d.busiest_inter_host_bytes -= b.busiest_inter_host_bytes;
         d.seconds -= b.seconds;
       }
     }

@@ -375,8 +375,12 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
 double group_seconds(const engine::GroupStep& g, const Options& opt, int group_hosts, int link_sharers) {
   double t = 0;
   for (const comm::OpStats& op : g.ops) {
-    const double inter = static_cast<double>(op.bytes_inter_host);
-    const double intra = static_cast<double>(op.bytes_sent - op.bytes_inter_host);
+    // A call lasts until its busiest member has moved its bytes (Note [Busiest member's bytes] in
+    // comm/config.h: a ZeRO-3 gather of a module one shard holds moves the module one way); over a step
+    // each direction of a link carries this rank's own bytes, the calls turning the traffic round.
+    const double inter = static_cast<double>(op.busiest_inter_host_bytes);
+    const double intra = static_cast<double>(op.busiest_bytes - op.busiest_inter_host_bytes);
+    const double own_inter = static_cast<double>(op.bytes_inter_host);
     const double n = static_cast<double>(op.count);
     // Ring hops between hosts: an all-reduce crosses 2 (H - 1) times, a gather or reduce-scatter H - 1,
     // a point-to-point transfer once.
@@ -385,11 +389,11 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     if (inter > 0 && group_hosts == opt.link_costs.hosts) {
       // Measured inside a job on such hosts, per call (Note [in-step link costs]).
       if (const std::optional<double> call = opt.link_costs.seconds(op.name, inter / std::max(1.0, n))) {
-        // At least the bytes at the link's sustained rate, the host's ranks sharing it: a probe's call
-        // after a pause rides the shaper's burst, a step's calls in a row do not (Note [in-step link costs]).
-        // A pipeline's sends are not in a row (a pass between each two): the rate bounds their sum,
-        // the pipeline's step (project.cpp), not each transfer.
-        t += p2p ? n * *call : std::max(n * *call, inter * link_sharers / opt.network.bytes_per_s);
+        // At least the bytes each direction carries at the link's sustained rate, the host's ranks
+        // sharing it: a probe's call after a pause rides the shaper's burst, a step's calls in a row do
+        // not (Note [in-step link costs]). A pipeline's sends are not in a row (a pass between each two):
+        // the rate bounds their sum, the pipeline's step (project.cpp), not each transfer.
+        t += p2p ? n * *call : std::max(n * *call, own_inter * link_sharers / opt.network.bytes_per_s);
         continue;
       }
     }

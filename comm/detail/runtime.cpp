@@ -543,6 +543,10 @@ void Runtime::tally(const Op& op, Clock::duration elapsed) {
   if (op.group->size > 1) {
     t.bytes_sent.fetch_add(op.bytes_sent, std::memory_order_relaxed);
     t.bytes_inter_host.fetch_add(op.bytes_inter_host, std::memory_order_relaxed);
+    // At least this member's own: an op that sets no busiest figure moves as much on every member.
+    t.busiest_bytes.fetch_add(std::max(op.busiest_bytes, op.bytes_sent), std::memory_order_relaxed);
+    t.busiest_inter_host_bytes.fetch_add(std::max(op.busiest_inter_host_bytes, op.bytes_inter_host),
+                                         std::memory_order_relaxed);
   }
   t.nanoseconds.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count(),
                           std::memory_order_relaxed);
@@ -556,7 +560,8 @@ std::vector<OpStats> Runtime::op_stats() const {
     if (count == 0) continue;
     out.push_back({op_name(static_cast<OpCode>(i)), count, t.bytes_sent.load(std::memory_order_relaxed),
                    static_cast<double>(t.nanoseconds.load(std::memory_order_relaxed)) * 1e-9,
-                   t.bytes_inter_host.load(std::memory_order_relaxed)});
+                   t.bytes_inter_host.load(std::memory_order_relaxed), t.busiest_bytes.load(std::memory_order_relaxed),
+                   t.busiest_inter_host_bytes.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -566,6 +571,8 @@ void Runtime::reset_counters() {
     t.count = 0;
     t.bytes_sent = 0;
     t.bytes_inter_host = 0;
+    t.busiest_bytes = 0;
+    t.busiest_inter_host_bytes = 0;
     t.nanoseconds = 0;
   }
   bytes_sent_ = 0;

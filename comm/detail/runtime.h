@@ -191,6 +191,10 @@ struct Op {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t bytes_inter_host = 0;  // of bytes_sent, across hosts (Note [Bytes across hosts] in comm/config.h)
+  // The group's busiest member's bytes, and of them across hosts (Note [Busiest member's bytes] in
+  // comm/config.h); left 0 where every member moves as much as this one (tallied as bytes_sent).
+  uint64_t busiest_bytes = 0;
+  uint64_t busiest_inter_host_bytes = 0;
   std::shared_ptr<GroupState> group;
   std::shared_ptr<WorkState> work;  // made by submit, or by run when the op waits behind the queue
   // Note [Counts in the handshake].
@@ -360,7 +364,7 @@ class Runtime {
   // Per OpCode, written by the executing thread, read by any: atomics, no lock (Note [Lean small
   // path] in comm/detail/small.h).
   struct Tally {
-    std::atomic<uint64_t> count{0}, bytes_sent{0}, bytes_inter_host{0};
+    std::atomic<uint64_t> count{0}, bytes_sent{0}, bytes_inter_host{0}, busiest_bytes{0}, busiest_inter_host_bytes{0};
     std::atomic<int64_t> nanoseconds{0};
   };
   std::array<Tally, kNumOpCodes> tallies_{};

@@ -326,4 +326,44 @@ TEST_F(TransportTest, SimulatedMovesNothingAndCountsAsMpi) {
   EXPECT_TRUE(same_bits(got[3], make(DType::kF32, 64 * static_cast<size_t>(n), 5)));
 }
 
+// Note [Busiest member's bytes]: per call, a reduce-scatter's or allgatherv's tally also holds the bytes of
+// the member that receives the most (the total less the least block), and across hosts the most any
+// member takes from other hosts; collectives even on every member record their own bytes there.
+TEST(BusiestMember, UnevenBlocksRecordTheBusiestMembersBytes) {
+  auto stats_of = [](const comm::Group& g, const std::string& name) {
+    for (const comm::OpStats& s : g.op_stats()) {
+      if (s.name == name) return s;
+    }
+    return comm::OpStats{};
+  };
+  {  // two ranks, one holding the whole block (a ZeRO-3 gather of a module one shard holds)
+    comm::Group sim = comm::Group::simulated(0, 2, "sim2");
+    const std::vector<size_t> counts = {300, 0};
+    sim.allgatherv(make(DType::kF32, 300, 1), make(DType::kF32, 300, 2), counts);
+    const comm::OpStats s = stats_of(sim, "allgatherv");
+    EXPECT_EQ(s.bytes_sent, 0u) << "the owner's own count: the others' blocks";
+    EXPECT_EQ(s.busiest_bytes, 300u * 4) << "its peer receives the whole block";
+    EXPECT_EQ(s.busiest_inter_host_bytes, 0u) << "one host";
+    const std::vector<size_t> rs_counts = {100, 300};
+    sim.reduce_scatter(make(DType::kF32, 400, 1), make(DType::kF32, 100, 2), rs_counts);
+    const comm::OpStats r = stats_of(sim, "reduce_scatter");
+    EXPECT_EQ(r.bytes_sent, 300u * 4);
+    EXPECT_EQ(r.busiest_bytes, 300u * 4) << "this rank is the busiest";
+    Tensor even = make(DType::kF32, 1000, 3);
+    sim.allreduce(even);
+    const comm::OpStats a = stats_of(sim, "allreduce");
+    EXPECT_EQ(a.busiest_bytes, a.bytes_sent) << "an even collective: every member's own";
+  }
+  {  // four ranks on two hosts of two: host 0 owns 500 elements, host 1 200
+    comm::Group sim = comm::Group::simulated(0, 4, "sim4", {0, 0, 1, 1});
+    const std::vector<size_t> counts = {500, 0, 100, 100};
+    sim.allgatherv(make(DType::kF32, 500, 1), make(DType::kF32, 700, 2), counts);
+    const comm::OpStats s = stats_of(sim, "allgatherv");
+    EXPECT_EQ(s.bytes_sent, 200u * 4);
+    EXPECT_EQ(s.bytes_inter_host, 200u * 4) << "ranks 2 and 3 are on the other host";
+    EXPECT_EQ(s.busiest_bytes, 700u * 4) << "rank 1 owns nothing and receives everything";
+    EXPECT_EQ(s.busiest_inter_host_bytes, 500u * 4) << "host 1's members take host 0's 500 across";
+  }
+}
+
 }  // namespace

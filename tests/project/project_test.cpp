@@ -7,6 +7,7 @@
 #include "comm/group.h"
 #include "core/errors.h"
 #include "memory/tensor.h"
+#include "project/detail/project_detail.h"
 #include "project/project.h"
 
 namespace zs::project {
@@ -107,6 +108,43 @@ boost::json::value probe_json(int per_host, double stretch) {
                               {"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.001},
                               {"bytes": 4096, "inter_host_bytes": 3000, "seconds": 0.003}],
                               "reduce_scatter": [{"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.002}]}})");
+}
+
+// Note [Busiest member's bytes] in comm/config.h: a collective's time follows the bytes of its busiest
+// member (a ZeRO-3 gather of a module one shard holds moves it one way), the link's long-run floor
+// each rank's own bytes (the calls turn the traffic round).
+TEST(GroupSeconds, ChargesTheBusiestMembersBytes) {
+  Options o = options(2, 1);
+  o.network = parse_network("8kbit,0s");  // 1000 B/s: the bytes decide
+  comm::OpStats uneven{.name = "allgatherv", .count = 2, .bytes_sent = 1000, .bytes_inter_host = 1000,
+                       .busiest_bytes = 2000, .busiest_inter_host_bytes = 2000};
+  comm::OpStats even = uneven;
+  even.busiest_bytes = even.busiest_inter_host_bytes = 1000;
+  const double shm = 2 * o.machine.shm_latency_s;
+  EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {uneven}}, o, 2, 1), 2.0 + shm, 1e-9);
+  EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {even}}, o, 2, 1), 1.0 + shm, 1e-9);
+  // With the probe's in-step costs: each call looked up at the busiest member's bytes across hosts per
+  // call (3000 B: 3 ms, where this rank's own 500 B would cost at most 1 ms) ...
+  o.network = parse_network("1gbit,0s");
+  o.link_costs = parse_link_costs(probe_json(1, 1.0), "probe.json");
+  uneven.busiest_inter_host_bytes = uneven.busiest_bytes = 6000;
+  EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {uneven}}, o, 2, 1), 2 * 0.003, 1e-9);
+  // ... and the link's rate bounds the kind's own bytes, not the busiest member's, per direction.
+  o.network = parse_network("8kbit,0s");
+  EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {uneven}}, o, 2, 1), 1.0, 1e-9);
+}
+
+// ZeRO-3 over two hosts of one rank: the flat layout's contiguous shards put most modules in one
+// rank's shard, so the step's gathers cross one way each and take longer than the rank's own bytes
+// say: the projection's measured groups carry the busiest member's bytes through to the time.
+TEST(Project, Zero3GathersTakeTheirOwnersBytesTime) {
+  Options o = options(2, 1);
+  o.network = parse_network("8mbit,0s");  // 1 MB/s: the bytes decide
+  const Projection& p = project(tiny_config(3), o).layouts.front();
+  ASSERT_TRUE(p.valid) << p.why_not;
+  const double own = static_cast<double>(p.ranks[0].bytes_inter_host) / o.network.bytes_per_s;
+  EXPECT_GT(p.dp_comm_s, 1.3 * own) << "own bytes' time " << own;
+  EXPECT_LT(p.dp_comm_s, 2.2 * own) << "at most the module's bytes each way in turn";
 }
 
 TEST(LinkCosts, InterpolatesByBytesAcrossHosts) {
