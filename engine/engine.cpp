@@ -199,8 +199,9 @@ Engine::Impl::Impl(nn::Model& model, const EngineConfig& cfg, const comm::Group&
     setup_pipeline(model);
     // Before placement, whose failures (a rank out of device memory, say) are rank-local: from here
     // to the end of the constructor only the sets' own collectives run, so a rank that throws meets
-    // its peers in the caller's error agreement (Note [errors across ranks], comm/agree.h). A measuring
-    // engine (the estimator's) keeps its process's choice: its groups move nothing.
+    // its peers in the caller's error agreement (Note [errors across ranks] in
+    // tools/train_command.cpp). A measuring engine (the estimator's) keeps its process's choice: its
+    // groups move nothing.
     if (kernels() && cfg.precision == Precision::kBf16) agree_bf16_products();
     place_all(model);
     setup_recompute(model);

@@ -82,13 +82,13 @@ Network parse_network(const std::string& text) {
 // lasts as long as an even one of the module's bytes (docs/scaling.md, "Uneven blocks").
 // The link's sustained bandwidth still bounds a step: each collective kind's calls are charged at least
 // this rank's own bytes across hosts over --network's bandwidth (the host's ranks sharing it), what
-// each direction carries over the step. The probe's calls
-// come one per size with compute between, so a shaper's burst (tc tbf's 64 KiB or 10 ms of the rate)
-// lends each of them the veth's speed; a ZeRO-3 step's 30 gathers in a row empty it (two hosts of 2 at
-// 100 Mbit/s: the probe's costs summed to 0.20 s for bytes the link carries in 0.27 s at best).
-// That floor covers the bytes, not the per-call latency behind an empty bucket: alone, a 32 KB-across
-// gather took 0.41 ms with hosts.sh's default bucket (125 KB at 100 Mbit/s) and 1.8 ms with 15,000 B (the
-// rate's 2.6 ms), where ZeRO-3's step paid 4.6 ms (its blocks' unevenness, found since). A real NIC has no bucket above its line rate, but a
+// each direction carries over the step. The probe's calls come one per size with compute between, so a
+// shaper's burst (tc tbf's 64 KiB or 10 ms of the rate) lends each of them the veth's speed; a ZeRO-3
+// step's 30 gathers in a row empty it (two hosts of 2 at 100 Mbit/s: the probe's costs summed to 0.20 s
+// for bytes the link carries in 0.27 s at best). That floor covers the bytes, not the per-call latency
+// behind an empty bucket: alone, a 32 KB-across gather took 0.41 ms with hosts.sh's default bucket (125
+// KB at 100 Mbit/s) and 1.8 ms with 15,000 B (the rate's 2.6 ms), where ZeRO-3's step paid 4.6 ms (its
+// blocks' unevenness, found since). A real NIC has no bucket above its line rate, but a
 // quiet validation with `hosts.sh --burst 15000` did not close the gap (hosts of 1 at 100 Mbit/s, ZeRO-3
 // 0.61 -> 0.54 predicted / measured, ZeRO-1 0.84 -> 1.10), so hosts.sh keeps its default (docs/scaling.md,
 // "Quiet, three interleaved rounds"). `step_comm_probe --beside-compute` also times each call async on the

@@ -121,7 +121,8 @@ std::optional<TrainArgs> parse_args(const std::vector<std::string>& args, int& c
   return a;
 }
 
-// Runs `fn` on every rank and agrees on the outcome (Note [errors across ranks], comm/agree.h).
+// Runs `fn` on every rank and agrees on the outcome (Note [errors across ranks] above;
+// comm::agree_outcome in comm/agree.h).
 // Returns true when every rank succeeded; otherwise the lowest failing rank has printed its message.
 template <typename F>
 bool agree(const comm::Group& group, F&& fn) {
