@@ -108,8 +108,15 @@ boost::json::object SummaryRecorder::build(const comm::CommCounters& counters) c
   // This rank's tallies per collective over the run (the comms logger's table; comm::OpStats), taken
   // before the summary's own collectives and param_digest's gathers.
   boost::json::object ops;
-  for (const comm::OpStats& op : group.op_stats())
-    ops[op.name] = boost::json::object{{"count", op.count}, {"bytes_sent", op.bytes_sent}, {"bytes_inter_host", op.bytes_inter_host}};
+  // With the busiest member's bytes per call, summed (Note [Busiest member's bytes] in comm/config.h):
+  // above bytes_sent where the ranks' blocks differ, as ZeRO-3's gathers of modules one shard holds.
+  for (const comm::OpStats& op : group.op_stats()) {
+    ops[op.name] = boost::json::object{{"count", op.count},
+                                       {"bytes_sent", op.bytes_sent},
+                                       {"bytes_inter_host", op.bytes_inter_host},
+                                       {"busiest_bytes", op.busiest_bytes},
+                                       {"busiest_inter_host_bytes", op.busiest_inter_host_bytes}};
+  }
   Engine::MemoryReport mem = engine_.memory_report();
   Fields mine = {mem.model_states.params,   mem.model_states.grads,     mem.model_states.optimizer,
                                         mem.device_peak_bytes,     mem.device_reserved_peak_bytes, mem.host_peak_bytes,

@@ -6,7 +6,11 @@
 # Psi = params_total, which N divides here). The summary's comm.ops (rank 0's tallies per collective)
 # must give allgatherv 2 S (N-1)/N Psi 4 bytes and reduce_scatter S (N-1)/N Psi 4 bytes over S steps,
 # exact_gradient_mean the reduce-scatter's share of a step, and exact_mean that 3 (N-1)/N Psi 4 plus
-# no more than the run's scalar collectives (the loss's and the gradient norm's allreduces).
+# no more than the run's scalar collectives (the loss's and the gradient norm's allreduces). The
+# reduce-scatters' busiest_bytes (Note [Busiest member's bytes]) lie above this rank's own bytes, since a
+# gradient bucket is a range of the flat layout that the contiguous shards split unevenly, and at most at
+# every call's total, S Psi 4 bytes. (The gathers' are printed: on one host with the shared arena they
+# are one-sided reads of the peers' shards, Note [one-sided parameter gathers], tallied at their own.)
 #   -DMPIEXEC=... -DTOOL=... -DCONFIG=... -DNP=2 -DOUT=dir
 set(summary ${OUT}/zero3_volume_np${NP}.json)
 file(REMOVE ${summary})
@@ -21,6 +25,8 @@ string(JSON steps GET "${s}" steps)
 string(JSON gathered GET "${s}" comm ops allgatherv bytes_sent)
 string(JSON scattered GET "${s}" comm ops reduce_scatter bytes_sent)
 string(JSON small GET "${s}" comm ops allreduce bytes_sent)
+string(JSON busiest_gathered GET "${s}" comm ops allgatherv busiest_bytes)
+string(JSON busiest GET "${s}" comm ops reduce_scatter busiest_bytes)
 string(JSON grad_mean GET "${s}" comm per_rank 0 bytes_sent_per_step exact_gradient_mean)
 string(JSON step_mean GET "${s}" comm per_rank 0 bytes_sent_per_step exact_mean)
 math(EXPR rest "${psi} % ${NP}")
@@ -45,4 +51,11 @@ if(NOT grad_int STREQUAL "${one}")
 endif()
 if(extra LESS 0 OR extra GREATER small)
   message(FATAL_ERROR "exact_mean ${step_mean} is not 3 x ${one} plus the scalar allreduces (${small} B)")
+endif()
+math(EXPR busiest_most "${steps} * ${psi} * 4")
+message(STATUS "reduce_scatter busiest_bytes ${busiest} B: above the own ${scattered} B, at most the calls' total "
+               "${busiest_most} B; allgatherv busiest_bytes ${busiest_gathered} B")
+if(NOT busiest GREATER scattered OR busiest GREATER busiest_most)
+  message(FATAL_ERROR "the reduce-scatters' busiest_bytes ${busiest} is not above this rank's own ${scattered} B and at "
+                      "most ${busiest_most} B (contiguous shards split a bucket unevenly: docs/scaling.md, \"Uneven blocks\")")
 endif()
