@@ -104,11 +104,7 @@ int main(int argc, char** argv) {
     const std::string max_given = bench::arg_value(argc, argv, "--max-bytes", "");
     const size_t max_bytes = max_given.empty() ? std::stoul(bench::arg_value(argc, argv, "--max-mib", "1")) << 20
                                                : std::stoul(max_given);
-    const std::string dtype_name = bench::arg_value(argc, argv, "--dtype", "fp32");
-    if (dtype_name != "fp32" && dtype_name != "bf16" && dtype_name != "fp16") {
-      throw std::runtime_error("--dtype: '" + dtype_name + "' is not fp32, bf16 or fp16; give the step's communication dtype");
-    }
-    const memory::DType dtype = memory::parse_dtype(dtype_name, "--dtype");
+    const memory::DType dtype = memory::parse_dtype(bench::arg_value(argc, argv, "--dtype", "fp32"), "--dtype");
     const size_t es = memory::dtype_size(dtype);
     // Every element 1.0 in the probe's dtype (the values do not matter; finite ones keep the sums cheap).
     auto ones = [&](const memory::Tensor& t, size_t elements) {
@@ -214,7 +210,8 @@ int main(int argc, char** argv) {
     const std::string path = bench::json_path_arg(argc, argv);
     if (!path.empty() && g.rank() == 0) {
       const boost::json::object out{{"probe", "step_comm_probe"}, {"ranks", n}, {"hosts", g.hosts()},
-                                    {"ranks_per_host", g.host_ranks()}, {"work_us", work_us}, {"rounds", rounds}, {"dtype", dtype_name},
+                                    {"ranks_per_host", g.host_ranks()}, {"work_us", work_us}, {"rounds", rounds},
+                                    {"dtype", memory::dtype_name(dtype)},
                                     {"compute_stretch", stretch}, {"collectives", collectives}};
       boost::json::object doc = out;
       if (beside) doc["collectives_beside_compute"] = std::move(beside_collectives);

@@ -2,17 +2,13 @@
 // engine/pipeline_model.h): the checks at construction, one step's schedule as the accumulation
 // window, the shared parameters' gradient sums between stages, and the pp sum of the gradient norm.
 #include <algorithm>
-#include <array>
-#include <span>
 
 #include <fmt/format.h>
 
 #include "core/clock.h"
 #include "core/errors.h"
-#include "core/log.h"
 #include "engine/detail/engine_impl.h"
 #include "nn/flops.h"
-#include "nn/layers.h"
 
 namespace zs::engine {
 
@@ -152,24 +148,6 @@ double Engine::Impl::pipeline_sum(double sum_sq) const {
   float total = static_cast<float>(sum_sq);
   pipeline_->pipeline_group().allreduce(memory::Tensor::of(std::span<float>(&total, 1)));
   return total;
-}
-
-void Engine::Impl::agree_bf16_products() {
-  // Counts over the world: the grid's groups summed one after the other reach every rank once.
-  const nn::Bf16ProductsVote vote = nn::bf16_products_vote();
-  std::array<float, 3> counts = {vote.kernel_allowed ? 1.0f : 0.0f, vote.kernel_chosen ? 1.0f : 0.0f, 1.0f};
-  const memory::Tensor t = memory::Tensor::of(std::span<float>(counts));
-  if (group_.size() > 1) group_.allreduce(t);
-  if (tp_ != nullptr) tp_->allreduce(t);
-  if (pipeline_ != nullptr && pipeline_->pipeline_group().size() > 1) pipeline_->pipeline_group().allreduce(t);
-  const bool kernel = counts[0] == counts[2] && counts[1] > 0.0f;
-  if (kernel != vote.kernel_chosen) {
-    ZS_LOG_WARN("engine: rank {} of the data-parallel group: bf16 products on {} as the job's {} rank(s) agreed ({} may "
-                "run the kernel, {} chose it), not this rank's own choice: {}",
-                group_.rank(), kernel ? "the avx512bf16 kernel" : "sgemm", counts[2], counts[0], counts[1],
-                nn::bf16_products_description());
-  }
-  nn::agree_bf16_products(kernel);
 }
 
 }  // namespace zs::engine

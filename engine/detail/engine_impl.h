@@ -117,6 +117,9 @@ class Engine::Impl final : public ModuleHooks {
   bool kernels() const { return backend_->runs_kernels(); }
   ModelStates& dense() const { return *sets_.front(); }
   bool has_experts() const { return sets_.size() > 1; }
+  // Every rank of the job takes one bf16 product path (Note [ranks agree the bf16 path] in nn/layers.h):
+  // a collective over the data-, tensor- and pipeline-parallel groups, in that order.
+  void agree_bf16_products();
   // The constructor's second half: every set's buffers, parameters, reducer and gatherer.
   void place_all(nn::Model& model);
   // The fp32 values of one parameter, whole, on every rank of the set's group. Collective over it.
@@ -173,9 +176,6 @@ class Engine::Impl final : public ModuleHooks {
   void sum_shared_grads();
   // The squared gradient norm of this stage summed over the pipeline (identity without one).
   double pipeline_sum(double sum_sq) const;
-  // Every rank of the job takes one bf16 product path (Note [ranks agree the bf16 path] in nn/layers.h):
-  // a collective over the data-, tensor- and pipeline-parallel groups, in that order.
-  void agree_bf16_products();
 
   // recompute.cpp: cfg_.recompute applied to the model and ctx_.
   void setup_recompute(nn::Model& model);
