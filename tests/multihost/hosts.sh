@@ -23,8 +23,8 @@
 # link's MTU (1500 by default). --burst sets tbf's bucket (bytes a host may send at the veth's speed after
 # a pause; by default 10 ms of the rate, at least 64 KiB): a real NIC has none above its line rate, and at
 # 100 Mbit/s the default lets a collective alone send its first 125 KB at once (tbf only: netem has
-# no bucket; docs/scaling.md,
-# "What slows the in-step link at 100 Mbit/s, and what the link's burst hides"). Needs root (ip netns); without it exits 77 saying so (ctest's skip code).
+# no bucket; docs/scaling.md, "What slows the in-step link at 100 Mbit/s, and what the link's burst
+# hides"). Needs root (ip netns); without it exits 77 saying so (ctest's skip code).
 set -euo pipefail
 
 if [[ "${1:-}" == --agent ]]; then
