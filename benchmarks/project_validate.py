@@ -120,6 +120,14 @@ def shaping(args, rate):
     return ["--rate", rate] + (["--burst", str(args.burst)] if args.burst else [])
 
 
+def over_hosts(args, hosts, per_host, rate):
+    """The command line up to the program: mpirun over `hosts` namespace hosts of `per_host` ranks each
+    (tests/multihost/hosts.sh), each host on its own CPUs, the link shaped to `rate`, the ranks unbound."""
+    return [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host),
+            *shaping(args, rate), "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+            str(hosts * per_host)]
+
+
 def network_fit(args, tmp, rate, slots):
     """The link between 2 hosts of 2 ranks at `rate` as the model charges it (see the top): a dict with
     the --network text, the fitted latency and bandwidth and comm_bench's measured times per size."""
@@ -127,9 +135,8 @@ def network_fit(args, tmp, rate, slots):
         return {"network": args.network}
     bench = os.path.join(os.path.dirname(args.zeroshard), "..", "benchmarks", "comm_bench")
     out = os.path.join(tmp, f"comm_bench_{rate}_x{slots}.json")
-    cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(2), "--hosts", "2", "--slots", str(slots), *shaping(args, rate), "--",
-           "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(2 * slots), bench, "--collective", "allgather",
-           "--min-kib", "1", "--max-mib", "1", "--reps", "7", "--warmup", "2", "--arena", "0", "--json", out]
+    cmd = over_hosts(args, 2, slots, rate) + [bench, "--collective", "allgather", "--min-kib", "1", "--max-mib", "1",
+                                              "--reps", "7", "--warmup", "2", "--arena", "0", "--json", out]
     run(cmd, f"comm_bench over 2 hosts at {rate}")
     with open(out) as f:
         r = json.load(f)
@@ -189,10 +196,8 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     jobs = []
     for k in range(args.probe_jobs):
         out = os.path.join(tmp, f"{name}.probe{k}.json")
-        cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host),
-               *shaping(args, rate), "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
-               str(hosts * per_host), bench, "--work-us", f"{work_us:.0f}", "--rounds", "5", "--dtype", comm_dtype(BASE),
-               "--max-mib", "4", "--json", out]
+        cmd = over_hosts(args, hosts, per_host, rate) + [bench, "--work-us", f"{work_us:.0f}", "--rounds", "5", "--dtype",
+                                                         comm_dtype(BASE), "--max-mib", "4", "--json", out]
         run(cmd, name + " (step_comm_probe)")
         with open(out) as f:
             jobs.append(json.load(f))
@@ -229,9 +234,7 @@ class Case:
             json.dump(cfg, f)
         train = [args.zeroshard, "train", "--config", self.path, "--summary", self.summary]
         if hosts:
-            self.cmd = [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots",
-                        str(np // hosts), *shaping(args, rate), "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
-                        "-np", str(np)] + train
+            self.cmd = over_hosts(args, hosts, np // hosts, rate) + train
         else:
             # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
             # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
