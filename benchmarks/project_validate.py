@@ -26,6 +26,8 @@ row is projected twice (docs/scaling.md, "Validation"):
     first projection's compute over its oversubscription and collectives per step), given to the second
     projection as --link-costs (rows[].step_probe: its work, compute stretch and costs by size); --probe-jobs K
     (default 2) runs it K times and takes each call's least (rows[].step_probe.seconds_by_collective_by_job: each).
+    Its --network is tc's rate (the link's line rate), the fit's latency and tbf's bucket (rows[].probed_network),
+    against which the model bounds the step's bytes (Note [the link's bucket] in project/project_compute.cpp).
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows. --burst BYTES
 sets tbf's bucket of every two-host run (hosts.sh --burst; the JSON's tbf_burst_bytes).
 
@@ -120,6 +122,24 @@ def shaping(args, rate):
     return ["--rate", rate] + (["--burst", str(args.burst)] if args.burst else [])
 
 
+def tbf_bucket(args, rate):
+    """The bytes tbf lets a host send above `rate` after a pause: --burst, else hosts.sh's default (10 ms of
+    the rate, at least 64 KiB)."""
+    if args.burst:
+        return args.burst
+    bits = float(rate.replace("gbit", "e9").replace("mbit", "e6").replace("kbit", "e3"))
+    return max(65536, int(bits // 800))
+
+
+def probed_network(args, rate, link):
+    """--network for the projection with the probe's in-step costs: tc's rate (the link's line rate, against
+    which the model bounds the step's bytes; the fit's bandwidth absorbs comm_bench's own overheads and is the
+    network model's), the fit's latency, and tbf's bucket (Note [the link's bucket] in
+    project/project_compute.cpp)."""
+    base = args.network if args.network else f"{rate},{link['latency_s'] * 1e6:.1f}us"
+    return f"{base},{tbf_bucket(args, rate)}b"
+
+
 def over_hosts(args, hosts, per_host, rate):
     """The command line up to the program: mpirun over `hosts` namespace hosts of `per_host` ranks each
     (tests/multihost/hosts.sh), each host on its own CPUs, the link shaped to `rate`, the ranks unbound."""
@@ -153,7 +173,7 @@ def network_fit(args, tmp, rate, slots):
             "fit_over_measured_by_bytes": {str(b): (latency + b * slope) / t for b, t in times}, "slots": slots}
 
 
-def project(args, tmp, path, name, np, tp, pp, per_host, hosts, link, link_costs=None):
+def project(args, tmp, path, name, np, tp, pp, per_host, hosts, network, link_costs=None):
     """`zeroshard project` of the layout (its JSON)."""
     projection = os.path.join(tmp, name + (".probed" if link_costs else "") + ".projection.json")
     proj = [args.zeroshard, "project", "--config", path, "--ranks", str(np), "--ranks-per-host", str(per_host),
@@ -162,7 +182,7 @@ def project(args, tmp, path, name, np, tp, pp, per_host, hosts, link, link_costs
         proj.append("--as-loaded")  # the runs are measured at the machine's present load
     if hosts:
         # The "hosts" are namespaces of this one machine: they share its cores.
-        proj += ["--network", link["network"], "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
+        proj += ["--network", network, "--cores-per-host", str(max(1, (os.cpu_count() or 1) // hosts))]
     if link_costs:
         proj += ["--link-costs", link_costs]
     run(proj, name + " (project)")
@@ -247,7 +267,8 @@ class Case:
         """Two hosts: first the network's latency-bandwidth model, whose compute per collective sets the
         probe's work; then the probe of the in-step costs (before the first run, as the step will see it)."""
         if self.hosts:
-            p0 = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts, self.link)
+            p0 = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts,
+                         self.link["network"])
             self.lay0 = p0["layouts"][0]
             self.probe = step_probe(self.args, self.tmp, self.name, self.hosts, self.per_host, self.rate, self.lay0,
                                     p0["oversubscription"])
@@ -262,8 +283,9 @@ class Case:
 
     def project(self):
         """The projection compared, right after the first round's run (--as-loaded: the load of then)."""
+        network = probed_network(self.args, self.rate, self.link) if self.hosts else None
         self.p = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts,
-                         self.link, self.probe["file"] if self.hosts else None)
+                         network, self.probe["file"] if self.hosts else None)
 
     def row(self):
         p, s, lay, lay0, np = self.p, self.s, self.p["layouts"][0], self.lay0, self.np
@@ -295,6 +317,7 @@ class Case:
             "predicted_network_model_s": lay0["step_s"] if lay0 else None,
             "network_model_over_measured": lay0["step_s"] / measured if lay0 and measured > 0 else None,
             "step_probe": self.probe,
+            "probed_network": probed_network(self.args, self.rate, self.link) if self.hosts else None,
         }
 
 

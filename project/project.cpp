@@ -72,6 +72,8 @@ struct StageTime {
          dp_other = 0;
   double optimizer = 0, flops = 0;
   uint64_t collectives = 0;
+  // The dp group's busiest member's bytes across hosts and calls, by phase (Note [the link's bucket]).
+  detail::LinkPhase grad_link, gather_link;
 };
 
 Projection project_layout(const boost::json::value& config, const Options& opt, const Layout& l,
@@ -172,14 +174,46 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
         const double secs = detail::group_seconds(one, opt, dp_hosts_spanned, R);
         if (op.name == "reduce_scatter" || (op.name == "allreduce" && op.bytes_sent >= 1024)) {
           st.dp_grad += secs;
+          st.grad_link.busiest_bytes += static_cast<double>(op.busiest_inter_host_bytes);
+          st.grad_link.calls += op.count;
         } else if (op.name == "allgather" || op.name == "allgatherv") {
           st.dp_gather += secs;
+          st.gather_link.busiest_bytes += static_cast<double>(op.busiest_inter_host_bytes);
+          st.gather_link.calls += op.count;
         } else {
           st.dp_other += secs;
         }
       }
     }
     st.optimizer = p.zero_stage >= 1 ? stepped / l.dp : stepped;
+    if (dp_hosts_spanned > 1) {
+      // Through the link's bucket in the step's order (Note [the link's bucket] in project_compute.cpp):
+      // stage-3 gathers over the passes, the gradients over the last backward, stage 1-2's parameter
+      // all-gather after the optimizer.
+      detail::LinkPhase& gathers = st.gather_link;
+      detail::LinkPhase& grads = st.grad_link;
+      gathers.seconds = st.dp_gather;
+      grads.seconds = st.dp_grad;
+      std::vector<detail::LinkPhase> phases;
+      const double passes = static_cast<double>(m) * (st.forward + st.backward);
+      if (p.zero_stage == 3) {
+        // Each micro-batch's gathers and reductions come between its layers' compute.
+        gathers.compute_s = passes;
+        gathers.interleaved = true;
+        grads.compute_s = static_cast<double>(m) * st.backward;
+        grads.interleaved = true;
+        phases = {gathers, grads};
+      } else {
+        // The reductions at the accumulation boundary after the passes, then the optimizer and the gather.
+        grads.compute_s = passes;
+        gathers.compute_s = st.optimizer;
+        phases = {grads, gathers};
+      }
+      detail::bound_by_link(phases, opt.network, R);
+      const bool zero3 = p.zero_stage == 3;
+      st.dp_gather = phases[zero3 ? 0 : 1].seconds;
+      st.dp_grad = phases[zero3 ? 1 : 0].seconds;
+    }
   }
   std::sort(p.ranks.begin(), p.ranks.end(), [](const RankBytes& a, const RankBytes& b) { return a.rank < b.rank; });
   // The pipeline: pass times with their share of the tp and pp communication, through the schedule.

@@ -40,10 +40,14 @@ namespace zs::project {
 struct Network {
   double bytes_per_s = 0.0;
   double latency_s = 0.0;
+  // Bytes a host may send above the rate after a pause (a shaper's bucket, tc tbf's burst): 0 for a NIC
+  // that sends at its line rate (Note [the link's bucket] in project_compute.cpp).
+  double burst_bytes = 0.0;
   std::string text;  // as given: "10gbit,20us"
 };
-// "BANDWIDTH,LATENCY": bandwidth in bit, kbit, mbit, gbit, tbit (bits/s, tc's units) or bps, kbps, mbps,
-// gbps (bytes/s); latency in ns, us, ms, s. Throws ConfigError naming --network and the fix.
+// "BANDWIDTH,LATENCY[,BURST]": bandwidth in bit, kbit, mbit, gbit, tbit (bits/s, tc's units) or bps, kbps,
+// mbps, gbps (bytes/s); latency in ns, us, ms, s; burst in b, kb, kib, mb, mib (bytes). Throws ConfigError
+// naming --network and the fix.
 Network parse_network(const std::string& text);
 
 // The in-step cost of collectives across hosts, measured inside a real multi-host job

@@ -42,13 +42,22 @@ std::optional<double> number_with_unit(const std::string& text, const std::vecto
 }  // namespace
 
 Network parse_network(const std::string& text) {
-  const std::string fix = "give BANDWIDTH,LATENCY such as 10gbit,20us (bandwidth in bit, kbit, mbit, gbit, tbit per second "
-                          "or bps, kbps, mbps, gbps bytes per second; latency in ns, us, ms or s)";
-  const size_t comma = text.find(',');
-  if (comma == std::string::npos) throw ConfigError(fmt::format("--network: '{}' has no comma; {}", text, fix));
-  std::string bw = text.substr(0, comma), lat = text.substr(comma + 1);
-  std::transform(bw.begin(), bw.end(), bw.begin(), [](unsigned char ch) { return std::tolower(ch); });
-  std::transform(lat.begin(), lat.end(), lat.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  const std::string fix = "give BANDWIDTH,LATENCY such as 10gbit,20us, or BANDWIDTH,LATENCY,BURST such as 1gbit,20us,125kb "
+                          "(bandwidth in bit, kbit, mbit, gbit, tbit per second or bps, kbps, mbps, gbps bytes per second; "
+                          "latency in ns, us, ms or s; BURST, a shaper's bucket, in b, kb, kib, mb or mib)";
+  std::vector<std::string> parts;
+  for (size_t from = 0;;) {
+    const size_t comma = text.find(',', from);
+    std::string part = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    std::transform(part.begin(), part.end(), part.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    parts.push_back(part);
+    if (comma == std::string::npos) break;
+    from = comma + 1;
+  }
+  if (parts.size() < 2) throw ConfigError(fmt::format("--network: '{}' has no comma; {}", text, fix));
+  if (parts.size() > 3) throw ConfigError(fmt::format("--network: '{}' has more than three fields; {}", text, fix));
+  const std::string& bw = parts[0];
+  const std::string& lat = parts[1];
   // Longest names first, so "kbit" is not read as "bit" after a 'k'.
   const auto b = number_with_unit(bw, {{"tbit", 1e12 / 8}, {"gbit", 1e9 / 8}, {"mbit", 1e6 / 8}, {"kbit", 1e3 / 8},
                                        {"gbps", 1e9}, {"mbps", 1e6}, {"kbps", 1e3}, {"bit", 1.0 / 8}, {"bps", 1.0}});
@@ -57,7 +66,14 @@ Network parse_network(const std::string& text) {
   const auto l = number_with_unit(lat, {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3}, {"s", 1.0}});
   if (!l) throw ConfigError(fmt::format("--network: latency '{}' is not a number with a unit; {}", lat, fix));
   if (*l < 0) throw ConfigError(fmt::format("--network: latency '{}' must not be negative; {}", lat, fix));
-  return {.bytes_per_s = *b, .latency_s = *l, .text = text};
+  double burst = 0.0;
+  if (parts.size() == 3) {
+    const auto u = number_with_unit(parts[2], {{"kib", 1024.0}, {"mib", 1024.0 * 1024.0}, {"kb", 1e3}, {"mb", 1e6}, {"b", 1.0}});
+    if (!u) throw ConfigError(fmt::format("--network: burst '{}' is not a number with a unit; {}", parts[2], fix));
+    if (*u < 0) throw ConfigError(fmt::format("--network: burst '{}' must not be negative; {}", parts[2], fix));
+    burst = *u;
+  }
+  return {.bytes_per_s = *b, .latency_s = *l, .burst_bytes = burst, .text = text};
 }
 
 // Note [in-step link costs]
@@ -77,23 +93,21 @@ Network parse_network(const std::string& text) {
 // rank's compute really gets there (4 ranks on 2 cores that also spin in collectives get less than
 // half a core each). Valid for the host layout it was measured with (validate() requires the same
 // ranks per host) and groups over as many hosts; larger groups fall back to the model.
-// A call is looked up at its busiest member's bytes across hosts (Note [Busiest member's bytes] in
-// comm/config.h): the probe's calls are even, a ZeRO-3 gather moves its module one way, and the call
-// lasts as long as an even one of the module's bytes (docs/scaling.md, "Uneven blocks").
-// The link's sustained bandwidth still bounds a step: each collective kind's calls are charged at least
-// this rank's own bytes across hosts over --network's bandwidth (the host's ranks sharing it), what
-// each direction carries over the step. The probe's calls come one per size with compute between, so a
-// shaper's burst (tc tbf's 64 KiB or 10 ms of the rate) lends each of them the veth's speed; a ZeRO-3
-// step's 30 gathers in a row empty it (two hosts of 2 at 100 Mbit/s: the probe's costs summed to 0.20 s
-// for bytes the link carries in 0.27 s at best). That floor covers the bytes, not the per-call latency
-// behind an empty bucket: alone, a 32 KB-across gather took 0.41 ms with hosts.sh's default bucket (125
-// KB at 100 Mbit/s) and 1.8 ms with 15,000 B (the rate's 2.6 ms), where ZeRO-3's step paid 4.6 ms (its
-// blocks' unevenness, found since). A real NIC has no bucket above its line rate, but a
-// quiet validation with `hosts.sh --burst 15000` did not close the gap (hosts of 1 at 100 Mbit/s, ZeRO-3
-// 0.61 -> 0.54 predicted / measured, ZeRO-1 0.84 -> 1.10), so hosts.sh keeps its default (docs/scaling.md,
-// "Quiet, three interleaved rounds"). `step_comm_probe --beside-compute` also times each call async on the
-// comm worker beside compute, as a gradient bucket with overlap_comm runs; its table is not read here
-// (+5-12% at 1 MiB, 100 Mbit/s, under load: not what slows ZeRO-3's step).
+// A call is charged by its busiest member's bytes across hosts (Note [Busiest member's bytes] in
+// comm/config.h): the probe's calls are even, while a ZeRO-3 gather moves its module one way
+// (docs/scaling.md, "Uneven blocks"). A call whose blocks differ (its busiest member's bytes above this
+// rank's own) costs at most the probe's even call of the busiest member's bytes (those bytes both ways)
+// and at least its own bytes' even call and its one-way bytes at the link's rate, the host's ranks sharing
+// it (group_seconds): two hosts of 2 at 100 Mbit/s ran ZeRO-1's uneven gradient buckets at the rate
+// (124.5 ms a call for 1.5-1.7 MB one way, the comms logger), where the probe's even calls of those bytes
+// took 1.13-1.17x the rate, both directions' TCP on the shared cores. The probe's calls come one at a
+// time after compute and ride a shaper's burst; a step's calls in a row do not: the step's phases go
+// through the link's bucket (Note [the link's bucket]), which replaced a floor of each collective kind at
+// this rank's own bytes over the rate (it charged ZeRO-3's gathers at 1 Gbit/s 13 ms a step where they
+// rode tbf's bucket in about 6).
+// `step_comm_probe --beside-compute` also times each call async on the comm worker beside compute, as a
+// gradient bucket with overlap_comm runs; its table is not read here (+5-12% at 1 MiB, 100 Mbit/s, under
+// load: not what slows ZeRO-3's step).
 // The probe's elements are the config's communication dtype (`step_comm_probe --dtype`; the projection
 // refuses a probe of another): the dtype decides the path, not only the bytes. At bf16 a reduce-scatter
 // or all-reduce is comm's direct path (an all-to-all of the blocks, then a local sum in rank order: Note
@@ -380,11 +394,9 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
   double t = 0;
   for (const comm::OpStats& op : g.ops) {
     // A call lasts until its busiest member has moved its bytes (Note [Busiest member's bytes] in
-    // comm/config.h: a ZeRO-3 gather of a module one shard holds moves the module one way); over a step
-    // each direction of a link carries this rank's own bytes, the calls turning the traffic round.
+    // comm/config.h: a ZeRO-3 gather of a module one shard holds moves the module one way).
     const double inter = static_cast<double>(op.busiest_inter_host_bytes);
     const double intra = static_cast<double>(op.busiest_bytes - op.busiest_inter_host_bytes);
-    const double own_inter = static_cast<double>(op.bytes_inter_host);
     const double n = static_cast<double>(op.count);
     // Ring hops between hosts: an all-reduce crosses 2 (H - 1) times, a gather or reduce-scatter H - 1,
     // a point-to-point transfer once.
@@ -392,12 +404,19 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     const double hops = p2p ? 1.0 : (op.name == "allreduce" ? 2.0 : 1.0) * std::max(0, group_hosts - 1);
     if (inter > 0 && group_hosts == opt.link_costs.hosts) {
       // Measured inside a job on such hosts, per call (Note [in-step link costs]).
-      if (const std::optional<double> call = opt.link_costs.seconds(op.name, inter / std::max(1.0, n))) {
-        // At least the bytes each direction carries at the link's sustained rate, the host's ranks
-        // sharing it: a probe's call after a pause rides the shaper's burst, a step's calls in a row do
-        // not (Note [in-step link costs]). A pipeline's sends are not in a row (a pass between each two):
-        // the rate bounds their sum, the pipeline's step (project.cpp), not each transfer.
-        t += p2p ? n * *call : std::max(n * *call, own_inter * link_sharers / opt.network.bytes_per_s);
+      const double busiest = inter / std::max(1.0, n);
+      if (const std::optional<double> even = opt.link_costs.seconds(op.name, busiest)) {
+        if (p2p) {
+          t += n * *even;
+          continue;
+        }
+        // An uneven call: at most the probe's even call of its busiest member's bytes (those bytes both
+        // ways), at least its own bytes' even call and its one-way bytes at the link's rate, the host's
+        // ranks sharing it (the probe's even call also pays for both directions' CPU on shared cores:
+        // hosts of 2 at 100 Mbit/s, 1.13-1.5x the rate's time). An even call is the probe's.
+        const double own = static_cast<double>(op.bytes_inter_host) / std::max(1.0, n);
+        const double one_way = busiest * link_sharers / opt.network.bytes_per_s;
+        t += n * std::min(*even, std::max(*opt.link_costs.seconds(op.name, own), one_way));
         continue;
       }
     }
@@ -405,6 +424,46 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     if (inter > 0) t += n * hops * opt.network.latency_s + inter * link_sharers / opt.network.bytes_per_s;
   }
   return t;
+}
+
+// Note [the link's bucket]
+// Each host's link sends at its rate; a shaper may also let it send `burst_bytes` above the rate after a
+// pause (tc tbf's bucket, which tests/multihost/hosts.sh sets to 10 ms of the rate; a NIC at its line
+// rate has none: --network's BURST, 0 by default). The probe's calls come one at a time after compute
+// and ride a full bucket, where a step's calls in a row find it empty: at 100 Mbit/s ZeRO-3's gathers
+// ran at the rate in the step (26 calls, 3.3 MB a host, 0.30 s) while the probe charged them 0.16 s. So
+// the step's collectives across hosts go through the bucket in the step's order, each phase charged at
+// least the time its bytes beyond the bucket's tokens take at the rate:
+//   - stage-3 gathers, spread over the passes' compute (each pause refills at most the bucket);
+//   - the gradients' reductions, spread over the last backward;
+//   - stage 1-2's parameter all-gather, after the optimizer (one pause).
+// A phase spends its busiest member's bytes (Note [Busiest member's bytes] in comm/config.h: the calls of
+// a phase mostly cross one way: a shard's modules in a row, a bucket's blocks on one host) times the
+// host's ranks, and the tokens left carry to the next phase; the step repeats, so the sequence runs
+// twice and the second pass counts (the steady state). Measured (docs/scaling.md, "The link's bucket"):
+// at 1 Gbit/s ZeRO-3's 1.6 MB of gathers a step fit in the 1.25 MB bucket and what the passes refill,
+// and the step paid the probe's costs (6 ms over its compute, against 13 ms at the rate); at 100 Mbit/s
+// the same bytes went at the rate.
+void bound_by_link(std::vector<LinkPhase>& phases, const Network& net, int link_sharers) {
+  const double rate = net.bytes_per_s, bucket = net.burst_bytes;
+  if (!(rate > 0)) return;
+  std::vector<double> cost(phases.size());
+  for (size_t i = 0; i < phases.size(); ++i) cost[i] = phases[i].seconds;
+  double level = bucket;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < phases.size(); ++i) {
+      LinkPhase& ph = phases[i];
+      if (ph.calls == 0 || !(ph.busiest_bytes > 0)) continue;
+      const double calls = static_cast<double>(ph.calls);
+      // The tokens the phase finds: what was left, plus each pause's refill up to the bucket.
+      const double tokens = ph.interleaved ? std::min(bucket, level) + calls * std::min(bucket, rate * ph.compute_s / calls)
+                                           : std::min(bucket, level + rate * ph.compute_s);
+      const double need = ph.busiest_bytes * link_sharers;
+      const double at_rate = std::max(0.0, need - tokens) / rate;
+      ph.seconds = std::max(cost[i], at_rate);
+      level = std::min(bucket, std::max(0.0, tokens + rate * ph.seconds - need));
+    }
+  }
 }
 
 }  // namespace detail

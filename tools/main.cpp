@@ -25,7 +25,7 @@ constexpr const char* kUsage =
     "                                                          tag directory DIR/global_step15)\n"
     "  estimate (--params N | --config FILE) [--ranks R] [--stage 0|1|2|3|all] [--offload none|cpu|nvme] [--json]\n"
     "                                                          memory per rank at each ZeRO stage and tier\n"
-    "  project --config FILE --ranks N [--ranks-per-host R] [--network BW,LATENCY] [--json FILE]\n"
+    "  project --config FILE --ranks N [--ranks-per-host R] [--network BW,LATENCY[,BURST]] [--json FILE]\n"
     "                                                          predicted step time, MFU and memory of the layouts\n"
     "  checkpoint inspect|consolidate|compare ...              look into, merge and compare checkpoints\n"
     "  tokenize --model TOKENIZER.model --out OUT.bin INPUT... text to llm.c token shards (SentencePiece)\n"

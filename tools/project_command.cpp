@@ -29,11 +29,14 @@ namespace {
 namespace po = boost::program_options;
 
 constexpr const char* kProjectUsage =
-    "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R] [--network BW,LATENCY]\n"
+    "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R]\n"
+    "                         [--network BW,LATENCY[,BURST]]\n"
     "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--exact-ranks K]\n"
     "                         [--rows K] [--json FILE] [--as-loaded] [--link-costs FILE]\n"
     "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
-    "  --network BW,LATENCY: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several hosts)\n"
+    "  --network BW,LATENCY[,BURST]: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several\n"
+    "    hosts); BURST: bytes a shaper lets a host send above the rate after a pause (tc tbf's burst, e.g. 125kb;\n"
+    "    default 0: a NIC at its line rate)\n"
     "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n"
     "  --link-costs FILE: in-step costs of collectives across hosts, measured by benchmarks/step_comm_probe\n";
 
@@ -131,7 +134,7 @@ int project_command(const std::vector<std::string>& args) {
   po::options_description opts("options");
   opts.add_options()("help,h", "show this help")("config", po::value<std::string>(), "the run config (JSON, with a model section)")(
       "ranks", po::value<std::string>(), "world size N, or several: 8,64,512")("ranks-per-host", po::value<int>(), "ranks on each host (divides N)")(
-      "network", po::value<std::string>(), "the link between hosts: BANDWIDTH,LATENCY (10gbit,20us)")(
+      "network", po::value<std::string>(), "the link between hosts: BANDWIDTH,LATENCY[,BURST] (10gbit,20us)")(
       "cores-per-host", po::value<int>(), "CPUs of a host (default: this machine's)")(
       "max-tp", po::value<int>()->default_value(8), "largest tensor-parallel degree tried")(
       "tp", po::value<int>(), "only layouts of this tensor-parallel degree")(

@@ -34,4 +34,17 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
 // share. `group_hosts`: hosts the group spans.
 double group_seconds(const engine::GroupStep& g, const Options& opt, int group_hosts, int link_sharers);
 
+// One phase of a step's collectives across hosts, in the step's order (Note [the link's bucket] in
+// project_compute.cpp).
+struct LinkPhase {
+  double busiest_bytes = 0;  // its calls' busiest member's bytes across hosts, summed (one rank's count)
+  uint64_t calls = 0;
+  double compute_s = 0;      // the compute its calls are spread over (interleaved), or that precedes them
+  bool interleaved = false;
+  double seconds = 0;        // in: the calls' cost (group_seconds); out: at least what the link lets through
+};
+// Raises each phase's seconds to the time its bytes beyond the link's bucket take at the rate, the
+// host's `link_sharers` ranks sharing the link; the phases repeat every step (steady state).
+void bound_by_link(std::vector<LinkPhase>& phases, const Network& net, int link_sharers);
+
 }  // namespace zs::project::detail

@@ -41,6 +41,19 @@ TEST(ParseNetwork, BadValuesNameTheFlagAndTheFix) {
   EXPECT_NE(message("0gbit,20us").find("bandwidth '0gbit' must be positive"), std::string::npos);
   EXPECT_NE(message("10gbit,20").find("latency '20' is not a number with a unit"), std::string::npos);
   EXPECT_NE(message("10gbit,-1us").find("latency '-1us' must not be negative"), std::string::npos);
+  EXPECT_NE(message("10gbit,20us,lots").find("burst 'lots' is not a number with a unit"), std::string::npos);
+  EXPECT_NE(message("10gbit,20us,-1kb").find("burst '-1kb' must not be negative"), std::string::npos);
+  EXPECT_NE(message("10gbit,20us,1mb,2").find("'10gbit,20us,1mb,2' has more than three fields"), std::string::npos);
+}
+
+// The optional third field: a shaper's bucket (Note [the link's bucket] in project/project_compute.cpp).
+TEST(ParseNetwork, BurstInBytes) {
+  EXPECT_DOUBLE_EQ(parse_network("10gbit,20us").burst_bytes, 0.0);  // a NIC at its line rate
+  EXPECT_DOUBLE_EQ(parse_network("1gbit,20us,1250000b").burst_bytes, 1.25e6);
+  EXPECT_DOUBLE_EQ(parse_network("1gbit,20us,64KiB").burst_bytes, 65536.0);
+  EXPECT_DOUBLE_EQ(parse_network("1gbit,20us,1.5mb").burst_bytes, 1.5e6);
+  EXPECT_DOUBLE_EQ(parse_network("1gbit,20us,2mib").burst_bytes, 2.0 * 1024 * 1024);
+  EXPECT_DOUBLE_EQ(parse_network("100mbit,50us,125kb").bytes_per_s, 12.5e6);
 }
 
 // Group::simulated with hosts counts bytes across hosts by the real groups' rule (Note [Bytes across
@@ -111,8 +124,7 @@ boost::json::value probe_json(int per_host, double stretch) {
 }
 
 // Note [Busiest member's bytes] in comm/config.h: a collective's time follows the bytes of its busiest
-// member (a ZeRO-3 gather of a module one shard holds moves it one way), the link's long-run floor
-// each rank's own bytes (the calls turn the traffic round).
+// member (a ZeRO-3 gather of a module one shard holds moves it one way).
 TEST(GroupSeconds, ChargesTheBusiestMembersBytes) {
   Options o = options(2, 1);
   o.network = parse_network("8kbit,0s");  // 1000 B/s: the bytes decide
@@ -123,15 +135,60 @@ TEST(GroupSeconds, ChargesTheBusiestMembersBytes) {
   const double shm = 2 * o.machine.shm_latency_s;
   EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {uneven}}, o, 2, 1), 2.0 + shm, 1e-9);
   EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {even}}, o, 2, 1), 1.0 + shm, 1e-9);
-  // With the probe's in-step costs: each call looked up at the busiest member's bytes across hosts per
-  // call (3000 B: 3 ms, where this rank's own 500 B would cost at most 1 ms) ...
-  o.network = parse_network("1gbit,0s");
-  o.link_costs = parse_link_costs(probe_json(1, 1.0), "probe.json");
-  uneven.busiest_inter_host_bytes = uneven.busiest_bytes = 6000;
-  EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {uneven}}, o, 2, 1), 2 * 0.003, 1e-9);
-  // ... and the link's rate bounds the kind's own bytes, not the busiest member's, per direction.
-  o.network = parse_network("8kbit,0s");
-  EXPECT_NEAR(detail::group_seconds({.group = "dp", .ops = {uneven}}, o, 2, 1), 1.0, 1e-9);
+}
+
+// With the probe, an uneven call costs at most the probe's even call of its busiest member's bytes (those
+// bytes both ways), and at least its own bytes' even call and its one-way bytes at the link's rate.
+TEST(GroupSeconds, UnevenCallsLieBetweenTheirOwnAndTheirBusiestMembersEvenCall) {
+  Options o = options(2, 1);
+  o.link_costs = parse_link_costs(boost::json::parse(R"({"probe": "step_comm_probe", "ranks": 2, "hosts": 2,
+      "ranks_per_host": 1, "work_us": 500, "rounds": 5, "dtype": "bf16", "compute_stretch": 1.0,
+      "collectives": {"allgather": [{"bytes": 2048, "inter_host_bytes": 1000, "seconds": 0.010},
+                                    {"bytes": 6144, "inter_host_bytes": 3000, "seconds": 0.030}]}})"),
+                                  "probe.json");
+  // Two calls, each sending 1000 B across on this rank and 3000 B to its busiest member.
+  const comm::OpStats uneven{.name = "allgatherv", .count = 2, .bytes_sent = 2000, .bytes_inter_host = 2000,
+                             .busiest_bytes = 6000, .busiest_inter_host_bytes = 6000};
+  comm::OpStats even = uneven;
+  even.busiest_bytes = even.busiest_inter_host_bytes = 2000;
+  auto seconds = [&](const comm::OpStats& op, const std::string& network, int sharers) {
+    o.network = parse_network(network);
+    return detail::group_seconds({.group = "dp", .ops = {op}}, o, 2, sharers);
+  };
+  EXPECT_NEAR(seconds(even, "8kbit,0s", 1), 2 * 0.010, 1e-12);         // the probe's, whatever the rate
+  EXPECT_NEAR(seconds(uneven, "10gbit,0s", 1), 2 * 0.010, 1e-12);      // a fast link: its own even call
+  EXPECT_NEAR(seconds(uneven, "1200kbit,0s", 1), 2 * 0.020, 1e-12);    // 3000 B at 150 KB/s
+  EXPECT_NEAR(seconds(uneven, "600kbit,0s", 2), 2 * 0.030, 1e-12);     // 6000 B a host: the busiest's even call
+  EXPECT_NEAR(seconds(uneven, "8kbit,0s", 1), 2 * 0.030, 1e-12);
+}
+
+// Note [the link's bucket]: the bytes of a step's phases beyond what a shaper's bucket and the pauses
+// lend go at the link's rate, in the steady state of a step that repeats.
+TEST(BoundByLink, ChargesTheBytesBeyondTheBucketAtTheRate) {
+  auto bound = [](std::vector<detail::LinkPhase> phases, const std::string& network, int sharers) {
+    detail::bound_by_link(phases, parse_network(network), sharers);
+    std::vector<double> s;
+    for (const detail::LinkPhase& p : phases) s.push_back(p.seconds);
+    return s;
+  };
+  const detail::LinkPhase one{.busiest_bytes = 1000, .calls = 1, .compute_s = 10.0, .seconds = 0.1};
+  // A NIC at its line rate (no bucket): every byte at the rate, the host's ranks sharing it.
+  EXPECT_NEAR(bound({one}, "8kbit,0s", 1)[0], 1.0, 1e-12);
+  EXPECT_NEAR(bound({one}, "8kbit,0s", 2)[0], 2.0, 1e-12);
+  // A bucket that holds the phase's bytes and refills in the pause before it: the calls' own cost.
+  EXPECT_NEAR(bound({one}, "8kbit,0s,2000b", 1)[0], 0.1, 1e-12);
+  // Two phases in a row, the second with no pause: the first leaves 600 B of the 2000 B bucket (2000 +
+  // 0.1 s of refill - 1500), the second sends its other 900 B at the rate, in every step.
+  detail::LinkPhase first = one, second = one;
+  first.busiest_bytes = second.busiest_bytes = 1500;
+  second.compute_s = 0.0;
+  const std::vector<double> s = bound({first, second}, "8kbit,0s,2000b", 1);
+  EXPECT_NEAR(s[0], 0.1, 1e-12);
+  EXPECT_NEAR(s[1], 0.9, 1e-12);
+  // Calls spread over compute: each of the 4 pauses (0.5 s) refills at most the 500 B bucket, and the
+  // steady state starts from the empty bucket the previous step left: 4000 - 2000 B at the rate.
+  const detail::LinkPhase spread{.busiest_bytes = 4000, .calls = 4, .compute_s = 2.0, .interleaved = true, .seconds = 0.1};
+  EXPECT_NEAR(bound({spread}, "8kbit,0s,500b", 1)[0], 2.0, 1e-12);
 }
 
 // ZeRO-3 over two hosts of one rank: the flat layout's contiguous shards put most modules in one
