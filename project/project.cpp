@@ -28,9 +28,10 @@ namespace zs::project {
 //   pp         a point-to-point send is a delay between the producing pass and the next stage's
 //              consuming one, the sender not held (send_async; Note [transfer delay] in pp/schedule.h):
 //              pp::timeline's transfer time, one send's cost; the pp group's other calls are spread
-//              over the passes. Across hosts a send's in-step cost (--link-costs) is the probe's, and
-//              the link's sustained rate bounds the sends' sum, the pipeline's makespan, not each send
-//              (a pass lies between two sends: a shaper's burst refills).
+//              over the passes. Across hosts a send's in-step cost (--link-costs) is the probe's, at
+//              least its bytes beyond what a pass refills of the link's bucket at the rate (Note [the
+//              link's bucket] in project_compute.cpp), and the link's sustained rate bounds the sends'
+//              sum, the pipeline's makespan.
 //   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
@@ -39,7 +40,9 @@ namespace zs::project {
 //              thread, prefetches included (Note [synchronous gathers] in engine/detail/param_gatherer.h:
 //              the CPU device has no copy engine), so all of them are exposed; stage 1-2 parameter
 //              all-gathers follow the optimizer (exposed); other collectives (the loss and norm's small
-//              all-reduces) are exposed.
+//              all-reduces) are exposed. Across hosts these phases go through the link's bucket in the
+//              step's order, each at least its bytes beyond the bucket's tokens at the rate (Note [the
+//              link's bucket] in project_compute.cpp).
 //   optimizer  the measured per-layer seconds over the rank's stepped share (1/dp at stages 1-3).
 //   step       pipeline + dp exposed + optimizer, of the slowest stage.
 // Every collective's time is detail::group_seconds: a cost per collective (inside a host the collective
@@ -162,7 +165,16 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
             st.pp_transfer = std::max(st.pp_transfer, secs / static_cast<double>(op.count));
             // The sends' bytes across hosts at the link's sustained rate (its R ranks sharing it): a
             // bound on the step, where each transfer alone may ride a shaper's burst.
-            if (op.bytes_inter_host > 0) st.pp_link = static_cast<double>(op.bytes_inter_host) * R / opt.network.bytes_per_s;
+            if (op.bytes_inter_host > 0) {
+              const double rate = opt.network.bytes_per_s;
+              st.pp_link = static_cast<double>(op.bytes_inter_host) * R / rate;
+              // Each send finds the link's bucket refilled by at most one pass (in the warm-up a stage's
+              // sends follow its forwards one another): its bytes beyond that go at the rate (Note [the
+              // link's bucket] in project_compute.cpp).
+              const double send = static_cast<double>(op.bytes_inter_host) * R / static_cast<double>(op.count);
+              const double tokens = std::min(opt.network.burst_bytes, rate * st.forward);
+              st.pp_transfer = std::max(st.pp_transfer, std::max(0.0, send - tokens) / rate);
+            }
           } else {
             st.pp_comm += secs;
           }

@@ -328,6 +328,13 @@ TEST(Project, PipelineSendsAreTheProbesCostBoundedByTheLinkRate) {
   EXPECT_GT(sends, 0.1);
   EXPECT_GE(cheap.pipeline_s, sends);
   EXPECT_LT(cheap.pipeline_s, 1.1 * sends);
+  // Each send at the rate where nothing refills a bucket (a NIC at its line rate: --network's BURST 0) ...
+  EXPECT_NEAR(cheap.pp_transfer_s, sends / 4, 1e-9);
+  // ... and less where a shaper's bucket lends what the pass before it refilled (Note [the link's bucket]).
+  o.network = parse_network("1mbit,20us,64kib");
+  const Projection bucket = project(tiny_config(1), o).layouts.front();
+  EXPECT_LT(bucket.pp_transfer_s, cheap.pp_transfer_s);
+  EXPECT_GT(bucket.pp_transfer_s, 0.0);
 }
 
 TEST(Project, RefusesLayoutsWithAReason) {
