@@ -200,8 +200,8 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     st.optimizer = p.zero_stage >= 1 ? stepped / l.dp : stepped;
     if (dp_hosts_spanned > 1) {
       // Through the link's bucket in the step's order (Note [the link's bucket] in project_compute.cpp):
-      // stage-3 gathers over the passes, the gradients over the last backward, stage 1-2's parameter
-      // all-gather after the optimizer.
+      // stage 3's gathers and reductions between the passes' compute; stages 1-2's reductions at the
+      // accumulation boundary, then the parameter all-gather after the optimizer.
       detail::LinkPhase& gathers = st.gather_link;
       detail::LinkPhase& grads = st.grad_link;
       gathers.seconds = st.dp_gather;

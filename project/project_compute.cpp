@@ -435,11 +435,13 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
 // the step's collectives across hosts go through the bucket in the step's order, each phase charged at
 // least the time its bytes beyond the bucket's tokens take at the rate:
 //   - stage-3 gathers, spread over the passes' compute (each pause refills at most the bucket);
-//   - the gradients' reductions, spread over the last backward;
+//   - the gradients' reductions: at stage 3 spread over each micro-batch's backward, at stages 1-2 at
+//     the accumulation boundary after the passes (one pause);
 //   - stage 1-2's parameter all-gather, after the optimizer (one pause);
 //   - a pipeline's send (project.cpp): each finds the bucket refilled by at most its stage's forward
-//     pass, the pause between two sends in the warm-up, and its bytes beyond that go at the rate (at
-//     100 Mbit/s pp 2's 131 KB sends: 7.5 ms each, where the probe's transfer alone took 4.6 ms).
+//     pass, the pause between two sends in the warm-up, and its bytes beyond that go at the rate (pp 2
+//     over hosts of one rank at 100 Mbit/s: predicted / measured 0.84-0.88 with the probe's transfer
+//     alone, 1.10 with the bucket).
 // A phase spends its busiest member's bytes (Note [Busiest member's bytes] in comm/config.h: the calls of
 // a phase mostly cross one way: a shard's modules in a row, a bucket's blocks on one host) times the
 // host's ranks, and the tokens left carry to the next phase; the step repeats, so the sequence runs
