@@ -28,6 +28,8 @@ row is projected twice (docs/scaling.md, "Validation"):
     (default 2) runs it K times and takes each call's least (rows[].step_probe.seconds_by_collective_by_job: each).
     Its --network is tc's rate (the link's line rate), the fit's latency and tbf's bucket (rows[].probed_network),
     against which the model bounds the step's bytes (Note [the link's bucket] in project/project_compute.cpp).
+--reproject FILE projects a saved run's rows again (its measurements and kept probes; nothing trained or
+probed): a model change checked against recorded runs, the saved compute kept so only the model moves.
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows. --burst BYTES
 sets tbf's bucket of every two-host run (hosts.sh --burst; the JSON's tbf_burst_bytes).
 
@@ -234,7 +236,7 @@ def step_probe(args, tmp, name, hosts, per_host, rate, lay, oversubscription):
     with open(out, "w") as f:
         json.dump(merged, f)
     return {"file": out, "work_us": work_us, "dtype": merged["dtype"], "compute_stretch": merged["compute_stretch"],
-            "jobs": len(jobs),
+            "jobs": len(jobs), "probe": merged,
             "seconds_by_collective": {c: {str(x["bytes"]): x["seconds"] for x in rows} for c, rows in merged["collectives"].items()},
             "seconds_by_collective_by_job": [{c: {str(x["bytes"]): x["seconds"] for x in rows} for c, rows in j["collectives"].items()}
                                              for j in jobs]}
@@ -347,6 +349,47 @@ def table(rows):
     return "\n".join(out)
 
 
+def reproject(args):
+    """--reproject FILE: the projection again over a saved run's measurements (docs/scaling.md, "The link's
+    bucket"): each row's configuration projected with this zeroshard, its two-host rows with the probe the
+    run kept (rows[].step_probe.probe) and its rows[].probed_network, nothing trained or probed. The new
+    step is the saved projection's compute plus the new projection's step beyond its compute, so that the
+    model's change shows apart from this moment's compute; compared with the saved measured step."""
+    with open(args.reproject) as f:
+        saved = json.load(f)
+    rows, out = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in saved["rows"]:
+            if args.only and not any(x in r["name"] for x in args.only.split(",")):
+                continue
+            hosts = r["hosts"] if r["hosts"] > 1 else None
+            costs = None
+            if hosts:
+                probe = (r.get("step_probe") or {}).get("probe")
+                if probe is None or not r.get("probed_network"):
+                    sys.exit(f"--reproject: {args.reproject}: row {r['name']} keeps no probe (rows[].step_probe.probe) or "
+                             "probed network (rows[].probed_network); give the JSON of a run of this script since it keeps them")
+                costs = os.path.join(tmp, r["name"] + ".probe.json")
+                with open(costs, "w") as f:
+                    json.dump(probe, f)
+            path = os.path.join(tmp, r["name"] + ".json")
+            with open(path, "w") as f:
+                json.dump(config_for(r["np"], r["tp"], r["pp"], r["zero_stage"], args.steps), f)
+            per_host = r["np"] // (hosts or 1)
+            lay = project(args, tmp, path, r["name"], r["np"], r["tp"], r["pp"], per_host, hosts, r.get("probed_network"),
+                          costs)["layouts"][0]
+            step = r["predicted_compute_s"] + (lay["step_s"] - lay["compute_s"])
+            ratio = step / r["measured_step_s"]
+            rows.append(ratio)
+            out.append({"name": r["name"], "measured_step_s": r["measured_step_s"], "saved_predicted_step_s": r["predicted_step_s"],
+                        "saved_predicted_over_measured": r["predicted_over_measured"], "predicted_step_s": step,
+                        "predicted_over_measured": ratio})
+            print(f"{r['name']}: measured {r['measured_step_s']:.4f} s, saved {r['predicted_over_measured']:.2f}, "
+                  f"now {ratio:.2f}", file=sys.stderr)
+    print(json.dumps({"reprojected": args.reproject, "rows": out,
+                      "within_15_percent": f"{sum(1 for q in rows if 0.85 <= q <= 1.15)} of {len(rows)}"}, indent=1))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--zeroshard", default=os.path.join(ROOT, "build/release/tools/zeroshard"))
@@ -364,6 +407,8 @@ def main():
     ap.add_argument("--burst", type=int, default=0,
                     help="tbf's bucket in bytes for every two-host run (hosts.sh --burst; default: hosts.sh's)")
     ap.add_argument("--rates", default=",".join(MULTIHOST_RATES), help="the two-host rows' tc rates (comma-separated)")
+    ap.add_argument("--reproject", default="", metavar="FILE",
+                    help="project again over a saved run's JSON (its measurements and probes), training nothing")
     ap.add_argument("--probe-jobs", type=int, default=2,
                     help="step_comm_probe jobs per two-host row; each call's least over them is projected (default 2)")
     args = ap.parse_args()
@@ -371,6 +416,8 @@ def main():
         sys.exit(f"--repeats: {args.repeats} is below 1; give the number of rounds (1 or more)")
     if args.probe_jobs < 1:
         sys.exit(f"--probe-jobs: {args.probe_jobs} is below 1; give the number of probe jobs per two-host row (1 or more)")
+    if args.reproject:
+        return reproject(args)
     wanted = lambda name: not args.only or any(x in name for x in args.only.split(","))
     if args.quick:
         args.steps = 4
