@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Validates `zeroshard project` against measured runs (docs/scaling.md, "Validation").
 
-For each configuration (a small GPT at one dp x tp x pp layout and ZeRO stage on NP ranks) it runs
+For each configuration (a small GPT at one dp x tp x pp layout and ZeRO stage on NP ranks; its MoE variant at
+ep 2, and ZeRO++ on two hosts of 2) it runs
 `zeroshard train` (the median step time from the summary) and `zeroshard project` for the same layout
 (--tp/--pp select it), and prints one JSON object: per configuration the measured and predicted step time,
 their ratio, and the run's mean bytes per step over the projected step's (bytes_sent_per_step.exact_mean).
@@ -71,6 +72,7 @@ ONE_HOST = [
     ("np2_pp2", 2, 1, 2, 1),
     ("np4_dp4_zero2", 4, 1, 1, 2),
     ("np4_dp2_tp2", 4, 2, 1, 1),
+    ("np2_moe_ep2", 2, 1, 1, 1),
 ]
 MULTIHOST_RATES = ["100mbit", "1gbit", "10gbit"]
 # Two-host layouts: (hosts x ranks per host, np, tp, pp, ZeRO stage). One rank per host has a core per
@@ -81,17 +83,32 @@ MULTIHOST = [
     ("2hosts_x1_pp2", 1, 2, 1, 2, 1),
     ("2hosts_x2_zero1", 2, 4, 1, 1, 1),
     ("2hosts_x2_zero3", 2, 4, 1, 1, 3),
+    ("2hosts_x1_moe_ep2", 1, 2, 1, 1, 1),
+    ("2hosts_x2_zeropp", 2, 4, 1, 1, 3),
 ]
+# A configuration whose name has "moe_ep2" trains the GPT-MoE variant of BASE (MOE, expert-parallel degree 2);
+# "zeropp" turns ZeRO++ on (hpZ over a host's ranks, quantised weights and gradients).
+MOE = {"num_experts": 4, "k": 2, "capacity_factor": 1.25, "every_n_layers": 2}
 
 
-def config_for(np, tp, pp, stage, steps):
+def config_for(np, tp, pp, stage, steps, name="", per_host=0):
     cfg = json.loads(json.dumps(BASE))
     cfg["zero_optimization"]["stage"] = stage
     cfg["model"]["tensor_parallel_size"] = tp
     if pp > 1:
         cfg["model"]["pipeline_parallel_size"] = pp
+    if "moe_ep2" in name:
+        cfg["model"]["moe"] = dict(MOE, ep_size=2)
+    if "zeropp" in name:
+        cfg["zero_optimization"].update(zero_hpz_partition_size=per_host or np, zero_quantized_weights=True,
+                                        zero_quantized_gradients=True)
     cfg["train_steps"] = steps
     return cfg
+
+
+def expert_parallel(name):
+    """The layout's expert-parallel degree (an MoE configuration's), for `zeroshard project --ep`."""
+    return 2 if "moe_ep2" in name else 1
 
 
 def comm_dtype(cfg):
@@ -180,6 +197,8 @@ def project(args, tmp, path, name, np, tp, pp, per_host, hosts, network, link_co
     projection = os.path.join(tmp, name + (".probed" if link_costs else "") + ".projection.json")
     proj = [args.zeroshard, "project", "--config", path, "--ranks", str(np), "--ranks-per-host", str(per_host),
             "--tp", str(tp), "--pp", str(pp), "--json", projection]
+    if expert_parallel(name) > 1:
+        proj += ["--ep", str(expert_parallel(name))]
     if not args.idle:
         proj.append("--as-loaded")  # the runs are measured at the machine's present load
     if hosts:
@@ -249,7 +268,7 @@ class Case:
     def __init__(self, args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, link=None):
         self.args, self.tmp, self.name, self.np, self.tp, self.pp, self.stage = args, tmp, name, np, tp, pp, stage
         self.hosts, self.rate, self.link = hosts, rate, link
-        cfg = config_for(np, tp, pp, stage, args.steps)
+        cfg = config_for(np, tp, pp, stage, args.steps, name, np // hosts if hosts else np)
         self.path = os.path.join(tmp, name + ".json")
         self.summary = os.path.join(tmp, name + ".summary.json")
         with open(self.path, "w") as f:
@@ -373,9 +392,9 @@ def reproject(args):
                 with open(costs, "w") as f:
                     json.dump(probe, f)
             path = os.path.join(tmp, r["name"] + ".json")
-            with open(path, "w") as f:
-                json.dump(config_for(r["np"], r["tp"], r["pp"], r["zero_stage"], args.steps), f)
             per_host = r["np"] // (hosts or 1)
+            with open(path, "w") as f:
+                json.dump(config_for(r["np"], r["tp"], r["pp"], r["zero_stage"], args.steps, r["name"], per_host), f)
             lay = project(args, tmp, path, r["name"], r["np"], r["tp"], r["pp"], per_host, hosts, r.get("probed_network"),
                           costs)["layouts"][0]
             step = r["predicted_compute_s"] + (lay["step_s"] - lay["compute_s"])

@@ -168,6 +168,20 @@ Group Group::simulated(int rank, int size, const std::string& name, std::vector<
   return Group(std::move(state));
 }
 
+Group Group::simulated_subgroup(std::span<const int> members, const std::string& name) const {
+  ZS_ASSERT(state_->simulated, "simulated_subgroup of group '{}', which is not simulated", state_->name);
+  const auto me = std::find(members.begin(), members.end(), state_->rank);
+  ZS_ASSERT(me != members.end(), "simulated_subgroup: rank {} of '{}' is not among the members", state_->rank, state_->name);
+  std::vector<int> hosts;
+  if (!state_->hosts.empty()) {
+    for (int m : members) {
+      ZS_ASSERT(m >= 0 && m < state_->size, "simulated_subgroup: member {} of a group of {}", m, state_->size);
+      hosts.push_back(state_->hosts[static_cast<size_t>(m)]);
+    }
+  }
+  return simulated(static_cast<int>(me - members.begin()), static_cast<int>(members.size()), name, std::move(hosts));
+}
+
 int Group::rank() const { return state_->rank; }
 int Group::size() const { return state_->size; }
 const std::string& Group::name() const { return state_->name; }
@@ -183,6 +197,7 @@ int Group::hosts() const {
   return static_cast<int>(std::unique(h.begin(), h.end()) - h.begin());
 }
 int Group::host_ranks() const { return state_->host_members; }
+const std::vector<int>& Group::member_hosts() const { return state_->hosts; }
 std::vector<OpStats> Group::op_stats() const { return state_->runtime->op_stats(); }
 bool Group::is_mpi() const { return !state_->local(); }
 namespace detail {

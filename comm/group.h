@@ -58,6 +58,11 @@ class Group {
   // `hosts`: the host of each member in group rank order (empty: all on one host), so its bytes across
   // hosts are counted as a real group's on that layout (Note [Bytes across hosts]; the projection).
   static Group simulated(int rank, int size, const std::string& name = "simulated", std::vector<int> hosts = {});
+  // A simulated group's split as the estimator makes it: the members `members` (this group's ranks in
+  // the new group's order, this rank among them) as a simulated group of their own, keeping their hosts,
+  // so a group the engine or a model splits off a simulated one counts its bytes across hosts as the real
+  // split does (the projection). Not collective.
+  Group simulated_subgroup(std::span<const int> members, const std::string& name) const;
   Group(Group&&) noexcept = default;
   Group& operator=(Group&&) noexcept = default;
   Group(const Group&) = delete;
@@ -87,6 +92,9 @@ class Group {
   // comm.shared_memory_node_ranks when set.
   int hosts() const;
   int host_ranks() const;
+  // The host of each member in group rank order; empty when all lie on one host (a local group, a
+  // simulated one given no hosts).
+  const std::vector<int>& member_hosts() const;
   // This rank's per-collective tallies of the whole World (comms_logger; OpStats in comm/config.h).
   std::vector<OpStats> op_stats() const;
 

@@ -52,7 +52,11 @@ Topology::HostGroups Topology::make_host_groups(const Group& dp, int host_size) 
   ZS_ASSERT(host_size >= 1 && dp.size() % host_size == 0, "host size {} does not divide {}", host_size, dp.size());
   const int r = dp.rank();
   if (!dp.is_mpi()) {
-    return {Group::simulated(r % host_size, host_size, "hpz"), Group::simulated(r / host_size, dp.size() / host_size, "hpz_across")};
+    // The same members as the splits below, keeping the dp group's hosts (the projection's bytes across hosts).
+    std::vector<int> host, across;
+    for (int i = 0; i < host_size; ++i) host.push_back(r / host_size * host_size + i);
+    for (int j = r % host_size; j < dp.size(); j += host_size) across.push_back(j);
+    return {dp.simulated_subgroup(host, "hpz"), dp.simulated_subgroup(across, "hpz_across")};
   }
   Group host = dp.split(r / host_size, r, "hpz");
   Group across = dp.split(r % host_size, r, "hpz_across");

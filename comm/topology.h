@@ -49,7 +49,8 @@ class Topology {
   // consecutive ranks): "hpz", the ranks of this rank's host (dp ranks k*h .. k*h+h-1, inner rank
   // dp rank % h), and "hpz_across", the ranks with the same inner rank on every host (outer rank
   // dp rank / h). `host_size` divides dp.size() (the caller's ConfigError names its key). Collective
-  // over `dp` (two splits); a simulated `dp` (the estimator) gets simulated groups of the same shape.
+  // over `dp` (two splits); a simulated `dp` (the estimator) gets simulated groups of the same
+  // members and hosts (Group::simulated_subgroup).
   struct HostGroups {
     Group host;
     Group across;

@@ -38,10 +38,14 @@ optim::LrScheduleConfig schedule_config(const EngineConfig& cfg) {
 // The edp group of E is the expert-data-parallel group of a comm::Topology over the data-parallel
 // group with expert_parallel_size E (DeepSpeed's layout: ranks with the same index in consecutive
 // groups of E ranks, {i, i+E, i+2E, ...}, ordered by dp rank). A simulated dp group (the estimator)
-// gets a simulated edp group of the same shape, so the estimator runs this very code. Every rank must declare expert parameters of the same sizes E (checked here, before
+// gets a simulated edp group of the same members and hosts, so the estimator runs this very code. Every rank must declare expert parameters of the same sizes E (checked here, before
 // the collective split, so that a mismatch is an error on every rank instead of a hang).
 std::unique_ptr<comm::Group> make_expert_group(const comm::Group& dp, int e) {
-  if (!dp.is_mpi()) return std::make_unique<comm::Group>(comm::Group::simulated(dp.rank() / e, dp.size() / e, "edp"));
+  if (!dp.is_mpi()) {
+    std::vector<int> members;  // {i, i+E, ...}: the split's members, with their hosts (the projection's bytes)
+    for (int j = dp.rank() % e; j < dp.size(); j += e) members.push_back(j);
+    return std::make_unique<comm::Group>(dp.simulated_subgroup(members, "edp"));
+  }
   return std::make_unique<comm::Group>(comm::Topology::make_expert_data_parallel(dp, {.expert_parallel_size = e}));
 }
 
@@ -613,6 +617,12 @@ std::vector<float> Engine::fp32_param(const std::string& name) const {
   const ModelStates& set = *impl_->sets_[it->second.first];
   const ParamSlot& slot = set.layout.slots()[it->second.second];
   return impl_->gather_full(*slot.param, impl_->gather_fp32(set, slot));
+}
+
+std::vector<const comm::Group*> Engine::expert_data_parallel() const {
+  std::vector<const comm::Group*> out;
+  for (const auto& g : impl_->expert_groups_) out.push_back(g.get());
+  return out;
 }
 
 }  // namespace zs::engine

@@ -244,6 +244,9 @@ class Engine {
   // ZeRO++ key on, one rank, or one host group: then the dp group plays the host group's part).
   const comm::Group* zeropp_host() const;
   const comm::Group* zeropp_across() const;
+  // The expert-data-parallel groups it made, one per expert_parallel_size of the model's expert
+  // parameters (Note [expert parameters]); empty for a dense model.
+  std::vector<const comm::Group*> expert_data_parallel() const;
 
   // Total parameter elements of the model (padding excluded), every expert counted once: a rank holds
   // 1 / expert_parallel_size of an expert set's experts; a TP shard counts its whole tp = 1 tensor.

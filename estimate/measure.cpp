@@ -46,7 +46,7 @@ std::vector<int> one_host_is_none(std::vector<int> hosts) {
 
 // What `g`'s collectives added since `before` (its op_stats: a simulated group's own runtime).
 GroupStep step_of(const std::string& name, const comm::Group& g, const std::vector<comm::OpStats>& before) {
-  GroupStep out{.group = name, .ops = {}};
+  GroupStep out{.group = name, .ops = {}, .hosts = g.hosts()};
   for (const comm::OpStats& now : g.op_stats()) {
     comm::OpStats d = now;
     for (const comm::OpStats& b : before) {
@@ -68,6 +68,12 @@ GroupStep step_of(const std::string& name, const comm::Group& g, const std::vect
 std::vector<int> HostLayout::dp_hosts(int tp_rank, int pp_rank) const {
   std::vector<int> h;
   for (int d = 0; d < dp; ++d) h.push_back(host(tp_rank, d, pp_rank));
+  return one_host_is_none(std::move(h));
+}
+
+std::vector<int> HostLayout::ep_hosts(int ep) const {
+  std::vector<int> h;
+  for (int d = 0; d < ep; ++d) h.push_back(host(0, d, 0));
   return one_host_is_none(std::move(h));
 }
 
@@ -141,12 +147,20 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
       std::vector<std::pair<std::string, const comm::Group*>> tallied{{"dp", &group}};
       if (groups.tp != nullptr && tp.size() > 1) tallied.emplace_back("tp", groups.tp);
       if (groups.pp != nullptr && groups.pp->size() > 1) tallied.emplace_back("pp", groups.pp);
+      // The program's step boundary runs over dp, tp and pp (zeroshard train's), the groups above.
+      const size_t boundary_groups = tallied.size();
+      if (groups.ep != nullptr && groups.ep->size() > 1) tallied.emplace_back("ep", groups.ep);
+      for (const comm::Group* e : engine.expert_data_parallel()) {
+        if (e->size() > 1) tallied.emplace_back("edp", e);
+      }
+      if (const comm::Group* h = engine.zeropp_host()) tallied.emplace_back("hpz", h);
+      if (const comm::Group* a = engine.zeropp_across()) tallied.emplace_back("hpz_across", a);
       std::vector<std::vector<comm::OpStats>> before;
       for (const auto& t : tallied) before.push_back(t.second->op_stats());
       const StepReport& report = engine.train_batch(source);
       if (groups.step_boundary) {
         std::vector<const comm::Group*> at_boundary;
-        for (const auto& t : tallied) at_boundary.push_back(t.second);
+        for (size_t i = 0; i < boundary_groups; ++i) at_boundary.push_back(tallied[i].second);
         groups.step_boundary(at_boundary);
       }
       m.groups.clear();

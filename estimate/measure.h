@@ -43,15 +43,20 @@ struct HostLayout {
   // The hosts of a group's members in group rank order; empty on one host (Group::simulated's form).
   std::vector<int> dp_hosts(int tp_rank, int pp_rank) const;
   std::vector<int> pp_hosts(int tp_rank, int dp_rank) const;
+  // The first expert-parallel group's (dp ranks 0..ep-1 of tp rank 0, stage 0; comm::Topology's "ep").
+  std::vector<int> ep_hosts(int ep) const;
 };
 
 // The model's own simulated groups, which a measurement tallies beside the engine's data-parallel one:
 // its tensor-parallel layers' "tp" group (given to the engine too, as a real run gives both the same
-// group) and a pipeline stage's "pp" group; null when the model has none. `dp_hosts`: the hosts of the
+// group), a pipeline stage's "pp" group and an MoE model's expert-parallel "ep" group (its
+// all-to-alls); null when the model has none. The groups the engine makes itself are tallied too: the
+// expert-data-parallel "edp" and ZeRO++'s "hpz" and "hpz_across". `dp_hosts`: the hosts of the
 // data-parallel ranks (empty: one host).
 struct MeasureGroups {
   const comm::Group* tp = nullptr;
   const comm::Group* pp = nullptr;
+  const comm::Group* ep = nullptr;
   std::vector<int> dp_hosts;
   // What the program does over its groups (dp, then tp and pp where the model has them) at each step
   // boundary, so its bytes count as a real run's (zeroshard train: launch::agree_preempted); empty: nothing.
@@ -63,10 +68,11 @@ struct MeasureGroups {
 };
 
 // One group's collectives in the last measured step on one rank (comm's counting rule, OpStats' seconds
-// unused): "dp", "tp" or "pp".
+// unused): "dp", "tp", "pp", "ep", "edp", "hpz" or "hpz_across".
 struct GroupStep {
   std::string group;
   std::vector<comm::OpStats> ops;  // by collective, those that ran
+  int hosts = 1;                   // the hosts its members lie on (comm::Group::hosts)
   uint64_t bytes_sent() const;
   uint64_t bytes_inter_host() const;
   uint64_t count() const;
@@ -80,7 +86,7 @@ struct RankMeasurement {
   memory::TransferStats transfers;      // host <-> device bytes of the last measured step
   uint64_t comm_bytes_sent = 0;         // bytes a real run would send in the last measured step
   int max_in_flight = 0;                // a pipeline stage: micro-batches its schedule held at once
-  std::vector<GroupStep> groups;        // the last measured step, per group: dp, then tp and pp if any
+  std::vector<GroupStep> groups;        // the last measured step, per group: dp, then those of the others it has
 };
 
 struct Measurement {

@@ -16,9 +16,11 @@ namespace {
 
 // The GPT-MoE as the estimator measures it: rank 0's experts (every rank holds as many, of the same
 // shapes) over simulated groups, where the MoE layer routes a balanced load (moe/moe_layer.h).
+// `ep_hosts`: the first expert-parallel group's hosts (every group of the layouts the projection takes
+// has their shape: Note [expert-parallel layouts] in project/project.cpp).
 struct MeasuredGptMoe {
-  MeasuredGptMoe(const moe::GptMoeConfig& c, int ranks)
-      : groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep"),
+  MeasuredGptMoe(const moe::GptMoeConfig& c, int ranks, std::vector<int> ep_hosts)
+      : groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep", std::move(ep_hosts)),
                comm::Group::simulated(0, ranks / c.moe.ep_size, "edp")},
         model(c, &groups) {}
   comm::ExpertGroups groups;  // the model keeps a pointer: declared first, destroyed last
@@ -36,9 +38,9 @@ struct MeasuredTpGpt {
 
 // The GPT-MoE at tp > 1: tp rank 0's slices and whole experts over simulated tp and expert groups.
 struct MeasuredTpGptMoe {
-  MeasuredTpGptMoe(const moe::GptMoeConfig& c, const tp::TensorParallelConfig& par, int ranks)
+  MeasuredTpGptMoe(const moe::GptMoeConfig& c, const tp::TensorParallelConfig& par, int ranks, std::vector<int> ep_hosts)
       : group(comm::Group::simulated(0, par.tensor_parallel_size, "tp")),
-        groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep"),
+        groups{comm::Group::simulated(0, ranks, "dp"), comm::Group::simulated(0, c.moe.ep_size, "ep", std::move(ep_hosts)),
                comm::Group::simulated(0, ranks / c.moe.ep_size, "edp")},
         model(c, &groups, {.group = &group, .sequence_parallel = par.sequence_parallel}) {}
   comm::Group group;          // the model keeps pointers: declared first, destroyed last
@@ -82,7 +84,10 @@ std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, i
                                     cfg.model_moe->moe.ep_size, ranks,
                                     cfg.model_moe->moe.ep_size * cfg.tensor_parallel.tensor_parallel_size));
     }
-    auto target = std::make_shared<MeasuredTpGptMoe>(*cfg.model_moe, cfg.tensor_parallel, ranks);
+    auto target = std::make_shared<MeasuredTpGptMoe>(*cfg.model_moe, cfg.tensor_parallel, ranks,
+                                                     hosts.ep_hosts(cfg.model_moe->moe.ep_size));
+    groups.tp = &target->group;
+    groups.ep = &target->groups.ep;
     return std::shared_ptr<nn::Model>(target, &target->model);
   }
   if (cfg.tensor_parallel.tensor_parallel_size > 1) {
@@ -97,7 +102,8 @@ std::shared_ptr<nn::Model> builtin_model(const run::RunConfig& cfg, int ranks, i
                                   "{} ranks",
                                   e, ranks, e));
   }
-  auto target = std::make_shared<MeasuredGptMoe>(*cfg.model_moe, ranks);
+  auto target = std::make_shared<MeasuredGptMoe>(*cfg.model_moe, ranks, hosts.ep_hosts(e));
+  groups.ep = &target->groups.ep;
   return std::shared_ptr<nn::Model>(target, &target->model);
 }
 

@@ -25,6 +25,10 @@ namespace zs::project {
 //   tp         the tensor-parallel group's collectives (Megatron's all-reduces, or sequence
 //              parallelism's gathers and reduce-scatters) are on the critical path: their time is
 //              spread over the stage's passes.
+//   ep         an MoE model's expert-parallel all-to-alls (each MoE layer's tokens to their experts and
+//              back, in both passes) likewise: on the critical path. The passes' compute is measured with
+//              the experts on one rank (detail::ComputeCost: under a balanced load a rank's experts process
+//              as many rows at every ep); the expert-data-parallel groups' collectives are ZeRO's, as dp.
 //   pp         a point-to-point send is a delay between the producing pass and the next stage's
 //              consuming one, the sender not held (send_async; Note [transfer delay] in pp/schedule.h):
 //              pp::timeline's transfer time, one send's cost; the pp group's other calls are spread
@@ -38,7 +42,8 @@ namespace zs::project {
 //              overlap the last backward pass (the engine launches each bucket as it fills on the comm
 //              worker; exposed: what exceeds one B_s); stage-3 parameter gathers run on the calling
 //              thread, prefetches included (Note [synchronous gathers] in engine/detail/param_gatherer.h:
-//              the CPU device has no copy engine), so all of them are exposed; stage 1-2 parameter
+//              the CPU device has no copy engine), so all of them are exposed, and so are ZeRO++'s
+//              quantised gradient all-to-alls (qgZ, on the calling thread); stage 1-2 parameter
 //              all-gathers follow the optimizer (exposed); other collectives (the loss and norm's small
 //              all-reduces) are exposed. Across hosts these phases go through the link's bucket in the
 //              step's order, each at least its bytes beyond the bucket's tokens at the rate (Note [the
@@ -71,13 +76,26 @@ int distinct(const std::vector<int>& hosts) {
 }
 
 struct StageTime {
-  double forward = 0, backward = 0, tp_comm = 0, pp_comm = 0, pp_transfer = 0, pp_link = 0, dp_grad = 0, dp_gather = 0,
-         dp_other = 0;
+  double forward = 0, backward = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0, pp_transfer = 0, pp_link = 0, dp_grad = 0,
+         dp_gather = 0, dp_other = 0;
+  double dp_grad_sync = 0;  // of dp_grad, the reductions on the calling thread (ZeRO++'s qgZ all-to-alls)
   double optimizer = 0, flops = 0;
   uint64_t collectives = 0;
-  // The dp group's busiest member's bytes across hosts and calls, by phase (Note [the link's bucket]).
-  detail::LinkPhase grad_link, gather_link;
+  // The data-parallel groups' and the expert-parallel group's busiest member's bytes across hosts and
+  // calls, by phase (Note [the link's bucket]).
+  detail::LinkPhase grad_link, gather_link, ep_link;
 };
+
+// The groups whose collectives are ZeRO's (the data-parallel group, an MoE model's expert-data-parallel
+// groups, ZeRO++'s host groups), timed by the same rules.
+bool zero_group(const std::string& name) {
+  return name == "dp" || name == "edp" || name == "hpz" || name == "hpz_across";
+}
+
+void add_calls(detail::LinkPhase& phase, const comm::OpStats& op) {
+  phase.busiest_bytes += static_cast<double>(op.busiest_inter_host_bytes);
+  phase.calls += op.count;
+}
 
 Projection project_layout(const boost::json::value& config, const Options& opt, const Layout& l,
                           std::map<int, detail::ComputeCost>& costs, double oversub) {
@@ -93,6 +111,15 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     p.why_not = fmt::format("a pipeline stage's {} ranks and the host's {} do not divide one another", l.tp * l.dp, R);
     return p;
   }
+  // Note [expert-parallel layouts]: an expert-parallel group is ep consecutive data-parallel ranks, tp
+  // world ranks apart, so it spans tp x ep consecutive world ranks; where that span and the host's ranks
+  // divide one another every such group lies on its hosts alike (inside one, or spread evenly over
+  // several) and the measurement's first group stands for all of them.
+  if (hosts > 1 && l.ep > 1 && (l.tp * l.ep) % R != 0 && R % (l.tp * l.ep) != 0) {
+    p.why_not = fmt::format("an expert-parallel group's {} ranks (ep {} x tp {}) and the host's {} do not divide one another",
+                            l.tp * l.ep, l.ep, l.tp, R);
+    return p;
+  }
   run::RunConfig cfg;
   try {
     cfg = detail::layout_config(config, l, opt.ranks);
@@ -100,40 +127,43 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     p.why_not = e.what();
     return p;
   }
-  if (cfg.model_moe) throw ConfigError("project: MoE models (model.moe) are not projected yet; project the dense model");
-  // ZeRO++'s host groups are made by the engine itself (comm::Topology::make_host_groups), whose
-  // simulated ones do not know their hosts yet: their bytes across hosts would be missed.
-  if (cfg.zero.zero_hpz_partition_size > 1 || cfg.zero.zero_quantized_weights || cfg.zero.zero_quantized_gradients) {
-    throw ConfigError("project: ZeRO++ (zero_optimization.zero_hpz_partition_size, zero_quantized_weights, "
-                      "zero_quantized_gradients) is not projected yet; project the config without them");
-  }
   p.zero_stage = cfg.zero.stage;
   p.micro_batches = cfg.batch.gradient_accumulation_steps;
   const int64_t m = p.micro_batches;
   const int n_layer = cfg.model_llama ? cfg.model_llama->n_layer : cfg.model->n_layer;
+  // An MoE model's compute is measured per every_n_layers blocks (detail::ComputeCost).
+  const int period = cfg.model_moe ? cfg.model_moe->every_n_layers : 1;
   auto cost_it = costs.find(l.tp);
   if (cost_it == costs.end()) {
-    cost_it = costs.emplace(l.tp, detail::measure_compute(config, l.tp, cfg.batch.micro_batch_per_rank)).first;
+    cost_it = costs.emplace(l.tp, detail::measure_compute(config, l.tp, cfg.batch.micro_batch_per_rank, period)).first;
   }
   const detail::ComputeCost& c = cost_it->second;
   p.capacity_bytes = static_cast<uint64_t>(cfg.device.memory_mb) << 20;
   std::vector<StageTime> stages(static_cast<size_t>(l.pp));
-  const int dp_hosts_spanned = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.dp_hosts(0, 0));
   for (int s = 0; s < l.pp; ++s) {
     const engine::EstimateInput in = engine::estimate_input_for_config(cfg, opt.ranks, std::nullopt, s, hosts > 1 ? R : 0);
     engine::MeasureGroups groups = in.measure->groups;
     groups.step_boundary = opt.step_boundary;
     groups.every_rank_up_to = opt.exact_ranks;
-    const engine::Measurement meas =
-        engine::estimate(*in.measure->model, in.measure->config, in.ranks, *in.measure->source, 2, groups);
+    engine::Measurement meas;
+    try {
+      meas = engine::estimate(*in.measure->model, in.measure->config, in.ranks, *in.measure->source, 2, groups);
+    } catch (const ConfigError& e) {  // what the engine refuses for this layout (ZeRO++ with experts, say)
+      p.why_not = e.what();
+      return p;
+    }
     StageTime& st = stages[static_cast<size_t>(s)];
-    // Layers of this stage: an even split, the remainder on the first stages; the rest on the last.
-    const int layers = n_layer / l.pp + (s < n_layer % l.pp ? 1 : 0);
+    // Layers of this stage (in ComputeCost's layers of `period` blocks): an even split, the remainder on
+    // the first stages; the rest on the last.
+    const double layers = static_cast<double>(n_layer / l.pp + (s < n_layer % l.pp ? 1 : 0)) / period;
     const bool last = s == l.pp - 1;
     st.forward = (layers * c.forward_layer + (last ? c.forward_rest : 0.0)) * oversub;
     st.backward = (layers * c.backward_layer + (last ? c.backward_rest : 0.0)) * oversub;
     st.flops = static_cast<double>(m) * (layers * c.flops_layer + (last ? c.flops_rest : 0.0));
-    const double stepped = (layers * c.optimizer_layer + (last ? c.optimizer_rest : 0.0)) * oversub;
+    // At stage 0 a rank steps its own E / ep experts whole; at stages 1-3 its shard of them over the dp / ep
+    // ranks of its expert-data-parallel group: 1 / dp of all, as the dense parameters.
+    const double layer_stepped = p.zero_stage == 0 ? 1.0 - c.expert_share_layer + c.expert_share_layer / l.ep : 1.0;
+    const double stepped = (layers * c.optimizer_layer * layer_stepped + (last ? c.optimizer_rest : 0.0)) * oversub;
     for (const engine::RankMeasurement& rm : meas.classes) {
       p.device_peak_bytes = std::max<uint64_t>(p.device_peak_bytes, rm.memory.device_peak_bytes);
       for (int d = rm.first_rank; d <= rm.last_rank; ++d) {
@@ -144,6 +174,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
             b.bytes_inter_host += g.bytes_inter_host();
             if (g.group == "tp") b.tp_bytes += g.bytes_sent();
             if (g.group == "pp") b.pp_bytes += g.bytes_sent();
+            if (g.group == "ep") b.ep_bytes += g.bytes_sent();
           }
           p.ranks.push_back(b);
         }
@@ -151,9 +182,17 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     }
     // Times from rank class 0 of the stage (the largest shard: memory::shard_of gives the first ranks the most).
     const engine::RankMeasurement& rm = meas.classes.front();
+    bool crosses = false;  // a data- or expert-parallel group spans hosts
     for (const engine::GroupStep& g : rm.groups) {
       st.collectives += g.count();
       if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
+      if (g.group == "ep") {
+        // The MoE layers' all-to-alls (tokens to their experts and back, in both passes) hold up the
+        // layer that waits for them: on the critical path, as tp's collectives.
+        st.ep_comm = detail::group_seconds(g, opt, g.hosts, R);
+        for (const comm::OpStats& op : g.ops) add_calls(st.ep_link, op);
+        crosses = crosses || g.hosts > 1;
+      }
       if (g.group == "pp") {
         // A send is a delay before the next stage's pass, not time on this one's (Note [transfer delay]
         // in pp/schedule.h): per send, its cost; the group's other calls (receives' posting, the loss's
@@ -180,51 +219,66 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
           }
         }
       }
-      if (g.group != "dp") continue;
+      if (!zero_group(g.group)) continue;
+      crosses = crosses || g.hosts > 1;
       for (const comm::OpStats& op : g.ops) {
-        engine::GroupStep one{.group = "dp", .ops = {op}};
-        const double secs = detail::group_seconds(one, opt, dp_hosts_spanned, R);
-        if (op.name == "reduce_scatter" || (op.name == "allreduce" && op.bytes_sent >= 1024)) {
+        const double secs = detail::group_seconds(engine::GroupStep{.group = g.group, .ops = {op}, .hosts = g.hosts}, opt,
+                                                  g.hosts, R);
+        if (op.name == "alltoall" || op.name == "alltoallv") {
+          // ZeRO++'s quantised gradient reduction (qgZ: int8 blocks inside the host, then across hosts)
+          // runs on the calling thread, not on the comm worker (engine/grad_reducer.cpp): not overlapped.
           st.dp_grad += secs;
-          st.grad_link.busiest_bytes += static_cast<double>(op.busiest_inter_host_bytes);
-          st.grad_link.calls += op.count;
+          st.dp_grad_sync += secs;
+          add_calls(st.grad_link, op);
+        } else if (op.name == "reduce_scatter" || (op.name == "allreduce" && op.bytes_sent >= 1024)) {
+          st.dp_grad += secs;
+          add_calls(st.grad_link, op);
         } else if (op.name == "allgather" || op.name == "allgatherv") {
           st.dp_gather += secs;
-          st.gather_link.busiest_bytes += static_cast<double>(op.busiest_inter_host_bytes);
-          st.gather_link.calls += op.count;
+          add_calls(st.gather_link, op);
         } else {
           st.dp_other += secs;
         }
       }
     }
     st.optimizer = p.zero_stage >= 1 ? stepped / l.dp : stepped;
-    if (dp_hosts_spanned > 1) {
+    if (crosses) {
       // Through the link's bucket in the step's order (Note [the link's bucket] in project_compute.cpp):
       // stage 3's gathers and reductions between the passes' compute; stages 1-2's reductions at the
       // accumulation boundary, then the parameter all-gather after the optimizer.
+      // An MoE model's all-to-alls come first, between its layers' compute in the passes (they take the
+      // passes' refill as stage 3's gathers do).
       detail::LinkPhase& gathers = st.gather_link;
       detail::LinkPhase& grads = st.grad_link;
+      detail::LinkPhase& ep = st.ep_link;
       gathers.seconds = st.dp_gather;
       grads.seconds = st.dp_grad;
-      std::vector<detail::LinkPhase> phases;
+      ep.seconds = st.ep_comm;
       const double passes = static_cast<double>(m) * (st.forward + st.backward);
+      ep.compute_s = passes;
+      ep.interleaved = true;
+      std::vector<detail::LinkPhase> phases;
       if (p.zero_stage == 3) {
         // Each micro-batch's gathers and reductions come between its layers' compute.
         gathers.compute_s = passes;
         gathers.interleaved = true;
         grads.compute_s = static_cast<double>(m) * st.backward;
         grads.interleaved = true;
-        phases = {gathers, grads};
+        phases = {ep, gathers, grads};
       } else {
         // The reductions at the accumulation boundary after the passes, then the optimizer and the gather.
         grads.compute_s = passes;
         gathers.compute_s = st.optimizer;
-        phases = {grads, gathers};
+        phases = {ep, grads, gathers};
       }
       detail::bound_by_link(phases, opt.network, R);
       const bool zero3 = p.zero_stage == 3;
-      st.dp_gather = phases[zero3 ? 0 : 1].seconds;
-      st.dp_grad = phases[zero3 ? 1 : 0].seconds;
+      st.ep_comm = phases[0].seconds;
+      st.dp_gather = phases[zero3 ? 1 : 2].seconds;
+      const double grad_seconds = phases[zero3 ? 2 : 1].seconds;
+      // The link's bound stretches the calling thread's reductions with the rest.
+      if (st.dp_grad > 0) st.dp_grad_sync *= grad_seconds / st.dp_grad;
+      st.dp_grad = grad_seconds;
     }
   }
   std::sort(p.ranks.begin(), p.ranks.end(), [](const RankBytes& a, const RankBytes& b) { return a.rank < b.rank; });
@@ -232,7 +286,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
   const double passes = 2.0 * static_cast<double>(m);
   if (l.pp == 1) {
     const StageTime& st = stages.front();
-    p.pipeline_s = static_cast<double>(m) * (st.forward + st.backward) + st.tp_comm;
+    p.pipeline_s = static_cast<double>(m) * (st.forward + st.backward) + st.tp_comm + st.ep_comm;
     p.compute_s = static_cast<double>(m) * (st.forward + st.backward) + st.optimizer;
   } else {
     const pp::PipelineShape shape{.stages = l.pp, .chunks = cfg.pipeline.virtual_pipeline_size, .micro_batches = m};
@@ -242,7 +296,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     for (int s = 0; s < l.pp; ++s) {
       transfer = std::max(transfer, stages[static_cast<size_t>(s)].pp_transfer);
       const StageTime& st = stages[static_cast<size_t>(s)];
-      const double extra = (st.tp_comm + st.pp_comm) / passes;
+      const double extra = (st.tp_comm + st.ep_comm + st.pp_comm) / passes;
       const double chunks = static_cast<double>(shape.chunks);
       for (const pp::Op& op : pp::schedule_ops(sched, shape, s)) {
         double t = op.kind == pp::Op::kForward ? st.forward : st.backward;
@@ -261,7 +315,8 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
   for (const StageTime& st : stages) {
     const double window = static_cast<double>(m) * st.backward;  // the gradients' buckets overlap backward
     const double gathers = st.dp_gather;  // synchronous at every stage (Note [projection model])
-    const double grads = std::max(0.0, st.dp_grad - std::min(window, st.backward));
+    // The comm worker's reductions overlap one backward pass; the calling thread's (qgZ) do not.
+    const double grads = st.dp_grad_sync + std::max(0.0, st.dp_grad - st.dp_grad_sync - std::min(window, st.backward));
     const double exposed = grads + gathers + st.dp_other;
     const double step = p.pipeline_s + exposed + st.optimizer;
     if (step > p.step_s) {
@@ -270,6 +325,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       p.dp_exposed_s = exposed;
       p.optimizer_s = st.optimizer;
       p.tp_comm_s = st.tp_comm;
+      p.ep_comm_s = st.ep_comm;
       p.collectives_per_step = st.collectives;
     }
     flops += st.flops;
@@ -303,10 +359,11 @@ void validate(const Options& options) {
                                   "step_comm_probe with the projection's host layout",
                                   opt.link_costs.source, opt.link_costs.ranks_per_host, opt.ranks_per_host));
   }
-  const int want_tp = std::max(1, opt.only_tp), want_pp = std::max(1, opt.only_pp);
-  if (opt.ranks % (want_tp * want_pp) != 0) {
-    throw ConfigError(fmt::format("--tp {} x --pp {} does not divide --ranks {}; give degrees whose product divides {}",
-                                  want_tp, want_pp, opt.ranks, opt.ranks));
+  const int want_tp = std::max(1, opt.only_tp), want_pp = std::max(1, opt.only_pp), want_ep = std::max(1, opt.only_ep);
+  if (opt.ranks % (want_tp * want_pp * want_ep) != 0) {
+    throw ConfigError(fmt::format("--tp {} x --pp {}{} does not divide --ranks {}; give degrees whose product divides {}",
+                                  want_tp, want_pp, opt.only_ep > 0 ? fmt::format(" x --ep {}", want_ep) : std::string(),
+                                  opt.ranks, opt.ranks));
   }
 }
 
@@ -323,6 +380,10 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
   rep.model = base.model_llama ? fmt::format("LLaMA n_layer {} d_model {}", base.model_llama->n_layer, base.model_llama->d_model)
                                : fmt::format("GPT n_layer {} d_model {} n_head {} seq_len {}", base.model->n_layer,
                                              base.model->d_model, base.model->n_head, base.model->seq_len);
+  if (base.model_moe) {
+    rep.model += fmt::format(", MoE {} experts top-{} every {} block(s)", base.model_moe->moe.num_experts,
+                             base.model_moe->moe.k, base.model_moe->every_n_layers);
+  }
   rep.peak_flops_per_s = nn::product_peak(base.compute_dtype()).flops_per_s;
   // The probe's collectives must take the step's path, which the dtype decides (Note [in-step link costs]).
   const std::string comm_dtype(memory::dtype_name(base.gradient_comm_dtype()));
@@ -348,12 +409,21 @@ Report project_one(const boost::json::value& config, const Options& opt, std::ma
     QuietEngines() { logger().set_level(std::max(was, spdlog::level::warn)); }
     ~QuietEngines() { logger().set_level(was); }
   } quiet;
+  // An MoE model's expert-parallel degrees: divisors of dp that divide its experts (model.moe.ep_size's rule).
+  const int experts = base.model_moe ? base.model_moe->moe.num_experts : 1;
+  if (opt.only_ep > 1 && !base.model_moe) {
+    throw ConfigError(fmt::format("--ep {}: the model has no MoE layers (model.moe); expert parallelism needs experts", opt.only_ep));
+  }
   for (int tp : divisors(opt.ranks)) {
     if (tp > opt.max_tp || (opt.only_tp > 0 && tp != opt.only_tp)) continue;
     for (int pp : divisors(opt.ranks / tp)) {
       if (opt.only_pp > 0 && pp != opt.only_pp) continue;
-      const Layout l{.dp = opt.ranks / (tp * pp), .tp = tp, .pp = pp};
-      rep.layouts.push_back(project_layout(config, opt, l, costs, rep.oversubscription));
+      const int dp = opt.ranks / (tp * pp);
+      for (int ep : divisors(dp)) {
+        if (experts % ep != 0 || (opt.only_ep > 0 && ep != opt.only_ep)) continue;
+        const Layout l{.dp = dp, .tp = tp, .pp = pp, .ep = ep};
+        rep.layouts.push_back(project_layout(config, opt, l, costs, rep.oversubscription));
+      }
     }
   }
   // By throughput (step time per token): the step time's order when the config fixes train_batch_size;

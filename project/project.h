@@ -1,4 +1,4 @@
-// Scaling projection: step time, MFU and memory per rank of a config's model for the dp x tp x pp
+// Scaling projection: step time, MFU and memory per rank of a config's model for the dp x tp x pp x ep
 // layouts of N ranks on hosts of R ranks joined by a network (`zeroshard project`; docs/scaling.md).
 //
 //   project::Options opt{.ranks = 64, .ranks_per_host = 8, .network = project::parse_network("10gbit,20us")};
@@ -100,6 +100,7 @@ struct Options {
   int max_tp = 8;  // tensor-parallel degrees tried: divisors of the host's ranks up to this
   int only_tp = 0;  // > 0: only this tensor-parallel degree (--tp)
   int only_pp = 0;  // > 0: only this pipeline-parallel degree (--pp)
+  int only_ep = 0;  // > 0: only this expert-parallel degree (--ep; an MoE model's model.moe.ep_size)
   int exact_ranks = 16;  // up to this many data-parallel ranks, every rank is measured on its own
   // false: the compute of an idle host (ranks beyond its cores time-share them: x ranks / cores); true
   // (--as-loaded): of this machine at its present load (x ranks / cores x the probe's measured stretch),
@@ -127,10 +128,13 @@ struct RankBytes {
   uint64_t bytes_inter_host = 0;
   uint64_t tp_bytes = 0;
   uint64_t pp_bytes = 0;
+  uint64_t ep_bytes = 0;  // the MoE layers' all-to-alls over the expert-parallel group
 };
 
+// ep: the expert-parallel degree of an MoE model (ep consecutive data-parallel ranks hold its experts
+// between them; 1 for a dense model).
 struct Layout {
-  int dp = 1, tp = 1, pp = 1;
+  int dp = 1, tp = 1, pp = 1, ep = 1;
 };
 
 struct Projection {
@@ -147,6 +151,7 @@ struct Projection {
   double dp_comm_s = 0.0;     // the data-parallel collectives' time, of which exposed:
   double dp_exposed_s = 0.0;
   double tp_comm_s = 0.0;
+  double ep_comm_s = 0.0;     // the MoE layers' all-to-alls, on the passes' critical path
   double optimizer_s = 0.0;
   uint64_t collectives_per_step = 0;  // the slowest stage's rank: its collectives and transfers, all groups
   double mfu = 0.0;           // model FLOPs per step / (step_s x the rank's peak), as the summary
@@ -165,10 +170,11 @@ struct Report {
   std::vector<Projection> layouts;  // valid ones by tokens per second (step time per token), then the refused
 };
 
-// Projects every dp x tp x pp layout of options.ranks ranks (tp dividing ranks_per_host and at most
-// max_tp; pp every divisor the config accepts; only_tp / only_pp select one). Throws ConfigError for
-// ranks < 1, ranks_per_host not dividing ranks, only_tp x only_pp not dividing ranks, several hosts
-// without a network, or a config without a model section.
+// Projects every dp x tp x pp x ep layout of options.ranks ranks (tp dividing ranks_per_host and at most
+// max_tp; pp every divisor the config accepts; for an MoE model ep every divisor of dp that divides its
+// experts, a dense model ep 1; only_tp / only_pp / only_ep select one). Throws ConfigError for
+// ranks < 1, ranks_per_host not dividing ranks, only_tp x only_pp x only_ep not dividing ranks, only_ep
+// above 1 for a dense model, several hosts without a network, or a config without a model section.
 Report project(const boost::json::value& config, const Options& options);
 // The checks of the options project() starts with (ConfigError as above), for a caller that wants
 // them before it measures the machine.

@@ -322,24 +322,34 @@ run::RunConfig layout_config(const boost::json::value& config, const Layout& l, 
     model.erase("virtual_pipeline_size");
   }
   if (l.tp == 1) model.erase("sequence_parallel");
+  if (boost::json::value* moe = model.if_contains("moe"); moe != nullptr && moe->is_object()) {
+    moe->as_object()["ep_size"] = l.ep;
+  } else if (l.ep > 1) {
+    throw ConfigError(fmt::format("--ep {}: the model has no MoE layers (model.moe); expert parallelism needs experts", l.ep));
+  }
   return run::parse_run_config(doc, ranks);
 }
 
-ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t micro_batch) {
+ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t micro_batch, int period) {
   // One rank of tensor-parallel degree tp, alone in its data-parallel group, one micro-batch per step,
-  // at 1 and 2 layers. The 2-layer run's seconds (forward, backward, optimizer) are split into one
+  // at 1 and 2 layers (of `period` blocks; an MoE model's experts all on the rank). The 2-layer run's
+  // seconds (forward, backward, optimizer) are split into one
   // layer's and the rest's (embeddings, head, loss) by the exact counts the two runs differ by: the
   // model FLOPs nn's kernels performed for the passes, the parameters for the optimizer. A split by
   // the difference of the two runs' times would be as noisy as the cores are shared; this one scales
   // with one measurement (the fastest of its steps) and the counts, which do not vary.
   struct Run {
-    double forward = 1e30, backward = 1e30, optimizer = 1e30, flops = 0, params = 0;
+    double forward = 1e30, backward = 1e30, optimizer = 1e30, flops = 0, params = 0, expert_params = 0;
   };
   Run runs[2];
   for (int k = 1; k <= 2; ++k) {
     boost::json::value doc = config;
     boost::json::object& o = doc.as_object();
-    o["model"].as_object()["n_layer"] = k;
+    boost::json::object& model_section = o["model"].as_object();
+    model_section["n_layer"] = k * period;
+    if (boost::json::value* moe = model_section.if_contains("moe"); moe != nullptr && moe->is_object()) {
+      moe->as_object()["ep_size"] = 1;
+    }
     o["train_micro_batch_size_per_gpu"] = micro_batch;
     o["train_batch_size"] = micro_batch;
     o.erase("gradient_accumulation_steps");
@@ -348,7 +358,10 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
     nn::Model& model = *in.measure->model;
     nn::assign_names(model);
     Run& r = runs[k - 1];
-    for (const nn::Parameter* p : model.all_params()) r.params += static_cast<double>(p->numel());
+    for (const nn::Parameter* p : model.all_params()) {
+      r.params += static_cast<double>(p->numel());
+      if (p->has_tag(nn::kTagExpert)) r.expert_params += static_cast<double>(p->numel());
+    }
     const comm::Group dp = comm::Group::simulated(0, 1, "dp");
     const comm::Group own_tp = comm::Group::simulated(0, tp, "tp");
     const comm::Group& tpg = in.measure->groups.tp != nullptr ? *in.measure->groups.tp : own_tp;
@@ -387,6 +400,8 @@ ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t mi
   c.backward_rest = two.backward - 2 * c.backward_layer;
   c.optimizer_rest = two.optimizer - 2 * c.optimizer_layer;
   c.flops_rest = std::max(0.0, two.flops - 2 * layer_flops);
+  const double layer_params = two.params - runs[0].params;
+  c.expert_share_layer = layer_params > 0 ? (two.expert_params - runs[0].expert_params) / layer_params : 0.0;
   return c;
 }
 
@@ -399,9 +414,10 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     const double intra = static_cast<double>(op.busiest_bytes - op.busiest_inter_host_bytes);
     const double n = static_cast<double>(op.count);
     // Ring hops between hosts: an all-reduce crosses 2 (H - 1) times, a gather or reduce-scatter H - 1,
-    // a point-to-point transfer once.
+    // a point-to-point transfer once, and an all-to-all once (each pair's block goes straight to its member).
     const bool p2p = op.name == "send" || op.name == "recv" || op.name == "sendrecv";
-    const double hops = p2p ? 1.0 : (op.name == "allreduce" ? 2.0 : 1.0) * std::max(0, group_hosts - 1);
+    const bool direct = p2p || op.name == "alltoall" || op.name == "alltoallv";
+    const double hops = direct ? 1.0 : (op.name == "allreduce" ? 2.0 : 1.0) * std::max(0, group_hosts - 1);
     if (inter > 0 && group_hosts == opt.link_costs.hosts) {
       // Measured inside a job on such hosts, per call (Note [in-step link costs]).
       const double busiest = inter / std::max(1.0, n);

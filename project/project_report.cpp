@@ -1,6 +1,8 @@
 // The projection's table and JSON (zeroshard project; docs/scaling.md lists the fields).
 #include <boost/json/array.hpp>
 
+#include <algorithm>
+
 #include "core/errors.h"
 #include "estimate/estimate.h"
 #include "project/project.h"
@@ -33,22 +35,29 @@ std::string format_report(const Report& rep, int rows) {
     out += fmt::format("collectives across hosts: in-step costs measured in '{}' ({} hosts of {} ranks); compute x{:.2f}\n",
                        o.link_costs.source, o.link_costs.hosts, o.link_costs.ranks_per_host, rep.oversubscription);
   }
-  out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>10} {:>9} {:>7} {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n", "dp", "tp",
-                     "pp", "ZeRO", "step", "tokens/s", "MFU", "bubble", "dp comm", "exposed", "tp comm", "bytes/rank",
+  // An MoE model's expert-parallel degree and all-to-alls in two more columns.
+  const bool moe = std::any_of(rep.layouts.begin(), rep.layouts.end(), [](const Projection& p) { return p.layout.ep > 1; });
+  out += fmt::format("{:>4} {:>4} {:>4}{} {:>5} {:>11} {:>10} {:>9} {:>7} {:>11} {:>11} {:>11}{} {:>13} {:>10} {:>4}\n", "dp",
+                     "tp", "pp", moe ? fmt::format(" {:>4}", "ep") : std::string(), "ZeRO", "step", "tokens/s", "MFU", "bubble",
+                     "dp comm", "exposed", "tp comm", moe ? fmt::format(" {:>11}", "ep comm") : std::string(), "bytes/rank",
                      "peak/rank", "fit");
   int shown = 0;
   for (const Projection& p : rep.layouts) {
     if (!p.valid || shown++ >= rows) continue;
     uint64_t most = 0;
     for (const RankBytes& b : p.ranks) most = std::max(most, b.bytes_sent);
-    out += fmt::format("{:>4} {:>4} {:>4} {:>5} {:>11} {:>10.1f} {:>8.2f}% {:>6.1f}% {:>11} {:>11} {:>11} {:>13} {:>10} {:>4}\n",
-                       p.layout.dp, p.layout.tp, p.layout.pp, p.zero_stage, seconds(p.step_s), p.tokens_per_s, 100 * p.mfu,
-                       100 * p.bubble,
-                       seconds(p.dp_comm_s), seconds(p.dp_exposed_s), seconds(p.tp_comm_s), engine::format_bytes_si(most),
+    out += fmt::format("{:>4} {:>4} {:>4}{} {:>5} {:>11} {:>10.1f} {:>8.2f}% {:>6.1f}% {:>11} {:>11} {:>11}{} {:>13} {:>10} {:>4}\n",
+                       p.layout.dp, p.layout.tp, p.layout.pp, moe ? fmt::format(" {:>4}", p.layout.ep) : std::string(),
+                       p.zero_stage, seconds(p.step_s), p.tokens_per_s, 100 * p.mfu, 100 * p.bubble, seconds(p.dp_comm_s),
+                       seconds(p.dp_exposed_s), seconds(p.tp_comm_s),
+                       moe ? fmt::format(" {:>11}", seconds(p.ep_comm_s)) : std::string(), engine::format_bytes_si(most),
                        engine::format_bytes(p.device_peak_bytes), p.fits ? "yes" : "NO");
   }
   for (const Projection& p : rep.layouts) {
-    if (!p.valid) out += fmt::format("refused dp {} x tp {} x pp {}: {}\n", p.layout.dp, p.layout.tp, p.layout.pp, p.why_not);
+    if (!p.valid) {
+      out += fmt::format("refused dp {} x tp {} x pp {}{}: {}\n", p.layout.dp, p.layout.tp, p.layout.pp,
+                         moe ? fmt::format(" x ep {}", p.layout.ep) : std::string(), p.why_not);
+    }
   }
   return out;
 }
@@ -57,7 +66,7 @@ boost::json::object report_to_json(const Report& rep) {
   const Options& o = rep.options;
   boost::json::array layouts;
   for (const Projection& p : rep.layouts) {
-    boost::json::object j{{"dp", p.layout.dp}, {"tp", p.layout.tp}, {"pp", p.layout.pp}, {"valid", p.valid}};
+    boost::json::object j{{"dp", p.layout.dp}, {"tp", p.layout.tp}, {"pp", p.layout.pp}, {"ep", p.layout.ep}, {"valid", p.valid}};
     if (!p.valid) {
       j["why_not"] = p.why_not;
       layouts.push_back(std::move(j));
@@ -70,7 +79,8 @@ boost::json::object report_to_json(const Report& rep) {
                                           {"bytes_sent_per_step", b.bytes_sent},
                                           {"bytes_sent_inter_host_per_step", b.bytes_inter_host},
                                           {"tensor_parallel_bytes_per_step", b.tp_bytes},
-                                          {"pipeline_bytes_per_step", b.pp_bytes}});
+                                          {"pipeline_bytes_per_step", b.pp_bytes},
+                                          {"expert_parallel_bytes_per_step", b.ep_bytes}});
     }
     j["zero_stage"] = p.zero_stage;
     j["micro_batches"] = p.micro_batches;
@@ -82,6 +92,7 @@ boost::json::object report_to_json(const Report& rep) {
     j["dp_comm_s"] = p.dp_comm_s;
     j["dp_exposed_s"] = p.dp_exposed_s;
     j["tp_comm_s"] = p.tp_comm_s;
+    j["ep_comm_s"] = p.ep_comm_s;
     j["optimizer_s"] = p.optimizer_s;
     j["collectives_per_step"] = p.collectives_per_step;
     j["mfu"] = p.mfu;

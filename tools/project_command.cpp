@@ -1,5 +1,5 @@
 // `zeroshard project`: predicted step time, MFU and memory per rank of the config's model for the
-// dp x tp x pp layouts of N ranks on hosts joined by a network (project/project.h; docs/scaling.md).
+// dp x tp x pp x ep layouts of N ranks on hosts joined by a network (project/project.h; docs/scaling.md).
 // Runs in one process, no MPI.
 //
 //   zeroshard project --config run.json --ranks 64 --ranks-per-host 8 --network 10gbit,20us
@@ -31,13 +31,15 @@ namespace po = boost::program_options;
 constexpr const char* kProjectUsage =
     "usage: zeroshard project --config FILE --ranks N[,N...] [--ranks-per-host R]\n"
     "                         [--network BW,LATENCY[,BURST]]\n"
-    "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--exact-ranks K]\n"
+    "                         [--cores-per-host C] [--max-tp T] [--tp T] [--pp P] [--ep E] [--exact-ranks K]\n"
     "                         [--rows K] [--json FILE] [--as-loaded] [--link-costs FILE]\n"
     "  --ranks-per-host R: ranks on each host (divides N; default N: one host)\n"
     "  --network BW,LATENCY[,BURST]: the link between hosts, e.g. 10gbit,20us or 1.25gbps,50us (needed with several\n"
     "    hosts); BURST: bytes a shaper lets a host send above the rate after a pause (tc tbf's burst, e.g. 125kb;\n"
     "    default 0: a NIC at its line rate)\n"
     "  --cores-per-host C: CPUs a host's ranks share (default: this machine's)\n"
+    "  --ep E: an MoE model's expert-parallel degree (model.moe.ep_size; default: every divisor of dp that divides\n"
+    "    its experts)\n"
     "  --link-costs FILE: in-step costs of collectives across hosts, measured by benchmarks/step_comm_probe\n";
 
 // "64" or "8,64,512" (world sizes, each >= 1).
@@ -82,10 +84,12 @@ int run(const po::variables_map& vm) {
   opt.max_tp = vm["max-tp"].as<int>();
   if (vm.count("tp")) opt.only_tp = opt.max_tp = vm["tp"].as<int>();
   if (vm.count("pp")) opt.only_pp = vm["pp"].as<int>();
+  if (vm.count("ep")) opt.only_ep = vm["ep"].as<int>();
   opt.exact_ranks = vm["exact-ranks"].as<int>();
   opt.as_loaded = vm.count("as-loaded") > 0;
   if (vm.count("tp") && opt.only_tp < 1) throw ConfigError(fmt::format("--tp: must be at least 1, got {}", opt.only_tp));
   if (vm.count("pp") && opt.only_pp < 1) throw ConfigError(fmt::format("--pp: must be at least 1, got {}", opt.only_pp));
+  if (vm.count("ep") && opt.only_ep < 1) throw ConfigError(fmt::format("--ep: must be at least 1, got {}", opt.only_ep));
   if (opt.max_tp < 1) throw ConfigError(fmt::format("--max-tp: must be at least 1, got {}", opt.max_tp));
   const int rows = vm["rows"].as<int>();
   const boost::json::value config = parse_json_file(vm["config"].as<std::string>());
@@ -139,6 +143,7 @@ int project_command(const std::vector<std::string>& args) {
       "max-tp", po::value<int>()->default_value(8), "largest tensor-parallel degree tried")(
       "tp", po::value<int>(), "only layouts of this tensor-parallel degree")(
       "pp", po::value<int>(), "only layouts of this pipeline-parallel degree")(
+      "ep", po::value<int>(), "only layouts of this expert-parallel degree (an MoE model's)")(
       "exact-ranks", po::value<int>()->default_value(16),
       "up to this many data-parallel ranks each is measured on its own (exact bytes per rank at stage 3)")(
       "rows", po::value<int>()->default_value(10), "layouts shown in the table")(

@@ -3,10 +3,13 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <string>
 
 #include "core/errors.h"
 #include "nn/flops.h"
 #include "nn/detail/parallel.h"
+
+extern "C" char* openblas_get_corename(void);  // OpenBLAS's, not declared by Debian's cblas.h
 
 namespace zs::nn::detail {
 
@@ -36,9 +39,27 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 // the same blocks whatever the rows), so a band's elements equal the whole product's, provided the
 // band takes the same kernel: OpenBLAS runs products of at most kSmallProduct multiply-adds through
 // separate small-matrix and direct kernels, so every band must stay above it; band edges fall on
-// multiples of kBandRows rows, a multiple of every row unroll of OpenBLAS's x86 kernels
-// (tests/nn/ops_test.cpp compares the bands with one whole product and with OpenBLAS's two threads).
-constexpr int64_t kBandRows = 64;
+// multiples of band_rows() rows, a multiple of the row tile of the kernel OpenBLAS chose for this CPU:
+// a band that ends inside a tile of the whole product computes that tile's last rows with the
+// remainder kernel, whose bits differ (tests/nn/ops_test.cpp compares the bands with one whole product;
+// OpenBLAS's own threads split inside Zen's tiles, so its two-thread product is not the reference).
+// Measured (OPENBLAS_CORETYPE on an AMD EPYC showing AVX2 only, 2026-11-30): Haswell's and Zen's sgemm
+// tiles are 12 rows (bands of 64 gave other bits from row 60 of each band; 12, 24, 36, 48, 96, 192 the
+// same bits), Sandybridge, Nehalem, Penryn, Core2, Atom, Dunnington, Prescott and Barcelona the same bits
+// at 48; the AVX-512 kernels' (SkylakeX, Cooperlake, SapphireRapids) tiles are 16 rows, 64 measured
+// there. A core not listed takes 192, a multiple of both.
+int64_t band_rows() {
+  static const int64_t rows = [] {
+    const std::string core = openblas_get_corename();
+    if (core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids") return int64_t{64};
+    for (const char* c : {"Haswell", "Zen", "Sandybridge", "Nehalem", "Penryn", "Core2", "Atom", "Dunnington", "Prescott",
+                          "Barcelona"}) {
+      if (core == c) return int64_t{48};
+    }
+    return int64_t{192};
+  }();
+  return rows;
+}
 constexpr double kSmallProduct = 256.0 * 256.0 * 256.0;  // OpenBLAS's direct sgemm's limit; its small kernels' is 100^3
 
 }  // namespace
@@ -48,10 +69,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   if (m == 0 || n == 0 || !kernels_enabled()) return;
   add_flops(2 * static_cast<uint64_t>(m) * static_cast<uint64_t>(n) * static_cast<uint64_t>(k));
   const int threads = openblas_get_num_threads();  // 1 inside a parallel region (SingleThreadedBlas)
-  const int64_t blocks = (m + kBandRows - 1) / kBandRows;
+  const int64_t band = band_rows();
+  const int64_t blocks = (m + band - 1) / band;
   const int64_t bands = std::min<int64_t>(threads, blocks);
   // The shortest band: the fewest whole blocks any band gets, its last one possibly C's partial one.
-  const int64_t shortest = (blocks / std::max<int64_t>(bands, 1) - 1) * kBandRows + (m - (blocks - 1) * kBandRows);
+  const int64_t shortest = (blocks / std::max<int64_t>(bands, 1) - 1) * band + (m - (blocks - 1) * band);
   if (bands <= 1 || static_cast<double>(shortest) * static_cast<double>(n) * static_cast<double>(k) <= kSmallProduct) {
     // OpenBLAS's threads (if it uses more than one here) need the cores our pool's workers may be
     // polling on (core/parallel.h).
@@ -61,7 +83,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
   }
   SingleThreadedBlas blas;  // Note [sgemm on the pool]
   parallel_for_threads(blas.threads(), blocks, 1, [&](int64_t b0, int64_t b1, int) {
-    const int64_t r0 = b0 * kBandRows, r1 = std::min(m, b1 * kBandRows);
+    const int64_t r0 = b0 * band, r1 = std::min(m, b1 * band);
     const float* ap = trans_a ? a + r0 : a + r0 * lda;
     sgemm(trans_a, trans_b, r1 - r0, n, k, alpha, ap, lda, b, ldb, beta, c + r0 * ldc, ldc);
   });

@@ -14,19 +14,25 @@
 
 namespace zs::project::detail {
 
-// The config as a run of `ranks` ranks in layout `l` would read it: model.tensor_parallel_size and
-// model.pipeline_parallel_size set to the layout's (ConfigError: the config's reason the layout is refused).
+// The config as a run of `ranks` ranks in layout `l` would read it: model.tensor_parallel_size,
+// model.pipeline_parallel_size and an MoE model's model.moe.ep_size set to the layout's (ConfigError: the
+// config's reason the layout is refused).
 run::RunConfig layout_config(const boost::json::value& config, const Layout& l, int ranks);
 
 // Measured compute of one rank's shapes at tensor-parallel degree tp (Note [projection model]; the
-// split: project_compute.cpp): per
-// micro-batch, the seconds and model FLOPs of one layer and of the rest (embeddings, head, loss); the
-// optimizer's seconds of one layer's and the rest's parameters when one rank steps them all.
+// split: project_compute.cpp): per micro-batch, the seconds and model FLOPs of one layer and of the rest
+// (embeddings, head, loss); the optimizer's seconds of one layer's and the rest's parameters when one
+// rank steps them all. A "layer" is `period` blocks: an MoE model's every_n_layers (one MoE block and the
+// dense ones before it), 1 for a dense model. An MoE model is measured with its experts on one rank
+// (model.moe.ep_size 1): under a balanced load a rank's experts process as many rows whatever the
+// expert-parallel degree (E / ep experts, each fed by ep ranks), so the passes' seconds hold for every ep;
+// expert_share_layer is the experts' share of a layer's parameters, which ep divides at ZeRO stage 0.
 struct ComputeCost {
   double forward_layer = 0, backward_layer = 0, optimizer_layer = 0, flops_layer = 0;
   double forward_rest = 0, backward_rest = 0, optimizer_rest = 0, flops_rest = 0;
+  double expert_share_layer = 0;
 };
-ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t micro_batch);
+ComputeCost measure_compute(const boost::json::value& config, int tp, int64_t micro_batch, int period = 1);
 
 // Seconds of one group's collectives of one step on one rank: each collective's latency (shared memory
 // inside a host; the network's, hops times, when it crosses hosts), its bytes inside the host over the

@@ -32,7 +32,8 @@ zs_e2e(NAME project_no_model EXPECT fail ONCE "${one_error}"
   COMMAND ${tool} project --config ${ZS_BAD}/estimate_no_model.json --ranks 2)
 
 # Bytes per rank and step, projection = run, for every kind of layout: dp 2 at ZeRO stages 0-3, tp 2,
-# pp 2 on one host, and dp 2 on two real hosts of one rank (bytes across hosts; label multihost, as
+# pp 2, ep 2 (an MoE model) on one host, and dp 2 and ep 2 on two real hosts of one rank, ZeRO++ on two
+# hosts of 2 (bytes across hosts; label multihost, as
 # tests/multihost: network namespaces, root), those projected with the in-step costs step_comm_probe
 # measures on the same hosts (--link-costs: the bytes stay the run's). dp 2 at stage 3 is in make test; the others are slow.
 # The probe is a benchmark, built with the tests where benchmarks are configured (not in the sanitizer
@@ -41,12 +42,22 @@ set(probe_arg "")
 if(ZS_BUILD_BENCHMARKS)
   set(probe_arg -DPROBE=$<TARGET_FILE:step_comm_probe>)
 endif()
+# Extra arguments after the labels: -D definitions for project_agreement.cmake (NP, EP, ZEROPP).
 function(zs_project_agreement name stage tp pp rph labels)
-  add_test(NAME e2e_project_agrees_${name}.np2 COMMAND ${CMAKE_COMMAND} -DTOOL=${tool} -DMPIEXEC=${MPIEXEC_EXECUTABLE}
-    -DCONFIG=${proj_cfg} -DSTAGE=${stage} -DNP=2 -DTP=${tp} -DPP=${pp} -DRPH=${rph} -DWORK=${out}/project_agreement
-    -DHOSTS_SH=${PROJECT_SOURCE_DIR}/tests/multihost/hosts.sh ${probe_arg}
+  set(np 2)
+  set(defs)
+  foreach(d ${ARGN})
+    if(d MATCHES "^-DNP=([0-9]+)$")
+      set(np ${CMAKE_MATCH_1})
+    else()
+      list(APPEND defs ${d})
+    endif()
+  endforeach()
+  add_test(NAME e2e_project_agrees_${name}.np${np} COMMAND ${CMAKE_COMMAND} -DTOOL=${tool} -DMPIEXEC=${MPIEXEC_EXECUTABLE}
+    -DCONFIG=${proj_cfg} -DSTAGE=${stage} -DNP=${np} -DTP=${tp} -DPP=${pp} -DRPH=${rph} -DWORK=${out}/project_agreement
+    -DHOSTS_SH=${PROJECT_SOURCE_DIR}/tests/multihost/hosts.sh ${probe_arg} ${defs}
     -P ${CMAKE_CURRENT_SOURCE_DIR}/project_agreement.cmake)
-  set_tests_properties(e2e_project_agrees_${name}.np2 PROPERTIES LABELS "${labels}" TIMEOUT 200
+  set_tests_properties(e2e_project_agrees_${name}.np${np} PROPERTIES LABELS "${labels}" TIMEOUT 200
     ENVIRONMENT "${ZS_MPI_ENV}" PROCESSORS 2 PASS_REGULAR_EXPRESSION "projection agreement ok|agreement skipped")
 endfunction()
 zs_project_agreement(dp2_stage3 3 1 1 2 "e2e")
@@ -55,5 +66,10 @@ zs_project_agreement(dp2_stage1 1 1 1 2 "e2e;slow")
 zs_project_agreement(dp2_stage2 2 1 1 2 "e2e;slow")
 zs_project_agreement(tp2 1 2 1 2 "e2e;slow")
 zs_project_agreement(pp2 1 1 2 2 "e2e;slow")
+# An MoE model at ep 2 (its all-to-alls on the "ep" group, its experts' ZeRO on "edp"), one host and two;
+# ZeRO++ (hpZ, qwZ, qgZ) on two hosts of 2.
+zs_project_agreement(moe_ep2 1 1 1 2 "e2e" -DEP=2)
+zs_project_agreement(moe_ep2_stage3_hosts1 3 1 1 1 "multihost" -DEP=2)
+zs_project_agreement(zeropp_hosts2 3 1 1 2 "multihost" -DNP=4 -DZEROPP=1)
 zs_project_agreement(dp2_stage3_hosts1 3 1 1 1 "multihost")
 zs_project_agreement(dp2_stage1_hosts1 1 1 1 1 "multihost")

@@ -6,8 +6,12 @@
 # step's window also holds the train command's own start-up collectives, which are no step's), and the
 # tensor-parallel group's bytes per step (tensor_parallel_mean). RPH < NP runs the training with comm.shared_memory_node_ranks RPH (hosts of RPH ranks,
 # Note [Bytes across hosts] in comm/config.h). Prints "projection agreement ok".
+# EP > 0 makes the model a GPT-MoE of 2 experts, top-2, capacity factor 1, over expert-parallel groups of
+# EP (--ep EP): every token goes to both experts and none is dropped, so the all-to-alls move the same
+# bytes whatever the routing, as the projection's balanced load does. ZEROPP=1 turns ZeRO++ on (stage 3:
+# zero_hpz_partition_size RPH, quantised weights and gradients).
 #   cmake -DTOOL=zeroshard -DMPIEXEC=mpirun -DCONFIG=cfg.json -DSTAGE=1 -DNP=2 -DTP=1 -DPP=1 -DRPH=2 -DWORK=dir
-#         -P project_agreement.cmake
+#         [-DEP=2] [-DZEROPP=1] -P project_agreement.cmake
 # A per-step mean as CMake reads the summary's double ("165385.33333333334", "0.0", "1.5E5") times
 # `steps`, rounded: the whole bytes of those steps (a mean of whole bytes over a few steps is exact to
 # far better than half a byte in a double).
@@ -30,6 +34,19 @@ if(PP GREATER 1)
   string(JSON text SET "${text}" model pipeline_parallel_size ${PP})
 endif()
 set(tag s${STAGE}_np${NP}_tp${TP}_pp${PP}_h${RPH})
+set(ep_arg)
+if(EP GREATER 0)
+  string(JSON text SET "${text}" model moe
+    "{\"num_experts\": 2, \"k\": 2, \"capacity_factor\": 1.0, \"every_n_layers\": 2, \"ep_size\": ${EP}}")
+  set(ep_arg --ep ${EP})
+  string(APPEND tag _ep${EP})
+endif()
+if(ZEROPP)
+  string(JSON text SET "${text}" zero_optimization zero_hpz_partition_size ${RPH})
+  string(JSON text SET "${text}" zero_optimization zero_quantized_weights true)
+  string(JSON text SET "${text}" zero_optimization zero_quantized_gradients true)
+  string(APPEND tag _zpp)
+endif()
 file(MAKE_DIRECTORY ${WORK})
 set(cfg ${WORK}/project_${tag}.json)
 set(proj ${WORK}/project_${tag}_projection.json)
@@ -77,7 +94,7 @@ if(RPH LESS NP AND PROBE)  # the in-step costs across these hosts (step_comm_pro
   set(link_costs --link-costs ${costs})
 endif()
 execute_process(COMMAND ${TOOL} project --config ${cfg} --ranks ${NP} --ranks-per-host ${RPH} --network 1gbit,20us
-  --max-tp ${TP} ${link_costs} --json ${proj} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+  --max-tp ${TP} --tp ${TP} --pp ${PP} ${ep_arg} ${link_costs} --json ${proj} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "projection agreement: project failed (${rc}):\n${out}${err}")
 endif()

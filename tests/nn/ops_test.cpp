@@ -125,9 +125,10 @@ TEST(OpsTest, GeluAvx512EqualsScalarBitForBit) {
 }
 
 // Note [sgemm on the pool] (nn/detail/ops.cpp): a product split into bands of rows, each a
-// single-threaded sgemm on the worker pool, gives the bits of the whole product on one thread and of
-// OpenBLAS's own two-thread product (the path before). The unit environment sets one BLAS thread;
-// the test asks for two, which OpenBLAS grants on any machine.
+// single-threaded sgemm on the worker pool, gives the bits of the whole product on one thread. (Not
+// always those of OpenBLAS's own two-thread product, the path before: on Zen its threads split the rows
+// inside its 12-row tiles, and its bits differ from its one-thread product's.) The unit environment
+// sets one BLAS thread; the test asks for two, which OpenBLAS grants on any machine.
 TEST(OpsTest, BandedSgemmEqualsOneWholeProduct) {
   const int saved = openblas_get_num_threads();
   struct Shape {
@@ -147,17 +148,13 @@ TEST(OpsTest, BandedSgemmEqualsOneWholeProduct) {
       for (float& v : c0) v = dist(gen);
       const int64_t lda = ta ? s.m : s.k, ldb = tb ? s.k : s.n;
       for (const float beta : {0.0f, 1.0f}) {
-        std::vector<float> banded = c0, whole = c0, blas2 = c0;
+        std::vector<float> banded = c0, whole = c0;
         openblas_set_num_threads(2);
         ASSERT_EQ(openblas_get_num_threads(), 2);
         gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, banded.data(), s.n);
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    static_cast<int>(s.m), static_cast<int>(s.n), static_cast<int>(s.k), 0.5f, a.data(),
-                    static_cast<int>(lda), b.data(), static_cast<int>(ldb), beta, blas2.data(), static_cast<int>(s.n));
         openblas_set_num_threads(1);
         gemm(ta, tb, s.m, s.n, s.k, 0.5f, a.data(), lda, b.data(), ldb, beta, whole.data(), s.n);
         EXPECT_EQ(banded, whole) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
-        EXPECT_EQ(banded, blas2) << s.m << "x" << s.n << "x" << s.k << " ta " << ta << " tb " << tb << " beta " << beta;
       }
     }
   }

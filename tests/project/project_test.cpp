@@ -1,10 +1,15 @@
 // The scaling projection (project/project.h): the --network parser, simulated groups that know their
-// hosts (the counting the projection relies on), and a projection's bytes by host layout.
+// hosts (the counting the projection relies on), and a projection's bytes by host layout, expert
+// parallelism and ZeRO++ included.
 #include <gtest/gtest.h>
 
 #include <boost/json/parse.hpp>
 
+#include <algorithm>
+#include <vector>
+
 #include "comm/group.h"
+#include "comm/topology.h"
 #include "core/errors.h"
 #include "memory/tensor.h"
 #include "project/detail/project_detail.h"
@@ -348,6 +353,122 @@ TEST(Project, RefusesLayoutsWithAReason) {
   Options no_net = options(4, 2);
   no_net.network = {};
   EXPECT_THROW(project(tiny_config(1), no_net), ConfigError);
+}
+
+// The groups the engine and the models split off a simulated one keep their members' hosts
+// (Group::simulated_subgroup), so their bytes across hosts count as a real split's.
+TEST(SimulatedHosts, SubgroupsKeepTheirMembersHosts) {
+  const comm::Group dp = comm::Group::simulated(2, 4, "dp", {0, 0, 1, 1});
+  const comm::Topology::HostGroups h = comm::Topology::make_host_groups(dp, 2);
+  EXPECT_EQ(h.host.rank(), 0);
+  EXPECT_EQ(h.host.size(), 2);
+  EXPECT_EQ(h.host.hosts(), 1);  // dp ranks 2 and 3: one host
+  EXPECT_TRUE(h.host.member_hosts().empty());
+  EXPECT_EQ(h.across.rank(), 1);
+  EXPECT_EQ(h.across.hosts(), 2);  // dp ranks 0 and 2
+  EXPECT_EQ(h.across.member_hosts(), (std::vector<int>{0, 1}));
+  const int edp_members[] = {0, 2};
+  const comm::Group edp = dp.simulated_subgroup(edp_members, "edp");
+  EXPECT_EQ(edp.rank(), 1);
+  EXPECT_EQ(edp.name(), "edp");
+  std::vector<float> data(1000);
+  edp.allreduce(memory::Tensor::of(data));
+  EXPECT_EQ(edp.bytes_inter_host(), edp.bytes_sent());
+  EXPECT_GT(edp.bytes_sent(), 0u);
+}
+
+// A GPT-MoE of 4 experts (top-2), one MoE block of 2, as tiny_config.
+boost::json::value moe_config(int stage) {
+  boost::json::value c = tiny_config(stage);
+  c.as_object()["model"].as_object()["moe"] =
+      boost::json::parse(R"({"num_experts": 4, "k": 2, "capacity_factor": 1.0, "every_n_layers": 2})");
+  return c;
+}
+
+// Note [expert-parallel layouts] in project.cpp: every expert-parallel degree that divides dp and the
+// experts; the all-to-alls' bytes counted on the "ep" group with their hosts, the experts' ZeRO
+// collectives on the "edp" groups.
+TEST(Project, ExpertParallelLayoutsCountTheAllToAllsAndTheExpertGroups) {
+  Options o = options(4, 1);  // four hosts of one rank: every byte crosses
+  o.only_ep = 0;
+  const Report apart = project(moe_config(1), o);
+  std::vector<int> eps;
+  for (const Projection& p : apart.layouts) {
+    ASSERT_TRUE(p.valid) << p.why_not;
+    eps.push_back(p.layout.ep);
+    ASSERT_EQ(p.ranks.size(), 4u);
+    for (const RankBytes& b : p.ranks) {
+      EXPECT_EQ(b.bytes_inter_host, b.bytes_sent) << "ep " << p.layout.ep << " rank " << b.rank;
+      EXPECT_EQ(b.ep_bytes > 0, p.layout.ep > 1) << "ep " << p.layout.ep;
+    }
+    EXPECT_EQ(p.ep_comm_s > 0, p.layout.ep > 1);
+  }
+  std::sort(eps.begin(), eps.end());
+  EXPECT_EQ(eps, (std::vector<int>{1, 2, 4}));
+  EXPECT_NE(apart.model.find("MoE 4 experts top-2"), std::string::npos) << apart.model;
+  // Hosts of 2 at ep 2: each expert-parallel group inside a host, its all-to-alls cross nothing.
+  Options together = options(4, 2);
+  together.only_ep = 2;
+  const Report two = project(moe_config(1), together);
+  ASSERT_EQ(two.layouts.size(), 1u);
+  ASSERT_TRUE(two.layouts.front().valid) << two.layouts.front().why_not;
+  for (const RankBytes& b : two.layouts.front().ranks) {
+    EXPECT_GT(b.ep_bytes, 0u);
+    EXPECT_LE(b.bytes_inter_host, b.bytes_sent - b.ep_bytes);
+  }
+  // A dense model has no expert-parallel degree to try.
+  Options dense = options(2, 1);
+  dense.only_ep = 2;
+  EXPECT_THROW(project(tiny_config(1), dense), ConfigError);
+}
+
+TEST(Project, ExpertParallelGroupsStraddlingHostsUnevenlyAreRefused) {
+  Options o = options(6, 2);  // ep 3 over hosts of 2: groups {0,1,2} and {3,4,5} cross unlike each other
+  o.only_ep = 3;
+  boost::json::value c = moe_config(1);
+  c.as_object()["model"].as_object()["moe"].as_object()["num_experts"] = 6;
+  c.as_object()["train_batch_size"] = 12;
+  const Report rep = project(c, o);
+  ASSERT_EQ(rep.layouts.size(), 1u);
+  EXPECT_FALSE(rep.layouts.front().valid);
+  EXPECT_NE(rep.layouts.front().why_not.find("an expert-parallel group's 3 ranks (ep 3 x tp 1) and the host's 2"),
+            std::string::npos)
+      << rep.layouts.front().why_not;
+}
+
+// ZeRO++ (hpZ, qwZ, qgZ) on two hosts of 2: its host groups counted with their hosts, so the bytes
+// across hosts fall against plain ZeRO-3's; with experts the engine's refusal is the layout's reason.
+TEST(Project, ZeroPlusPlusCutsTheBytesAcrossHosts) {
+  const Options o = options(4, 2);
+  boost::json::value base = tiny_config(3);
+  base.as_object()["zero_optimization"].as_object()["stage3_param_persistence_threshold"] = 0;  // every module gathered
+  boost::json::value zpp = base;
+  boost::json::object& z = zpp.as_object()["zero_optimization"].as_object();
+  z["zero_hpz_partition_size"] = 2;
+  z["zero_quantized_weights"] = true;
+  z["zero_quantized_gradients"] = true;
+  const Projection plain = project(base, o).layouts.front();
+  const Projection plus = project(zpp, o).layouts.front();
+  ASSERT_TRUE(plain.valid) << plain.why_not;
+  ASSERT_TRUE(plus.valid) << plus.why_not;
+  for (size_t r = 0; r < 4; ++r) {
+    EXPECT_GT(plus.ranks[r].bytes_inter_host, 0u);
+    EXPECT_LT(2 * plus.ranks[r].bytes_inter_host, plain.ranks[r].bytes_inter_host) << "rank " << r;
+  }
+  // On four hosts of one rank the host groups span hosts too: every byte of every group crosses.
+  const Projection apart = project(zpp, options(4, 1)).layouts.front();
+  ASSERT_TRUE(apart.valid) << apart.why_not;
+  for (const RankBytes& b : apart.ranks) {
+    EXPECT_EQ(b.bytes_sent, plus.ranks[static_cast<size_t>(b.rank)].bytes_sent);
+    EXPECT_EQ(b.bytes_inter_host, b.bytes_sent) << "rank " << b.rank;
+  }
+  boost::json::value moe = moe_config(3);
+  moe.as_object()["zero_optimization"] = z;
+  Options ep = o;
+  ep.only_ep = 2;
+  const Projection refused = project(moe, ep).layouts.front();
+  EXPECT_FALSE(refused.valid);
+  EXPECT_NE(refused.why_not.find("ZeRO++"), std::string::npos) << refused.why_not;
 }
 
 }  // namespace
