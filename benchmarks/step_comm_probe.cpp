@@ -9,8 +9,8 @@
 // A collective alone (comm_bench) and the same collective inside a step differ: in the step every rank
 // computes between collectives, so a peer whose core the scheduler gave to another rank arrives late,
 // ranks that share a core take turns, and a rank spinning in a collective takes CPU from one that
-// computes. So each round here runs, for every collective (allgather, reduce-scatter, allreduce over
-// the world; a point-to-point exchange with the rank on the other half of the world) and every size
+// computes. So each round here runs, for every collective (allgather, reduce-scatter, allreduce,
+// all-to-all over the world; a point-to-point exchange with the rank on the other half of the world) and every size
 // (powers of 4, the full buffer as comm_bench counts it), `--work-us` of CPU time on the calling thread
 // (the step's compute between two collectives that wait on its compute thread: benchmarks/
 // project_validate.py derives it per layout; its length decides how often the scheduler preempts it)
@@ -115,12 +115,15 @@ int main(int argc, char** argv) {
         std::fill_n(t.data<float>(), elements, 1.0f);
       }
     };
-    const char* names[] = {"allgather", "reduce_scatter", "allreduce", "sendrecv"};
+    // alltoall: an MoE layer's token exchange and ZeRO++'s quantised gradient reduction (both alltoallv in
+    // the step, charged by this table).
+    const char* names[] = {"allgather", "reduce_scatter", "allreduce", "sendrecv", "alltoall"};
+    constexpr int kCollectives = 5;
     std::vector<size_t> sizes;
     for (size_t b = min_bytes; b <= max_bytes; b *= 4) sizes.push_back(b);
     // times[c][s]: this rank's seconds per round; inter[c][s]: its bytes across hosts per call.
-    std::vector<std::vector<std::vector<double>>> times(4, std::vector<std::vector<double>>(sizes.size()));
-    std::vector<std::vector<double>> inter(4, std::vector<double>(sizes.size(), 0.0));
+    std::vector<std::vector<std::vector<double>>> times(kCollectives, std::vector<std::vector<double>>(sizes.size()));
+    std::vector<std::vector<double>> inter(kCollectives, std::vector<double>(sizes.size(), 0.0));
     const int partner = (g.rank() + n / 2) % n;  // n even: the other half of the world (the other host)
     std::vector<std::vector<std::vector<double>>> drains = times;
     // --beside-compute: every call also made async beside this thread's compute (see the top).
@@ -130,7 +133,7 @@ int main(int argc, char** argv) {
     sync.data<float>()[0] = 1.0f;
     double work_wall = 0, work_cpu = 0;
     for (int r = 0; r <= rounds; ++r) {
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < kCollectives; ++c) {
         for (size_t s = 0; s < sizes.size(); ++s) {
           const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
           const size_t part = count / static_cast<size_t>(n);
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
           if (c == 1) g.reduce_scatter(full, mine, counts);
           if (c == 2) g.allreduce(full);
           if (c == 3) g.sendrecv(full, partner, other, partner);
+          if (c == 4) g.alltoall(full, other);
           const double t = bench::now_seconds() - t0;
           // A 4-byte all-reduce right after: it waits for what the call left in flight (Note above).
           const double d0 = bench::now_seconds();
@@ -163,7 +167,8 @@ int main(int argc, char** argv) {
             comm::Work w = c == 0 ? g.allgather_async(mine, full)
                          : c == 1 ? g.reduce_scatter_async(full, mine, counts)
                          : c == 2 ? g.allreduce_async(full)
-                                  : g.sendrecv_async(full, partner, other, partner);
+                         : c == 3 ? g.sendrecv_async(full, partner, other, partner)
+                                  : g.alltoall_async(full, other);
             do work(kBesideChunkUs); while (!w.test());  // compute beside it, as backward does
             w.wait();
             tb = bench::now_seconds() - b0;
@@ -184,7 +189,7 @@ int main(int argc, char** argv) {
     // drain after it beyond the drain after the smallest size (one small collective's own cost).
     auto table = [&](const auto& tm, const auto& dn, const char* label) {
       boost::json::object collectives;
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < kCollectives; ++c) {
         boost::json::array rows;
         for (size_t s = 0; s < sizes.size(); ++s) {
           const auto& dr = dn[static_cast<size_t>(c)];

@@ -84,6 +84,7 @@ struct StageTime {
   // The data-parallel groups' and the expert-parallel group's busiest member's bytes across hosts and
   // calls, by phase (Note [the link's bucket]).
   detail::LinkPhase grad_link, gather_link, ep_link;
+  std::vector<CollectiveCost> costs;  // each group's collectives as charged
 };
 
 // The groups whose collectives are ZeRO's (the data-parallel group, an MoE model's expert-data-parallel
@@ -185,6 +186,14 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     bool crosses = false;  // a data- or expert-parallel group spans hosts
     for (const engine::GroupStep& g : rm.groups) {
       st.collectives += g.count();
+      for (const comm::OpStats& op : g.ops) {
+        const int spans = g.group == "tp" ? 1 : g.group == "pp" ? std::min(2, g.hosts) : g.hosts;
+        st.costs.push_back({.group = g.group, .op = op.name, .calls = op.count, .bytes_sent = op.bytes_sent,
+                            .bytes_inter_host = op.bytes_inter_host, .busiest_inter_host_bytes = op.busiest_inter_host_bytes,
+                            .hosts = g.hosts,
+                            .seconds = detail::group_seconds(engine::GroupStep{.group = g.group, .ops = {op}, .hosts = g.hosts},
+                                                             opt, spans, R)});
+      }
       if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
       if (g.group == "ep") {
         // The MoE layers' all-to-alls (tokens to their experts and back, in both passes) hold up the
@@ -327,6 +336,7 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       p.tp_comm_s = st.tp_comm;
       p.ep_comm_s = st.ep_comm;
       p.collectives_per_step = st.collectives;
+      p.collectives = st.costs;
     }
     flops += st.flops;
   }

@@ -52,7 +52,7 @@ Network parse_network(const std::string& text);
 
 // The in-step cost of collectives across hosts, measured inside a real multi-host job
 // (benchmarks/step_comm_probe; Note [in-step link costs] in project_compute.cpp): per collective kind
-// ("allgather", "reduce_scatter", "allreduce", "sendrecv"), seconds per call by the bytes the call sends
+// ("allgather", "reduce_scatter", "allreduce", "sendrecv", "alltoall"), seconds per call by the bytes the call sends
 // across hosts per rank, and the compute's stretch in that job (its CPU share when ranks share cores).
 struct LinkCosts {
   int ranks = 0, hosts = 0, ranks_per_host = 0;
@@ -63,8 +63,8 @@ struct LinkCosts {
   std::map<std::string, std::vector<std::pair<double, double>>> by_collective;  // (bytes across, seconds), ascending
   std::string source;  // the file
   bool empty() const { return by_collective.empty(); }
-  // Seconds of one call of collective `op` (the comm counters' name: allgatherv as allgather, send and
-  // recv as sendrecv) sending `inter_bytes` across hosts, interpolated between the measured sizes
+  // Seconds of one call of collective `op` (the comm counters' name: allgatherv as allgather, alltoallv as
+  // alltoall, send and recv as sendrecv) sending `inter_bytes` across hosts, interpolated between the measured sizes
   // (below the smallest: its cost; above the largest: the last two sizes' slope); nullopt when not measured.
   std::optional<double> seconds(const std::string& op, double inter_bytes) const;
 };
@@ -137,6 +137,15 @@ struct Layout {
   int dp = 1, tp = 1, pp = 1, ep = 1;
 };
 
+// One collective of a group in the projected step (of the slowest stage's first rank): its calls and bytes
+// (the counters' rule) and the seconds group_seconds charges them, before the link's bucket bounds a phase.
+struct CollectiveCost {
+  std::string group, op;
+  uint64_t calls = 0, bytes_sent = 0, bytes_inter_host = 0, busiest_inter_host_bytes = 0;
+  int hosts = 1;  // the hosts the group spans
+  double seconds = 0.0;
+};
+
 struct Projection {
   Layout layout;
   bool valid = false;
@@ -160,6 +169,7 @@ struct Projection {
   uint64_t capacity_bytes = 0;     // device.memory_mb
   bool fits = false;
   std::vector<RankBytes> ranks;    // every world rank
+  std::vector<CollectiveCost> collectives;  // the slowest stage's, by group and collective
 };
 
 struct Report {

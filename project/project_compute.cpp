@@ -120,7 +120,10 @@ Network parse_network(const std::string& text) {
 // hierarchical transport sums in rank order where shared memory is in the group).
 
 std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes) const {
-  const std::string kind = op == "allgatherv" ? "allgather" : (op == "send" || op == "recv") ? "sendrecv" : op;
+  const std::string kind = op == "allgatherv"                  ? "allgather"
+                           : op == "alltoallv"                 ? "alltoall"
+                           : (op == "send" || op == "recv") ? "sendrecv"
+                                                            : op;
   const auto it = by_collective.find(kind);
   if (it == by_collective.end() || it->second.empty()) return std::nullopt;
   const auto& pts = it->second;
@@ -422,7 +425,7 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
       // Measured inside a job on such hosts, per call (Note [in-step link costs]).
       const double busiest = inter / std::max(1.0, n);
       if (const std::optional<double> even = opt.link_costs.seconds(op.name, busiest)) {
-        if (p2p) {
+        if (direct) {  // a point-to-point transfer, or an all-to-all: each pair's block goes straight across
           t += n * *even;
           continue;
         }

@@ -101,6 +101,18 @@ boost::json::object report_to_json(const Report& rep) {
     j["capacity_bytes"] = p.capacity_bytes;
     j["fits"] = p.fits;
     j["ranks"] = std::move(ranks);
+    boost::json::array costs;
+    for (const CollectiveCost& c : p.collectives) {
+      costs.push_back(boost::json::object{{"group", c.group},
+                                          {"collective", c.op},
+                                          {"calls", c.calls},
+                                          {"bytes_sent", c.bytes_sent},
+                                          {"bytes_inter_host", c.bytes_inter_host},
+                                          {"busiest_inter_host_bytes", c.busiest_inter_host_bytes},
+                                          {"hosts", c.hosts},
+                                          {"seconds", c.seconds}});
+    }
+    j["collectives"] = std::move(costs);
     layouts.push_back(std::move(j));
   }
   return {{"model", rep.model},

@@ -82,7 +82,7 @@ if(RPH LESS NP AND PROBE)  # the in-step costs across these hosts (step_comm_pro
     message(FATAL_ERROR "projection agreement: step_comm_probe failed (${rc}):\n${out}${err}")
   endif()
   file(READ ${costs} probe_json)
-  foreach(kind allgather reduce_scatter allreduce sendrecv)
+  foreach(kind allgather reduce_scatter allreduce sendrecv alltoall)
     string(JSON alone_n ERROR_VARIABLE e1 LENGTH "${probe_json}" collectives ${kind})
     string(JSON beside_n ERROR_VARIABLE e2 LENGTH "${probe_json}" collectives_beside_compute ${kind})
     string(JSON beside_s ERROR_VARIABLE e3 GET "${probe_json}" collectives_beside_compute ${kind} 0 seconds)

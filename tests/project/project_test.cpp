@@ -125,7 +125,8 @@ boost::json::value probe_json(int per_host, double stretch) {
                             R"(, "collectives": {"allgather": [{"bytes": 64, "inter_host_bytes": 0, "seconds": 1.0},
                               {"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.001},
                               {"bytes": 4096, "inter_host_bytes": 3000, "seconds": 0.003}],
-                              "reduce_scatter": [{"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.002}]}})");
+                              "reduce_scatter": [{"bytes": 1024, "inter_host_bytes": 1000, "seconds": 0.002}],
+                              "alltoall": [{"bytes": 1024, "inter_host_bytes": 500, "seconds": 0.004}]}})");
 }
 
 // Note [Busiest member's bytes] in comm/config.h: a collective's time follows the bytes of its busiest
@@ -220,6 +221,22 @@ TEST(LinkCosts, InterpolatesByBytesAcrossHosts) {
   EXPECT_DOUBLE_EQ(*lc.seconds("allgatherv", 5000), 0.005);  // beyond: the last slope; allgatherv as allgather
   EXPECT_DOUBLE_EQ(*lc.seconds("reduce_scatter", 7), 0.002);
   EXPECT_FALSE(lc.seconds("allreduce", 100).has_value());    // not measured: the network model
+  EXPECT_DOUBLE_EQ(*lc.seconds("alltoallv", 100), 0.004);    // alltoallv (MoE, qgZ) as alltoall
+}
+
+// An all-to-all across the probe's hosts (an MoE layer's tokens, ZeRO++'s qgZ) is charged the probe's
+// all-to-all per call, each pair's block going straight across: no ring hops, no uneven-call bounds.
+TEST(GroupSeconds, ChargesAnAllToAllTheProbesCostPerCall) {
+  Options o = options(2, 1);
+  o.link_costs = parse_link_costs(probe_json(1, 1.0), "probe.json");
+  const comm::OpStats a2a{.name = "alltoallv", .count = 3, .bytes_sent = 1500, .seconds = 0, .bytes_inter_host = 1500,
+                          .busiest_bytes = 1500, .busiest_inter_host_bytes = 1500};
+  EXPECT_DOUBLE_EQ(detail::group_seconds(engine::GroupStep{.group = "ep", .ops = {a2a}, .hosts = 2}, o, 2, 1), 3 * 0.004);
+  // Without the probe: one latency a call and the bytes over the link.
+  o.link_costs = {};
+  o.network = parse_network("8kbit,1ms");  // 1000 B/s
+  EXPECT_NEAR(detail::group_seconds(engine::GroupStep{.group = "ep", .ops = {a2a}, .hosts = 2}, o, 2, 1),
+              3 * (o.machine.shm_latency_s + 1e-3) + 1.5, 1e-9);
 }
 
 TEST(LinkCosts, BadFilesNameTheKeyAndTheFix) {
