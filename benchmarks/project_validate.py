@@ -28,7 +28,12 @@ row is projected twice (docs/scaling.md, "Validation"):
     projection as --link-costs (rows[].step_probe: its work, compute stretch and costs by size); --probe-jobs K
     (default 2) runs it K times and takes each call's least (rows[].step_probe.seconds_by_collective_by_job: each).
     Its --network is tc's rate (the link's line rate), the fit's latency and tbf's bucket (rows[].probed_network),
-    against which the model bounds the step's bytes (Note [the link's bucket] in project/project_compute.cpp).
+    against which the model bounds the step's bytes (Note [the link's bucket] in project/project_compute.cpp),
+    the rate and bucket over the wire's bytes per counted byte across hosts: the links' tx counters (hosts.sh
+    --stats) over the ranks' counted bytes across hosts in the row's first run (rows[].wire_over_counted_bytes:
+    TCP/IP headers, OpenMPI's messages and its algorithms' own crossings, 1.09 for hosts of 1 at ZeRO-3, 1.52
+    for ZeRO++ on hosts of 2). That is the one figure taken from the run compared; line_rate_over_measured is
+    the projection without it (tc's rate for the counted bytes).
 --reproject FILE projects a saved run's rows again (its measurements and kept probes; nothing trained or
 probed): a model change checked against recorded runs, the saved compute kept so only the model moves.
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows. --burst BYTES
@@ -146,24 +151,32 @@ def tbf_bucket(args, rate):
     the rate, at least 64 KiB)."""
     if args.burst:
         return args.burst
-    bits = float(rate.replace("gbit", "e9").replace("mbit", "e6").replace("kbit", "e3"))
-    return max(65536, int(bits // 800))
+    return max(65536, int(rate_bits(rate) // 800))
 
 
-def probed_network(args, rate, link):
+def rate_bits(rate):
+    """tc's rate ("100mbit") in bits per second."""
+    return float(rate.replace("gbit", "e9").replace("mbit", "e6").replace("kbit", "e3"))
+
+
+def probed_network(args, rate, link, wire_overhead=1.0):
     """--network for the projection with the probe's in-step costs: tc's rate (the link's line rate, against
     which the model bounds the step's bytes; the fit's bandwidth absorbs comm_bench's own overheads and is the
-    network model's), the fit's latency, and tbf's bucket (Note [the link's bucket] in
-    project/project_compute.cpp)."""
-    base = args.network if args.network else f"{rate},{link['latency_s'] * 1e6:.1f}us"
-    return f"{base},{tbf_bucket(args, rate)}b"
+    network model's) and tbf's bucket (Note [the link's bucket] in project/project_compute.cpp), both over the
+    wire's bytes per counted byte that the row's first run measured (TCP/IP headers and OpenMPI's own
+    messages: tc shapes what the link carries, the model charges the counted bytes), and the fit's latency."""
+    if args.network:
+        return f"{args.network},{tbf_bucket(args, rate) / wire_overhead:.0f}b"
+    return (f"{rate_bits(rate) / 8 / wire_overhead:.0f}bps,{link['latency_s'] * 1e6:.1f}us,"
+            f"{tbf_bucket(args, rate) / wire_overhead:.0f}b")
 
 
-def over_hosts(args, hosts, per_host, rate):
+def over_hosts(args, hosts, per_host, rate, stats=None):
     """The command line up to the program: mpirun over `hosts` namespace hosts of `per_host` ranks each
-    (tests/multihost/hosts.sh), each host on its own CPUs, the link shaped to `rate`, the ranks unbound."""
+    (tests/multihost/hosts.sh), each host on its own CPUs, the link shaped to `rate`, the ranks unbound;
+    `stats`: the file hosts.sh writes each host's link bytes to."""
     return [os.path.join(ROOT, "tests/multihost/hosts.sh"), *own_cpus(hosts), "--hosts", str(hosts), "--slots", str(per_host),
-            *shaping(args, rate), "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
+            *shaping(args, rate), *(["--stats", stats] if stats else []), "--", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np",
             str(hosts * per_host)]
 
 
@@ -185,7 +198,7 @@ def network_fit(args, tmp, rate, slots):
     slope = sum(b * t for b, t in big) / sum(b * b for b, _ in big)  # seconds per byte, through the origin
     # Each rank sends B/2 across (2 hosts), its host's `slots` ranks at once: t - LATENCY = B x slots / 2 / BANDWIDTH.
     # A slope at or below zero (the load hid the bytes' time): tc's nominal rate.
-    nominal = float(rate.replace("gbit", "e9").replace("mbit", "e6").replace("kbit", "e3")) / 8
+    nominal = rate_bits(rate) / 8
     bandwidth = slots / 2.0 / slope if slope > 0 else nominal
     return {"network": f"{bandwidth:.0f}bps,{latency * 1e6:.1f}us", "latency_s": latency, "bytes_per_s": bandwidth,
             "allgather_s_by_bytes": {str(b): t for b, t in times},
@@ -274,15 +287,16 @@ class Case:
         with open(self.path, "w") as f:
             json.dump(cfg, f)
         train = [args.zeroshard, "train", "--config", self.path, "--summary", self.summary]
+        self.stats = os.path.join(tmp, name + ".links.txt")
         if hosts:
-            self.cmd = over_hosts(args, hosts, np // hosts, rate) + train
+            self.cmd = over_hosts(args, hosts, np // hosts, rate, self.stats) + train
         else:
             # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
             # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
             self.cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
         self.per_host = np // hosts if hosts else np
         self.lay0 = self.probe = self.p = self.s = None
-        self.medians, self.loads = [], []
+        self.medians, self.loads, self.wire = [], [], []
 
     def prepare(self):
         """Two hosts: first the network's latency-bandwidth model, whose compute per collective sets the
@@ -301,12 +315,25 @@ class Case:
             self.s = json.load(f)
         self.medians.append(self.s["step_time_s"]["median"])
         self.loads.append(os.getloadavg()[0])
+        if self.hosts:
+            # The links' bytes (the kernel's tx counters, every host) over the bytes the ranks counted across
+            # hosts in the run: what the wire carries per counted byte.
+            with open(self.stats) as f:
+                sent = sum(int(line.split()[1]) for line in f if line.strip())
+            counted = sum(r["bytes_sent_inter_host"] for r in self.s["comm"]["per_rank"])
+            self.wire.append(sent / counted if counted > 0 else 1.0)
 
     def project(self):
         """The projection compared, right after the first round's run (--as-loaded: the load of then)."""
-        network = probed_network(self.args, self.rate, self.link) if self.hosts else None
+        network = probed_network(self.args, self.rate, self.link, self.wire[0]) if self.hosts else None
         self.p = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts,
                          network, self.probe["file"] if self.hosts else None)
+        # The same with tc's rate as the counted bytes' (no wire overhead): the figure before the first run.
+        self.p_line = None
+        if self.hosts:
+            self.p_line = project(self.args, self.tmp, self.path, self.name + ".line", self.np, self.tp, self.pp,
+                                  self.per_host, self.hosts, probed_network(self.args, self.rate, self.link),
+                                  self.probe["file"])
 
     def row(self):
         p, s, lay, lay0, np = self.p, self.s, self.p["layouts"][0], self.lay0, self.np
@@ -336,9 +363,12 @@ class Case:
             "predicted_mfu": lay["mfu"], "bytes_mean_over_projected": bytes_ratio,
             "compute_stretch": p["oversubscription"],
             "predicted_network_model_s": lay0["step_s"] if lay0 else None,
+            "line_rate_over_measured": self.p_line["layouts"][0]["step_s"] / measured if self.p_line and measured > 0 else None,
             "network_model_over_measured": lay0["step_s"] / measured if lay0 and measured > 0 else None,
             "step_probe": self.probe,
-            "probed_network": probed_network(self.args, self.rate, self.link) if self.hosts else None,
+            "probed_network": probed_network(self.args, self.rate, self.link, self.wire[0]) if self.hosts else None,
+            # Each run's link bytes (tx, every host) over its counted bytes across hosts.
+            "wire_over_counted_bytes": self.wire or None,
         }
 
 
@@ -355,16 +385,17 @@ QUIET_SPREAD = 0.05
 def table(rows):
     """The rows as a Markdown table (stderr): the measurement's spread beside the verdict."""
     out = ["| configuration | collectives / step | measured step (s): median [least, most] over rounds | spread | "
-           "predicted (s) | **predicted / measured** [over most, over least] | network model only |",
-           "|---|---|---|---|---|---|---|"]
+           "predicted (s) | **predicted / measured** [over most, over least] | at tc's rate, no wire overhead | network model only |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rng = r["predicted_over_measured_range"] or [0, 0]
         nm = f"{r['network_model_over_measured']:.2f}" if r["network_model_over_measured"] else "-"
+        lr = f"{r['line_rate_over_measured']:.2f}" if r.get("line_rate_over_measured") else "-"
         sp = r["measured_spread"]
         spread = "-" if sp is None else f"{100 * sp:.1f}%" + ("" if sp <= QUIET_SPREAD else " (noisy)")
         out.append(f"| {r['name']} | {r['collectives_per_step']} | {r['measured_step_s']:.4f} [{r['measured_min_s']:.4f}, "
                    f"{r['measured_max_s']:.4f}] | {spread} | {r['predicted_step_s']:.4f} | "
-                   f"**{r['predicted_over_measured']:.2f}** [{rng[0]:.2f}, {rng[1]:.2f}] | {nm} |")
+                   f"**{r['predicted_over_measured']:.2f}** [{rng[0]:.2f}, {rng[1]:.2f}] | {lr} | {nm} |")
     return "\n".join(out)
 
 

@@ -268,9 +268,15 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       ep.interleaved = true;
       std::vector<detail::LinkPhase> phases;
       if (p.zero_stage == 3) {
-        // Each micro-batch's gathers and reductions come between its layers' compute.
+        // Each micro-batch's gathers and reductions come between its layers' compute; the gathers in
+        // the prefetch's bursts (Note [the link's bucket]): per pass, the stage's parameters over the
+        // prefetch bucket (0: no prefetch, a pause before each gather).
         gathers.compute_s = passes;
         gathers.interleaved = true;
+        const double prefetch = static_cast<double>(cfg.zero.stage3_prefetch_bucket_size);
+        if (prefetch > 0) {
+          gathers.pauses = 2.0 * static_cast<double>(m) * std::max(1.0, std::ceil(static_cast<double>(in.model.param_elements) / prefetch));
+        }
         grads.compute_s = static_cast<double>(m) * st.backward;
         grads.interleaved = true;
         phases = {ep, gathers, grads};

@@ -453,7 +453,10 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
 // ran at the rate in the step (26 calls, 3.3 MB a host, 0.30 s) while the probe charged them 0.16 s. So
 // the step's collectives across hosts go through the bucket in the step's order, each phase charged at
 // least the time its bytes beyond the bucket's tokens take at the rate:
-//   - stage-3 gathers, spread over the passes' compute (each pause refills at most the bucket);
+//   - stage-3 gathers, spread over the passes' compute (each pause refills at most the bucket); the
+//     prefetch gathers a pass's modules in bursts of stage3_prefetch_bucket_size elements, back to back,
+//     so the pauses are the bursts, not the calls: 2 per micro-batch (forward and backward) where the
+//     stage's parameters fit one prefetch bucket;
 //   - the gradients' reductions: at stage 3 spread over each micro-batch's backward, at stages 1-2 at
 //     the accumulation boundary after the passes (one pause);
 //   - stage 1-2's parameter all-gather, after the optimizer (one pause);
@@ -478,9 +481,9 @@ void bound_by_link(std::vector<LinkPhase>& phases, const Network& net, int link_
     for (size_t i = 0; i < phases.size(); ++i) {
       LinkPhase& ph = phases[i];
       if (ph.calls == 0 || !(ph.busiest_bytes > 0)) continue;
-      const double calls = static_cast<double>(ph.calls);
+      const double pauses = ph.pauses > 0 ? std::min(ph.pauses, static_cast<double>(ph.calls)) : static_cast<double>(ph.calls);
       // The tokens the phase finds: what was left, plus each pause's refill up to the bucket.
-      const double tokens = ph.interleaved ? std::min(bucket, level) + calls * std::min(bucket, rate * ph.compute_s / calls)
+      const double tokens = ph.interleaved ? std::min(bucket, level) + pauses * std::min(bucket, rate * ph.compute_s / pauses)
                                            : std::min(bucket, level + rate * ph.compute_s);
       const double need = ph.busiest_bytes * link_sharers;
       const double at_rate = std::max(0.0, need - tokens) / rate;

@@ -47,6 +47,9 @@ struct LinkPhase {
   uint64_t calls = 0;
   double compute_s = 0;      // the compute its calls are spread over (interleaved), or that precedes them
   bool interleaved = false;
+  // Interleaved: the pauses the compute comes in (0: one before each call). ZeRO-3's prefetch gathers a
+  // pass's modules in bursts, back to back, so its calls find far fewer pauses than calls.
+  double pauses = 0;
   double seconds = 0;        // in: the calls' cost (group_seconds); out: at least what the link lets through
 };
 // Raises each phase's seconds to the time its bytes beyond the link's bucket take at the rate, the

@@ -195,6 +195,11 @@ TEST(BoundByLink, ChargesTheBytesBeyondTheBucketAtTheRate) {
   // steady state starts from the empty bucket the previous step left: 4000 - 2000 B at the rate.
   const detail::LinkPhase spread{.busiest_bytes = 4000, .calls = 4, .compute_s = 2.0, .interleaved = true, .seconds = 0.1};
   EXPECT_NEAR(bound({spread}, "8kbit,0s,500b", 1)[0], 2.0, 1e-12);
+  // The same calls in 2 bursts (ZeRO-3's prefetch: a pass's gathers back to back): 2 pauses of 1 s
+  // refill 500 B each, so 3000 B go at the rate.
+  detail::LinkPhase bursts = spread;
+  bursts.pauses = 2;
+  EXPECT_NEAR(bound({bursts}, "8kbit,0s,500b", 1)[0], 3.0, 1e-12);
 }
 
 // ZeRO-3 over two hosts of one rank: the flat layout's contiguous shards put most modules in one
