@@ -50,7 +50,8 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 // there. A core not listed takes 192, a multiple of both.
 int64_t band_rows() {
   static const int64_t rows = [] {
-    const std::string core = openblas_get_corename();
+    const char* name = openblas_get_corename();
+    const std::string core = name != nullptr ? name : "";
     if (core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids") return int64_t{64};
     for (const char* c : {"Haswell", "Zen", "Sandybridge", "Nehalem", "Penryn", "Core2", "Atom", "Dunnington", "Prescott",
                           "Barcelona"}) {
