@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
+#include <numeric>
 
 #include "core/errors.h"
 #include "core/log.h"
@@ -68,11 +68,6 @@ std::vector<int> divisors(int n) {
     if (n % i == 0) d.push_back(i);
   }
   return d;
-}
-
-int distinct(const std::vector<int>& hosts) {
-  if (hosts.empty()) return 1;
-  return static_cast<int>(std::set<int>(hosts.begin(), hosts.end()).size());
 }
 
 struct StageTime {
@@ -186,19 +181,22 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     bool crosses = false;  // a data- or expert-parallel group spans hosts
     for (const engine::GroupStep& g : rm.groups) {
       st.collectives += g.count();
+      // Each collective's seconds, charged once (detail::group_seconds): tensor-parallel groups stay inside
+      // a host, a pipeline send crosses once.
+      const int spans = g.group == "tp" ? 1 : g.group == "pp" ? std::min(2, g.hosts) : g.hosts;
+      std::vector<double> secs_of;
       for (const comm::OpStats& op : g.ops) {
-        const int spans = g.group == "tp" ? 1 : g.group == "pp" ? std::min(2, g.hosts) : g.hosts;
+        secs_of.push_back(detail::group_seconds(engine::GroupStep{.group = g.group, .ops = {op}, .hosts = g.hosts}, opt, spans, R));
         st.costs.push_back({.group = g.group, .op = op.name, .calls = op.count, .bytes_sent = op.bytes_sent,
                             .bytes_inter_host = op.bytes_inter_host, .busiest_inter_host_bytes = op.busiest_inter_host_bytes,
-                            .hosts = g.hosts,
-                            .seconds = detail::group_seconds(engine::GroupStep{.group = g.group, .ops = {op}, .hosts = g.hosts},
-                                                             opt, spans, R)});
+                            .hosts = g.hosts, .seconds = secs_of.back()});
       }
-      if (g.group == "tp") st.tp_comm = detail::group_seconds(g, opt, 1, R);
+      const double group_secs = std::accumulate(secs_of.begin(), secs_of.end(), 0.0);
+      if (g.group == "tp") st.tp_comm = group_secs;
       if (g.group == "ep") {
         // The MoE layers' all-to-alls (tokens to their experts and back, in both passes) hold up the
         // layer that waits for them: on the critical path, as tp's collectives.
-        st.ep_comm = detail::group_seconds(g, opt, g.hosts, R);
+        st.ep_comm = group_secs;
         for (const comm::OpStats& op : g.ops) add_calls(st.ep_link, op);
         crosses = crosses || g.hosts > 1;
       }
@@ -206,9 +204,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
         // A send is a delay before the next stage's pass, not time on this one's (Note [transfer delay]
         // in pp/schedule.h): per send, its cost; the group's other calls (receives' posting, the loss's
         // broadcast) stay on the passes.
-        const int pp_hosts = distinct(engine::HostLayout{R, l.tp, l.dp, l.pp}.pp_hosts(0, 0));
-        for (const comm::OpStats& op : g.ops) {
-          const double secs = detail::group_seconds(engine::GroupStep{.group = "pp", .ops = {op}}, opt, pp_hosts > 1 ? 2 : 1, R);
+        for (size_t i = 0; i < g.ops.size(); ++i) {
+          const comm::OpStats& op = g.ops[i];
+          const double secs = secs_of[i];
           if (op.name == "send" && op.count > 0) {
             st.pp_transfer = std::max(st.pp_transfer, secs / static_cast<double>(op.count));
             // The sends' bytes across hosts at the link's sustained rate (its R ranks sharing it): a
@@ -230,9 +228,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       }
       if (!zero_group(g.group)) continue;
       crosses = crosses || g.hosts > 1;
-      for (const comm::OpStats& op : g.ops) {
-        const double secs = detail::group_seconds(engine::GroupStep{.group = g.group, .ops = {op}, .hosts = g.hosts}, opt,
-                                                  g.hosts, R);
+      for (size_t i = 0; i < g.ops.size(); ++i) {
+        const comm::OpStats& op = g.ops[i];
+        const double secs = secs_of[i];
         if (op.name == "alltoall" || op.name == "alltoallv") {
           // ZeRO++'s quantised gradient reduction (qgZ: int8 blocks inside the host, then across hosts)
           // runs on the calling thread, not on the comm worker (engine/grad_reducer.cpp): not overlapped.
