@@ -69,7 +69,9 @@ class TrainingMonitor {
   // Writes the step's events (rank 0) and, every steps_per_print steps, the memory line and the
   // verbose comms table. `ops`: this rank's collective tallies so far (comm::Group::op_stats).
   void on_step(const MonitorSample& sample, const std::vector<comm::OpStats>& ops);
-  // The end-of-run comms table (comms_logger enabled, rank 0); once.
+  // The end-of-run comms table (comms_logger enabled, rank 0); once. It covers the whole run, so a second
+  // table names what came after the last step (the summary's parameter digest gathers every parameter,
+  // a final checkpoint agrees its tag): per-step figures are the first table less the second.
   void finish(const std::vector<comm::OpStats>& ops);
 
   // The events of one step, in file order: (name, value). Exposed for tests.
@@ -87,11 +89,16 @@ class TrainingMonitor {
   std::vector<std::string> csv_started_;  // event names whose file has its header
   std::unique_ptr<detail::EventFile> tensorboard_;
   bool finished_ = false;
+  int64_t last_step_ = 0;
+  std::vector<comm::OpStats> ops_at_last_step_;  // the tallies on_step last saw
 };
 
 // "memory: device 12.0 MiB (peak 14.5) = params 1.0 (1.0) | grads ..." : the memory_breakdown line.
 std::string memory_breakdown_line(const memory::MemorySnapshot& s);
 // DeepSpeed's comms summary shape: a header and one row per collective (filtered by the config).
 std::string comms_table(const std::vector<comm::OpStats>& ops, const CommsLoggerConfig& config);
+// The collectives of `now` that `before` (earlier tallies of the same group) does not hold: per name the
+// differences of the counts, bytes and seconds; names with no new collective are left out.
+std::vector<comm::OpStats> ops_since(const std::vector<comm::OpStats>& now, const std::vector<comm::OpStats>& before);
 
 }  // namespace zs::engine

@@ -298,6 +298,29 @@ TEST(Monitor, MemoryLineAndCommsTable) {
   EXPECT_EQ(comms_table(ops, only_barrier).find("allreduce"), std::string::npos);
 }
 
+// The end-of-run table covers the whole run; what came after the last step (the summary's digest
+// gathers) is its own table, the difference of the tallies.
+TEST(Monitor, CollectivesAfterTheLastStepAreTheTalliesDifference) {
+  const std::vector<comm::OpStats> at_step = {{"allgatherv", 312, 7'626'336, 1.5, 5'084'256, 10'000'000, 9'000'000},
+                                              {"allreduce", 26, 308, 0.07}};
+  std::vector<comm::OpStats> end = at_step;
+  end[0].count += 52;
+  end[0].bytes_sent += 2'502'912;
+  end[0].seconds += 0.5;
+  end[0].bytes_inter_host += 1'668'608;
+  end.push_back({"broadcast", 1, 8, 0.001});
+  const auto after = ops_since(end, at_step);
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0].name, "allgatherv");
+  EXPECT_EQ(after[0].count, 52u);
+  EXPECT_EQ(after[0].bytes_sent, 2'502'912u);
+  EXPECT_EQ(after[0].bytes_inter_host, 1'668'608u);
+  EXPECT_NEAR(after[0].seconds, 0.5, 1e-9);
+  EXPECT_EQ(after[1].name, "broadcast");  // new since the step: whole
+  EXPECT_EQ(after[1].count, 1u);
+  EXPECT_TRUE(ops_since(at_step, at_step).empty());
+}
+
 TEST(Monitor, CollectivesAreTallied) {
   comm::World world = comm::World::create();
   const auto before = world.group().op_stats();
