@@ -325,9 +325,9 @@ class Case:
 
     def project(self):
         """The projection compared, right after the first round's run (--as-loaded: the load of then)."""
-        network = probed_network(self.args, self.rate, self.link, self.wire[0]) if self.hosts else None
+        self.network = probed_network(self.args, self.rate, self.link, self.wire[0]) if self.hosts else None
         self.p = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts,
-                         network, self.probe["file"] if self.hosts else None)
+                         self.network, self.probe["file"] if self.hosts else None)
         # The same with tc's rate as the counted bytes' (no wire overhead): the figure before the first run.
         self.p_line = None
         if self.hosts:
@@ -366,7 +366,7 @@ class Case:
             "line_rate_over_measured": self.p_line["layouts"][0]["step_s"] / measured if self.p_line and measured > 0 else None,
             "network_model_over_measured": lay0["step_s"] / measured if lay0 and measured > 0 else None,
             "step_probe": self.probe,
-            "probed_network": probed_network(self.args, self.rate, self.link, self.wire[0]) if self.hosts else None,
+            "probed_network": self.network,
             # Each run's link bytes (tx, every host) over its counted bytes across hosts.
             "wire_over_counted_bytes": self.wire or None,
         }

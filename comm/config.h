@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace zs::comm {
 
@@ -114,5 +115,10 @@ struct OpStats {
   uint64_t busiest_bytes = 0;
   uint64_t busiest_inter_host_bytes = 0;
 };
+
+// The collectives of `now` that `before` (earlier tallies of the same group) does not hold: per name the
+// differences of the counts, bytes and seconds; names with no new collective are left out. One step's
+// tallies (the projection's measurement), what came after the last step (the comms logger).
+std::vector<OpStats> ops_since(const std::vector<OpStats>& now, const std::vector<OpStats>& before);
 
 }  // namespace zs::comm

@@ -199,6 +199,24 @@ int Group::hosts() const {
 int Group::host_ranks() const { return state_->host_members; }
 const std::vector<int>& Group::member_hosts() const { return state_->hosts; }
 std::vector<OpStats> Group::op_stats() const { return state_->runtime->op_stats(); }
+
+std::vector<OpStats> ops_since(const std::vector<OpStats>& now, const std::vector<OpStats>& before) {
+  std::vector<OpStats> out;
+  for (const OpStats& op : now) {
+    OpStats d = op;
+    const auto was = std::find_if(before.begin(), before.end(), [&](const OpStats& b) { return b.name == op.name; });
+    if (was != before.end()) {
+      d.count -= was->count;
+      d.bytes_sent -= was->bytes_sent;
+      d.seconds -= was->seconds;
+      d.bytes_inter_host -= was->bytes_inter_host;
+      d.busiest_bytes -= was->busiest_bytes;
+      d.busiest_inter_host_bytes -= was->busiest_inter_host_bytes;
+    }
+    if (d.count > 0) out.push_back(d);
+  }
+  return out;
+}
 bool Group::is_mpi() const { return !state_->local(); }
 namespace detail {
 struct GroupAccess {

@@ -153,32 +153,13 @@ void TrainingMonitor::finish(const std::vector<comm::OpStats>& ops) {
   const CommsLoggerConfig& c = config_.monitor.comms;
   if (!c.enabled) return;
   ZS_LOG_INFO("collectives of this run (rank 0):\n{}", comms_table(ops, c));
-  const std::vector<comm::OpStats> after = ops_since(ops, ops_at_last_step_);
+  const std::vector<comm::OpStats> after = comm::ops_since(ops, ops_at_last_step_);
   if (!after.empty() && last_step_ > 0) {
     ZS_LOG_INFO("of them after step {} (the summary's parameter digest, a final checkpoint):\n{}", last_step_,
                 comms_table(after, c));
   }
 }
 
-std::vector<comm::OpStats> ops_since(const std::vector<comm::OpStats>& now, const std::vector<comm::OpStats>& before) {
-  std::vector<comm::OpStats> out;
-  for (const comm::OpStats& op : now) {
-    const auto was = std::find_if(before.begin(), before.end(), [&](const comm::OpStats& b) { return b.name == op.name; });
-    if (was == before.end()) {
-      if (op.count > 0) out.push_back(op);
-      continue;
-    }
-    if (op.count == was->count) continue;
-    out.push_back(comm::OpStats{.name = op.name,
-                                .count = op.count - was->count,
-                                .bytes_sent = op.bytes_sent - was->bytes_sent,
-                                .seconds = op.seconds - was->seconds,
-                                .bytes_inter_host = op.bytes_inter_host - was->bytes_inter_host,
-                                .busiest_bytes = op.busiest_bytes - was->busiest_bytes,
-                                .busiest_inter_host_bytes = op.busiest_inter_host_bytes - was->busiest_inter_host_bytes});
-  }
-  return out;
-}
 
 std::string memory_breakdown_line(const memory::MemorySnapshot& s) {
   std::string line;

@@ -97,8 +97,5 @@ class TrainingMonitor {
 std::string memory_breakdown_line(const memory::MemorySnapshot& s);
 // DeepSpeed's comms summary shape: a header and one row per collective (filtered by the config).
 std::string comms_table(const std::vector<comm::OpStats>& ops, const CommsLoggerConfig& config);
-// The collectives of `now` that `before` (earlier tallies of the same group) does not hold: per name the
-// differences of the counts, bytes and seconds; names with no new collective are left out.
-std::vector<comm::OpStats> ops_since(const std::vector<comm::OpStats>& now, const std::vector<comm::OpStats>& before);
 
 }  // namespace zs::engine

@@ -46,22 +46,7 @@ std::vector<int> one_host_is_none(std::vector<int> hosts) {
 
 // What `g`'s collectives added since `before` (its op_stats: a simulated group's own runtime).
 GroupStep step_of(const std::string& name, const comm::Group& g, const std::vector<comm::OpStats>& before) {
-  GroupStep out{.group = name, .ops = {}, .hosts = g.hosts()};
-  for (const comm::OpStats& now : g.op_stats()) {
-    comm::OpStats d = now;
-    for (const comm::OpStats& b : before) {
-      if (b.name == now.name) {
-        d.count -= b.count;
-        d.bytes_sent -= b.bytes_sent;
-        d.bytes_inter_host -= b.bytes_inter_host;
-        d.busiest_bytes -= b.busiest_bytes;
-        d.busiest_inter_host_bytes -= b.busiest_inter_host_bytes;
-        d.seconds -= b.seconds;
-      }
-    }
-    if (d.count > 0) out.ops.push_back(d);
-  }
-  return out;
+  return GroupStep{.group = name, .ops = comm::ops_since(g.op_stats(), before), .hosts = g.hosts()};
 }
 }  // namespace
 

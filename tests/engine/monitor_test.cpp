@@ -309,7 +309,7 @@ TEST(Monitor, CollectivesAfterTheLastStepAreTheTalliesDifference) {
   end[0].seconds += 0.5;
   end[0].bytes_inter_host += 1'668'608;
   end.push_back({"broadcast", 1, 8, 0.001});
-  const auto after = ops_since(end, at_step);
+  const auto after = comm::ops_since(end, at_step);
   ASSERT_EQ(after.size(), 2u);
   EXPECT_EQ(after[0].name, "allgatherv");
   EXPECT_EQ(after[0].count, 52u);
@@ -318,7 +318,7 @@ TEST(Monitor, CollectivesAfterTheLastStepAreTheTalliesDifference) {
   EXPECT_NEAR(after[0].seconds, 0.5, 1e-9);
   EXPECT_EQ(after[1].name, "broadcast");  // new since the step: whole
   EXPECT_EQ(after[1].count, 1u);
-  EXPECT_TRUE(ops_since(at_step, at_step).empty());
+  EXPECT_TRUE(comm::ops_since(at_step, at_step).empty());
 }
 
 TEST(Monitor, CollectivesAreTallied) {
