@@ -21,15 +21,17 @@ namespace zs::checkpoint {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-// Where one segment of a tensor lies: rank file, element range of the tensor, offset in the data.
+// Where one segment of a tensor lies: rank file, element range of the tensor, offset in the data. Not
+// file-local: CheckpointReader::Impl holds them, and GCC warns of a member whose type is file-local
+// where this file is compiled inside a unity batch (Note [Unity build] in CMakeLists.txt).
 struct Piece {
   int rank;
   uint64_t begin;
   uint64_t count;
   uint64_t offset;
 };
+
+namespace {
 
 constexpr size_t kMaxOpenFiles = 16;
 constexpr uint64_t kReadPieceBytes = 4u << 20;  // conversion staging per read call

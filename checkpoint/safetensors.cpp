@@ -149,7 +149,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path), map_(std::
   Fd fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (fd.fd < 0) {
     const int err = errno;
-    throw IoError(fmt::format("safetensors file '{}': cannot open it for reading: {}", path.string(), detail::errno_text(err)));
+    throw IoError(fmt::format("safetensors file '{}': cannot open it for reading: {}", path.string(), zs::detail::errno_text(err)));
   }
   struct stat st {};
   ZS_SYS_CHECK(::fstat(fd.fd, &st), "fstat of '{}'", path.string());
@@ -161,7 +161,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& path) : path_(path), map_(std::
   if (map_->addr == MAP_FAILED) {
     map_->addr = nullptr;
     const int err = errno;
-    throw IoError(fmt::format("safetensors file '{}': mmap of {} bytes failed: {}", path.string(), size, detail::errno_text(err)));
+    throw IoError(fmt::format("safetensors file '{}': mmap of {} bytes failed: {}", path.string(), size, zs::detail::errno_text(err)));
   }
   const auto* base = static_cast<const unsigned char*>(map_->addr);
   uint64_t n = 0;

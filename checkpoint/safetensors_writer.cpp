@@ -67,7 +67,7 @@ SafetensorsWriter::SafetensorsWriter(fs::path path, std::vector<SafetensorsSpec>
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) {
     const int err = errno;
-    throw IoError(fmt::format("safetensors file '{}': cannot create it: {}", tmp_.string(), detail::errno_text(err)));
+    throw IoError(fmt::format("safetensors file '{}': cannot create it: {}", tmp_.string(), zs::detail::errno_text(err)));
   }
   buffer_.reserve(kBufferBytes);
   unsigned char len[8];
@@ -187,7 +187,7 @@ std::vector<fs::path> write_safetensors_model(const fs::path& dir, const std::ve
     const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       const int err = errno;
-      throw IoError(fmt::format("safetensors index '{}': cannot create it: {}", p.string(), detail::errno_text(err)));
+      throw IoError(fmt::format("safetensors index '{}': cannot create it: {}", p.string(), zs::detail::errno_text(err)));
     }
     write_all(fd, text.data(), text.size(), p);
     ZS_SYS_CHECK(::close(fd), "close of '{}'", p.string());

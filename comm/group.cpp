@@ -26,17 +26,13 @@ using memory::DType;
 
 namespace {
 
-[[noreturn]] void fail(const Op& op, const std::string& what) {
-  throw CommError(fmt::format("{}: {}", op.describe(), what));
-}
-
 void check_tensor(const Op& op, const memory::Tensor& t, const char* role) {
-  if (!t.defined()) fail(op, fmt::format("the {} tensor is undefined; pass a tensor with storage", role));
-  if (!t.is_contiguous()) fail(op, fmt::format("the {} tensor is not contiguous; pass a contiguous view (flatten a copy)", role));
+  if (!t.defined()) op.fail(fmt::format("the {} tensor is undefined; pass a tensor with storage", role));
+  if (!t.is_contiguous()) op.fail(fmt::format("the {} tensor is not contiguous; pass a contiguous view (flatten a copy)", role));
 }
 
 int to_int(const Op& op, size_t n) {
-  if (n > static_cast<size_t>(INT_MAX)) fail(op, fmt::format("{} elements exceed MPI's int count; split the buffer into buckets", n));
+  if (n > static_cast<size_t>(INT_MAX)) op.fail(fmt::format("{} elements exceed MPI's int count; split the buffer into buckets", n));
   return static_cast<int>(n);
 }
 
@@ -77,7 +73,7 @@ void init_op(Op& op, const std::shared_ptr<detail::GroupState>& g, bool async, O
 }
 
 void check_reduce(const Op& op, DType t, ReduceOp r) {
-  if (t == DType::kI32 && r == ReduceOp::kAverage) fail(op, "int32 supports ReduceOp::kSum only; average in fp32");
+  if (t == DType::kI32 && r == ReduceOp::kAverage) op.fail("int32 supports ReduceOp::kSum only; average in fp32");
 }
 
 using detail::Counts;
@@ -97,7 +93,7 @@ std::vector<size_t> counts_of(const Op& op, std::span<const memory::ShardRange> 
   std::vector<size_t> counts;
   size_t next = 0;
   for (const auto& s : shards) {
-    if (s.offset != next) fail(op, fmt::format("shard {} starts at element {} but the previous shard ends at {}; shards must tile the buffer in rank order (use memory::partition)", counts.size(), s.offset, next));
+    if (s.offset != next) op.fail(fmt::format("shard {} starts at element {} but the previous shard ends at {}; shards must tile the buffer in rank order (use memory::partition)", counts.size(), s.offset, next));
     counts.push_back(s.size);
     next = s.end();
   }
@@ -244,7 +240,7 @@ Group Group::split_as(int color, int key, const std::string& name, const CommCon
   child->name = name;
   child->config = config;
   auto op = make_op(state_, OpCode::kSplit, DType::kI32, 0, 0, fmt::format("color {}, key {}, into '{}'", color, key, name));
-  if (color < 0) fail(*op, "color must be >= 0 on every rank");
+  if (color < 0) op->fail("color must be >= 0 on every rank");
   op->body = [g = state_.get(), child, color, key, o = op.get()] {
     g->transport->split(*o, color, key, *child);
     child->transport = detail::make_transport(*child);  // Note [Transports]: collective over the new group
@@ -310,11 +306,11 @@ void reduce_scatter_op(Op& op, const std::shared_ptr<detail::GroupState>& g, con
   check_tensor(op, input, "input");
   check_tensor(op, output, "output");
   check_reduce(op, t, r);
-  if (counts.size() != static_cast<size_t>(g->size)) fail(op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
-  if (total != static_cast<size_t>(input.numel())) fail(op, fmt::format("the counts sum to {} but the input has {} elements", total, input.numel()));
+  if (counts.size() != static_cast<size_t>(g->size)) op.fail(fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
+  if (total != static_cast<size_t>(input.numel())) op.fail(fmt::format("the counts sum to {} but the input has {} elements", total, input.numel()));
   const size_t own = counts[static_cast<size_t>(g->rank)];
-  if (static_cast<size_t>(output.numel()) != own) fail(op, fmt::format("the output has {} elements but this rank's count is {}", output.numel(), own));
-  if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  if (static_cast<size_t>(output.numel()) != own) op.fail(fmt::format("the output has {} elements but this rank's count is {}", output.numel(), own));
+  if (output.dtype() != t) op.fail(fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   to_int(op, total);
   count_block_bytes(op, counts, total, own, memory::dtype_size(t));  // Note [16-bit reductions]
   const size_t bytes = total * memory::dtype_size(t);
@@ -361,11 +357,11 @@ void allgatherv_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const m
           0, per_rank, counts);
   check_tensor(op, input, "input");
   check_tensor(op, output, "output");
-  if (uneven_api && counts.size() != static_cast<size_t>(g->size)) fail(op, fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
+  if (uneven_api && counts.size() != static_cast<size_t>(g->size)) op.fail(fmt::format("got {} counts for a group of {} ranks; pass one count per rank", counts.size(), g->size));
   const size_t own = uneven_api ? counts[static_cast<size_t>(g->rank)] : per_rank;
-  if (per_rank != own) fail(op, fmt::format("the input has {} elements but this rank's count is {}", input.numel(), own));
-  if (static_cast<size_t>(output.numel()) != total) fail(op, fmt::format("the output has {} elements but the counts sum to {}", output.numel(), total));
-  if (output.dtype() != t) fail(op, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  if (per_rank != own) op.fail(fmt::format("the input has {} elements but this rank's count is {}", input.numel(), own));
+  if (static_cast<size_t>(output.numel()) != total) op.fail(fmt::format("the output has {} elements but the counts sum to {}", output.numel(), total));
+  if (output.dtype() != t) op.fail(fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   to_int(op, total);
   count_block_bytes(op, counts, total, own, memory::dtype_size(t));
   const size_t widest = memory::dtype_size(t) * (uneven_api ? *std::max_element(counts.begin(), counts.end()) : per_rank);
@@ -421,7 +417,7 @@ void broadcast_op(Op& op, const std::shared_ptr<detail::GroupState>& g, const me
   const size_t n = static_cast<size_t>(data.numel());
   init_op(op, g, async, OpCode::kBroadcast, t, static_cast<int64_t>(n), root, n);
   check_tensor(op, data, "data");
-  if (root < 0 || root >= g->size) fail(op, fmt::format("root {} is outside the group of {} ranks", root, g->size));
+  if (root < 0 || root >= g->size) op.fail(fmt::format("root {} is outside the group of {} ranks", root, g->size));
   const int count = to_int(op, n);
   const uint64_t bytes = n * memory::dtype_size(t);
   const int chain_pos = (g->rank - root + g->size) % g->size;  // position in the pipeline chain from root
@@ -465,7 +461,7 @@ void check_alltoallv_counts(const Op& op, detail::Transport& transport, int rank
     for (size_t j = 0; j < n; ++j) {
       const int32_t sent = all[i * 2 * n + j], expected = all[j * 2 * n + n + i];
       if (sent != expected) {
-        fail(op, fmt::format("mismatched counts: rank {} sends {} elements to rank {}, which expects {} from it "
+        op.fail(fmt::format("mismatched counts: rank {} sends {} elements to rank {}, which expects {} from it "
                              "(this is rank {}); recv_counts[i] on rank j must equal send_counts[j] on rank i "
                              "(exchange the counts first, e.g. with alltoall)",
                              i, sent, j, expected, rank));
@@ -494,7 +490,7 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, D
   auto op = make_op(g, code, t, uneven_api ? 0 : static_cast<int64_t>(ns), 0,
                     fmt::format("{}, send {} / receive {} elements", memory::dtype_name(t), ns, nr));
   if (send.size() != static_cast<size_t>(g->size) || recv.size() != static_cast<size_t>(g->size))
-    fail(*op, fmt::format("got {} send and {} receive counts for a group of {} ranks; pass one count per rank", send.size(), recv.size(), g->size));
+    op->fail(fmt::format("got {} send and {} receive counts for a group of {} ranks; pass one count per rank", send.size(), recv.size(), g->size));
   Counts s = int_counts(*op, send);
   Counts r = int_counts(*op, recv);
   const size_t es = memory::dtype_size(t);
@@ -521,11 +517,11 @@ std::shared_ptr<Op> alltoallv_op(const std::shared_ptr<detail::GroupState>& g, c
                        fmt::format("{}, send {} / receive {} elements", memory::dtype_name(t), input.numel(), output.numel()));
   check_tensor(*probe, input, "input");
   check_tensor(*probe, output, "output");
-  if (output.dtype() != t) fail(*probe, fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
+  if (output.dtype() != t) probe->fail(fmt::format("output dtype {} differs from input dtype {}", memory::dtype_name(output.dtype()), memory::dtype_name(t)));
   const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
   const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
-  if (ns != static_cast<size_t>(input.numel())) fail(*probe, fmt::format("the send counts sum to {} but the input has {} elements", ns, input.numel()));
-  if (nr != static_cast<size_t>(output.numel())) fail(*probe, fmt::format("the receive counts sum to {} but the output has {} elements", nr, output.numel()));
+  if (ns != static_cast<size_t>(input.numel())) probe->fail(fmt::format("the send counts sum to {} but the input has {} elements", ns, input.numel()));
+  if (nr != static_cast<size_t>(output.numel())) probe->fail(fmt::format("the receive counts sum to {} but the output has {} elements", nr, output.numel()));
   return alltoallv_op(g, t, Side{input, {}, {}}, std::move(send), Side{output, {}, {}}, std::move(recv), uneven_api,
                       check_counts);
 }
@@ -536,7 +532,7 @@ std::shared_ptr<Op> alltoallv_pieces_op(const std::shared_ptr<detail::GroupState
                                         std::span<const std::vector<memory::Tensor>> recv, bool check_counts) {
   auto probe = make_op(g, OpCode::kAlltoallv, DType::kF32, 0, 0, "pieces");
   if (send.size() != static_cast<size_t>(g->size) || recv.size() != static_cast<size_t>(g->size))
-    fail(*probe, fmt::format("got {} send and {} receive blocks for a group of {} ranks; pass one piece list per rank", send.size(), recv.size(), g->size));
+    probe->fail(fmt::format("got {} send and {} receive blocks for a group of {} ranks; pass one piece list per rank", send.size(), recv.size(), g->size));
   DType t = DType::kF32;
   bool typed = false;
   auto side = [&](std::span<const std::vector<memory::Tensor>> lists, std::vector<size_t>& counts, const char* role) {
@@ -546,7 +542,7 @@ std::shared_ptr<Op> alltoallv_pieces_op(const std::shared_ptr<detail::GroupState
       size_t n = 0;
       for (const memory::Tensor& p : list) {
         check_tensor(*probe, p, role);
-        if (typed && p.dtype() != t) fail(*probe, fmt::format("a {} piece is {} but another is {}; pass one dtype", role, memory::dtype_name(p.dtype()), memory::dtype_name(t)));
+        if (typed && p.dtype() != t) probe->fail(fmt::format("a {} piece is {} but another is {}; pass one dtype", role, memory::dtype_name(p.dtype()), memory::dtype_name(t)));
         t = p.dtype();
         typed = true;
         n += static_cast<size_t>(p.numel());
@@ -571,7 +567,7 @@ std::shared_ptr<Op> alltoall_op(const std::shared_ptr<detail::GroupState>& g, co
   if (n % size != 0 || static_cast<size_t>(output.numel()) != n) {
     auto probe = make_op(g, OpCode::kAlltoall, input.dtype(), 0, 0,
                          fmt::format("send {} / receive {} elements", n, output.numel()));
-    fail(*probe, fmt::format("input and output need the same numel, divisible by the group size {}; use alltoallv for uneven blocks", size));
+    probe->fail(fmt::format("input and output need the same numel, divisible by the group size {}; use alltoallv for uneven blocks", size));
   }
   std::vector<size_t> blocks(size, n / size);
   return alltoallv_op(g, input, blocks, output, blocks, false);
@@ -589,7 +585,7 @@ std::shared_ptr<Op> exchange_counts_op(const std::shared_ptr<detail::GroupState>
   auto op = make_op(g, OpCode::kAlltoall, DType::kI32, static_cast<int64_t>(w), -1,
                     fmt::format("counts, {} int64 per rank", w));
   if (send.size() != w * size || recv.size() != send.size())
-    fail(*op, fmt::format("send ({}) and recv ({}) need size() = {} blocks of the same width", send.size(), recv.size(), size));
+    op->fail(fmt::format("send ({}) and recv ({}) need size() = {} blocks of the same width", send.size(), recv.size(), size));
   const bool in_handshake = send.size() <= kMaxGathered;
   if (in_handshake) op->gather.assign(send.begin(), send.end());  // a local group's is its own (Runtime::execute)
   op->agrees_next = true;

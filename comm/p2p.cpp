@@ -95,24 +95,20 @@ std::string transfer_text(const detail::GroupState& g, const memory::Tensor& t, 
                      peer_text(g, peer));
 }
 
-[[noreturn]] void fail(const Op& op, const std::string& what) {
-  throw CommError(fmt::format("{}: {}", op.describe(), what));
-}
-
 void check_transfer(const Op& op, const detail::GroupState& g, const memory::Tensor& t, int peer, bool send) {
   const char* role = send ? "send" : "receive";
-  if (!t.defined()) fail(op, fmt::format("the {} tensor is undefined; pass a tensor with storage", role));
-  if (!t.is_contiguous()) fail(op, fmt::format("the {} tensor is not contiguous; pass a contiguous view", role));
+  if (!t.defined()) op.fail(fmt::format("the {} tensor is undefined; pass a tensor with storage", role));
+  if (!t.is_contiguous()) op.fail(fmt::format("the {} tensor is not contiguous; pass a contiguous view", role));
   if (peer < 0 || peer >= g.size) {
-    fail(op, fmt::format("peer rank {} is outside the group of {} ranks; pass a rank in 0..{}", peer, g.size, g.size - 1));
+    op.fail(fmt::format("peer rank {} is outside the group of {} ranks; pass a rank in 0..{}", peer, g.size, g.size - 1));
   }
   if (peer == g.rank) {
-    fail(op, fmt::format("the peer is this rank itself ({}); send and recv move data between two different ranks "
+    op.fail(fmt::format("the peer is this rank itself ({}); send and recv move data between two different ranks "
                          "of the group (copy the tensor instead)",
                          peer));
   }
   if (t.nbytes() > static_cast<size_t>(INT_MAX)) {
-    fail(op, fmt::format("{} bytes exceed MPI's int count; split the tensor into pieces of at most {} bytes",
+    op.fail(fmt::format("{} bytes exceed MPI's int count; split the tensor into pieces of at most {} bytes",
                          t.nbytes(), INT_MAX));
   }
 }

@@ -12,12 +12,9 @@
 
 namespace zs::comm {
 
-namespace {
-// What each rank tells the others, as int32 (one allgather).
-enum Field { kNodeId, kNodeRank, kPid, kFd, kBytesLo, kBytesHi, kSeqLo, kSeqHi, kFields };
-}  // namespace
-
 SharedArena::SharedArena(const Group& group, const memory::SharedMapping* mine) {
+  // What each rank tells the others, as int32 (one allgather).
+  enum Field { kNodeId, kNodeRank, kPid, kFd, kBytesLo, kBytesHi, kSeqLo, kSeqHi, kFields };
   const detail::GroupState& g = detail::group_state(group);
   detail::ShmNode* node = g.runtime->shm_node();
   // Every condition here is the same on every rank of the group.

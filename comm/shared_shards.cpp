@@ -20,8 +20,6 @@ using detail::Clock;
 using detail::GroupState;
 using detail::SpinProbe;
 
-// What each rank tells the others, as int32 (one allgather).
-enum Field { kNodeId, kNodeRank, kLine, kArenaLo, kArenaHi, kOffsetLo, kOffsetHi, kBytesLo, kBytesHi, kFields };
 constexpr int kWritten = 0;  // words of a rank's line: its shard's version
 constexpr int kDone = 1;     // and the last version whose peers' shards it has finished reading
 
@@ -34,6 +32,8 @@ uint64_t u32(int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v))
 }  // namespace
 
 SharedShards::SharedShards(const Group& group, const void* shard, size_t bytes) : group_(&group) {
+  // What each rank tells the others, as int32 (one allgather).
+  enum Field { kNodeId, kNodeRank, kLine, kArenaLo, kArenaHi, kOffsetLo, kOffsetHi, kBytesLo, kBytesHi, kFields };
   const GroupState& g = detail::group_state(group);
   detail::ShmNode* node = g.runtime->shm_node();
   // Every condition before the allgather is the same on every rank of the group.

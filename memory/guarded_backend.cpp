@@ -17,9 +17,8 @@
 namespace zs::memory {
 namespace {
 
-constexpr size_t kPage = 4096;
-
-size_t page_round(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+using detail::kPage;
+using detail::page_round;
 
 // Note [guard fault handler]
 // A fault in an engine view must say what happened instead of a bare "Segmentation fault". The

@@ -6,14 +6,11 @@
 #include <cstring>
 
 #include "core/errors.h"
+#include "memory/detail/host_ops.h"
 
 namespace zs::memory {
-namespace {
 
-constexpr size_t kPage = 4096;
-size_t page_round(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
-
-}  // namespace
+using detail::page_round;
 
 MeasuringBackend::MeasuringBackend(size_t device_capacity_bytes) : device_capacity_(device_capacity_bytes) {}
 

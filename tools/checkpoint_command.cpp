@@ -46,7 +46,7 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-int run(const std::vector<std::string>& args) {
+int run_checkpoint(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     std::fputs(kCheckpointUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;
@@ -140,7 +140,7 @@ int run(const std::vector<std::string>& args) {
 // corrupt or missing checkpoint), so scripts tell "different" from "could not compare".
 int checkpoint_command(const std::vector<std::string>& args) {
   try {
-    return run(args);
+    return run_checkpoint(args);
   } catch (const Error& e) {
     std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
     return 2;

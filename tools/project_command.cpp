@@ -61,7 +61,7 @@ std::vector<int> parse_ranks(const std::string& text) {
   return out;
 }
 
-int run(const po::variables_map& vm) {
+int run_project(const po::variables_map& vm) {
   if (!vm.count("config")) throw ConfigError("project: give the run config with --config FILE");
   if (!vm.count("ranks")) throw ConfigError("project: give the world size with --ranks N");
   project::Options opt;
@@ -152,7 +152,7 @@ int project_command(const std::vector<std::string>& args) {
       "json", po::value<std::string>(), "also write the projection as JSON to FILE");
   po::variables_map vm;
   if (const std::optional<int> code = parse_or_help("project", args, opts, kProjectUsage, vm)) return *code;
-  return run_reporting_errors(run, vm);
+  return run_reporting_errors(run_project, vm);
 }
 
 }  // namespace zs::tools

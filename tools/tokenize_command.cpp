@@ -75,7 +75,7 @@ class ShardSeries {
   std::vector<std::string> written_;
 };
 
-int run(const std::vector<std::string>& args) {
+int run_tokenize(const std::vector<std::string>& args) {
   std::string model_path, out, split = "file";
   uint64_t shard_tokens = 0;
   std::vector<std::string> inputs;
@@ -172,7 +172,7 @@ int run(const std::vector<std::string>& args) {
 
 int tokenize_command(const std::vector<std::string>& args) {
   try {
-    return run(args);
+    return run_tokenize(args);
   } catch (const Error& e) {
     std::fprintf(stderr, "zeroshard: error: %s\n", e.what());
     return 1;

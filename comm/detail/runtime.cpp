@@ -96,6 +96,8 @@ std::string Op::describe() const {
   return fmt::format("{}({}) on {}", op_name(code), text, group->where());
 }
 
+void Op::fail(const std::string& what) const { throw CommError(fmt::format("{}: {}", describe(), what)); }
+
 Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
   if (!use_mpi) return;
   int initialized = 0, finalized = 0;

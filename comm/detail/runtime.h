@@ -225,6 +225,8 @@ struct Op {
   Op(const Op&) = delete;  // `counts` may view owned_counts
   Op& operator=(const Op&) = delete;
   std::string describe() const;  // "allreduce(fp32, 1000 elements, sum) on group 'dp' (rank ...)"
+  // Throws CommError "<describe()>: <what>": a bad argument, found before any rank exchanges anything.
+  [[noreturn]] void fail(const std::string& what) const;
 };
 
 class Runtime {

@@ -9,6 +9,10 @@
 
 namespace zs::memory::detail {
 
+// The page the host backends map and guard by.
+inline constexpr size_t kPage = 4096;
+inline size_t page_round(size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+
 void host_copy(void* dst, const void* src, size_t bytes, int threads);
 void host_convert(void* dst, DType dst_type, const void* src, DType src_type, size_t n, int threads);
 // dst[i] += src[i] in fp32, rounded once to `dtype`.

@@ -24,12 +24,6 @@ using memory::Tensor;
 
 namespace {
 
-comm::Group with_mode(comm::SharedMemory mode, const std::string& name) {
-  comm::CommConfig c = test::world().config();
-  c.shared_memory = mode;
-  return test::world().group().dup(name, c);
-}
-
 // Every rank's host (group rank order), gathered with MPI from what the group reports.
 std::vector<int> hosts_of(const comm::Group& g) {
   // The host of a rank: the lowest group rank sharing it, found through MPI_COMM_TYPE_SHARED and the
@@ -78,7 +72,7 @@ bool equal_bits(const float* a, const float* b, size_t n) { return std::memcmp(a
 TEST(Hosts, Fp32SumsInRankOrderOnAnyLayout) {
   const comm::Group& world = test::world().group();
   if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
-  comm::Group g = with_mode(comm::SharedMemory::kOn, "h_order");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kOn, "h_order");
   const int n = g.size(), me = g.rank();
   // Two rounds of the hierarchical chain (kSlotBytes / 8 elements each) and a short one.
   for (size_t size : {size_t{1000}, size_t{600001}}) {
@@ -106,7 +100,7 @@ TEST(Hosts, Fp32SumsInRankOrderOnAnyLayout) {
 TEST(Hosts, BytesAcrossHostsMatchTheFormulas) {
   const comm::Group& world = test::world().group();
   if (world.size() < 2) GTEST_SKIP() << "needs two ranks";
-  comm::Group g = with_mode(comm::SharedMemory::kAuto, "h_bytes");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "h_bytes");
   const std::vector<int> hosts = hosts_of(g);
   const int N = g.size(), me = g.rank();
   int R = 0;

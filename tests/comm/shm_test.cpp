@@ -33,13 +33,6 @@ namespace {
 constexpr size_t kSlot = comm::detail::ShmNode::kSlotBytes;  // sizes below straddle slots and rounds on purpose
 constexpr size_t kRound = comm::detail::ShmNode::kRoundBytes;
 
-comm::Group with_mode(comm::SharedMemory mode, const char* name, double timeout_s = 60) {
-  comm::CommConfig c = test::world().config();
-  c.shared_memory = mode;
-  c.timeout_s = timeout_s;
-  return test::world().group().dup(name, c);
-}
-
 using test::raw_value;
 
 // raw_value as stored in `t`.
@@ -53,8 +46,6 @@ double stored(DType t, int rank, size_t i) {
   }
   return 0;
 }
-
-Tensor make(DType t, size_t n, int rank, size_t offset = 0) { return test::random_values(t, n, rank, offset); }
 
 using test::empty;
 using test::same_bits;
@@ -93,13 +84,11 @@ std::vector<size_t> uneven_counts(int n, size_t es) {
 
 // The world's real layout (MPI_COMM_TYPE_SHARED), or blocks of --shm-node-ranks: tests/multihost runs
 // this on two hosts.
-bool single_node() { return test::world().group().hosts() == 1; }
-
 const DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32};
 
 TEST(Shm, ReduceScatterMatchesMpiAndReference) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_rs");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_rs");
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_rs");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "mpi_rs");
   const int n = shm.size(), me = shm.rank();
   for (DType t : kTypes) {
     for (bool average : {false, true}) {
@@ -114,9 +103,9 @@ TEST(Shm, ReduceScatterMatchesMpiAndReference) {
         const size_t own = counts[static_cast<size_t>(me)];
         const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
         Tensor a = empty(own, t), b = empty(own, t), c = empty(own, t);
-        shm.reduce_scatter(make(t, total, me), a, counts, op);
-        shm.reduce_scatter(make(t, total, me), b, counts, op);
-        mpi.reduce_scatter(make(t, total, me), c, counts, op);
+        shm.reduce_scatter(test::random_values(t, total, me), a, counts, op);
+        shm.reduce_scatter(test::random_values(t, total, me), b, counts, op);
+        mpi.reduce_scatter(test::random_values(t, total, me), c, counts, op);
         EXPECT_TRUE(same_bits(a, b)) << "not deterministic run to run";
         if (n <= 2 || t == DType::kI32) {
           EXPECT_TRUE(same_bits(a, c)) << "differs from OpenMPI's result";
@@ -128,20 +117,20 @@ TEST(Shm, ReduceScatterMatchesMpiAndReference) {
 }
 
 TEST(Shm, ReduceScatterInPlace) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_rs_inplace");
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_rs_inplace");
   const int n = shm.size(), me = shm.rank();
   const auto counts = uneven_counts(n, 4);
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
-  Tensor in = make(DType::kF32, total, me);
+  Tensor in = test::random_values(DType::kF32, total, me);
   Tensor own = in.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + counts[static_cast<size_t>(me)]));
   shm.reduce_scatter(in, own, counts);
   expect_close_to_reference(own, DType::kF32, displ, n, false);
 }
 
 TEST(Shm, AllgathervBitwiseEqualToMpi) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_ag");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_ag");
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_ag");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "mpi_ag");
   const int n = shm.size(), me = shm.rank();
   for (DType t : kTypes) {
     SCOPED_TRACE(memory::dtype_name(t));
@@ -149,7 +138,7 @@ TEST(Shm, AllgathervBitwiseEqualToMpi) {
     for (int r = 0; r < n; ++r) counts[static_cast<size_t>(r)] = r % 3 == 1 ? 0 : kSlot / memory::dtype_size(t) + 5 + 17 * static_cast<size_t>(r);
     const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
     const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
-    Tensor mine = make(t, counts[static_cast<size_t>(me)], me, displ);
+    Tensor mine = test::random_values(t, counts[static_cast<size_t>(me)], me, displ);
     Tensor a = empty(total, t), c = empty(total, t);
     shm.allgatherv(mine, a, counts);
     mpi.allgatherv(mine, c, counts);
@@ -165,15 +154,15 @@ TEST(Shm, AllgathervBitwiseEqualToMpi) {
     shm.allgatherv(b.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + counts[static_cast<size_t>(me)])), b, counts);
     EXPECT_TRUE(same_bits(b, c));
     Tensor e1 = empty(1001 * static_cast<size_t>(n), t), e2 = empty(1001 * static_cast<size_t>(n), t);
-    shm.allgather(make(t, 1001, me), e1);
-    mpi.allgather(make(t, 1001, me), e2);
+    shm.allgather(test::random_values(t, 1001, me), e1);
+    mpi.allgather(test::random_values(t, 1001, me), e2);
     EXPECT_TRUE(same_bits(e1, e2));
   }
 }
 
 TEST(Shm, AllreduceMatchesMpiAndReference) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_ar");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_ar");
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_ar");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "mpi_ar");
   const int n = shm.size(), me = shm.rank();
   for (DType t : kTypes) {
     for (size_t size : {size_t{0}, size_t{1}, size_t{1000}, 3 * kSlot / 2 / memory::dtype_size(t) + 123}) {
@@ -182,7 +171,7 @@ TEST(Shm, AllreduceMatchesMpiAndReference) {
         if (average && size > 1000) continue;  // the rounds are the sum's; the average only divides
         SCOPED_TRACE(std::string(memory::dtype_name(t)) + " " + std::to_string(size) + (average ? " average" : " sum"));
         const comm::ReduceOp op = average ? comm::ReduceOp::kAverage : comm::ReduceOp::kSum;
-        Tensor a = make(t, size, me), b = make(t, size, me), c = make(t, size, me);
+        Tensor a = test::random_values(t, size, me), b = test::random_values(t, size, me), c = test::random_values(t, size, me);
         shm.allreduce(a, op);
         shm.allreduce(b, op);
         mpi.allreduce(c, op);
@@ -205,8 +194,8 @@ TEST(Shm, AllreduceMatchesMpiAndReference) {
 // Rank i sends rank j `f(i, j)` elements: zero for some pairs, several rounds for others, and a
 // rank that sends everything to one peer next to one that sends nothing (MoE's skewed routing).
 TEST(Shm, AlltoallvBitwiseEqualToMpi) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_a2a");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_a2a");
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_a2a");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "mpi_a2a");
   const int n = shm.size(), me = shm.rank();
   const size_t per_round = kRound / static_cast<size_t>(std::max(1, n - 1)) / 4;  // fp32 elements per peer per round
   auto uneven = [&](int i, int j) -> size_t { return (i + 2 * j) % 3 == 0 ? 0 : per_round * static_cast<size_t>(i + j) + 13 * static_cast<size_t>(j) + 1; };
@@ -220,10 +209,10 @@ TEST(Shm, AlltoallvBitwiseEqualToMpi) {
       for (int j = 0; j < n; ++j) send[static_cast<size_t>(j)] = f(me, j), recv[static_cast<size_t>(j)] = f(j, me);
       const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
       const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
-      Tensor in = make(t, ns, me), a = empty(nr, t), c = empty(nr, t);
+      Tensor in = test::random_values(t, ns, me), a = empty(nr, t), c = empty(nr, t);
       const uint64_t before = test::world().counters().shared_memory_collectives;
       shm.alltoallv(in, send, a, recv, comm::Group::CountCheck::kSkip);
-      EXPECT_EQ(test::world().counters().shared_memory_collectives, before + (n > 1 && single_node() ? 1 : 0));
+      EXPECT_EQ(test::world().counters().shared_memory_collectives, before + (n > 1 && test::single_host() ? 1 : 0));
       mpi.alltoallv(in, send, c, recv);
       EXPECT_TRUE(same_bits(a, c));
       size_t at = 0;  // block j comes from rank j: its first elements are rank j's send displacement to me
@@ -238,7 +227,7 @@ TEST(Shm, AlltoallvBitwiseEqualToMpi) {
     }
   }
   // The even form, and a mismatch of the counts is still caught by the verified form on every rank.
-  Tensor x = make(DType::kF32, 4096 * static_cast<size_t>(n), me), y1 = empty(4096 * static_cast<size_t>(n), DType::kF32),
+  Tensor x = test::random_values(DType::kF32, 4096 * static_cast<size_t>(n), me), y1 = empty(4096 * static_cast<size_t>(n), DType::kF32),
          y2 = empty(4096 * static_cast<size_t>(n), DType::kF32);
   shm.alltoall(x, y1);
   mpi.alltoall(x, y2);
@@ -248,15 +237,15 @@ TEST(Shm, AlltoallvBitwiseEqualToMpi) {
     if (me == 1) recv[0] = 11;
     const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
     Tensor o = empty(nr, DType::kF32);
-    EXPECT_THROW(shm.alltoallv(make(DType::kF32, 10 * static_cast<size_t>(n), me), send, o, recv), CommError);
+    EXPECT_THROW(shm.alltoallv(test::random_values(DType::kF32, 10 * static_cast<size_t>(n), me), send, o, recv), CommError);
   }
 }
 
 // The piece form (moe/dispatch.h): blocks split over several tensors, on both sides, through shared
 // memory and through MPI's packing, equal to the contiguous exchange.
 TEST(Shm, AlltoallvPiecesEqualContiguous) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_a2a_pieces");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "mpi_a2a_pieces");
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_a2a_pieces");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "mpi_a2a_pieces");
   const int n = shm.size(), me = shm.rank();
   const size_t big = kRound / 4 + 77;  // crosses rounds and piece boundaries
   auto f = [&](int i, int j) -> size_t { return (i + j) % 3 == 2 ? 0 : big * static_cast<size_t>(1 + (i + j) % 2) + 5 * static_cast<size_t>(i); };
@@ -264,7 +253,7 @@ TEST(Shm, AlltoallvPiecesEqualContiguous) {
   for (int j = 0; j < n; ++j) send[static_cast<size_t>(j)] = f(me, j), recv[static_cast<size_t>(j)] = f(j, me);
   const size_t ns = std::accumulate(send.begin(), send.end(), size_t{0});
   const size_t nr = std::accumulate(recv.begin(), recv.end(), size_t{0});
-  Tensor in = make(DType::kF32, ns, me), expected = empty(nr, DType::kF32);
+  Tensor in = test::random_values(DType::kF32, ns, me), expected = empty(nr, DType::kF32);
   mpi.alltoallv(in, send, expected, recv);
   // Each block cut into three pieces (one may be empty), the receive side in a scrambled buffer.
   auto cut = [](const Tensor& flat, size_t at, size_t cnt) {
@@ -288,13 +277,13 @@ TEST(Shm, AlltoallvPiecesEqualContiguous) {
 }
 
 TEST(Shm, ConfigSwitchForcesEitherPath) {
-  comm::Group on = with_mode(comm::SharedMemory::kOn, "shm_on");
-  comm::Group off = with_mode(comm::SharedMemory::kOff, "shm_off");
-  comm::Group autos = with_mode(comm::SharedMemory::kAuto, "shm_auto");
+  comm::Group on = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_on");
+  comm::Group off = test::world_with_shared_memory(comm::SharedMemory::kOff, "shm_off");
+  comm::Group autos = test::world_with_shared_memory(comm::SharedMemory::kAuto, "shm_auto");
   const int n = on.size();
-  Tensor x = make(DType::kF32, 4096, on.rank());
+  Tensor x = test::random_values(DType::kF32, 4096, on.rank());
   Tensor part = Tensor::empty({4096 / n}, DType::kF32);
-  Tensor x4 = make(DType::kF32, 4096 / n * n, on.rank());
+  Tensor x4 = test::random_values(DType::kF32, 4096 / n * n, on.rank());
   auto shm_count = [] { return test::world().counters().shared_memory_collectives; };
   uint64_t before = shm_count();
   off.allreduce(x);
@@ -308,26 +297,26 @@ TEST(Shm, ConfigSwitchForcesEitherPath) {
     before = shm_count();
     g->reduce_scatter(x4, part, std::vector<size_t>(static_cast<size_t>(n), 4096 / n));
     g->allgather(part, x4);
-    EXPECT_EQ(shm_count(), before + (n > 1 && single_node() ? 2 : 0)) << g->name();
+    EXPECT_EQ(shm_count(), before + (n > 1 && test::single_host() ? 2 : 0)) << g->name();
   }
   // "auto" leaves tensors of 4-8 KiB to MPI; true takes them too. Up to 4 KiB both take the small
   // collectives' one exchange (Note [Small collectives] in comm/detail/small.h), on one node only.
-  Tensor mid = make(DType::kF32, 1536, on.rank());
+  Tensor mid = test::random_values(DType::kF32, 1536, on.rank());
   before = shm_count();
   autos.allreduce(mid);
   EXPECT_EQ(shm_count(), before);
   on.allreduce(mid);
   EXPECT_EQ(shm_count(), before + (n > 1 ? 1 : 0));
-  Tensor small = make(DType::kI32, 256, on.rank());
+  Tensor small = test::random_values(DType::kI32, 256, on.rank());
   before = shm_count();
   autos.allreduce(small);
   on.allreduce(small);
   off.allreduce(small);
-  EXPECT_EQ(shm_count(), before + (n > 1 ? (single_node() ? 2 : 1) : 0));  // across nodes: true's hierarchical
+  EXPECT_EQ(shm_count(), before + (n > 1 ? (test::single_host() ? 2 : 1) : 0));  // across nodes: true's hierarchical
 }
 
 TEST(Shm, MismatchThrowsOnEveryRank) {
-  comm::Group shm = with_mode(comm::SharedMemory::kOn, "shm_mismatch", 5);
+  comm::Group shm = test::world_with_shared_memory(comm::SharedMemory::kOn, "shm_mismatch", 5);
   const int n = shm.size(), me = shm.rank();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   std::vector<size_t> counts(static_cast<size_t>(n), 100);
@@ -335,12 +324,12 @@ TEST(Shm, MismatchThrowsOnEveryRank) {
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   Tensor out = Tensor::empty({static_cast<int64_t>(counts[static_cast<size_t>(me)])}, DType::kF32);
   try {
-    shm.reduce_scatter(make(DType::kF32, total, me), out, counts);
+    shm.reduce_scatter(test::random_values(DType::kF32, total, me), out, counts);
     FAIL() << "expected a mismatch";
   } catch (const CommError& e) {
     EXPECT_NE(std::string(e.what()).find("mismatched size"), std::string::npos) << e.what();
   }
-  Tensor x = make(DType::kF32, 5000, me);
+  Tensor x = test::random_values(DType::kF32, 5000, me);
   shm.allreduce(x);  // still usable after a detected mismatch
   expect_close_to_reference(x, DType::kF32, 0, n, false);
 }
@@ -366,10 +355,10 @@ struct ArenaTensors {
 
 uint64_t direct_count() { return test::world().counters().direct_collectives; }
 // Collectives of a group on one node read in place once the arena is active.
-uint64_t direct_expected(const comm::SharedArena& arena, uint64_t k) { return arena.active() && single_node() ? k : 0; }
+uint64_t direct_expected(const comm::SharedArena& arena, uint64_t k) { return arena.active() && test::single_host() ? k : 0; }
 
 TEST(ShmDirect, ArenaActiveExactlyWhereUsable) {
-  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_reg");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kOn, "direct_reg");
   ArenaTensors mem;
   comm::SharedArena arena(g, &mem.mapping);
   EXPECT_EQ(arena.active(), g.size() > 1) << arena.inactive_reason();
@@ -380,8 +369,8 @@ TEST(ShmDirect, ArenaActiveExactlyWhereUsable) {
 }
 
 TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
-  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_ag");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_ag_mpi");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kOn, "direct_ag");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "direct_ag_mpi");
   ArenaTensors mem;
   comm::SharedArena arena(g, &mem.mapping);
   const int n = g.size(), me = g.rank();
@@ -392,7 +381,7 @@ TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
     const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
     const size_t displ = std::accumulate(counts.begin(), counts.begin() + me, size_t{0});
     const size_t own = counts[static_cast<size_t>(me)];
-    Tensor mine = mem.copy_of(make(t, own, me, displ));
+    Tensor mine = mem.copy_of(test::random_values(t, own, me, displ));
     Tensor a = empty(total, t), c = empty(total, t);
     uint64_t before = direct_count();
     g.allgatherv(mine, a, counts);
@@ -411,8 +400,8 @@ TEST(ShmDirect, AllgathervBitwiseEqualToMpi) {
 // Broadcast in place (comm/detail/shm.cpp: only there; a tensor outside the arena keeps MPI_Bcast):
 // past the small path's limit and past the streaming threshold, from the first and the last rank.
 TEST(ShmDirect, BroadcastBitwiseEqualToMpi) {
-  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_bc");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_bc_mpi");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kOn, "direct_bc");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "direct_bc_mpi");
   ArenaTensors mem;
   comm::SharedArena arena(g, &mem.mapping);
   const int n = g.size(), me = g.rank();
@@ -425,7 +414,7 @@ TEST(ShmDirect, BroadcastBitwiseEqualToMpi) {
                         Case{DType::kF32, kSlot + 4099, n - 1}}) {
     const size_t m = k.bytes / memory::dtype_size(k.t);
     SCOPED_TRACE(std::string(memory::dtype_name(k.t)) + ", " + std::to_string(m) + " elements, root " + std::to_string(k.root));
-    Tensor a = mem.copy_of(make(k.t, m, me)), c = make(k.t, m, me), private_copy = make(k.t, m, me);
+    Tensor a = mem.copy_of(test::random_values(k.t, m, me)), c = test::random_values(k.t, m, me), private_copy = test::random_values(k.t, m, me);
     const uint64_t before = direct_count();
     g.broadcast(a, k.root);
     EXPECT_EQ(direct_count(), before + direct_expected(arena, 1));
@@ -434,13 +423,13 @@ TEST(ShmDirect, BroadcastBitwiseEqualToMpi) {
     mpi.broadcast(c, k.root);
     EXPECT_TRUE(same_bits(a, c));
     EXPECT_TRUE(same_bits(private_copy, c));
-    EXPECT_TRUE(same_bits(a, make(k.t, m, k.root)));
+    EXPECT_TRUE(same_bits(a, test::random_values(k.t, m, k.root)));
   }
 }
 
 TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
-  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_rs");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "direct_rs_mpi");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kOn, "direct_rs");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "direct_rs_mpi");
   ArenaTensors mem;
   comm::SharedArena arena(g, &mem.mapping);
   const int n = g.size(), me = g.rank();
@@ -455,19 +444,19 @@ TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
       // Reduce-scatter: direct out of place and in place, staged (private input), MPI.
       Tensor direct = empty(own, t), staged = empty(own, t), ref = empty(own, t);
       const uint64_t before = direct_count();
-      g.reduce_scatter(mem.copy_of(make(t, total, me)), direct, counts, op);
-      Tensor in = mem.copy_of(make(t, total, me));
+      g.reduce_scatter(mem.copy_of(test::random_values(t, total, me)), direct, counts, op);
+      Tensor in = mem.copy_of(test::random_values(t, total, me));
       Tensor in_place = in.slice(0, static_cast<int64_t>(displ), static_cast<int64_t>(displ + own));
       g.reduce_scatter(in, in_place, counts, op);
-      g.reduce_scatter(make(t, total, me), staged, counts, op);
-      mpi.reduce_scatter(make(t, total, me), ref, counts, op);
+      g.reduce_scatter(test::random_values(t, total, me), staged, counts, op);
+      mpi.reduce_scatter(test::random_values(t, total, me), ref, counts, op);
       EXPECT_TRUE(same_bits(direct, staged)) << "differs from the staged path";
       EXPECT_TRUE(same_bits(in_place, staged)) << "in place differs";
       if (n <= 2) EXPECT_TRUE(same_bits(direct, ref)) << "differs from OpenMPI's result";
       expect_close_to_reference(direct, t, displ, n, average);
       // Allreduce of an odd size (sub-slices of different lengths).
       const size_t m = 3 * kRound / memory::dtype_size(t) + 11;
-      Tensor x = mem.copy_of(make(t, m, me)), y = make(t, m, me), z = make(t, m, me);
+      Tensor x = mem.copy_of(test::random_values(t, m, me)), y = test::random_values(t, m, me), z = test::random_values(t, m, me);
       g.allreduce(x, op);
       g.allreduce(y, op);
       mpi.allreduce(z, op);
@@ -479,12 +468,12 @@ TEST(ShmDirect, ReduceScatterAndAllreduceMatchStagedAndMpi) {
 }
 
 TEST(ShmDirect, OneRankOutsideTheArenaTakesTheStagedPathEverywhere) {
-  comm::Group g = with_mode(comm::SharedMemory::kOn, "direct_mixed");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kOn, "direct_mixed");
   ArenaTensors mem;
   comm::SharedArena arena(g, &mem.mapping);
   const int n = g.size(), me = g.rank();
   const size_t m = 5000;
-  Tensor x = me == 0 ? make(DType::kF32, m, me) : mem.copy_of(make(DType::kF32, m, me));
+  Tensor x = me == 0 ? test::random_values(DType::kF32, m, me) : mem.copy_of(test::random_values(DType::kF32, m, me));
   const uint64_t before = direct_count();
   g.allreduce(x);  // votes differ: not a mismatch, just no direct path
   EXPECT_EQ(direct_count(), before + (n == 1 ? 0 : direct_expected(arena, 0)));
@@ -500,7 +489,7 @@ TEST(ShmDirect, OneRankOutsideTheArenaTakesTheStagedPathEverywhere) {
 float moe_value(int world_rank, int iteration, size_t i) { return raw_value(world_rank * 131 + iteration, i); }
 
 TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
-  comm::Group world = with_mode(comm::SharedMemory::kOn, "direct_moe");
+  comm::Group world = test::world_with_shared_memory(comm::SharedMemory::kOn, "direct_moe");
   const int n = world.size(), me = world.rank();
   ArenaTensors mem;
   comm::SharedArena arena(world, &mem.mapping);
@@ -543,7 +532,7 @@ TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
     for (size_t i = 0; i < static_cast<size_t>(got.numel()); ++i) {
       const float e = expected(offset + i);
       // Across "nodes" (--shm-node-ranks) MPI's and the leaders' sums run in their own order: close only.
-      bad += single_node() ? std::memcmp(&got.data<float>()[i], &e, sizeof e) != 0
+      bad += test::single_host() ? std::memcmp(&got.data<float>()[i], &e, sizeof e) != 0
                            : !(std::fabs(got.data<float>()[i] - e) <= 1e-5f);
     }
     EXPECT_EQ(bad, 0u) << what << ": elements differ from the member-order sum";
@@ -605,7 +594,7 @@ TEST(ShmDirect, SplitGroupsSumTheirOwnMembersOnce) {
     }
   }
   // Across "nodes" (--shm-node-ranks) some groups stay on one node and some do not: counted on one only.
-  if (single_node()) {
+  if (test::single_host()) {
     EXPECT_EQ(direct_count(), before + direct_expected(arena, issued));
   }
 }
@@ -635,7 +624,7 @@ TEST(Shm, StalledRankTimesOutEverywhere) {
         stopped = true;
       });
     }
-    Tensor x = make(DType::kF32, 3 * kSlot / 4, w.rank());  // three rounds per allreduce
+    Tensor x = test::random_values(DType::kF32, 3 * kSlot / 4, w.rank());  // three rounds per allreduce
     std::string message;
     const auto start = std::chrono::steady_clock::now();
     try {

@@ -31,8 +31,6 @@ using memory::Tensor;
 
 namespace {
 
-Tensor make(DType t, size_t n, int rank, size_t offset = 0) { return test::random_values(t, n, rank, offset); }
-
 // bf16 values widened to fp32 (MPI cannot sum bf16; its fp32 sum is the reference).
 Tensor widened(const Tensor& x) {
   Tensor w = Tensor::empty({x.numel()}, DType::kF32);
@@ -81,12 +79,6 @@ struct Case {
 
 const char* transport_of(const comm::Group& g) { return comm::detail::group_state(g).transport->name(); }
 
-comm::Group with_mode(comm::SharedMemory mode, const std::string& name) {
-  comm::CommConfig c = test::world().config();
-  c.shared_memory = mode;
-  return test::world().group().dup(name, c);
-}
-
 // A local group of one on this rank (the transport of a world started without mpirun), sharing the
 // World's executor.
 comm::Group local_group() {
@@ -99,10 +91,6 @@ comm::Group local_group() {
   return comm::Group(std::move(state));
 }
 
-// The world's real layout (MPI_COMM_TYPE_SHARED), or blocks of --shm-node-ranks: tests/multihost runs
-// this on two hosts.
-bool single_node() { return test::world().group().hosts() == 1; }
-
 class TransportTest : public ::testing::Test {
  protected:
   void SetUp() override { ZS_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &ref_), "test communicator"); }
@@ -112,13 +100,13 @@ class TransportTest : public ::testing::Test {
   std::vector<Case> cases() {
     const int n = test::world().size();
     std::vector<Case> out;
-    out.push_back({"mpi", with_mode(comm::SharedMemory::kOff, "t_mpi"), ref_, true, true, false});
+    out.push_back({"mpi", test::world_with_shared_memory(comm::SharedMemory::kOff, "t_mpi"), ref_, true, true, false});
     out.push_back({"local", local_group(), MPI_COMM_SELF, true, true, false});
-    if (n >= 2 && single_node()) {
-      out.push_back({"shm", with_mode(comm::SharedMemory::kOn, "t_shm"), ref_, n <= 2, n <= 2, true});
+    if (n >= 2 && test::single_host()) {
+      out.push_back({"shm", test::world_with_shared_memory(comm::SharedMemory::kOn, "t_shm"), ref_, n <= 2, n <= 2, true});
     } else if (n >= 2) {
       // Across "nodes" the sums are in rank order, as one node's (hosts_test.cpp), not MPI's.
-      out.push_back({"hierarchical", with_mode(comm::SharedMemory::kOn, "t_hier"), ref_, false, false, true});
+      out.push_back({"hierarchical", test::world_with_shared_memory(comm::SharedMemory::kOn, "t_hier"), ref_, false, false, true});
     }
     return out;
   }
@@ -138,8 +126,8 @@ TEST_F(TransportTest, ChosenOnceFromTheGroupsFacts) {
     EXPECT_STREQ(transport_of(child), c.transport.c_str());
   }
   EXPECT_STREQ(transport_of(comm::Group::simulated(0, 4)), "simulated");
-  EXPECT_STREQ(transport_of(with_mode(comm::SharedMemory::kAuto, "t_auto")),
-               test::world().size() < 2 ? "mpi" : single_node() ? "shm" : "hierarchical");
+  EXPECT_STREQ(transport_of(test::world_with_shared_memory(comm::SharedMemory::kAuto, "t_auto")),
+               test::world().size() < 2 ? "mpi" : test::single_host() ? "shm" : "hierarchical");
 }
 
 // The choice is the same on every rank because the ranks' settings are checked first: a dup with
@@ -159,7 +147,7 @@ TEST_F(TransportTest, DifferingSharedMemorySettingsThrowOnEveryRank) {
 }
 
 TEST_F(TransportTest, AllreduceMatchesMpi) {
-  comm::Group mpi_twin = with_mode(comm::SharedMemory::kOff, "t_mpi_twin");
+  comm::Group mpi_twin = test::world_with_shared_memory(comm::SharedMemory::kOff, "t_mpi_twin");
   for (Case& c : cases()) {
     SCOPED_TRACE(c.transport);
     const int n = c.group.size(), me = c.group.rank();
@@ -167,7 +155,7 @@ TEST_F(TransportTest, AllreduceMatchesMpi) {
       SCOPED_TRACE(size);
       const uint64_t before = shm_count();
       for (comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kAverage}) {
-        Tensor a = make(DType::kF32, size, me), m = make(DType::kF32, size, me);
+        Tensor a = test::random_values(DType::kF32, size, me), m = test::random_values(DType::kF32, size, me);
         c.group.allreduce(a, op);
         ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, m.raw(), static_cast<int>(size), MPI_FLOAT, MPI_SUM, c.ref), "ref");
         if (op == comm::ReduceOp::kAverage) {
@@ -179,16 +167,16 @@ TEST_F(TransportTest, AllreduceMatchesMpi) {
           expect_close(a, m, n);
         }
       }
-      Tensor i32 = make(DType::kI32, size, me), mi = make(DType::kI32, size, me);
+      Tensor i32 = test::random_values(DType::kI32, size, me), mi = test::random_values(DType::kI32, size, me);
       c.group.allreduce(i32);
       ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mi.raw(), static_cast<int>(size), MPI_INT32_T, MPI_SUM, c.ref), "ref");
       EXPECT_TRUE(same_bits(i32, mi)) << "int32 differs from MPI_Allreduce";
-      Tensor b = make(DType::kBF16, size, me), mb = widened(b);
+      Tensor b = test::random_values(DType::kBF16, size, me), mb = widened(b);
       c.group.allreduce(b);
       ZS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, mb.raw(), static_cast<int>(size), MPI_FLOAT, MPI_SUM, c.ref), "ref");
       expect_close(b, mb, n);
       // The same bits as the MPI transport's (Note [16-bit reductions]); over one rank the value itself.
-      Tensor twin = make(DType::kBF16, size, me);
+      Tensor twin = test::random_values(DType::kBF16, size, me);
       if (c.transport == "shm") mpi_twin.allreduce(twin);
       if (c.transport == "shm" || c.transport == "local") {
         EXPECT_TRUE(same_bits(b, twin)) << "bf16 differs from the MPI transport's";
@@ -209,9 +197,9 @@ TEST_F(TransportTest, ReduceScatterMatchesMpi) {
     const std::vector<int> rc = ints(counts);
     for (DType t : {DType::kF32, DType::kI32, DType::kBF16}) {
       SCOPED_TRACE(memory::dtype_name(t));
-      Tensor in = make(t, total, me), out = empty(own, t);
+      Tensor in = test::random_values(t, total, me), out = empty(own, t);
       c.group.reduce_scatter(in, out, counts);
-      Tensor send = t == DType::kBF16 ? widened(in) : make(t, total, me);
+      Tensor send = t == DType::kBF16 ? widened(in) : test::random_values(t, total, me);
       Tensor want = empty(own, t == DType::kBF16 ? DType::kF32 : t);
       ZS_MPI_CHECK(MPI_Reduce_scatter(send.raw(), want.raw(), rc.data(), mpi_type(want.dtype()), MPI_SUM, c.ref), "ref");
       if (t == DType::kI32 || (t == DType::kF32 && c.reduce_scatter_bitwise)) {
@@ -235,22 +223,22 @@ TEST_F(TransportTest, DataMovementBitwiseEqualToMpi) {
       SCOPED_TRACE(memory::dtype_name(t));
       const MPI_Datatype type = mpi_type(t);
       // allgatherv (uneven, a zero block) and allgather.
-      Tensor mine = make(t, counts[static_cast<size_t>(me)], me);
+      Tensor mine = test::random_values(t, counts[static_cast<size_t>(me)], me);
       Tensor a = empty(total, t), m = empty(total, t);
       c.group.allgatherv(mine, a, counts);
       ZS_MPI_CHECK(MPI_Allgatherv(mine.raw(), rc[static_cast<size_t>(me)], type, m.raw(), rc.data(), rd.data(), type, c.ref), "ref");
       EXPECT_TRUE(same_bits(a, m)) << "allgatherv";
-      Tensor e = make(t, 5000, me), ea = empty(5000 * static_cast<size_t>(n), t), em = empty(5000 * static_cast<size_t>(n), t);
+      Tensor e = test::random_values(t, 5000, me), ea = empty(5000 * static_cast<size_t>(n), t), em = empty(5000 * static_cast<size_t>(n), t);
       c.group.allgather(e, ea);
       ZS_MPI_CHECK(MPI_Allgather(e.raw(), 5000, type, em.raw(), 5000, type, c.ref), "ref");
       EXPECT_TRUE(same_bits(ea, em)) << "allgather";
       // broadcast from the last rank.
-      Tensor b = make(t, 70001, me), bm = make(t, 70001, me);
+      Tensor b = test::random_values(t, 70001, me), bm = test::random_values(t, 70001, me);
       c.group.broadcast(b, n - 1);
       ZS_MPI_CHECK(MPI_Bcast(bm.raw(), 70001, type, n - 1, c.ref), "ref");
       EXPECT_TRUE(same_bits(b, bm)) << "broadcast";
       // alltoall, alltoallv (skewed, zero pairs) and its piece form.
-      Tensor x = make(t, 3000 * static_cast<size_t>(n), me), xa = empty(x.numel(), t), xm = empty(x.numel(), t);
+      Tensor x = test::random_values(t, 3000 * static_cast<size_t>(n), me), xa = empty(x.numel(), t), xm = empty(x.numel(), t);
       c.group.alltoall(x, xa);
       ZS_MPI_CHECK(MPI_Alltoall(x.raw(), 3000, type, xm.raw(), 3000, type, c.ref), "ref");
       EXPECT_TRUE(same_bits(xa, xm)) << "alltoall";
@@ -261,7 +249,7 @@ TEST_F(TransportTest, DataMovementBitwiseEqualToMpi) {
         rcv[static_cast<size_t>(j)] = f(j, me);
       }
       const size_t ns = std::accumulate(sc.begin(), sc.end(), size_t{0}), nr = std::accumulate(rcv.begin(), rcv.end(), size_t{0});
-      Tensor v = make(t, ns, me), va = empty(nr, t), vm = empty(nr, t);
+      Tensor v = test::random_values(t, ns, me), va = empty(nr, t), vm = empty(nr, t);
       c.group.alltoallv(v, sc, va, rcv);
       const std::vector<int> s_c = ints(sc), s_d = displs(sc), r_c = ints(rcv), r_d = displs(rcv);
       ZS_MPI_CHECK(MPI_Alltoallv(v.raw(), s_c.data(), s_d.data(), type, vm.raw(), r_c.data(), r_d.data(), type, c.ref), "ref");
@@ -295,18 +283,18 @@ TEST_F(TransportTest, DataMovementBitwiseEqualToMpi) {
 // The simulated transport moves nothing and its group counts what the MPI transport's group does.
 TEST_F(TransportTest, SimulatedMovesNothingAndCountsAsMpi) {
   const int n = test::world().size(), me = test::world().rank();
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "t_mpi_count");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "t_mpi_count");
   comm::Group sim = comm::Group::simulated(me, n);
   std::vector<size_t> counts(static_cast<size_t>(n), 1000);
   counts[0] = 3001;
   const size_t total = std::accumulate(counts.begin(), counts.end(), size_t{0});
   const size_t own = counts[static_cast<size_t>(me)];
   auto run = [&](const comm::Group& g) {
-    Tensor a = make(DType::kBF16, 4099, me), rs_in = make(DType::kF32, total, me), rs = make(DType::kF32, own, 7);
-    Tensor ag = make(DType::kF32, total, 9), x = make(DType::kF32, 64 * static_cast<size_t>(n), me), xo = make(DType::kF32, x.numel(), 5);
+    Tensor a = test::random_values(DType::kBF16, 4099, me), rs_in = test::random_values(DType::kF32, total, me), rs = test::random_values(DType::kF32, own, 7);
+    Tensor ag = test::random_values(DType::kF32, total, 9), x = test::random_values(DType::kF32, 64 * static_cast<size_t>(n), me), xo = test::random_values(DType::kF32, x.numel(), 5);
     g.allreduce(a);
     g.reduce_scatter(rs_in, rs, counts);
-    g.allgatherv(make(DType::kF32, own, me), ag, counts);
+    g.allgatherv(test::random_values(DType::kF32, own, me), ag, counts);
     g.broadcast(a, 0);
     g.alltoall(x, xo);
     g.barrier();
@@ -320,10 +308,10 @@ TEST_F(TransportTest, SimulatedMovesNothingAndCountsAsMpi) {
   EXPECT_EQ(sim.counters().bytes_received, after.bytes_received - before.bytes_received);
   EXPECT_EQ(sim.counters().collectives, after.collectives - before.collectives);
   // Every output as it was.
-  EXPECT_TRUE(same_bits(got[0], make(DType::kBF16, 4099, me)));
-  EXPECT_TRUE(same_bits(got[1], make(DType::kF32, own, 7)));
-  EXPECT_TRUE(same_bits(got[2], make(DType::kF32, total, 9)));
-  EXPECT_TRUE(same_bits(got[3], make(DType::kF32, 64 * static_cast<size_t>(n), 5)));
+  EXPECT_TRUE(same_bits(got[0], test::random_values(DType::kBF16, 4099, me)));
+  EXPECT_TRUE(same_bits(got[1], test::random_values(DType::kF32, own, 7)));
+  EXPECT_TRUE(same_bits(got[2], test::random_values(DType::kF32, total, 9)));
+  EXPECT_TRUE(same_bits(got[3], test::random_values(DType::kF32, 64 * static_cast<size_t>(n), 5)));
 }
 
 // Note [Busiest member's bytes]: per call, a reduce-scatter's or allgatherv's tally also holds the bytes of
@@ -339,17 +327,17 @@ TEST(BusiestMember, UnevenBlocksRecordTheBusiestMembersBytes) {
   {  // two ranks, one holding the whole block (a ZeRO-3 gather of a module one shard holds)
     comm::Group sim = comm::Group::simulated(0, 2, "sim2");
     const std::vector<size_t> counts = {300, 0};
-    sim.allgatherv(make(DType::kF32, 300, 1), make(DType::kF32, 300, 2), counts);
+    sim.allgatherv(test::random_values(DType::kF32, 300, 1), test::random_values(DType::kF32, 300, 2), counts);
     const comm::OpStats s = stats_of(sim, "allgatherv");
     EXPECT_EQ(s.bytes_sent, 0u) << "the owner's own count: the others' blocks";
     EXPECT_EQ(s.busiest_bytes, 300u * 4) << "its peer receives the whole block";
     EXPECT_EQ(s.busiest_inter_host_bytes, 0u) << "one host";
     const std::vector<size_t> rs_counts = {100, 300};
-    sim.reduce_scatter(make(DType::kF32, 400, 1), make(DType::kF32, 100, 2), rs_counts);
+    sim.reduce_scatter(test::random_values(DType::kF32, 400, 1), test::random_values(DType::kF32, 100, 2), rs_counts);
     const comm::OpStats r = stats_of(sim, "reduce_scatter");
     EXPECT_EQ(r.bytes_sent, 300u * 4);
     EXPECT_EQ(r.busiest_bytes, 300u * 4) << "this rank is the busiest";
-    Tensor even = make(DType::kF32, 1000, 3);
+    Tensor even = test::random_values(DType::kF32, 1000, 3);
     sim.allreduce(even);
     const comm::OpStats a = stats_of(sim, "allreduce");
     EXPECT_EQ(a.busiest_bytes, a.bytes_sent) << "an even collective: every member's own";
@@ -357,7 +345,7 @@ TEST(BusiestMember, UnevenBlocksRecordTheBusiestMembersBytes) {
   {  // four ranks on two hosts of two: host 0 owns 500 elements, host 1 200
     comm::Group sim = comm::Group::simulated(0, 4, "sim4", {0, 0, 1, 1});
     const std::vector<size_t> counts = {500, 0, 100, 100};
-    sim.allgatherv(make(DType::kF32, 500, 1), make(DType::kF32, 700, 2), counts);
+    sim.allgatherv(test::random_values(DType::kF32, 500, 1), test::random_values(DType::kF32, 700, 2), counts);
     const comm::OpStats s = stats_of(sim, "allgatherv");
     EXPECT_EQ(s.bytes_sent, 200u * 4);
     EXPECT_EQ(s.bytes_inter_host, 200u * 4) << "ranks 2 and 3 are on the other host";

@@ -7,10 +7,24 @@
 // a short timeout make their own group with group().dup(name, CommConfig{.timeout_s = 2}).
 #pragma once
 
+#include <string>
+
 #include "comm/world.h"
 
 namespace zs::test {
 
 comm::World& world();
+
+// A duplicate of the world's group with comm.shared_memory `mode` and comm.timeout_s `timeout_s`.
+inline comm::Group world_with_shared_memory(comm::SharedMemory mode, const std::string& name, double timeout_s = 60) {
+  comm::CommConfig c = world().config();
+  c.shared_memory = mode;
+  c.timeout_s = timeout_s;
+  return world().group().dup(name, c);
+}
+
+// Whether the world's ranks share one host: its real layout (MPI_COMM_TYPE_SHARED), or blocks of
+// --shm-node-ranks (tests/multihost runs some tests on two hosts).
+inline bool single_host() { return world().group().hosts() == 1; }
 
 }  // namespace zs::test

@@ -10,7 +10,7 @@
 #include "tests/tp/tp_test_util.h"
 #include "tp/tp.h"
 
-namespace zs::tp {
+namespace zs::tp::gpt_test {
 namespace {
 
 using namespace zs::tp::test;
@@ -169,4 +169,4 @@ TEST(TensorParallelGpt, SequenceThatDoesNotSplitNamesTheKey) {
 }
 
 }  // namespace
-}  // namespace zs::tp
+}  // namespace zs::tp::gpt_test

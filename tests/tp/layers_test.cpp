@@ -12,7 +12,7 @@
 #include "tests/tp/tp_test_util.h"
 #include "tp/tp.h"
 
-namespace zs::tp {
+namespace zs::tp::layers_test {
 namespace {
 
 using namespace zs::tp::test;
@@ -199,4 +199,4 @@ TEST(TensorParallelLayers, SlicesMustDivide) {
 }
 
 }  // namespace
-}  // namespace zs::tp
+}  // namespace zs::tp::layers_test

@@ -12,7 +12,7 @@
 #include "tests/tp/tp_test_util.h"
 #include "tp/tp.h"
 
-namespace zs::tp {
+namespace zs::tp::transformer_test {
 namespace {
 
 using namespace zs::tp::test;
@@ -165,4 +165,4 @@ TEST(TensorParallelTransformer, BlockSendsMegatronsBytes) {
 }
 
 }  // namespace
-}  // namespace zs::tp
+}  // namespace zs::tp::transformer_test
