@@ -65,6 +65,13 @@ int take_kernel_flags(int& argc, char** argv) {
       std::printf("FAILED: %s\n", e.what());
       return 2;
     }
+    // On a CPU whose best is AVX2 the unpinned run (`t`) is already this one: the same library kernels,
+    // OpenBLAS's AVX2 kernels (Haswell's, or Zen's, which are Haswell's), and no bf16 kernel for
+    // ZS_BF16_GEMM=native to force. Running it twice would only double make test's longest tests there.
+    if (isa == memory::IsaLevel::kAvx2 && !memory::isa_supported(memory::IsaLevel::kAvx512)) {
+      std::printf("SKIPPED: this CPU's best kernel set is AVX2, which the run without --isa already tests\n");
+      return kKernelSkipCode;
+    }
     memory::set_isa_cap(isa);
   }
   if (!isa_arg.empty() || !core_arg.empty()) {
