@@ -13,7 +13,6 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  mold  # the linker (CMakeLists.txt, Note [Linker]): 2 MB
   libopenmpi-dev openmpi-bin
   libopenblas-dev
   libhdf5-dev
