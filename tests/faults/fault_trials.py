@@ -44,7 +44,11 @@ import threading
 import time
 
 SCENARIOS = ["collectives", "zero3", "nvme", "moe", "checkpoint", "tp", "pp"]
-COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
+# ZeRO-3's one-sided gathers on one node (comm::SharedShards) name their side of the exchange instead:
+# "one-sided allgatherv on group 'dp' ... timed out" reading, "one-sided shard write on group ..." when
+# the next write waits for a peer still reading the last version.
+COLLECTIVE = (r"(allreduce|reduce_scatter|allgatherv?|broadcast|alltoallv?|barrier)\(.*?\) on .*?timed out"
+              r"|one-sided (allgatherv|shard write) on group '[^']+'.*?timed out")
 # The tp scenario (dp 1 x tp 2: every collective is the tensor-parallel group's) must name that group.
 TP_COLLECTIVE = r"(allreduce|reduce_scatter|allgatherv?|broadcast)\(.*?\) on group 'tp'.*?timed out"
 # The pp scenario (two pipeline stages): a transfer or collective of the "pp" group, naming the peer it
