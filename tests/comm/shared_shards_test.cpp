@@ -24,13 +24,6 @@ using memory::Tensor;
 
 namespace {
 
-comm::Group with(comm::SharedMemory mode, const char* name, double timeout_s = 60) {
-  comm::CommConfig c = test::world().config();
-  c.shared_memory = mode;
-  c.timeout_s = timeout_s;
-  return test::world().group().dup(name, c);
-}
-
 // Shards of a flat buffer of `total` elements: rank r owns [start(r), start(r) + size(r)), uneven.
 struct Layout {
   std::vector<size_t> start, size;
@@ -93,7 +86,7 @@ comm::OpStats allgatherv_stats(const comm::Group& g) {
 }
 
 TEST(SharedShards, GathersAndCountsWhatAllgathervDoes) {
-  comm::Group g = with(comm::SharedMemory::kAuto, "shards_ag");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "shards_ag");
   const int n = g.size(), me = g.rank();
   const Layout l(n);
   for (DType t : {DType::kBF16, DType::kF32}) {
@@ -141,8 +134,8 @@ TEST(SharedShards, GathersAndCountsWhatAllgathervDoes) {
 }
 
 TEST(SharedShards, InactiveAlikeOnEveryRankWhereItCannotWork) {
-  comm::Group g = with(comm::SharedMemory::kAuto, "shards_off");
-  comm::Group mpi = with(comm::SharedMemory::kOff, "shards_off_mpi");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "shards_off");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "shards_off_mpi");
   const Layout l(g.size());
   Shard shard(l, g.rank(), DType::kBF16);
   comm::SharedArena arena(g, &shard.mapping);
@@ -159,7 +152,7 @@ TEST(SharedShards, InactiveAlikeOnEveryRankWhereItCannotWork) {
 
 // A rank whose shard is empty takes part (it is never read from; its pointer need not be in the arena).
 TEST(SharedShards, EmptyShardTakesPart) {
-  comm::Group g = with(comm::SharedMemory::kAuto, "shards_empty");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "shards_empty");
   const int n = g.size(), me = g.rank();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   const Layout l(n, 1);
@@ -177,7 +170,7 @@ TEST(SharedShards, EmptyShardTakesPart) {
 
 // The writer waits for a late reader; the reader sees the old version, then (after the write) the new.
 TEST(SharedShards, WriterWaitsUntilEveryPeerHasRead) {
-  comm::Group g = with(comm::SharedMemory::kAuto, "shards_guard");
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "shards_guard");
   const int n = g.size(), me = g.rank();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   const Layout l(n);
@@ -203,7 +196,7 @@ TEST(SharedShards, WriterWaitsUntilEveryPeerHasRead) {
 }
 
 TEST(SharedShards, StalledPeerIsACommErrorNamingIt) {
-  comm::Group g = with(comm::SharedMemory::kAuto, "shards_stall", 0.5);
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "shards_stall", 0.5);
   const int n = g.size(), me = g.rank();
   if (n < 2) GTEST_SKIP() << "needs two ranks";
   const Layout l(n);

@@ -23,13 +23,6 @@ using memory::Tensor;
 
 namespace {
 
-comm::Group with_mode(comm::SharedMemory mode, const std::string& name, double timeout_s = 60) {
-  comm::CommConfig c = test::world().config();
-  c.shared_memory = mode;
-  c.timeout_s = timeout_s;
-  return test::world().group().dup(name, c);
-}
-
 bool single_node() {
   const int k = test::world().config().shared_memory_node_ranks;
   return k == 0 || k >= test::world().size();
@@ -60,9 +53,9 @@ void expect_same(const Tensor& a, const Tensor& b, const std::string& what) {
 }
 
 TEST(Small, EveryCollectiveMatchesTheMpiPathBitwiseAcrossTheLimit) {
-  comm::Group fast = with_mode(comm::SharedMemory::kAuto, "small_auto");
-  comm::Group on = with_mode(comm::SharedMemory::kOn, "small_on");
-  comm::Group mpi = with_mode(comm::SharedMemory::kOff, "small_mpi");
+  comm::Group fast = test::world_with_shared_memory(comm::SharedMemory::kAuto, "small_auto");
+  comm::Group on = test::world_with_shared_memory(comm::SharedMemory::kOn, "small_on");
+  comm::Group mpi = test::world_with_shared_memory(comm::SharedMemory::kOff, "small_mpi");
   const int n = fast.size(), me = fast.rank();
   const bool shared = n > 1 && single_node();
   for (DType t : kTypes) {
@@ -128,7 +121,7 @@ TEST(Small, EveryCollectiveMatchesTheMpiPathBitwiseAcrossTheLimit) {
 // Small ops alternating over the world and two splits (each rank in two groups at once), sync and
 // async: a buffer written for one group is read by its members while another group's op runs.
 TEST(Small, InterleavedGroupsAndAsyncKeepEveryResult) {
-  comm::Group world = with_mode(comm::SharedMemory::kAuto, "small_world");
+  comm::Group world = test::world_with_shared_memory(comm::SharedMemory::kAuto, "small_world");
   const int n = world.size(), me = world.rank();
   comm::Group strided = world.split(me % 2, me, "small_strided");
   comm::Group blocked = world.split(me / 2, me, "small_blocked");
@@ -161,7 +154,7 @@ TEST(Small, InterleavedGroupsAndAsyncKeepEveryResult) {
 TEST(Small, MismatchesThrowOnEveryRank) {
   if (test::world().size() < 2 || !single_node()) GTEST_SKIP() << "needs two ranks on one node";
   {
-    comm::Group g = with_mode(comm::SharedMemory::kAuto, "small_mismatch", 30);
+    comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "small_mismatch", 30);
     Tensor x = test::filled(DType::kBF16, 100, g.rank()), all = test::empty(100 * static_cast<size_t>(g.size()), DType::kBF16);
     try {
       if (g.rank() == 0) g.allreduce(x); else g.allgather(x, all);
@@ -171,7 +164,7 @@ TEST(Small, MismatchesThrowOnEveryRank) {
     }
     g.barrier();  // usable after a mismatch found by the exchange itself
   }
-  comm::Group g = with_mode(comm::SharedMemory::kAuto, "small_across", 30);
+  comm::Group g = test::world_with_shared_memory(comm::SharedMemory::kAuto, "small_across", 30);
   Tensor y = test::filled(DType::kBF16, g.rank() == 0 ? 1000 : 3000, g.rank());
   const auto start = std::chrono::steady_clock::now();
   try {
