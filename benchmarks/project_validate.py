@@ -39,16 +39,21 @@ probed): a model change checked against recorded runs, the saved compute kept so
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows. --burst BYTES
 sets tbf's bucket of every two-host run (hosts.sh --burst; the JSON's tbf_burst_bytes).
 
---repeats K runs K rounds, each training every configuration once (round 1 also fits, probes and projects
-it; even rounds go in reverse order), so that a configuration's runs are minutes apart and a burst of load
-shows as its spread: rows[].measured_step_s is the median of its runs' medians, measured_min_s /
-measured_max_s / measured_spread ((most - least) / median) beside it, predicted_over_measured_range the
-ratio against the most and the least. A row whose spread exceeds QUIET_SPREAD (5%, a third of the target)
-is named in noisy_rows: its verdict is the machine's, not the model's; within_15_percent_of_quiet_rows
-counts the others. A Markdown table of the rows goes to stderr.
+--repeats K runs K rounds, each training and projecting every configuration once (round 1 also fits and
+probes it; even rounds go in reverse order), so that a configuration's runs are minutes apart and a burst
+of load shows as its spread: rows[].measured_step_s is the median of its runs' medians, measured_min_s /
+measured_max_s / measured_spread ((most - least) / median, the least and most left out from 5 rounds on:
+middle_spread) beside it, predicted_over_measured_range the ratio against the most and the least. The
+projection, which measures this machine's compute, is taken after each round's run too
+(rows[].predicted_runs_s; predicted_step_s is their median). From round 2 on a configuration trains for
+about --run-seconds (3 s; rows[].steps_per_run), not --steps, so that one slow spell of the machine does
+not move a run's median step. A row whose spread exceeds QUIET_SPREAD (5%,
+a third of the target) is named in noisy_rows: its verdict is the machine's, not the model's;
+within_15_percent_of_quiet_rows counts the others. A Markdown table of the rows goes to stderr.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -281,12 +286,17 @@ class Case:
     def __init__(self, args, tmp, name, np, tp, pp, stage, hosts=None, rate=None, link=None):
         self.args, self.tmp, self.name, self.np, self.tp, self.pp, self.stage = args, tmp, name, np, tp, pp, stage
         self.hosts, self.rate, self.link = hosts, rate, link
-        cfg = config_for(np, tp, pp, stage, args.steps, name, np // hosts if hosts else np)
+        self.cfg = config_for(np, tp, pp, stage, args.steps, name, np // hosts if hosts else np)
         self.path = os.path.join(tmp, name + ".json")
         self.summary = os.path.join(tmp, name + ".summary.json")
         with open(self.path, "w") as f:
-            json.dump(cfg, f)
-        train = [args.zeroshard, "train", "--config", self.path, "--summary", self.summary]
+            json.dump(self.cfg, f)
+        # The runs train their own copy of the config: from round 2 on it has more steps (train()).
+        self.train_path = os.path.join(tmp, name + ".train.json")
+        with open(self.train_path, "w") as f:
+            json.dump(self.cfg, f)
+        self.steps = [args.steps]
+        train = [args.zeroshard, "train", "--config", self.train_path, "--summary", self.summary]
         self.stats = os.path.join(tmp, name + ".links.txt")
         if hosts:
             self.cmd = over_hosts(args, hosts, np // hosts, rate, self.stats) + train
@@ -297,6 +307,7 @@ class Case:
         self.per_host = np // hosts if hosts else np
         self.lay0 = self.probe = self.p = self.s = None
         self.medians, self.loads, self.wire = [], [], []
+        self.projections = []  # one per round, each right after that round's run
 
     def prepare(self):
         """Two hosts: first the network's latency-bandwidth model, whose compute per collective sets the
@@ -309,7 +320,18 @@ class Case:
                                     p0["oversubscription"])
 
     def train(self):
-        """One run: its median step (the summary's, over its steps) and the load beside it."""
+        """One run: its median step (the summary's, over its steps) and the load beside it. After the first
+        run the configuration trains for about --run-seconds (at least --steps steps, at most 200): a run's
+        median step then holds through one of this machine's slow spells (a core at half speed for 1-5 s,
+        docs/scaling.md), which takes every step of a half-second run."""
+        if len(self.medians) == 1 and self.args.run_seconds > 0:
+            steps = max(self.args.steps, min(200, math.ceil(self.args.run_seconds / max(1e-3, self.medians[0]))))
+            if steps != self.steps[-1]:
+                with open(self.train_path, "w") as f:
+                    json.dump(dict(self.cfg, train_steps=steps), f)
+            self.steps.append(steps)
+        elif self.medians:
+            self.steps.append(self.steps[-1])
         run(self.cmd, self.name)
         with open(self.summary) as f:
             self.s = json.load(f)
@@ -326,8 +348,7 @@ class Case:
     def project(self):
         """The projection compared, right after the first round's run (--as-loaded: the load of then)."""
         self.network = probed_network(self.args, self.rate, self.link, self.wire[0]) if self.hosts else None
-        self.p = project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host, self.hosts,
-                         self.network, self.probe["file"] if self.hosts else None)
+        self.project_again()
         # The same with tc's rate as the counted bytes' (no wire overhead): the figure before the first run.
         self.p_line = None
         if self.hosts:
@@ -335,11 +356,25 @@ class Case:
                                   self.per_host, self.hosts, probed_network(self.args, self.rate, self.link),
                                   self.probe["file"])
 
+    def project_again(self):
+        """The projection of this round, right after its run, with round 1's network and probe: the
+        projection measures this machine's compute (the fastest of a few steps, about 0.1-2 s), which moves
+        with the machine as the runs do (docs/scaling.md, "The machine's slow spells"), so it is taken as
+        often as the runs and its median compared with theirs."""
+        self.projections.append(project(self.args, self.tmp, self.path, self.name, self.np, self.tp, self.pp, self.per_host,
+                                        self.hosts, self.network, self.probe["file"] if self.hosts else None))
+        # The round whose projected step is the median's (the lower middle of an even count) gives the row's
+        # projected figures.
+        steps = [q["layouts"][0]["step_s"] for q in self.projections]
+        self.p = self.projections[steps.index(statistics.median_low(steps))]
+
     def row(self):
         p, s, lay, lay0, np = self.p, self.s, self.p["layouts"][0], self.lay0, self.np
         measured = statistics.median(self.medians)
         lo, hi = min(self.medians), max(self.medians)
-        spread = (hi - lo) / measured if measured > 0 and len(self.medians) > 1 else None  # one run: unknown
+        spread_all = (hi - lo) / measured if measured > 0 and len(self.medians) > 1 else None  # one run: unknown
+        spread = middle_spread(self.medians)
+        predicted = [q["layouts"][0]["step_s"] for q in self.projections]
         # The run's mean per step over the projected step's bytes: a little above 1, since the first step's
         # window also holds the train command's start-up collectives (tests/e2e/project_agreement.cmake
         # checks one step's bytes exactly).
@@ -351,10 +386,13 @@ class Case:
             "rate": self.rate, "load_1min": self.loads[0], "loads_1min": self.loads, "network": self.link,
             "shm_collective_s": p["machine"]["shm_latency_s"], "loaded_stretch": p["machine"]["loaded_stretch"],
             # The runs' medians, one per round (interleaved with the other configurations'), their median,
-            # least and most, and the spread (most - least) / median: the measurement's own noise, against
-            # which the 15% target is read (a row whose spread is not well below 15% gives no verdict).
-            "measured_step_s": measured, "measured_runs_s": self.medians, "measured_min_s": lo, "measured_max_s": hi,
-            "measured_spread": spread, "predicted_step_s": lay["step_s"],
+            # least and most, and the spread (middle_spread): the measurement's own noise, against which the
+            # 15% target is read (a row whose spread is not well below 15% gives no verdict); the spread of
+            # all the runs beside it.
+            "measured_step_s": measured, "measured_runs_s": self.medians, "steps_per_run": self.steps, "measured_min_s": lo, "measured_max_s": hi,
+            "measured_spread": spread, "measured_spread_all": spread_all,
+            # The projections, one per round, and their median (the step compared) and spread.
+            "predicted_step_s": lay["step_s"], "predicted_runs_s": predicted, "predicted_spread": middle_spread(predicted),
             "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
             "predicted_over_measured_range": [lay["step_s"] / hi, lay["step_s"] / lo] if lo > 0 else None,
             "predicted_compute_s": lay["compute_s"], "predicted_dp_exposed_s": lay["dp_exposed_s"],
@@ -372,6 +410,19 @@ class Case:
         }
 
 
+def middle_spread(values):
+    """(most - least) / median of the values, the least and the most left out where there are 5 or more:
+    one run caught in one of this machine's slow spells (a core at half speed for 1-5 s, docs/scaling.md)
+    then moves neither the median nor the spread; None for one value."""
+    if len(values) < 2:
+        return None
+    v = sorted(values)
+    if len(v) >= 5:
+        v = v[1:-1]
+    med = statistics.median(values)
+    return (v[-1] - v[0]) / med if med > 0 else None
+
+
 def within(rows, key):
     """'k of n': how many of the rows' `key` ratios lie within 15% of 1."""
     return f"{sum(1 for r in rows if r.get(key) and 0.85 <= r[key] <= 1.15)} of {len(rows)}"
@@ -385,7 +436,8 @@ QUIET_SPREAD = 0.05
 def table(rows):
     """The rows as a Markdown table (stderr): the measurement's spread beside the verdict."""
     out = ["| configuration | collectives / step | measured step (s): median [least, most] over rounds | spread | "
-           "predicted (s) | **predicted / measured** [over most, over least] | at tc's rate, no wire overhead | network model only |",
+           "predicted (s): median (spread) | **predicted / measured** [over most, over least] | at tc's rate, no wire overhead | "
+           "network model only |",
            "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rng = r["predicted_over_measured_range"] or [0, 0]
@@ -393,8 +445,10 @@ def table(rows):
         lr = f"{r['line_rate_over_measured']:.2f}" if r.get("line_rate_over_measured") else "-"
         sp = r["measured_spread"]
         spread = "-" if sp is None else f"{100 * sp:.1f}%" + ("" if sp <= QUIET_SPREAD else " (noisy)")
+        psp = r.get("predicted_spread")
+        pspread = "" if psp is None else f" ({100 * psp:.1f}%)"
         out.append(f"| {r['name']} | {r['collectives_per_step']} | {r['measured_step_s']:.4f} [{r['measured_min_s']:.4f}, "
-                   f"{r['measured_max_s']:.4f}] | {spread} | {r['predicted_step_s']:.4f} | "
+                   f"{r['measured_max_s']:.4f}] | {spread} | {r['predicted_step_s']:.4f}{pspread} | "
                    f"**{r['predicted_over_measured']:.2f}** [{rng[0]:.2f}, {rng[1]:.2f}] | {lr} | {nm} |")
     return "\n".join(out)
 
@@ -445,6 +499,9 @@ def main():
     ap.add_argument("--zeroshard", default=os.path.join(ROOT, "build/release/tools/zeroshard"))
     ap.add_argument("--steps", type=int, default=8, help="training steps per run (the median excludes nothing)")
     ap.add_argument("--quick", action="store_true", help="np 1 and 2 only, 4 steps")
+    ap.add_argument("--run-seconds", type=float, default=3.0,
+                    help="rounds 2.. train each configuration for about this long (at least --steps steps, at most "
+                         "200; 0: --steps), so that a run's median step holds through a slow spell of the machine")
     ap.add_argument("--multihost", action="store_true", help="also two hosts of 2 ranks under tc (needs root)")
     ap.add_argument("--repeats", "--repeat", type=int, default=1,
                     help="rounds: each runs every configuration once, interleaved (odd rounds in order, even ones "
@@ -497,6 +554,7 @@ def main():
         for k in range(2, args.repeats + 1):
             for case in (cases if k % 2 else reversed(cases)):
                 case.train()
+                case.project_again()
             print(f"round {k} of {args.repeats}: load {os.getloadavg()[0]:.2f}", file=sys.stderr)
         rows = [c.row() for c in cases]
     ratios = [r["predicted_over_measured"] for r in rows if r["predicted_over_measured"]]

@@ -28,6 +28,11 @@
 // nothing is left in flight); the next round's work starts after the drain, as a step's compute starts
 // after its collective. (Without it the smallest size, timed right after the previous collective's
 // largest, measured 18-87 ms at 100 Mbit/s: the tail of 1 MiB, not its own cost.)
+// Where a host's ranks share cores, a rank that reaches a call first waits in it for its host-mates'
+// work, which runs on its core meanwhile: time the projection's compute already counts (ranks / cores,
+// Note [in-step link costs]). So each call's arrival is exchanged afterwards (outside the timing; ranks
+// of one host read one clock) and the wait for the latest host-mate, at most the call's own time, goes to
+// "host_wait_seconds" beside "seconds" (the mean over ranks of their medians, as the seconds).
 // --dtype: the elements' type, the step's communication dtype (the gradients' and parameters' on the
 // wire: `communication_data_type`, by default the compute dtype). It decides the path, not only the
 // bytes: an fp32 reduce-scatter or all-reduce is MPI's own (OpenMPI's reduce-scatter over two ranks sent
@@ -45,9 +50,11 @@
 // calling thread asleep, 49-55 ms computing (the link's rate: 33 ms). These go to
 // "collectives_beside_compute" (the same shape as "collectives", which `--link-costs` reads).
 // The JSON: {"probe": "step_comm_probe", "ranks", "hosts", "ranks_per_host", "work_us", "rounds", "dtype",
-// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds"}...], ...}
+// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds", "host_wait_seconds"}...],
+// ...}
 // [, "collectives_beside_compute": {...}]}.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -84,6 +91,30 @@ double mean_over(const comm::Group& g, double v) {
   t.data<float>()[0] = static_cast<float>(v);
   g.allreduce(t);
   return static_cast<double>(t.data<float>()[0]) / g.size();
+}
+
+// Seconds this rank waited in a call for the latest of its host-mates to arrive (0 without host-mates),
+// from every rank's arrival `at` (collective over g; outside the call's timing). Ranks of one host read
+// one monotonic clock; each arrival travels as whole seconds and their fraction (exact in fp32).
+double host_wait(const comm::Group& g, double at) {
+  const int n = g.size();
+  auto mine = memory::Tensor::empty({2}, memory::DType::kF32);
+  auto all = memory::Tensor::empty({2 * static_cast<int64_t>(n)}, memory::DType::kF32);
+  const double whole = std::floor(at);
+  mine.data<float>()[0] = static_cast<float>(std::fmod(whole, 8388608.0));  // 2^23: exact in fp32
+  mine.data<float>()[1] = static_cast<float>(at - whole);
+  g.allgather(mine, all);
+  const std::vector<int>& host = g.member_hosts();
+  if (host.empty()) return 0.0;  // one host: the ranks' waits are the collective's, not a shared core's
+  const float* a = all.data<float>();
+  const size_t me = static_cast<size_t>(g.rank());
+  const double my = static_cast<double>(a[2 * me]) + static_cast<double>(a[2 * me + 1]);
+  double wait = 0.0;
+  for (size_t j = 0; j < static_cast<size_t>(n); ++j) {
+    if (j == me || host[j] != host[me]) continue;
+    wait = std::max(wait, static_cast<double>(a[2 * j]) + static_cast<double>(a[2 * j + 1]) - my);
+  }
+  return wait;
 }
 
 }  // namespace
@@ -125,7 +156,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<std::vector<double>>> times(kCollectives, std::vector<std::vector<double>>(sizes.size()));
     std::vector<std::vector<double>> inter(kCollectives, std::vector<double>(sizes.size(), 0.0));
     const int partner = (g.rank() + n / 2) % n;  // n even: the other half of the world (the other host)
-    std::vector<std::vector<std::vector<double>>> drains = times;
+    std::vector<std::vector<std::vector<double>>> drains = times, waits = times;
     // --beside-compute: every call also made async beside this thread's compute (see the top).
     const bool beside = bench::has_flag(argc, argv, "--beside-compute");
     std::vector<std::vector<std::vector<double>>> beside_times = times, beside_drains = times;
@@ -160,6 +191,7 @@ int main(int argc, char** argv) {
           g.allreduce(sync);
           const double d = bench::now_seconds() - d0;
           const double across_call = static_cast<double>(g.bytes_inter_host() - inter0);
+          const double waited = std::min(t, host_wait(g, t0));
           double tb = 0, db = 0;
           if (beside) {
             work(work_us);
@@ -179,6 +211,7 @@ int main(int argc, char** argv) {
           if (r == 0) continue;  // the untimed round: connections made, buffers touched
           times[static_cast<size_t>(c)][s].push_back(t);
           drains[static_cast<size_t>(c)][s].push_back(d);
+          waits[static_cast<size_t>(c)][s].push_back(waited);
           beside_times[static_cast<size_t>(c)][s].push_back(tb);
           beside_drains[static_cast<size_t>(c)][s].push_back(db);
           inter[static_cast<size_t>(c)][s] = across_call;
@@ -187,7 +220,8 @@ int main(int argc, char** argv) {
     }
     // Per collective and size: the call's own time plus what its bytes still took after it returned: the
     // drain after it beyond the drain after the smallest size (one small collective's own cost).
-    auto table = [&](const auto& tm, const auto& dn, const char* label) {
+    using Samples = std::vector<std::vector<std::vector<double>>>;  // [collective][size][round]
+    auto table = [&](const Samples& tm, const Samples& dn, const Samples* wt, const char* label) {
       boost::json::object collectives;
       for (int c = 0; c < kCollectives; ++c) {
         boost::json::array rows;
@@ -197,19 +231,22 @@ int main(int argc, char** argv) {
           const double secs = mean_over(g, bench::median(tm[static_cast<size_t>(c)][s]) + drain);
           const double across = mean_over(g, inter[static_cast<size_t>(c)][s]);
           const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
-          rows.push_back(boost::json::object{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs}});
+          boost::json::object row{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs}};
+          const double wait = wt != nullptr ? mean_over(g, bench::median((*wt)[static_cast<size_t>(c)][s])) : 0.0;
+          if (wt != nullptr) row["host_wait_seconds"] = wait;
+          rows.push_back(std::move(row));
           if (g.rank() == 0) {
-            std::printf("%-15s %-15s %10zu bytes, %10.0f across per rank: %10.1f us\n", label, names[c], count * es, across,
-                        secs * 1e6);
+            std::printf("%-15s %-15s %10zu bytes, %10.0f across per rank: %10.1f us (host-mates %.1f us)\n", label, names[c],
+                        count * es, across, secs * 1e6, wait * 1e6);
           }
         }
         collectives[names[c]] = std::move(rows);
       }
       return collectives;
     };
-    boost::json::object collectives = table(times, drains, "alone");
+    boost::json::object collectives = table(times, drains, &waits, "alone");
     boost::json::object beside_collectives;
-    if (beside) beside_collectives = table(beside_times, beside_drains, "beside-compute");
+    if (beside) beside_collectives = table(beside_times, beside_drains, nullptr, "beside-compute");
     const double stretch = mean_over(g, work_cpu > 0 ? work_wall / work_cpu : 1.0);
     if (g.rank() == 0) std::printf("compute stretch (work wall / CPU seconds, mean over ranks): %.2f\n", stretch);
     const std::string path = bench::json_path_arg(argc, argv);

@@ -61,12 +61,17 @@ struct LinkCosts {
   // the config's communication dtype, since it decides the path (Note [in-step link costs]).
   std::string dtype = "fp32";
   std::map<std::string, std::vector<std::pair<double, double>>> by_collective;  // (bytes across, seconds), ascending
+  // Of those seconds, the wait for host-mates still computing on the rank's shared cores (host_wait_seconds;
+  // files without it: none), at the same sizes.
+  std::map<std::string, std::vector<std::pair<double, double>>> host_wait_by_collective;
   std::string source;  // the file
   bool empty() const { return by_collective.empty(); }
   // Seconds of one call of collective `op` (the comm counters' name: allgatherv as allgather, alltoallv as
   // alltoall, send and recv as sendrecv) sending `inter_bytes` across hosts, interpolated between the measured sizes
   // (below the smallest: its cost; above the largest: the last two sizes' slope); nullopt when not measured.
-  std::optional<double> seconds(const std::string& op, double inter_bytes) const;
+  // `shared_cores`: the host's ranks share its cores, so the projection's compute (ranks / cores) already
+  // counts the host-mates' work a rank waited for in the call: that wait is left out (Note [in-step link costs]).
+  std::optional<double> seconds(const std::string& op, double inter_bytes, bool shared_cores = false) const;
 };
 // The probe's JSON (step_comm_probe --json). Throws ConfigError naming --link-costs, the file and the key.
 LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& source);

@@ -105,6 +105,14 @@ Network parse_network(const std::string& text) {
 // through the link's bucket (Note [the link's bucket]), which replaced a floor of each collective kind at
 // this rank's own bytes over the rate (it charged ZeRO-3's gathers at 1 Gbit/s 13 ms a step where they
 // rode tbf's bucket in about 6).
+// Where a host's ranks share its cores (ranks per host above cores per host), a rank that reaches a call
+// first waits in it while its host-mates finish their work on its core, and the probe's seconds hold that
+// wait; the projection's compute, stretched by ranks / cores, holds the same work, so a call is charged
+// the probe's seconds less its measured wait for host-mates (host_wait_seconds). Two hosts of 2 ranks on a
+// core each at 10 Gbit/s, 0.77 ms of work between calls: a 64 KB gather 1.09 ms in the probe, of it 0.42
+// ms (the mean over ranks: the first of a host waits about the work, the second not at all) for the
+// host-mate; the step's 26 gathers took 0.61 ms a call (comms logger, 2026-11-30 09:39 UTC), where the
+// 1.09 ms had over-predicted the step 1.22x (docs/scaling.md, "Validation").
 // `step_comm_probe --beside-compute` also times each call async on the comm worker beside compute, as a
 // gradient bucket with overlap_comm runs; its table is not read here (+5-12% at 1 MiB, 100 Mbit/s, under
 // load: not what slows ZeRO-3's step).
@@ -119,21 +127,35 @@ Network parse_network(const std::string& text) {
 // 1.25 (docs/scaling.md, "Validation"). Hosts of 2 ranks took the direct path either way (the
 // hierarchical transport sums in rank order where shared memory is in the group).
 
-std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes) const {
+namespace {
+
+// The line through the measured (bytes, seconds) points at `x`: below the smallest size its figure, above
+// the largest the last two sizes' slope; never below 0.
+double interpolate(const std::vector<std::pair<double, double>>& pts, double x) {
+  if (pts.size() == 1 || x <= pts.front().first) return pts.front().second;
+  size_t hi = 1;
+  while (hi + 1 < pts.size() && pts[hi].first < x) ++hi;
+  const auto& [b0, t0] = pts[hi - 1];
+  const auto& [b1, t1] = pts[hi];
+  const double slope = b1 > b0 ? (t1 - t0) / (b1 - b0) : 0.0;
+  return std::max(0.0, t0 + slope * (x - b0));
+}
+
+}  // namespace
+
+std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes, bool shared_cores) const {
   const std::string kind = op == "allgatherv"                  ? "allgather"
                            : op == "alltoallv"                 ? "alltoall"
                            : (op == "send" || op == "recv") ? "sendrecv"
                                                             : op;
   const auto it = by_collective.find(kind);
   if (it == by_collective.end() || it->second.empty()) return std::nullopt;
-  const auto& pts = it->second;
-  if (pts.size() == 1 || inter_bytes <= pts.front().first) return pts.front().second;
-  size_t hi = 1;
-  while (hi + 1 < pts.size() && pts[hi].first < inter_bytes) ++hi;
-  const auto& [b0, t0] = pts[hi - 1];
-  const auto& [b1, t1] = pts[hi];
-  const double slope = b1 > b0 ? (t1 - t0) / (b1 - b0) : 0.0;
-  return std::max(0.0, t0 + slope * (inter_bytes - b0));
+  double t = interpolate(it->second, inter_bytes);
+  if (shared_cores) {
+    const auto w = host_wait_by_collective.find(kind);
+    if (w != host_wait_by_collective.end() && !w->second.empty()) t = std::max(0.0, t - interpolate(w->second, inter_bytes));
+  }
+  return t;
 }
 
 LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& source) {
@@ -168,18 +190,29 @@ LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& sou
   for (const auto& [name, rows] : cs->as_object()) {
     const std::string path = fmt::format("collectives.{}", std::string(name));
     if (!rows.is_array()) throw bad(path + " is not an array");
-    std::vector<std::pair<double, double>> pts;
+    std::vector<std::pair<double, double>> pts, waits;
     for (size_t i = 0; i < rows.as_array().size(); ++i) {
       const boost::json::value& r = rows.as_array()[i];
       const std::string at = fmt::format("{}[{}]", path, i);
       if (!r.is_object()) throw bad(at + " is not an object");
       const double across = number(r.as_object(), "inter_host_bytes", at + ".inter_host_bytes");
       const double secs = number(r.as_object(), "seconds", at + ".seconds");
-      if (across < 0 || secs < 0) throw bad(at + " has a negative figure");
-      if (across > 0) pts.emplace_back(across, secs);  // a size that crossed no host tells nothing of the link
+      // Probes from before the host-mates' wait was measured have none: nothing is left out for them.
+      const double wait = r.as_object().contains("host_wait_seconds")
+                              ? number(r.as_object(), "host_wait_seconds", at + ".host_wait_seconds")
+                              : 0.0;
+      if (across < 0 || secs < 0 || wait < 0) throw bad(at + " has a negative figure");
+      if (across > 0) {  // a size that crossed no host tells nothing of the link
+        pts.emplace_back(across, secs);
+        waits.emplace_back(across, std::min(wait, secs));
+      }
     }
     std::sort(pts.begin(), pts.end());
-    if (!pts.empty()) lc.by_collective[std::string(name)] = std::move(pts);
+    std::sort(waits.begin(), waits.end());
+    if (!pts.empty()) {
+      lc.by_collective[std::string(name)] = std::move(pts);
+      lc.host_wait_by_collective[std::string(name)] = std::move(waits);
+    }
   }
   if (lc.by_collective.empty()) throw bad("no collective sent bytes across hosts");
   return lc;
@@ -422,9 +455,11 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
     const bool direct = p2p || op.name == "alltoall" || op.name == "alltoallv";
     const double hops = direct ? 1.0 : (op.name == "allreduce" ? 2.0 : 1.0) * std::max(0, group_hosts - 1);
     if (inter > 0 && group_hosts == opt.link_costs.hosts) {
-      // Measured inside a job on such hosts, per call (Note [in-step link costs]).
+      // Measured inside a job on such hosts, per call (Note [in-step link costs]); where the host's ranks
+      // share its cores, without the wait for host-mates' work, which the compute's stretch counts.
       const double busiest = inter / std::max(1.0, n);
-      if (const std::optional<double> even = opt.link_costs.seconds(op.name, busiest)) {
+      const bool shared = opt.ranks_per_host > opt.machine.cores_per_host;
+      if (const std::optional<double> even = opt.link_costs.seconds(op.name, busiest, shared)) {
         if (direct) {  // a point-to-point transfer, or an all-to-all: each pair's block goes straight across
           t += n * *even;
           continue;
@@ -435,7 +470,7 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
         // hosts of 2 at 100 Mbit/s, 1.13-1.5x the rate's time). An even call is the probe's.
         const double own = static_cast<double>(op.bytes_inter_host) / std::max(1.0, n);
         const double one_way = busiest * link_sharers / opt.network.bytes_per_s;
-        t += n * std::min(*even, std::max(*opt.link_costs.seconds(op.name, own), one_way));
+        t += n * std::min(*even, std::max(*opt.link_costs.seconds(op.name, own, shared), one_way));
         continue;
       }
     }

@@ -229,6 +229,29 @@ TEST(LinkCosts, InterpolatesByBytesAcrossHosts) {
   EXPECT_DOUBLE_EQ(*lc.seconds("alltoallv", 100), 0.004);    // alltoallv (MoE, qgZ) as alltoall
 }
 
+// Where a host's ranks share its cores, the probe's wait for host-mates still computing is left out of a
+// call's cost: the compute's stretch (ranks / cores) already counts their work (Note [in-step link costs]).
+TEST(LinkCosts, LeavesOutTheHostMatesWaitWhereRanksShareCores) {
+  boost::json::value doc = probe_json(2, 1.0);
+  boost::json::array& gathers = doc.as_object()["collectives"].as_object()["allgather"].as_array();
+  gathers[1].as_object()["host_wait_seconds"] = 0.0004;
+  gathers[2].as_object()["host_wait_seconds"] = 0.0010;
+  const LinkCosts lc = parse_link_costs(doc, "probe.json");
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 1000), 0.001);
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 1000, true), 0.0006);
+  EXPECT_DOUBLE_EQ(*lc.seconds("allgather", 2000, true), 0.002 - 0.0007);  // both lines interpolated
+  EXPECT_DOUBLE_EQ(*lc.seconds("reduce_scatter", 1000, true), 0.002);     // no wait measured: none left out
+  // Through group_seconds: 2 ranks on a host of 1 core leave it out, on a host of 2 cores they do not.
+  Options o = options(4, 2);
+  o.link_costs = lc;
+  const comm::OpStats gather{.name = "allgatherv", .count = 2, .bytes_sent = 2000, .bytes_inter_host = 2000,
+                             .busiest_bytes = 1000, .busiest_inter_host_bytes = 2000};
+  const engine::GroupStep g{.group = "dp", .ops = {gather}, .hosts = 2};
+  EXPECT_DOUBLE_EQ(detail::group_seconds(g, o, 2, 2), 2 * 0.001);
+  o.machine.cores_per_host = 1;
+  EXPECT_DOUBLE_EQ(detail::group_seconds(g, o, 2, 2), 2 * 0.0006);
+}
+
 // An all-to-all across the probe's hosts (an MoE layer's tokens, ZeRO++'s qgZ) is charged the probe's
 // all-to-all per call, each pair's block going straight across: no ring hops, no uneven-call bounds.
 TEST(GroupSeconds, ChargesAnAllToAllTheProbesCostPerCall) {
