@@ -322,7 +322,7 @@ class Case:
     def train(self):
         """One run: its median step (the summary's, over its steps) and the load beside it. After the first
         run the configuration trains for about --run-seconds (at least --steps steps, at most 200): a run's
-        median step then holds through one of this machine's slow spells (a core at half speed for 1-5 s,
+        median step then holds through one of this machine's slow spells (a core at half speed for 0.4-2 s,
         docs/scaling.md), which takes every step of a half-second run."""
         if len(self.medians) == 1 and self.args.run_seconds > 0:
             steps = max(self.args.steps, min(200, math.ceil(self.args.run_seconds / max(1e-3, self.medians[0]))))
@@ -389,8 +389,8 @@ class Case:
             # least and most, and the spread (middle_spread): the measurement's own noise, against which the
             # 15% target is read (a row whose spread is not well below 15% gives no verdict); the spread of
             # all the runs beside it.
-            "measured_step_s": measured, "measured_runs_s": self.medians, "steps_per_run": self.steps, "measured_min_s": lo, "measured_max_s": hi,
-            "measured_spread": spread, "measured_spread_all": spread_all,
+            "measured_step_s": measured, "measured_runs_s": self.medians, "steps_per_run": self.steps,
+            "measured_min_s": lo, "measured_max_s": hi, "measured_spread": spread, "measured_spread_all": spread_all,
             # The projections, one per round, and their median (the step compared) and spread.
             "predicted_step_s": lay["step_s"], "predicted_runs_s": predicted, "predicted_spread": middle_spread(predicted),
             "predicted_over_measured": lay["step_s"] / measured if measured > 0 else None,
@@ -412,7 +412,7 @@ class Case:
 
 def middle_spread(values):
     """(most - least) / median of the values, the least and the most left out where there are 5 or more:
-    one run caught in one of this machine's slow spells (a core at half speed for 1-5 s, docs/scaling.md)
+    one run caught in one of this machine's slow spells (a core at half speed for 0.4-2 s, docs/scaling.md)
     then moves neither the median nor the spread; None for one value."""
     if len(values) < 2:
         return None
@@ -504,9 +504,9 @@ def main():
                          "200; 0: --steps), so that a run's median step holds through a slow spell of the machine")
     ap.add_argument("--multihost", action="store_true", help="also two hosts of 2 ranks under tc (needs root)")
     ap.add_argument("--repeats", "--repeat", type=int, default=1,
-                    help="rounds: each runs every configuration once, interleaved (odd rounds in order, even ones "
-                         "reversed); the measured step is the median of a configuration's runs, their least and "
-                         "most beside it")
+                    help="rounds: each trains and projects every configuration once, interleaved (odd rounds in "
+                         "order, even ones reversed); the measured step is the median of a configuration's runs, "
+                         "their least and most beside it, the predicted step the median of its projections")
     ap.add_argument("--idle", action="store_true", help="project an idle host's compute (without --as-loaded)")
     ap.add_argument("--network", default="",
                     help="a fixed BANDWIDTH,LATENCY for the two-host rows (default: measured per rate, see the top)")

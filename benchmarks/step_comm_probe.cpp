@@ -95,7 +95,7 @@ double mean_over(const comm::Group& g, double v) {
 
 // Seconds this rank waited in a call for the latest of its host-mates to arrive (0 without host-mates),
 // from every rank's arrival `at` (collective over g; outside the call's timing). Ranks of one host read
-// one monotonic clock; each arrival travels as whole seconds and their fraction (exact in fp32).
+// one monotonic clock; each arrival travels as whole seconds (exact in fp32) and their fraction (to 0.1 us).
 double host_wait(const comm::Group& g, double at) {
   const int n = g.size();
   auto mine = memory::Tensor::empty({2}, memory::DType::kF32);
