@@ -50,8 +50,8 @@
 // calling thread asleep, 49-55 ms computing (the link's rate: 33 ms). These go to
 // "collectives_beside_compute" (the same shape as "collectives", which `--link-costs` reads).
 // The JSON: {"probe": "step_comm_probe", "ranks", "hosts", "ranks_per_host", "work_us", "rounds", "dtype",
-// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds", "host_wait_seconds"}...],
-// ...}
+// "compute_stretch", "collectives": {"allgather": [{"bytes", "inter_host_bytes", "seconds", "drain_seconds",
+// "host_wait_seconds"}...], ...} (drain_seconds: of the seconds, the drain's part)
 // [, "collectives_beside_compute": {...}]}.
 #include <algorithm>
 #include <cmath>
@@ -231,13 +231,15 @@ int main(int argc, char** argv) {
           const double secs = mean_over(g, bench::median(tm[static_cast<size_t>(c)][s]) + drain);
           const double across = mean_over(g, inter[static_cast<size_t>(c)][s]);
           const size_t count = std::max<size_t>(1, sizes[s] / es / static_cast<size_t>(n)) * static_cast<size_t>(n);
-          boost::json::object row{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs}};
+          // Of the seconds, the drain after the call (its bytes still in flight when it returned).
+          boost::json::object row{{"bytes", count * es}, {"inter_host_bytes", across}, {"seconds", secs},
+                                  {"drain_seconds", mean_over(g, drain)}};
           const double wait = wt != nullptr ? mean_over(g, bench::median((*wt)[static_cast<size_t>(c)][s])) : 0.0;
           if (wt != nullptr) row["host_wait_seconds"] = wait;
           rows.push_back(std::move(row));
           if (g.rank() == 0) {
-            std::printf("%-15s %-15s %10zu bytes, %10.0f across per rank: %10.1f us (host-mates %.1f us)\n", label, names[c],
-                        count * es, across, secs * 1e6, wait * 1e6);
+            std::printf("%-15s %-15s %10zu bytes, %10.0f across per rank: %10.1f us (drain %.1f us, host-mates %.1f us)\n",
+                        label, names[c], count * es, across, secs * 1e6, drain * 1e6, wait * 1e6);
           }
         }
         collectives[names[c]] = std::move(rows);

@@ -90,6 +90,14 @@ if(RPH LESS NP AND PROBE)  # the in-step costs across these hosts (step_comm_pro
       message(FATAL_ERROR "projection agreement: step_comm_probe --beside-compute gave no ${kind} table like the other "
                           "(${alone_n} sizes alone, ${beside_n} beside, first ${beside_s} s): ${e1}${e2}${e3}\n${probe_json}")
     endif()
+    # Of each call's seconds, the wait for host-mates (left out where they share cores) and the drain.
+    string(JSON alone_s ERROR_VARIABLE e4 GET "${probe_json}" collectives ${kind} 0 seconds)
+    string(JSON wait_s ERROR_VARIABLE e5 GET "${probe_json}" collectives ${kind} 0 host_wait_seconds)
+    string(JSON drain_s ERROR_VARIABLE e6 GET "${probe_json}" collectives ${kind} 0 drain_seconds)
+    if(e4 OR e5 OR e6 OR wait_s LESS 0 OR wait_s GREATER alone_s OR drain_s LESS 0 OR drain_s GREATER alone_s)
+      message(FATAL_ERROR "projection agreement: step_comm_probe's ${kind} row has no host_wait_seconds and drain_seconds "
+                          "within its seconds (${wait_s} and ${drain_s} of ${alone_s} s): ${e4}${e5}${e6}\n${probe_json}")
+    endif()
   endforeach()
   set(link_costs --link-costs ${costs})
 endif()
