@@ -30,10 +30,12 @@ row is projected twice (docs/scaling.md, "Validation"):
     Its --network is tc's rate (the link's line rate), the fit's latency and tbf's bucket (rows[].probed_network),
     against which the model bounds the step's bytes (Note [the link's bucket] in project/project_compute.cpp),
     the rate and bucket over the wire's bytes per counted byte across hosts: the links' tx counters (hosts.sh
-    --stats) over the ranks' counted bytes across hosts in the row's first run (rows[].wire_over_counted_bytes:
-    TCP/IP headers, OpenMPI's messages and its algorithms' own crossings, 1.09 for hosts of 1 at ZeRO-3, 1.52
-    for ZeRO++ on hosts of 2). That is the one figure taken from the run compared; line_rate_over_measured is
-    the projection without it (tc's rate for the counted bytes).
+    --stats) over the ranks' counted bytes across hosts in the row's first run, both less those of a 2-step run
+    made before it (START_UP_STEPS), so that the bytes no step sends drop out (rows[].wire_over_counted_bytes:
+    TCP/IP headers, OpenMPI's messages and its algorithms' own crossings; at 100 Mbit/s on hosts of 2, 1.005 at
+    ZeRO-1, 1.127 at ZeRO-3 and 1.107 for ZeRO++; rows[].wire_over_counted_bytes_whole_run keeps the whole run's,
+    which holds the start-up's and the summary's bytes too). That is the one figure taken from the run compared;
+    line_rate_over_measured is the projection without it (tc's rate for the counted bytes).
 --reproject FILE projects a saved run's rows again (its measurements and kept probes; nothing trained or
 probed): a model change checked against recorded runs, the saved compute kept so only the model moves.
 --network gives a fixed BANDWIDTH,LATENCY instead of the fit. --only and --rates select rows. --burst BYTES
@@ -168,8 +170,8 @@ def probed_network(args, rate, link, wire_overhead=1.0):
     """--network for the projection with the probe's in-step costs: tc's rate (the link's line rate, against
     which the model bounds the step's bytes; the fit's bandwidth absorbs comm_bench's own overheads and is the
     network model's) and tbf's bucket (Note [the link's bucket] in project/project_compute.cpp), both over the
-    wire's bytes per counted byte that the row's first run measured (TCP/IP headers and OpenMPI's own
-    messages: tc shapes what the link carries, the model charges the counted bytes), and the fit's latency."""
+    wire's bytes per counted byte of the steps that the row's first run measured (TCP/IP headers and OpenMPI's
+    own messages: tc shapes what the link carries, the model charges the counted bytes), and the fit's latency."""
     if args.network:
         return f"{args.network},{tbf_bucket(args, rate) / wire_overhead:.0f}b"
     return (f"{rate_bits(rate) / 8 / wire_overhead:.0f}bps,{link['latency_s'] * 1e6:.1f}us,"
@@ -306,7 +308,8 @@ class Case:
             self.cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
         self.per_host = np // hosts if hosts else np
         self.lay0 = self.probe = self.p = self.s = None
-        self.medians, self.loads, self.wire = [], [], []
+        self.medians, self.loads, self.wire, self.wire_whole_run = [], [], [], []
+        self.start_up = None  # two hosts: (link bytes, counted bytes across hosts) of a run of START_UP_STEPS
         self.projections = []  # one per round, each right after that round's run
 
     def prepare(self):
@@ -318,6 +321,21 @@ class Case:
             self.lay0 = p0["layouts"][0]
             self.probe = step_probe(self.args, self.tmp, self.name, self.hosts, self.per_host, self.rate, self.lay0,
                                     p0["oversubscription"])
+            self.start_up = self.link_bytes(START_UP_STEPS)
+
+    def link_bytes(self, steps):
+        """A run of `steps` steps over the hosts: (the bytes every host's link sent, the bytes the ranks counted
+        across hosts). Run before the first round, so that each run's bytes less these are its steps' alone."""
+        path = os.path.join(self.tmp, self.name + ".start_up.json")
+        summary = os.path.join(self.tmp, self.name + ".start_up.summary.json")
+        stats = os.path.join(self.tmp, self.name + ".start_up.links.txt")
+        with open(path, "w") as f:
+            json.dump(dict(self.cfg, train_steps=steps), f)
+        run(over_hosts(self.args, self.hosts, self.per_host, self.rate, stats) +
+            [self.args.zeroshard, "train", "--config", path, "--summary", summary], self.name + " (start-up bytes)")
+        with open(summary) as f:
+            s = json.load(f)
+        return sent_bytes(stats), sum(r["bytes_sent_inter_host"] for r in s["comm"]["per_rank"])
 
     def train(self):
         """One run: its median step (the summary's, over its steps) and the load beside it. After the first
@@ -339,11 +357,17 @@ class Case:
         self.loads.append(os.getloadavg()[0])
         if self.hosts:
             # The links' bytes (the kernel's tx counters, every host) over the bytes the ranks counted across
-            # hosts in the run: what the wire carries per counted byte.
-            with open(self.stats) as f:
-                sent = sum(int(line.split()[1]) for line in f if line.strip())
+            # hosts, both less the start-up run's (self.start_up): what the wire carries per counted byte of
+            # the steps. A run's whole bytes also hold what no step sends, the same in every run (OpenMPI's
+            # wire-up, the set-up's broadcast, the summary's parameter digest: 8.5 MB on two hosts of 2 ranks
+            # at ZeRO-1, 4.4 times one step's 1.9 MB), so an 8-step run's whole ratio was 1.163 where its
+            # steps' was 1.005 (docs/scaling.md, "The wire's bytes per counted byte").
+            sent = sent_bytes(self.stats)
             counted = sum(r["bytes_sent_inter_host"] for r in self.s["comm"]["per_rank"])
-            self.wire.append(sent / counted if counted > 0 else 1.0)
+            self.wire_whole_run.append(sent / counted if counted > 0 else 1.0)
+            sent0, counted0 = self.start_up
+            steps_only = counted - counted0
+            self.wire.append((sent - sent0) / steps_only if steps_only > 0 else self.wire_whole_run[-1])
 
     def project(self):
         """The projection compared, right after the first round's run (--as-loaded: the load of then)."""
@@ -405,9 +429,18 @@ class Case:
             "network_model_over_measured": lay0["step_s"] / measured if lay0 and measured > 0 else None,
             "step_probe": self.probe,
             "probed_network": self.network,
-            # Each run's link bytes (tx, every host) over its counted bytes across hosts.
+            # Each run's link bytes (tx, every host) over its counted bytes across hosts, its steps' alone (less
+            # the start-up run's), and its whole run's.
             "wire_over_counted_bytes": self.wire or None,
+            "wire_over_counted_bytes_whole_run": self.wire_whole_run or None,
+            "start_up_steps": START_UP_STEPS if self.hosts else None,
         }
+
+
+def sent_bytes(stats):
+    """The bytes every host's link sent in a run (hosts.sh --stats: one line "hN tx_bytes" per host)."""
+    with open(stats) as f:
+        return sum(int(line.split()[1]) for line in f if line.strip())
 
 
 def middle_spread(values):
@@ -427,6 +460,10 @@ def within(rows, key):
     """'k of n': how many of the rows' `key` ratios lie within 15% of 1."""
     return f"{sum(1 for r in rows if r.get(key) and 0.85 <= r[key] <= 1.15)} of {len(rows)}"
 
+
+# The steps of the short run each two-host row makes before its first round, whose link and counted bytes
+# every run's are taken less of (Case.link_bytes): the bytes of what is not a step drop out.
+START_UP_STEPS = 2
 
 # A row's verdict needs its measurement to hold still: a spread over the rounds (most - least over the
 # median) above a third of the 15% target says the machine, not the model, decides that row.

@@ -160,6 +160,11 @@ static double pass_time(Schedule s, Op::Kind k) {
 
 Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds,
                   double transfer_s) {
+  return timeline(s, shape, seconds, [transfer_s](int, int, double ready) { return ready + transfer_s; });
+}
+
+Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds,
+                  const TransferArrival& arrive) {
   const int p = shape.stages, G = shape.global_chunks();
   const int64_t m = shape.micro_batches;
   Timeline tl;
@@ -176,6 +181,8 @@ Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std:
   // End times of every pass, -1 until it ran (Note [transfer order]).
   tl.forward_end.assign(static_cast<size_t>(m * G), -1.0);
   tl.backward_end.assign(static_cast<size_t>(m * G), -1.0);
+  // When a pass's output reaches the rank of the chunk that consumes it (its end where that is this rank).
+  std::vector<double> forward_arrives(static_cast<size_t>(m * G), -1.0), backward_arrives(static_cast<size_t>(m * G), -1.0);
   auto at = [&](std::vector<double>& v, int64_t b, int g) -> double& { return v[static_cast<size_t>(b * G + g)]; };
   std::vector<size_t> next(static_cast<size_t>(p), 0);
   std::vector<double> free_at(static_cast<size_t>(p), 0.0), busy(static_cast<size_t>(p), 0.0);
@@ -187,24 +194,31 @@ Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std:
       for (size_t& i = next[static_cast<size_t>(r)]; i < list.size(); ++i) {
         const Op& o = list[i];
         const int g = o.chunk * p + r;
+        // The input's arrival: a pass on another rank reaches this one after its transfer (Note
+        // [transfer delay]), so the arrays hold arrivals, set when the producing pass ends.
         double dep = 0.0;
-        int from = g;  // the global chunk whose pass produced the input
         if (o.kind == Op::kWeight) {
           dep = at(tl.backward_end, o.micro_batch, g);  // its own input gradient, earlier on this rank
         } else if (o.kind == Op::kForward) {
-          from = g == 0 ? g : g - 1;
-          dep = g == 0 ? 0.0 : at(tl.forward_end, o.micro_batch, g - 1);
+          dep = g == 0 ? 0.0 : at(forward_arrives, o.micro_batch, g - 1);
         } else {
-          from = g == G - 1 ? g : g + 1;
-          dep = g == G - 1 ? at(tl.forward_end, o.micro_batch, g) : at(tl.backward_end, o.micro_batch, g + 1);
+          dep = g == G - 1 ? at(tl.forward_end, o.micro_batch, g) : at(backward_arrives, o.micro_batch, g + 1);
           if (at(tl.forward_end, o.micro_batch, g) < 0.0) dep = -1.0;
         }
         if (dep < 0.0) break;
-        if (from % p != r) dep += transfer_s;  // from another rank: its transfer (Note [transfer delay])
         const double t0 = std::max(free_at[static_cast<size_t>(r)], dep);
         const double d = seconds.empty() ? pass_time(s, o.kind) : seconds[static_cast<size_t>(r)][i];
         tl.start[static_cast<size_t>(r)].push_back(t0);
-        if (o.kind != Op::kWeight) at(o.kind == Op::kForward ? tl.forward_end : tl.backward_end, o.micro_batch, g) = t0 + d;
+        if (o.kind != Op::kWeight) {
+          const bool fwd = o.kind == Op::kForward;
+          at(fwd ? tl.forward_end : tl.backward_end, o.micro_batch, g) = t0 + d;
+          // Its output goes to the next chunk (forward) or the previous one (backward's input gradient).
+          const int to = fwd ? g + 1 : g - 1;
+          if (to >= 0 && to < G) {
+            const int dst = to % p;
+            at(fwd ? forward_arrives : backward_arrives, o.micro_batch, g) = dst == r ? t0 + d : arrive(r, dst, t0 + d);
+          }
+        }
         free_at[static_cast<size_t>(r)] = t0 + d;
         busy[static_cast<size_t>(r)] += d;
         progress = true;

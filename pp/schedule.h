@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -129,6 +130,10 @@ Plan plan(Schedule s, const PipelineShape& shape);
 // modelled: comm's executor runs a rank's transfers one at a time in posting order (Note
 // [Point-to-point] in comm/p2p.cpp), and a send is waited for after the sender's next action (Note
 // [send retirement] in pp/pipeline.h): transfers in flight together queue there rather than overlap.
+// A transfer whose time depends on what went before it (a link that queues sends, a shaper's bucket
+// that the pauses between them refill: Note [the link's bucket] in project/project_compute.cpp) is
+// given as a TransferArrival instead of one time: it is asked for each transfer when its producing
+// pass ends, each rank's transfers in the order of their pass ends, so it can keep a link's state.
 struct Timeline {
   std::vector<std::vector<Op>> ops;           // per rank: schedule_ops
   std::vector<std::vector<double>> start;     // per rank: each pass's start
@@ -141,5 +146,11 @@ struct Timeline {
 // (Note [transfer delay]). Throws UsageError as plan().
 Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds = {},
                   double transfer_s = 0.0);
+// When a transfer from rank `src` to rank `dst` reaches `dst`, its producing pass having ended at `ready`
+// (at least `ready`). Called once per transfer, each `src`'s in the order of their `ready`.
+using TransferArrival = std::function<double(int src, int dst, double ready)>;
+// The same with each transfer's arrival from `arrive` (Note [transfer delay]).
+Timeline timeline(Schedule s, const PipelineShape& shape, const std::vector<std::vector<double>>& seconds,
+                  const TransferArrival& arrive);
 
 }  // namespace zs::pp

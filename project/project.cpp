@@ -32,10 +32,11 @@ namespace zs::project {
 //   pp         a point-to-point send is a delay between the producing pass and the next stage's
 //              consuming one, the sender not held (send_async; Note [transfer delay] in pp/schedule.h):
 //              pp::timeline's transfer time, one send's cost; the pp group's other calls are spread
-//              over the passes. Across hosts a send's in-step cost (--link-costs) is the probe's, at
-//              least its bytes beyond what a pass refills of the link's bucket at the rate (Note [the
-//              link's bucket] in project_compute.cpp), and the link's sustained rate bounds the sends'
-//              sum, the pipeline's makespan.
+//              over the passes. Across hosts each send goes through its stage's link in the
+//              timeline (Note [a pipeline's sends through the link]): queued behind the sends before it,
+//              at once as far as a shaper's bucket reaches and the rest at the rate (the probe's
+//              in-step cost, --link-costs, where there is no bucket); the link's sustained rate bounds
+//              the sends' sum, the pipeline's makespan.
 //   pipeline   the schedule run on pp::timeline with those pass times: its makespan holds the bubble.
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
@@ -74,6 +75,10 @@ struct StageTime {
   double forward = 0, backward = 0, tp_comm = 0, ep_comm = 0, pp_comm = 0, pp_transfer = 0, pp_link = 0, dp_grad = 0,
          dp_gather = 0, dp_other = 0;
   double dp_grad_sync = 0;  // of dp_grad, the reductions on the calling thread (ZeRO++'s qgZ all-to-alls)
+  // A pipeline send across hosts through a shaper's bucket (Note [a pipeline's sends through the link]):
+  // its bytes on the host's link (its R ranks' at once; 0: none crosses), its cost where the bucket holds
+  // them, and the least it costs (the probe's in-step cost of the send, else the network's latency).
+  double pp_send_bytes = 0, pp_send_base = 0, pp_send_floor = 0;
   double optimizer = 0, flops = 0;
   uint64_t collectives = 0;
   // The data-parallel groups' and the expert-parallel group's busiest member's bytes across hosts and
@@ -92,6 +97,67 @@ void add_calls(detail::LinkPhase& phase, const comm::OpStats& op) {
   phase.busiest_bytes += static_cast<double>(op.busiest_inter_host_bytes);
   phase.calls += op.count;
 }
+
+// Note [a pipeline's sends through the link]
+// A pipeline stage's sends across hosts leave through its host's link one after another. Through a
+// shaper's bucket (Network::burst_bytes) a send goes at once as far as the bucket's tokens reach and the
+// rest at the rate, and the pauses between the stage's sends refill the bucket: so each send's arrival
+// depends on when the ones before it left, which one transfer time per send cannot say. pp::timeline asks
+// this for each transfer as its pass ends (each stage's in order; PipelineLinks): the stage's link keeps
+// its tokens and when it is free; a send queues behind the one still going at the rate, and costs at
+// least the probe's in-step cost of a send of its bytes (--link-costs; without it the latency). Without a
+// bucket (a NIC at its line rate) a send arrives after the one transfer time (the probe's in-step cost,
+// or latency and bytes over bandwidth) and not before the link has sent it behind the sends queued before
+// it. Measured (docs/scaling.md, "Validation"): pp 2 over two hosts of one rank at 100 Mbit/s, 131 KB per
+// send against tbf's 125 KB bucket, 3.7 ms forward and 7.4 ms backward passes. The step took 74.8 ms;
+// one transfer time per send (6.9 ms: the bytes beyond one forward pass's refill at the rate) projected
+// 89.1 ms (1.19x), where the backward passes refill most of the bucket between sends. The bucket alone
+// (a send held whole costing the probe's 0.45 ms of its small sizes) projected 65.0 ms (0.87x): the step's
+// sends were slower than the bucket lets them be (each receive waited 2.6 ms longer than at 10 Gbit/s, the
+// comms logger over 40 steps), for a cause not found. With the probe's cost as each send's least (5.1 ms at
+// 131 KB, the probe's calls finding the bucket as its own rhythm leaves it) it projected 81.5 ms (1.09x).
+class PipelineLinks {
+ public:
+  PipelineLinks(const std::vector<StageTime>& stages, const Network& net, double transfer)
+      : stages_(stages), net_(net), transfer_(transfer), links_(stages.size(), Link{.tokens = net.burst_bytes}) {}
+
+  // When stage `src`'s send, its pass having ended at `ready`, reaches the next stage.
+  double arrive(int src, double ready) {
+    const double at = arrival(src, ready);
+    delay_ += at - ready;
+    ++sends_;
+    return at;
+  }
+  // The mean time from a pass's end to its send's arrival.
+  double mean_transfer() const { return sends_ > 0 ? delay_ / static_cast<double>(sends_) : transfer_; }
+
+ private:
+  struct Link {
+    double tokens = 0, last = 0, free_at = 0;
+  };
+  double arrival(int src, double ready) {
+    const StageTime& st = stages_[static_cast<size_t>(src)];
+    if (!(st.pp_send_bytes > 0) || !(net_.bytes_per_s > 0)) return ready + transfer_;
+    Link& k = links_[static_cast<size_t>(src)];
+    const double rate = net_.bytes_per_s, t0 = std::max(ready, k.free_at);
+    if (net_.burst_bytes > 0) {
+      k.tokens = std::min(net_.burst_bytes, k.tokens + rate * (t0 - k.last));
+      const double done = t0 + std::max(0.0, st.pp_send_bytes - k.tokens) / rate;
+      k.tokens = std::max(0.0, k.tokens - st.pp_send_bytes);
+      k.last = k.free_at = done;
+      return std::max(ready + st.pp_send_floor, done + st.pp_send_base);
+    }
+    k.free_at = t0 + st.pp_send_bytes / rate;
+    return std::max(k.free_at, ready + transfer_);
+  }
+
+  const std::vector<StageTime>& stages_;
+  Network net_;
+  double transfer_;
+  std::vector<Link> links_;
+  double delay_ = 0;
+  int64_t sends_ = 0;
+};
 
 Projection project_layout(const boost::json::value& config, const Options& opt, const Layout& l,
                           std::map<int, detail::ComputeCost>& costs, double oversub) {
@@ -214,12 +280,21 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
             if (op.bytes_inter_host > 0) {
               const double rate = opt.network.bytes_per_s;
               st.pp_link = static_cast<double>(op.bytes_inter_host) * R / rate;
-              // Each send finds the link's bucket refilled by at most one pass (in the warm-up a stage's
-              // sends follow its forwards one another): its bytes beyond that go at the rate (Note [the
-              // link's bucket] in project_compute.cpp).
-              const double send = static_cast<double>(op.bytes_inter_host) * R / static_cast<double>(op.count);
-              const double tokens = std::min(opt.network.burst_bytes, rate * st.forward);
-              st.pp_transfer = std::max(st.pp_transfer, std::max(0.0, send - tokens) / rate);
+              // The pipeline's timeline runs the stage's link per send (PipelineLinks): a send queues
+              // behind the one before it, and through a shaper's bucket goes at once as far as the
+              // bucket's tokens reach, the rest at the rate. There it costs at least the probe's in-step
+              // cost of the send (measured with the bucket as the probe's rhythm left it), and where the
+              // bucket holds it whole what the probe's calls that the bucket held cost (its sizes of at
+              // most the bucket's bytes; the larger ones paid the rate); without a probe, the latency.
+              st.pp_send_bytes = static_cast<double>(op.bytes_inter_host) * R / static_cast<double>(op.count);
+              const double burst = opt.network.burst_bytes;
+              st.pp_send_base = st.pp_send_floor = opt.network.latency_s;
+              if (burst > 0 && !opt.link_costs.empty() && spans == opt.link_costs.hosts) {
+                st.pp_send_floor = secs / static_cast<double>(op.count);
+                st.pp_send_base = opt.link_costs.seconds_within("send", std::min(st.pp_send_bytes, burst) / R, burst / R,
+                                                                R > opt.machine.cores_per_host)
+                                      .value_or(opt.network.latency_s);
+              }
             }
           } else {
             st.pp_comm += secs;
@@ -318,10 +393,11 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       }
       p.compute_s = std::max(p.compute_s, static_cast<double>(m) * (st.forward + st.backward) + st.optimizer);
     }
-    const pp::Timeline tl = pp::timeline(sched, shape, secs, transfer);
+    PipelineLinks links(stages, opt.network, transfer);
+    const pp::Timeline tl = pp::timeline(sched, shape, secs, [&links](int src, int, double ready) { return links.arrive(src, ready); });
     p.pipeline_s = tl.makespan;
     for (const StageTime& st : stages) p.pipeline_s = std::max(p.pipeline_s, st.pp_link);
-    p.pp_transfer_s = transfer;
+    p.pp_transfer_s = links.mean_transfer();
     p.bubble = *std::max_element(tl.bubble.begin(), tl.bubble.end());
   }
   double flops = 0;

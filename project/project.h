@@ -72,6 +72,10 @@ struct LinkCosts {
   // `shared_cores`: the host's ranks share its cores, so the projection's compute (ranks / cores) already
   // counts the host-mates' work a rank waited for in the call: that wait is left out (Note [in-step link costs]).
   std::optional<double> seconds(const std::string& op, double inter_bytes, bool shared_cores = false) const;
+  // The same over the measured sizes of at most `largest` bytes across only (nullopt where none is that
+  // small): the calls a shaper's bucket carried whole, whose cost is the call's own and not the rate's
+  // (Note [the link's bucket] in project_compute.cpp).
+  std::optional<double> seconds_within(const std::string& op, double inter_bytes, double largest, bool shared_cores = false) const;
 };
 // The probe's JSON (step_comm_probe --json). Throws ConfigError naming --link-costs, the file and the key.
 LinkCosts parse_link_costs(const boost::json::value& doc, const std::string& source);
@@ -161,7 +165,7 @@ struct Projection {
   double compute_s = 0.0;     // the slowest stage's passes and optimizer, without communication
   double pipeline_s = 0.0;    // the schedule's makespan (passes, tp and pp communication, bubble)
   double bubble = 0.0;        // of pipeline_s, the slowest stage's idle share
-  double pp_transfer_s = 0.0; // one pipeline send's time, a delay before the receiving pass (Note [transfer delay])
+  double pp_transfer_s = 0.0; // a pipeline send's mean time, a delay before the receiving pass (Note [transfer delay])
   double dp_comm_s = 0.0;     // the data-parallel collectives' time, of which exposed:
   double dp_exposed_s = 0.0;
   double tp_comm_s = 0.0;

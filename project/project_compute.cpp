@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -144,16 +145,34 @@ double interpolate(const std::vector<std::pair<double, double>>& pts, double x) 
 }  // namespace
 
 std::optional<double> LinkCosts::seconds(const std::string& op, double inter_bytes, bool shared_cores) const {
+  return seconds_within(op, inter_bytes, std::numeric_limits<double>::infinity(), shared_cores);
+}
+
+std::optional<double> LinkCosts::seconds_within(const std::string& op, double inter_bytes, double largest,
+                                                bool shared_cores) const {
   const std::string kind = op == "allgatherv"                  ? "allgather"
                            : op == "alltoallv"                 ? "alltoall"
                            : (op == "send" || op == "recv") ? "sendrecv"
                                                             : op;
+  // The sizes of at most `largest` bytes (the points are ascending by bytes, the waits at the same sizes).
+  auto upto = [largest](const std::vector<std::pair<double, double>>& pts) {
+    std::vector<std::pair<double, double>> kept;
+    for (const auto& pt : pts) {
+      if (pt.first <= largest) kept.push_back(pt);
+    }
+    return kept;
+  };
   const auto it = by_collective.find(kind);
-  if (it == by_collective.end() || it->second.empty()) return std::nullopt;
-  double t = interpolate(it->second, inter_bytes);
+  if (it == by_collective.end()) return std::nullopt;
+  const std::vector<std::pair<double, double>> pts = upto(it->second);
+  if (pts.empty()) return std::nullopt;
+  double t = interpolate(pts, inter_bytes);
   if (shared_cores) {
     const auto w = host_wait_by_collective.find(kind);
-    if (w != host_wait_by_collective.end() && !w->second.empty()) t = std::max(0.0, t - interpolate(w->second, inter_bytes));
+    if (w != host_wait_by_collective.end()) {
+      const std::vector<std::pair<double, double>> waits = upto(w->second);
+      if (!waits.empty()) t = std::max(0.0, t - interpolate(waits, inter_bytes));
+    }
   }
   return t;
 }
