@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "comm/comm.h"
 #include "core/errors.h"
@@ -167,6 +168,31 @@ TEST(Schedule, TimelineDelaysOnlyThePassThatReceives) {
   EXPECT_EQ(none.makespan, 9.0);
   EXPECT_EQ(none.start, timeline(Schedule::kOneFOneB, shape, secs).start);
   EXPECT_EQ(none.start[1], (std::vector<double>{1, 2, 4, 5}));
+}
+
+// A transfer whose time depends on the ones before it (project's link per stage: Note [a pipeline's
+// sends through the link] in project/project.cpp): each is asked for as its pass ends, each rank's in
+// order. Here each rank's link sends one transfer at a time, 1.5 each: rank 0's F1 output waits for F0's.
+// Rank 0: F0 [0, 1] (arrives 2.5), F1 [1, 2] (link free at 2.5: arrives 4), B0 [7, 9], B1 [10, 12].
+// Rank 1: F0 [2.5, 3.5], B0 [3.5, 5.5] (arrives 7), F1 [5.5, 6.5], B1 [6.5, 8.5] (arrives 10).
+TEST(Schedule, TimelineAsksEachTransferAsItsPassEnds) {
+  const PipelineShape shape{.stages = 2, .chunks = 1, .micro_batches = 2};
+  const std::vector<std::vector<double>> secs{{1, 1, 2, 2}, {1, 2, 1, 2}};
+  std::vector<std::tuple<int, int, double>> asked;
+  std::vector<double> link_free(2, 0.0);
+  const Timeline tl = timeline(Schedule::kOneFOneB, shape, secs, [&](int src, int dst, double ready) {
+    asked.emplace_back(src, dst, ready);
+    double& free = link_free[static_cast<size_t>(src)];
+    free = std::max(free, ready) + 1.5;
+    return free;
+  });
+  EXPECT_EQ(asked, (std::vector<std::tuple<int, int, double>>{{0, 1, 1.0}, {0, 1, 2.0}, {1, 0, 5.5}, {1, 0, 8.5}}));
+  EXPECT_EQ(tl.start[0], (std::vector<double>{0, 1, 7, 10}));
+  EXPECT_EQ(tl.start[1], (std::vector<double>{2.5, 3.5, 5.5, 6.5}));
+  EXPECT_EQ(tl.makespan, 12.0);
+  // A fixed delay through the same path is the double overload's timeline.
+  const Timeline fixed = timeline(Schedule::kOneFOneB, shape, secs, [](int, int, double ready) { return ready + 0.5; });
+  EXPECT_EQ(fixed.start, timeline(Schedule::kOneFOneB, shape, secs, 0.5).start);
 }
 
 TEST(Schedule, ErrorsNameTheKeys) {
