@@ -484,6 +484,25 @@ TEST(Project, ExpertParallelLayoutsCountTheAllToAllsAndTheExpertGroups) {
   EXPECT_THROW(project(tiny_config(1), dense), ConfigError);
 }
 
+// Note [reductions behind the backward's calls]: the gradients' reductions across hosts hide under the
+// backward pass only while its own calls leave the link free.
+TEST(Project, ReductionsHideOnlyWhereTheBackwardLeavesTheLinkFree) {
+  auto hidden = [](int ep, const char* network) {
+    Options o = options(2, 1);  // two hosts of one rank: the reductions and the all-to-alls cross
+    o.only_ep = ep;
+    o.network = parse_network(network);
+    const Projection p = project(moe_config(1), o).layouts.front();
+    EXPECT_TRUE(p.valid) << p.why_not;
+    EXPECT_GT(p.dp_comm_s, 0.0);
+    return p.dp_comm_s - p.dp_exposed_s;
+  };
+  // At 1 Mbit/s ep 2's all-to-alls hold the link through the backward pass: nothing is hidden.
+  EXPECT_NEAR(hidden(2, "1mbit,20us"), 0.0, 1e-12);
+  // At ep 1 no all-to-all crosses; on a fast link ep 2's take a sliver of the pass: a pass's worth is hidden.
+  EXPECT_GT(hidden(1, "1mbit,20us"), 0.0);
+  EXPECT_GT(hidden(2, "100gbit,1us"), 0.0);
+}
+
 TEST(Project, ExpertParallelGroupsStraddlingHostsUnevenlyAreRefused) {
   Options o = options(6, 2);  // ep 3 over hosts of 2: groups {0,1,2} and {3,4,5} cross unlike each other
   o.only_ep = 3;
