@@ -41,7 +41,8 @@ namespace zs::project {
 //              pp 1: m (F + B) + tp.
 //   dp         the data-parallel group's collectives: gradient reductions (reduce-scatter, allreduce)
 //              overlap the last backward pass (the engine launches each bucket as it fills on the comm
-//              worker; exposed: what exceeds one B_s); stage-3 parameter gathers run on the calling
+//              worker; exposed: what exceeds one B_s, less across hosts the part of B_s whose own calls
+//              hold the link: Note [reductions behind the backward's calls]); stage-3 parameter gathers run on the calling
 //              thread, prefetches included (Note [synchronous gathers] in engine/detail/param_gatherer.h:
 //              the CPU device has no copy engine), so all of them are exposed, and so are ZeRO++'s
 //              quantised gradient all-to-alls (qgZ, on the calling thread); stage 1-2 parameter
