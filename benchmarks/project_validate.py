@@ -360,8 +360,9 @@ class Case:
             # hosts, both less the start-up run's (self.start_up): what the wire carries per counted byte of
             # the steps. A run's whole bytes also hold what no step sends, the same in every run (OpenMPI's
             # wire-up, the set-up's broadcast, the summary's parameter digest: 8.5 MB on two hosts of 2 ranks
-            # at ZeRO-1, 4.4 times one step's 1.9 MB), so an 8-step run's whole ratio was 1.163 where its
-            # steps' was 1.005 (docs/scaling.md, "The wire's bytes per counted byte").
+            # at ZeRO-1, 1.3 steps' worth of its 6.7 MB a step), so an 8-step run's whole ratio was 1.163 where
+            # its steps' was 1.005 (docs/scaling.md, "The steps' wire bytes, and a pipeline's sends through
+            # the link").
             sent = sent_bytes(self.stats)
             counted = sum(r["bytes_sent_inter_host"] for r in self.s["comm"]["per_rank"])
             self.wire_whole_run.append(sent / counted if counted > 0 else 1.0)
