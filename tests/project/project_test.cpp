@@ -208,7 +208,7 @@ TEST(BoundByLink, ChargesTheBytesBeyondTheBucketAtTheRate) {
 TEST(Project, Zero3GathersTakeTheirOwnersBytesTime) {
   Options o = options(2, 1);
   o.network = parse_network("8mbit,0s");  // 1 MB/s: the bytes decide
-  const Projection& p = project(tiny_config(3), o).layouts.front();
+  const Projection p = project(tiny_config(3), o).layouts.front();
   ASSERT_TRUE(p.valid) << p.why_not;
   const double own = static_cast<double>(p.ranks[0].bytes_inter_host) / o.network.bytes_per_s;
   EXPECT_GT(p.dp_comm_s, 1.3 * own) << "own bytes' time " << own;
@@ -309,7 +309,7 @@ TEST(Project, ChargesTheProbesInStepCostsAcrossHosts) {
     for (auto& row : rows.as_array()) row.as_object()["seconds"] = 1e-12;
   }
   o.link_costs = parse_link_costs(cheap, "cheap.json");
-  const Projection& c = project(tiny_config(3), o).layouts.front();
+  const Projection c = project(tiny_config(3), o).layouts.front();
   EXPECT_GE(c.dp_comm_s, static_cast<double>(c.ranks[0].bytes_inter_host) / o.network.bytes_per_s);
   // Hosts of 2 ranks on 1 core: a probe's stretch below ranks / cores (its ranks yield while waiting)
   // does not lower the compute's factor below 2.
