@@ -106,6 +106,23 @@ std::string Op::describe() const {
 
 void Op::fail(const std::string& what) const { throw CommError(fmt::format("{}: {}", describe(), what)); }
 
+// The online CPU count missed a job confined to fewer cores than the machine has: the hosts of
+// tests/multihost/hosts.sh (a core each, of the machine's 2 online) ran 2 ranks a core as if each had
+// its own, spinning without a yield.
+int node_cpus(MPI_Comm node) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) {  // no mask to read: every online CPU
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    for (long c = 0; c < std::min<long>(std::max(1L, online), CPU_SETSIZE); ++c) CPU_SET(static_cast<int>(c), &mine);
+  }
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ZS_MPI_CHECK(MPI_Allreduce(&mine, &all, static_cast<int>(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node),
+               "joining the node's CPU affinity masks");
+  return std::max(1, CPU_COUNT(&all));
+}
+
 Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
   if (!use_mpi) return;
   int initialized = 0, finalized = 0;
@@ -129,15 +146,15 @@ Runtime::Runtime(bool use_mpi) : uses_mpi_(use_mpi) {
   int has_tag_ub = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &has_tag_ub);
   gather_tags_ = has_tag_ub && *tag_ub >= (1 << 21) - 1;  // Note [Handshake lengths]
-  // Note [Polling]: yield while polling only when this node runs more ranks than it has CPUs.
+  // Note [Polling]: yield while polling only when this node runs more ranks than the CPUs they may use.
   MPI_Comm node = MPI_COMM_NULL;
   ZS_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &node),
                "finding the ranks on this node");
   int node_ranks = 1;
   MPI_Comm_size(node, &node_ranks);
+  const int cpus = node_cpus(node);
   MPI_Comm_free(&node);
-  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  oversubscribed_ = cpus > 0 && node_ranks > cpus;
+  oversubscribed_ = node_ranks > cpus;
 }
 
 Runtime::~Runtime() {
@@ -412,16 +429,17 @@ void Runtime::pause(bool on_worker, SpinProbe& probe) {
   const auto now = Clock::now();
   const auto start = probe.start();
   // Note [Contended cores]: beside other busy processes every wait spins only kWorkerSpin, and a
-  // thread blocked on the World's collectives no longer keeps the worker spinning.
-  const bool contended = contention_.recent(now);
+  // thread blocked on the World's collectives no longer keeps the worker spinning. Where our own ranks
+  // oversubscribe the node, the spin yields and is never judged contended (Note [Our own ranks' turns]).
+  const bool contended = !oversubscribed_ && contention_.recent(now);
   const auto spin = on_worker || contended ? Clock::duration(kWorkerSpin) : Clock::duration(kCallerSpin);
   if (now < start + spin || (on_worker && !contended && hint_->waited())) {
+    if (oversubscribed_) {
+      sched_yield();
+      return;
+    }
     if (!probe.contended(now)) [[likely]] {
-      if (oversubscribed_) {
-        sched_yield();
-      } else {
-        cpu_relax();
-      }
+      cpu_relax();
       return;
     }
     contention_.seen(now);  // this thread was preempted while spinning: back off from now on

@@ -64,8 +64,9 @@
 // time; the peer, yielding too, also made the first rank's body wait. MPI's own blocking calls spin
 // without yielding unless the node is oversubscribed. So now:
 //  - Spin phase: MPI_Test in a loop with a CPU pause between misses, and sched_yield only when the node
-//    runs more ranks than it has CPUs (then a spinning rank would keep a waiting peer off its core,
-//    which is exactly when OpenMPI's own progress loop yields too).
+//    runs more ranks than the CPUs they may run on (the union of their affinity masks: then a spinning
+//    rank would keep a waiting peer off its core, which is exactly when OpenMPI's own progress loop
+//    yields too).
 //  - It lasts kCallerSpin (20 ms) on the caller's thread: a sync collective has nothing better to do,
 //    and ranks leaving a previous collective or a step together arrive within that. On the comm
 //    worker it lasts only kWorkerSpin (50 us) unless a thread is blocked waiting for the World's
@@ -229,6 +230,11 @@ struct Op {
   [[noreturn]] void fail(const std::string& what) const;
 };
 
+// The CPUs the ranks of `node` (one host's) may run on together: the union of their affinity masks (a
+// launcher's binding, a cpuset, taskset; every online CPU for a rank whose mask cannot be read), at
+// least 1. Collective over `node`. Runtime::oversubscribed compares the node's ranks with it.
+int node_cpus(MPI_Comm node);
+
 class Runtime {
  public:
   // Initialises MPI (MPI_THREAD_MULTIPLE) when `use_mpi`; otherwise a world of one without MPI.
@@ -240,7 +246,7 @@ class Runtime {
   bool uses_mpi() const { return uses_mpi_; }
   int world_rank() const { return world_rank_; }
   int world_size() const { return world_size_; }
-  // More ranks on this node than online CPUs (Note [Polling]).
+  // More ranks on this node than the CPUs they may run on (their affinity masks'; Note [Polling]).
   bool oversubscribed() const { return oversubscribed_; }
   // MPI_TAG_UB admits the handshake's gather tags (Note [Handshake lengths]).
   bool gather_tags() const { return gather_tags_; }
@@ -309,7 +315,7 @@ class Runtime {
   bool owns_mpi_ = false;
   int world_rank_ = 0;
   int world_size_ = 1;
-  bool oversubscribed_ = false;  // more ranks on this node than online CPUs (Note [Polling])
+  bool oversubscribed_ = false;  // more ranks on this node than CPUs they may run on (Note [Polling])
   bool gather_tags_ = false;     // MPI_TAG_UB admits gather_tag (Note [Handshake lengths])
   std::vector<int> host_of_;  // per world rank (init_hosts)
   int hosts_ = 1;

@@ -80,8 +80,9 @@ void barrier(GroupState& g, ShmGroup& s, const Op& op) {
             "comm.timeout_s if a rank legitimately takes longer",
             op.describe(), g.config.timeout_s, g.config.timeout_s));
       }
-      bool contended = contention.recent(now);
-      if (!contended && now - start <= kSpin && probe.contended(now)) [[unlikely]] {  // still spinning
+      // Yields hand the core to our own ranks by design: not contention (Note [Our own ranks' turns]).
+      bool contended = !yield && contention.recent(now);
+      if (!yield && !contended && now - start <= kSpin && probe.contended(now)) [[unlikely]] {  // still spinning
         contention.seen(now);
         contended = true;
       }
