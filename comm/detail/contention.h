@@ -24,13 +24,13 @@
 // and a thread that yields runs for less than its wall-clock time whenever a peer on its core is
 // runnable: the hand-over the yield is for, not another process. Judged contended, every wait then
 // spun only 50 us and backed off into sleeps of 10 us and more, and each wake-up preempted the peer
-// computing on the core for a poll (72-88 thousand context switches in a 60-step run, against 60-64
-// thousand without). So such waits never judge contention: they yield for the whole spin phase, then
-// back off as usual. Measured (benchmarks/project_validate.py's rows, 4 ranks on the 2-core AMD EPYC,
-// docs/design.md, Communication): dp 2 x tp 2, whose 40 tensor-parallel all-reduces a step each wait
-// for the pair's other rank, from 0.057-0.069 to 0.052-0.054 s a step (1.5 ms of its compute apart:
-// np 2 x tp 2 with a core per rank takes 0.051 s for the same work) and 7.3-7.8 to 6.9-7.3 CPU-s a
-// run; dp 4 at ZeRO-2 unchanged (0.046-0.047 s).
+// computing on the core for a poll (72-88 thousand context switches in a 60-step run, 59-69 thousand
+// after). So such waits never judge contention: they yield for the whole spin phase, then back off as
+// usual. Measured with benchmarks/binary_ab.py, the builds before and after interleaved on the 2-core
+// AMD EPYC (docs/benchmarks.md, "Waits on oversubscribed cores"): 4 ranks at dp 2 x tp 2, whose 40
+// tensor-parallel all-reduces a step each wait for the pair's other rank, 0.87x the step time (0.0593
+// to 0.0515 s; np 2 x tp 2, a core per rank, takes 0.049 s for the same work); two hosts of 2 ranks on
+// a core each 0.84x (ZeRO++ at 1 Gbit/s) and 0.89x (ZeRO-3 at 10 Gbit/s); a core per rank unchanged.
 #pragma once
 
 #include <atomic>
