@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import project_validate as pv  # noqa: E402  (the configurations and the hosts' command line)
+import project_validate as pv  # noqa: E402  (the configurations and the launch command lines)
 
 
 def layouts():
@@ -71,7 +71,7 @@ def main():
                     if hosts:
                         cmd = pv.over_hosts(hosts_args, hosts, np // hosts, rate) + train
                     else:
-                        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
+                        cmd = pv.on_one_host(np) + train
                     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
                     if p.returncode:
                         sys.exit(f"binary_ab.py: {given} with {binary} exited {p.returncode}:\n{p.stdout[-3000:]}")

@@ -187,6 +187,13 @@ def over_hosts(args, hosts, per_host, rate, stats=None):
             str(hosts * per_host)]
 
 
+def on_one_host(np):
+    """The command line up to the program: mpirun of `np` ranks on this machine, unbound (--bind-to none):
+    the ranks share the host's cores, as the projection assumes (launch's share: cores / ranks threads
+    each); OpenMPI would bind each of 1-2 ranks to one core."""
+    return ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)]
+
+
 def network_fit(args, tmp, rate, slots):
     """The link between 2 hosts of 2 ranks at `rate` as the model charges it (see the top): a dict with
     the --network text, the fitted latency and bandwidth and comm_bench's measured times per size."""
@@ -303,9 +310,7 @@ class Case:
         if hosts:
             self.cmd = over_hosts(args, hosts, np // hosts, rate, self.stats) + train
         else:
-            # --bind-to none: the ranks share the host's cores, as the projection assumes (launch's share:
-            # cores / ranks threads each); OpenMPI would bind each of 1-2 ranks to one core.
-            self.cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(np)] + train
+            self.cmd = on_one_host(np) + train
         self.per_host = np // hosts if hosts else np
         self.lay0 = self.probe = self.p = self.s = None
         self.medians, self.loads, self.wire, self.wire_whole_run = [], [], [], []
