@@ -191,6 +191,17 @@ void Engine::Impl::finish_report(StepReport& report, double t0) {
     report.tp_comm_bytes_sent = tp_sent - tp_bytes_at_step_start_;
     tp_bytes_at_step_start_ = tp_sent;
   }
+  uint64_t gathers = 0, backward_gathers = 0;
+  for (const auto& set : sets_) {
+    if (!set->gatherer) continue;
+    const ZeroppGather* zpp = set->gatherer->zeropp();
+    gathers += set->gatherer->gathers() - (zpp != nullptr ? zpp->secondary_gathers() : 0);
+    backward_gathers += set->gatherer->backward_gathers();
+  }
+  report.param_gathers = gathers - gathers_at_step_start_;
+  report.backward_param_gathers = backward_gathers - backward_gathers_at_step_start_;
+  gathers_at_step_start_ = gathers;
+  backward_gathers_at_step_start_ = backward_gathers;
   const memory::TransferStats moved = backend_->transfers();
   report.transfers = {moved.host_to_device_bytes - transfers_at_step_start_.host_to_device_bytes,
                       moved.device_to_host_bytes - transfers_at_step_start_.device_to_host_bytes};

@@ -122,6 +122,7 @@ void ParamGatherer::start_gather(Entry& e) {
                               e.buffer.tensor(dtype_, {static_cast<int64_t>(e.range.size)}));
     return;
   }
+  if (pass_ == Pass::kBackward) ++backward_gathers_;
   if (options_.nvme != nullptr) {
     // The read is started now (prefetch); the collective waits for it in finish_gather.
     const offload::IoWindow w = offload::io_window((owned.offset - partition_.mine.offset) * elem, owned.size * elem);

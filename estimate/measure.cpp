@@ -153,6 +153,8 @@ Measurement estimate(nn::Model& model, const EngineConfig& config, int ranks, Ba
       m.transfers = report.transfers;
       m.comm_bytes_sent = report.comm_bytes_sent;
       m.max_in_flight = report.pipeline.max_in_flight;
+      m.param_gathers = report.param_gathers;
+      m.backward_param_gathers = report.backward_param_gathers;
     }
     m.memory = engine.memory_report();
     m.memory.device_capacity_bytes = static_cast<size_t>(config.device.memory_mb) << 20;

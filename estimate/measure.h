@@ -86,6 +86,10 @@ struct RankMeasurement {
   memory::TransferStats transfers;      // host <-> device bytes of the last measured step
   uint64_t comm_bytes_sent = 0;         // bytes a real run would send in the last measured step
   int max_in_flight = 0;                // a pipeline stage: micro-batches its schedule held at once
+  // Stage 3: the last measured step's parameter gathers over the partition's group, and of them the
+  // backward passes' (StepReport's): where its gathers fall in the step.
+  uint64_t param_gathers = 0;
+  uint64_t backward_param_gathers = 0;
   std::vector<GroupStep> groups;        // the last measured step, per group: dp, then those of the others it has
 };
 

@@ -81,7 +81,7 @@ struct StageTime {
   // them, and the least it costs (the probe's in-step cost of the send, else the network's latency).
   double pp_send_bytes = 0, pp_send_base = 0, pp_send_floor = 0;
   // Of one micro-batch's backward pass, the time its own calls across hosts hold the link (an MoE model's
-  // all-to-alls, stage 3's gathers without hpZ) where the gradients' reductions cross too: the reductions
+  // all-to-alls, stage 3's backward gathers) where the gradients' reductions cross too: the reductions
   // cannot hide under that part (Note [reductions behind the backward's calls]).
   double backward_link = 0;
   double optimizer = 0, flops = 0;
@@ -107,9 +107,11 @@ void add_calls(detail::LinkPhase& phase, const comm::OpStats& op) {
 // The gradients' reductions run on the comm worker beside the backward pass, which hides them under its
 // compute (Note [projection model]). Across hosts that holds only while the backward itself leaves the
 // link alone. Where its own calls cross hosts on the critical path (an MoE model's all-to-alls, stage
-// 3's gathers without hpZ), a reduction in flight holds the link, and the backward's next call waits
-// behind its bytes: the reductions hide only under the part of the backward pass whose calls do not hold
-// the link (StageTime::backward_link: half of the all-to-alls' and those gathers' time, per micro-batch).
+// 3's backward gathers without hpZ), a reduction in flight holds the link, and the backward's next call
+// waits behind its bytes: the reductions hide only under the part of the backward pass whose calls do not
+// hold the link (StageTime::backward_link: half of the all-to-alls' time and the backward's gathers', per
+// micro-batch; the backward gathers nothing the forward kept, Note [reuse distance] in
+// engine/detail/param_gatherer.h).
 // Measured (comms logger, 20 steps, 2026-11-30 12:47 UTC): the GPT-MoE at ep 2 over two hosts of one
 // rank at 100 Mbit/s, the step 306 ms. Its 16 all-to-alls took 111 ms a step (the projection's 113), its
 // 2 gradient reduce-scatters 74 ms (at the link's rate), its parameter all-gather 49 ms (48), and its
@@ -345,10 +347,9 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
     st.optimizer = p.zero_stage >= 1 ? stepped / l.dp : stepped;
     if (crosses) {
       // Through the link's bucket in the step's order (Note [the link's bucket] in project_compute.cpp):
-      // stage 3's gathers and reductions between the passes' compute; stages 1-2's reductions at the
+      // stage 3's gathers and reductions micro-batch by micro-batch; stages 1-2's reductions at the
       // accumulation boundary, then the parameter all-gather after the optimizer.
-      // An MoE model's all-to-alls come first, between its layers' compute in the passes (they take the
-      // passes' refill as stage 3's gathers do).
+      // An MoE model's all-to-alls come first, between its layers' compute in the passes.
       detail::LinkPhase& gathers = st.gather_link;
       detail::LinkPhase& grads = st.grad_link;
       detail::LinkPhase& ep = st.ep_link;
@@ -359,19 +360,42 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
       ep.compute_s = passes;
       ep.interleaved = true;
       std::vector<detail::LinkPhase> phases;
-      if (p.zero_stage == 3) {
-        // Each micro-batch's gathers and reductions come between its layers' compute; the gathers in
-        // the prefetch's bursts (Note [the link's bucket]): per pass, the stage's parameters over the
-        // prefetch bucket (0: no prefetch, a pause before each gather).
-        gathers.compute_s = passes;
-        gathers.interleaved = true;
+      // Stage 3: the share of the gathers that the backward passes make (the measured step's: none where
+      // the forward kept every module for its backward, Note [reuse distance] in
+      // engine/detail/param_gatherer.h; hpZ's from its secondary copies do not cross).
+      const double backward_share = rm.param_gathers > 0 ? static_cast<double>(rm.backward_param_gathers) / static_cast<double>(rm.param_gathers) : 0.0;
+      const bool zero3 = p.zero_stage == 3;
+      if (zero3) {
+        // Per micro-batch, in its order (Note [the link's bucket]): its forward's gathers, in the prefetch's
+        // bursts back to back on the calling thread before the compute they serve (per pass, the stage's
+        // parameters over the prefetch bucket; 0: no prefetch, a pause before each gather); its backward's,
+        // where the forward did not keep the modules; then its reductions, beside its backward. The first
+        // forward's first burst finds the bucket as the step's end left it (the last reductions, then the
+        // optimizer and the step's small calls); the reductions find it refilled by the compute since the
+        // link's last burst.
         const double prefetch = static_cast<double>(cfg.zero.stage3_prefetch_bucket_size);
-        if (prefetch > 0) {
-          gathers.pauses = 2.0 * static_cast<double>(m) * std::max(1.0, std::ceil(static_cast<double>(in.model.param_elements) / prefetch));
+        const double mb = static_cast<double>(m);
+        const double per_pass = static_cast<double>(gathers.calls) / mb / (1.0 + backward_share);
+        const double bursts = std::max(1.0, prefetch > 0 ? std::min(per_pass, std::ceil(static_cast<double>(in.model.param_elements) / prefetch)) : per_pass);
+        const double between_bursts = (bursts - 1) / bursts;  // of a pass's compute
+        auto share = [m](const detail::LinkPhase& all, double part) {
+          detail::LinkPhase one = all;
+          one.busiest_bytes *= part / static_cast<double>(m);
+          one.seconds *= part / static_cast<double>(m);
+          one.calls = static_cast<uint64_t>(std::llround(static_cast<double>(all.calls) * part / static_cast<double>(m)));
+          one.interleaved = true;
+          return one;
+        };
+        detail::LinkPhase forward = share(gathers, 1.0 - backward_share), backward = share(gathers, backward_share),
+                          reductions = share(grads, 1.0);
+        forward.pauses = backward.pauses = bursts;
+        backward.compute_s = st.forward / bursts + st.backward * between_bursts;
+        reductions.compute_s = st.backward + (backward.calls > 0 ? 0.0 : st.forward / bursts);
+        phases = {ep};
+        for (int64_t i = 0; i < m; ++i) {
+          forward.compute_s = (i == 0 ? st.optimizer + st.dp_other : 0.0) + st.forward * between_bursts;
+          phases.insert(phases.end(), {forward, backward, reductions});
         }
-        grads.compute_s = static_cast<double>(m) * st.backward;
-        grads.interleaved = true;
-        phases = {ep, gathers, grads};
       } else {
         // The reductions at the accumulation boundary after the passes, then the optimizer and the gather.
         grads.compute_s = passes;
@@ -379,16 +403,22 @@ Projection project_layout(const boost::json::value& config, const Options& opt, 
         phases = {ep, grads, gathers};
       }
       detail::bound_by_link(phases, opt.network, R);
-      // The backward makes half of the all-to-alls and, without hpZ (whose backward gathers stay inside
-      // the host), half of stage 3's gathers: its share of their phases' time, per micro-batch.
-      if (grads.busiest_bytes > 0) {
-        const bool backward_gathers_cross = p.zero_stage == 3 && cfg.zero.zero_hpz_partition_size <= 1;
-        st.backward_link = 0.5 * (phases[0].seconds + (backward_gathers_cross ? phases[1].seconds : 0.0)) / static_cast<double>(m);
-      }
-      const bool zero3 = p.zero_stage == 3;
       st.ep_comm = phases[0].seconds;
-      st.dp_gather = phases[zero3 ? 1 : 2].seconds;
-      const double grad_seconds = phases[zero3 ? 2 : 1].seconds;
+      double gather_seconds = 0, backward_gather_seconds = 0, grad_seconds = 0;
+      if (zero3) {
+        for (size_t i = 1; i + 2 < phases.size(); i += 3) {
+          gather_seconds += phases[i].seconds + phases[i + 1].seconds;
+          backward_gather_seconds += phases[i + 1].seconds;
+          grad_seconds += phases[i + 2].seconds;
+        }
+      } else {
+        grad_seconds = phases[1].seconds;
+        gather_seconds = phases[2].seconds;
+      }
+      st.dp_gather = gather_seconds;
+      // The backward makes half of the all-to-alls and its share of stage 3's gathers: their phases'
+      // time, per micro-batch.
+      if (grads.busiest_bytes > 0) st.backward_link = (0.5 * st.ep_comm + backward_gather_seconds) / static_cast<double>(m);
       // The link's bound stretches the calling thread's reductions with the rest.
       if (st.dp_grad > 0) st.dp_grad_sync *= grad_seconds / st.dp_grad;
       st.dp_grad = grad_seconds;

@@ -507,24 +507,32 @@ double group_seconds(const engine::GroupStep& g, const Options& opt, int group_h
 // ran at the rate in the step (26 calls, 3.3 MB a host, 0.30 s) while the probe charged them 0.16 s. So
 // the step's collectives across hosts go through the bucket in the step's order, each phase charged at
 // least the time its bytes beyond the bucket's tokens take at the rate:
-//   - stage-3 gathers, spread over the passes' compute (each pause refills at most the bucket); the
-//     prefetch gathers a pass's modules in bursts of stage3_prefetch_bucket_size elements, back to back,
-//     so the pauses are the bursts, not the calls: 2 per micro-batch (forward and backward) where the
-//     stage's parameters fit one prefetch bucket;
-//   - the gradients' reductions: at stage 3 spread over each micro-batch's backward, at stages 1-2 at
-//     the accumulation boundary after the passes (one pause);
+//   - stage 3, micro-batch by micro-batch (project.cpp): the forward's gathers, in the prefetch's bursts of
+//     stage3_prefetch_bucket_size elements, back to back on the calling thread before the compute they
+//     serve (one burst where the stage's parameters fit the prefetch bucket); the first burst finds the
+//     bucket as the step's end left it (the last reductions, then the optimizer), the later ones what
+//     the compute between them refilled. Then the backward's gathers, as many as the measured step's
+//     backward made (none where the forward kept every module for it: Note [reuse distance] in
+//     engine/detail/param_gatherer.h), and the micro-batch's reductions, spread over its backward with
+//     the refill of the compute since the link's last burst;
+//   - stages 1-2's reductions at the accumulation boundary after the passes (one pause);
 //   - stage 1-2's parameter all-gather, after the optimizer (one pause);
 //   - a pipeline's send (project.cpp): each finds the bucket refilled by at most its stage's forward
 //     pass, the pause between two sends in the warm-up, and its bytes beyond that go at the rate (pp 2
 //     over hosts of one rank at 100 Mbit/s: predicted / measured 0.84-0.88 with the probe's transfer
 //     alone, 1.10 with the bucket).
+// Each pause refills at most the bucket, the first topping up what the phase before it left.
 // A phase spends its busiest member's bytes (Note [Busiest member's bytes] in comm/config.h: the calls of
 // a phase mostly cross one way: a shard's modules in a row, a bucket's blocks on one host) times the
 // host's ranks, and the tokens left carry to the next phase; the step repeats, so the sequence runs
 // twice and the second pass counts (the steady state). Measured (docs/scaling.md, "The link's bucket"):
 // at 1 Gbit/s ZeRO-3's 1.6 MB of gathers a step fit in the 1.25 MB bucket and what the passes refill,
 // and the step paid the probe's costs (6 ms over its compute, against 13 ms at the rate); at 100 Mbit/s
-// the same bytes went at the rate.
+// the same bytes went at the rate. On two hosts of 2 ranks at 1 Gbit/s (docs/scaling.md, "ZeRO-3's
+// gathers come in one burst") a step's 26 gathers ran back to back before the forward, 3.3 MB of the
+// two hosts' in 15.8 ms through hosts.sh's 1.25 MB bucket and 7.8 ms through a 5 MB one, where tbf
+// counted 3,629 waits for tokens in 60 steps and none: the burst follows the reductions and the optimizer,
+// not the passes. Refilled by the passes after it instead, it projected 0.80 of the step; in order, 1.01.
 void bound_by_link(std::vector<LinkPhase>& phases, const Network& net, int link_sharers) {
   const double rate = net.bytes_per_s, bucket = net.burst_bytes;
   if (!(rate > 0)) return;
@@ -536,9 +544,10 @@ void bound_by_link(std::vector<LinkPhase>& phases, const Network& net, int link_
       LinkPhase& ph = phases[i];
       if (ph.calls == 0 || !(ph.busiest_bytes > 0)) continue;
       const double pauses = ph.pauses > 0 ? std::min(ph.pauses, static_cast<double>(ph.calls)) : static_cast<double>(ph.calls);
-      // The tokens the phase finds: what was left, plus each pause's refill up to the bucket.
-      const double tokens = ph.interleaved ? std::min(bucket, level) + pauses * std::min(bucket, rate * ph.compute_s / pauses)
-                                           : std::min(bucket, level + rate * ph.compute_s);
+      // The tokens the phase finds: the first pause tops up what was left, each later one refills what
+      // the burst before it spent, each up to the bucket.
+      const double refill = ph.interleaved ? rate * ph.compute_s / pauses : rate * ph.compute_s;
+      const double tokens = std::min(bucket, level + refill) + (ph.interleaved ? (pauses - 1) * std::min(bucket, refill) : 0.0);
       const double need = ph.busiest_bytes * link_sharers;
       const double at_rate = std::max(0.0, need - tokens) / rate;
       ph.seconds = std::max(cost[i], at_rate);

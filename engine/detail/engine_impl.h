@@ -103,6 +103,8 @@ class Engine::Impl final : public ModuleHooks {
   uint64_t inter_host_at_step_start_ = 0;  // the World's bytes_sent_inter_host
   uint64_t grad_bytes_sent_at_step_start_ = 0;  // the reducers' bytes_sent, summed over the sets
   uint64_t tp_bytes_at_step_start_ = 0;          // the tp group's bytes_sent
+  uint64_t gathers_at_step_start_ = 0;           // the gatherers' gathers() less their hpZ secondary ones
+  uint64_t backward_gathers_at_step_start_ = 0;  // the gatherers' backward_gathers()
   memory::TransferStats transfers_at_step_start_;
   uint64_t flops_at_window_start_ = 0, recomputed_at_window_start_ = 0;  // nn/flops.h's counters
   // Device access held from the boundary backward until step() has waited for its reductions:

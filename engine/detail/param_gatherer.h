@@ -121,6 +121,9 @@ class ParamGatherer {
   size_t persistent_bytes() const;
   uint64_t gathers() const { return gathers_; }  // count of gathers started (fetches and prefetches)
   uint64_t reuse_keeps() const { return reuse_keeps_; }  // forward releases kept for the backward
+  // Of gathers(), those of backward passes over the partition's group (hpZ's from its secondary copies
+  // not counted): 0 where the forward kept every module for the backward (Note [reuse distance]).
+  uint64_t backward_gathers() const { return backward_gathers_; }
   // offload_param nvme: bytes read from the swap file so far, and the peak of staging bytes alive.
   uint64_t nvme_bytes_read() const { return nvme_bytes_read_; }
   size_t staging_peak_bytes() const { return staging_peak_bytes_; }
@@ -175,6 +178,7 @@ class ParamGatherer {
   size_t max_chain_elements_ = 0;
   uint64_t gathers_ = 0;
   uint64_t reuse_keeps_ = 0;
+  uint64_t backward_gathers_ = 0;
   // Note [reuse distance], from the recorded orders (empty until both are recorded): per forward
   // position, the elements gathered from there to the forward's end; per entry, its last forward
   // position and the elements the backward gathers before its first fetch (kNever: not fetched).

@@ -128,6 +128,12 @@ TEST(ZeroEquivalence, Stage3ReuseDistanceKeepsTheForwardsLastModulesForTheBackwa
   ASSERT_GE(kept.reports.size(), 3u);
   const StepReport& a = released.reports.back();
   const StepReport& b = kept.reports.back();
+  // Released after use, every module is gathered again in the backward; the default keeps those the
+  // prefetch window has room for, so the backward gathers fewer, and the forward as many.
+  EXPECT_GT(a.backward_param_gathers, 0u);
+  EXPECT_LT(a.backward_param_gathers, a.param_gathers);
+  EXPECT_LT(b.backward_param_gathers, a.backward_param_gathers);
+  EXPECT_EQ(b.param_gathers - b.backward_param_gathers, a.param_gathers - a.backward_param_gathers);
   if (world.size() == 1) {
     EXPECT_EQ(b.comm_bytes_sent, a.comm_bytes_sent);
   } else {

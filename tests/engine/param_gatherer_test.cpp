@@ -468,7 +468,10 @@ TEST(ParamGathererReuse, ForwardReleasesWithinTheDistanceAreNotGatheredAgainInTh
     rig.gatherer().invalidate();
     EXPECT_EQ(rig.gatherer().reuse_keeps(), 0u);
     for (int step = 0; step < 2; ++step) {
+      const uint64_t backward = rig.gatherer().backward_gathers();
       EXPECT_EQ(gathers_per_step(rig), c.gathers) << "max_reuse_distance " << c.reuse << ", step " << step;
+      // The forward gathers its 6 modules; the backward those the forward did not keep.
+      EXPECT_EQ(rig.gatherer().backward_gathers() - backward, c.gathers - 6) << "max_reuse_distance " << c.reuse;
     }
     EXPECT_EQ(rig.gatherer().reuse_keeps(), 2 * (12 - c.gathers));
     EXPECT_LE(rig.gatherer().live_peak_bytes(), rig.gatherer().live_bound_bytes());

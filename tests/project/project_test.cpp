@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/json/parse.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <vector>
@@ -200,6 +201,47 @@ TEST(BoundByLink, ChargesTheBytesBeyondTheBucketAtTheRate) {
   detail::LinkPhase bursts = spread;
   bursts.pauses = 2;
   EXPECT_NEAR(bound({bursts}, "8kbit,0s,500b", 1)[0], 3.0, 1e-12);
+  // A pause tops the bucket up to its size and no further: after the first phase leaves 600 B, a burst
+  // of 2500 B after 2 s (2000 B of refill) finds the full 2000 B bucket and sends 500 B at the rate.
+  detail::LinkPhase burst{.busiest_bytes = 2500, .calls = 3, .compute_s = 2.0, .interleaved = true, .pauses = 1, .seconds = 0.1};
+  const std::vector<double> topped = bound({first, burst}, "8kbit,0s,2000b", 1);
+  EXPECT_NEAR(topped[1], 0.5, 1e-12);
+}
+
+// Note [the link's bucket]: ZeRO-3's forward gathers its modules in one burst (the tiny GPT fits the
+// prefetch window) before the compute they serve, and the default reuse distance keeps them for the
+// backward: the burst finds the bucket as the step's end left it, never more than one bucket, however
+// long the passes' compute that follows it. Probe costs of nearly nothing, so the link's bound shows.
+TEST(Project, Zero3ForwardGathersFindAtMostOneBucket) {
+  Options o = options(2, 1);
+  boost::json::value cheap = probe_json(1, 1.0);
+  for (auto& [name, rows] : cheap.as_object()["collectives"].as_object()) {
+    for (auto& row : rows.as_array()) row.as_object()["seconds"] = 1e-12;
+  }
+  o.link_costs = parse_link_costs(cheap, "cheap.json");
+  boost::json::value config = tiny_config(3);
+  config.as_object()["train_batch_size"] = 4;  // one micro-batch a step: one burst
+  auto project_with = [&](const std::string& network) {
+    o.network = parse_network(network);
+    const Projection p = project(config, o).layouts.front();
+    EXPECT_TRUE(p.valid) << p.why_not;
+    return p;
+  };
+  const Projection line = project_with("10gbit,0s");  // no bucket: every byte at the rate
+  double gathers = 0;
+  for (const CollectiveCost& c : line.collectives) {
+    if (c.group == "dp" && c.op == "allgatherv") gathers += static_cast<double>(c.busiest_inter_host_bytes);
+  }
+  ASSERT_GT(gathers, 0.0);
+  const double rate = 1.25e9;
+  // A bucket of half the burst: the other half at the rate, even after compute that would refill it
+  // many times over.
+  const Projection half = project_with(fmt::format("10gbit,0s,{:.0f}b", gathers / 2));
+  EXPECT_GE(half.dp_exposed_s, (gathers / 2) / rate * (1 - 1e-9));
+  EXPECT_LT(half.dp_exposed_s, line.dp_exposed_s);
+  // A bucket far above a step's bytes lends them all.
+  const Projection deep = project_with("10gbit,0s,1000mb");
+  EXPECT_LT(deep.dp_exposed_s, (gathers / 2) / rate);
 }
 
 // ZeRO-3 over two hosts of one rank: the flat layout's contiguous shards put most modules in one
