@@ -116,6 +116,20 @@ struct OpStats {
   uint64_t busiest_inter_host_bytes = 0;
 };
 
+// One collective of this rank, as a trace records it (Group::start_trace; comms_logger.trace_file):
+// when it started and how long it took (the handshake and the body, as OpStats' seconds), where it ran,
+// and its bytes by the CommCounters rule. Where a step's time goes between the collectives, and what the
+// link carried when (docs/multihost.md, "A trace of the collectives").
+struct TraceEvent {
+  std::string name;   // as OpStats' name
+  std::string group;  // the group's name ("world", "dp", "tp", "hpz", ...)
+  double start_s = 0.0;  // std::chrono::steady_clock (CLOCK_MONOTONIC on Linux: one machine's ranks share it)
+  double seconds = 0.0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_inter_host = 0;
+  bool on_worker = false;  // on the comm worker (an async collective), not the calling thread
+};
+
 // The collectives of `now` that `before` (earlier tallies of the same group) does not hold: per name the
 // differences of the counts, bytes and seconds; names with no new collective are left out. One step's
 // tallies (the projection's measurement), what came after the last step (the comms logger).

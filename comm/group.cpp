@@ -196,6 +196,10 @@ int Group::host_ranks() const { return state_->host_members; }
 const std::vector<int>& Group::member_hosts() const { return state_->hosts; }
 std::vector<OpStats> Group::op_stats() const { return state_->runtime->op_stats(); }
 
+void Group::start_trace() const { state_->runtime->start_trace(); }
+
+std::vector<TraceEvent> Group::trace() const { return state_->runtime->trace(); }
+
 std::vector<OpStats> ops_since(const std::vector<OpStats>& now, const std::vector<OpStats>& before) {
   std::vector<OpStats> out;
   for (const OpStats& op : now) {

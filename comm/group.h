@@ -97,6 +97,10 @@ class Group {
   const std::vector<int>& member_hosts() const;
   // This rank's per-collective tallies of the whole World (comms_logger; OpStats in comm/config.h).
   std::vector<OpStats> op_stats() const;
+  // From now on this rank also records every collective of the whole World with its start and where it
+  // ran (TraceEvent in comm/config.h; comms_logger.trace_file); trace() returns the records so far.
+  void start_trace() const;
+  std::vector<TraceEvent> trace() const;
 
   // Collective (a blocking MPI_Comm_split, not timed): ranks with the same color form a group, ordered
   // by key then parent rank. `color` >= 0 on every rank. The new group inherits config().

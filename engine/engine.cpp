@@ -328,7 +328,10 @@ void Engine::start(std::unique_ptr<memory::Backend> backend) {
     // (comm::Topology's order), so the other tp ranks' dp rank 0 does not write the same files.
     const int pp_rank = impl_->pipeline_ ? impl_->pipeline_->pipeline_group().rank() : 0;
     const int world_rank = tensor_parallel_size() * (group_.rank() + group_.size() * pp_rank) + (tp_ ? tp_->rank() : 0);
-    if (TrainingMonitor::wanted(config_)) impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, world_rank);
+    if (TrainingMonitor::wanted(config_)) {
+      impl_->monitor_ = std::make_unique<TrainingMonitor>(config_, world_rank);
+      if (!impl_->monitor_->trace_file().empty()) group_.start_trace();
+    }
     // DeepSpeed profiles on global rank 0 only.
     if (config_.monitor.flops.enabled && world_rank == 0) {
       impl_->profiler_ = std::make_unique<FlopsProfiler>(config_.monitor.flops);
@@ -373,7 +376,7 @@ Engine::~Engine() {
   // The end-of-run comms table; not while an error unwinds (the error is what the user must read).
   if (impl_->monitor_ && std::uncaught_exceptions() == 0) {
     try {
-      impl_->monitor_->finish(group_.op_stats());
+      impl_->monitor_->finish(group_.op_stats(), impl_->monitor_->trace_file().empty() ? std::vector<comm::TraceEvent>{} : group_.trace());
     } catch (const std::exception& e) {
       ZS_LOG_WARN("monitor: {}", e.what());
     }

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <boost/json/serialize.hpp>
+#include <boost/json/string.hpp>
 #include <fmt/format.h>
 
 #include "core/errors.h"
@@ -48,9 +50,22 @@ bool TrainingMonitor::wanted(const EngineConfig& c) {
   return m.csv.enabled || m.tensorboard.enabled || m.comms.enabled || m.memory_breakdown;
 }
 
-TrainingMonitor::TrainingMonitor(const EngineConfig& config, int rank) : config_(config), writer_(rank == 0) {
-  if (!writer_) return;
+TrainingMonitor::TrainingMonitor(const EngineConfig& config, int rank) : config_(config), writer_(rank == 0), rank_(rank) {
   const MonitorConfig& m = config_.monitor;
+  if (m.comms.enabled && !m.comms.trace_file.empty()) {
+    trace_file_ = trace_file_of(m.comms.trace_file, rank);
+    // Created now (its directory too, as csv_monitor's), so an unwritable path fails at start-up rather
+    // than after the run.
+    const fs::path parent = fs::path(trace_file_).parent_path();
+    std::error_code ec;
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    if (!std::ofstream(trace_file_)) {
+      throw IoError(fmt::format("comms_logger.trace_file: rank {} cannot write '{}' ({}); set comms_logger.trace_file to a "
+                                "path in a writable directory",
+                                rank, trace_file_, std::strerror(errno)));
+    }
+  }
+  if (!writer_) return;
   if (m.csv.enabled) {
     csv_dir_ = make_output_dir(m.csv, "csv_monitor");
     // Probe now, so a read-only directory fails at start-up rather than at step 1.
@@ -147,9 +162,17 @@ void TrainingMonitor::on_step(const MonitorSample& s, const std::vector<comm::Op
   }
 }
 
-void TrainingMonitor::finish(const std::vector<comm::OpStats>& ops) {
-  if (!writer_ || finished_) return;
+void TrainingMonitor::finish(const std::vector<comm::OpStats>& ops, const std::vector<comm::TraceEvent>& trace) {
+  if (finished_) return;
   finished_ = true;
+  if (!trace_file_.empty()) {
+    std::ofstream out(trace_file_, std::ios::trunc);
+    out << chrome_trace(trace, rank_);
+    out.close();
+    if (!out) throw IoError(fmt::format("comms_logger.trace_file: rank {} could not write '{}'", rank_, trace_file_));
+    ZS_LOG_INFO("comms_logger: {} collectives traced to {}", trace.size(), trace_file_);
+  }
+  if (!writer_) return;
   const CommsLoggerConfig& c = config_.monitor.comms;
   if (!c.enabled) return;
   ZS_LOG_INFO("collectives of this run (rank 0):\n{}", comms_table(ops, c));
@@ -175,6 +198,32 @@ std::string memory_breakdown_line(const memory::MemorySnapshot& s) {
     }
   }
   return "memory (MiB, current (peak)): " + line;
+}
+
+std::string trace_file_of(const std::string& pattern, int rank) {
+  const std::string r = std::to_string(rank);
+  if (const size_t at = pattern.find("{rank}"); at != std::string::npos) return std::string(pattern).replace(at, 6, r);
+  const fs::path p(pattern);
+  return (p.parent_path() / (p.stem().string() + ".rank" + r + p.extension().string())).string();
+}
+
+std::string chrome_trace(const std::vector<comm::TraceEvent>& events, int rank) {
+  auto quoted = [](const std::string& s) { return boost::json::serialize(boost::json::string(s)); };
+  std::string out = fmt::format(
+      "{{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n"
+      "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {0}, \"args\": {{\"name\": \"rank {0}\"}}}},\n"
+      "{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {0}, \"tid\": 0, \"args\": {{\"name\": \"calling thread\"}}}},\n"
+      "{{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": {0}, \"tid\": 1, \"args\": {{\"name\": \"comm worker\"}}}}",
+      rank);
+  for (const comm::TraceEvent& e : events) {
+    out += fmt::format(
+        ",\n{{\"name\": {}, \"cat\": {}, \"ph\": \"X\", \"pid\": {}, \"tid\": {}, \"ts\": {:.3f}, \"dur\": {:.3f}, "
+        "\"args\": {{\"group\": {}, \"bytes_sent\": {}, \"bytes_inter_host\": {}}}}}",
+        quoted(e.name), quoted(e.group), rank, e.on_worker ? 1 : 0, e.start_s * 1e6, e.seconds * 1e6, quoted(e.group),
+        e.bytes_sent, e.bytes_inter_host);
+  }
+  out += "\n]}\n";
+  return out;
 }
 
 std::string comms_table(const std::vector<comm::OpStats>& ops, const CommsLoggerConfig& c) {

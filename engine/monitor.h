@@ -72,7 +72,10 @@ class TrainingMonitor {
   // The end-of-run comms table (comms_logger enabled, rank 0); once. It covers the whole run, so a second
   // table names what came after the last step (the summary's parameter digest gathers every parameter,
   // a final checkpoint agrees its tag): per-step figures are the first table less the second.
-  void finish(const std::vector<comm::OpStats>& ops);
+  // On every rank with comms_logger.trace_file: `trace` (comm::Group::trace) written there as a Chrome trace.
+  void finish(const std::vector<comm::OpStats>& ops, const std::vector<comm::TraceEvent>& trace = {});
+  // This rank's trace file (comms_logger.trace_file with its rank), "" without one.
+  const std::string& trace_file() const { return trace_file_; }
 
   // The events of one step, in file order: (name, value). Exposed for tests.
   std::vector<std::pair<std::string, double>> events(const MonitorSample& sample) const;
@@ -85,6 +88,8 @@ class TrainingMonitor {
 
   EngineConfig config_;
   bool writer_ = false;  // rank 0
+  int rank_ = 0;
+  std::string trace_file_;
   std::string csv_dir_;
   std::vector<std::string> csv_started_;  // event names whose file has its header
   std::unique_ptr<detail::EventFile> tensorboard_;
@@ -95,6 +100,11 @@ class TrainingMonitor {
 
 // "memory: device 12.0 MiB (peak 14.5) = params 1.0 (1.0) | grads ..." : the memory_breakdown line.
 std::string memory_breakdown_line(const memory::MemorySnapshot& s);
+// comms_logger.trace_file for `rank`: "{rank}" replaced, else ".rank<N>" before the extension.
+std::string trace_file_of(const std::string& pattern, int rank);
+// `events` as Chrome's trace event format: one complete event ("X") per collective, process = the rank,
+// thread = the calling thread or the comm worker, args = group and bytes.
+std::string chrome_trace(const std::vector<comm::TraceEvent>& events, int rank);
 // DeepSpeed's comms summary shape: a header and one row per collective (filtered by the config).
 std::string comms_table(const std::vector<comm::OpStats>& ops, const CommsLoggerConfig& config);
 

@@ -52,6 +52,9 @@ void read_monitor(ObjectReader& root, MonitorConfig& m, std::vector<std::string>
     r.read("enabled", c.enabled);
     r.read("verbose", c.verbose);
     r.read("prof_all", c.prof_all);
+    if (r.read("trace_file", c.trace_file) && !c.trace_file.empty() && !c.enabled) {
+      notes.push_back(fmt::format("{}: no trace is written while {} is false", r.path_of("trace_file"), r.path_of("enabled")));
+    }
     std::vector<std::string> ops;
     r.read("prof_ops", ops);
     for (size_t i = 0; i < ops.size(); ++i) {

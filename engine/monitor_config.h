@@ -28,6 +28,10 @@ struct CommsLoggerConfig {
   bool prof_all = true;
   std::vector<std::string> prof_ops;  // zeroshard's collective names (comm::op_names()) or DeepSpeed's
   bool debug = false;                 // accepted; zeroshard has no call-site names to add
+  // zeroshard's own: every rank records each collective's start, duration, group and bytes and writes them
+  // at the end of the run as a Chrome trace (chrome://tracing, Perfetto) to this path, "{rank}" replaced
+  // by the rank (else ".rank<N>" put before the extension); "": no trace (engine/monitor.h).
+  std::string trace_file = "";
 };
 
 // flops_profiler (DeepSpeed's keys and defaults): per-module time and FLOPs of one optimizer step,

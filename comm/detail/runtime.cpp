@@ -578,6 +578,21 @@ void Runtime::tally(const Op& op, Clock::duration elapsed) {
   }
   t.nanoseconds.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(elapsed).count(),
                           std::memory_order_relaxed);
+  if (tracing_.load(std::memory_order_relaxed)) [[unlikely]] {
+    const auto now = Clock::now();
+    const bool moved = op.group->size > 1;
+    TraceEvent e{.name = op_name(op.code), .group = op.group->name,
+                 .start_s = std::chrono::duration<double>((now - elapsed).time_since_epoch()).count(),
+                 .seconds = std::chrono::duration<double>(elapsed).count(), .bytes_sent = moved ? op.bytes_sent : 0,
+                 .bytes_inter_host = moved ? op.bytes_inter_host : 0, .on_worker = op.on_worker};
+    std::lock_guard lock(trace_mu_);
+    trace_.push_back(std::move(e));
+  }
+}
+
+std::vector<TraceEvent> Runtime::trace() const {
+  std::lock_guard lock(trace_mu_);
+  return trace_;
 }
 
 std::vector<OpStats> Runtime::op_stats() const {

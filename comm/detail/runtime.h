@@ -302,6 +302,10 @@ class Runtime {
   void reset_counters();
   // Tallies of the collectives run so far, in OpCode order, those never run left out.
   std::vector<OpStats> op_stats() const;
+  // From start_trace() on, every collective of this rank is also recorded with its start (TraceEvent);
+  // trace() copies the records so far. Off by default: a lock per collective while on.
+  void start_trace() { tracing_.store(true, std::memory_order_relaxed); }
+  std::vector<TraceEvent> trace() const;
 
  private:
   void start_worker();
@@ -376,6 +380,9 @@ class Runtime {
     std::atomic<int64_t> nanoseconds{0};
   };
   std::array<Tally, kNumOpCodes> tallies_{};
+  std::atomic<bool> tracing_{false};
+  mutable std::mutex trace_mu_;
+  std::vector<TraceEvent> trace_;  // guarded by trace_mu_
 };
 
 }  // namespace zs::comm::detail

@@ -71,4 +71,37 @@ TEST(Groups, DupHasItsOwnConfig) {
   d.barrier();
 }
 
+// Group::start_trace (comms_logger.trace_file): every collective of the World from then on, with its
+// group, the thread it ran on, its bytes, in the order and at the times it ran.
+TEST(Groups, TraceRecordsEachCollectiveWithItsGroupThreadAndBytes) {
+  auto& world = test::world();
+  world.flush();  // nothing queued: the synchronous call runs on this thread
+  world.group().start_trace();
+  auto groups = world.split_groups(1);
+  const size_t start = world.group().trace().size();
+  Tensor x = Tensor::empty({256}, DType::kF32);
+  for (int i = 0; i < 256; ++i) x.data<float>()[i] = static_cast<float>(i);
+  groups.dp.allreduce(x);
+  comm::Work w = groups.dp.allreduce_async(x);
+  w.wait();
+  const std::vector<comm::TraceEvent> t = world.group().trace();
+  ASSERT_EQ(t.size(), start + 2);
+  const comm::TraceEvent& sync = t[start];
+  const comm::TraceEvent& async = t[start + 1];
+  for (const comm::TraceEvent* e : {&sync, &async}) {
+    EXPECT_EQ(e->name, "allreduce");
+    EXPECT_EQ(e->group, "dp");
+    EXPECT_GE(e->seconds, 0.0);
+    // A group of one moves nothing (CommCounters' rule); otherwise the same call's bytes each time.
+    EXPECT_EQ(e->bytes_sent, world.size() > 1 ? w.bytes_sent() : 0u);
+    EXPECT_EQ(e->bytes_inter_host, 0u);  // one host
+  }
+  EXPECT_FALSE(sync.on_worker);
+  EXPECT_TRUE(async.on_worker);
+  EXPECT_GE(async.start_s, sync.start_s + sync.seconds - 1e-6);  // after it, on the same clock
+  if (world.size() > 1) {
+    EXPECT_GT(sync.bytes_sent, 0u);
+  }
+}
+
 }  // namespace

@@ -337,5 +337,73 @@ TEST(Monitor, CollectivesAreTallied) {
   EXPECT_EQ(count, 2u);
 }
 
+// comms_logger.trace_file: each rank's collectives as a Chrome trace, read back as JSON (the collectives
+// of a run on several ranks: e2e_train_monitor.np2; the records themselves: comm_groups_test).
+TEST(Monitor, TraceFileIsAChromeTraceOfTheCollectives) {
+  EXPECT_EQ(trace_file_of("/tmp/t.json", 3), "/tmp/t.rank3.json");
+  EXPECT_EQ(trace_file_of("/tmp/t-{rank}.trace", 12), "/tmp/t-12.trace");
+  EXPECT_EQ(trace_file_of("trace", 0), "trace.rank0");
+  const std::vector<comm::TraceEvent> events = {
+      {.name = "allgatherv", .group = "dp", .start_s = 12.5, .seconds = 0.000638, .bytes_sent = 1251456, .bytes_inter_host = 834304},
+      {.name = "reduce_scatter", .group = "dp", .start_s = 12.6, .seconds = 0.0108, .bytes_sent = 625728, .on_worker = true}};
+  const boost::json::value doc = parse_json_text(chrome_trace(events, 3));
+  const boost::json::array& all = doc.at("traceEvents").as_array();
+  ASSERT_EQ(all.size(), 5u);  // the process's and its two threads' names, then the collectives
+  EXPECT_EQ(all[0].at("args").at("name").as_string(), "rank 3");
+  EXPECT_EQ(all[2].at("args").at("name").as_string(), "comm worker");
+  for (size_t i = 0; i < 2; ++i) {
+    const boost::json::object& e = all[3 + i].as_object();
+    EXPECT_EQ(e.at("ph").as_string(), "X");
+    EXPECT_EQ(e.at("pid").as_int64(), 3);
+    EXPECT_EQ(e.at("name").as_string(), events[i].name);
+    EXPECT_EQ(e.at("tid").as_int64(), events[i].on_worker ? 1 : 0);
+    EXPECT_NEAR(e.at("ts").to_number<double>(), events[i].start_s * 1e6, 1e-3);  // microseconds
+    EXPECT_NEAR(e.at("dur").to_number<double>(), events[i].seconds * 1e6, 1e-3);
+    EXPECT_EQ(e.at("args").at("group").as_string(), "dp");
+    EXPECT_EQ(e.at("args").at("bytes_sent").to_number<uint64_t>(), events[i].bytes_sent);
+    EXPECT_EQ(e.at("args").at("bytes_inter_host").to_number<uint64_t>(), events[i].bytes_inter_host);
+  }
+  // An engine's run writes its rank's file when it ends (one rank: whatever few collectives it ran).
+  const fs::path dir = fresh_dir("trace");
+  fs::create_directories(dir);
+  comm::World world = comm::World::create();
+  zs::run::RunConfig cfg = zs::run::parse_run_config(
+      parse_json_text(fmt::format(R"({{"train_batch_size": 4, "train_steps": 2, "seed": 3, "device": {{"memory_mb": 64}},
+        "model": {{"n_layer": 1, "d_model": 32, "n_head": 2, "seq_len": 8}},
+        "comms_logger": {{"enabled": true, "trace_file": "{}"}}}})",
+                                  (dir / "trace.json").string())),
+      1);
+  {
+    nn::GptModel model(*cfg.model);
+    Engine engine(model, cfg, world.group());
+    DatasetSource source(nn::Dataset::builtin(cfg.model->seq_len), 5);
+    for (int i = 0; i < cfg.train_steps; ++i) engine.train_batch(source);
+  }
+  std::ifstream in(dir / "trace.rank0.json");
+  ASSERT_TRUE(in) << "no trace file";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_GE(parse_json_text(text).at("traceEvents").as_array().size(), 3u);
+  fs::remove_all(dir);
+}
+
+TEST(Monitor, TraceFileNeedsTheLoggerAndAWritablePath) {
+  std::vector<std::string> notes = zs::run::parse_run_config(
+      parse_json_text(R"({"train_batch_size": 4, "comms_logger": {"trace_file": "t.json"}})"), 1).notes;
+  EXPECT_TRUE(std::any_of(notes.begin(), notes.end(), [](const std::string& n) {
+    return n.find("comms_logger.trace_file: no trace is written while comms_logger.enabled is false") != std::string::npos;
+  }));
+  zs::run::RunConfig c;
+  c.monitor.comms.enabled = true;
+  c.monitor.comms.trace_file = "/proc/zeroshard_no_such_dir/t.json";
+  try {
+    TrainingMonitor m(c, 2);
+    FAIL() << "expected IoError";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("comms_logger.trace_file: rank 2 cannot write '/proc/zeroshard_no_such_dir/t.rank2.json'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace zs::engine
