@@ -244,7 +244,7 @@ int main(int argc, char** argv) {
     // Default: the baseline, then every registered type but the baseline's Adam variants.
     std::string all_types(base.optimizer.name());
     for (const optim::OptimizerType* t : optim::optimizer_types()) {
-      if (t->default_params().type() != base.optimizer.erased_params().type()) all_types += "," + std::string(t->name());
+      if (t->default_params().type() != base.optimizer.erased_params().type()) all_types.append(",").append(t->name());
     }
     const std::vector<std::string> types = split_commas(bench::arg_value(argc, argv, "--types", all_types));
     const std::string data_path = bench::arg_value(argc, argv, "--data", base.data.path);

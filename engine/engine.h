@@ -160,8 +160,9 @@ struct StepReport {
   // Of comm_bytes_sent, what crossed between hosts (Note [Bytes across hosts] in comm/config.h); 0 on
   // one host.
   uint64_t comm_bytes_inter_host = 0;
-  // Stage 3: the modules' parameter gathers over the partition's group this step (fetches and prefetches;
-  // hpZ's backward gathers from its secondary copies not counted), and of them the backward passes': 0
+  // Stage 3: the modules' parameter gathers over the partition's group since the previous step (fetches and
+  // prefetches, an evaluation's between the steps included; hpZ's backward gathers from its secondary
+  // copies not counted), and of them the backward passes': 0
   // where the forward kept every module for its backward (`stage3_max_reuse_distance`). Where a step's
   // gathers cross hosts (`zeroshard project`: Note [the link's bucket] in project/project_compute.cpp).
   uint64_t param_gathers = 0;
